@@ -1,0 +1,130 @@
+// fa4 public API: attention forward and backward on Hopper (sm_90a).
+//
+// Tensors are described by a base pointer and element strides for batch, sequence and head; the
+// last (head_dim) dimension is contiguous. BSHD is the default layout; BHSD is other strides.
+// Every call validates its arguments first and answers with a Status naming the bad argument.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+namespace fa4 {
+
+enum class DType : int { kBF16 = 0, kFP16 = 1 };
+
+enum class StatusCode : int {
+  kOk = 0,
+  kInvalidArgument = 1,  // the arguments break a rule of the API
+  kNotSupported = 2,     // valid, but no kernel exists for this configuration (yet)
+  kCudaError = 3,        // a CUDA call failed
+  kNoDevice = 4,         // no suitable GPU (none, or compute capability below 9.0)
+};
+
+struct Status {
+  StatusCode code = StatusCode::kOk;
+  std::string message;
+  bool ok() const { return code == StatusCode::kOk; }
+  static Status Ok() { return {}; }
+};
+
+const char* to_string(StatusCode code);
+const char* to_string(DType dtype);
+
+// A 4-d tensor [batch, seq, heads, head_dim] with element strides; head_dim is contiguous.
+struct TensorRef {
+  void* data = nullptr;
+  int64_t batch_stride = 0;
+  int64_t seq_stride = 0;
+  int64_t head_stride = 0;
+};
+
+// Packs a contiguous BSHD tensor [batch, seq, heads, dim].
+TensorRef bshd(void* data, int64_t seqlen, int64_t heads, int64_t dim);
+// Packs a contiguous BHSD tensor [batch, heads, seq, dim].
+TensorRef bhsd(void* data, int64_t seqlen, int64_t heads, int64_t dim);
+
+struct Problem {
+  DType dtype = DType::kBF16;
+  int64_t batch = 0;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t heads_q = 0;
+  int64_t heads_kv = 0;  // heads_q must be a multiple (GQA/MQA)
+  int64_t head_dim = 0;
+  float softmax_scale = 0.0f;  // 0 means the default 1/sqrt(head_dim)
+  bool causal = false;         // bottom-right aligned: query i sees keys j <= i + seqlen_k - seqlen_q
+  int64_t window_left = -1;    // -1 = unbounded
+  int64_t window_right = -1;   // -1 = unbounded; causal is window_right = 0
+};
+
+struct ForwardArgs {
+  Problem problem;
+  TensorRef q, k, v, o;
+  float* lse = nullptr;  // optional fp32 [batch, heads_q, seqlen_q], natural log, contiguous
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+struct BackwardArgs {
+  Problem problem;
+  TensorRef q, k, v, o, dout;
+  TensorRef dq, dk, dv;
+  const float* lse = nullptr;  // from the forward pass, required
+  bool deterministic = false;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Head dims with a kernel. The checks and the error text both read this list.
+inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
+// Strides and base pointers must be multiples of this many bytes (TMA).
+inline constexpr int kAlignmentBytes = 16;
+// Minimal compute capability (major * 10 + minor).
+inline constexpr int kMinComputeCapability = 90;
+
+// Checks the arguments without touching the GPU (no pointer dereference).
+Status validate(const ForwardArgs& args);
+Status validate(const BackwardArgs& args);
+
+// The softmax scale actually used (the default when problem.softmax_scale is 0).
+float effective_scale(const Problem& p);
+
+// Workspace bytes that forward / backward need for these arguments (0 if none).
+Status forward_workspace_size(const ForwardArgs& args, size_t* bytes);
+Status backward_workspace_size(const BackwardArgs& args, size_t* bytes);
+
+// Runs attention on `stream`. Returns without launching when validation fails.
+Status forward(const ForwardArgs& args, cudaStream_t stream);
+Status backward(const BackwardArgs& args, cudaStream_t stream);
+
+}  // namespace fa4
+
+// C ABI over the same entry points, for other languages.
+extern "C" {
+
+typedef struct fa4_tensor {
+  void* data;
+  int64_t batch_stride, seq_stride, head_stride;
+} fa4_tensor;
+
+typedef struct fa4_problem {
+  int dtype;  // 0 = bf16, 1 = fp16
+  int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+  float softmax_scale;
+  int causal;
+  int64_t window_left, window_right;
+} fa4_problem;
+
+// Returns a StatusCode; when `message` is non-null, the message (NUL-terminated, truncated to
+// message_len) is copied there.
+int fa4_forward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
+                float* lse, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                char* message, size_t message_len);
+int fa4_backward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
+                 fa4_tensor o, fa4_tensor dout, fa4_tensor dq, fa4_tensor dk, fa4_tensor dv,
+                 const float* lse, int deterministic, void* workspace, size_t workspace_bytes,
+                 cudaStream_t stream, char* message, size_t message_len);
+}

@@ -1,0 +1,50 @@
+// Online softmax with FlashAttention-4's conditional rescaling, shared by host and device.
+//
+// Scores are kept in log2 units (x = s * scale * log2(e)). A row carries the running max m that
+// its exponentials were taken against and the running sum l. A new block with max m_blk moves m
+// only when m_blk - m exceeds the threshold; otherwise the stale m stays, exponentials reach at
+// most 2^threshold, and since the final normalisation O / l uses the same m the result is exact.
+#pragma once
+
+#include "fa4/numerics/exp2.h"
+
+namespace fa4::numerics {
+
+// 2^8 fits 16-bit P (bf16/fp16) with room; fp8 P would need 0.
+inline constexpr float kRescaleThresholdLog2 = 8.0f;
+
+struct RowState {
+  float max;  // running max in log2 units (-inf before any unmasked score)
+  float sum;  // sum of 2^(x - max) over the row so far
+};
+
+FA4_HD RowState row_state_init() { return {-INFINITY, 0.0f}; }
+
+// The outcome of folding one block's max into a row.
+struct RescaleStep {
+  float max;         // the max to take this block's exponentials against
+  float correction;  // factor for the row's O and sum (1 when no rescale happened)
+  bool rescaled;
+};
+
+// Decides whether the row's max moves for a block whose max is `block_max`.
+// threshold = 0 gives the classic always-rescale online softmax.
+FA4_HD RescaleStep rescale_step(float running_max, float block_max, float threshold) {
+  if (block_max - running_max > threshold || (running_max == -INFINITY && block_max != -INFINITY)) {
+    // running_max == -inf: correction 2^-inf = 0 multiplies an all-zero O and sum.
+    return {block_max, running_max == -INFINITY ? 0.0f : exp2_mufu(running_max - block_max), true};
+  }
+  return {running_max, 1.0f, false};
+}
+
+// The value to subtract before exp2: a row still at -inf has only masked scores (-inf), and
+// subtracting 0 keeps 2^-inf = 0 instead of NaN.
+FA4_HD float exp_offset(float max) { return max == -INFINITY ? 0.0f : max; }
+
+// Natural-log LSE of a finished row; -inf for a row that saw no key.
+FA4_HD float row_lse(RowState s) {
+  constexpr float kLn2 = 0.693147180559945309f;
+  return (s.sum == 0.0f || s.max == -INFINITY) ? -INFINITY : (s.max + log2f(s.sum)) * kLn2;
+}
+
+}  // namespace fa4::numerics

@@ -1,0 +1,30 @@
+// What the host dispatch hands a forward kernel: validated, defaults resolved.
+#pragma once
+
+#include <cstdint>
+
+#include "fa4/attention.h"
+
+namespace fa4::detail {
+
+struct FwdParams {
+  DType dtype;
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // may be null
+  // Element strides: [batch, seq, head]; head_dim contiguous.
+  int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];
+  int batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+  float scale;       // softmax scale
+  float scale_log2;  // scale * log2(e)
+  // Visible keys of query i: [i + off - left, i + off + right] with off = seqlen_k - seqlen_q;
+  // -1 = unbounded on that side. Causal arrives here as right = 0.
+  int window_left, window_right;
+};
+
+// Launches the sm90 forward kernel; kNotSupported for configurations it does not cover.
+Status sm90_forward(const FwdParams& p, cudaStream_t stream);
+
+}  // namespace fa4::detail
