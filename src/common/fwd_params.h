@@ -22,6 +22,8 @@ struct FwdParams {
   // Visible keys of query i: [i + off - left, i + off + right] with off = seqlen_k - seqlen_q;
   // -1 = unbounded on that side. Causal arrives here as right = 0.
   int window_left, window_right;
+  // Conditional rescaling threshold in log2 units (0 = rescale whenever the max grows).
+  float rescale_threshold = 8.0f;
 };
 
 // Launches the sm90 forward kernel; kNotSupported for configurations it does not cover.
