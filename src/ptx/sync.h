@@ -1,0 +1,57 @@
+// Barriers and register reallocation: mbarrier through CCCL's cuda::ptx, named barriers and
+// setmaxnreg by hand (cuda::ptx has neither).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda/ptx>
+
+namespace fa4::ptx {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// --- mbarrier (PTX ISA 9.7.13.15) ---
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  cuda::ptx::mbarrier_init(bar, count);
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                             bar);
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
+                                       cuda::ptx::space_shared, bar, bytes);
+}
+// Spins until the phase with parity `phase` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
+  while (!cuda::ptx::mbarrier_try_wait_parity(bar, phase)) {
+  }
+}
+// Makes mbarrier.init visible to the async proxy (TMA) and the other threads.
+__device__ __forceinline__ void fence_barrier_init() { cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster); }
+// Orders generic-proxy shared-memory writes before async-proxy reads (wgmma, TMA) (9.7.13.4).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+}
+
+// --- named barriers (PTX ISA 9.7.13.1, bar.sync / bar.arrive) ---
+__device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// --- setmaxnreg (PTX ISA 9.7.18.2): move registers between warpgroup roles ---
+template <int N>
+__device__ __forceinline__ void regs_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+}  // namespace fa4::ptx

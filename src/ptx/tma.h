@@ -1,0 +1,35 @@
+// Tensor memory access (TMA): 4-d tiled tensor maps on the host, tile loads on the device.
+// Loads go through CCCL's cuda::ptx::cp_async_bulk_tensor (PTX ISA 9.7.9.25).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda.h>
+
+#if defined(__CUDACC__)
+#include <cuda/ptx>
+#endif
+
+namespace fa4::ptx {
+
+// Encodes a map over a [d3][d2][d1][d0] tensor (d0 contiguous) of 16-bit elements, read in boxes
+// of box0 x box1 (x 1 x 1) with 128-byte swizzle; out-of-range elements read as zero.
+// strides_bytes are those of dims 1..3. Returns a CUDA driver error code (0 = success).
+int make_tensor_map_16bit_sw128(CUtensorMap* map, const void* base, const uint64_t dims[4],
+                                const uint64_t strides_bytes[3], uint32_t box0, uint32_t box1);
+
+#if defined(__CUDACC__)
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// Loads one box at coordinates (c0, c1, c2, c3) into shared memory; completes on `bar`.
+__device__ __forceinline__ void tma_load_4d(void* smem_dst, const CUtensorMap* map, uint64_t* bar,
+                                            int c0, int c1, int c2, int c3) {
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_shared, cuda::ptx::space_global, smem_dst, map,
+                                  coords, bar);
+}
+#endif
+
+}  // namespace fa4::ptx

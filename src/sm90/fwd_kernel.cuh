@@ -1,0 +1,338 @@
+// sm90 attention forward: a warp-specialized TMA / wgmma pipeline.
+//
+//   warpgroup 0  producer   one thread issues TMA: Q once, then K_j and V_j into a ring of stages
+//   warpgroup 1  consumer   rows  0..63 of the Q tile  \  ping-pong: named barriers hand the tensor
+//   warpgroup 2  consumer   rows 64..127 of the Q tile /  cores to one while the other does softmax
+//
+// Each consumer, per K/V block j (intra-warpgroup overlap):
+//   issue S_j = Q K_j^T and O += P_{j-1} V_{j-1}  ->  wait S_j  ->  softmax(S_j) under P V  ->
+//   wait P V, free stage j-1  ->  rescale O only if the row max moved  ->  P_j = bf16(S_j)
+#pragma once
+
+#include <cstdint>
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "fa4/numerics/online_softmax.h"
+#include "ptx/sync.h"
+#include "ptx/tma.h"
+#include "ptx/wgmma.h"
+#include "sm90/mask.cuh"
+
+namespace fa4::sm90 {
+
+// Tile shape and shared-memory layout of one forward configuration.
+template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_>
+struct FwdConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kBF16 = kBF16_;
+  // Every kPolyEvery-th 8-column chunk of S takes its exp2 on the FMA pipe (0: none).
+  static constexpr int kPolyEvery = kPolyEvery_;
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kAtomCols = 64;  // a 128-byte swizzle atom holds 64 16-bit columns
+  static constexpr int kChunks = kHeadDim / kAtomCols;
+
+  // Shared memory: Q tile, K ring, V ring (each as [chunk][row][64], 1024-byte aligned), barriers.
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = kQOffset + kQBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
+  static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
+  static constexpr int kSmemBytes = kBarOffset + 256 + 1024;  // barriers + alignment slack
+
+  static_assert(kHeadDim % kAtomCols == 0, "head_dim must be a multiple of 64");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N");
+  static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep 1024-byte alignment");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm90 limit");
+  static_assert(kStages >= 2, "S_{j+1} is issued while V_j is still read: two stages at least");
+};
+
+struct FwdKernelParams {
+  CUtensorMap tm_q, tm_k, tm_v;  // [batch][heads][seq][dim] maps, dim contiguous
+  void* o;
+  float* lse;
+  int64_t o_stride[3];  // batch, seq, head (elements)
+  int seqlen_q, seqlen_k, heads_q, head_ratio;
+  float scale_log2;
+  float rescale_threshold;  // log2 units; 0 = always rescale
+  Window window;
+};
+
+struct alignas(8) FwdBarriers {
+  uint64_t q_full;
+  uint64_t k_full[8];
+  uint64_t v_full[8];
+  uint64_t empty[8];
+};
+
+template <bool kBF16>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  if constexpr (kBF16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// Ring position shared by producer and consumers.
+template <int kStages>
+struct RingPos {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// Named barriers 1 and 2 order the two consumers' GEMM issue (0 is __syncthreads).
+__device__ __forceinline__ void wait_my_turn(int consumer) { ptx::named_bar_sync(1 + consumer, 256); }
+__device__ __forceinline__ void pass_turn(int consumer) { ptx::named_bar_arrive(2 - consumer, 256); }
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdKernelParams p) {
+  using namespace fa4::ptx;
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
+  constexpr auto kType = Cfg::kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  auto& bar = *reinterpret_cast<FwdBarriers*>(smem + Cfg::kBarOffset);
+  uint8_t* sQ = smem + Cfg::kQOffset;
+  uint8_t* sK = smem + Cfg::kKOffset;
+  uint8_t* sV = smem + Cfg::kVOffset;
+
+  const int batch_head = blockIdx.x;
+  const int b = batch_head / p.heads_q;
+  const int h = batch_head % p.heads_q;
+  const int m_block = gridDim.y - 1 - blockIdx.y;  // longest rows first when causal
+  const BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, m_block, p.seqlen_q, p.seqlen_k);
+
+  const int wg = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    mbar_init(&bar.q_full, 1);
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      mbar_init(&bar.k_full[s], 1);
+      mbar_init(&bar.v_full[s], 1);
+      mbar_init(&bar.empty[s], Cfg::kConsumers);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    regs_decrease<24>();
+    if (threadIdx.x == 0) {
+      prefetch_tensor_map(&p.tm_q);
+      prefetch_tensor_map(&p.tm_k);
+      prefetch_tensor_map(&p.tm_v);
+      const int h_kv = h / p.head_ratio;
+      mbar_arrive_expect_tx(&bar.q_full, Cfg::kQBytes);
+#pragma unroll
+      for (int c = 0; c < Cfg::kChunks; ++c)
+        tma_load_4d(sQ + c * kBlockM * 128, &p.tm_q, &bar.q_full, c * 64, m_block * kBlockM, h, b);
+      RingPos<Cfg::kStages> w;
+      for (int n = range.hi - 1; n >= range.lo; --n) {
+        mbar_wait(&bar.empty[w.stage], w.phase ^ 1);
+        uint8_t* k_dst = sK + w.stage * Cfg::kKVBytes;
+        uint8_t* v_dst = sV + w.stage * Cfg::kKVBytes;
+        mbar_arrive_expect_tx(&bar.k_full[w.stage], Cfg::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < Cfg::kChunks; ++c)
+          tma_load_4d(k_dst + c * kBlockN * 128, &p.tm_k, &bar.k_full[w.stage], c * 64, n * kBlockN, h_kv, b);
+        mbar_arrive_expect_tx(&bar.v_full[w.stage], Cfg::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < Cfg::kChunks; ++c)
+          tma_load_4d(v_dst + c * kBlockN * 128, &p.tm_v, &bar.v_full[w.stage], c * 64, n * kBlockN, h_kv, b);
+        w.advance();
+      }
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  regs_increase<240>();
+  const int consumer = wg - 1;
+  const int t = threadIdx.x % 128;
+  const int lane = t % 32;
+  // This thread's two rows of the tile (wgmma accumulator layout, PTX ISA 9.7.15.5.1.1).
+  const int row0 = consumer * 64 + (t / 32) * 16 + lane / 4;
+  const int col0 = 2 * (lane % 4);  // + 8 * chunk + {0, 1}
+
+  float o[kHeadDim / 2];
+  float s[kBlockN / 2];
+  uint32_t pf[kBlockN / 4];  // P as packed 16-bit pairs: the A operand of P V
+#pragma unroll
+  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+  numerics::RowState rows[2] = {numerics::row_state_init(), numerics::row_state_init()};
+
+  const uint32_t q_base = smem_addr(sQ) + consumer * 64 * 128;
+  const uint32_t k_base = smem_addr(sK);
+  const uint32_t v_base = smem_addr(sV);
+
+  auto issue_s = [&](int stage) {
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t a = q_base + (kk / 4) * kBlockM * 128 + (kk % 4) * 32;
+      const uint32_t bk = k_base + stage * Cfg::kKVBytes + (kk / 4) * kBlockN * 128 + (kk % 4) * 32;
+      wgmma::mma_ss<kBlockN, kType>(s, wgmma::desc_sw128(a, 16, 1024), wgmma::desc_sw128(bk, 16, 1024), kk > 0);
+    }
+  };
+  auto issue_pv = [&](int stage) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t bv = v_base + stage * Cfg::kKVBytes + kk * 16 * 128;
+      const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
+      wgmma::mma_rs<kHeadDim, kType>(o, a, wgmma::desc_sw128(bv, kBlockN * 128, 1024), 1);
+    }
+  };
+  // Masks, takes the row max, decides the rescale, exponentiates S in place and adds the row sums.
+  // Returns the per-row O correction factors.
+  auto softmax = [&](int n, float (&corr)[2]) {
+    if (block_needs_mask<kBlockM, kBlockN>(n, p.window, m_block, p.seqlen_q, p.seqlen_k))
+      apply_mask<kBlockN>(s, p.window, m_block * kBlockM + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      const numerics::RescaleStep step =
+          numerics::rescale_step(rows[i].max, mx * p.scale_log2, p.rescale_threshold);
+      rows[i].max = step.max;
+      corr[i] = step.correction;
+      const float offset = numerics::exp_offset(step.max);
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float x = fmaf(s[4 * j + 2 * i + c], p.scale_log2, -offset);
+          float e;
+          if constexpr (Cfg::kPolyEvery > 0) {
+            e = (j % Cfg::kPolyEvery == Cfg::kPolyEvery - 1) ? numerics::exp2_poly(x) : numerics::exp2_mufu(x);
+          } else {
+            e = numerics::exp2_mufu(x);
+          }
+          s[4 * j + 2 * i + c] = e;
+          sum += e;
+        }
+      }
+      rows[i].sum = rows[i].sum * step.correction + sum;
+    }
+  };
+  auto to_p = [&] {
+#pragma unroll
+    for (int i = 0; i < kBlockN / 4; ++i) pf[i] = pack2<Cfg::kBF16>(s[2 * i], s[2 * i + 1]);
+  };
+  auto release = [&](int stage) {
+    if (t == 0) mbar_arrive(&bar.empty[stage]);
+  };
+
+  if (consumer == 1) pass_turn(1);  // consumer 0 issues first
+  mbar_wait(&bar.q_full, 0);
+
+  const int n_blocks = range.hi - range.lo;
+  if (n_blocks > 0) {
+    RingPos<Cfg::kStages> r;
+    int n = range.hi - 1;
+    float corr[2];
+    // First block: S_0 alone.
+    mbar_wait(&bar.k_full[r.stage], r.phase);
+    wait_my_turn(consumer);
+    wgmma::fence();
+    issue_s(r.stage);
+    wgmma::commit_group();
+    pass_turn(consumer);
+    wgmma::wait_group<0>();
+    wgmma::pin(s);
+    softmax(n, corr);
+    to_p();
+    int prev = r.stage;
+    uint32_t prev_phase = r.phase;
+    r.advance();
+    // Steady state: S_j with P_{j-1} V_{j-1} in flight.
+    for (--n; n >= range.lo; --n) {
+      mbar_wait(&bar.k_full[r.stage], r.phase);
+      mbar_wait(&bar.v_full[prev], prev_phase);
+      wait_my_turn(consumer);
+      wgmma::fence();
+      issue_s(r.stage);
+      wgmma::commit_group();
+      issue_pv(prev);
+      wgmma::commit_group();
+      pass_turn(consumer);
+      wgmma::wait_group<1>();
+      wgmma::pin(s);
+      softmax(n, corr);
+      wgmma::wait_group<0>();
+      wgmma::pin(o);
+      wgmma::pin(pf);
+      release(prev);
+      const bool any = __any_sync(0xffffffff, corr[0] != 1.0f || corr[1] != 1.0f);
+      if (any) {
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 8; ++j) {
+          o[4 * j + 0] *= corr[0];
+          o[4 * j + 1] *= corr[0];
+          o[4 * j + 2] *= corr[1];
+          o[4 * j + 3] *= corr[1];
+        }
+      }
+      to_p();
+      prev = r.stage;
+      prev_phase = r.phase;
+      r.advance();
+    }
+    // Last P V.
+    mbar_wait(&bar.v_full[prev], prev_phase);
+    wait_my_turn(consumer);
+    wgmma::fence();
+    issue_pv(prev);
+    wgmma::commit_group();
+    pass_turn(consumer);
+    wgmma::wait_group<0>();
+    wgmma::pin(o);
+    release(prev);
+  }
+
+  // ---------------- epilogue: O / l, LSE ----------------
+  using Elem = std::conditional_t<Cfg::kBF16, __nv_bfloat16, __half>;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float l = rows[i].sum;
+    l += __shfl_xor_sync(0xffffffff, l, 1);
+    l += __shfl_xor_sync(0xffffffff, l, 2);
+    rows[i].sum = l;
+    const int q = m_block * kBlockM + row0 + 8 * i;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    if (q < p.seqlen_q) {
+      Elem* out = static_cast<Elem*>(p.o) + b * p.o_stride[0] + int64_t(q) * p.o_stride[1] + h * p.o_stride[2];
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        const uint32_t v = pack2<Cfg::kBF16>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+        *reinterpret_cast<uint32_t*>(out + 8 * j + col0) = v;
+      }
+      if (p.lse != nullptr && lane % 4 == 0) {
+        // rows[i].max is in log2 units of the scaled scores.
+        p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + q] = numerics::row_lse(rows[i]);
+      }
+    }
+  }
+}
+
+}  // namespace fa4::sm90

@@ -1,0 +1,69 @@
+// Which keys a query tile sees (bottom-right aligned causal / local window, sequence tails), and
+// the mask applied to the few key blocks that need one.
+#pragma once
+
+#include <cstdint>
+
+namespace fa4::sm90 {
+
+// Query i sees keys [i + offset - left, i + offset + right], offset = seqlen_k - seqlen_q;
+// -1 = unbounded on that side (causal is right = 0).
+struct Window {
+  int left, right;
+};
+
+// Key blocks [lo, hi) that a query tile touches.
+struct BlockRange {
+  int lo, hi;
+};
+
+// True when key block n holds a key some row of query tile m_block must not see: the sequence
+// tail, or the window's edge passing through the block.
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ bool block_needs_mask(int n, Window w, int m_block, int seqlen_q,
+                                                 int seqlen_k) {
+  const int offset = seqlen_k - seqlen_q;
+  const int first_key = n * kBlockN, last_key = n * kBlockN + kBlockN - 1;
+  const int first_row = m_block * kBlockM, last_row = m_block * kBlockM + kBlockM - 1;
+  if (last_key >= seqlen_k) return true;
+  if (w.right >= 0 && last_key > first_row + offset + w.right) return true;
+  if (w.left >= 0 && first_key < last_row + offset - w.left) return true;
+  return false;
+}
+
+template <int kBlockM, int kBlockN>
+__device__ __forceinline__ BlockRange key_block_range(Window w, int m_block, int seqlen_q,
+                                                      int seqlen_k) {
+  const int offset = seqlen_k - seqlen_q;
+  const int first_row = m_block * kBlockM;
+  const int last_row = min(seqlen_q, first_row + kBlockM) - 1;
+  // Keys [lo_key, hi_key) are seen by at least one row of the tile.
+  const int lo_key = w.left >= 0 ? max(0, first_row + offset - w.left) : 0;
+  const int hi_key = w.right >= 0 ? min(seqlen_k, last_row + offset + w.right + 1) : seqlen_k;
+  if (hi_key <= lo_key) return {0, 0};
+  return {lo_key / kBlockN, (hi_key + kBlockN - 1) / kBlockN};
+}
+
+// Sets S to -inf where this thread's (row, key) pairs are not visible. `row` is the first of the
+// thread's two rows (the second is row + 8); `key` its first key (then + 8 * chunk + {0, 1}).
+template <int kBlockN>
+__device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], Window w, int row, int key,
+                                           int seqlen_q, int seqlen_k) {
+  const int offset = seqlen_k - seqlen_q;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int q = row + 8 * i;
+    const int hi = w.right >= 0 ? min(seqlen_k, q + offset + w.right + 1) : seqlen_k;  // exclusive
+    const int lo = w.left >= 0 ? q + offset - w.left : INT32_MIN;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int k = key + 8 * j + c;
+        if (k >= hi || k < lo) s[4 * j + 2 * i + c] = -INFINITY;
+      }
+    }
+  }
+}
+
+}  // namespace fa4::sm90
