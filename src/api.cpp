@@ -1,0 +1,221 @@
+// The public entry points: validate, handle the cases no kernel is needed for, check the device,
+// then hand resolved parameters to the sm90 kernel. Validation itself lives in common/validate.cpp.
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <string>
+
+#include "common/fill.h"
+#include "common/fwd_params.h"
+#include "common/validate.h"
+#include "fa4/attention.h"
+
+namespace fa4 {
+namespace {
+
+Status cuda_failure(const char* what, cudaError_t e) {
+  return {StatusCode::kCudaError,
+          std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")"};
+}
+
+Status zero(const char* what, const TensorRef& t, const Problem& p, int64_t seq, int64_t heads,
+            cudaStream_t stream) {
+  const int64_t stride[3] = {t.batch_stride, t.seq_stride, t.head_stride};
+  const cudaError_t e = detail::zero_tensor(t.data, detail::element_size(p.dtype), stride, p.batch,
+                                            seq, heads, p.head_dim, stream);
+  return e == cudaSuccess ? Status::Ok() : cuda_failure(what, e);
+}
+
+}  // namespace
+
+const char* to_string(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return "ok";
+    case StatusCode::kInvalidArgument: return "invalid argument";
+    case StatusCode::kNotSupported: return "not supported";
+    case StatusCode::kCudaError: return "CUDA error";
+    case StatusCode::kNoDevice: return "no device";
+  }
+  return "unknown status";
+}
+
+const char* to_string(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return "bf16";
+    case DType::kFP16: return "fp16";
+  }
+  return "unknown dtype";
+}
+
+TensorRef bshd(void* data, int64_t seqlen, int64_t heads, int64_t dim) {
+  return {data, seqlen * heads * dim, heads * dim, dim};
+}
+
+TensorRef bhsd(void* data, int64_t seqlen, int64_t heads, int64_t dim) {
+  return {data, heads * seqlen * dim, dim, seqlen * dim};
+}
+
+// Forward needs no workspace. Only args.problem is read, so this may be asked before the tensors
+// exist.
+Status forward_workspace_size(const ForwardArgs& args, size_t* bytes) {
+  if (bytes == nullptr) return {StatusCode::kInvalidArgument, "bytes = null: needs a size_t*"};
+  Status s = detail::validate_problem(args.problem);
+  if (!s.ok()) return s;
+  *bytes = 0;
+  return s;
+}
+
+// Backward accumulates dQ in fp32: batch * round_up(seqlen_q, 128) * heads_q * head_dim * 4 bytes
+// (detail::dq_accum_bytes). Only args.problem is read, so this may be asked before the tensors
+// exist.
+Status backward_workspace_size(const BackwardArgs& args, size_t* bytes) {
+  if (bytes == nullptr) return {StatusCode::kInvalidArgument, "bytes = null: needs a size_t*"};
+  const Problem& p = args.problem;
+  Status s = detail::validate_problem(p);
+  if (!s.ok()) return s;
+  int64_t n = 0;
+  if (!detail::dq_accum_bytes(p, &n))
+    return {StatusCode::kInvalidArgument,
+            "batch = " + std::to_string(p.batch) + ", seqlen_q = " + std::to_string(p.seqlen_q) +
+                ", heads_q = " + std::to_string(p.heads_q) +
+                ": the fp32 dQ accumulator's byte count must fit in int64"};
+  *bytes = static_cast<size_t>(n);
+  return s;
+}
+
+Status forward(const ForwardArgs& args, cudaStream_t stream) {
+  Status s = validate(args);
+  if (!s.ok()) return s;
+  const Problem& p = args.problem;
+  // Nothing to compute, and nothing the GPU must be asked about.
+  if (p.batch == 0 || p.seqlen_q == 0) return Status::Ok();
+  if (!(s = detail::check_current_device()).ok()) return s;
+
+  if (p.seqlen_k == 0) {  // every row sees no key: O = 0, LSE = -inf
+    if (!(s = zero("zeroing o (seqlen_k = 0)", args.o, p, p.seqlen_q, p.heads_q, stream)).ok())
+      return s;
+    if (args.lse != nullptr) {
+      const cudaError_t e = detail::fill_floats(args.lse, p.batch * p.heads_q * p.seqlen_q,
+                                                -std::numeric_limits<float>::infinity(), stream);
+      if (e != cudaSuccess) return cuda_failure("filling lse with -inf (seqlen_k = 0)", e);
+    }
+    return Status::Ok();
+  }
+  return detail::sm90_forward(detail::make_fwd_params(args), stream);
+}
+
+Status backward(const BackwardArgs& args, cudaStream_t stream) {
+  Status s = validate(args);
+  if (!s.ok()) return s;
+  const Problem& p = args.problem;
+  if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status::Ok();
+  if (p.seqlen_q > 0 && p.seqlen_k > 0)
+    return {StatusCode::kNotSupported, "backward kernel not built yet"};
+
+  // One side is empty: the gradients of the other side are 0.
+  if (!(s = detail::check_current_device()).ok()) return s;
+  if (p.seqlen_k == 0)
+    return zero("zeroing dq (seqlen_k = 0)", args.dq, p, p.seqlen_q, p.heads_q, stream);
+  if (!(s = zero("zeroing dk (seqlen_q = 0)", args.dk, p, p.seqlen_k, p.heads_kv, stream)).ok())
+    return s;
+  return zero("zeroing dv (seqlen_q = 0)", args.dv, p, p.seqlen_k, p.heads_kv, stream);
+}
+
+}  // namespace fa4
+
+namespace {
+
+fa4::TensorRef from_c(const fa4_tensor& t) {
+  return {t.data, t.batch_stride, t.seq_stride, t.head_stride};
+}
+
+fa4::Problem from_c(const fa4_problem& p) {
+  fa4::Problem r;
+  r.dtype = static_cast<fa4::DType>(p.dtype);
+  r.batch = p.batch;
+  r.seqlen_q = p.seqlen_q;
+  r.seqlen_k = p.seqlen_k;
+  r.heads_q = p.heads_q;
+  r.heads_kv = p.heads_kv;
+  r.head_dim = p.head_dim;
+  r.softmax_scale = p.softmax_scale;
+  r.causal = p.causal != 0;
+  r.window_left = p.window_left;
+  r.window_right = p.window_right;
+  return r;
+}
+
+// Copies the message (truncated, NUL-terminated) and returns the code.
+int to_c(const fa4::Status& s, char* message, size_t message_len) {
+  if (message != nullptr && message_len > 0) {
+    const size_t n = std::min(s.message.size(), message_len - 1);
+    std::memcpy(message, s.message.data(), n);
+    message[n] = '\0';
+  }
+  return static_cast<int>(s.code);
+}
+
+// No exception may cross the C ABI; the only one possible here is a failed host allocation.
+fa4::Status host_failure(const char* what) {
+  fa4::Status s;
+  s.code = fa4::StatusCode::kCudaError;
+  try {
+    s.message = std::string("host failure: ") + what;
+  } catch (...) {
+  }
+  return s;
+}
+
+}  // namespace
+
+extern "C" int fa4_forward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
+                           fa4_tensor o, float* lse, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream, char* message, size_t message_len) {
+  try {
+    if (problem == nullptr)
+      return to_c({fa4::StatusCode::kInvalidArgument, "problem = null: needs an fa4_problem*"},
+                  message, message_len);
+    fa4::ForwardArgs a;
+    a.problem = from_c(*problem);
+    a.q = from_c(q);
+    a.k = from_c(k);
+    a.v = from_c(v);
+    a.o = from_c(o);
+    a.lse = lse;
+    a.workspace = workspace;
+    a.workspace_bytes = workspace_bytes;
+    return to_c(fa4::forward(a, stream), message, message_len);
+  } catch (const std::exception& e) {
+    return to_c(host_failure(e.what()), message, message_len);
+  }
+}
+
+extern "C" int fa4_backward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
+                            fa4_tensor o, fa4_tensor dout, fa4_tensor dq, fa4_tensor dk,
+                            fa4_tensor dv, const float* lse, int deterministic, void* workspace,
+                            size_t workspace_bytes, cudaStream_t stream, char* message,
+                            size_t message_len) {
+  try {
+    if (problem == nullptr)
+      return to_c({fa4::StatusCode::kInvalidArgument, "problem = null: needs an fa4_problem*"},
+                  message, message_len);
+    fa4::BackwardArgs a;
+    a.problem = from_c(*problem);
+    a.q = from_c(q);
+    a.k = from_c(k);
+    a.v = from_c(v);
+    a.o = from_c(o);
+    a.dout = from_c(dout);
+    a.dq = from_c(dq);
+    a.dk = from_c(dk);
+    a.dv = from_c(dv);
+    a.lse = lse;
+    a.deterministic = deterministic != 0;
+    a.workspace = workspace;
+    a.workspace_bytes = workspace_bytes;
+    return to_c(fa4::backward(a, stream), message, message_len);
+  } catch (const std::exception& e) {
+    return to_c(host_failure(e.what()), message, message_len);
+  }
+}

@@ -1,0 +1,21 @@
+// Small fills for the cases no attention kernel runs for: a row that sees no key (seqlen_k = 0)
+// has O = 0 and LSE = -inf; a gradient of nothing is 0.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace fa4::detail {
+
+// Zeroes a strided [batch, seq, heads, dim] tensor of `elem_size`-byte elements, dim contiguous;
+// `stride` holds the element strides of batch, seq and head. Leaves every byte outside the tensor
+// (padding between rows or heads) alone. Needs the base address and dim * elem_size, stride[i] *
+// elem_size to be multiples of 16 (validate() guarantees it); else cudaErrorInvalidValue.
+cudaError_t zero_tensor(void* data, int elem_size, const int64_t stride[3], int64_t batch,
+                        int64_t seq, int64_t heads, int64_t dim, cudaStream_t stream);
+
+// Sets n contiguous floats to `value`.
+cudaError_t fill_floats(float* data, int64_t n, float value, cudaStream_t stream);
+
+}  // namespace fa4::detail

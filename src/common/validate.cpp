@@ -1,0 +1,335 @@
+// Argument validation (DESIGN.md §4) and the resolution of defaults into kernel parameters.
+//
+// Every message has the form "<argument> = <value>: <what is allowed>" and is built from the same
+// constant or variable the check reads, so the text cannot drift from the rule.
+#include "common/validate.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+namespace fa4 {
+namespace {
+
+constexpr DType kDTypes[] = {DType::kBF16, DType::kFP16};
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+Status invalid(std::string message) {
+  return {StatusCode::kInvalidArgument, std::move(message)};
+}
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+std::string str(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+  return buf;
+}
+
+// "64, 128, 256"
+std::string supported_head_dims() {
+  std::string s;
+  for (int d : kSupportedHeadDims) {
+    if (!s.empty()) s += ", ";
+    s += std::to_string(d);
+  }
+  return s;
+}
+
+// "0 (bf16), 1 (fp16)"
+std::string supported_dtypes() {
+  std::string s;
+  for (DType t : kDTypes) {
+    if (!s.empty()) s += ", ";
+    s += std::to_string(static_cast<int>(t)) + " (" + to_string(t) + ")";
+  }
+  return s;
+}
+
+bool is_supported_head_dim(int64_t d) {
+  for (int s : kSupportedHeadDims)
+    if (d == s) return true;
+  return false;
+}
+
+bool is_known_dtype(DType t) {
+  for (DType k : kDTypes)
+    if (t == k) return true;
+  return false;
+}
+
+// A size: at least `min`, and representable as the kernel's int coordinate.
+Status check_size(const char* name, int64_t v, int64_t min) {
+  if (v < min) return invalid(std::string(name) + " = " + str(v) + ": must be >= " + str(min));
+  if (v > kInt32Max)
+    return invalid(std::string(name) + " = " + str(v) + ": must fit in int32 (at most " +
+                   str(kInt32Max) + ")");
+  return Status::Ok();
+}
+
+Status check_window(const char* name, int64_t v) {
+  if (v < -1)
+    return invalid(std::string(name) + " = " + str(v) + ": must be >= 0, or -1 for unbounded");
+  return Status::Ok();
+}
+
+// How a tensor is shaped: [batch, seq, heads, head_dim], with the names the messages use.
+struct Shape {
+  const char* seq_name;
+  int64_t seq;
+  const char* heads_name;
+  int64_t heads;
+};
+
+// Rules for one 4-d tensor. An empty tensor is never read or written: anything goes, null too
+// (frameworks hand out null data pointers for empty tensors).
+Status check_tensor(const char* name, const TensorRef& t, const Shape& s, const Problem& p) {
+  if (p.batch == 0 || s.seq == 0) return Status::Ok();
+  const std::string n(name);
+  if (t.data == nullptr)
+    return invalid(n + ".data = null: a non-empty tensor [batch, " + s.seq_name + ", " +
+                   s.heads_name + ", head_dim] needs a device pointer");
+  if (reinterpret_cast<uintptr_t>(t.data) % kAlignmentBytes != 0)
+    return invalid(n + ".data = " + detail::format_pointer(t.data) + ": must be a multiple of " +
+                   str(int64_t{kAlignmentBytes}) + " bytes");
+
+  const int elem = detail::element_size(p.dtype);
+  const int64_t align_elems = kAlignmentBytes / elem;  // kAlignmentBytes is a multiple of elem
+  const struct {
+    const char* field;
+    int64_t value;
+  } strides[] = {{"batch_stride", t.batch_stride},
+                 {"seq_stride", t.seq_stride},
+                 {"head_stride", t.head_stride}};
+  for (const auto& st : strides) {
+    const std::string what = n + "." + st.field + " = " + str(st.value);
+    if (st.value < 0) return invalid(what + ": must be >= 0");
+    if (st.value % align_elems != 0)
+      return invalid(what + ": must be a multiple of " + str(align_elems) + " elements (" +
+                     str(int64_t{kAlignmentBytes}) + " bytes of " + to_string(p.dtype) + ")");
+  }
+
+  // Largest element offset, and the byte count it spans, in checked 64-bit arithmetic.
+  int64_t off = p.head_dim - 1, term = 0, bytes = 0;
+  bool overflow = __builtin_mul_overflow(p.batch - 1, t.batch_stride, &term) ||
+                  __builtin_add_overflow(off, term, &off) ||
+                  __builtin_mul_overflow(s.seq - 1, t.seq_stride, &term) ||
+                  __builtin_add_overflow(off, term, &off) ||
+                  __builtin_mul_overflow(s.heads - 1, t.head_stride, &term) ||
+                  __builtin_add_overflow(off, term, &off) ||
+                  __builtin_add_overflow(off, int64_t{1}, &bytes) ||
+                  __builtin_mul_overflow(bytes, int64_t{elem}, &bytes);
+  if (overflow)
+    return invalid(n + ".batch_stride = " + str(t.batch_stride) + ", " + n +
+                   ".seq_stride = " + str(t.seq_stride) + ", " + n + ".head_stride = " +
+                   str(t.head_stride) + ": the largest offset (batch-1)*batch_stride + (" +
+                   s.seq_name + "-1)*seq_stride + (" + s.heads_name +
+                   "-1)*head_stride + head_dim-1, in bytes, must fit in int64");
+  return Status::Ok();
+}
+
+// The LSE tensor [batch, heads_q, seqlen_q] of fp32, contiguous.
+Status check_lse(const void* lse, const Problem& p, bool required) {
+  int64_t count = 0;
+  if (p.batch == 0 || p.seqlen_q == 0) return Status::Ok();  // empty
+  if (lse == nullptr) {
+    if (!required) return Status::Ok();
+    return invalid("lse = null: backward needs the forward pass's log-sum-exp [batch, heads_q, "
+                   "seqlen_q]");
+  }
+  if (reinterpret_cast<uintptr_t>(lse) % alignof(float) != 0)
+    return invalid("lse = " + detail::format_pointer(lse) + ": must be a multiple of " +
+                   str(int64_t{alignof(float)}) + " bytes (float)");
+  if (__builtin_mul_overflow(p.batch, p.heads_q, &count) ||
+      __builtin_mul_overflow(count, p.seqlen_q, &count) ||
+      __builtin_mul_overflow(count, int64_t{sizeof(float)}, &count))
+    return invalid("batch = " + str(p.batch) + ", heads_q = " + str(p.heads_q) +
+                   ", seqlen_q = " + str(p.seqlen_q) +
+                   ": the lse byte count batch * heads_q * seqlen_q * 4 must fit in int64");
+  return Status::Ok();
+}
+
+Status check_shared(const Problem& p, const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                    const TensorRef& o) {
+  const Shape qs{"seqlen_q", p.seqlen_q, "heads_q", p.heads_q};
+  const Shape ks{"seqlen_k", p.seqlen_k, "heads_kv", p.heads_kv};
+  Status s;
+  if (!(s = check_tensor("q", q, qs, p)).ok()) return s;
+  if (!(s = check_tensor("k", k, ks, p)).ok()) return s;
+  if (!(s = check_tensor("v", v, ks, p)).ok()) return s;
+  return check_tensor("o", o, qs, p);
+}
+
+}  // namespace
+
+float effective_scale(const Problem& p) {
+  if (p.softmax_scale != 0.0f || p.head_dim <= 0) return p.softmax_scale;
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.head_dim)));
+}
+
+Status validate(const ForwardArgs& args) {
+  const Problem& p = args.problem;
+  Status s;
+  if (!(s = detail::validate_problem(p)).ok()) return s;
+  if (!(s = check_lse(args.lse, p, /*required=*/false)).ok()) return s;
+  return check_shared(p, args.q, args.k, args.v, args.o);
+}
+
+Status validate(const BackwardArgs& args) {
+  const Problem& p = args.problem;
+  Status s;
+  if (!(s = detail::validate_problem(p)).ok()) return s;
+  if (!(s = check_lse(args.lse, p, /*required=*/true)).ok()) return s;
+  if (!(s = check_shared(p, args.q, args.k, args.v, args.o)).ok()) return s;
+  const Shape qs{"seqlen_q", p.seqlen_q, "heads_q", p.heads_q};
+  const Shape ks{"seqlen_k", p.seqlen_k, "heads_kv", p.heads_kv};
+  if (!(s = check_tensor("dout", args.dout, qs, p)).ok()) return s;
+  if (!(s = check_tensor("dq", args.dq, qs, p)).ok()) return s;
+  if (!(s = check_tensor("dk", args.dk, ks, p)).ok()) return s;
+  if (!(s = check_tensor("dv", args.dv, ks, p)).ok()) return s;
+
+  int64_t need = 0;
+  if (!detail::dq_accum_bytes(p, &need))
+    return invalid("batch = " + str(p.batch) + ", seqlen_q = " + str(p.seqlen_q) +
+                   ", heads_q = " + str(p.heads_q) + ", head_dim = " + str(p.head_dim) +
+                   ": the fp32 dQ accumulator's byte count must fit in int64");
+  if (need == 0) return Status::Ok();
+  if (args.workspace == nullptr)
+    return invalid("workspace = null: backward needs " + str(need) +
+                   " bytes here (see backward_workspace_size)");
+  if (reinterpret_cast<uintptr_t>(args.workspace) % kAlignmentBytes != 0)
+    return invalid("workspace = " + detail::format_pointer(args.workspace) +
+                   ": must be a multiple of " + str(int64_t{kAlignmentBytes}) + " bytes");
+  if (args.workspace_bytes < static_cast<uint64_t>(need))
+    return invalid("workspace_bytes = " + std::to_string(args.workspace_bytes) +
+                   ": backward needs at least " + str(need) +
+                   " bytes here (see backward_workspace_size)");
+  return Status::Ok();
+}
+
+namespace detail {
+
+int element_size(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+    case DType::kFP16:
+      return 2;
+  }
+  return 0;
+}
+
+Status check_compute_capability(int major, int minor) {
+  const int need_major = kMinComputeCapability / 10, need_minor = kMinComputeCapability % 10;
+  const std::string found =
+      "compute capability " + std::to_string(major) + "." + std::to_string(minor) + " found, ";
+  const std::string need = std::to_string(need_major) + "." + std::to_string(need_minor);
+  if (major * 10 + minor < kMinComputeCapability)
+    return {StatusCode::kNoDevice, found + "fa4 needs " + need + " (Hopper, sm_90a)"};
+  if (major > need_major)
+    return {StatusCode::kNoDevice, found + "fa4's kernels are built for " + need +
+                                       " only (sm_90a code runs on Hopper alone)"};
+  return Status::Ok();
+}
+
+Status check_current_device() {
+  int device = 0, major = 0, minor = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // do not leave the error behind for the caller's next check
+    return {StatusCode::kNoDevice, std::string("no usable CUDA device: ") + cudaGetErrorName(e) +
+                                       " (" + cudaGetErrorString(e) + ")"};
+  }
+  Status s = check_compute_capability(major, minor);
+  if (!s.ok()) s.message = "device " + std::to_string(device) + ": " + s.message;
+  return s;
+}
+
+Status validate_problem(const Problem& p) {
+  Status s;
+  if (!is_known_dtype(p.dtype))
+    return invalid("dtype = " + str(int64_t{static_cast<int>(p.dtype)}) +
+                   ": supported dtypes are " + supported_dtypes());
+  if (!(s = check_size("batch", p.batch, 0)).ok()) return s;
+  if (!(s = check_size("seqlen_q", p.seqlen_q, 0)).ok()) return s;
+  if (!(s = check_size("seqlen_k", p.seqlen_k, 0)).ok()) return s;
+  if (!(s = check_size("heads_q", p.heads_q, 1)).ok()) return s;
+  if (!(s = check_size("heads_kv", p.heads_kv, 1)).ok()) return s;
+  if (p.heads_q % p.heads_kv != 0)
+    return invalid("heads_q = " + str(p.heads_q) + ": must be a multiple of heads_kv = " +
+                   str(p.heads_kv));
+  if (!is_supported_head_dim(p.head_dim))
+    return invalid("head_dim = " + str(p.head_dim) + ": supported head dims are " +
+                   supported_head_dims());
+  if (!std::isfinite(p.softmax_scale) || p.softmax_scale < 0.0f)
+    return invalid("softmax_scale = " + str(p.softmax_scale) +
+                   ": must be finite and >= 0 (0 selects 1/sqrt(head_dim))");
+  if (!(s = check_window("window_left", p.window_left)).ok()) return s;
+  return check_window("window_right", p.window_right);
+}
+
+bool dq_accum_bytes(const Problem& p, int64_t* bytes) {
+  const int64_t rows = (p.seqlen_q + kDqAccumRowAlign - 1) / kDqAccumRowAlign * kDqAccumRowAlign;
+  int64_t n = 0;
+  return !(__builtin_mul_overflow(p.batch, rows, &n) ||
+           __builtin_mul_overflow(n, p.heads_q, &n) ||
+           __builtin_mul_overflow(n, p.head_dim, &n) ||
+           __builtin_mul_overflow(n, int64_t{sizeof(float)}, bytes));
+}
+
+void resolve_window(const Problem& p, int64_t* left, int64_t* right) {
+  int64_t l = p.window_left, r = p.window_right;
+  if (p.causal) r = r >= 0 ? std::min<int64_t>(r, 0) : 0;
+  // Query i sees keys j in [i + off - l, i + off + r], off = seqlen_k - seqlen_q. The left bound
+  // excludes nothing once l >= seqlen_k - 1 and the right one once r >= seqlen_q - 1; mapping the
+  // (stronger) l >= seqlen_k and r >= seqlen_q to -1 keeps the result exact and in int range.
+  if (l >= p.seqlen_k) l = -1;
+  if (r >= p.seqlen_q) r = -1;
+  *left = l;
+  *right = r;
+}
+
+FwdParams make_fwd_params(const ForwardArgs& args) {
+  const Problem& p = args.problem;
+  FwdParams f{};
+  f.dtype = p.dtype;
+  f.q = args.q.data;
+  f.k = args.k.data;
+  f.v = args.v.data;
+  f.o = args.o.data;
+  f.lse = args.lse;
+  const TensorRef* refs[] = {&args.q, &args.k, &args.v, &args.o};
+  int64_t* dst[] = {f.q_stride, f.k_stride, f.v_stride, f.o_stride};
+  for (int i = 0; i < 4; ++i) {
+    dst[i][0] = refs[i]->batch_stride;
+    dst[i][1] = refs[i]->seq_stride;
+    dst[i][2] = refs[i]->head_stride;
+  }
+  f.batch = static_cast<int>(p.batch);
+  f.seqlen_q = static_cast<int>(p.seqlen_q);
+  f.seqlen_k = static_cast<int>(p.seqlen_k);
+  f.heads_q = static_cast<int>(p.heads_q);
+  f.heads_kv = static_cast<int>(p.heads_kv);
+  f.head_dim = static_cast<int>(p.head_dim);
+  f.scale = effective_scale(p);
+  f.scale_log2 = static_cast<float>(static_cast<double>(f.scale) * 1.4426950408889634);  // log2(e)
+  int64_t left = 0, right = 0;
+  resolve_window(p, &left, &right);
+  f.window_left = static_cast<int>(left);
+  f.window_right = static_cast<int>(right);
+  return f;
+}
+
+std::string format_pointer(const void* p) {
+  if (p == nullptr) return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%" PRIxPTR, reinterpret_cast<uintptr_t>(p));
+  return buf;
+}
+
+}  // namespace detail
+}  // namespace fa4

@@ -1,0 +1,50 @@
+// Host-side rules the API enforces before any launch, and the resolution of defaults that turns
+// valid arguments into kernel parameters: pure functions, testable without a GPU (except
+// check_current_device). validate(ForwardArgs) / validate(BackwardArgs) themselves are public
+// (fa4/attention.h); everything here is defined in validate.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/fwd_params.h"
+#include "fa4/attention.h"
+
+namespace fa4::detail {
+
+// Bytes per element of `dtype` (0 for a value outside the enum).
+int element_size(DType dtype);
+
+// kOk when a device of compute capability major.minor can run fa4's kernels, else kNoDevice:
+// below kMinComputeCapability "compute capability X.Y found, fa4 needs 9.0 (Hopper, sm_90a)";
+// a later major architecture is refused too, since sm_90a code runs on 9.x only.
+Status check_compute_capability(int major, int minor);
+
+// Asks the runtime for the current device and applies check_compute_capability; kNoDevice when
+// there is no usable device at all.
+Status check_current_device();
+
+// Checks args.problem alone (sizes, dtype, head_dim, scale, window); the tensors are not read.
+Status validate_problem(const Problem& p);
+
+// Rows of the fp32 dQ accumulator are rounded up to this many (the backward kernel's row tile).
+inline constexpr int64_t kDqAccumRowAlign = 128;
+
+// Bytes of the fp32 dQ accumulator that backward needs:
+//   batch * round_up(seqlen_q, kDqAccumRowAlign) * heads_q * head_dim * sizeof(float).
+// false when the product overflows int64. `p` must pass validate_problem.
+bool dq_accum_bytes(const Problem& p, int64_t* bytes);
+
+// The visible-key window after folding `causal` in (right = min(right, 0), or 0 if unbounded)
+// and mapping a bound that can never bind to -1: left >= seqlen_k or right >= seqlen_q
+// (both exact: such a bound excludes no key of any row). Results fit in int.
+void resolve_window(const Problem& p, int64_t* left, int64_t* right);
+
+// Kernel parameters for arguments that passed validate(): scale defaulted, window resolved.
+FwdParams make_fwd_params(const ForwardArgs& args);
+
+// "0x..." for a pointer, "null" for nullptr, as the error messages print them.
+std::string format_pointer(const void* p);
+
+}  // namespace fa4::detail

@@ -1,0 +1,491 @@
+// What validate() promises: every rule of DESIGN.md §4 refuses arguments that break it, with a
+// message naming the argument and its value. Each test starts from arguments that pass, breaks one
+// thing, and checks the refusal, so removing a check makes its test fail. No GPU needed: validate
+// never dereferences a pointer, so the tensors here are fake, aligned addresses.
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/validate.h"
+#include "fa4/attention.h"
+
+namespace {
+
+using fa4::BackwardArgs;
+using fa4::DType;
+using fa4::ForwardArgs;
+using fa4::Problem;
+using fa4::Status;
+using fa4::StatusCode;
+using fa4::TensorRef;
+
+constexpr int64_t kB = 2, kSq = 256, kSk = 384, kHq = 8, kHkv = 2, kD = 128;
+
+// A distinct 16-byte-aligned address per tensor; never dereferenced.
+void* fake(int i) { return reinterpret_cast<void*>(uintptr_t{0x7f0000000000} + uintptr_t(i) * 0x10000000); }
+
+void* offset_bytes(void* p, int bytes) { return static_cast<char*>(p) + bytes; }
+
+Problem valid_problem() {
+  Problem p;
+  p.dtype = DType::kBF16;
+  p.batch = kB;
+  p.seqlen_q = kSq;
+  p.seqlen_k = kSk;
+  p.heads_q = kHq;
+  p.heads_kv = kHkv;
+  p.head_dim = kD;
+  return p;
+}
+
+ForwardArgs valid_forward() {
+  ForwardArgs a;
+  a.problem = valid_problem();
+  a.q = fa4::bshd(fake(0), kSq, kHq, kD);
+  a.k = fa4::bshd(fake(1), kSk, kHkv, kD);
+  a.v = fa4::bshd(fake(2), kSk, kHkv, kD);
+  a.o = fa4::bshd(fake(3), kSq, kHq, kD);
+  a.lse = static_cast<float*>(fake(4));
+  return a;
+}
+
+BackwardArgs valid_backward() {
+  BackwardArgs a;
+  a.problem = valid_problem();
+  a.q = fa4::bshd(fake(0), kSq, kHq, kD);
+  a.k = fa4::bshd(fake(1), kSk, kHkv, kD);
+  a.v = fa4::bshd(fake(2), kSk, kHkv, kD);
+  a.o = fa4::bshd(fake(3), kSq, kHq, kD);
+  a.dout = fa4::bshd(fake(5), kSq, kHq, kD);
+  a.dq = fa4::bshd(fake(6), kSq, kHq, kD);
+  a.dk = fa4::bshd(fake(7), kSk, kHkv, kD);
+  a.dv = fa4::bshd(fake(8), kSk, kHkv, kD);
+  a.lse = static_cast<const float*>(fake(4));
+  a.workspace = fake(9);
+  EXPECT_TRUE(fa4::backward_workspace_size(a, &a.workspace_bytes).ok());
+  return a;
+}
+
+// kInvalidArgument, and a message holding every one of `needles`.
+::testing::AssertionResult Refused(const Status& s, const std::vector<std::string>& needles) {
+  if (s.code != StatusCode::kInvalidArgument)
+    return ::testing::AssertionFailure()
+           << "code " << fa4::to_string(s.code) << " (message \"" << s.message
+           << "\"), expected invalid argument";
+  for (const std::string& n : needles)
+    if (s.message.find(n) == std::string::npos)
+      return ::testing::AssertionFailure()
+             << "message \"" << s.message << "\" lacks \"" << n << "\"";
+  return ::testing::AssertionSuccess() << s.message;
+}
+
+// Breaks `problem` one way and expects both validate() overloads to refuse it.
+void expect_problem_refused(const std::function<void(Problem&)>& breaker,
+                            const std::vector<std::string>& needles) {
+  ForwardArgs f = valid_forward();
+  breaker(f.problem);
+  EXPECT_TRUE(Refused(fa4::validate(f), needles)) << "forward";
+  BackwardArgs b = valid_backward();
+  breaker(b.problem);
+  EXPECT_TRUE(Refused(fa4::validate(b), needles)) << "backward";
+}
+
+// ---------------------------------------------------------------------------------------------
+// The baselines pass: otherwise every refusal below would prove nothing.
+
+TEST(Validation, BaselinesPass) {
+  const Status f = fa4::validate(valid_forward());
+  EXPECT_TRUE(f.ok()) << f.message;
+  const Status b = fa4::validate(valid_backward());
+  EXPECT_TRUE(b.ok()) << b.message;
+}
+
+TEST(Validation, EverySupportedHeadDimAndDTypePasses) {
+  for (DType t : {DType::kBF16, DType::kFP16}) {
+    for (int d : fa4::kSupportedHeadDims) {
+      ForwardArgs a = valid_forward();
+      a.problem.dtype = t;
+      a.problem.head_dim = d;
+      a.q = fa4::bshd(fake(0), kSq, kHq, d);
+      a.k = fa4::bshd(fake(1), kSk, kHkv, d);
+      a.v = fa4::bshd(fake(2), kSk, kHkv, d);
+      a.o = fa4::bshd(fake(3), kSq, kHq, d);
+      const Status s = fa4::validate(a);
+      EXPECT_TRUE(s.ok()) << fa4::to_string(t) << " d" << d << ": " << s.message;
+    }
+  }
+}
+
+TEST(Validation, OtherValidShapesPass) {
+  ForwardArgs a = valid_forward();
+  a.problem.heads_kv = 1;  // MQA
+  a.k = fa4::bshd(fake(1), kSk, 1, kD);
+  a.v = fa4::bshd(fake(2), kSk, 1, kD);
+  a.problem.causal = true;
+  a.problem.window_left = 0;
+  a.problem.window_right = 0;
+  a.problem.softmax_scale = 0.125f;
+  a.lse = nullptr;  // optional in forward
+  Status s = fa4::validate(a);
+  EXPECT_TRUE(s.ok()) << s.message;
+
+  a = valid_forward();  // BHSD is just other strides
+  a.q = fa4::bhsd(fake(0), kSq, kHq, kD);
+  a.o = fa4::bhsd(fake(3), kSq, kHq, kD);
+  a.k.batch_stride = 0;  // the same K/V for every batch
+  a.v.batch_stride = 0;
+  s = fa4::validate(a);
+  EXPECT_TRUE(s.ok()) << s.message;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Problem rules.
+
+TEST(Validation, DTypeOutOfRange) {
+  expect_problem_refused([](Problem& p) { p.dtype = static_cast<DType>(7); },
+                         {"dtype = 7", "0 (bf16)", "1 (fp16)"});
+  expect_problem_refused([](Problem& p) { p.dtype = static_cast<DType>(-1); }, {"dtype = -1"});
+}
+
+TEST(Validation, UnsupportedHeadDimListsTheSupportedOnes) {
+  std::string list;
+  for (int d : fa4::kSupportedHeadDims) list += (list.empty() ? "" : ", ") + std::to_string(d);
+  expect_problem_refused([](Problem& p) { p.head_dim = 96; },
+                         {"head_dim = 96: supported head dims are " + list});
+  expect_problem_refused([](Problem& p) { p.head_dim = 0; }, {"head_dim = 0", list});
+  expect_problem_refused([](Problem& p) { p.head_dim = -128; }, {"head_dim = -128", list});
+  expect_problem_refused([](Problem& p) { p.head_dim = 128 + (int64_t{1} << 32); },
+                         {"head_dim = 4294967424", list});
+}
+
+TEST(Validation, HeadsQMustBeAMultipleOfHeadsKv) {
+  expect_problem_refused([](Problem& p) { p.heads_q = 6; p.heads_kv = 4; },
+                         {"heads_q = 6", "multiple of heads_kv = 4"});
+  expect_problem_refused([](Problem& p) { p.heads_q = 2; p.heads_kv = 8; },
+                         {"heads_q = 2", "heads_kv = 8"});
+}
+
+TEST(Validation, HeadsMustBePositive) {
+  expect_problem_refused([](Problem& p) { p.heads_kv = 0; }, {"heads_kv = 0", ">= 1"});
+  expect_problem_refused([](Problem& p) { p.heads_kv = -2; }, {"heads_kv = -2", ">= 1"});
+  expect_problem_refused([](Problem& p) { p.heads_q = 0; }, {"heads_q = 0", ">= 1"});
+  expect_problem_refused([](Problem& p) { p.heads_q = -8; }, {"heads_q = -8", ">= 1"});
+}
+
+TEST(Validation, NegativeSizes) {
+  expect_problem_refused([](Problem& p) { p.batch = -1; }, {"batch = -1", ">= 0"});
+  expect_problem_refused([](Problem& p) { p.seqlen_q = -3; }, {"seqlen_q = -3", ">= 0"});
+  expect_problem_refused([](Problem& p) { p.seqlen_k = -384; }, {"seqlen_k = -384", ">= 0"});
+}
+
+TEST(Validation, SizesMustFitInInt32) {
+  const int64_t big = int64_t{1} << 31;  // INT32_MAX + 1
+  const std::string max = std::to_string(std::numeric_limits<int32_t>::max());
+  expect_problem_refused([=](Problem& p) { p.batch = big; }, {"batch = 2147483648", "int32", max});
+  expect_problem_refused([=](Problem& p) { p.seqlen_q = big; }, {"seqlen_q = 2147483648", "int32"});
+  expect_problem_refused([](Problem& p) { p.seqlen_k = int64_t{1} << 40; },
+                         {"seqlen_k = 1099511627776", "int32"});
+  expect_problem_refused([=](Problem& p) { p.heads_q = big; }, {"heads_q = 2147483648", "int32"});
+  expect_problem_refused([=](Problem& p) { p.heads_kv = big; p.heads_q = big; },
+                         {"heads_q = 2147483648", "int32"});
+  expect_problem_refused([=](Problem& p) { p.heads_kv = big; }, {"heads_kv = 2147483648", "int32"});
+}
+
+TEST(Validation, SoftmaxScaleMustBeFiniteAndNonNegative) {
+  expect_problem_refused([](Problem& p) { p.softmax_scale = std::numeric_limits<float>::quiet_NaN(); },
+                         {"softmax_scale = nan", "finite"});
+  expect_problem_refused([](Problem& p) { p.softmax_scale = std::numeric_limits<float>::infinity(); },
+                         {"softmax_scale = inf", "finite"});
+  expect_problem_refused([](Problem& p) { p.softmax_scale = -std::numeric_limits<float>::infinity(); },
+                         {"softmax_scale = -inf"});
+  expect_problem_refused([](Problem& p) { p.softmax_scale = -0.5f; },
+                         {"softmax_scale = -0.5", ">= 0"});
+}
+
+TEST(Validation, WindowBoundsBelowMinusOne) {
+  expect_problem_refused([](Problem& p) { p.window_left = -2; }, {"window_left = -2", "-1"});
+  expect_problem_refused([](Problem& p) { p.window_right = -5; }, {"window_right = -5", "-1"});
+}
+
+TEST(Validation, HugeWindowsAreValid) {
+  ForwardArgs a = valid_forward();
+  a.problem.window_left = int64_t{1} << 40;
+  a.problem.window_right = std::numeric_limits<int64_t>::max();
+  const Status s = fa4::validate(a);
+  EXPECT_TRUE(s.ok()) << s.message;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor rules, for every tensor of both passes.
+
+struct TensorCase {
+  const char* name;
+  std::function<TensorRef&(ForwardArgs&)> fwd;    // null when the tensor is backward-only
+  std::function<TensorRef&(BackwardArgs&)> bwd;
+};
+
+std::vector<TensorCase> tensor_cases() {
+  return {
+      {"q", [](ForwardArgs& a) -> TensorRef& { return a.q; }, [](BackwardArgs& a) -> TensorRef& { return a.q; }},
+      {"k", [](ForwardArgs& a) -> TensorRef& { return a.k; }, [](BackwardArgs& a) -> TensorRef& { return a.k; }},
+      {"v", [](ForwardArgs& a) -> TensorRef& { return a.v; }, [](BackwardArgs& a) -> TensorRef& { return a.v; }},
+      {"o", [](ForwardArgs& a) -> TensorRef& { return a.o; }, [](BackwardArgs& a) -> TensorRef& { return a.o; }},
+      {"dout", nullptr, [](BackwardArgs& a) -> TensorRef& { return a.dout; }},
+      {"dq", nullptr, [](BackwardArgs& a) -> TensorRef& { return a.dq; }},
+      {"dk", nullptr, [](BackwardArgs& a) -> TensorRef& { return a.dk; }},
+      {"dv", nullptr, [](BackwardArgs& a) -> TensorRef& { return a.dv; }},
+  };
+}
+
+// Breaks one tensor and expects the refusal from each pass that has it. `needles` may use the
+// tensor's name; `breaker` returns extra needles computed from the tensor (e.g. a pointer value).
+void expect_tensor_refused(
+    const std::function<std::vector<std::string>(const std::string& name, TensorRef&)>& breaker) {
+  for (const TensorCase& c : tensor_cases()) {
+    if (c.fwd) {
+      ForwardArgs a = valid_forward();
+      const std::vector<std::string> needles = breaker(c.name, c.fwd(a));
+      EXPECT_TRUE(Refused(fa4::validate(a), needles)) << "forward, tensor " << c.name;
+    }
+    BackwardArgs b = valid_backward();
+    const std::vector<std::string> needles = breaker(c.name, c.bwd(b));
+    EXPECT_TRUE(Refused(fa4::validate(b), needles)) << "backward, tensor " << c.name;
+  }
+}
+
+TEST(Validation, NullTensorPointers) {
+  expect_tensor_refused([](const std::string& name, TensorRef& t) -> std::vector<std::string> {
+    t.data = nullptr;
+    return {name + ".data = null"};
+  });
+}
+
+TEST(Validation, MisalignedBasePointers) {
+  for (int shift : {2, 8, fa4::kAlignmentBytes - 2}) {
+    expect_tensor_refused([&](const std::string& name, TensorRef& t) -> std::vector<std::string> {
+      t.data = offset_bytes(t.data, shift);
+      return {name + ".data = " + fa4::detail::format_pointer(t.data),
+              std::to_string(fa4::kAlignmentBytes) + " bytes"};
+    });
+  }
+}
+
+TEST(Validation, MisalignedStrides) {
+  const int64_t elems = fa4::kAlignmentBytes / 2;  // bf16
+  const std::string rule = "multiple of " + std::to_string(elems) + " elements (" +
+                           std::to_string(fa4::kAlignmentBytes) + " bytes of bf16)";
+  const struct {
+    const char* field;
+    int64_t TensorRef::*member;
+  } fields[] = {{"batch_stride", &TensorRef::batch_stride},
+                {"seq_stride", &TensorRef::seq_stride},
+                {"head_stride", &TensorRef::head_stride}};
+  for (const auto& f : fields) {
+    for (int64_t bump : {int64_t{1}, elems / 2}) {
+      expect_tensor_refused([&](const std::string& name, TensorRef& t) -> std::vector<std::string> {
+        t.*f.member += bump;
+        return {name + "." + f.field + " = " + std::to_string(t.*f.member), rule};
+      });
+    }
+  }
+}
+
+TEST(Validation, MisalignedStridesFp16) {
+  ForwardArgs a = valid_forward();
+  a.problem.dtype = DType::kFP16;
+  a.v.seq_stride += 4;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"v.seq_stride = " + std::to_string(a.v.seq_stride),
+                                         "bytes of fp16"}));
+}
+
+TEST(Validation, NegativeStrides) {
+  expect_tensor_refused([](const std::string& name, TensorRef& t) -> std::vector<std::string> {
+    t.head_stride = -t.head_stride;
+    return {name + ".head_stride = " + std::to_string(t.head_stride), ">= 0"};
+  });
+}
+
+TEST(Validation, LargestElementOffsetOverflowsInt64) {
+  // (seq-1) * seq_stride alone exceeds 2^63 (seq is 256 or 384).
+  expect_tensor_refused([](const std::string& name, TensorRef& t) -> std::vector<std::string> {
+    t.seq_stride = int64_t{1} << 61;
+    return {name + ".seq_stride = 2305843009213693952", "int64"};
+  });
+}
+
+TEST(Validation, OffsetSumOverflowsInt64) {
+  // Each product fits in int64; their sum does not.
+  ForwardArgs a = valid_forward();
+  ASSERT_EQ(a.problem.batch, 2);
+  a.o.batch_stride = int64_t{1} << 62;
+  a.o.seq_stride = (int64_t{1} << 62) / (kSq - 1) / 8 * 8 + 8;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"o.batch_stride = 4611686018427387904", "o.seq_stride",
+                                         "int64"}));
+}
+
+// Overflows that wrap around to a small, plausible offset in unchecked arithmetic: each case
+// passes unless its own step of the offset sum is checked.
+TEST(Validation, OffsetOverflowThatWrapsBackIsCaught) {
+  constexpr int64_t P = int64_t{1} << 60;
+  const struct {
+    const char* what;
+    int64_t batch, seqlen_q, heads_q, bs, ss, hs;
+  } cases[] = {
+      {"(batch-1)*batch_stride = 2^64", 5, 8, 4, 4 * P, 0, 0},
+      {"(heads_q-1)*head_stride = 2^64", 1, 8, 5, 0, 0, 4 * P},
+      {"head_dim-1 + batch term", 2, 5, 4, (P - 1) * 8, P, 2 * P},
+      {"+ seq term", 2, 5, 4, 7 * P, P, 2 * P},
+      {"+ head term", 2, 5, 4, 4 * P, P / 2, 2 * P},
+  };
+  for (const auto& c : cases) {
+    ForwardArgs a = valid_forward();
+    a.problem.batch = c.batch;
+    a.problem.seqlen_q = c.seqlen_q;
+    a.problem.heads_q = c.heads_q;
+    a.problem.heads_kv = 1;
+    a.k = fa4::bshd(fake(1), kSk, 1, kD);
+    a.v = fa4::bshd(fake(2), kSk, 1, kD);
+    a.q = {fake(0), c.bs, c.ss, c.hs};
+    EXPECT_TRUE(Refused(fa4::validate(a), {"q.batch_stride = " + std::to_string(c.bs), "int64"}))
+        << c.what;
+  }
+}
+
+TEST(Validation, ByteCountOverflowsInt64) {
+  // With batch = 2 the element offset is 2^62 plus a little, which fits; times 2 bytes it does not.
+  ASSERT_EQ(valid_problem().batch, 2);
+  expect_tensor_refused([](const std::string& name, TensorRef& t) -> std::vector<std::string> {
+    t.batch_stride = int64_t{1} << 62;
+    return {name + ".batch_stride = 4611686018427387904", "in bytes", "int64"};
+  });
+}
+
+TEST(Validation, EmptyTensorsMayBeNull) {
+  ForwardArgs f;  // batch 0: every tensor is empty
+  f.problem = valid_problem();
+  f.problem.batch = 0;
+  Status s = fa4::validate(f);
+  EXPECT_TRUE(s.ok()) << s.message;
+  BackwardArgs b;
+  b.problem = f.problem;
+  s = fa4::validate(b);
+  EXPECT_TRUE(s.ok()) << s.message;
+
+  f = valid_forward();  // seqlen_k 0: k and v are empty, q and o are not
+  f.problem.seqlen_k = 0;
+  f.k = {nullptr, 3, 5, 7};
+  f.v = {};
+  s = fa4::validate(f);
+  EXPECT_TRUE(s.ok()) << s.message;
+  f.q.data = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(f), {"q.data = null"}));
+
+  f = valid_forward();  // seqlen_q 0: q, o and lse are empty
+  f.problem.seqlen_q = 0;
+  f.q = {};
+  f.o = {};
+  f.lse = nullptr;
+  s = fa4::validate(f);
+  EXPECT_TRUE(s.ok()) << s.message;
+  f.k.data = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(f), {"k.data = null"}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// LSE and workspace rules.
+
+TEST(Validation, LseMisaligned) {
+  ForwardArgs f = valid_forward();
+  f.lse = reinterpret_cast<float*>(offset_bytes(f.lse, 2));
+  EXPECT_TRUE(Refused(fa4::validate(f), {"lse = " + fa4::detail::format_pointer(f.lse), "4 bytes"}));
+  BackwardArgs b = valid_backward();
+  b.lse = reinterpret_cast<const float*>(offset_bytes(const_cast<float*>(b.lse), 1));
+  EXPECT_TRUE(Refused(fa4::validate(b), {"lse = " + fa4::detail::format_pointer(b.lse)}));
+}
+
+TEST(Validation, LseByteCountOverflowsInt64) {
+  // The q/o tensors use zero strides so that only the lse extent overflows.
+  ForwardArgs a = valid_forward();
+  const int64_t big = std::numeric_limits<int32_t>::max();
+  a.problem.batch = big;
+  a.problem.seqlen_q = big;
+  a.problem.heads_q = big;
+  a.problem.heads_kv = 1;
+  a.q = {fake(0), 0, 0, 0};
+  a.o = {fake(3), 0, 0, 0};
+  a.k = {fake(1), 0, 0, 0};
+  a.v = {fake(2), 0, 0, 0};
+  EXPECT_TRUE(Refused(fa4::validate(a), {"lse", "batch = 2147483647", "heads_q = 2147483647",
+                                         "seqlen_q = 2147483647", "int64"}));
+  a.lse = nullptr;  // nothing to index then
+  const Status s = fa4::validate(a);
+  EXPECT_TRUE(s.ok()) << s.message;
+}
+
+TEST(Validation, BackwardNeedsLse) {
+  BackwardArgs b = valid_backward();
+  b.lse = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(b), {"lse = null", "backward"}));
+}
+
+TEST(Validation, BackwardWorkspace) {
+  BackwardArgs b = valid_backward();
+  const std::string need = std::to_string(b.workspace_bytes);
+  ASSERT_GT(b.workspace_bytes, 0u);
+
+  BackwardArgs x = b;
+  x.workspace = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(x), {"workspace = null", need}));
+
+  x = b;
+  x.workspace_bytes -= 1;
+  EXPECT_TRUE(Refused(fa4::validate(x), {"workspace_bytes = " + std::to_string(x.workspace_bytes),
+                                         "at least " + need}));
+
+  x = b;
+  x.workspace = offset_bytes(x.workspace, 8);
+  EXPECT_TRUE(Refused(fa4::validate(x), {"workspace = " + fa4::detail::format_pointer(x.workspace),
+                                         std::to_string(fa4::kAlignmentBytes) + " bytes"}));
+
+  x = b;
+  x.workspace_bytes += 1000;  // more is fine
+  const Status s = fa4::validate(x);
+  EXPECT_TRUE(s.ok()) << s.message;
+}
+
+TEST(Validation, BackwardDqAccumulatorOverflowsInt64) {
+  // lse (batch*heads_q*seqlen_q*4 = 2^61 bytes) fits; the dQ accumulator (times head_dim) does not.
+  // Zero strides keep the q-shaped tensors' offsets small.
+  BackwardArgs b = valid_backward();
+  b.problem.batch = int64_t{1} << 20;
+  b.problem.heads_q = int64_t{1} << 20;
+  b.problem.heads_kv = 1;
+  b.problem.seqlen_q = int64_t{1} << 19;
+  b.problem.seqlen_k = 8;
+  for (TensorRef* t : {&b.q, &b.o, &b.dout, &b.dq}) *t = {t->data, 0, 0, 0};
+  for (TensorRef* t : {&b.k, &b.v, &b.dk, &b.dv}) *t = {t->data, 0, 0, 0};
+  EXPECT_TRUE(Refused(fa4::validate(b), {"dQ accumulator", "batch = 1048576", "int64"}));
+  size_t bytes = 0;
+  EXPECT_TRUE(Refused(fa4::backward_workspace_size(b, &bytes), {"dQ accumulator"}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same rules reach the entry points: forward()/backward() refuse before touching the GPU.
+
+TEST(Validation, EntryPointsValidateFirst) {
+  ForwardArgs f = valid_forward();
+  f.problem.head_dim = 96;
+  EXPECT_TRUE(Refused(fa4::forward(f, nullptr), {"head_dim = 96"}));
+  BackwardArgs b = valid_backward();
+  b.dv.data = nullptr;
+  EXPECT_TRUE(Refused(fa4::backward(b, nullptr), {"dv.data = null"}));
+  size_t bytes = 0;
+  EXPECT_TRUE(Refused(fa4::forward_workspace_size(f, &bytes), {"head_dim = 96"}));
+}
+
+}  // namespace
