@@ -1,5 +1,6 @@
 // Float64 CPU reference for fa4's exact semantics (scale, bottom-right causal, window, GQA, empty
-// rows), and a plain CUDA oracle (fp32 accumulation) for shapes too large for the CPU.
+// rows), a low-precision "plain implementation" for the correctness criterion of DESIGN.md §3, and
+// (reference_gpu.h) a plain CUDA oracle (fp32 accumulation) for shapes too large for the CPU.
 #pragma once
 
 #include <cstdint>
@@ -19,13 +20,49 @@ struct Backward64 {
   std::vector<double> dq, dk, dv;  // shaped like q, k, v
 };
 
-// Whether query i may attend key j under p's causal/window rules (bottom-right aligned).
+// The scale applied to q·k: problem.softmax_scale, or 1/sqrt(head_dim) when that is 0.
+double softmax_scale(const Problem& p);
+
+// Whether query i may attend key j under p's causal/window rules (bottom-right aligned): with
+// shift = seqlen_k - seqlen_q, j >= i + shift - window_left (if window_left >= 0) and
+// j <= i + shift + right, right = window_right (-1: unbounded), min(right, 0) when causal.
 bool visible(const Problem& p, int64_t i, int64_t j);
+
+// The KV head that query head h reads (GQA/MQA).
+inline int64_t kv_head(const Problem& p, int64_t h) { return h / (p.heads_q / p.heads_kv); }
+
+// Element counts of the contiguous tensors.
+inline int64_t q_elems(const Problem& p) { return p.batch * p.seqlen_q * p.heads_q * p.head_dim; }
+inline int64_t kv_elems(const Problem& p) { return p.batch * p.seqlen_k * p.heads_kv * p.head_dim; }
+inline int64_t lse_elems(const Problem& p) { return p.batch * p.heads_q * p.seqlen_q; }
 
 Forward64 forward(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
                   const std::vector<double>& v);
 
+// dout is shaped like o. The LSE is recomputed, not taken from a caller.
 Backward64 backward(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
                     const std::vector<double>& v, const std::vector<double>& dout);
+
+// The plain low-precision implementation (p.dtype): q, k, v rounded to the dtype; S = q·k summed
+// in fp32 and scaled in fp32; softmax in fp32; P normalised and rounded to the dtype; O = P·V
+// accumulated in fp32 and rounded to the dtype. LSE stays fp32. Values are returned as double.
+Forward64 forward_lowp(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
+                       const std::vector<double>& v);
+
+// The same for the backward: inputs and dout rounded to the dtype, P as in forward_lowp (fp32,
+// then rounded), O from forward_lowp; dV = Pᵀ·dO and dP = dO·Vᵀ in fp32; D = rowsum(dO∘O) in fp32;
+// dS = P∘(dP − D) rounded to the dtype; dQ = scale·dS·K and dK = scale·dSᵀ·Q in fp32; dQ, dK, dV
+// rounded to the dtype.
+Backward64 backward_lowp(const Problem& p, const std::vector<double>& q,
+                         const std::vector<double>& k, const std::vector<double>& v,
+                         const std::vector<double>& dout);
+
+// How far `out` is from `ref` (same size): max |out - ref| and ||out - ref|| / ||ref||. Entries
+// where both are the same infinity count as equal; a NaN anywhere makes both NaN.
+struct ErrorStats {
+  double max_abs = 0.0;
+  double rel_frobenius = 0.0;
+};
+ErrorStats error_stats(const std::vector<double>& out, const std::vector<double>& ref);
 
 }  // namespace fa4::ref

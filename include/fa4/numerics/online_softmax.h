@@ -27,12 +27,23 @@ struct RescaleStep {
   bool rescaled;
 };
 
+// The two exp2 implementations as function objects, for code that takes the exp as a parameter.
+struct Exp2Mufu {
+  FA4_HD float operator()(float x) const { return exp2_mufu(x); }
+};
+struct Exp2Poly {
+  FA4_HD float operator()(float x) const { return exp2_poly(x); }
+};
+
 // Decides whether the row's max moves for a block whose max is `block_max`.
-// threshold = 0 gives the classic always-rescale online softmax.
-FA4_HD RescaleStep rescale_step(float running_max, float block_max, float threshold) {
+// threshold = 0 gives the classic always-rescale online softmax. `exp2_fn` computes the
+// correction: MUFU by default; Exp2Poly makes the step bit-identical between host and device.
+template <class Exp2Fn = Exp2Mufu>
+FA4_HD RescaleStep rescale_step(float running_max, float block_max, float threshold,
+                                Exp2Fn exp2_fn = {}) {
   if (block_max - running_max > threshold || (running_max == -INFINITY && block_max != -INFINITY)) {
     // running_max == -inf: correction 2^-inf = 0 multiplies an all-zero O and sum.
-    return {block_max, running_max == -INFINITY ? 0.0f : exp2_mufu(running_max - block_max), true};
+    return {block_max, running_max == -INFINITY ? 0.0f : exp2_fn(running_max - block_max), true};
   }
   return {running_max, 1.0f, false};
 }

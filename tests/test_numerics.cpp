@@ -1,0 +1,500 @@
+// What the shared numerics promise on the host: the software exp2's accuracy and shape, and an
+// online softmax with conditional rescaling that gives the exact softmax while never taking an
+// exponential above 2^threshold.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fa4/numerics/exp2.h"
+#include "fa4/numerics/online_softmax.h"
+
+namespace {
+
+namespace nx = fa4::numerics;
+
+constexpr float kInfF = std::numeric_limits<float>::infinity();
+
+double rel_err_exp2(float x) {
+  const double want = std::exp2(static_cast<double>(x));
+  return std::fabs(static_cast<double>(nx::exp2_poly(x)) - want) / want;
+}
+
+// ---- exp2_poly -------------------------------------------------------------------------------
+
+// The polynomial alone, evaluated as exp2_poly does (Horner on FMAs), for other coefficients.
+float poly3(float f, float c1, float c2, float c3) {
+  float p = std::fma(c3, f, c2);
+  p = std::fma(p, f, c1);
+  return std::fma(p, f, 1.0f);
+}
+
+// Max relative error of 1 + c1 f + c2 f^2 + c3 f^3 against 2^f on [0, 1]: every 4th float from
+// 2^-10 to 1 (below 2^-10 the error is far from its maximum), and f = 0.
+double poly3_max_rel_err(float c1, float c2, float c3) {
+  double worst = std::fabs(poly3(0.0f, c1, c2, c3) - 1.0);
+  for (uint32_t u = nx::float_bits(1.0f / 1024); u <= nx::float_bits(1.0f); u += 4) {
+    const float f = nx::bits_float(u);
+    const double want = std::exp2(static_cast<double>(f));
+    worst = std::max(worst, std::fabs(poly3(f, c1, c2, c3) - want) / want);
+  }
+  return worst;
+}
+
+TEST(Exp2Poly, MaxRelativeErrorWhereTheResultIsNormal) {
+  // Every 16th float in [-126, 0] (about 70 million), then every 64th in (0, 8] (the softmax's
+  // domain ends at 2^threshold = 2^8).
+  double worst = 0;
+  float worst_x = 0;
+  const uint32_t neg_end = nx::float_bits(-126.0f);
+  for (uint64_t u = 0x80000000u; u <= neg_end; u += 16) {
+    const float x = nx::bits_float(static_cast<uint32_t>(u));
+    const double e = rel_err_exp2(x);
+    if (e > worst) worst = e, worst_x = x;
+  }
+  const double worst_neg = worst;
+  for (uint32_t u = 1; u <= nx::float_bits(8.0f); u += 64) {
+    const float x = nx::bits_float(u);
+    const double e = rel_err_exp2(x);
+    if (e > worst) worst = e, worst_x = x;
+  }
+  std::cout << "[ exp2_poly ] max relative error " << worst << " = 2^" << std::log2(worst)
+            << " at x = " << worst_x << " (on [-126, 0]: " << worst_neg << ")\n";
+  RecordProperty("exp2_poly_max_rel_err", std::to_string(worst));
+  RecordProperty("exp2_poly_max_rel_err_log2", std::to_string(std::log2(worst)));
+  EXPECT_LT(worst, std::ldexp(1.0, -11));  // the requirement: well under bf16's 2^-9
+  EXPECT_LT(worst, 9e-5);                  // what FA4's coefficients measure (8.77e-5)
+}
+
+TEST(Exp2Poly, ExactAtIntegers) {
+  for (int j = -126; j <= 127; ++j)
+    ASSERT_EQ(nx::exp2_poly(static_cast<float>(j)), std::ldexp(1.0f, j)) << "2^" << j;
+}
+
+TEST(Exp2Poly, MinusInfinityAndTheClampGiveExactZero) {
+  // x <= -127 is clamped to -127, where p(0) = 1 lands exactly on a zero exponent: +0.
+  EXPECT_EQ(nx::float_bits(nx::exp2_poly(-kInfF)), 0u);
+  EXPECT_EQ(nx::float_bits(nx::exp2_poly(-127.0f)), 0u);
+  EXPECT_EQ(nx::float_bits(nx::exp2_poly(-1e30f)), 0u);
+  EXPECT_EQ(nx::float_bits(nx::exp2_poly(-std::numeric_limits<float>::max())), 0u);
+  // In [-127, -126) the result is a subnormal below 2^-126: not accurate, but tiny and >= 0.
+  for (float x = -127.0f; x < -126.0f; x += 1.0f / 64) {
+    const float y = nx::exp2_poly(x);
+    EXPECT_GE(y, 0.0f);
+    EXPECT_LT(y, std::ldexp(1.0f, -126));
+  }
+}
+
+TEST(Exp2Poly, NanInputGivesNanOnTheHost) {
+  // The clamp lets NaN through and every step keeps it. (On the device the integer exponent add
+  // turns the canonical NaN into a finite number: NaN is outside exp2_poly's domain there.)
+  EXPECT_TRUE(std::isnan(nx::exp2_poly(std::numeric_limits<float>::quiet_NaN())));
+}
+
+TEST(Exp2Poly, TinyNegativeInputsRoundFTowardOne) {
+  // For x in (-1/2, 0), f = x + 1 rounds; below 2^-25 in magnitude it becomes exactly 1 and the
+  // result is p(1) / 2, still within the polynomial's error of 2^x ~ 1.
+  const float x = -1e-30f;
+  EXPECT_LT(std::fabs(nx::exp2_poly(x) - 1.0), 9e-5);
+  EXPECT_LE(nx::exp2_poly(x), nx::exp2_poly(0.0f));
+}
+
+TEST(Exp2Poly, MonotonicNonDecreasing) {
+  // Every 23rd float from -130 up to 8, in increasing order, then every float around each
+  // integer, where j and the polynomial hand over. Plain comparisons in the loops; the first
+  // decrease found is reported.
+  float prev = 0.0f, bad_x = 0.0f, bad_prev = 0.0f;
+  uint64_t checked = 0, bad = 0;
+  auto step = [&](float x) {
+    const float y = nx::exp2_poly(x);
+    if (y < prev && bad++ == 0) bad_x = x, bad_prev = prev;
+    prev = y;
+    ++checked;
+  };
+  for (int64_t u = nx::float_bits(-130.0f); u >= static_cast<int64_t>(0x80000000u); u -= 23)
+    step(nx::bits_float(static_cast<uint32_t>(u)));
+  for (uint32_t u = 0; u <= nx::float_bits(8.0f); u += 23) step(nx::bits_float(u));
+  for (int j = -127; j <= 8; ++j) {
+    float x = static_cast<float>(j);
+    for (int n = 0; n < 4096; ++n) x = std::nextafter(x, -kInfF);
+    prev = 0.0f;
+    for (int n = 0; n < 8192; ++n, x = std::nextafter(x, kInfF)) step(x);
+  }
+  EXPECT_EQ(bad, 0u) << "first decrease at x = " << bad_x << ": " << nx::exp2_poly(bad_x) << " < "
+                     << bad_prev;
+  RecordProperty("points_checked", std::to_string(checked));
+}
+
+TEST(Exp2Poly, StaysBelowTwiceAtTheTopOfEachBinade) {
+  // p(1) < 2 keeps the result continuous from below at every integer and the add in range.
+  const float p1 = poly3(1.0f, nx::kExp2C1, nx::kExp2C2, nx::kExp2C3);
+  EXPECT_LT(p1, 2.0f);
+  EXPECT_GT(p1, 2.0f * (1.0f - 9e-5f));
+}
+
+// A four-point Remez exchange for min over (c1, c2, c3) of max_f |(1 + c1 f + c2 f^2 + c3 f^3)
+// / 2^f - 1| on [0, 1]. p(0) = 1 is kept: exactness at integers and the exact zero of the clamp
+// both rest on it. Long double throughout; extrema found on a fine grid.
+struct Minimax3 {
+  long double c1, c2, c3, level;
+};
+
+Minimax3 remez_exp2_deg3() {
+  using R = long double;
+  R x[4] = {0.25L, 0.5L, 0.75L, 1.0L};
+  Minimax3 out{};
+  for (int iter = 0; iter < 20; ++iter) {
+    // p(x_i) - 2^x_i = (-1)^i E 2^x_i  ->  c1 x + c2 x^2 + c3 x^3 - (-1)^i E 2^x = 2^x - 1.
+    R a[4][5];
+    for (int i = 0; i < 4; ++i) {
+      const R e = std::exp2(x[i]);
+      a[i][0] = x[i];
+      a[i][1] = x[i] * x[i];
+      a[i][2] = x[i] * x[i] * x[i];
+      a[i][3] = (i % 2 ? 1 : -1) * e;
+      a[i][4] = e - 1;
+    }
+    for (int c = 0; c < 4; ++c) {  // Gauss-Jordan with partial pivoting
+      int piv = c;
+      for (int r = c + 1; r < 4; ++r)
+        if (std::fabs(a[r][c]) > std::fabs(a[piv][c])) piv = r;
+      for (int k = 0; k < 5; ++k) std::swap(a[c][k], a[piv][k]);
+      for (int r = 0; r < 4; ++r) {
+        if (r == c) continue;
+        const R f = a[r][c] / a[c][c];
+        for (int k = c; k < 5; ++k) a[r][k] -= f * a[c][k];
+      }
+    }
+    out = {a[0][4] / a[0][0], a[1][4] / a[1][1], a[2][4] / a[2][2], std::fabs(a[3][4] / a[3][3])};
+    auto err = [&](R f) {
+      return (1 + f * (out.c1 + f * (out.c2 + f * out.c3))) / std::exp2(f) - 1;
+    };
+    // New reference: the extremum of |err| in each sign-constant stretch of (0, 1].
+    constexpr int kGrid = 100000;
+    R best[4] = {0, 0, 0, 0};
+    int seg = -1;
+    R prev_sign = 0;
+    for (int g = 1; g <= kGrid && seg < 4; ++g) {
+      const R f = static_cast<R>(g) / kGrid, e = err(f);
+      const R sign = e < 0 ? -1 : 1;
+      if (sign != prev_sign) {
+        if (++seg >= 4) break;
+        prev_sign = sign;
+        best[seg] = 0;
+      }
+      if (std::fabs(e) >= best[seg]) best[seg] = std::fabs(e), x[seg] = f;
+    }
+  }
+  return out;
+}
+
+TEST(Exp2Poly, CoefficientsAgainstTheRelativeErrorMinimax) {
+  const Minimax3 m = remez_exp2_deg3();
+  const float c1 = static_cast<float>(m.c1), c2 = static_cast<float>(m.c2),
+              c3 = static_cast<float>(m.c3);
+  const double fa4 = poly3_max_rel_err(nx::kExp2C1, nx::kExp2C2, nx::kExp2C3);
+  const double ours = poly3_max_rel_err(c1, c2, c3);
+  std::cout.precision(17);
+  std::cout << "[ exp2_poly ] relative-error minimax with p(0) = 1: c1 = " << c1 << ", c2 = " << c2
+            << ", c3 = " << c3 << ", level " << static_cast<double>(m.level) << "\n";
+  std::cout.precision(6);
+  std::cout << "[ exp2_poly ] measured in fp32 on [0, 1]: FA4's " << fa4 << " (2^" << std::log2(fa4)
+            << "), minimax " << ours << " (2^" << std::log2(ours) << ")\n";
+  RecordProperty("fa4_coeffs_max_rel_err", std::to_string(fa4));
+  RecordProperty("minimax_coeffs_max_rel_err", std::to_string(ours));
+  // The equioscillation level is the best any degree-3 polynomial with p(0) = 1 can do; FA4's
+  // coefficients are within 3 % of it.
+  EXPECT_NEAR(static_cast<double>(m.level), 8.559e-5, 1e-8);
+  EXPECT_LE(ours, static_cast<double>(m.level) * 1.001);
+  EXPECT_LT(fa4, static_cast<double>(m.level) * 1.03);
+  EXPECT_GE(fa4, ours);
+}
+
+// ---- rescale_step, exp_offset, row_lse -------------------------------------------------------
+
+TEST(OnlineSoftmax, RescaleStepRules) {
+  using nx::rescale_step;
+  auto s = rescale_step(-kInfF, -kInfF, 8.0f);  // nothing seen yet, nothing new: stay at -inf
+  EXPECT_EQ(s.max, -kInfF);
+  EXPECT_EQ(s.correction, 1.0f);
+  EXPECT_FALSE(s.rescaled);
+  s = rescale_step(-kInfF, 3.0f, 8.0f);  // first real block: take its max, zero the old state
+  EXPECT_EQ(s.max, 3.0f);
+  EXPECT_EQ(s.correction, 0.0f);
+  EXPECT_TRUE(s.rescaled);
+  s = rescale_step(0.0f, 8.0f, 8.0f);  // exactly the threshold: keep the stale max
+  EXPECT_EQ(s.max, 0.0f);
+  EXPECT_FALSE(s.rescaled);
+  s = rescale_step(0.0f, 8.5f, 8.0f);
+  EXPECT_EQ(s.max, 8.5f);
+  EXPECT_EQ(s.correction, std::exp2(-8.5f));
+  EXPECT_TRUE(s.rescaled);
+  s = rescale_step(5.0f, -kInfF, 8.0f);  // a fully masked block changes nothing
+  EXPECT_EQ(s.max, 5.0f);
+  EXPECT_FALSE(s.rescaled);
+  s = rescale_step(1.0f, 1.0f, 0.0f);  // threshold 0: any growth rescales, equality does not
+  EXPECT_FALSE(s.rescaled);
+  s = rescale_step(1.0f, 1.5f, 0.0f);
+  EXPECT_TRUE(s.rescaled);
+  EXPECT_EQ(s.correction, std::exp2(-0.5f));
+  s = rescale_step(-3e38f, 3e38f, 8.0f);  // the difference overflows to +inf: still a rescale
+  EXPECT_TRUE(s.rescaled);
+  EXPECT_EQ(s.correction, 0.0f);
+  // The exp is a parameter; the default is the MUFU one.
+  EXPECT_EQ(rescale_step(0.0f, 8.5f, 8.0f, nx::Exp2Poly{}).correction, nx::exp2_poly(-8.5f));
+  EXPECT_EQ(rescale_step(0.0f, 8.5f, 8.0f, nx::Exp2Mufu{}).correction,
+            rescale_step(0.0f, 8.5f, 8.0f).correction);
+}
+
+TEST(OnlineSoftmax, ExpOffsetAndRowLse) {
+  EXPECT_EQ(nx::exp_offset(-kInfF), 0.0f);
+  EXPECT_EQ(nx::exp_offset(2.5f), 2.5f);
+  EXPECT_EQ(nx::row_lse(nx::row_state_init()), -kInfF);
+  EXPECT_EQ(nx::row_lse({3.0f, 0.0f}), -kInfF);
+  EXPECT_NEAR(nx::row_lse({1.0f, 2.0f}), 2.0 * std::log(2.0), 1e-6);
+  EXPECT_NEAR(nx::row_lse({-1000.0f, 1.0f}), -1000.0 * std::log(2.0), 1e-3);
+}
+
+// ---- blockwise softmax against float64 -------------------------------------------------------
+
+// A row of scores in log2 units, cut into blocks, with two value channels (one positive, one of
+// mixed sign) that the softmax weights average.
+struct Row {
+  std::string name;
+  std::vector<float> x;
+  std::vector<int> blocks;  // block sizes, summing to x.size()
+  std::vector<float> v0, v1;
+};
+
+struct Result {
+  double o0 = 0, o1 = 0, lse = 0;  // lse in natural log
+  float max_exp = 0;               // largest exponential taken (the float path only)
+  int rescales = 0;
+};
+
+// Exact softmax in float64.
+Result exact_softmax(const Row& r) {
+  Result out;
+  double m = -std::numeric_limits<double>::infinity();
+  for (float x : r.x) m = std::max(m, static_cast<double>(x));
+  if (m == -std::numeric_limits<double>::infinity()) {
+    out.lse = m;
+    return out;
+  }
+  double l = 0, a0 = 0, a1 = 0;
+  for (size_t j = 0; j < r.x.size(); ++j) {
+    const double p = std::exp2(static_cast<double>(r.x[j]) - m);
+    l += p;
+    a0 += p * r.v0[j];
+    a1 += p * r.v1[j];
+  }
+  out.o0 = a0 / l;
+  out.o1 = a1 / l;
+  out.lse = (m + std::log2(l)) * std::log(2.0);
+  return out;
+}
+
+// The kernel's recipe in fp32: per block, fold the block max with rescale_step, correct the
+// running sum and O, take exponentials against exp_offset(max), accumulate; finally O / sum and
+// row_lse.
+template <class Exp2Fn>
+Result blockwise_softmax(const Row& r, float threshold, Exp2Fn exp2_fn) {
+  Result out;
+  nx::RowState st = nx::row_state_init();
+  float a0 = 0, a1 = 0;
+  size_t j = 0;
+  for (int size : r.blocks) {
+    float bmax = -kInfF;
+    for (int n = 0; n < size; ++n) bmax = std::max(bmax, r.x[j + n]);
+    const nx::RescaleStep step = nx::rescale_step(st.max, bmax, threshold, exp2_fn);
+    out.rescales += step.rescaled;
+    st.max = step.max;
+    st.sum *= step.correction;
+    a0 *= step.correction;
+    a1 *= step.correction;
+    const float off = nx::exp_offset(st.max);
+    for (int n = 0; n < size; ++n, ++j) {
+      const float p = exp2_fn(r.x[j] - off);
+      out.max_exp = std::max(out.max_exp, p);
+      st.sum += p;
+      a0 += p * r.v0[j];
+      a1 += p * r.v1[j];
+    }
+  }
+  out.o0 = st.sum == 0.0f ? 0.0f : a0 / st.sum;
+  out.o1 = st.sum == 0.0f ? 0.0f : a1 / st.sum;
+  out.lse = nx::row_lse(st);
+  return out;
+}
+
+std::vector<int> even_blocks(size_t n, int size) {
+  std::vector<int> b;
+  for (size_t done = 0; done < n; done += size)
+    b.push_back(static_cast<int>(std::min<size_t>(size, n - done)));
+  return b;
+}
+
+Row make_row(std::string name, std::vector<float> x, std::vector<int> blocks, uint64_t seed) {
+  Row r{std::move(name), std::move(x), std::move(blocks), {}, {}};
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> pos(0.5f, 1.0f), mixed(-1.0f, 1.0f);
+  for (size_t j = 0; j < r.x.size(); ++j) {
+    r.v0.push_back(pos(gen));
+    r.v1.push_back(mixed(gen));
+  }
+  return r;
+}
+
+std::vector<Row> adversarial_rows() {
+  std::vector<Row> rows;
+  std::mt19937_64 gen(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  auto random_x = [&](size_t n, float lo, float hi) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> x(n);
+    for (auto& e : x) e = u(gen);
+    return x;
+  };
+  std::vector<float> x;
+
+  for (int j = 0; j < 400; ++j) x.push_back(0.05f * j);
+  rows.push_back(make_row("rising_maxima", x, even_blocks(400, 16), 1));
+
+  x.clear();  // block b holds 8b: every other block lands exactly on the threshold
+  for (int b = 0; b < 20; ++b)
+    for (int n = 0; n < 4; ++n) x.push_back(8.0f * b - 0.25f * n);
+  rows.push_back(make_row("steps_of_exactly_the_threshold", x, even_blocks(80, 4), 2));
+
+  x = random_x(800, -1.0f, 1.0f);
+  x.push_back(1000.0f);
+  for (float e : random_x(63, -1.0f, 1.0f)) x.push_back(e);
+  rows.push_back(make_row("big_jump_after_many_small_blocks", x, even_blocks(864, 8), 3));
+
+  x = random_x(256, -1.0f, 1.0f);
+  for (float e : random_x(32, 8.5f, 9.0f)) x.push_back(e);
+  rows.push_back(make_row("jump_just_over_the_threshold", x, even_blocks(288, 32), 4));
+
+  x.assign(96, -kInfF);  // three masked blocks, data, a masked block, data, masked tail
+  for (float e : random_x(64, -4.0f, 4.0f)) x.push_back(e);
+  for (int n = 0; n < 32; ++n) x.push_back(-kInfF);
+  for (float e : random_x(64, 2.0f, 12.0f)) x.push_back(e);
+  for (int n = 0; n < 32; ++n) x.push_back(-kInfF);
+  for (size_t j = 100; j < x.size(); j += 7) x[j] = -kInfF;  // scattered masked keys too
+  rows.push_back(make_row("masked_blocks_and_keys", x, even_blocks(x.size(), 32), 5));
+
+  rows.push_back(
+      make_row("fully_masked", std::vector<float>(200, -kInfF), even_blocks(200, 64), 6));
+
+  rows.push_back(make_row("huge_range_1e4", random_x(1000, -1e4f, 1e4f), even_blocks(1000, 64), 7));
+
+  x.clear();
+  for (int j = 0; j < 500; ++j) x.push_back(-1e4f + 40.0f * j);
+  rows.push_back(make_row("ramp_across_2e4", x, even_blocks(500, 16), 8));
+
+  x = random_x(300, -1e4f - 20.0f, -1e4f);
+  rows.push_back(make_row("all_near_minus_1e4", x, even_blocks(300, 64), 9));
+
+  x.clear();
+  for (int j = 0; j < 300; ++j) x.push_back(normal(gen));
+  rows.push_back(make_row("blocks_of_one", x, std::vector<int>(300, 1), 10));
+
+  x.clear();
+  for (int j = 0; j < 300; ++j) x.push_back(0.1f * j + unit(gen));
+  rows.push_back(make_row("rising_in_blocks_of_one", x, std::vector<int>(300, 1), 11));
+
+  x.clear();
+  for (int j = 0; j < 1000; ++j) x.push_back(normal(gen));
+  rows.push_back(make_row("random_normal", x, even_blocks(1000, 64), 12));
+
+  x.clear();
+  for (int j = 0; j < 500; ++j) x.push_back(20.0f - 0.1f * j);
+  rows.push_back(make_row("falling", x, even_blocks(500, 32), 13));
+
+  x = {-3e38f, 1.0f, 3e38f, -kInfF, 3e38f, 2.9e38f, -3e38f};
+  rows.push_back(make_row("extreme_magnitudes", x, {2, 1, 3, 1}, 14));
+
+  x.clear();  // random block sizes over a random walk
+  std::vector<int> sizes;
+  float level = 0;
+  for (size_t n = 0; n < 1200;) {
+    const int s = 1 + static_cast<int>(gen() % 70);
+    sizes.push_back(s);
+    for (int k = 0; k < s; ++k, ++n) {
+      level += 0.3f * unit(gen);
+      x.push_back(level + normal(gen));
+    }
+  }
+  rows.push_back(make_row("random_walk_random_blocks", x, sizes, 15));
+  return rows;
+}
+
+// Scale of a result: the weighted mean of |v|, against which O's error is measured.
+double o_scale(const Row& r, const std::vector<float>& v) {
+  double l = 0, a = 0, m = -std::numeric_limits<double>::infinity();
+  for (float x : r.x) m = std::max(m, static_cast<double>(x));
+  if (m == -std::numeric_limits<double>::infinity()) return 1.0;
+  for (size_t j = 0; j < r.x.size(); ++j) {
+    const double p = std::exp2(static_cast<double>(r.x[j]) - m);
+    l += p;
+    a += p * std::fabs(v[j]);
+  }
+  return a / l;
+}
+
+void expect_close(const Row& r, const Result& got, const Result& want, double tol,
+                  const std::string& what) {
+  SCOPED_TRACE(r.name + ": " + what);
+  EXPECT_LE(std::fabs(got.o0 - want.o0), tol * o_scale(r, r.v0)) << got.o0 << " vs " << want.o0;
+  EXPECT_LE(std::fabs(got.o1 - want.o1), tol * o_scale(r, r.v1)) << got.o1 << " vs " << want.o1;
+  if (std::isinf(want.lse)) {
+    EXPECT_EQ(got.lse, want.lse);
+  } else {
+    EXPECT_LE(std::fabs(got.lse - want.lse), tol * std::max(1.0, std::fabs(want.lse)))
+        << got.lse << " vs " << want.lse;
+  }
+}
+
+template <class Exp2Fn>
+void check_all_rows(Exp2Fn exp2_fn, double tol, const char* path) {
+  double worst = 0;
+  for (const Row& r : adversarial_rows()) {
+    ASSERT_EQ(r.x.size(), r.v0.size());
+    const Result exact = exact_softmax(r);
+    const Result lazy = blockwise_softmax(r, nx::kRescaleThresholdLog2, exp2_fn);
+    const Result eager = blockwise_softmax(r, 0.0f, exp2_fn);
+    expect_close(r, lazy, exact, tol, std::string(path) + ", threshold 8 vs float64");
+    expect_close(r, eager, exact, tol, std::string(path) + ", threshold 0 vs float64");
+    expect_close(r, lazy, eager, 2 * tol, std::string(path) + ", threshold 8 vs threshold 0");
+    EXPECT_LE(lazy.max_exp, std::ldexp(1.0f, 8)) << r.name;
+    EXPECT_LE(eager.max_exp, 1.0f) << r.name;
+    EXPECT_LE(lazy.rescales, eager.rescales) << r.name;
+    if (std::isfinite(exact.lse)) {
+      worst = std::max(worst, std::fabs(lazy.o0 - exact.o0) / o_scale(r, r.v0));
+      worst = std::max(worst, std::fabs(lazy.o1 - exact.o1) / o_scale(r, r.v1));
+    }
+    std::cout << "[ softmax " << path << " ] " << r.name << ": rescales " << lazy.rescales
+              << " (threshold 8) vs " << eager.rescales << " (threshold 0), largest exp "
+              << lazy.max_exp << "\n";
+  }
+  std::cout << "[ softmax " << path
+            << " ] worst O error relative to its scale, threshold 8: " << worst << "\n";
+}
+
+TEST(OnlineSoftmax, ConditionalRescaleIsExactWithHardwareExp2) {
+  // Host exp2_mufu is std::exp2 (correctly rounded or nearly): only fp32 accumulation remains.
+  check_all_rows(nx::Exp2Mufu{}, 2e-6, "mufu");
+}
+
+TEST(OnlineSoftmax, ConditionalRescaleIsExactWithSoftwareExp2) {
+  // Each weight carries up to 8.8e-5 of relative error: twice that bounds O's and LSE's error.
+  check_all_rows(nx::Exp2Poly{}, 2 * 8.8e-5 + 2e-6, "poly");
+}
+
+}  // namespace
