@@ -9,8 +9,9 @@
 //   --check  compares with the float64 CPU reference (fa4::ref) by DESIGN.md §3's criterion:
 //            max|out - ref64| <= 2 * max|lowprec - ref64| + 1e-3 and ||out - ref64|| / ||ref64||
 //            <= 1e-2, where `lowprec` is a plain attention in the same 16-bit precision. Small
-//            problems are checked whole; large ones on sampled query rows. Every output element
-//            must have been written (no NaN poison left).
+//            problems are checked whole; large ones on sampled query rows (float64 on the CPU),
+//            then every element against the GPU fp32 oracle within the bound those rows set.
+//            Every output element must have been written (no NaN poison left).
 //   timing   CUDA events around each call, median over --iters after --warmup calls.
 // Without a usable GPU it says so and runs the CPU reference on a small problem instead, to show
 // what a check looks like.
@@ -40,6 +41,7 @@
 #include "fa4/numerics/online_softmax.h"
 #include "convert.h"
 #include "reference.h"
+#include "reference_gpu.h"
 
 namespace {
 
@@ -467,6 +469,10 @@ float row_emulated(const RowInputs& in, int64_t b, int64_t h, int64_t i, float* 
   return nm::row_lse(st);
 }
 
+std::string status_line(const Status& s) {
+  return std::string(fa4::to_string(s.code)) + ": " + s.message;
+}
+
 // ------------------------------------------------------------------------------------------
 // DESIGN.md §3's criterion, accumulated element by element.
 
@@ -762,11 +768,76 @@ struct CheckResult {
   std::string summary;  // one line for tables
 };
 
+// The whole output against fa4::ref::gpu_forward (fp32): max |out - oracle| within the bound
+// the sampled rows give, relative Frobenius error within DESIGN.md §3's, LSE likewise.
+struct OracleStats {
+  bool ran = false, pass = false;
+  std::string error;
+  double max_err = 0, rel_fro = 0, lse_err = 0;
+  int64_t lse_bad = 0;
+  void print(double bound, double lse_bound) const {
+    if (!ran) {
+      std::printf("  oracle: could not run (%s): FAIL\n", error.c_str());
+      return;
+    }
+    std::printf("  every element vs the GPU fp32 oracle: out max|err| %.3e <= %.3e, rel Frobenius"
+                " %.3e <= %.0e; lse max|err| %.3e <= %.3e, wrong -inf %" PRId64 ": %s\n",
+                max_err, bound, rel_fro, kCheckRelFrobenius, lse_err, lse_bound, lse_bad,
+                pass ? "ok" : "FAIL");
+  }
+};
+
+OracleStats compare_with_oracle(const Case& c, const HostView& ov, const std::vector<float>& lse,
+                                double bound, double lse_bound, cudaStream_t st) {
+  const Problem& p = c.p;
+  OracleStats r;
+  DeviceBuffer o32(c.nq * 4), lse32(c.nlse * 4);
+  const Status s = fa4::ref::gpu_forward(c.fwd, static_cast<float*>(o32.ptr),
+                                         static_cast<float*>(lse32.ptr), st);
+  CUDA_OK(cudaStreamSynchronize(st));
+  CUDA_OK(cudaGetLastError());
+  if (!s.ok()) {
+    r.error = status_line(s);
+    return r;
+  }
+  std::vector<float> ho(c.nq), hl(c.nlse);
+  CUDA_OK(cudaMemcpy(ho.data(), o32.ptr, c.nq * 4, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(hl.data(), lse32.ptr, c.nlse * 4, cudaMemcpyDeviceToHost));
+  double sq_err = 0, sq_ref = 0;
+  bool finite = true;
+  size_t n = 0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t i = 0; i < p.seqlen_q; ++i)
+      for (int64_t h = 0; h < p.heads_q; ++h)
+        for (int64_t d = 0; d < p.head_dim; ++d, ++n) {
+          const double o = ov.at(b, i, h, d), ref = ho[n];
+          if (!std::isfinite(o)) {
+            finite = false;
+            continue;
+          }
+          r.max_err = std::max(r.max_err, std::fabs(o - ref));
+          sq_err += (o - ref) * (o - ref);
+          sq_ref += ref * ref;
+        }
+  r.rel_fro = sq_ref > 0 ? std::sqrt(sq_err / sq_ref) : (sq_err > 0 ? INFINITY : 0.0);
+  for (size_t i = 0; i < c.nlse; ++i) {
+    if (std::isnan(lse[i]) || std::isinf(lse[i]) != std::isinf(hl[i])) {
+      ++r.lse_bad;
+      continue;
+    }
+    if (!std::isinf(hl[i])) r.lse_err = std::max(r.lse_err, double(std::fabs(lse[i] - hl[i])));
+  }
+  r.ran = true;
+  r.pass = finite && r.max_err <= bound && r.rel_fro <= kCheckRelFrobenius && r.lse_bad == 0 &&
+           r.lse_err <= lse_bound;
+  return r;
+}
+
 // Forward: every query row against fa4::ref::forward, bounded by fa4::ref::forward_lowp (small
-// problems), or sampled rows against row_f64 / row_lowprec (large ones); plus a NaN scan of every
-// output element.
+// problems), or sampled rows against row_f64 / row_lowprec and then every element against the
+// GPU oracle (large ones); plus a NaN scan of every output element.
 CheckResult check_forward(const Case& c, const Inputs& in, const Outputs& out, int sample_rows,
-                          uint64_t seed, bool verbose) {
+                          uint64_t seed, cudaStream_t st, bool verbose) {
   const Problem& p = c.p;
   const Strides sq = strides_of(c.layout, p.seqlen_q, p.heads_q, p.head_dim);
   const Strides skv = strides_of(c.layout, p.seqlen_k, p.heads_kv, p.head_dim);
@@ -813,12 +884,17 @@ CheckResult check_forward(const Case& c, const Inputs& in, const Outputs& out, i
     for (int64_t d = 0; d < D; ++d) eo.add(ov.at(r.b, r.i, r.h, d), rlp[size_t(d)], r64[size_t(d)]);
     el.add(lse[li], lselp, lse64);
   }
+  // Large problems: every element against the GPU fp32 oracle too, within the bounds the sampled
+  // rows set (the oracle's own error is ~1e-6, far below them).
+  OracleStats os;
+  if (!whole) os = compare_with_oracle(c, ov, lse, eo.bound(), el.bound(), st);
   CheckResult res;
   res.ran = true;
-  res.pass = eo.pass() && el.pass() && unwritten_o == 0 && unwritten_lse == 0;
+  res.pass = eo.pass() && el.pass() && unwritten_o == 0 && unwritten_lse == 0 && (whole || os.pass);
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%s err %.2e/%.2e fro %.1e", res.pass ? "PASS" : "FAIL",
-                eo.max_err, eo.bound(), eo.rel_fro());
+  std::snprintf(buf, sizeof buf, "%s err %.2e/%.2e fro %.1e%s", res.pass ? "PASS" : "FAIL",
+                eo.max_err, eo.bound(), eo.rel_fro(),
+                whole ? "" : (os.pass ? " oracle ok" : " oracle FAIL"));
   res.summary = buf;
   if (verbose) {
     if (whole)
@@ -830,6 +906,7 @@ CheckResult check_forward(const Case& c, const Inputs& in, const Outputs& out, i
                   rows.size(), kFullCheckMacs);
     eo.print("out");
     el.print();
+    if (!whole) os.print(eo.bound(), el.bound());
     std::printf("  written: NaN poison left in out %" PRId64 " of %zu, in lse %" PRId64
                 " of %zu\n",
                 unwritten_o, c.nq, unwritten_lse, c.nlse);
@@ -900,7 +977,7 @@ CheckResult check_backward(const Case& c, const Inputs& in, const Outputs& out, 
 }
 
 // The backward reads O and LSE. Small problems take them from the float64 reference (so the
-// backward is checked on its own); large ones from fa4::forward.
+// backward is checked on its own); large ones from fa4::forward, or the GPU oracle without it.
 Status prepare_backward_inputs(const Case& c, const Inputs& in, const Outputs& out,
                                cudaStream_t st) {
   const Problem& p = c.p;
@@ -925,10 +1002,29 @@ Status prepare_backward_inputs(const Case& c, const Inputs& in, const Outputs& o
   }
   Status s = fa4::forward(c.fwd, st);
   CUDA_OK(cudaStreamSynchronize(st));
-  if (!s.ok())
-    s.message = "the backward needs O and LSE, and fa4::forward answered " +
-                std::string(fa4::to_string(s.code)) + ": " + s.message;
-  return s;
+  if (s.ok()) return s;
+  // No fa4 forward for this problem: O and LSE from the GPU oracle, O rounded to the dtype.
+  DeviceBuffer o32(c.nq * 4);
+  const Status so = fa4::ref::gpu_forward(c.fwd, static_cast<float*>(o32.ptr),
+                                          static_cast<float*>(out.lse.ptr), st);
+  CUDA_OK(cudaStreamSynchronize(st));
+  if (!so.ok()) {
+    s.message = "the backward needs O and LSE: fa4::forward answered " + status_line(s) +
+                ", the GPU oracle " + status_line(so);
+    return s;
+  }
+  std::vector<float> o32h(c.nq);
+  CUDA_OK(cudaMemcpy(o32h.data(), o32.ptr, c.nq * 4, cudaMemcpyDeviceToHost));
+  const Strides sq = strides_of(c.layout, p.seqlen_q, p.heads_q, p.head_dim);
+  std::vector<uint16_t> o(c.nq);
+  size_t n = 0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t i = 0; i < p.seqlen_q; ++i)
+      for (int64_t h = 0; h < p.heads_q; ++h)
+        for (int64_t d = 0; d < p.head_dim; ++d)
+          o[size_t(b * sq.b + i * sq.s + h * sq.h + d)] = to_bits(p.dtype, o32h[n++]);
+  CUDA_OK(cudaMemcpy(out.o.ptr, o.data(), c.nq * 2, cudaMemcpyHostToDevice));
+  return Status::Ok();
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1008,10 +1104,6 @@ Problem problem_from(const Options& o) {
   return p;
 }
 
-std::string status_line(const Status& s) {
-  return std::string(fa4::to_string(s.code)) + ": " + s.message;
-}
-
 // Runs one case: validate, (backward inputs), check run, timing. Fills `rec`; returns the exit
 // status this case alone would give.
 int run_case(const Options& o, Case& c, Inputs& in, Outputs& out, cudaStream_t st, bool verbose,
@@ -1044,7 +1136,7 @@ int run_case(const Options& o, Case& c, Inputs& in, Outputs& out, cudaStream_t s
   int rc = kExitOk;
   if (o.check) {
     CheckResult r = c.bwd ? check_backward(c, in, out, verbose)
-                          : check_forward(c, in, out, o.rows, o.seed, verbose);
+                          : check_forward(c, in, out, o.rows, o.seed, st, verbose);
     rec->check = r.summary;
     if (!r.pass) rc = kExitCheckFailed;
   } else {

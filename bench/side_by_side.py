@@ -1,0 +1,425 @@
+"""fa4 next to its peers on the same GPU, in one process: check fa4, then time everyone.
+
+    python3 bench/side_by_side.py [--quick] [--hdims 64,128,256] [--seqlens 512,...,16384]
+        [--causal both|yes|no] [--ops fwd,bwd] [--providers fa4,cudnn,fa2,flex]
+        [--flex-seqlens 16384] [--dtype bf16|fp16] [--no-check] [--name WHAT] [--out DIR]
+
+Shapes follow FA3's convention (DESIGN.md §6): 16k tokens per batch (batch = 16384 / seqlen),
+hidden 2048 (heads = 2048 / head_dim). Providers:
+  fa4    torch.ops.fa4 through fa4.flash_attn_func, BSHD tensors (python/build.sh builds it)
+  cudnn  torch SDPA, cuDNN backend        } BHSD contiguous tensors holding the same values
+  fa2    torch SDPA, flash backend (FA2)  }
+  flex   torch.compile'd FlexAttention (Triton); compiling costs seconds per shape, so by default
+         it runs at --flex-seqlens only
+Times are medians of triton.testing.do_bench(return_mode="median") after its warm-up, on random
+normal inputs. TFLOP/s = 4·b·h·s²·d, halved for causal, ×2.5 for bwd. Before timing, fa4's
+output for batch 0 and two heads is checked against a float64 reference by DESIGN.md §3's
+criterion (bounded by a plain 16-bit attention).
+
+Writes bench/results/<date>-<what>.json (and a copy under $OUT when set): one record per
+(op, provider, shape) with ms and tflops (null plus "error" when a provider cannot run it).
+The last thing printed is the table of TFLOP/s and the ratios fa4/cudnn, fa4/fa2, fa4/flex.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+TOKENS, HIDDEN = 16384, 2048
+ALL_HDIMS = (64, 128, 256)
+ALL_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+PROVIDERS = ("fa4", "cudnn", "fa2", "flex")
+ATOL, REL_FROBENIUS = 1e-3, 1e-2  # DESIGN.md §3
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def int_list(s: str):
+    try:
+        vals = [int(x) for x in s.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{s}': expected comma-separated integers") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"'{s}': expected positive integers")
+    return vals
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description="fa4 vs cuDNN SDPA, FA2 and FlexAttention")
+    ap.add_argument("--quick", action="store_true",
+                    help="d=128, seqlens 1024,4096,16384, flex at 16384 only")
+    ap.add_argument("--hdims", type=int_list, default=None, help="head dims (default 64,128,256)")
+    ap.add_argument("--seqlens", type=int_list, default=None,
+                    help="sequence lengths (default 512,1024,2048,4096,8192,16384)")
+    ap.add_argument("--causal", choices=("both", "yes", "no"), default="both")
+    ap.add_argument("--ops", default="fwd", help="fwd, bwd or fwd,bwd (default fwd)")
+    ap.add_argument("--providers", default=",".join(PROVIDERS))
+    ap.add_argument("--flex-seqlens", type=int_list, default=None,
+                    help="seqlens at which flex runs (default 16384; 'all' via --flex-all)")
+    ap.add_argument("--flex-all", action="store_true", help="run flex at every seqlen")
+    ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    ap.add_argument("--no-check", action="store_true", help="skip fa4's correctness check")
+    ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms (default 25)")
+    ap.add_argument("--rep", type=int, default=100, help="do_bench repetition, ms (default 100)")
+    ap.add_argument("--name", default=None, help="<what> in the results file name")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"),
+                    help="results folder (default bench/results)")
+    a = ap.parse_args(argv)
+    a.ops = [o for o in a.ops.split(",") if o]
+    if not a.ops or any(o not in ("fwd", "bwd") for o in a.ops):
+        ap.error(f"--ops {','.join(a.ops)}: expected fwd, bwd or fwd,bwd")
+    a.providers = [p for p in a.providers.split(",") if p]
+    bad = [p for p in a.providers if p not in PROVIDERS]
+    if bad or not a.providers:
+        ap.error(f"--providers: unknown {bad}; choose from {','.join(PROVIDERS)}")
+    if a.hdims is None:
+        a.hdims = [128] if a.quick else list(ALL_HDIMS)
+    if a.seqlens is None:
+        a.seqlens = [1024, 4096, 16384] if a.quick else list(ALL_SEQLENS)
+    if a.flex_all:
+        a.flex_seqlens = list(a.seqlens)
+    elif a.flex_seqlens is None:
+        a.flex_seqlens = [max(a.seqlens)]
+    for d in a.hdims:
+        if HIDDEN % d:
+            ap.error(f"--hdims: {d} does not divide hidden {HIDDEN}")
+    return a
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment facts for the records
+
+
+def gpu_driver() -> str:
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        if r.returncode == 0 and r.stdout.strip():
+            return r.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        import ctypes
+
+        v = ctypes.c_int()
+        ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(v))
+        return f"cuda-driver-api {v.value // 1000}.{v.value % 1000 // 10}"
+    except OSError:
+        return "unknown"
+
+
+def commit_hash() -> str:
+    if os.environ.get("FA4_COMMIT"):
+        return os.environ["FA4_COMMIT"]
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=20)
+        if r.returncode == 0 and r.stdout.strip():
+            return r.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes, FLOPs, timing
+
+
+def shape(seqlen: int, hdim: int):
+    return max(1, TOKENS // seqlen), HIDDEN // hdim
+
+
+def tflops(b, h, s, d, causal, op, ms):
+    f = 4.0 * b * h * s * s * d
+    if causal:
+        f *= 0.5
+    if op == "bwd":
+        f *= 2.5
+    return f / (ms * 1e-3) / 1e12
+
+
+def bench_ms(fn, warmup, rep) -> float:
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def short(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+
+
+# ---------------------------------------------------------------------------------------------
+# fa4's check: batch 0, heads 0 and h-1, against float64 (rows in chunks to bound memory)
+
+
+def check_fa4(q, k, v, out, causal):
+    """q, k, v, out: [b, s, h, d]. Returns a dict with the criterion's numbers and 'pass'."""
+    s, h, d = q.shape[1], q.shape[2], q.shape[3]
+    scale = 1.0 / math.sqrt(d)
+    heads = sorted({0, h - 1})
+    err = err_lp = sq_err = sq_ref = 0.0
+    finite = True
+    chunk = max(1, min(s, (256 << 20) // (8 * s)))
+    for hh in heads:
+        k64, v64 = k[0, :, hh].double(), v[0, :, hh].double()
+        k32, v32 = k[0, :, hh].float(), v[0, :, hh].float()
+        for i0 in range(0, s, chunk):
+            i1 = min(s, i0 + chunk)
+            rows = torch.arange(i0, i1, device=q.device)[:, None]
+            cols = torch.arange(s, device=q.device)[None, :]
+            masked = (cols > rows) if causal else None
+            # float64
+            s64 = (q[0, i0:i1, hh].double() @ k64.T) * scale
+            if masked is not None:
+                s64 = s64.masked_fill(masked, float("-inf"))
+            ref = torch.softmax(s64, dim=-1) @ v64
+            # plain 16-bit: fp32 S and softmax, P and O rounded to the dtype
+            s32 = (q[0, i0:i1, hh].float() @ k32.T) * scale
+            if masked is not None:
+                s32 = s32.masked_fill(masked, float("-inf"))
+            p = torch.softmax(s32, dim=-1).to(q.dtype).float()
+            lp = (p @ v32).to(q.dtype).double()
+            o = out[0, i0:i1, hh].double()
+            finite = finite and bool(torch.isfinite(o).all())
+            err = max(err, (o - ref).abs().max().item())
+            err_lp = max(err_lp, (lp - ref).abs().max().item())
+            sq_err += (o - ref).pow(2).sum().item()
+            sq_ref += ref.pow(2).sum().item()
+    rel = math.sqrt(sq_err / sq_ref) if sq_ref > 0 else 0.0
+    bound = 2 * err_lp + ATOL
+    ok = finite and err <= bound and rel <= REL_FROBENIUS
+    return {"pass": ok, "max_err": err, "bound": bound, "lowprec_err": err_lp,
+            "rel_frobenius": rel, "heads": heads, "batch": 0}
+
+
+# ---------------------------------------------------------------------------------------------
+# Providers: each returns a callable to time (forward, or backward of a kept graph)
+
+_flex_compiled = None
+
+
+def flex_attention():
+    global _flex_compiled
+    if _flex_compiled is None:
+        import torch._dynamo as dyn
+        from torch.nn.attention.flex_attention import flex_attention as fa
+
+        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                     "accumulated_cache_size_limit"):
+            if hasattr(dyn.config, name):
+                setattr(dyn.config, name, 4096)
+        _flex_compiled = torch.compile(fa, dynamic=False)
+    return _flex_compiled
+
+
+def causal_mod(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def make_fn(provider, op, tensors, causal):
+    """tensors: dict with q, k, v in BSHD ('q'...) and BHSD ('qh'...), and dout for bwd."""
+    if provider == "fa4":
+        import fa4
+
+        q, k, v = tensors["q"], tensors["k"], tensors["v"]
+        if op == "fwd":
+            return lambda: fa4.flash_attn_func(q, k, v, causal=causal)
+        out = fa4.flash_attn_func(q, k, v, causal=causal)
+        dout = tensors["dout"]
+        return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+    q, k, v = tensors["qh"], tensors["kh"], tensors["vh"]
+    if provider in ("cudnn", "fa2"):
+        backend = SDPBackend.CUDNN_ATTENTION if provider == "cudnn" else SDPBackend.FLASH_ATTENTION
+
+        def fwd():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    else:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        s = q.shape[2]
+        bm = create_block_mask(causal_mod, 1, 1, s, s, device=q.device) if causal else None
+        flex = flex_attention()
+
+        def fwd():
+            return flex(q, k, v, block_mask=bm)
+
+    if op == "fwd":
+        return fwd
+    out = fwd()
+    dout = tensors["douth"]
+    return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+
+def make_tensors(b, h, s, d, dtype, op, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    grad = op == "bwd"
+    t = {}
+    for name in ("q", "k", "v") + (("dout",) if grad else ()):
+        x = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
+        t[name] = x.requires_grad_(grad and name != "dout")
+        xh = x.detach().transpose(1, 2).contiguous()  # BHSD for the SDPA/flex peers
+        t[name + "h"] = xh.requires_grad_(grad and name != "dout")
+    return t
+
+
+# ---------------------------------------------------------------------------------------------
+# The table
+
+
+def fmt(x, width, prec=1):
+    return f"{x:{width}.{prec}f}" if isinstance(x, (int, float)) and x is not None else f"{'-':>{width}}"
+
+
+def print_table(records, providers, ops):
+    rows = {}
+    for r in records:
+        key = (r["op"], r["head_dim"], r["causal"], r["seqlen_q"])
+        rows.setdefault(key, {})[r["provider"]] = r
+    peers = [p for p in providers if p != "fa4"]
+    head = f"{'op':<4}{'d':>5}{'causal':>8}{'seqlen':>8}" + "".join(f"{p:>9}" for p in providers)
+    if "fa4" in providers:
+        head += "".join(f"{'fa4/' + p:>11}" for p in peers) + "  fa4 check"
+    lines = ["", "TFLOP/s (median) and ratios; '-' = not run or not supported", head,
+             "-" * len(head)]
+    for key in sorted(rows, key=lambda k: (ops.index(k[0]), k[1], k[2], k[3])):
+        op, d, causal, s = key
+        cells = rows[key]
+        tf = {p: cells[p]["tflops"] if p in cells else None for p in providers}
+        line = f"{op:<4}{d:>5}{'yes' if causal else 'no':>8}{s:>8}"
+        line += "".join(fmt(tf[p], 9) for p in providers)
+        if "fa4" in providers:
+            for p in peers:
+                ratio = tf["fa4"] / tf[p] if tf["fa4"] and tf[p] else None
+                line += fmt(ratio, 11, 2)
+            r4 = cells.get("fa4", {})
+            chk = r4.get("check")
+            if r4.get("error"):
+                line += "  n/a (" + ("not supported" if "NotImplementedError" in r4["error"]
+                                     else "error") + ")"
+            elif chk:
+                line += "  " + ("PASS" if chk["pass"] else "FAIL") + \
+                        f" {chk['max_err']:.1e}<={chk['bound']:.1e}"
+        lines.append(line)
+    print("\n".join(lines), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("side_by_side: no CUDA GPU here; run it on the GPU machine", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dtype = DTYPES[a.dtype]
+    props = torch.cuda.get_device_properties(0)
+    meta = {"gpu": props.name, "driver": gpu_driver(), "commit": commit_hash(),
+            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": "python3 bench/side_by_side.py " + " ".join(
+                shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))}
+    log(f"side_by_side: {props.name}, {props.multi_processor_count} SMs, driver {meta['driver']}, "
+        f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, triton "
+        f"{triton.__version__}, commit {meta['commit'][:12]}")
+
+    providers = list(a.providers)
+    if "fa4" in providers:
+        try:
+            import fa4  # noqa: F401
+        except Exception as e:  # the extension is not built: time the peers anyway
+            log(f"side_by_side: fa4 unavailable ({short(e)}); its rows say so")
+            fa4_import_error = short(e)
+        else:
+            fa4_import_error = None
+
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[a.causal]
+    shapes = [(op, d, c, s) for op in a.ops for d in a.hdims for c in causals for s in a.seqlens]
+    records, failed_checks = [], 0
+    t_start = time.time()
+    for n, (op, d, causal, s) in enumerate(shapes, 1):
+        b, h = shape(s, d)
+        log(f"[{n}/{len(shapes)}] {op} d={d} causal={int(causal)} seqlen={s} batch={b} heads={h} "
+            f"({time.time() - t_start:.0f} s)")
+        tensors = make_tensors(b, h, s, d, dtype, op, seed=n)
+        for p in providers:
+            if p == "flex" and s not in a.flex_seqlens:
+                continue
+            rec = {"op": op, "provider": p, "dtype": a.dtype, "batch": b, "heads_q": h,
+                   "heads_kv": h, "seqlen_q": s, "seqlen_k": s, "head_dim": d, "causal": causal,
+                   "ms": None, "tflops": None, **meta}
+            try:
+                if p == "fa4" and fa4_import_error:
+                    raise ImportError(fa4_import_error)
+                if p == "fa4" and op == "fwd" and not a.no_check:
+                    import fa4
+
+                    with torch.no_grad():
+                        out = fa4.flash_attn_func(tensors["q"], tensors["k"], tensors["v"],
+                                                  causal=causal)
+                        rec["check"] = check_fa4(tensors["q"], tensors["k"], tensors["v"], out,
+                                                 causal)
+                    del out
+                    failed_checks += not rec["check"]["pass"]
+                fn = make_fn(p, op, tensors, causal)
+                ctx = torch.no_grad() if op == "fwd" else torch.enable_grad()
+                with ctx:
+                    ms = bench_ms(fn, a.warmup, a.rep)
+                rec["ms"] = ms
+                rec["tflops"] = tflops(b, h, s, d, causal, op, ms)
+            except Exception as e:  # a provider that cannot run this shape: record why
+                rec["error"] = short(e)
+                if os.environ.get("FA4_BENCH_TRACE"):
+                    traceback.print_exc(file=sys.stderr)
+            records.append(rec)
+            status = (f"{rec['tflops']:.1f} TFLOP/s" if rec["tflops"] else rec.get("error", "?"))
+            chk = rec.get("check")
+            if chk:
+                status += (f", check {'PASS' if chk['pass'] else 'FAIL'} max|err| "
+                           f"{chk['max_err']:.2e} <= {chk['bound']:.2e}, rel {chk['rel_frobenius']:.1e}")
+            log(f"    {p:<6}{status}")
+        del tensors
+        torch.cuda.empty_cache()
+
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
+    what = a.name or ("side-by-side-" + "-".join(a.ops) + ("-quick" if a.quick else ""))
+    fname = f"{stamp}-{what}.json"
+    paths = [Path(a.out) / fname]
+    if os.environ.get("OUT"):
+        paths.append(Path(os.environ["OUT"]) / fname)
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(records, indent=1) + "\n")
+        print(f"wrote {path}", flush=True)
+    errors = sorted({r["error"] for r in records if r["provider"] == "fa4" and r.get("error")})
+    for e in errors[:5]:
+        print(f"fa4 could not run some shapes: {e}", flush=True)
+    if failed_checks:
+        print(f"fa4 FAILED its check on {failed_checks} shape(s): see 'fa4 check' below", flush=True)
+    print_table(records, providers, a.ops)
+    return 1 if failed_checks else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

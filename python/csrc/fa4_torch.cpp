@@ -1,0 +1,233 @@
+// PyTorch operators over fa4, registered with TORCH_LIBRARY so torch.compile sees them as ops:
+//
+//   fa4::fwd(q, k, v, softmax_scale, causal, window_left, window_right) -> (out, lse)
+//   fa4::bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
+//            deterministic) -> (dq, dk, dv)
+//
+// Tensors are [batch, seqlen, heads, head_dim] views (BSHD, or BHSD transposed back) whose last
+// dim is contiguous; their element strides go to fa4 as they are. Outputs are new contiguous
+// tensors: out and dq like q's shape, dk and dv like k's, lse fp32 [batch, heads_q, seqlen_q].
+// Runs on the current CUDA stream of q's device. fa4's Status becomes a Python exception:
+// kInvalidArgument -> ValueError, kNotSupported -> NotImplementedError, others -> RuntimeError.
+// The fake (meta) kernels and autograd live in python/fa4/__init__.py.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "fa4/attention.h"
+
+namespace {
+
+constexpr int64_t kDims = 4;  // [batch, seqlen, heads, head_dim]
+
+// Raises the exception that matches fa4's status code.
+void raise_if_error(const fa4::Status& s, const char* op) {
+  if (s.ok()) return;
+  TORCH_CHECK_VALUE(s.code != fa4::StatusCode::kInvalidArgument, op, ": ", s.message);
+  TORCH_CHECK_NOT_IMPLEMENTED(s.code != fa4::StatusCode::kNotSupported, op, ": not supported: ",
+                              s.message);
+  TORCH_CHECK(false, op, ": ", fa4::to_string(s.code), ": ", s.message);
+}
+
+fa4::DType dtype_of(const at::Tensor& t, const char* op, const char* name) {
+  if (t.scalar_type() == at::kBFloat16) return fa4::DType::kBF16;
+  if (t.scalar_type() == at::kHalf) return fa4::DType::kFP16;
+  TORCH_CHECK_VALUE(false, op, ": ", name, " has dtype ", t.scalar_type(),
+                    ": must be torch.bfloat16 or torch.float16");
+}
+
+// A 4-d CUDA tensor on `device` with a contiguous last dim.
+void check_tensor(const at::Tensor& t, const char* op, const char* name, const at::Device& device) {
+  TORCH_CHECK_VALUE(t.defined(), op, ": ", name, " is undefined");
+  TORCH_CHECK_VALUE(t.is_cuda(), op, ": ", name, " is on ", t.device(), ": must be a CUDA tensor");
+  TORCH_CHECK_VALUE(t.device() == device, op, ": ", name, " is on ", t.device(),
+                    ", q on ", device, ": all tensors must be on one device");
+  TORCH_CHECK_VALUE(t.dim() == kDims, op, ": ", name, " has shape ", t.sizes(),
+                    ": must be 4-d [batch, seqlen, heads, head_dim]");
+  TORCH_CHECK_VALUE(t.stride(3) == 1 || t.size(3) <= 1, op, ": ", name, " has stride ",
+                    t.stride(3), " in its last dim (shape ", t.sizes(), ", strides ", t.strides(),
+                    "): head_dim must be contiguous (stride 1)");
+}
+
+void check_same_dtype(const at::Tensor& t, const at::Tensor& q, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(t.scalar_type() == q.scalar_type(), op, ": ", name, " has dtype ",
+                    t.scalar_type(), ", q has ", q.scalar_type(), ": they must match");
+}
+
+// `t` must have exactly `shape`, described by the names of its dims.
+void check_shape(const at::Tensor& t, at::IntArrayRef shape, const char* op, const char* name,
+                 const char* expected) {
+  TORCH_CHECK_VALUE(t.sizes() == shape, op, ": ", name, " has shape ", t.sizes(), ": must be ",
+                    shape, " (", expected, ")");
+}
+
+// Element strides as fa4 takes them. A dim of size 1 is never stepped over, so its stride is
+// free: give it the contiguous one, so views like q[:, :, 0:1] pass the alignment rules.
+fa4::TensorRef tensor_ref(const at::Tensor& t) {
+  int64_t st[3];
+  int64_t inner = t.size(3);  // elements spanned by one step of the next-inner dim
+  for (int i = 2; i >= 0; --i) {
+    st[i] = t.size(i) == 1 ? inner : t.stride(i);
+    inner = st[i] * t.size(i);
+  }
+  return {t.data_ptr(), st[0], st[1], st[2]};
+}
+
+fa4::Problem make_problem(const at::Tensor& q, const at::Tensor& k, std::optional<double> scale,
+                          bool causal, int64_t window_left, int64_t window_right, const char* op) {
+  fa4::Problem p;
+  p.dtype = dtype_of(q, op, "q");
+  p.batch = q.size(0);
+  p.seqlen_q = q.size(1);
+  p.heads_q = q.size(2);
+  p.head_dim = q.size(3);
+  p.seqlen_k = k.size(1);
+  p.heads_kv = k.size(2);
+  if (scale.has_value()) {
+    // fa4 reads 0 as "use the default": a literal 0 cannot be passed through.
+    TORCH_CHECK_VALUE(*scale != 0.0, op, ": softmax_scale = 0: must be nonzero (None gives ",
+                      "1/sqrt(head_dim))");
+    p.softmax_scale = static_cast<float>(*scale);
+  }
+  p.causal = causal;
+  p.window_left = window_left;
+  p.window_right = window_right;
+  return p;
+}
+
+// q, k, v agree with each other: returns the problem they describe.
+fa4::Problem check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       std::optional<double> scale, bool causal, int64_t window_left,
+                       int64_t window_right, const char* op) {
+  check_tensor(q, op, "q", q.device());
+  check_tensor(k, op, "k", q.device());
+  check_tensor(v, op, "v", q.device());
+  dtype_of(q, op, "q");
+  check_same_dtype(k, q, op, "k");
+  check_same_dtype(v, q, op, "v");
+  TORCH_CHECK_VALUE(k.size(0) == q.size(0) && k.size(3) == q.size(3), op, ": k has shape ",
+                    k.sizes(), ", q has ", q.sizes(),
+                    ": batch (dim 0) and head_dim (dim 3) must match");
+  check_shape(v, k.sizes(), op, "v", "k's shape: [batch, seqlen_k, heads_kv, head_dim]");
+  return make_problem(q, k, scale, causal, window_left, window_right, op);
+}
+
+at::Tensor workspace(size_t bytes, const at::Tensor& like) {
+  return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+}
+
+std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& v,
+                                            std::optional<double> softmax_scale, bool causal,
+                                            int64_t window_left, int64_t window_right) {
+  const char* op = "fa4::fwd";
+  const fa4::Problem p =
+      check_qkv(q, k, v, softmax_scale, causal, window_left, window_right, op);
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty({p.batch, p.seqlen_q, p.heads_q, p.head_dim}, q.options());
+  at::Tensor lse = at::empty({p.batch, p.heads_q, p.seqlen_q}, q.options().dtype(at::kFloat));
+
+  fa4::ForwardArgs args;
+  args.problem = p;
+  args.q = tensor_ref(q);
+  args.k = tensor_ref(k);
+  args.v = tensor_ref(v);
+  args.o = tensor_ref(out);
+  args.lse = lse.numel() ? lse.data_ptr<float>() : nullptr;
+  raise_if_error(fa4::validate(args), op);
+  size_t bytes = 0;
+  raise_if_error(fa4::forward_workspace_size(args, &bytes), op);
+  at::Tensor ws;
+  if (bytes) {
+    ws = workspace(bytes, q);
+    args.workspace = ws.data_ptr();
+    args.workspace_bytes = bytes;
+  }
+  raise_if_error(fa4::forward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()),
+                 op);
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_op(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, std::optional<double> softmax_scale, bool causal,
+    int64_t window_left, int64_t window_right, bool deterministic) {
+  const char* op = "fa4::bwd";
+  const fa4::Problem p =
+      check_qkv(q, k, v, softmax_scale, causal, window_left, window_right, op);
+  check_tensor(out, op, "out", q.device());
+  check_tensor(dout, op, "dout", q.device());
+  check_same_dtype(out, q, op, "out");
+  check_same_dtype(dout, q, op, "dout");
+  check_shape(out, q.sizes(), op, "out", "q's shape: [batch, seqlen_q, heads_q, head_dim]");
+  check_shape(dout, q.sizes(), op, "dout", "q's shape: [batch, seqlen_q, heads_q, head_dim]");
+  TORCH_CHECK_VALUE(lse.defined() && lse.is_cuda() && lse.device() == q.device(), op,
+                    ": lse must be a CUDA tensor on q's device");
+  TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat, op, ": lse has dtype ", lse.scalar_type(),
+                    ": must be torch.float32 (the forward's lse)");
+  check_shape(lse, {p.batch, p.heads_q, p.seqlen_q}, op, "lse", "[batch, heads_q, seqlen_q]");
+  TORCH_CHECK_VALUE(lse.is_contiguous(), op, ": lse has strides ", lse.strides(),
+                    ": must be contiguous");
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor dq = at::empty(q.sizes(), q.options());
+  at::Tensor dk = at::empty(k.sizes(), k.options());
+  at::Tensor dv = at::empty(v.sizes(), v.options());
+
+  fa4::BackwardArgs args;
+  args.problem = p;
+  args.q = tensor_ref(q);
+  args.k = tensor_ref(k);
+  args.v = tensor_ref(v);
+  args.o = tensor_ref(out);
+  args.dout = tensor_ref(dout);
+  args.dq = tensor_ref(dq);
+  args.dk = tensor_ref(dk);
+  args.dv = tensor_ref(dv);
+  args.lse = lse.numel() ? lse.data_ptr<float>() : nullptr;
+  args.deterministic = deterministic;
+  size_t bytes = 0;
+  raise_if_error(fa4::backward_workspace_size(args, &bytes), op);
+  at::Tensor ws;
+  if (bytes) {
+    ws = workspace(bytes, q);
+    args.workspace = ws.data_ptr();
+    args.workspace_bytes = bytes;
+  }
+  raise_if_error(fa4::validate(args), op);
+  raise_if_error(fa4::backward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()),
+                 op);
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(fa4, m) {
+  // The fake kernels are registered by the Python package `fa4` (python/fa4/__init__.py).
+  m.set_python_module("fa4");
+  m.def(
+      "fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal, int window_left, "
+      "int window_right) -> (Tensor out, Tensor lse)");
+  m.def(
+      "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+      "float? softmax_scale, bool causal, int window_left, int window_right, bool deterministic) "
+      "-> (Tensor dq, Tensor dk, Tensor dv)");
+}
+
+TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
+  m.impl("fwd", &fwd_op);
+  m.impl("bwd", &bwd_op);
+}
+
+// CPU tensors reach the same checks, which answer with a ValueError naming the tensor (instead of
+// the dispatcher's "no kernel for CPU").
+TORCH_LIBRARY_IMPL(fa4, CPU, m) {
+  m.impl("fwd", &fwd_op);
+  m.impl("bwd", &bwd_op);
+}

@@ -1,0 +1,165 @@
+"""fa4: FlashAttention-4-style attention for Hopper (sm_90a), as PyTorch operators.
+
+    import fa4
+    out = fa4.flash_attn_func(q, k, v, causal=True)          # q, k, v: [batch, seqlen, heads, dim]
+
+The operators torch.ops.fa4.fwd and torch.ops.fa4.bwd come from the C++ extension that
+python/build.sh builds (python/csrc/fa4_torch.cpp over the fa4 library); this module loads it,
+gives the operators fake (meta) kernels so torch.compile traces them without graph breaks, and
+wires the backward through autograd.
+
+Errors from fa4 keep their message: an invalid argument raises ValueError, a configuration with no
+kernel NotImplementedError, anything else RuntimeError.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = ["flash_attn_func", "library_path", "LIBRARY_NAME"]
+
+LIBRARY_NAME = "fa4_C.so"
+# Where python/build.sh puts the extension, relative to this package.
+_DEFAULT_BUILD_DIR = Path(__file__).resolve().parent.parent / "build" / "ext"
+
+
+def library_path() -> Path:
+    """The extension to load: $FA4_TORCH_LIB if set, else python/build/ext/fa4_C.so."""
+    env = os.environ.get("FA4_TORCH_LIB")
+    return Path(env) if env else _DEFAULT_BUILD_DIR / LIBRARY_NAME
+
+
+def _load_library() -> None:
+    if hasattr(torch.ops, "fa4") and hasattr(torch.ops.fa4, "fwd"):
+        return  # already registered in this process (e.g. by the build helper)
+    path = library_path()
+    if not path.is_file():
+        raise ImportError(
+            f"fa4: the PyTorch extension {path} is not built; run `bash python/build.sh` "
+            "(or set FA4_TORCH_LIB to the built fa4_C.so)"
+        )
+    torch.ops.load_library(str(path))
+
+
+_load_library()
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake kernels: shapes, dtypes and strides of what the CUDA kernels return (all contiguous).
+
+
+def _check_fake_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, op: str) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(
+                f"{op}: {name} has shape {tuple(t.shape)}: must be 4-d [batch, seqlen, heads, head_dim]"
+            )
+    if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+        raise ValueError(
+            f"{op}: k has shape {tuple(k.shape)}, q has {tuple(q.shape)}: "
+            "batch (dim 0) and head_dim (dim 3) must match"
+        )
+    if v.shape != k.shape:
+        raise ValueError(f"{op}: v has shape {tuple(v.shape)}: must be k's shape {tuple(k.shape)}")
+
+
+@torch.library.register_fake("fa4::fwd")
+def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right):
+    _check_fake_qkv(q, k, v, "fa4::fwd")
+    b, sq, hq, d = q.shape
+    out = q.new_empty((b, sq, hq, d))
+    lse = q.new_empty((b, hq, sq), dtype=torch.float32)
+    return out, lse
+
+
+@torch.library.register_fake("fa4::bwd")
+def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
+              deterministic):
+    _check_fake_qkv(q, k, v, "fa4::bwd")
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Autograd: forward saves what the backward operator reads.
+
+
+class _FlashAttnFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, window_left, window_right, deterministic):
+        out, lse = torch.ops.fa4.fwd(q, k, v, softmax_scale, causal, window_left, window_right)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.softmax_scale = softmax_scale
+        ctx.causal = causal
+        ctx.window_left = window_left
+        ctx.window_right = window_right
+        ctx.deterministic = deterministic
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        # Autograd may hand a broadcast or strided gradient (e.g. of out.sum()); fa4 needs a
+        # contiguous head_dim and aligned strides.
+        dout = dout.contiguous()
+        dq, dk, dv = torch.ops.fa4.bwd(
+            dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.window_left,
+            ctx.window_right, ctx.deterministic,
+        )
+        return dq, dk, dv, None, None, None, None, None
+
+
+def _window(window_size) -> Tuple[int, int]:
+    try:
+        left, right = window_size
+        return int(left), int(right)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"fa4.flash_attn_func: window_size = {window_size!r}: must be a pair (left, right) of "
+            "ints, -1 for unbounded"
+        ) from None
+
+
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    return_lse: bool = False,
+):
+    """Attention over BSHD tensors, flash-attn style.
+
+    q: [batch, seqlen_q, heads_q, head_dim]; k, v: [batch, seqlen_k, heads_kv, head_dim], bf16 or
+    fp16 on one CUDA device, head_dim contiguous (other strides free: BHSD storage viewed as BSHD
+    works). heads_q must be a multiple of heads_kv (GQA/MQA).
+    softmax_scale: default 1/sqrt(head_dim). causal: bottom-right aligned (query i sees keys
+    j <= i + seqlen_k - seqlen_q). window_size: (left, right), -1 = unbounded.
+    softcap: must be 0.0 (soft-capping is not implemented). deterministic: deterministic backward.
+    Returns out [batch, seqlen_q, heads_q, head_dim], and with return_lse also the fp32
+    log-sum-exp [batch, heads_q, seqlen_q] (natural log; -inf for a row that sees no key).
+    """
+    if softcap != 0.0:
+        raise NotImplementedError(
+            f"fa4.flash_attn_func: softcap = {softcap}: soft-capping is not implemented "
+            "(softcap must be 0.0)"
+        )
+    window_left, window_right = _window(window_size)
+    if softmax_scale is not None:
+        softmax_scale = float(softmax_scale)
+    causal = bool(causal)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if needs_grad:
+        out, lse = _FlashAttnFunc.apply(
+            q, k, v, softmax_scale, causal, window_left, window_right, bool(deterministic)
+        )
+    else:
+        out, lse = torch.ops.fa4.fwd(q, k, v, softmax_scale, causal, window_left, window_right)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,380 @@
+"""What fa4's PyTorch operators promise (run on the GPU machine after `bash python/build.sh`):
+
+- forward matches a float64 reference by DESIGN.md §3's criterion (max error at most twice that of
+  a plain 16-bit attention, plus 1e-3; relative Frobenius error at most 1e-2), over odd lengths,
+  causal (bottom-right), windows, GQA/MQA, BHSD views, bf16 and fp16; outputs finite, LSE right,
+  -inf for rows that see no key;
+- bad arguments raise ValueError naming the argument, softcap NotImplementedError;
+- torch.compile(fullgraph=True) traces the ops (fake kernels) and matches eager;
+- torch.library.opcheck passes;
+- backward: matches the reference, or, while fa4 has no backward kernel, raises
+  NotImplementedError saying so.
+
+A test that needs a kernel fa4 does not have yet (the op raises NotImplementedError) is skipped
+with fa4's message; every other failure fails.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU: fa4's torch ops run on the GPU machine only", allow_module_level=True)
+if torch.cuda.get_device_capability() < (9, 0):
+    pytest.skip(f"GPU {torch.cuda.get_device_name()} is below compute capability 9.0 (Hopper)",
+                allow_module_level=True)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+import fa4  # noqa: E402  (needs the built extension: bash python/build.sh)
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+
+DEV = "cuda"
+ATOL = 1e-3  # DESIGN.md §3
+REL_FROBENIUS = 1e-2
+
+
+# ---------------------------------------------------------------------------------------------
+# References
+
+
+def visible_mask(sq, sk, causal, window, device):
+    """[sq, sk] bool: query i sees key j (bottom-right aligned causal and window)."""
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    diag = i + sk - sq
+    m = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if right >= 0:
+        m &= j <= diag + right
+    if left >= 0:
+        m &= j >= diag - left
+    return m
+
+
+def reference(q, k, v, scale, causal, window, lowp):
+    """(out, lse) of attention over BSHD tensors.
+
+    lowp=False: float64 throughout. lowp=True: the plain implementation in q's dtype, as
+    fa4::ref::forward_lowp: S and softmax in fp32, P rounded to the dtype, O = P V accumulated in
+    fp32 and rounded to the dtype.
+    """
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    g = hq // hkv
+    kk = k.repeat_interleave(g, dim=2)
+    vv = v.repeat_interleave(g, dim=2)
+    work = torch.float32 if lowp else torch.float64
+    s = torch.einsum("bihd,bjhd->bhij", q.to(work), kk.to(work)) * scale
+    mask = visible_mask(sq, sk, causal, window, q.device)
+    s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # -inf for a row with no visible key
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # all-masked rows: NaN -> 0
+    if lowp:
+        p = p.to(q.dtype).to(work)
+    out = torch.einsum("bhij,bjhd->bihd", p, vv.to(work))
+    if lowp:
+        out = out.to(q.dtype)
+    return out, lse
+
+
+def assert_close_by_criterion(out, out_lp, ref, name):
+    assert torch.isfinite(out).all(), f"{name}: non-finite values in fa4's output"
+    err = (out.double() - ref).abs().max().item() if out.numel() else 0.0
+    err_lp = (out_lp.double() - ref).abs().max().item() if out.numel() else 0.0
+    bound = 2 * err_lp + ATOL
+    ref_norm = ref.norm().item()
+    diff_norm = (out.double() - ref).norm().item()
+    rel = diff_norm / ref_norm if ref_norm > 0 else (0.0 if diff_norm == 0 else math.inf)
+    assert err <= bound, f"{name}: max|err| {err:.3e} > {bound:.3e} (2 x lowprec {err_lp:.3e} + {ATOL})"
+    assert rel <= REL_FROBENIUS, f"{name}: relative Frobenius error {rel:.3e} > {REL_FROBENIUS}"
+
+
+def assert_lse(lse, lse_lp, lse_ref):
+    assert lse.dtype == torch.float32
+    ref_inf = torch.isinf(lse_ref)
+    assert not torch.isnan(lse).any(), "lse has NaN"
+    assert torch.equal(torch.isinf(lse), ref_inf), "lse is -inf exactly where no key is visible"
+    if (~ref_inf).any():
+        fin = ~ref_inf
+        err = (lse.double()[fin] - lse_ref[fin]).abs().max().item()
+        err_lp = (lse_lp.double()[fin] - lse_ref[fin]).abs().max().item()
+        assert err <= 2 * err_lp + ATOL, f"lse: max|err| {err:.3e} > 2 x {err_lp:.3e} + {ATOL}"
+
+
+def call_or_skip(fn, *args, **kwargs):
+    """Runs fn; a NotImplementedError (no kernel yet for this configuration) skips the test."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as e:
+        pytest.skip(f"fa4 has no kernel for this yet: {e}")
+
+
+def make_inputs(b, sq, sk, hq, hkv, d, dtype, layout="bshd", seed=0, requires_grad=False):
+    """Random normal q, k, v as [b, s, h, d] tensors; layout "bhsd" gives BSHD views of
+    contiguous [b, h, s, d] storage."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+
+    def one(s, h):
+        if layout == "bhsd":
+            t = torch.randn(b, h, s, d, device=DEV, dtype=dtype, generator=gen).transpose(1, 2)
+        else:
+            t = torch.randn(b, s, h, d, device=DEV, dtype=dtype, generator=gen)
+        return t.requires_grad_(requires_grad)
+
+    return one(sq, hq), one(sk, hkv), one(sk, hkv)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward against the reference
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, window, layout, dtype)
+FWD_CASES = [
+    (2, 113, 203, 4, 4, 64, False, (-1, -1), "bshd", torch.bfloat16),
+    (1, 257, 257, 8, 2, 128, True, (-1, -1), "bshd", torch.bfloat16),  # GQA, causal, odd length
+    (2, 128, 512, 4, 1, 256, True, (-1, -1), "bshd", torch.bfloat16),  # MQA, sq < sk
+    (1, 300, 97, 2, 2, 64, True, (-1, -1), "bshd", torch.bfloat16),  # sq > sk: rows with no key
+    (2, 1, 1000, 4, 4, 128, False, (-1, -1), "bshd", torch.float16),  # one query row
+    (1, 511, 511, 2, 2, 128, False, (64, 0), "bshd", torch.bfloat16),  # sliding window
+    (1, 333, 333, 3, 3, 64, False, (32, 16), "bshd", torch.float16),
+    (2, 200, 300, 4, 2, 128, True, (-1, -1), "bhsd", torch.bfloat16),  # BHSD views
+    (1, 1024, 1024, 4, 4, 64, True, (-1, -1), "bhsd", torch.float16),
+    (1, 77, 77, 2, 1, 256, False, (-1, -1), "bhsd", torch.float16),
+]
+
+
+def case_id(c):
+    b, sq, sk, hq, hkv, d, causal, window, layout, dtype = c
+    w = "" if window == (-1, -1) else f"-w{window[0]}_{window[1]}"
+    return (f"b{b}-sq{sq}-sk{sk}-h{hq}_{hkv}-d{d}{'-causal' if causal else ''}{w}-{layout}-"
+            f"{str(dtype).replace('torch.', '')}")
+
+
+@pytest.mark.parametrize("case", FWD_CASES, ids=[case_id(c) for c in FWD_CASES])
+def test_forward_matches_reference(case):
+    b, sq, sk, hq, hkv, d, causal, window, layout, dtype = case
+    q, k, v = make_inputs(b, sq, sk, hq, hkv, d, dtype, layout)
+    out, lse = call_or_skip(fa4.flash_attn_func, q, k, v, causal=causal, window_size=window,
+                            return_lse=True)
+    assert out.shape == (b, sq, hq, d) and out.dtype == dtype and out.device == q.device
+    assert lse.shape == (b, hq, sq)
+    scale = 1.0 / math.sqrt(d)
+    ref, lse_ref = reference(q, k, v, scale, causal, window, lowp=False)
+    lp, lse_lp = reference(q, k, v, scale, causal, window, lowp=True)
+    assert_close_by_criterion(out, lp, ref, "out")
+    assert_lse(lse, lse_lp, lse_ref)
+
+
+def test_forward_softmax_scale():
+    q, k, v = make_inputs(1, 190, 190, 4, 4, 128, torch.bfloat16)
+    out = call_or_skip(fa4.flash_attn_func, q, k, v, softmax_scale=0.05, causal=True)
+    ref, _ = reference(q, k, v, 0.05, True, (-1, -1), lowp=False)
+    lp, _ = reference(q, k, v, 0.05, True, (-1, -1), lowp=True)
+    assert_close_by_criterion(out, lp, ref, "out")
+
+
+def test_forward_empty_keys():
+    # seqlen_k = 0: every row sees no key; O = 0 and LSE = -inf without any attention kernel.
+    q = torch.randn(2, 5, 4, 64, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(2, 0, 4, 64, device=DEV, dtype=torch.bfloat16)
+    out, lse = fa4.flash_attn_func(q, k, k, return_lse=True)
+    assert out.shape == q.shape and torch.equal(out, torch.zeros_like(out))
+    assert lse.shape == (2, 4, 5) and torch.all(lse == float("-inf"))
+
+
+def test_forward_runs_on_current_stream():
+    q, k, v = make_inputs(1, 256, 256, 2, 2, 64, torch.bfloat16)
+    ref = call_or_skip(fa4.flash_attn_func, q, k, v)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        out = fa4.flash_attn_func(q, k, v)
+    s.synchronize()
+    assert torch.equal(out, ref), "the same call on another stream gives the same bits"
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: errors name the argument
+
+
+def bf16(*shape):
+    return torch.randn(*shape, device=DEV, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "make, pattern",
+    [
+        (lambda: (bf16(1, 8, 2, 64).float(), bf16(1, 8, 2, 64), bf16(1, 8, 2, 64)), r"\bq\b.*dtype"),
+        (lambda: (bf16(1, 8, 2, 64), bf16(1, 8, 2, 64).half(), bf16(1, 8, 2, 64)), r"\bk\b.*dtype"),
+        (lambda: (bf16(1, 8, 2, 64), bf16(1, 8, 2, 128), bf16(1, 8, 2, 128)), r"\bk\b.*shape"),
+        (lambda: (bf16(1, 8, 2, 64), bf16(1, 8, 2, 64), bf16(1, 9, 2, 64)), r"\bv\b.*shape"),
+        (lambda: (bf16(8, 2, 64), bf16(1, 8, 2, 64), bf16(1, 8, 2, 64)), r"\bq\b.*4-d"),
+        (lambda: (bf16(1, 8, 2, 128)[..., ::2], bf16(1, 8, 2, 64), bf16(1, 8, 2, 64)),
+         r"\bq\b.*stride"),
+        (lambda: (bf16(1, 8, 2, 64).cpu(), bf16(1, 8, 2, 64).cpu(), bf16(1, 8, 2, 64).cpu()),
+         r"\bq\b.*CUDA"),
+        (lambda: (bf16(1, 8, 2, 64), bf16(1, 8, 2, 64).cpu(), bf16(1, 8, 2, 64)), r"\bk\b.*cpu"),
+        (lambda: (bf16(1, 8, 6, 64), bf16(1, 8, 4, 64), bf16(1, 8, 4, 64)), r"heads_q"),
+        (lambda: (bf16(1, 8, 2, 96), bf16(1, 8, 2, 96), bf16(1, 8, 2, 96)), r"head_dim"),
+        (lambda: (bf16(1, 8, 2, 72)[..., :64], bf16(1, 8, 2, 64), bf16(1, 8, 2, 64)),
+         r"\bq\b.*(stride|multiple)"),
+    ],
+    ids=["q-float32", "k-dtype", "k-head_dim", "v-shape", "q-3d", "q-last-stride", "cpu",
+         "k-device", "gqa-ratio", "head_dim-96", "q-misaligned-stride"],
+)
+def test_invalid_tensors_raise_value_error(make, pattern):
+    q, k, v = make()
+    with pytest.raises(ValueError, match=pattern):
+        fa4.flash_attn_func(q, k, v)
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(window_size=(-2, 0)), r"window_left"),
+        (dict(window_size=(0, -3)), r"window_right"),
+        (dict(window_size=5), r"window_size"),
+        (dict(softmax_scale=float("nan")), r"softmax_scale"),
+        (dict(softmax_scale=-1.0), r"softmax_scale"),
+        (dict(softmax_scale=0.0), r"softmax_scale"),
+    ],
+    ids=["window-left", "window-right", "window-not-pair", "scale-nan", "scale-negative",
+         "scale-zero"],
+)
+def test_invalid_options_raise_value_error(kwargs, pattern):
+    q = bf16(1, 8, 2, 64)
+    with pytest.raises(ValueError, match=pattern):
+        fa4.flash_attn_func(q, q, q, **kwargs)
+
+
+def test_softcap_not_implemented():
+    q = bf16(1, 8, 2, 64)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        fa4.flash_attn_func(q, q, q, softcap=30.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile and the op contract
+
+
+def test_fake_kernels_shapes():
+    # Tracing alone: no kernel runs, so this holds before the forward kernel exists.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 100, 8, 128, device=DEV, dtype=torch.bfloat16)
+        k = torch.empty(2, 300, 2, 128, device=DEV, dtype=torch.bfloat16)
+        out, lse = fa4.flash_attn_func(q, k, k, causal=True, return_lse=True)
+        assert out.shape == (2, 100, 8, 128) and out.dtype == torch.bfloat16
+        assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32
+        dq, dk, dv = torch.ops.fa4.bwd(out, q, k, k, out, lse, None, True, -1, -1, False)
+        assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == k.shape
+
+
+def test_compile_fullgraph_matches_eager():
+    q, k, v = make_inputs(2, 333, 333, 4, 2, 128, torch.bfloat16)
+
+    def f(q, k, v):
+        out, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True)
+        return out * 2, lse + 1
+
+    eager_out, eager_lse = call_or_skip(f, q, k, v)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True)
+    out, lse = compiled(q, k, v)
+    torch.testing.assert_close(out, eager_out, atol=0, rtol=0)
+    torch.testing.assert_close(lse, eager_lse, atol=0, rtol=0)
+
+
+def test_compile_fullgraph_with_grad_inputs():
+    # AOT autograd traces the backward with the fake kernel of fa4::bwd at compile time.
+    q, k, v = make_inputs(1, 256, 256, 2, 2, 64, torch.bfloat16, requires_grad=True)
+
+    def f(q, k, v):
+        return fa4.flash_attn_func(q, k, v, window_size=(32, 0))
+
+    with torch.no_grad():
+        eager = call_or_skip(f, q, k, v)
+    torch._dynamo.reset()
+    out = torch.compile(f, fullgraph=True)(q, k, v)
+    assert out.requires_grad
+    torch.testing.assert_close(out.detach(), eager, atol=0, rtol=0)
+
+
+def test_opcheck_fwd():
+    q, k, v = make_inputs(1, 128, 192, 4, 2, 64, torch.bfloat16)
+    call_or_skip(torch.ops.fa4.fwd, q, k, v, None, True, -1, -1)
+    torch.library.opcheck(torch.ops.fa4.fwd.default, (q, k, v, None, True, -1, -1))
+    torch.library.opcheck(torch.ops.fa4.fwd.default, (q, k, v, 0.1, False, 16, 8))
+
+
+def test_opcheck_bwd():
+    q, k, v = make_inputs(1, 128, 192, 4, 2, 64, torch.bfloat16)
+    out, lse = call_or_skip(torch.ops.fa4.fwd, q, k, v, None, True, -1, -1)
+    dout = torch.randn_like(out)
+    call_or_skip(torch.ops.fa4.bwd, dout, q, k, v, out, lse, None, True, -1, -1, False)
+    torch.library.opcheck(torch.ops.fa4.bwd.default,
+                          (dout, q, k, v, out, lse, None, True, -1, -1, False))
+
+
+# ---------------------------------------------------------------------------------------------
+# Backward
+
+
+def reference_grads(q, k, v, dout, scale, causal, window, lowp):
+    """dq, dk, dv of the reference. lowp=False: float64 autograd of reference(). lowp=True: autograd
+    of attention computed in q's dtype (S and O by 16-bit matmuls, softmax in fp32 rounded back),
+    so every intermediate gradient is rounded too: the plain 16-bit bound FA3 uses."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    if not lowp:
+        out, _ = reference(*(t.double() for t in leaves), scale, causal, window, lowp=False)
+        return torch.autograd.grad(out, leaves, dout.double())
+    lq, lk, lv = leaves
+    g = q.shape[2] // k.shape[2]
+    kk, vv = lk.repeat_interleave(g, dim=2), lv.repeat_interleave(g, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", lq, kk) * scale
+    mask = visible_mask(q.shape[1], k.shape[1], causal, window, q.device)
+    s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s.float(), dim=-1).to(q.dtype)
+    out = torch.einsum("bhij,bjhd->bihd", p, vv)
+    return torch.autograd.grad(out, leaves, dout.to(q.dtype))
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize(
+    "case",
+    [(2, 129, 257, 4, 2, 128, True, (-1, -1)), (1, 200, 200, 2, 2, 64, False, (48, 0))],
+    ids=["gqa-causal", "window"],
+)
+def test_backward(case, deterministic):
+    b, sq, sk, hq, hkv, d, causal, window = case
+    q, k, v = make_inputs(b, sq, sk, hq, hkv, d, torch.bfloat16, requires_grad=True)
+    out = call_or_skip(fa4.flash_attn_func, q, k, v, causal=causal, window_size=window,
+                       deterministic=deterministic)
+    dout = torch.randn_like(out)
+    try:
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    except NotImplementedError as e:
+        assert "fa4::bwd" in str(e), f"the error should name the op: {e}"
+        pytest.skip(f"fa4 backward not available yet: {e}")
+    scale = 1.0 / math.sqrt(d)
+    ref = reference_grads(q, k, v, dout, scale, causal, window, lowp=False)
+    lp = reference_grads(q, k, v, dout, scale, causal, window, lowp=True)
+    for name, g, r, l in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, lp):
+        assert g.shape == r.shape
+        assert_close_by_criterion(g, l, r, name)
+    if deterministic:
+        again = torch.autograd.grad(
+            fa4.flash_attn_func(q, k, v, causal=causal, window_size=window, deterministic=True),
+            (q, k, v), dout)
+        for name, g, h in zip(("dq", "dk", "dv"), (dq, dk, dv), again):
+            assert torch.equal(g, h), f"{name}: deterministic backward gave different bits"
