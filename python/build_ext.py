@@ -30,7 +30,10 @@ def build_library(build_dir: Path, jobs: int, verbose: bool) -> Path:
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
         subprocess.run(
             ["cmake", "-S", str(ROOT), "-B", str(build_dir), *gen, "-DCMAKE_BUILD_TYPE=Release",
-             "-DFA4_BUILD_TESTS=OFF", "-DFA4_BUILD_SCHEDULER=OFF"],
+             "-DFA4_BUILD_TESTS=OFF", "-DFA4_BUILD_SCHEDULER=OFF",
+             # CMake < 3.26 has no flag for nvcc's C++20 dialect; harmless where it has one.
+             "-DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20",
+             "-DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20"],
             check=True, stdout=out,
         )
     subprocess.run(
