@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "common/fwd_params.h"
+#include "sm90/fwd_launch.cuh"
 
 using fa4::detail::FwdParams;
 
@@ -120,7 +121,21 @@ static bool check(const Shape& s) {
   return ok;
 }
 
-static void time_shape(int d, int seqlen, bool causal) {
+using Launcher = fa4::Status (*)(const FwdParams&, cudaStream_t);
+
+struct Variant {
+  const char* name;
+  int d;
+  Launcher fn;
+  float threshold;
+};
+
+template <int D, int N, int S, int Poly, int C = 2>
+fa4::Status run_cfg(const FwdParams& p, cudaStream_t s) {
+  return fa4::sm90::launch_forward<fa4::sm90::FwdConfig<D, N, S, true, Poly, C>>(p, s);
+}
+
+static void time_shape(int d, int seqlen, bool causal, const Variant* var = nullptr) {
   Shape s{16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d, causal};
   const size_t n = size_t(s.b) * seqlen * s.hq * d;
   void *q, *k, *v, *o;
@@ -133,13 +148,18 @@ static void time_shape(int d, int seqlen, bool causal) {
   CK(cudaMemcpy(k, h.data(), n * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(v, h.data(), n * 2, cudaMemcpyHostToDevice));
   FwdParams p = make_params(s, q, k, v, o, nullptr);
+  Launcher fn = fa4::detail::sm90_forward;
+  if (var) {
+    fn = var->fn;
+    p.rescale_threshold = var->threshold;
+  }
   cudaEvent_t a, bev;
   cudaEventCreate(&a); cudaEventCreate(&bev);
-  for (int i = 0; i < 5; ++i) fa4::detail::sm90_forward(p, 0);
+  for (int i = 0; i < 5; ++i) fn(p, 0);
   std::vector<float> ms;
   for (int i = 0; i < 30; ++i) {
     cudaEventRecord(a);
-    fa4::detail::sm90_forward(p, 0);
+    fn(p, 0);
     cudaEventRecord(bev);
     cudaEventSynchronize(bev);
     float t; cudaEventElapsedTime(&t, a, bev); ms.push_back(t);
@@ -147,7 +167,7 @@ static void time_shape(int d, int seqlen, bool causal) {
   CK(cudaGetLastError());
   std::sort(ms.begin(), ms.end());
   const double flops = 4.0 * s.b * s.hq * double(seqlen) * seqlen * d * (causal ? 0.5 : 1.0);
-  std::printf("TIME d=%d seqlen=%d causal=%d: %.3f ms  %.1f TFLOP/s\n", d, seqlen, causal, ms[ms.size() / 2],
+  std::printf("TIME %s d=%d seqlen=%d causal=%d: %.3f ms  %.1f TFLOP/s\n", var ? var->name : "default", d, seqlen, causal, ms[ms.size() / 2],
               flops / (ms[ms.size() / 2] * 1e-3) / 1e12);
   cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o);
 }
@@ -161,13 +181,31 @@ int main(int argc, char** argv) {
         {2, 4, 1, 17, 239, 256, false},  {1, 2, 2, 256, 256, 128, true}, {1, 2, 1, 239, 1000, 64, true},
         {1, 2, 2, 1000, 239, 128, true}, {1, 1, 1, 1, 1, 64, false},     {1, 8, 2, 300, 300, 256, true},
         {1, 2, 2, 513, 700, 128, false, 100, 20}, {1, 3, 3, 129, 4097, 64, false},
+        {2, 16, 4, 700, 900, 64, true}, {3, 12, 12, 333, 333, 128, false},
     };
     for (const Shape& s : shapes) fails += !check(s);
   }
-  if (std::strcmp(mode, "check") != 0) {
+  if (std::strcmp(mode, "check") != 0 && std::strcmp(mode, "ablate") != 0) {
     for (int d : {64, 128, 256})
       for (bool causal : {false, true})
-        for (int seqlen : {1024, 4096, 16384}) time_shape(d, seqlen, causal);
+        for (int seqlen : {512, 1024, 2048, 4096, 8192, 16384}) time_shape(d, seqlen, causal);
+  }
+  if (std::strcmp(mode, "ablate") == 0 || std::strcmp(mode, "all") == 0) {
+    static const Variant variants[] = {
+        {"d64_c2_poly0", 64, run_cfg<64, 128, 4, 0, 2>, 8.0f},
+        {"d64_c3_poly0", 64, run_cfg<64, 128, 4, 0, 3>, 8.0f}, {"d64_c3_poly8", 64, run_cfg<64, 128, 4, 8, 3>, 8.0f},
+        {"d64_c3_poly4", 64, run_cfg<64, 128, 4, 4, 3>, 8.0f}, {"d64_c3_poly2", 64, run_cfg<64, 128, 4, 2, 3>, 8.0f},
+        {"d64_c3_always_rescale", 64, run_cfg<64, 128, 4, 0, 3>, 0.0f},
+        {"d128_c2", 128, run_cfg<128, 128, 2, 0>, 8.0f},
+        {"d128_c2_poly8", 128, run_cfg<128, 128, 2, 8>, 8.0f},
+        {"d128_always_rescale", 128, run_cfg<128, 128, 2, 0>, 0.0f},
+        {"d256_n64", 256, run_cfg<256, 64, 2, 0>, 8.0f},
+        {"d256_n80", 256, run_cfg<256, 80, 2, 0>, 8.0f},
+        {"d256_always_rescale", 256, run_cfg<256, 64, 2, 0>, 0.0f},
+    };
+    for (const Variant& v : variants)
+      for (bool causal : {false, true})
+        for (int seqlen : {4096, 16384}) time_shape(v.d, seqlen, causal, &v);
   }
   std::printf("%d failed\n", fails);
   return fails ? 1 : 0;

@@ -20,21 +20,26 @@
 #include "ptx/tma.h"
 #include "ptx/wgmma.h"
 #include "sm90/mask.cuh"
+#include "sm90/tile_order.cuh"
 
 namespace fa4::sm90 {
 
 // Tile shape and shared-memory layout of one forward configuration.
-template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_>
+template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2>
 struct FwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 128;  // two consumer warpgroups of 64 rows
+  static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 query rows each
+  static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr bool kBF16 = kBF16_;
   // Every kPolyEvery-th 8-column chunk of S takes its exp2 on the FMA pipe (0: none).
   static constexpr int kPolyEvery = kPolyEvery_;
-  static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
+  // setmaxnreg: the producer gives its registers to the consumers (65536 a CTA at most).
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536, "register file");
   static constexpr int kAtomCols = 64;  // a 128-byte swizzle atom holds 64 16-bit columns
   static constexpr int kChunks = kHeadDim / kAtomCols;
 
@@ -59,17 +64,19 @@ struct FwdKernelParams {
   void* o;
   float* lse;
   int64_t o_stride[3];  // batch, seq, head (elements)
-  int seqlen_q, seqlen_k, heads_q, head_ratio;
+  int batch, seqlen_q, seqlen_k, heads_q, head_ratio;
   float scale_log2;
   float rescale_threshold;  // log2 units; 0 = always rescale
   Window window;
+  TileOrder tiles;
 };
 
+// Full barriers complete when TMA has landed a tile; empty barriers when both consumers are done
+// with it. K and V have their own, so K_{j+2} loads as soon as S_j is done.
 struct alignas(8) FwdBarriers {
-  uint64_t q_full;
-  uint64_t k_full[8];
-  uint64_t v_full[8];
-  uint64_t empty[8];
+  uint64_t q_full, q_empty;
+  uint64_t k_full[8], k_empty[8];
+  uint64_t v_full[8], v_empty[8];
 };
 
 template <bool kBF16>
@@ -96,9 +103,42 @@ struct RingPos {
   }
 };
 
-// Named barriers 1 and 2 order the two consumers' GEMM issue (0 is __syncthreads).
+// Named barriers 1..kConsumers pass the right to issue GEMMs around the consumers in a ring, so
+// one's softmax runs while another's GEMMs use the tensor cores (0 is __syncthreads).
 __device__ __forceinline__ void wait_my_turn(int consumer) { ptx::named_bar_sync(1 + consumer, 256); }
-__device__ __forceinline__ void pass_turn(int consumer) { ptx::named_bar_arrive(2 - consumer, 256); }
+template <int kConsumers>
+__device__ __forceinline__ void pass_turn(int consumer) {
+  ptx::named_bar_arrive(1 + (consumer + 1) % kConsumers, 256);
+}
+
+// Epilogue: O / l straight from registers, and LSE.
+template <class Cfg>
+__device__ __forceinline__ void store_output(const FwdKernelParams& p, const Tile& tl,
+                                             float (&o)[Cfg::kHeadDim / 2],
+                                             numerics::RowState (&rows)[2], int row0, int col0,
+                                             int lane) {
+  using Elem = std::conditional_t<Cfg::kBF16, __nv_bfloat16, __half>;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float l = rows[i].sum;
+    l += __shfl_xor_sync(0xffffffff, l, 1);
+    l += __shfl_xor_sync(0xffffffff, l, 2);
+    rows[i].sum = l;
+    const int q = tl.m_block * Cfg::kBlockM + row0 + 8 * i;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    if (q < p.seqlen_q) {
+      Elem* out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] +
+                  tl.head * p.o_stride[2];
+#pragma unroll
+      for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
+        const uint32_t v = pack2<Cfg::kBF16>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+        *reinterpret_cast<uint32_t*>(out + 8 * j + col0) = v;
+      }
+      if (p.lse != nullptr && lane % 4 == 0)
+        p.lse[(int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q] = numerics::row_lse(rows[i]);
+    }
+  }
+}
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
@@ -114,19 +154,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   uint8_t* sK = smem + Cfg::kKOffset;
   uint8_t* sV = smem + Cfg::kVOffset;
 
-  const int batch_head = blockIdx.x;
-  const int b = batch_head / p.heads_q;
-  const int h = batch_head % p.heads_q;
-  const int m_block = gridDim.y - 1 - blockIdx.y;  // longest rows first when causal
-  const BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, m_block, p.seqlen_q, p.seqlen_k);
-
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     mbar_init(&bar.q_full, 1);
+    mbar_init(&bar.q_empty, Cfg::kConsumers);
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbar_init(&bar.k_full[s], 1);
       mbar_init(&bar.v_full[s], 1);
-      mbar_init(&bar.empty[s], Cfg::kConsumers);
+      mbar_init(&bar.k_empty[s], Cfg::kConsumers);
+      mbar_init(&bar.v_empty[s], Cfg::kConsumers);
     }
     fence_barrier_init();
   }
@@ -134,37 +170,45 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    regs_decrease<24>();
+    regs_decrease<Cfg::kProducerRegs>();
     if (threadIdx.x == 0) {
       prefetch_tensor_map(&p.tm_q);
       prefetch_tensor_map(&p.tm_k);
       prefetch_tensor_map(&p.tm_v);
-      const int h_kv = h / p.head_ratio;
-      mbar_arrive_expect_tx(&bar.q_full, Cfg::kQBytes);
-#pragma unroll
-      for (int c = 0; c < Cfg::kChunks; ++c)
-        tma_load_4d(sQ + c * kBlockM * 128, &p.tm_q, &bar.q_full, c * 64, m_block * kBlockM, h, b);
       RingPos<Cfg::kStages> w;
-      for (int n = range.hi - 1; n >= range.lo; --n) {
-        mbar_wait(&bar.empty[w.stage], w.phase ^ 1);
-        uint8_t* k_dst = sK + w.stage * Cfg::kKVBytes;
-        uint8_t* v_dst = sV + w.stage * Cfg::kKVBytes;
-        mbar_arrive_expect_tx(&bar.k_full[w.stage], Cfg::kKVBytes);
+      uint32_t q_phase = 0;
+      for (int tile = blockIdx.x; tile < p.tiles.count; tile += gridDim.x) {
+        const Tile tl = p.tiles.decode(tile);
+        const BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
+        const int h_kv = tl.head / p.head_ratio;
+        mbar_wait(&bar.q_empty, q_phase ^ 1);
+        mbar_arrive_expect_tx(&bar.q_full, Cfg::kQBytes);
 #pragma unroll
         for (int c = 0; c < Cfg::kChunks; ++c)
-          tma_load_4d(k_dst + c * kBlockN * 128, &p.tm_k, &bar.k_full[w.stage], c * 64, n * kBlockN, h_kv, b);
-        mbar_arrive_expect_tx(&bar.v_full[w.stage], Cfg::kKVBytes);
+          tma_load_4d(sQ + c * kBlockM * 128, &p.tm_q, &bar.q_full, c * 64, tl.m_block * kBlockM, tl.head, tl.batch);
+        q_phase ^= 1;
+        for (int n = range.hi - 1; n >= range.lo; --n) {
+          mbar_wait(&bar.k_empty[w.stage], w.phase ^ 1);
+          mbar_arrive_expect_tx(&bar.k_full[w.stage], Cfg::kKVBytes);
 #pragma unroll
-        for (int c = 0; c < Cfg::kChunks; ++c)
-          tma_load_4d(v_dst + c * kBlockN * 128, &p.tm_v, &bar.v_full[w.stage], c * 64, n * kBlockN, h_kv, b);
-        w.advance();
+          for (int c = 0; c < Cfg::kChunks; ++c)
+            tma_load_4d(sK + w.stage * Cfg::kKVBytes + c * kBlockN * 128, &p.tm_k, &bar.k_full[w.stage], c * 64,
+                        n * kBlockN, h_kv, tl.batch);
+          mbar_wait(&bar.v_empty[w.stage], w.phase ^ 1);
+          mbar_arrive_expect_tx(&bar.v_full[w.stage], Cfg::kKVBytes);
+#pragma unroll
+          for (int c = 0; c < Cfg::kChunks; ++c)
+            tma_load_4d(sV + w.stage * Cfg::kKVBytes + c * kBlockN * 128, &p.tm_v, &bar.v_full[w.stage], c * 64,
+                        n * kBlockN, h_kv, tl.batch);
+          w.advance();
+        }
       }
     }
     return;
   }
 
   // ---------------- consumers ----------------
-  regs_increase<240>();
+  regs_increase<Cfg::kConsumerRegs>();
   const int consumer = wg - 1;
   const int t = threadIdx.x % 128;
   const int lane = t % 32;
@@ -175,9 +219,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   float o[kHeadDim / 2];
   float s[kBlockN / 2];
   uint32_t pf[kBlockN / 4];  // P as packed 16-bit pairs: the A operand of P V
-#pragma unroll
-  for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
-  numerics::RowState rows[2] = {numerics::row_state_init(), numerics::row_state_init()};
+  numerics::RowState rows[2];
 
   const uint32_t q_base = smem_addr(sQ) + consumer * 64 * 128;
   const uint32_t k_base = smem_addr(sK);
@@ -201,7 +243,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   // Masks, takes the row max, decides the rescale, exponentiates S in place and adds the row sums.
   // Returns the per-row O correction factors.
-  auto softmax = [&](int n, float (&corr)[2]) {
+  auto softmax = [&](int n, int m_block, float (&corr)[2]) {
     if (block_needs_mask<kBlockM, kBlockN>(n, p.window, m_block, p.seqlen_q, p.seqlen_k))
       apply_mask<kBlockN>(s, p.window, m_block * kBlockM + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
 #pragma unroll
@@ -239,99 +281,91 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kBlockN / 4; ++i) pf[i] = pack2<Cfg::kBF16>(s[2 * i], s[2 * i + 1]);
   };
-  auto release = [&](int stage) {
-    if (t == 0) mbar_arrive(&bar.empty[stage]);
+  auto release = [&](uint64_t* empty) {
+    if (t == 0) mbar_arrive(empty);
   };
 
-  if (consumer == 1) pass_turn(1);  // consumer 0 issues first
-  mbar_wait(&bar.q_full, 0);
+  // Consumer 0 issues first; the token then circulates.
+  if (consumer == Cfg::kConsumers - 1) pass_turn<Cfg::kConsumers>(consumer);
+  RingPos<Cfg::kStages> r;
+  uint32_t q_phase = 0;
+  for (int tile = blockIdx.x; tile < p.tiles.count; tile += gridDim.x) {
+    const Tile tl = p.tiles.decode(tile);
+    const int m_block = tl.m_block;
+    const BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, m_block, p.seqlen_q, p.seqlen_k);
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+    rows[0] = rows[1] = numerics::row_state_init();
+    mbar_wait(&bar.q_full, q_phase);
+    q_phase ^= 1;
 
-  const int n_blocks = range.hi - range.lo;
-  if (n_blocks > 0) {
-    RingPos<Cfg::kStages> r;
-    int n = range.hi - 1;
-    float corr[2];
-    // First block: S_0 alone.
-    mbar_wait(&bar.k_full[r.stage], r.phase);
-    wait_my_turn(consumer);
-    wgmma::fence();
-    issue_s(r.stage);
-    wgmma::commit_group();
-    pass_turn(consumer);
-    wgmma::wait_group<0>();
-    wgmma::pin(s);
-    softmax(n, corr);
-    to_p();
-    int prev = r.stage;
-    uint32_t prev_phase = r.phase;
-    r.advance();
-    // Steady state: S_j with P_{j-1} V_{j-1} in flight.
-    for (--n; n >= range.lo; --n) {
+    if (range.hi > range.lo) {
+      int n = range.hi - 1;
+      float corr[2];
+      // First block: S_0 alone.
       mbar_wait(&bar.k_full[r.stage], r.phase);
-      mbar_wait(&bar.v_full[prev], prev_phase);
       wait_my_turn(consumer);
       wgmma::fence();
       issue_s(r.stage);
       wgmma::commit_group();
+      pass_turn<Cfg::kConsumers>(consumer);
+      wgmma::wait_group<0>();
+      wgmma::pin(s);
+      release(&bar.k_empty[r.stage]);
+      softmax(n, m_block, corr);
+      to_p();
+      int prev = r.stage;
+      uint32_t prev_phase = r.phase;
+      r.advance();
+      // Steady state: S_j with P_{j-1} V_{j-1} in flight.
+      for (--n; n >= range.lo; --n) {
+        mbar_wait(&bar.k_full[r.stage], r.phase);
+        mbar_wait(&bar.v_full[prev], prev_phase);
+        wait_my_turn(consumer);
+        wgmma::fence();
+        issue_s(r.stage);
+        wgmma::commit_group();
+        issue_pv(prev);
+        wgmma::commit_group();
+        pass_turn<Cfg::kConsumers>(consumer);
+        wgmma::wait_group<1>();
+        wgmma::pin(s);
+        release(&bar.k_empty[r.stage]);
+        softmax(n, m_block, corr);
+        wgmma::wait_group<0>();
+        wgmma::pin(o);
+        wgmma::pin(pf);
+        release(&bar.v_empty[prev]);
+        const bool any = __any_sync(0xffffffff, corr[0] != 1.0f || corr[1] != 1.0f);
+        if (any) {
+#pragma unroll
+          for (int j = 0; j < kHeadDim / 8; ++j) {
+            o[4 * j + 0] *= corr[0];
+            o[4 * j + 1] *= corr[0];
+            o[4 * j + 2] *= corr[1];
+            o[4 * j + 3] *= corr[1];
+          }
+        }
+        to_p();
+        prev = r.stage;
+        prev_phase = r.phase;
+        r.advance();
+      }
+      release(&bar.q_empty);  // every S of this tile is done: the producer may load the next Q
+      // Last P V.
+      mbar_wait(&bar.v_full[prev], prev_phase);
+      wait_my_turn(consumer);
+      wgmma::fence();
       issue_pv(prev);
       wgmma::commit_group();
-      pass_turn(consumer);
-      wgmma::wait_group<1>();
-      wgmma::pin(s);
-      softmax(n, corr);
+      pass_turn<Cfg::kConsumers>(consumer);
       wgmma::wait_group<0>();
       wgmma::pin(o);
-      wgmma::pin(pf);
-      release(prev);
-      const bool any = __any_sync(0xffffffff, corr[0] != 1.0f || corr[1] != 1.0f);
-      if (any) {
-#pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j) {
-          o[4 * j + 0] *= corr[0];
-          o[4 * j + 1] *= corr[0];
-          o[4 * j + 2] *= corr[1];
-          o[4 * j + 3] *= corr[1];
-        }
-      }
-      to_p();
-      prev = r.stage;
-      prev_phase = r.phase;
-      r.advance();
+      release(&bar.v_empty[prev]);
+    } else {
+      release(&bar.q_empty);
     }
-    // Last P V.
-    mbar_wait(&bar.v_full[prev], prev_phase);
-    wait_my_turn(consumer);
-    wgmma::fence();
-    issue_pv(prev);
-    wgmma::commit_group();
-    pass_turn(consumer);
-    wgmma::wait_group<0>();
-    wgmma::pin(o);
-    release(prev);
-  }
-
-  // ---------------- epilogue: O / l, LSE ----------------
-  using Elem = std::conditional_t<Cfg::kBF16, __nv_bfloat16, __half>;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float l = rows[i].sum;
-    l += __shfl_xor_sync(0xffffffff, l, 1);
-    l += __shfl_xor_sync(0xffffffff, l, 2);
-    rows[i].sum = l;
-    const int q = m_block * kBlockM + row0 + 8 * i;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    if (q < p.seqlen_q) {
-      Elem* out = static_cast<Elem*>(p.o) + b * p.o_stride[0] + int64_t(q) * p.o_stride[1] + h * p.o_stride[2];
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        const uint32_t v = pack2<Cfg::kBF16>(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-        *reinterpret_cast<uint32_t*>(out + 8 * j + col0) = v;
-      }
-      if (p.lse != nullptr && lane % 4 == 0) {
-        // rows[i].max is in log2 units of the scaled scores.
-        p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + q] = numerics::row_lse(rows[i]);
-      }
-    }
+    store_output<Cfg>(p, tl, o, rows, row0, col0, lane);
   }
 }
 

@@ -1,0 +1,73 @@
+// Host launch of one sm90 forward configuration: tensor maps, persistent grid, tile order.
+#pragma once
+
+#include <algorithm>
+#include <string>
+
+#include "common/fwd_params.h"
+#include "sm90/fwd_kernel.cuh"
+
+namespace fa4::sm90 {
+
+// A [batch][seq][heads][dim] tensor as a TMA map over (dim, seq, heads, batch).
+inline int map_tensor(CUtensorMap* map, const void* base, const int64_t stride[3], int batch,
+                      int seqlen, int heads, int head_dim, int box_rows) {
+  const uint64_t dims[4] = {uint64_t(head_dim), uint64_t(seqlen), uint64_t(heads), uint64_t(batch)};
+  const uint64_t strides[3] = {uint64_t(stride[1]) * 2, uint64_t(stride[2]) * 2, uint64_t(stride[0]) * 2};
+  return ptx::make_tensor_map_16bit_sw128(map, base, dims, strides, 64, box_rows);
+}
+
+// K and V of this many bytes per section of heads are meant to stay in L2 (H100/H200: 50-60 MB).
+inline constexpr int64_t kL2SectionBytes = 24ll << 20;
+
+template <class Cfg>
+Status launch_forward(const detail::FwdParams& a, cudaStream_t stream) {
+  FwdKernelParams k{};
+  const int rq = map_tensor(&k.tm_q, a.q, a.q_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim, Cfg::kBlockM);
+  const int rk = map_tensor(&k.tm_k, a.k, a.k_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, Cfg::kBlockN);
+  const int rv = map_tensor(&k.tm_v, a.v, a.v_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, Cfg::kBlockN);
+  if (rq || rk || rv)
+    return {StatusCode::kNotSupported, "cuTensorMapEncodeTiled refused a tensor (driver error " +
+                                           std::to_string(rq ? rq : rk ? rk : rv) + ")"};
+  k.o = a.o;
+  k.lse = a.lse;
+  for (int i = 0; i < 3; ++i) k.o_stride[i] = a.o_stride[i];
+  k.batch = a.batch;
+  k.seqlen_q = a.seqlen_q;
+  k.seqlen_k = a.seqlen_k;
+  k.heads_q = a.heads_q;
+  k.head_ratio = a.heads_q / a.heads_kv;
+  k.scale_log2 = a.scale_log2;
+  k.rescale_threshold = a.rescale_threshold;
+  k.window = {a.window_left, a.window_right};
+
+  const int64_t m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int64_t batch_heads = int64_t(a.batch) * a.heads_q;
+  const int64_t tiles = m_blocks * batch_heads;
+  if (tiles > INT32_MAX)
+    return {StatusCode::kNotSupported, "batch * heads_q * ceil(seqlen_q / " + std::to_string(Cfg::kBlockM) +
+                                           ") = " + std::to_string(tiles) + " tiles: at most 2^31 - 1"};
+  // Uniform tiles (no causal or window bound on the right): a persistent grid in L2-sized sections.
+  // Tiles whose length varies: one CTA each, longest first across all heads, so the hardware's
+  // block scheduler hands the next tile to whichever SM frees first.
+  const bool uniform = a.window_right < 0 && a.window_left < 0;
+  const int64_t kv_bytes_per_q_head = std::max<int64_t>(1, 4ll * a.seqlen_k * a.head_dim / k.head_ratio);
+  const int64_t section = uniform ? std::clamp<int64_t>(kL2SectionBytes / kv_bytes_per_q_head, 1, batch_heads) : batch_heads;
+  k.tiles = {int(tiles), int(m_blocks), int(batch_heads), a.heads_q, int(section)};
+
+  int device = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("device query: ") + cudaGetErrorString(e)};
+  auto kernel = fwd_kernel<Cfg>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (attr != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr)};
+  const int grid = int(uniform ? std::min<int64_t>(tiles, sms) : tiles);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("sm90 forward launch: ") + cudaGetErrorString(e)};
+  return Status::Ok();
+}
+
+}  // namespace fa4::sm90
