@@ -92,7 +92,10 @@ Status validate(const BackwardArgs& args);
 // The softmax scale actually used (the default when problem.softmax_scale is 0).
 float effective_scale(const Problem& p);
 
-// Workspace bytes that forward / backward need for these arguments (0 if none).
+// Workspace bytes that forward / backward need for these arguments (0 if none). Only
+// args.problem is read, so they may be asked before the tensors exist. Forward needs none;
+// backward needs an fp32 dQ accumulator of batch * round_up(seqlen_q, 128) * heads_q * head_dim * 4
+// bytes, 16-byte aligned, passed as args.workspace / args.workspace_bytes.
 Status forward_workspace_size(const ForwardArgs& args, size_t* bytes);
 Status backward_workspace_size(const BackwardArgs& args, size_t* bytes);
 
