@@ -61,7 +61,9 @@ CMAKE_CUDA20=(-DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20
 
 configure() {
   local tests=ON
-  # GoogleTest may be missing here: then build without the C++ tests.
+  # GoogleTest may be missing here: build it from carried sources (.deps/googletest, a copy of
+  # /usr/src/googletest) when they came along, else build without the C++ tests.
+  [ -d .deps/googletest ] && CMAKE_CUDA20+=(-DFA4_GTEST_SOURCE_DIR="$PWD/.deps/googletest")
   if ! cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA4_BUILD_SCHEDULER=OFF \
       "${CMAKE_CUDA20[@]}" -DFA4_BUILD_TESTS=ON; then
     echo "run_gpu.sh: configuring with the C++ tests failed; trying without them"
@@ -94,8 +96,11 @@ if [ $skip_build -eq 0 ]; then
   stage ext bash python/build.sh --build-dir "$BUILD" --jobs "$JOBS"
 fi
 
-if [ $skip_tests -eq 0 ]; then
-  stage pytest python3 -m pytest -q -rs tests/python
+if [ $skip_tests -eq 0 ] && ! python3 -c "import pytest" 2>/dev/null; then
+  echo "[pytest] FAILED: pytest is not installed for $(command -v python3)"
+  failed+=(pytest)
+elif [ $skip_tests -eq 0 ]; then
+  stage pytest python3 -m pytest -q -rs -p no:cacheprovider tests/python
   # The summary line, and the distinct reasons for skips (kernels not built yet, ...).
   grep -E "passed|failed|error" "$LOG/pytest.log" | tail -n1 | sed 's/^/    /'
   grep -E "^SKIPPED" "$LOG/pytest.log" | sed -E 's/^SKIPPED \[[0-9]+\] [^ ]+ //' | sort | uniq -c |

@@ -1111,8 +1111,8 @@ int run_case(const Options& o, Case& c, Inputs& in, Outputs& out, cudaStream_t s
   rec->p = c.p;
   rec->bwd = c.bwd;
   rec->ms = rec->tflops = NAN;
-  Status s = c.bwd ? fa4::validate(c.bwd_args) : fa4::validate(c.fwd);
-  if (s.ok()) s = prepare_workspace(c, out);
+  Status s = prepare_workspace(c, out);  // sizes it from the problem alone; validate() checks it
+  if (s.ok()) s = c.bwd ? fa4::validate(c.bwd_args) : fa4::validate(c.fwd);
   if (s.ok() && c.bwd) s = prepare_backward_inputs(c, in, out, st);
   if (s.ok()) {
     poison(c, out, st);
