@@ -50,7 +50,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream) {
   // Uniform tiles (no causal or window bound on the right): a persistent grid in L2-sized sections.
   // Tiles whose length varies: one CTA each, longest first across all heads, so the hardware's
   // block scheduler hands the next tile to whichever SM frees first.
-  const bool uniform = a.window_right < 0 && a.window_left < 0;
+  const bool uniform = a.schedule == 0 ? (a.window_right < 0 && a.window_left < 0) : a.schedule == 1;
   const int64_t kv_bytes_per_q_head = std::max<int64_t>(1, 4ll * a.seqlen_k * a.head_dim / k.head_ratio);
   const int64_t section = uniform ? std::clamp<int64_t>(kL2SectionBytes / kv_bytes_per_q_head, 1, batch_heads) : batch_heads;
   k.tiles = {int(tiles), int(m_blocks), int(batch_heads), a.heads_q, int(section)};
