@@ -1,0 +1,258 @@
+// The sm90 forward against the float64 reference, through the public API.
+//
+// Criterion (DESIGN.md §3): max|out - ref64| <= 2 max|plain16 - ref64| + 1e-3, where plain16 is a
+// plain attention in the same 16-bit type, and ||out - ref64|| / ||ref64|| <= 1e-2. Outputs are
+// poisoned (NaN) before every run, so an element the kernel never writes fails the check.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "convert.h"
+#include "fa4/attention.h"
+#include "gpu_guard.h"
+#include "reference.h"
+
+namespace {
+
+enum class Layout { kBSHD, kBHSD, kPadded };  // kPadded: BSHD with a spare head and spare rows
+
+struct Case {
+  fa4::DType dtype;
+  int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+  bool causal;
+  int64_t left = -1, right = -1;
+  Layout layout = Layout::kBSHD;
+
+  std::string name() const {
+    static const char* kLayouts[] = {"bshd", "bhsd", "padded"};
+    return std::string(fa4::to_string(dtype)) + " b" + std::to_string(batch) + " sq" + std::to_string(seqlen_q) +
+           " sk" + std::to_string(seqlen_k) + " h" + std::to_string(heads_q) + "/" + std::to_string(heads_kv) +
+           " d" + std::to_string(head_dim) + (causal ? " causal" : "") + " win(" + std::to_string(left) + "," +
+           std::to_string(right) + ") " + kLayouts[int(layout)];
+  }
+};
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+// A device tensor [batch][seq][heads][dim] in one of the layouts, filled from contiguous BSHD values.
+struct DeviceTensor {
+  uint16_t* data = nullptr;
+  fa4::TensorRef ref;
+  int64_t elems = 0;
+
+  void make(Layout layout, int64_t b, int64_t s, int64_t h, int64_t d) {
+    int64_t hs = h, ss = s;
+    if (layout == Layout::kPadded) hs = h + 1, ss = s + 3;
+    elems = b * ss * hs * d;
+    cudaMalloc(&data, std::max<int64_t>(elems, 1) * 2);
+    if (layout == Layout::kBHSD)
+      ref = {data, hs * ss * d, d, ss * d};
+    else
+      ref = {data, ss * hs * d, hs * d, d};
+  }
+  int64_t offset(int64_t b, int64_t s, int64_t h) const {
+    return b * ref.batch_stride + s * ref.seq_stride + h * ref.head_stride;
+  }
+  void upload(const std::vector<uint16_t>& bshd, int64_t b, int64_t s, int64_t h, int64_t d) {
+    std::vector<uint16_t> host(elems, 0x7FC0);  // unused slots hold NaN: reading them would show
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = 0; j < s; ++j)
+        for (int64_t k = 0; k < h; ++k)
+          std::memcpy(&host[offset(i, j, k)], &bshd[((i * s + j) * h + k) * d], d * 2);
+    cudaMemcpy(data, host.data(), elems * 2, cudaMemcpyHostToDevice);
+  }
+  std::vector<double> download(fa4::DType t, int64_t b, int64_t s, int64_t h, int64_t d) const {
+    std::vector<uint16_t> host(elems);
+    cudaMemcpy(host.data(), data, elems * 2, cudaMemcpyDeviceToHost);
+    std::vector<double> out(b * s * h * d);
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = 0; j < s; ++j)
+        for (int64_t k = 0; k < h; ++k)
+          for (int64_t x = 0; x < d; ++x)
+            out[((i * s + j) * h + k) * d + x] = fa4::ref::bits_to_float(t, host[offset(i, j, k) + x]);
+    return out;
+  }
+  ~DeviceTensor() { cudaFree(data); }
+};
+
+void run_case(const Case& c, uint32_t seed) {
+  SCOPED_TRACE(c.name());
+  fa4::Problem p;
+  p.dtype = c.dtype;
+  p.batch = c.batch;
+  p.seqlen_q = c.seqlen_q;
+  p.seqlen_k = c.seqlen_k;
+  p.heads_q = c.heads_q;
+  p.heads_kv = c.heads_kv;
+  p.head_dim = c.head_dim;
+  p.causal = c.causal;
+  p.window_left = c.left;
+  p.window_right = c.right;
+
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto random = [&](int64_t n) {
+    std::vector<double> x(n);
+    for (double& v : x) v = fa4::ref::round_to(c.dtype, float(normal(rng)));
+    return x;
+  };
+  const std::vector<double> q = random(fa4::ref::q_elems(p)), k = random(fa4::ref::kv_elems(p)),
+                            v = random(fa4::ref::kv_elems(p));
+
+  DeviceTensor dq, dk, dv, dout;
+  dq.make(c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim);
+  dk.make(c.layout, c.batch, c.seqlen_k, c.heads_kv, c.head_dim);
+  dv.make(c.layout, c.batch, c.seqlen_k, c.heads_kv, c.head_dim);
+  dout.make(c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim);
+  dq.upload(fa4::ref::to_bits(c.dtype, q), c.batch, c.seqlen_q, c.heads_q, c.head_dim);
+  dk.upload(fa4::ref::to_bits(c.dtype, k), c.batch, c.seqlen_k, c.heads_kv, c.head_dim);
+  dv.upload(fa4::ref::to_bits(c.dtype, v), c.batch, c.seqlen_k, c.heads_kv, c.head_dim);
+  CUDA_OK(cudaMemset(dout.data, 0xFF, dout.elems * 2));  // NaN in both 16-bit types
+  float* lse = nullptr;
+  const int64_t n_lse = fa4::ref::lse_elems(p);
+  CUDA_OK(cudaMalloc(&lse, n_lse * 4));
+  CUDA_OK(cudaMemset(lse, 0xFF, n_lse * 4));
+
+  fa4::ForwardArgs args;
+  args.problem = p;
+  args.q = dq.ref;
+  args.k = dk.ref;
+  args.v = dv.ref;
+  args.o = dout.ref;
+  args.lse = lse;
+  const fa4::Status st = fa4::forward(args, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message;
+  CUDA_OK(cudaDeviceSynchronize());
+
+  const std::vector<double> out = dout.download(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim);
+  std::vector<float> lse_f(n_lse);
+  CUDA_OK(cudaMemcpy(lse_f.data(), lse, n_lse * 4, cudaMemcpyDeviceToHost));
+  cudaFree(lse);
+
+  const fa4::ref::Forward64 ref = fa4::ref::forward(p, q, k, v);
+  const fa4::ref::Forward64 low = fa4::ref::forward_lowp(p, q, k, v);
+  const fa4::ref::ErrorStats e = fa4::ref::error_stats(out, ref.o);
+  const fa4::ref::ErrorStats e_low = fa4::ref::error_stats(low.o, ref.o);
+  EXPECT_FALSE(std::isnan(e.max_abs)) << "NaN in O: an element was not written or the math broke";
+  EXPECT_LE(e.max_abs, 2.0 * e_low.max_abs + 1e-3) << "plain 16-bit max error " << e_low.max_abs;
+  EXPECT_LE(e.rel_frobenius, 1e-2);
+
+  double lse_err = 0.0;
+  int64_t lse_mismatch = 0;
+  for (int64_t i = 0; i < n_lse; ++i) {
+    const double r = ref.lse[i], g = lse_f[i];
+    if (std::isinf(r) || std::isinf(g) || std::isnan(g))
+      lse_mismatch += !(std::isinf(r) && std::isinf(g) && r < 0 && g < 0);
+    else
+      lse_err = std::max(lse_err, std::fabs(g - r));
+  }
+  EXPECT_EQ(lse_mismatch, 0) << "rows whose LSE is -inf in one and finite (or NaN) in the other";
+  EXPECT_LE(lse_err, 1e-3);
+}
+
+using fa4::DType;
+constexpr auto BF16 = DType::kBF16;
+constexpr auto FP16 = DType::kFP16;
+
+TEST(ForwardGpu, OddSizesEveryHeadDim) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 1;
+  for (int64_t d : {64, 128, 256})
+    for (int64_t s : {1, 17, 128, 239, 1000}) run_case({BF16, 2, s, s, 2, 2, d, false}, seed++);
+}
+
+TEST(ForwardGpu, CausalBothDirectionsOfSeqlenMismatch) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 100;
+  for (int64_t d : {64, 128, 256})
+    for (auto [sq, sk] : {std::pair<int64_t, int64_t>{17, 239}, {239, 17}, {128, 1000}, {1000, 128}, {300, 300}})
+      for (bool causal : {false, true}) run_case({BF16, 1, sq, sk, 2, 1, d, causal}, seed++);
+}
+
+TEST(ForwardGpu, Fp16) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 200;
+  for (int64_t d : {64, 128, 256})
+    for (bool causal : {false, true}) run_case({FP16, 2, 239, 333, 4, 2, d, causal}, seed++);
+}
+
+TEST(ForwardGpu, GqaAndMqa) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 300;
+  for (int64_t ratio : {1, 4, 8})
+    for (bool causal : {false, true}) run_case({BF16, 2, 200, 257, 8, 8 / ratio, 128, causal}, seed++);
+  run_case({BF16, 1, 129, 300, 6, 1, 64, true}, seed++);  // MQA
+  run_case({FP16, 1, 129, 300, 4, 1, 256, false}, seed++);
+}
+
+TEST(ForwardGpu, StridedLayouts) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 400;
+  for (Layout l : {Layout::kBHSD, Layout::kPadded})
+    for (int64_t d : {64, 128, 256}) run_case({BF16, 2, 190, 260, 4, 2, d, d == 128, -1, -1, l}, seed++);
+}
+
+TEST(ForwardGpu, LocalWindow) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 500;
+  run_case({BF16, 1, 513, 700, 2, 2, 128, false, 100, 20}, seed++);
+  run_case({BF16, 1, 700, 513, 2, 1, 64, false, 0, 0}, seed++);
+  run_case({FP16, 1, 300, 300, 2, 2, 256, true, 64, -1}, seed++);
+  // Rows near the top see no key at all: O = 0 and LSE = -inf there.
+  run_case({BF16, 1, 400, 100, 2, 2, 64, false, 10, 0}, seed++);
+}
+
+TEST(ForwardGpu, LongSequences) {
+  FA4_REQUIRE_GPU();
+  run_case({BF16, 1, 4097, 4097, 1, 1, 64, true}, 600);
+  run_case({BF16, 1, 1000, 4097, 1, 1, 128, false}, 601);
+}
+
+TEST(ForwardGpu, ManyTilesPersistentGrid) {
+  FA4_REQUIRE_GPU();
+  // More tiles than SMs, so each CTA of the persistent grid walks several.
+  run_case({BF16, 4, 600, 600, 16, 4, 64, false}, 700);
+  run_case({BF16, 3, 700, 500, 12, 12, 128, false}, 701);
+}
+
+TEST(ForwardGpu, RepeatedRunsAreBitIdentical) {
+  FA4_REQUIRE_GPU();
+  // A race shows as results that move between runs on the same inputs.
+  const int64_t b = 2, s = 777, h = 4, d = 128;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  std::vector<uint16_t> host(b * s * h * d);
+  for (auto& x : host) x = fa4::ref::float_to_bf16_bits(normal(rng));
+  uint16_t *q, *o;
+  CUDA_OK(cudaMalloc(&q, host.size() * 2));
+  CUDA_OK(cudaMalloc(&o, host.size() * 2));
+  CUDA_OK(cudaMemcpy(q, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+  fa4::ForwardArgs a;
+  a.problem.dtype = BF16;
+  a.problem.batch = b;
+  a.problem.seqlen_q = a.problem.seqlen_k = s;
+  a.problem.heads_q = a.problem.heads_kv = h;
+  a.problem.head_dim = d;
+  a.problem.causal = true;
+  a.q = a.k = a.v = fa4::bshd(q, s, h, d);
+  a.o = fa4::bshd(o, s, h, d);
+  std::vector<uint16_t> first, again(host.size());
+  for (int run = 0; run < 5; ++run) {
+    CUDA_OK(cudaMemset(o, 0xFF, host.size() * 2));
+    ASSERT_TRUE(fa4::forward(a, nullptr).ok());
+    CUDA_OK(cudaMemcpy(again.data(), o, host.size() * 2, cudaMemcpyDeviceToHost));
+    if (run == 0)
+      first = again;
+    else
+      ASSERT_EQ(std::memcmp(first.data(), again.data(), host.size() * 2), 0) << "run " << run;
+  }
+  cudaFree(q);
+  cudaFree(o);
+}
+
+}  // namespace
