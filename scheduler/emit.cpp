@@ -30,6 +30,11 @@ char label_of(int i) {
   return i < 62 ? kLabels[i] : '?';
 }
 
+// "1 stage", "2 stages".
+std::string count(size_t n, const char* what) {
+  return std::to_string(n) + " " + what + (n == 1 ? "" : "s");
+}
+
 std::string fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
@@ -106,8 +111,7 @@ std::string loop_by_unit(const Graph& g, const Schedule& s) {
       if (!line.empty()) o << "    " << pad(g.units[u].name, uw) << line << "\n";
     }
   };
-  o << "loop by unit (" << stages << " stage" << (stages > 1 ? "s" : "")
-    << "; X[i]@t = op X of iteration i at offset t of the window):\n";
+  o << "loop by unit (" << count(stages, "stage") << "; X[i]@t = op X of iteration i at offset t of the window):\n";
   if (stages > 1) {
     o << "  prologue\n";
     for (int w = 0; w + 1 < stages; ++w) {
@@ -137,9 +141,10 @@ std::string report(const Graph& g, const Solution& sol) {
   const Bounds& b = sol.bounds;
   int kinds[3] = {0, 0, 0};
   for (const Edge& e : g.edges) ++kinds[static_cast<int>(e.kind)];
-  o << "graph " << g.name << ": " << g.ops.size() << " ops on " << g.units.size() << " units, "
-    << g.edges.size() << " edges (" << kinds[0] << " flow, " << kinds[1] << " carried, "
-    << kinds[2] << " anti), " << g.buffers.size() << " buffers\n";
+  o << "graph " << g.name << ": " << count(g.ops.size(), "op") << " on "
+    << count(g.units.size(), "unit") << ", " << count(g.edges.size(), "edge") << " (" << kinds[0]
+    << " flow, " << kinds[1] << " carried, " << kinds[2] << " anti), "
+    << count(g.buffers.size(), "buffer") << "\n";
   o << "ResMII " << b.res_mii << " (unit " << (b.res_unit >= 0 ? g.units[b.res_unit].name : "-")
     << ")\nRecMII " << b.rec_mii;
   if (!b.rec_cycle.edges.empty()) o << " (cycle " << describe(g, b.rec_cycle) << ")";
@@ -149,7 +154,7 @@ std::string report(const Graph& g, const Solution& sol) {
   o << "\nII " << s.ii << " " << g.time_unit;
   if (g.slot > 0)
     o << " = " << fixed(static_cast<double>(s.ii) / g.slot, 2) << " slots of " << g.slot;
-  o << ", " << s.stages() << " stages";
+  o << ", " << count(s.stages(), "stage");
   for (size_t i = 0; i < g.buffers.size(); ++i)
     o << (i ? ", " : "; buffers ") << g.buffers[i].name << " " << s.slots[i];
   o << "\nsolved in " << fixed(sol.stats.seconds * 1e3, 1) << " ms (minimal II after "

@@ -275,6 +275,7 @@ Graph parse_graph(const std::string& text, const std::string& file) {
       ln.fail("unknown keyword '" + key +
               "' (want graph, time, slot, max_ii, unit, capacity, buffer, op or edge)");
     }
+    ln.end();
   }
   if (g.ops.empty()) throw GraphError(g.file, number, "graph has no ops");
   return g;
