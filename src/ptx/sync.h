@@ -44,6 +44,15 @@ __device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t threads) 
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// --- stmatrix (PTX ISA 9.7.14.5.16): four 8x8 16-bit matrices from the mma fragment layout ---
+// Thread t holds row t/4, columns 2(t%4)..+1 of each matrix; lanes 8i..8i+7 give matrix i's rows.
+__device__ __forceinline__ void stmatrix_x4(uint32_t smem_row_addr, uint32_t r0, uint32_t r1,
+                                            uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_row_addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // --- setmaxnreg (PTX ISA 9.7.18.2): move registers between warpgroup roles ---
 template <int N>
 __device__ __forceinline__ void regs_decrease() {

@@ -30,6 +30,23 @@ __device__ __forceinline__ void tma_load_4d(void* smem_dst, const CUtensorMap* m
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_shared, cuda::ptx::space_global, smem_dst, map,
                                   coords, bar);
 }
+
+// Stores one box from shared memory at coordinates (c0, c1, c2, c3); joins the bulk group.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* smem_src, int c0,
+                                             int c1, int c2, int c3) {
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords,
+                                  smem_src);
+}
+__device__ __forceinline__ void tma_store_commit() { cuda::ptx::cp_async_bulk_commit_group(); }
+// Waits until the committed stores have finished reading shared memory.
+__device__ __forceinline__ void tma_store_wait_read() {
+  cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+}
+// Waits until the committed stores are complete.
+__device__ __forceinline__ void tma_store_wait() {
+  cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+}
 #endif
 
 }  // namespace fa4::ptx
