@@ -66,7 +66,7 @@ def build_extension(lib: Path, out_dir: Path, jobs: int, verbose: bool) -> Path:
         name="fa4_C",
         sources=[str(ROOT / "python" / "csrc" / "fa4_torch.cpp")],
         extra_include_paths=[str(ROOT / "include")],
-        extra_cflags=["-O2", "-std=c++20"],
+        extra_cflags=["-O2"],  # torch's own -std=c++17: its headers under another dialect broke at run time (GCC 13)
         extra_ldflags=[str(lib)],
         build_directory=str(out_dir),
         with_cuda=True,

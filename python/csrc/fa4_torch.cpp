@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -26,45 +27,84 @@ namespace {
 
 constexpr int64_t kDims = 4;  // [batch, seqlen, heads, head_dim]
 
+// Error messages are concatenated here into one std::string before they reach TORCH_CHECK: an
+// extension built by GCC 13 crashed in torch 2.11 while c10::str streamed integers (sizes,
+// strides) into its ostringstream; a single string argument is passed through untouched.
+void append(std::string& s, const char* x) { s += x; }
+void append(std::string& s, const std::string& x) { s += x; }
+void append(std::string& s, int64_t x) { s += std::to_string(x); }
+void append(std::string& s, const c10::Device& x) { s += x.str(); }
+void append(std::string& s, c10::ScalarType x) { s += c10::toString(x); }
+template <class... Args>
+std::string cat(const Args&... args) {
+  std::string s;
+  (append(s, args), ...);
+  return s;
+}
+
+#define FA4_CHECK_VALUE(cond, ...)                              \
+  do {                                                          \
+    if (!(cond)) TORCH_CHECK_VALUE(false, cat(__VA_ARGS__));    \
+  } while (0)
+
 // Raises the exception that matches fa4's status code.
 void raise_if_error(const fa4::Status& s, const char* op) {
   if (s.ok()) return;
-  TORCH_CHECK_VALUE(s.code != fa4::StatusCode::kInvalidArgument, op, ": ", s.message);
-  TORCH_CHECK_NOT_IMPLEMENTED(s.code != fa4::StatusCode::kNotSupported, op, ": not supported: ",
-                              s.message);
-  TORCH_CHECK(false, op, ": ", fa4::to_string(s.code), ": ", s.message);
+  FA4_CHECK_VALUE(s.code != fa4::StatusCode::kInvalidArgument, op, ": ", s.message);
+  if (s.code == fa4::StatusCode::kNotSupported)
+    TORCH_CHECK_NOT_IMPLEMENTED(false, cat(op, ": not supported: ", s.message));
+  TORCH_CHECK(false, cat(op, ": ", fa4::to_string(s.code), ": ", s.message));
 }
 
 fa4::DType dtype_of(const at::Tensor& t, const char* op, const char* name) {
   if (t.scalar_type() == at::kBFloat16) return fa4::DType::kBF16;
   if (t.scalar_type() == at::kHalf) return fa4::DType::kFP16;
-  TORCH_CHECK_VALUE(false, op, ": ", name, " has dtype ", t.scalar_type(),
-                    ": must be torch.bfloat16 or torch.float16");
+  TORCH_CHECK_VALUE(false, cat(op, ": ", name, " has dtype ", t.scalar_type(),
+                              ": must be torch.bfloat16 or torch.float16"));
+}
+
+// "[2, 128, 8, 64]". Shapes and strides are formatted here rather than by streaming IntArrayRef
+// into the error message: that crashed in torch 2.11 with an extension built by GCC 13.
+std::string list_str(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+std::vector<int64_t> shape_of(const at::Tensor& t) {
+  std::vector<int64_t> v;
+  for (int64_t i = 0; i < t.dim(); ++i) v.push_back(t.size(i));
+  return v;
+}
+std::string shape_str(const at::Tensor& t) { return list_str(shape_of(t)); }
+std::string strides_str(const at::Tensor& t) {
+  std::vector<int64_t> v;
+  for (int64_t i = 0; i < t.dim(); ++i) v.push_back(t.stride(i));
+  return list_str(v);
 }
 
 // A 4-d CUDA tensor on `device` with a contiguous last dim.
 void check_tensor(const at::Tensor& t, const char* op, const char* name, const at::Device& device) {
-  TORCH_CHECK_VALUE(t.defined(), op, ": ", name, " is undefined");
-  TORCH_CHECK_VALUE(t.is_cuda(), op, ": ", name, " is on ", t.device(), ": must be a CUDA tensor");
-  TORCH_CHECK_VALUE(t.device() == device, op, ": ", name, " is on ", t.device(),
+  FA4_CHECK_VALUE(t.defined(), op, ": ", name, " is undefined");
+  FA4_CHECK_VALUE(t.is_cuda(), op, ": ", name, " is on ", t.device(), ": must be a CUDA tensor");
+  FA4_CHECK_VALUE(t.device() == device, op, ": ", name, " is on ", t.device(),
                     ", q on ", device, ": all tensors must be on one device");
-  TORCH_CHECK_VALUE(t.dim() == kDims, op, ": ", name, " has shape ", t.sizes(),
+  FA4_CHECK_VALUE(t.dim() == kDims, op, ": ", name, " has shape ", shape_str(t),
                     ": must be 4-d [batch, seqlen, heads, head_dim]");
-  TORCH_CHECK_VALUE(t.stride(3) == 1 || t.size(3) <= 1, op, ": ", name, " has stride ",
-                    t.stride(3), " in its last dim (shape ", t.sizes(), ", strides ", t.strides(),
+  FA4_CHECK_VALUE(t.stride(3) == 1 || t.size(3) <= 1, op, ": ", name, " has stride ",
+                    t.stride(3), " in its last dim (shape ", shape_str(t), ", strides ", strides_str(t),
                     "): head_dim must be contiguous (stride 1)");
 }
 
 void check_same_dtype(const at::Tensor& t, const at::Tensor& q, const char* op, const char* name) {
-  TORCH_CHECK_VALUE(t.scalar_type() == q.scalar_type(), op, ": ", name, " has dtype ",
+  FA4_CHECK_VALUE(t.scalar_type() == q.scalar_type(), op, ": ", name, " has dtype ",
                     t.scalar_type(), ", q has ", q.scalar_type(), ": they must match");
 }
 
 // `t` must have exactly `shape`, described by the names of its dims.
-void check_shape(const at::Tensor& t, at::IntArrayRef shape, const char* op, const char* name,
-                 const char* expected) {
-  TORCH_CHECK_VALUE(t.sizes() == shape, op, ": ", name, " has shape ", t.sizes(), ": must be ",
-                    shape, " (", expected, ")");
+void check_shape(const at::Tensor& t, const std::vector<int64_t>& shape, const char* op,
+                 const char* name, const char* expected) {
+  FA4_CHECK_VALUE(shape_of(t) == shape, op, ": ", name, " has shape ", shape_str(t),
+                    ": must be ", list_str(shape), " (", expected, ")");
 }
 
 // Element strides as fa4 takes them. A dim of size 1 is never stepped over, so its stride is
@@ -91,7 +131,7 @@ fa4::Problem make_problem(const at::Tensor& q, const at::Tensor& k, std::optiona
   p.heads_kv = k.size(2);
   if (scale.has_value()) {
     // fa4 reads 0 as "use the default": a literal 0 cannot be passed through.
-    TORCH_CHECK_VALUE(*scale != 0.0, op, ": softmax_scale = 0: must be nonzero (None gives ",
+    FA4_CHECK_VALUE(*scale != 0.0, op, ": softmax_scale = 0: must be nonzero (None gives ",
                       "1/sqrt(head_dim))");
     p.softmax_scale = static_cast<float>(*scale);
   }
@@ -111,10 +151,10 @@ fa4::Problem check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   dtype_of(q, op, "q");
   check_same_dtype(k, q, op, "k");
   check_same_dtype(v, q, op, "v");
-  TORCH_CHECK_VALUE(k.size(0) == q.size(0) && k.size(3) == q.size(3), op, ": k has shape ",
-                    k.sizes(), ", q has ", q.sizes(),
+  FA4_CHECK_VALUE(k.size(0) == q.size(0) && k.size(3) == q.size(3), op, ": k has shape ",
+                    shape_str(k), ", q has ", shape_str(q),
                     ": batch (dim 0) and head_dim (dim 3) must match");
-  check_shape(v, k.sizes(), op, "v", "k's shape: [batch, seqlen_k, heads_kv, head_dim]");
+  check_shape(v, shape_of(k), op, "v", "k's shape: [batch, seqlen_k, heads_kv, head_dim]");
   return make_problem(q, k, scale, causal, window_left, window_right, op);
 }
 
@@ -165,14 +205,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_op(
   check_tensor(dout, op, "dout", q.device());
   check_same_dtype(out, q, op, "out");
   check_same_dtype(dout, q, op, "dout");
-  check_shape(out, q.sizes(), op, "out", "q's shape: [batch, seqlen_q, heads_q, head_dim]");
-  check_shape(dout, q.sizes(), op, "dout", "q's shape: [batch, seqlen_q, heads_q, head_dim]");
-  TORCH_CHECK_VALUE(lse.defined() && lse.is_cuda() && lse.device() == q.device(), op,
+  check_shape(out, shape_of(q), op, "out", "q's shape: [batch, seqlen_q, heads_q, head_dim]");
+  check_shape(dout, shape_of(q), op, "dout", "q's shape: [batch, seqlen_q, heads_q, head_dim]");
+  FA4_CHECK_VALUE(lse.defined() && lse.is_cuda() && lse.device() == q.device(), op,
                     ": lse must be a CUDA tensor on q's device");
-  TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat, op, ": lse has dtype ", lse.scalar_type(),
+  FA4_CHECK_VALUE(lse.scalar_type() == at::kFloat, op, ": lse has dtype ", lse.scalar_type(),
                     ": must be torch.float32 (the forward's lse)");
   check_shape(lse, {p.batch, p.heads_q, p.seqlen_q}, op, "lse", "[batch, heads_q, seqlen_q]");
-  TORCH_CHECK_VALUE(lse.is_contiguous(), op, ": lse has strides ", lse.strides(),
+  FA4_CHECK_VALUE(lse.is_contiguous(), op, ": lse has strides ", strides_str(lse),
                     ": must be contiguous");
 
   const c10::cuda::CUDAGuard guard(q.device());
