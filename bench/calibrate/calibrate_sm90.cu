@@ -1,0 +1,561 @@
+// Hopper calibration microbenchmarks for the scheduler's sm90 graphs (scheduler/graphs/sm90_*.graph).
+//
+// Measures, in SM clock cycles (clock64 inside the kernels):
+//   wgmma m64nNk16 bf16 (N = 64, 128, 256): latency of one dependent wgmma, the issue rate of one
+//     warpgroup chaining into one accumulator, and the tensor-core rate with two warpgroups;
+//   TMA 2D tile loads (64x64 and 128x64 bf16, 128B swizzle): latency from L2 and from DRAM, and
+//     bytes per clock for one SM alone and per SM with every SM loading the same (L2-resident) data;
+//   exp2 throughput per SM per clock: MUFU ex2.approx, fa4's polynomial (include/fa4/numerics/
+//     exp2.h), and mixes, each with one FADD per element as in DESIGN.md §3;
+//   hand-off latency between two warps: mbarrier arrive -> try_wait, and named barrier
+//     bar.arrive -> bar.sync.
+// Prints one JSON object on stdout.
+//
+// Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a \
+//          bench/calibrate/calibrate_sm90.cu -o calibrate_sm90
+// Run:   ./calibrate_sm90 > bench/results/calibrate_sm90_<gpu>.json
+#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cuda/ptx>
+#include <string>
+#include <vector>
+
+#include "../../include/fa4/numerics/exp2.h"
+
+#define CHECK(call)                                                                       \
+  do {                                                                                    \
+    cudaError_t e_ = (call);                                                              \
+    if (e_ != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                   \
+                   cudaGetErrorString(e_));                                               \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+namespace ptx = cuda::ptx;
+
+// ------------------------------------------------------------------------------------------------
+// Device helpers
+// ------------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Dynamic shared memory rounded up to 1024 bytes (128B-swizzled tiles need it).
+__device__ __forceinline__ unsigned char* smem_base() {
+  extern __shared__ unsigned char dyn_smem[];
+  const uint32_t a = smem_addr(dyn_smem);
+  return dyn_smem + ((1024 - (a & 1023)) & 1023);
+}
+
+// wgmma shared-memory matrix descriptor (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-
+// Accumulate": matrix descriptor format): K-major, 128-byte swizzle, 8 rows x 128 B per atom.
+__device__ __forceinline__ uint64_t smem_desc(const void* p) {
+  uint64_t d = (smem_addr(p) & 0x3FFFF) >> 4;  // start address
+  d |= uint64_t(1) << 16;                      // leading byte offset (unused with this swizzle)
+  d |= uint64_t(1024 >> 4) << 32;              // stride byte offset: 8 rows x 128 B
+  d |= uint64_t(1) << 62;                      // 128B swizzle
+  return d;
+}
+
+// PTX ISA, "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group".
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// PTX ISA, "wgmma.mma_async": D(64xN, f32) += A(64x16, bf16, smem) * B(16xN, bf16, smem);
+// operands d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b.
+#define ACC_0_31                                                                          \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "      \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define ACC_32_63                                                                         \
+  ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "     \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define ACC_64_127                                                                        \
+  ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "     \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "      \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, "      \
+  "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, "  \
+  "%124, %125, %126, %127"
+#define F8(i)                                                                             \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]),             \
+      "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+
+template <int N>
+__device__ void wgmma_bf16(float (&d)[N / 2], uint64_t a, uint64_t b);
+
+template <>
+__device__ __forceinline__ void wgmma_bf16<64>(float (&d)[32], uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" ACC_0_31 "}, %32, %33, 1, 1, 1, 0, 0;\n"
+      : F8(0), F8(8), F8(16), F8(24)
+      : "l"(a), "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" ACC_0_31 ACC_32_63
+      "}, %64, %65, 1, 1, 1, 0, 0;\n"
+      : F8(0), F8(8), F8(16), F8(24), F8(32), F8(40), F8(48), F8(56)
+      : "l"(a), "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_bf16<256>(float (&d)[128], uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" ACC_0_31 ACC_32_63 ACC_64_127
+      "}, %128, %129, 1, 1, 1, 0, 0;\n"
+      : F8(0), F8(8), F8(16), F8(24), F8(32), F8(40), F8(48), F8(56), F8(64), F8(72), F8(80),
+        F8(88), F8(96), F8(104), F8(112), F8(120)
+      : "l"(a), "l"(b));
+}
+
+// PTX ISA, "bar, barrier": named barriers (id 1..15; 0 is __syncthreads).
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
+  while (!ptx::mbarrier_try_wait_parity(bar, phase)) {
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// wgmma
+// ------------------------------------------------------------------------------------------------
+
+constexpr int kWgmmaSmem = 8192 + 256 * 128 + 1024;  // A 64x64, B 256x64 (bf16, 128 B rows)
+
+__device__ void fill_operands(unsigned char* base, int bytes) {
+  uint16_t* p = reinterpret_cast<uint16_t*>(base);
+  for (int i = threadIdx.x; i < bytes / 2; i += blockDim.x)
+    p[i] = 0x3C00 + static_cast<uint16_t>((i * 37) & 0x3F);  // bf16 values near 0.008..0.01
+  ptx::fence_proxy_async(ptx::space_shared);  // generic-proxy writes, read by the async proxy
+  __syncthreads();
+}
+
+template <int N>
+__device__ float acc_sum(const float (&d)[N / 2]) {
+  float s = 0;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) s += d[i];
+  return s;
+}
+
+// One warpgroup. out[0]: cycles of `iters` wgmmas each waited for (latency);
+// out[1]: cycles of `iters` wgmmas chained into one accumulator, one wait at the end (issue rate).
+template <int N>
+__global__ void __launch_bounds__(128, 1) wgmma_latency(long long* out, float* sink, int iters) {
+  unsigned char* base = smem_base();
+  fill_operands(base, 8192 + N * 128);
+  const uint64_t a = smem_desc(base), b = smem_desc(base + 8192);
+  float d[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+  wgmma_fence();
+  for (int i = 0; i < 8; ++i) {  // warm-up
+    wgmma_bf16<N>(d, a, b);
+    wgmma_commit();
+    wgmma_wait<0>();
+  }
+  const long long t0 = clock64();
+  for (int i = 0; i < iters; ++i) {
+    wgmma_bf16<N>(d, a, b);
+    wgmma_commit();
+    wgmma_wait<0>();
+  }
+  const long long t1 = clock64();
+  for (int i = 0; i < iters; ++i) wgmma_bf16<N>(d, a, b);
+  wgmma_commit();
+  wgmma_wait<0>();
+  const long long t2 = clock64();
+  if (threadIdx.x == 0) {
+    out[0] = t1 - t0;
+    out[1] = t2 - t1;
+  }
+  sink[threadIdx.x] = acc_sum<N>(d);
+}
+
+// kWarpgroups warpgroups per CTA, one CTA per SM, each chaining `iters` wgmmas in groups of 16
+// with at most two groups in flight. out[block]: cycles from the first issue to the last result.
+template <int N, int kWarpgroups>
+__global__ void __launch_bounds__(128 * kWarpgroups, 1)
+    wgmma_throughput(long long* out, float* sink, int iters) {
+  unsigned char* base = smem_base();
+  fill_operands(base, 8192 + N * 128);
+  const uint64_t a = smem_desc(base), b = smem_desc(base + 8192);
+  float d[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+  wgmma_fence();
+  __syncthreads();
+  const long long t0 = clock64();
+  for (int i = 0; i < iters; i += 16) {
+#pragma unroll
+    for (int k = 0; k < 16; ++k) wgmma_bf16<N>(d, a, b);
+    wgmma_commit();
+    wgmma_wait<1>();
+  }
+  wgmma_wait<0>();
+  __syncthreads();
+  const long long t1 = clock64();
+  if (threadIdx.x == 0) out[blockIdx.x] = t1 - t0;
+  sink[blockIdx.x * blockDim.x + threadIdx.x] = acc_sum<N>(d);
+}
+
+// ------------------------------------------------------------------------------------------------
+// TMA
+// ------------------------------------------------------------------------------------------------
+
+// One thread loads `iters` tiles one at a time: out[i] = cycles from issue to the mbarrier phase
+// completing. Tile i is at row (i * row_step) % rows: row_step 0 re-reads one tile (L2 after the
+// first), a large step walks a tensor bigger than L2 (DRAM).
+__global__ void tma_latency(const __grid_constant__ CUtensorMap map, int box_rows, int bytes,
+                            int rows, int row_step, long long* out, int iters) {
+  __shared__ __align__(8) uint64_t bar;
+  unsigned char* tile = smem_base();
+  if (threadIdx.x != 0) return;
+  ptx::mbarrier_init(&bar, 1);
+  ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
+  uint32_t phase = 0;
+  for (int i = 0; i < iters; ++i) {
+    const int32_t coords[2] = {0, static_cast<int32_t>((static_cast<long long>(i) * row_step) % rows)};
+    const long long t0 = clock64();
+    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bar, bytes);
+    ptx::cp_async_bulk_tensor(ptx::space_shared, ptx::space_global, tile, &map, coords, &bar);
+    mbar_wait(&bar, phase);
+    const long long t1 = clock64();
+    phase ^= 1;
+    out[i] = t1 - t0;
+  }
+  (void)box_rows;
+}
+
+// One thread per CTA keeps kRing loads in flight: each CTA reads `iters` tiles from the first
+// `rows` rows (every CTA the same rows: after the first pass they sit in L2, as K/V do for the
+// CTAs of one head). out[block]: cycles for all of them.
+constexpr int kRing = 4;
+__global__ void tma_throughput(const __grid_constant__ CUtensorMap map, int box_rows, int bytes,
+                               int rows, long long* out, int iters) {
+  __shared__ __align__(8) uint64_t bars[kRing];
+  unsigned char* ring = smem_base();
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < kRing; ++s) ptx::mbarrier_init(&bars[s], 1);
+  ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
+  const long long t0 = clock64();
+  for (int i = 0; i < iters; ++i) {
+    const int s = i % kRing;
+    if (i >= kRing) mbar_wait(&bars[s], ((i / kRing) - 1) & 1);  // slot free again
+    const int32_t coords[2] = {0, (i * box_rows) % rows};
+    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bars[s], bytes);
+    ptx::cp_async_bulk_tensor(ptx::space_shared, ptx::space_global, ring + s * bytes, &map, coords,
+                              &bars[s]);
+  }
+  for (int i = iters > kRing ? iters - kRing : 0; i < iters; ++i)
+    mbar_wait(&bars[i % kRing], (i / kRing) & 1);
+  out[blockIdx.x] = clock64() - t0;
+}
+
+// ------------------------------------------------------------------------------------------------
+// exp2
+// ------------------------------------------------------------------------------------------------
+
+// 1024 threads, one CTA per SM. Each thread runs 8 independent chains x <- 2^x - 1.5 (which stays
+// in [-1, -0.5]); kPoly of the 8 use the polynomial, the rest MUFU. out[block]: cycles.
+template <int kPoly>
+__global__ void __launch_bounds__(1024, 1) exp2_throughput(long long* out, float* sink, int iters) {
+  float v[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v[k] = -0.5f - 0.06f * k - 1e-6f * threadIdx.x;
+  __syncthreads();
+  const long long t0 = clock64();
+  for (int i = 0; i < iters; ++i) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      v[k] = (k < kPoly ? fa4::numerics::exp2_poly(v[k]) : fa4::numerics::exp2_mufu(v[k])) - 1.5f;
+  }
+  __syncthreads();
+  const long long t1 = clock64();
+  if (threadIdx.x == 0) out[blockIdx.x] = t1 - t0;
+  float s = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) s += v[k];
+  sink[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Hand-offs between two warps
+// ------------------------------------------------------------------------------------------------
+
+// Warp 0 and warp 1 pass a token back and forth `iters` times; out[0]: cycles on warp 0 for all
+// round trips (two hand-offs each). kNamed: named barriers, else mbarriers (lane 0 of each warp).
+template <bool kNamed>
+__global__ void handoff(long long* out, int iters) {
+  __shared__ __align__(8) uint64_t bars[2];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(&bars[0], 1);
+    ptx::mbarrier_init(&bars[1], 1);
+  }
+  __syncthreads();
+  long long t0 = clock64();
+  if (kNamed) {
+    for (int i = 0; i < iters; ++i) {
+      if (warp == 0) {
+        named_bar_arrive(1, 64);
+        named_bar_sync(2, 64);
+      } else {
+        named_bar_sync(1, 64);
+        named_bar_arrive(2, 64);
+      }
+    }
+  } else if (lane == 0) {
+    uint32_t phase = 0;
+    for (int i = 0; i < iters; ++i, phase ^= 1) {
+      if (warp == 0) {
+        ptx::mbarrier_arrive(&bars[0]);
+        mbar_wait(&bars[1], phase);
+      } else {
+        mbar_wait(&bars[0], phase);
+        ptx::mbarrier_arrive(&bars[1]);
+      }
+    }
+  }
+  if (threadIdx.x == 0) out[0] = clock64() - t0;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Host
+// ------------------------------------------------------------------------------------------------
+
+struct Json {
+  std::string s;
+  void key(const std::string& k) { s += (s.empty() || s.back() == '{' ? "" : ", ") + ("\"" + k + "\": "); }
+  void num(const std::string& k, double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%.6g", v);
+    key(k);
+    s += b;
+  }
+  void str(const std::string& k, const std::string& v) {
+    key(k);
+    s += "\"" + v + "\"";
+  }
+  void open(const std::string& k) {
+    key(k);
+    s += "{";
+  }
+  void close() { s += "}"; }
+};
+
+double median(std::vector<long long> v) {
+  std::sort(v.begin(), v.end());
+  return static_cast<double>(v[v.size() / 2]);
+}
+
+int g_sms = 0;
+
+template <int N>
+void bench_wgmma(Json& j) {
+  const int lat_iters = 256, thr_iters = 4096;
+  long long* d_out;
+  float* d_sink;
+  CHECK(cudaMalloc(&d_out, sizeof(long long) * std::max(g_sms, 2)));
+  CHECK(cudaMalloc(&d_sink, sizeof(float) * g_sms * 256));
+  long long lat[2];
+  wgmma_latency<N><<<1, 128, kWgmmaSmem>>>(d_out, d_sink, lat_iters);
+  CHECK(cudaGetLastError());
+  CHECK(cudaMemcpy(lat, d_out, sizeof lat, cudaMemcpyDeviceToHost));
+  auto run = [&](auto kernel, int threads) {
+    kernel<<<g_sms, threads, kWgmmaSmem>>>(d_out, d_sink, thr_iters);
+    CHECK(cudaGetLastError());
+    std::vector<long long> cyc(g_sms);
+    CHECK(cudaMemcpy(cyc.data(), d_out, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
+    return median(cyc);
+  };
+  run(wgmma_throughput<N, 2>, 256);  // warm-up
+  const double one_wg = run(wgmma_throughput<N, 1>, 128);
+  const double two_wg = run(wgmma_throughput<N, 2>, 256);
+  const double flop = 2.0 * 64 * N * 16;
+  j.open("m64n" + std::to_string(N) + "k16");
+  j.num("latency_cycles", static_cast<double>(lat[0]) / lat_iters);
+  j.num("chained_issue_cycles_1wg", static_cast<double>(lat[1]) / lat_iters);
+  j.num("cycles_per_wgmma_1wg_all_sms", one_wg / thr_iters);
+  j.num("cycles_per_wgmma_2wg_all_sms", two_wg / (2.0 * thr_iters));
+  j.num("flop_per_clk_per_sm_2wg", flop * 2.0 * thr_iters / two_wg);
+  j.close();
+  CHECK(cudaFree(d_out));
+  CHECK(cudaFree(d_sink));
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 get_encoder() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+  if (q != cudaDriverEntryPointSuccess || !fn) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled not available\n");
+    std::exit(1);
+  }
+  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+}
+
+// A [rows x 64] bf16 tensor (128 B per row) read in boxes of [box_rows x 64], 128B swizzle.
+CUtensorMap make_map(void* base, uint64_t rows, uint32_t box_rows) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = get_encoder();
+  CUtensorMap m;
+  const cuuint64_t dims[2] = {64, rows};
+  const cuuint64_t strides[1] = {128};
+  const cuuint32_t box[2] = {64, box_rows};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims, strides, box, elem,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled failed (%d)\n", static_cast<int>(r));
+    std::exit(1);
+  }
+  return m;
+}
+
+void bench_tma(Json& j, void* big, uint64_t big_rows, int box_rows) {
+  const int bytes = box_rows * 128, lat_iters = 64, thr_iters = 2048;
+  const CUtensorMap map = make_map(big, big_rows, box_rows);
+  long long* d_out;
+  CHECK(cudaMalloc(&d_out, sizeof(long long) * std::max(g_sms, lat_iters)));
+  std::vector<long long> v(lat_iters);
+  const int smem1 = bytes + 1024, smem_ring = kRing * bytes + 1024;
+  CHECK(cudaFuncSetAttribute(tma_latency, cudaFuncAttributeMaxDynamicSharedMemorySize, smem1));
+  CHECK(cudaFuncSetAttribute(tma_throughput, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_ring));
+  // L2: the same tile again and again (the first load warms it; the median ignores it).
+  tma_latency<<<1, 32, smem1>>>(map, box_rows, bytes, static_cast<int>(big_rows), 0, d_out, lat_iters);
+  CHECK(cudaGetLastError());
+  CHECK(cudaMemcpy(v.data(), d_out, sizeof(long long) * lat_iters, cudaMemcpyDeviceToHost));
+  const double lat_l2 = median(v);
+  // DRAM: tiles 1 MB apart over a tensor several times the L2, each touched once.
+  const int step = (1 << 20) / 128;
+  tma_latency<<<1, 32, smem1>>>(map, box_rows, bytes, static_cast<int>(big_rows), step, d_out, lat_iters);
+  CHECK(cudaGetLastError());
+  CHECK(cudaMemcpy(v.data(), d_out, sizeof(long long) * lat_iters, cudaMemcpyDeviceToHost));
+  const double lat_dram = median(v);
+  // Throughput over a 4 MB region (L2-resident), one SM alone, then every SM at once.
+  const int region_rows = (4 << 20) / 128;
+  tma_throughput<<<1, 32, smem_ring>>>(map, box_rows, bytes, region_rows, d_out, thr_iters);  // warm
+  tma_throughput<<<1, 32, smem_ring>>>(map, box_rows, bytes, region_rows, d_out, thr_iters);
+  CHECK(cudaGetLastError());
+  long long one;
+  CHECK(cudaMemcpy(&one, d_out, sizeof one, cudaMemcpyDeviceToHost));
+  tma_throughput<<<g_sms, 32, smem_ring>>>(map, box_rows, bytes, region_rows, d_out, thr_iters);
+  CHECK(cudaGetLastError());
+  std::vector<long long> all(g_sms);
+  CHECK(cudaMemcpy(all.data(), d_out, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
+  j.open("tile_" + std::to_string(box_rows) + "x64_bf16");
+  j.num("bytes", bytes);
+  j.num("latency_l2_cycles", lat_l2);
+  j.num("latency_dram_cycles", lat_dram);
+  j.num("bytes_per_clk_one_sm", static_cast<double>(bytes) * thr_iters / one);
+  j.num("bytes_per_clk_per_sm_all_sms", static_cast<double>(bytes) * thr_iters / median(all));
+  j.num("cycles_per_tile_all_sms", median(all) / thr_iters);
+  j.close();
+  CHECK(cudaFree(d_out));
+}
+
+template <int kPoly>
+double exp2_rate(long long* d_out, float* d_sink, int iters) {
+  exp2_throughput<kPoly><<<g_sms, 1024>>>(d_out, d_sink, iters);
+  CHECK(cudaGetLastError());
+  std::vector<long long> cyc(g_sms);
+  CHECK(cudaMemcpy(cyc.data(), d_out, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
+  return 1024.0 * 8 * iters / median(cyc);
+}
+
+void bench_exp2(Json& j) {
+  const int iters = 2048;
+  long long* d_out;
+  float* d_sink;
+  CHECK(cudaMalloc(&d_out, sizeof(long long) * g_sms));
+  CHECK(cudaMalloc(&d_sink, sizeof(float) * g_sms * 1024));
+  exp2_rate<0>(d_out, d_sink, iters);  // warm-up
+  j.open("exp2_per_clk_per_sm");
+  j.num("mufu", exp2_rate<0>(d_out, d_sink, iters));
+  j.num("poly", exp2_rate<8>(d_out, d_sink, iters));
+  j.num("poly_12_5_percent", exp2_rate<1>(d_out, d_sink, iters));
+  j.num("poly_25_percent", exp2_rate<2>(d_out, d_sink, iters));
+  j.num("poly_50_percent", exp2_rate<4>(d_out, d_sink, iters));
+  j.close();
+  CHECK(cudaFree(d_out));
+  CHECK(cudaFree(d_sink));
+}
+
+void bench_handoff(Json& j) {
+  const int iters = 10000;
+  long long* d_out;
+  CHECK(cudaMalloc(&d_out, sizeof(long long)));
+  long long mb, nb;
+  handoff<false><<<1, 64>>>(d_out, 100);
+  handoff<false><<<1, 64>>>(d_out, iters);
+  CHECK(cudaGetLastError());
+  CHECK(cudaMemcpy(&mb, d_out, sizeof mb, cudaMemcpyDeviceToHost));
+  handoff<true><<<1, 64>>>(d_out, iters);
+  CHECK(cudaGetLastError());
+  CHECK(cudaMemcpy(&nb, d_out, sizeof nb, cudaMemcpyDeviceToHost));
+  j.open("handoff_cycles");
+  j.num("mbarrier_arrive_to_wait", static_cast<double>(mb) / (2.0 * iters));
+  j.num("named_barrier_arrive_to_sync", static_cast<double>(nb) / (2.0 * iters));
+  j.close();
+  CHECK(cudaFree(d_out));
+}
+
+int main() {
+  int dev = 0, clock_khz = 0;
+  CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, dev));
+  CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
+  CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
+  if (prop.major != 9) {
+    std::fprintf(stderr, "needs an sm_90 GPU, found %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+    return 1;
+  }
+  Json j;
+  j.s = "{";
+  j.str("device", prop.name);
+  j.num("sms", g_sms);
+  j.num("max_clock_khz", clock_khz);
+  j.str("unit", "SM clock cycles (clock64)");
+  j.open("wgmma_bf16");
+  bench_wgmma<64>(j);
+  bench_wgmma<128>(j);
+  bench_wgmma<256>(j);
+  j.close();
+  // 256 MB of bf16 rows (several times the L2) for the DRAM latency.
+  const uint64_t rows = (256ull << 20) / 128;
+  void* big;
+  CHECK(cudaMalloc(&big, rows * 128));
+  CHECK(cudaMemset(big, 0x3c, rows * 128));
+  j.open("tma");
+  bench_tma(j, big, rows, 64);
+  bench_tma(j, big, rows, 128);
+  j.close();
+  CHECK(cudaFree(big));
+  bench_exp2(j);
+  bench_handoff(j);
+  j.close();
+  std::printf("%s\n", j.s.c_str());
+  return 0;
+}
