@@ -89,7 +89,7 @@ echo "run_gpu.sh: commit ${FA4_COMMIT:0:12}, $(nvidia-smi --query-gpu=name,drive
 
 if [ $skip_build -eq 0 ]; then
   stage build build
-  if [ -x "$BUILD/fa4_tests" ] && [ $skip_tests -eq 0 ]; then
+  if [ -x "$BUILD/tests/fa4_tests" ] && [ $skip_tests -eq 0 ]; then
     stage ctest ctest --test-dir "$BUILD" --output-on-failure -j "$JOBS"
     grep -E "tests passed|tests failed" "$LOG/ctest.log" | tail -n1 | sed 's/^/    /'
   fi

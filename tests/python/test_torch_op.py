@@ -225,7 +225,7 @@ def bf16(*shape):
         (lambda: (bf16(1, 8, 2, 64), bf16(1, 8, 2, 64).cpu(), bf16(1, 8, 2, 64)), r"\bk\b.*cpu"),
         (lambda: (bf16(1, 8, 6, 64), bf16(1, 8, 4, 64), bf16(1, 8, 4, 64)), r"heads_q"),
         (lambda: (bf16(1, 8, 2, 96), bf16(1, 8, 2, 96), bf16(1, 8, 2, 96)), r"head_dim"),
-        (lambda: (bf16(1, 8, 2, 72)[..., :64], bf16(1, 8, 2, 64), bf16(1, 8, 2, 64)),
+        (lambda: (bf16(1, 8, 2, 68)[..., :64], bf16(1, 8, 2, 64), bf16(1, 8, 2, 64)),  # 136-byte head stride
          r"\bq\b.*(stride|multiple)"),
     ],
     ids=["q-float32", "k-dtype", "k-head_dim", "v-shape", "q-3d", "q-last-stride", "cpu",
