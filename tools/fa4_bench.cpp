@@ -97,6 +97,7 @@ struct Options {
   Layout layout = Layout::kBSHD;
   bool bwd = false, deterministic = false, check = false;
   int iters = 20, warmup = 5;
+  bool flush_l2 = false;
   bool sweep = false;
   uint64_t seed = 1234;
   int rows = 128;  // query rows sampled by --check on large problems
@@ -122,6 +123,7 @@ const char kUsage[] =
     "  --check          compare with the float64 CPU reference (DESIGN.md 3)\n"
     "  --iters N        timed calls (default 20; 0 = no timing)\n"
     "  --warmup N       untimed calls first (default 5)\n"
+    "  --flush-l2       write 256 MB before each timed call, as triton's do_bench does\n"
     "  --sweep fa3      FA3 shapes: 16k tokens, hidden 2048, d 64/128/256, seqlen 512..16k,\n"
     "                   causal and not (shape flags are ignored)\n"
     "  --rows N         query rows --check samples on large problems (default 128)\n"
@@ -219,6 +221,8 @@ Options parse_flags(int argc, char** argv) {
       bool_flag(&o.deterministic);
     } else if (arg == "--check") {
       bool_flag(&o.check);
+    } else if (arg == "--flush-l2") {
+      bool_flag(&o.flush_l2);
     } else if (arg == "--iters") {
       o.iters = int(parse_int(arg, next(), 0, kNonNeg));
     } else if (arg == "--warmup") {
@@ -719,8 +723,13 @@ Status run_once(const Case& c, cudaStream_t st) {
 }
 
 // Median milliseconds of `iters` calls after `warmup`; NaN (and *status set) if a call fails.
-double time_ms(const Case& c, const Outputs& out, int warmup, int iters, cudaStream_t st,
-               Status* status) {
+// L2 flush of triton.testing.do_bench (what bench/side_by_side.py and the peer baselines use):
+// 256 MB written before each timed call, so the call starts with none of its inputs in L2.
+constexpr size_t kFlushBytes = size_t(256) << 20;
+
+double time_ms(const Case& c, const Outputs& out, int warmup, int iters, bool flush_l2,
+               cudaStream_t st, Status* status) {
+  DeviceBuffer flush(flush_l2 ? kFlushBytes : 0);
   for (int i = 0; i < warmup; ++i) {
     poison(c, out, st);
     if (Status s = run_once(c, st); !s.ok()) return *status = s, NAN;
@@ -730,6 +739,7 @@ double time_ms(const Case& c, const Outputs& out, int warmup, int iters, cudaStr
   for (auto& e : ev) CUDA_OK(cudaEventCreate(&e));
   for (int i = 0; i < iters; ++i) {
     poison(c, out, st);
+    if (flush_l2) CUDA_OK(cudaMemsetAsync(flush.ptr, 0, kFlushBytes, st));
     CUDA_OK(cudaEventRecord(ev[size_t(2 * i)], st));
     if (Status s = run_once(c, st); !s.ok()) {
       CUDA_OK(cudaStreamSynchronize(st));
@@ -1152,7 +1162,7 @@ int run_case(const Options& o, Case& c, Inputs& in, Outputs& out, cudaStream_t s
     }
   }
   Status ts = Status::Ok();
-  rec->ms = time_ms(c, out, o.warmup, o.iters, st, &ts);
+  rec->ms = time_ms(c, out, o.warmup, o.iters, o.flush_l2, st, &ts);
   if (!ts.ok()) {
     rec->error = status_line(ts);
     if (verbose) std::printf("timing stopped: %s\n", rec->error.c_str());
@@ -1160,8 +1170,8 @@ int run_case(const Options& o, Case& c, Inputs& in, Outputs& out, cudaStream_t s
   }
   if (std::isfinite(rec->ms)) rec->tflops = flops(c.p, c.bwd) / (rec->ms * 1e-3) / 1e12;
   if (verbose && std::isfinite(rec->ms))
-    std::printf("time: %.4f ms (median of %d after %d warm-up), %.1f TFLOP/s\n", rec->ms, o.iters,
-                o.warmup, rec->tflops);
+    std::printf("time: %.4f ms (median of %d after %d warm-up%s), %.1f TFLOP/s\n", rec->ms,
+                o.iters, o.warmup, o.flush_l2 ? ", L2 flushed" : "", rec->tflops);
   return rc;
 }
 
@@ -1189,9 +1199,10 @@ int run_single(const Options& o, const Gpu& gpu, const std::string& command) {
 
 int run_sweep(const Options& o, const Gpu& gpu, const std::string& command) {
   print_gpu(gpu);
-  std::printf("sweep: FA3 shapes, %s %s, %" PRId64 " tokens, hidden %" PRId64 ", layout %s%s\n",
+  std::printf("sweep: FA3 shapes, %s %s, %" PRId64 " tokens, hidden %" PRId64 ", layout %s%s%s\n",
               o.bwd ? "bwd" : "fwd", dtype_name(o.dtype), kSweepTokens, kSweepHidden,
-              layout_name(o.layout), o.check ? ", checked" : "");
+              layout_name(o.layout), o.check ? ", checked" : "",
+              o.flush_l2 ? ", L2 flushed before each call" : "");
   cudaStream_t st;
   CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   Inputs in;
