@@ -8,7 +8,8 @@
 //   exp2 throughput per SM per clock: MUFU ex2.approx, fa4's polynomial (include/fa4/numerics/
 //     exp2.h), and mixes, each with one FADD per element as in DESIGN.md §3;
 //   hand-off latency between two warps: mbarrier arrive -> try_wait, and named barrier
-//     bar.arrive -> bar.sync.
+//     bar.arrive -> bar.sync;
+//   the SM clock under sustained tensor-core load (to turn a kernel's time into cycles).
 // Prints one JSON object on stdout.
 //
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a \
@@ -131,6 +132,13 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// PTX ISA, "Special Registers: %globaltimer": nanoseconds, to turn cycles into a clock rate.
+__device__ __forceinline__ long long globaltimer_ns() {
+  long long t;
+  asm volatile("mov.u64 %0, %globaltimer;\n" : "=l"(t));
+  return t;
+}
+
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
   while (!ptx::mbarrier_try_wait_parity(bar, phase)) {
   }
@@ -193,10 +201,11 @@ __global__ void __launch_bounds__(128, 1) wgmma_latency(long long* out, float* s
 }
 
 // kWarpgroups warpgroups per CTA, one CTA per SM, each chaining `iters` wgmmas in groups of 16
-// with at most two groups in flight. out[block]: cycles from the first issue to the last result.
+// with at most two groups in flight. out[block]: cycles from the first issue to the last result;
+// ns[block]: the same interval in nanoseconds (the SM clock under tensor load = cycles / ns).
 template <int N, int kWarpgroups>
 __global__ void __launch_bounds__(128 * kWarpgroups, 1)
-    wgmma_throughput(long long* out, float* sink, int iters) {
+    wgmma_throughput(long long* out, long long* ns, float* sink, int iters) {
   unsigned char* base = smem_base();
   fill_operands(base, 8192 + N * 128);
   const uint64_t a = smem_desc(base), b = smem_desc(base + 8192);
@@ -205,6 +214,7 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1)
   for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
   wgmma_fence();
   __syncthreads();
+  const long long n0 = globaltimer_ns();
   const long long t0 = clock64();
   for (int i = 0; i < iters; i += 16) {
 #pragma unroll
@@ -215,7 +225,11 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1)
   wgmma_wait<0>();
   __syncthreads();
   const long long t1 = clock64();
-  if (threadIdx.x == 0) out[blockIdx.x] = t1 - t0;
+  const long long n1 = globaltimer_ns();
+  if (threadIdx.x == 0) {
+    out[blockIdx.x] = t1 - t0;
+    ns[blockIdx.x] = n1 - n0;
+  }
   sink[blockIdx.x * blockDim.x + threadIdx.x] = acc_sum<N>(d);
 }
 
@@ -247,28 +261,29 @@ __global__ void tma_latency(const __grid_constant__ CUtensorMap map, int box_row
   (void)box_rows;
 }
 
-// One thread per CTA keeps kRing loads in flight: each CTA reads `iters` tiles from the first
-// `rows` rows (every CTA the same rows: after the first pass they sit in L2, as K/V do for the
-// CTAs of one head). out[block]: cycles for all of them.
-constexpr int kRing = 4;
+// One thread per CTA keeps `ring` loads in flight (128 KB of tiles): each CTA reads `iters` tiles
+// from the first `rows` rows (every CTA the same rows: after the first pass they sit in L2, as K/V
+// do for the CTAs of one head). out[block]: cycles for all of them.
+constexpr int kRingBytes = 128 * 1024, kMaxRing = 16;
 __global__ void tma_throughput(const __grid_constant__ CUtensorMap map, int box_rows, int bytes,
                                int rows, long long* out, int iters) {
-  __shared__ __align__(8) uint64_t bars[kRing];
-  unsigned char* ring = smem_base();
+  __shared__ __align__(8) uint64_t bars[kMaxRing];
+  const int depth = kRingBytes / bytes < kMaxRing ? kRingBytes / bytes : kMaxRing;
+  unsigned char* tiles = smem_base();
   if (threadIdx.x != 0) return;
-  for (int s = 0; s < kRing; ++s) ptx::mbarrier_init(&bars[s], 1);
+  for (int s = 0; s < depth; ++s) ptx::mbarrier_init(&bars[s], 1);
   ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
   const long long t0 = clock64();
   for (int i = 0; i < iters; ++i) {
-    const int s = i % kRing;
-    if (i >= kRing) mbar_wait(&bars[s], ((i / kRing) - 1) & 1);  // slot free again
+    const int s = i % depth;
+    if (i >= depth) mbar_wait(&bars[s], ((i / depth) - 1) & 1);  // slot free again
     const int32_t coords[2] = {0, (i * box_rows) % rows};
     ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bars[s], bytes);
-    ptx::cp_async_bulk_tensor(ptx::space_shared, ptx::space_global, ring + s * bytes, &map, coords,
+    ptx::cp_async_bulk_tensor(ptx::space_shared, ptx::space_global, tiles + s * bytes, &map, coords,
                               &bars[s]);
   }
-  for (int i = iters > kRing ? iters - kRing : 0; i < iters; ++i)
-    mbar_wait(&bars[i % kRing], (i / kRing) & 1);
+  for (int i = iters > depth ? iters - depth : 0; i < iters; ++i)
+    mbar_wait(&bars[i % depth], (i / depth) & 1);
   out[blockIdx.x] = clock64() - t0;
 }
 
@@ -371,22 +386,27 @@ double median(std::vector<long long> v) {
 
 int g_sms = 0;
 
+double g_clock_mhz_tensor_load = 0;
+
 template <int N>
 void bench_wgmma(Json& j) {
   const int lat_iters = 256, thr_iters = 4096;
-  long long* d_out;
+  long long *d_out, *d_ns;
   float* d_sink;
   CHECK(cudaMalloc(&d_out, sizeof(long long) * std::max(g_sms, 2)));
+  CHECK(cudaMalloc(&d_ns, sizeof(long long) * g_sms));
   CHECK(cudaMalloc(&d_sink, sizeof(float) * g_sms * 256));
   long long lat[2];
   wgmma_latency<N><<<1, 128, kWgmmaSmem>>>(d_out, d_sink, lat_iters);
   CHECK(cudaGetLastError());
   CHECK(cudaMemcpy(lat, d_out, sizeof lat, cudaMemcpyDeviceToHost));
   auto run = [&](auto kernel, int threads) {
-    kernel<<<g_sms, threads, kWgmmaSmem>>>(d_out, d_sink, thr_iters);
+    kernel<<<g_sms, threads, kWgmmaSmem>>>(d_out, d_ns, d_sink, thr_iters);
     CHECK(cudaGetLastError());
-    std::vector<long long> cyc(g_sms);
+    std::vector<long long> cyc(g_sms), ns(g_sms);
     CHECK(cudaMemcpy(cyc.data(), d_out, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(ns.data(), d_ns, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
+    g_clock_mhz_tensor_load = 1e3 * median(cyc) / median(ns);
     return median(cyc);
   };
   run(wgmma_throughput<N, 2>, 256);  // warm-up
@@ -399,7 +419,9 @@ void bench_wgmma(Json& j) {
   j.num("cycles_per_wgmma_1wg_all_sms", one_wg / thr_iters);
   j.num("cycles_per_wgmma_2wg_all_sms", two_wg / (2.0 * thr_iters));
   j.num("flop_per_clk_per_sm_2wg", flop * 2.0 * thr_iters / two_wg);
+  j.num("sm_clock_mhz_2wg", g_clock_mhz_tensor_load);
   j.close();
+  CHECK(cudaFree(d_ns));
   CHECK(cudaFree(d_out));
   CHECK(cudaFree(d_sink));
 }
@@ -439,7 +461,7 @@ void bench_tma(Json& j, void* big, uint64_t big_rows, int box_rows) {
   long long* d_out;
   CHECK(cudaMalloc(&d_out, sizeof(long long) * std::max(g_sms, lat_iters)));
   std::vector<long long> v(lat_iters);
-  const int smem1 = bytes + 1024, smem_ring = kRing * bytes + 1024;
+  const int smem1 = bytes + 1024, smem_ring = kRingBytes + 1024;
   CHECK(cudaFuncSetAttribute(tma_latency, cudaFuncAttributeMaxDynamicSharedMemorySize, smem1));
   CHECK(cudaFuncSetAttribute(tma_throughput, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_ring));
   // L2: the same tile again and again (the first load warms it; the median ignores it).
@@ -466,6 +488,7 @@ void bench_tma(Json& j, void* big, uint64_t big_rows, int box_rows) {
   CHECK(cudaMemcpy(all.data(), d_out, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
   j.open("tile_" + std::to_string(box_rows) + "x64_bf16");
   j.num("bytes", bytes);
+  j.num("tiles_in_flight", std::min(kRingBytes / bytes, kMaxRing));
   j.num("latency_l2_cycles", lat_l2);
   j.num("latency_dram_cycles", lat_dram);
   j.num("bytes_per_clk_one_sm", static_cast<double>(bytes) * thr_iters / one);
@@ -499,6 +522,34 @@ void bench_exp2(Json& j) {
   j.num("poly_50_percent", exp2_rate<4>(d_out, d_sink, iters));
   j.close();
   CHECK(cudaFree(d_out));
+  CHECK(cudaFree(d_sink));
+}
+
+// The SM clock while every SM keeps the tensor cores busy for ~0.1 s (long enough for power
+// management to settle): cycles over nanoseconds of wgmma m64n128k16 with two warpgroups per SM.
+// Converts a kernel's measured time into cycles.
+void bench_sustained_clock(Json& j) {
+  long long *d_out, *d_ns;
+  float* d_sink;
+  CHECK(cudaMalloc(&d_out, sizeof(long long) * g_sms));
+  CHECK(cudaMalloc(&d_ns, sizeof(long long) * g_sms));
+  CHECK(cudaMalloc(&d_sink, sizeof(float) * g_sms * 256));
+  const int iters = 3 << 20;
+  std::vector<long long> cyc(g_sms), ns(g_sms);
+  for (int rep = 0; rep < 2; ++rep) {  // the first run warms the GPU up
+    wgmma_throughput<128, 2><<<g_sms, 256, kWgmmaSmem>>>(d_out, d_ns, d_sink, iters);
+    CHECK(cudaGetLastError());
+    CHECK(cudaMemcpy(cyc.data(), d_out, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(ns.data(), d_ns, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
+  }
+  j.open("sustained_tensor_load");
+  j.num("seconds", median(ns) * 1e-9);
+  j.num("sm_clock_mhz", 1e3 * median(cyc) / median(ns));
+  j.num("flop_per_clk_per_sm", 2.0 * 64 * 128 * 16 * 2.0 * iters / median(cyc));
+  j.num("tflops", 2.0 * 64 * 128 * 16 * 2.0 * iters * g_sms / median(ns) * 1e-3);
+  j.close();
+  CHECK(cudaFree(d_out));
+  CHECK(cudaFree(d_ns));
   CHECK(cudaFree(d_sink));
 }
 
@@ -555,6 +606,7 @@ int main() {
   CHECK(cudaFree(big));
   bench_exp2(j);
   bench_handoff(j);
+  bench_sustained_clock(j);
   j.close();
   std::printf("%s\n", j.s.c_str());
   return 0;
