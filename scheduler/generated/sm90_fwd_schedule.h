@@ -25,20 +25,20 @@ struct Step {
 // The steady state in issue order.
 inline constexpr Step kSteadyState[kNumOps] = {
     {Op::LoadK, Unit::tma, 0, 0},
-    {Op::Fin0, Unit::fma, 1, 59},
-    {Op::O0, Unit::tc, 1, 243},
-    {Op::LoadV, Unit::tma, 0, 266},
-    {Op::Max1, Unit::fma, 1, 331},
-    {Op::Exp1, Unit::mufu, 1, 531},
-    {Op::S0, Unit::tc, 0, 755},
-    {Op::Fin1, Unit::fma, 1, 1083},
-    {Op::O1, Unit::tc, 1, 1267},
-    {Op::Max0, Unit::fma, 0, 1355},
-    {Op::Exp0, Unit::mufu, 0, 1555},
-    {Op::S1, Unit::tc, 0, 1779},
+    {Op::Exp1, Unit::mufu, 1, 171},
+    {Op::Fin0, Unit::fma, 1, 211},
+    {Op::O0, Unit::tc, 1, 426},
+    {Op::LoadV, Unit::tma, 0, 686},
+    {Op::Fin1, Unit::fma, 1, 724},
+    {Op::S0, Unit::tc, 0, 938},
+    {Op::S1, Unit::tc, 0, 1450},
+    {Op::Max0, Unit::fma, 0, 1506},
+    {Op::Exp0, Unit::mufu, 0, 1706},
+    {Op::O1, Unit::tc, 1, 1962},
+    {Op::Max1, Unit::fma, 0, 2018},
 };
 
 // Stage of each op, indexed by Op.
-inline constexpr int kStageOf[kNumOps] = {0, 0, 0, 0, 0, 1, 0, 1, 1, 1, 1, 1};
+inline constexpr int kStageOf[kNumOps] = {0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1};
 
 }  // namespace fa4::sched::sm90_fwd
