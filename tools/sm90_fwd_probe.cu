@@ -131,9 +131,9 @@ struct Variant {
   float threshold;
 };
 
-template <int D, int N, int S, int Poly, int C = 2>
+template <int D, int N, int S, int Poly, int C = 2, bool Sched = true>
 fa4::Status run_cfg(const FwdParams& p, cudaStream_t s) {
-  return fa4::sm90::launch_forward<fa4::sm90::FwdConfig<D, N, S, true, Poly, C>>(p, s);
+  return fa4::sm90::launch_forward<fa4::sm90::FwdConfig<D, N, S, true, Poly, C, Sched>>(p, s);
 }
 
 static void time_shape(int d, int seqlen, bool causal, const Variant* var = nullptr) {
@@ -197,26 +197,16 @@ int main(int argc, char** argv) {
   }
   if (std::strcmp(mode, "ablate") == 0 || std::strcmp(mode, "all") == 0) {
     static const Variant variants[] = {
-        {0, "d64_c2_poly0", 64, run_cfg<64, 128, 4, 0, 2>, 8.0f},
-        {0, "d64_c3_poly0", 64, run_cfg<64, 128, 4, 0, 3>, 8.0f}, {0, "d64_c3_poly8", 64, run_cfg<64, 128, 4, 8, 3>, 8.0f},
-        {0, "d64_c3_poly4", 64, run_cfg<64, 128, 4, 4, 3>, 8.0f}, {0, "d64_c3_poly2", 64, run_cfg<64, 128, 4, 2, 3>, 8.0f},
-        {0, "d64_c3_always_rescale", 64, run_cfg<64, 128, 4, 0, 3>, 0.0f},
-        {0, "d128_c2", 128, run_cfg<128, 128, 2, 0>, 8.0f},
-        {0, "d128_c2_poly8", 128, run_cfg<128, 128, 2, 8>, 8.0f},
-        {0, "d128_always_rescale", 128, run_cfg<128, 128, 2, 0>, 0.0f},
-        {0, "d256_n64", 256, run_cfg<256, 64, 2, 0>, 8.0f},
-        {0, "d256_n80", 256, run_cfg<256, 80, 2, 0>, 8.0f},
-        {0, "d256_always_rescale", 256, run_cfg<256, 64, 2, 0>, 0.0f},
-        {1, "d64_c3_persistent", 64, run_cfg<64, 128, 4, 0, 3>, 8.0f},
-        {2, "d64_c3_per_tile", 64, run_cfg<64, 128, 4, 0, 3>, 8.0f},
-        {1, "d128_persistent", 128, run_cfg<128, 128, 2, 0>, 8.0f},
-        {2, "d128_per_tile", 128, run_cfg<128, 128, 2, 0>, 8.0f},
-        {1, "d256_n80_persistent", 256, run_cfg<256, 80, 2, 0>, 8.0f},
-        {2, "d256_n80_per_tile", 256, run_cfg<256, 80, 2, 0>, 8.0f},
+        {1, "d64_sched_order", 64, run_cfg<64, 128, 4, 0, 3, true>, 8.0f},
+        {1, "d64_s_first", 64, run_cfg<64, 128, 4, 0, 3, false>, 8.0f},
+        {1, "d128_sched_order", 128, run_cfg<128, 128, 2, 0, 2, true>, 8.0f},
+        {1, "d128_s_first", 128, run_cfg<128, 128, 2, 0, 2, false>, 8.0f},
+        {1, "d256_sched_order", 256, run_cfg<256, 80, 2, 0, 2, true>, 8.0f},
+        {1, "d256_s_first", 256, run_cfg<256, 80, 2, 0, 2, false>, 8.0f},
     };
     for (const Variant& v : variants)
       for (bool causal : {false, true})
-        for (int seqlen : {4096, 16384}) time_shape(v.d, seqlen, causal, &v);
+        for (int seqlen : {512, 1024, 2048, 4096, 16384}) time_shape(v.d, seqlen, causal, &v);
   }
   std::printf("%d failed\n", fails);
   return fails ? 1 : 0;

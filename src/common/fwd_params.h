@@ -24,7 +24,7 @@ struct FwdParams {
   int window_left, window_right;
   // Conditional rescaling threshold in log2 units (0 = rescale whenever the max grows).
   float rescale_threshold = 8.0f;
-  // Grid: 0 = automatic, 1 = persistent (one CTA per SM walking tiles), 2 = one CTA per tile.
+  // Grid: 0 or 1 = persistent (one CTA per SM walking tiles), 2 = one CTA per tile (ablation).
   int schedule = 0;
 };
 

@@ -21,12 +21,29 @@
 #include "ptx/wgmma.h"
 #include "sm90/mask.cuh"
 #include "sm90/tile_order.cuh"
+#include "sm90_fwd_schedule.h"
 
 namespace fa4::sm90 {
 
 // Tile shape and shared-memory layout of one forward configuration.
-template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2>
+// Whether consumer h issues P V of the previous block before S of the next in the steady state
+// of the solver's schedule (scheduler/graphs/sm90_fwd.graph; consumers beyond two repeat them).
+__host__ __device__ constexpr int sched_index(sched::sm90_fwd::Op op) {
+  for (int i = 0; i < sched::sm90_fwd::kNumOps; ++i)
+    if (sched::sm90_fwd::kSteadyState[i].op == op) return i;
+  return -1;
+}
+inline constexpr bool kSchedPvFirst0 = sched_index(sched::sm90_fwd::Op::O0) < sched_index(sched::sm90_fwd::Op::S0);
+inline constexpr bool kSchedPvFirst1 = sched_index(sched::sm90_fwd::Op::O1) < sched_index(sched::sm90_fwd::Op::S1);
+__device__ __forceinline__ bool sched_pv_first(int consumer) {
+  return consumer % 2 == 0 ? kSchedPvFirst0 : kSchedPvFirst1;
+}
+
+template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2,
+          bool kScheduledOrder_ = true>
 struct FwdConfig {
+  // Steady-state GEMM order from the generated schedule (true) or S first for every consumer.
+  static constexpr bool kScheduledOrder = kScheduledOrder_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 query rows each
   static constexpr int kBlockM = 64 * kConsumers;
@@ -220,7 +237,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if constexpr (Cfg::kStageO) prefetch_tensor_map(&p.tm_o);
       RingPos<Cfg::kStages> w;
       uint32_t q_phase = 0;
-      for (int tile = blockIdx.x; tile < p.tiles.count; tile += gridDim.x) {
+      for (int round = 0, tile; (tile = p.tiles.nth(round, blockIdx.x, gridDim.x)) < p.tiles.count; ++round) {
         const Tile tl = p.tiles.decode(tile);
         const BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
         const int h_kv = tl.head / p.head_ratio;
@@ -328,11 +345,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (t == 0) mbar_arrive(empty);
   };
 
+  // Steady-state issue order of this consumer's two GEMMs, from the generated modulo schedule.
+  const bool pv_first = Cfg::kScheduledOrder && sched_pv_first(consumer);
   // Consumer 0 issues first; the token then circulates.
   if (consumer == Cfg::kConsumers - 1) pass_turn<Cfg::kConsumers>(consumer);
   RingPos<Cfg::kStages> r;
   uint32_t q_phase = 0;
-  for (int tile = blockIdx.x; tile < p.tiles.count; tile += gridDim.x) {
+  for (int round = 0, tile; (tile = p.tiles.nth(round, blockIdx.x, gridDim.x)) < p.tiles.count; ++round) {
     const Tile tl = p.tiles.decode(tile);
     const int m_block = tl.m_block;
     const BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, m_block, p.seqlen_q, p.seqlen_k);
@@ -366,19 +385,34 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         mbar_wait(&bar.v_full[prev], prev_phase);
         wait_my_turn(consumer);
         wgmma::fence();
-        issue_s(r.stage);
-        wgmma::commit_group();
-        issue_pv(prev);
-        wgmma::commit_group();
-        pass_turn<Cfg::kConsumers>(consumer);
-        wgmma::wait_group<1>();
-        wgmma::pin(s);
-        release(&bar.k_empty[r.stage]);
-        softmax(n, m_block, corr);
-        wgmma::wait_group<0>();
-        wgmma::pin(o);
-        wgmma::pin(pf);
-        release(&bar.v_empty[prev]);
+        if (pv_first) {  // the solver's order: P_{j-1} V_{j-1}, then S_j; softmax after both
+          issue_pv(prev);
+          wgmma::commit_group();
+          issue_s(r.stage);
+          wgmma::commit_group();
+          pass_turn<Cfg::kConsumers>(consumer);
+          wgmma::wait_group<0>();
+          wgmma::pin(s);
+          wgmma::pin(o);
+          wgmma::pin(pf);
+          release(&bar.k_empty[r.stage]);
+          release(&bar.v_empty[prev]);
+          softmax(n, m_block, corr);
+        } else {  // S_j first: its softmax runs while P_{j-1} V_{j-1} is on the tensor cores
+          issue_s(r.stage);
+          wgmma::commit_group();
+          issue_pv(prev);
+          wgmma::commit_group();
+          pass_turn<Cfg::kConsumers>(consumer);
+          wgmma::wait_group<1>();
+          wgmma::pin(s);
+          release(&bar.k_empty[r.stage]);
+          softmax(n, m_block, corr);
+          wgmma::wait_group<0>();
+          wgmma::pin(o);
+          wgmma::pin(pf);
+          release(&bar.v_empty[prev]);
+        }
         const bool any = __any_sync(0xffffffff, corr[0] != 1.0f || corr[1] != 1.0f);
         if (any) {
 #pragma unroll

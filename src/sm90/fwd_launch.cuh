@@ -48,10 +48,10 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream) {
   if (tiles > INT32_MAX)
     return {StatusCode::kNotSupported, "batch * heads_q * ceil(seqlen_q / " + std::to_string(Cfg::kBlockM) +
                                            ") = " + std::to_string(tiles) + " tiles: at most 2^31 - 1"};
-  // Uniform tiles (no causal or window bound on the right): a persistent grid in L2-sized sections.
-  // Tiles whose length varies: one CTA each, longest first across all heads, so the hardware's
-  // block scheduler hands the next tile to whichever SM frees first.
-  const bool uniform = a.schedule == 0 ? (a.window_right < 0 && a.window_left < 0) : a.schedule == 1;
+  // Tiles of one length (no causal or window bound): heads in L2-sized sections. Tiles whose
+  // length varies: one order across all heads, longest first, so each round of the persistent
+  // grid holds tiles of about one length. schedule 2 (ablation): one CTA per tile instead.
+  const bool uniform = a.window_right < 0 && a.window_left < 0;
   const int64_t kv_bytes_per_q_head = std::max<int64_t>(1, 4ll * a.seqlen_k * a.head_dim / k.head_ratio);
   const int64_t section = uniform ? std::clamp<int64_t>(kL2SectionBytes / kv_bytes_per_q_head, 1, batch_heads) : batch_heads;
   k.tiles = {int(tiles), int(m_blocks), int(batch_heads), a.heads_q, int(section)};
@@ -64,7 +64,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream) {
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (attr != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr)};
-  const int grid = int(uniform ? std::min<int64_t>(tiles, sms) : tiles);
+  const int grid = int(a.schedule == 2 ? tiles : std::min<int64_t>(tiles, sms));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
   e = cudaGetLastError();
   if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("sm90 forward launch: ") + cudaGetErrorString(e)};

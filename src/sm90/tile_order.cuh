@@ -2,8 +2,9 @@
 //
 // Heads are taken in sections small enough that their K and V stay in L2; inside a section the
 // query blocks go from the last to the first (with a causal mask the last see the most keys, so the
-// longest tiles start first) and the heads of the section alternate fastest. CTA i takes tiles
-// i, i + grid, i + 2 grid, ...
+// longest tiles start first) and the heads of the section alternate fastest. A persistent grid
+// of G CTAs takes the tiles in rounds of G; CTA i takes the i-th of even rounds and the
+// (G-1-i)-th of odd ones (a snake), which evens out the work when lengths fall within a round.
 #pragma once
 
 namespace fa4::sm90 {
@@ -18,6 +19,11 @@ struct TileOrder {
   int batch_heads;  // batch * heads_q
   int heads_q;
   int section;      // heads per section
+
+  // The tile CTA `cta` of `grid` takes in round `round`; >= count when it has no more.
+  __host__ __device__ int nth(int round, int cta, int grid) const {
+    return round * grid + ((round & 1) ? grid - 1 - cta : cta);
+  }
 
   __host__ __device__ Tile decode(int t) const {
     const int per_section = section * m_blocks;
