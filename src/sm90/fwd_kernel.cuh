@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -40,10 +41,13 @@ __device__ __forceinline__ bool sched_pv_first(int consumer) {
 }
 
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2,
-          bool kScheduledOrder_ = true>
+          bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true>
 struct FwdConfig {
   // Steady-state GEMM order from the generated schedule (true) or S first for every consumer.
   static constexpr bool kScheduledOrder = kScheduledOrder_;
+  // Two P register buffers (2 x kBlockN / 4) fit beside O and S with two consumers (240 each)
+  // up to d128; d256's O alone takes 128.
+  static constexpr bool kDoubleP = kAllowDoubleP_ && kConsumers_ == 2 && kHeadDim_ <= 128;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 query rows each
   static constexpr int kBlockM = 64 * kConsumers;
@@ -278,7 +282,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   float o[kHeadDim / 2];
   float s[kBlockN / 2];
-  uint32_t pf[kBlockN / 4];  // P as packed 16-bit pairs: the A operand of P V
+  // P as packed 16-bit pairs, the A operand of P V. Two buffers where registers allow: P_j is
+  // packed while P_{j-1} V_{j-1} still reads the other, off the path to the next GEMM issue.
+  uint32_t pf[kBlockN / 4];
+  uint32_t pf2[Cfg::kDoubleP ? kBlockN / 4 : 1];
   numerics::RowState rows[2];
 
   const uint32_t q_base = smem_addr(sQ) + consumer * 64 * 128;
@@ -293,11 +300,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma::mma_ss<kBlockN, kType>(s, wgmma::desc_sw128(a, 16, 1024), wgmma::desc_sw128(bk, 16, 1024), kk > 0);
     }
   };
-  auto issue_pv = [&](int stage) {
+  auto issue_pv = [&](int stage, const uint32_t(&pv)[kBlockN / 4]) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       const uint32_t bv = v_base + stage * Cfg::kKVBytes + kk * 16 * 128;
-      const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
+      const uint32_t a[4] = {pv[4 * kk], pv[4 * kk + 1], pv[4 * kk + 2], pv[4 * kk + 3]};
       wgmma::mma_rs<kHeadDim, kType>(o, a, wgmma::desc_sw128(bv, kBlockN * 128, 1024), 1);
     }
   };
@@ -308,9 +315,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       apply_mask<kBlockN>(s, p.window, m_block * kBlockM + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      float mx = -INFINITY;
+      // Four partial maxima and sums: short dependency chains instead of one of kBlockN / 4.
+      float mx4[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
+      for (int j = 0; j < kBlockN / 8; ++j) mx4[j % 4] = fmaxf(mx4[j % 4], fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
+      float mx = fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
       const numerics::RescaleStep step =
@@ -318,7 +327,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       rows[i].max = step.max;
       corr[i] = step.correction;
       const float offset = numerics::exp_offset(step.max);
-      float sum = 0.0f;
+      float sum4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
@@ -331,22 +340,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             e = numerics::exp2_mufu(x);
           }
           s[4 * j + 2 * i + c] = e;
-          sum += e;
+          sum4[j % 4] += e;
         }
       }
-      rows[i].sum = rows[i].sum * step.correction + sum;
+      rows[i].sum = rows[i].sum * step.correction + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
     }
   };
-  auto to_p = [&] {
+  auto to_p = [&](uint32_t(&pv)[kBlockN / 4]) {
 #pragma unroll
-    for (int i = 0; i < kBlockN / 4; ++i) pf[i] = pack2<Cfg::kBF16>(s[2 * i], s[2 * i + 1]);
+    for (int i = 0; i < kBlockN / 4; ++i) pv[i] = pack2<Cfg::kBF16>(s[2 * i], s[2 * i + 1]);
   };
   auto release = [&](uint64_t* empty) {
     if (t == 0) mbar_arrive(empty);
   };
 
   // Steady-state issue order of this consumer's two GEMMs, from the generated modulo schedule.
-  const bool pv_first = Cfg::kScheduledOrder && sched_pv_first(consumer);
+  // (A constant false when the schedule puts S first everywhere: the other path folds away.)
+  constexpr bool kAnyPvFirst = Cfg::kScheduledOrder && (kSchedPvFirst0 || kSchedPvFirst1);
+  const bool pv_first = kAnyPvFirst && sched_pv_first(consumer);
   // Consumer 0 issues first; the token then circulates.
   if (consumer == Cfg::kConsumers - 1) pass_turn<Cfg::kConsumers>(consumer);
   RingPos<Cfg::kStages> r;
@@ -375,18 +386,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma::pin(s);
       release(&bar.k_empty[r.stage]);
       softmax(n, m_block, corr);
-      to_p();
+      to_p(pf);
       int prev = r.stage;
       uint32_t prev_phase = r.phase;
       r.advance();
-      // Steady state: S_j with P_{j-1} V_{j-1} in flight.
-      for (--n; n >= range.lo; --n) {
+      // Steady state, one K/V block: S_j with P_{j-1} V_{j-1} in flight. `p_prev` holds P_{j-1};
+      // P_j goes to `p_next` (the same array when registers allow only one).
+      auto step = [&](int n, uint32_t(&p_prev)[kBlockN / 4], uint32_t(&p_next)[kBlockN / 4]) {
         mbar_wait(&bar.k_full[r.stage], r.phase);
         mbar_wait(&bar.v_full[prev], prev_phase);
         wait_my_turn(consumer);
         wgmma::fence();
-        if (pv_first) {  // the solver's order: P_{j-1} V_{j-1}, then S_j; softmax after both
-          issue_pv(prev);
+        if (pv_first) {  // P_{j-1} V_{j-1}, then S_j; softmax after both
+          issue_pv(prev, p_prev);
           wgmma::commit_group();
           issue_s(r.stage);
           wgmma::commit_group();
@@ -394,23 +406,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           wgmma::wait_group<0>();
           wgmma::pin(s);
           wgmma::pin(o);
-          wgmma::pin(pf);
+          wgmma::pin(p_prev);
           release(&bar.k_empty[r.stage]);
           release(&bar.v_empty[prev]);
           softmax(n, m_block, corr);
         } else {  // S_j first: its softmax runs while P_{j-1} V_{j-1} is on the tensor cores
           issue_s(r.stage);
           wgmma::commit_group();
-          issue_pv(prev);
+          issue_pv(prev, p_prev);
           wgmma::commit_group();
           pass_turn<Cfg::kConsumers>(consumer);
           wgmma::wait_group<1>();
           wgmma::pin(s);
           release(&bar.k_empty[r.stage]);
           softmax(n, m_block, corr);
+          if constexpr (Cfg::kDoubleP) to_p(p_next);
           wgmma::wait_group<0>();
           wgmma::pin(o);
-          wgmma::pin(pf);
+          wgmma::pin(p_prev);
           release(&bar.v_empty[prev]);
         }
         const bool any = __any_sync(0xffffffff, corr[0] != 1.0f || corr[1] != 1.0f);
@@ -423,17 +436,37 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             o[4 * j + 3] *= corr[1];
           }
         }
-        to_p();
+        if (!Cfg::kDoubleP || pv_first) to_p(p_next);
         prev = r.stage;
         prev_phase = r.phase;
         r.advance();
+      };
+      // With two P buffers the loop alternates them (register arrays need constant indices).
+      bool last_in_pf2 = false;
+      if constexpr (Cfg::kDoubleP) {
+        for (--n; n >= range.lo; --n) {
+          step(n, pf, pf2);
+          last_in_pf2 = true;
+          if (--n < range.lo) break;
+          step(n, pf2, pf);
+          last_in_pf2 = false;
+        }
+      } else {
+        for (--n; n >= range.lo; --n) step(n, pf, pf);
       }
       release(&bar.q_empty);  // every S of this tile is done: the producer may load the next Q
       // Last P V.
       mbar_wait(&bar.v_full[prev], prev_phase);
       wait_my_turn(consumer);
       wgmma::fence();
-      issue_pv(prev);
+      if constexpr (Cfg::kDoubleP) {
+        if (last_in_pf2)
+          issue_pv(prev, pf2);
+        else
+          issue_pv(prev, pf);
+      } else {
+        issue_pv(prev, pf);
+      }
       wgmma::commit_group();
       pass_turn<Cfg::kConsumers>(consumer);
       wgmma::wait_group<0>();
