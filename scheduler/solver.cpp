@@ -3,14 +3,16 @@
 //   the Z3 model  integer start tau = II * k + r per op (0 <= r < II) for a fixed II, edges as
 //                 difference constraints, pairwise non-overlap of the r-intervals on each unit,
 //                 buffer depths as integer variables under their capacities;
-//   the search    II upward from max(ResMII, RecMII) until satisfiable, then binary searches for
-//                 the fewest stages, the fewest slots and a canonical (earliest) start per op.
+//   the search    the smallest satisfiable II at or above max(ResMII, RecMII) (galloping, then
+//                 bisection: feasibility is monotone in II, see solve()), then the fewest stages,
+//                 the fewest slots and a canonical (earliest) start per op.
 #include "solver.h"
 
 #include <z3++.h>
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <sstream>
 
 namespace fa4::sched {
@@ -170,6 +172,13 @@ class Model {
       }
     stage_max_ = ctx_.int_const("stage_max");
     for (int i = 0; i < n; ++i) solver_.add(k_[i] <= *stage_max_);
+    // A bound on stages that loses no schedule; without it Z3 can wander over ever larger k.
+    // Fix a schedule's offsets r and slots: the stages then only need k_dst - k_src >= c for each
+    // edge, c = ceil((lat - II d - r_dst + r_src) / II) <= ceil(lat / II) + 1, and the least
+    // non-negative solution is a longest path of at most n - 1 edges.
+    int64_t step = 0;
+    for (const Edge& e : g.edges) step = std::max(step, (effective_lat(g, e) + ii - 1) / ii + 1);
+    solver_.add(*stage_max_ <= iv(std::max<int64_t>(n - 1, 0) * step));
   }
 
   bool check() {
@@ -302,18 +311,42 @@ Solution solve(const Graph& g) {
                         ", counting a unit's occupancy between two of its ops, needs II >= " +
                         std::to_string(b.unit_rec_mii) + ", more than max_ii " +
                         std::to_string(*g.max_ii) + " allows within the buffers");
+  // Feasibility is monotone in II: a schedule at II gives one at II + 1 by keeping each op's
+  // stage k and offset r (tau' = tau + k). Unit intervals keep their offsets while the wrap-around
+  // gap grows by one; an edge's side gains k_dst - k_src, which is >= -d because lat >= 0 makes
+  // tau_dst - tau_src >= -II d. So: gallop up from the lower bound, then bisect.
   const int64_t hi = g.max_ii ? *g.max_ii : std::max(sequential_ii(g), b.mii());
-  for (int64_t ii = b.mii(); ii <= hi; ++ii) {
+  std::unique_ptr<Model> best;
+  auto feasible = [&](int64_t ii) {
     ++sol.stats.iis_tried;
-    Model m(g, ii, sol.stats.checks);
-    if (!m.check()) continue;
-    sol.stats.seconds_ii = seconds_since(t0);
-    sol.schedule = m.optimise();
-    sol.stats.seconds = seconds_since(t0);
-    return sol;
+    auto m = std::make_unique<Model>(g, ii, sol.stats.checks);
+    if (!m->check()) return false;
+    best = std::move(m);
+    return true;
+  };
+  int64_t bad = b.mii() - 1, good = -1;
+  for (int64_t ii = b.mii(), step = 1;; step *= 2) {
+    if (feasible(ii)) {
+      good = ii;
+      break;
+    }
+    bad = ii;
+    if (ii == hi) break;
+    ii = std::min(hi, ii + step);
   }
-  throw ScheduleError("no modulo schedule with II in [" + std::to_string(b.mii()) + ", " +
-                      std::to_string(hi) + "]: the units cannot be shared out around the dependences");
+  if (good < 0)
+    throw ScheduleError("no modulo schedule with II in [" + std::to_string(b.mii()) + ", " +
+                        std::to_string(hi) +
+                        "]: the units cannot be shared out around the dependences");
+  while (good - bad > 1) {
+    const int64_t mid = bad + (good - bad) / 2;
+    if (feasible(mid)) good = mid; else bad = mid;
+  }
+  // best holds the model of the last feasible II tried, which is `good`.
+  sol.stats.seconds_ii = seconds_since(t0);
+  sol.schedule = best->optimise();
+  sol.stats.seconds = seconds_since(t0);
+  return sol;
 }
 
 std::vector<std::string> check_schedule(const Graph& g, const Schedule& s) {
