@@ -67,21 +67,27 @@ struct FwdConfig {
   // Shared memory: Q tile, K ring, V ring (each as [chunk][row][64], 1024-byte aligned), barriers.
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  // Two Q buffers where they fit: the next tile's Q loads while this tile still reads its own.
+  static constexpr int kBarBytes = 512;      // FwdBarriers, rounded up
+  static constexpr int kAlignSlack = 1024;   // the dynamic shared base is aligned up to 1024 bytes
+  static constexpr int kSmemLimit = 227 * 1024;
+  static constexpr int kQStages = 2 * kQBytes + 2 * kStages * kKVBytes + kBarBytes + kAlignSlack <= kSmemLimit ? 2 : 1;
   static constexpr int kQOffset = 0;
-  static constexpr int kKOffset = kQOffset + kQBytes;
+  static constexpr int kKOffset = kQOffset + kQStages * kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
   static constexpr int kOOffset = kVOffset + kStages * kKVBytes;
   // O leaves through a shared-memory tile and a TMA store where shared memory allows (not at d256)
   // and registers do (three consumers have 160 each, all taken by the d64 main loop).
-  static constexpr bool kStageO = kOOffset + kQBytes + 256 + 1024 <= 227 * 1024 && kConsumers == 2;
+  static constexpr bool kStageO = kOOffset + kQBytes + kBarBytes + kAlignSlack <= kSmemLimit && kConsumers == 2;
   static constexpr int kBarOffset = kOOffset + (kStageO ? kQBytes : 0);
-  static constexpr int kSmemBytes = kBarOffset + 256 + 1024;  // barriers + alignment slack
+  static constexpr int kSmemBytes = kBarOffset + kBarBytes + kAlignSlack;
 
   static_assert(kHeadDim % kAtomCols == 0, "head_dim must be a multiple of 64");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep 1024-byte alignment");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm90 limit");
+  static_assert(kSmemBytes <= kSmemLimit, "shared memory over the sm90 limit");
   static_assert(kStages >= 2, "S_{j+1} is issued while V_j is still read: two stages at least");
+  static_assert(kStages <= 8, "FwdBarriers holds eight stages");
 };
 
 struct FwdKernelParams {
@@ -100,10 +106,11 @@ struct FwdKernelParams {
 // Full barriers complete when TMA has landed a tile; empty barriers when both consumers are done
 // with it. K and V have their own, so K_{j+2} loads as soon as S_j is done.
 struct alignas(8) FwdBarriers {
-  uint64_t q_full, q_empty;
+  uint64_t q_full[2], q_empty[2];
   uint64_t k_full[8], k_empty[8];
   uint64_t v_full[8], v_empty[8];
 };
+static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
 
 template <bool kBF16>
 __device__ __forceinline__ uint32_t pack2(float a, float b) {
@@ -219,8 +226,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {
-    mbar_init(&bar.q_full, 1);
-    mbar_init(&bar.q_empty, Cfg::kConsumers);
+    for (int s = 0; s < Cfg::kQStages; ++s) {
+      mbar_init(&bar.q_full[s], 1);
+      mbar_init(&bar.q_empty[s], Cfg::kConsumers);
+    }
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbar_init(&bar.k_full[s], 1);
       mbar_init(&bar.v_full[s], 1);
@@ -240,17 +249,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       prefetch_tensor_map(&p.tm_v);
       if constexpr (Cfg::kStageO) prefetch_tensor_map(&p.tm_o);
       RingPos<Cfg::kStages> w;
-      uint32_t q_phase = 0;
+      RingPos<Cfg::kQStages> qw;
       for (int round = 0, tile; (tile = p.tiles.nth(round, blockIdx.x, gridDim.x)) < p.tiles.count; ++round) {
         const Tile tl = p.tiles.decode(tile);
         const BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
         const int h_kv = tl.head / p.head_ratio;
-        mbar_wait(&bar.q_empty, q_phase ^ 1);
-        mbar_arrive_expect_tx(&bar.q_full, Cfg::kQBytes);
+        mbar_wait(&bar.q_empty[qw.stage], qw.phase ^ 1);
+        mbar_arrive_expect_tx(&bar.q_full[qw.stage], Cfg::kQBytes);
 #pragma unroll
         for (int c = 0; c < Cfg::kChunks; ++c)
-          tma_load_4d(sQ + c * kBlockM * 128, &p.tm_q, &bar.q_full, c * 64, tl.m_block * kBlockM, tl.head, tl.batch);
-        q_phase ^= 1;
+          tma_load_4d(sQ + qw.stage * Cfg::kQBytes + c * kBlockM * 128, &p.tm_q, &bar.q_full[qw.stage], c * 64,
+                      tl.m_block * kBlockM, tl.head, tl.batch);
+        qw.advance();
         for (int n = range.hi - 1; n >= range.lo; --n) {
           mbar_wait(&bar.k_empty[w.stage], w.phase ^ 1);
           mbar_arrive_expect_tx(&bar.k_full[w.stage], Cfg::kKVBytes);
@@ -288,7 +298,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   uint32_t pf2[Cfg::kDoubleP ? kBlockN / 4 : 1];
   numerics::RowState rows[2];
 
-  const uint32_t q_base = smem_addr(sQ) + consumer * 64 * 128;
+  uint32_t q_base = 0;  // this consumer's rows of the current tile's Q buffer
   const uint32_t k_base = smem_addr(sK);
   const uint32_t v_base = smem_addr(sV);
 
@@ -361,7 +371,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Consumer 0 issues first; the token then circulates.
   if (consumer == Cfg::kConsumers - 1) pass_turn<Cfg::kConsumers>(consumer);
   RingPos<Cfg::kStages> r;
-  uint32_t q_phase = 0;
+  RingPos<Cfg::kQStages> qr;
   for (int round = 0, tile; (tile = p.tiles.nth(round, blockIdx.x, gridDim.x)) < p.tiles.count; ++round) {
     const Tile tl = p.tiles.decode(tile);
     const int m_block = tl.m_block;
@@ -369,8 +379,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
     rows[0] = rows[1] = numerics::row_state_init();
-    mbar_wait(&bar.q_full, q_phase);
-    q_phase ^= 1;
+    mbar_wait(&bar.q_full[qr.stage], qr.phase);
+    q_base = smem_addr(sQ + qr.stage * Cfg::kQBytes) + consumer * 64 * 128;
 
     if (range.hi > range.lo) {
       int n = range.hi - 1;
@@ -454,7 +464,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       } else {
         for (--n; n >= range.lo; --n) step(n, pf, pf);
       }
-      release(&bar.q_empty);  // every S of this tile is done: the producer may load the next Q
+      release(&bar.q_empty[qr.stage]);  // every S of this tile is done: its Q buffer is free
       // Last P V.
       mbar_wait(&bar.v_full[prev], prev_phase);
       wait_my_turn(consumer);
@@ -473,9 +483,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma::pin(o);
       release(&bar.v_empty[prev]);
     } else {
-      release(&bar.q_empty);
+      release(&bar.q_empty[qr.stage]);
     }
     store_output<Cfg>(p, tl, o, rows, consumer, t, smem + Cfg::kOOffset);
+    qr.advance();
   }
   if (Cfg::kStageO && t == 0) tma_store_wait();  // shared memory must outlive the last store
 }
