@@ -7,6 +7,8 @@
 //     bytes per clock for one SM alone and per SM with every SM loading the same (L2-resident) data;
 //   exp2 throughput per SM per clock: MUFU ex2.approx, fa4's polynomial (include/fa4/numerics/
 //     exp2.h), and mixes, each with one FADD per element as in DESIGN.md §3;
+//   the latency of one warpgroup's online softmax of a 64x128 block of S held in registers (the
+//     forward kernel's: row max, rescale decision, 2^x on MUFU, row sums, P packed to bf16);
 //   hand-off latency between two warps: mbarrier arrive -> try_wait, and named barrier
 //     bar.arrive -> bar.sync;
 //   the SM clock under sustained tensor-core load (to turn a kernel's time into cycles).
@@ -26,6 +28,8 @@
 #include <cuda/ptx>
 #include <string>
 #include <vector>
+
+#include <cuda_bf16.h>
 
 #include "../../include/fa4/numerics/exp2.h"
 
@@ -315,6 +319,93 @@ __global__ void __launch_bounds__(1024, 1) exp2_throughput(long long* out, float
 }
 
 // ------------------------------------------------------------------------------------------------
+// Softmax latency
+// ------------------------------------------------------------------------------------------------
+
+// Clock read that the compiler keeps in place relative to memory accesses.
+__device__ __forceinline__ long long clock_fenced() {
+  long long t;
+  asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(t)::"memory");
+  return t;
+}
+
+// kWarpgroups warpgroups, each thread holding 2 rows x 32 columns of a 64x128 fp32 S block (the
+// wgmma accumulator layout). Per iteration: clock, S from shared memory, the forward kernel's
+// softmax (max in four partial chains, two quad shuffles, rescale step, 2^(x*scale - max) on
+// MUFU, sums in four partial chains) and P packed to bf16 (kFull), P to shared memory, clock.
+// !kFull keeps only the loads and stores: the baseline to subtract. out[iteration]: warp 0's
+// cycles; the host takes the median.
+template <int kWarpgroups, bool kFull>
+__global__ void __launch_bounds__(128 * kWarpgroups, 1) softmax_latency(long long* out, int iters) {
+  // 64 floats of S per thread, then 32 words of P, interleaved by 16 bytes between threads so
+  // that the vector loads and stores are free of bank conflicts: element c of a thread sits at
+  // (c / 4) * blockDim * 4 + threadIdx * 4 + c % 4.
+  extern __shared__ float sm_s[];
+  const int stride = blockDim.x * 4;
+  float* my_s = sm_s + threadIdx.x * 4;
+  uint32_t* my_p = reinterpret_cast<uint32_t*>(sm_s + blockDim.x * 64) + threadIdx.x * 4;
+  for (int c = 0; c < 64; ++c) my_s[(c / 4) * stride + c % 4] = 0.37f * ((threadIdx.x * 7 + c * 13) % 29) - 5.0f;
+  __syncthreads();
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  const float scale_log2 = 0.127f;
+  for (int it = 0; it < iters; ++it) {
+    const long long t0 = clock_fenced();
+    float s[64];
+#pragma unroll
+    for (int c = 0; c < 64; c += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(my_s + (c / 4) * stride);
+      s[c] = v.x + it;  // a slightly different block each time
+      s[c + 1] = v.y;
+      s[c + 2] = v.z;
+      s[c + 3] = v.w;
+    }
+    float corr[2] = {1.0f, 1.0f};
+    if constexpr (kFull) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx4[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < 16; ++j) mx4[j % 4] = fmaxf(mx4[j % 4], fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
+        float mx = fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        // The conditional rescale of include/fa4/numerics/online_softmax.h (threshold 8).
+        const float block_max = mx * scale_log2;
+        if (block_max - row_max[i] > 8.0f || row_max[i] == -INFINITY) {
+          corr[i] = row_max[i] == -INFINITY ? 0.0f : fa4::numerics::exp2_mufu(row_max[i] - block_max);
+          row_max[i] = block_max;
+        }
+        const float offset = row_max[i];
+        float sum4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float e = fa4::numerics::exp2_mufu(fmaf(s[4 * j + 2 * i + c], scale_log2, -offset));
+            s[4 * j + 2 * i + c] = e;
+            sum4[j % 4] += e;
+          }
+        }
+        row_sum[i] = row_sum[i] * corr[i] + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < 32; c += 4) {
+      uint32_t w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(s[2 * (c + k)] * corr[0], s[2 * (c + k) + 1]);
+        w[k] = *reinterpret_cast<uint32_t*>(&v);
+      }
+      *reinterpret_cast<uint4*>(my_p + (c / 4) * stride) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    const long long t1 = clock_fenced();
+    if (threadIdx.x == 0) out[it] = t1 - t0;
+  }
+  if (row_sum[0] == 12345.0f) my_p[0] = 0;  // keep the row state alive
+}
+
+// ------------------------------------------------------------------------------------------------
 // Hand-offs between two warps
 // ------------------------------------------------------------------------------------------------
 
@@ -525,6 +616,30 @@ void bench_exp2(Json& j) {
   CHECK(cudaFree(d_sink));
 }
 
+void bench_softmax(Json& j) {
+  const int iters = 64;
+  long long* d_out;
+  CHECK(cudaMalloc(&d_out, sizeof(long long) * iters));
+  std::vector<long long> v(iters);
+  auto run = [&](auto kernel, int threads) {
+    const int smem = threads * (64 + 32) * 4;
+    CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<1, threads, smem>>>(d_out, iters);
+    CHECK(cudaGetLastError());
+    CHECK(cudaMemcpy(v.data(), d_out, sizeof(long long) * iters, cudaMemcpyDeviceToHost));
+    return median(v);
+  };
+  const double base1 = run(softmax_latency<1, false>, 128), full1 = run(softmax_latency<1, true>, 128);
+  const double base2 = run(softmax_latency<2, false>, 256), full2 = run(softmax_latency<2, true>, 256);
+  j.open("softmax_64x128_block");
+  j.num("latency_cycles_1wg", full1 - base1);
+  j.num("latency_cycles_2wg_together", full2 - base2);
+  j.num("baseline_cycles_subtracted_1wg", base1);
+  j.num("baseline_cycles_subtracted_2wg", base2);
+  j.close();
+  CHECK(cudaFree(d_out));
+}
+
 // The SM clock while every SM keeps the tensor cores busy for ~0.1 s (long enough for power
 // management to settle): cycles over nanoseconds of wgmma m64n128k16 with two warpgroups per SM.
 // Converts a kernel's measured time into cycles.
@@ -605,6 +720,7 @@ int main() {
   j.close();
   CHECK(cudaFree(big));
   bench_exp2(j);
+  bench_softmax(j);
   bench_handoff(j);
   bench_sustained_clock(j);
   j.close();
