@@ -242,6 +242,10 @@ std::string emit_header(const Graph& g, const Schedule& s) {
       << s.stage(i) << ", " << s.offset(i) << "},\n";
   o << "};\n\n// Stage of each op, indexed by Op.\ninline constexpr int kStageOf[kNumOps] = {";
   for (size_t i = 0; i < g.ops.size(); ++i) o << (i ? ", " : "") << s.stage(static_cast<int>(i));
+  o << "};\n\n// Start of each op in iteration 0, indexed by Op; iteration i adds i * kII. (Op a of\n"
+    << "// iteration i starts before op b of iteration k when kStart[a] + i * kII < kStart[b] + k * kII.)\n"
+    << "inline constexpr int kStart[kNumOps] = {";
+  for (size_t i = 0; i < g.ops.size(); ++i) o << (i ? ", " : "") << s.start[i];
   o << "};\n\n}  // namespace fa4::sched::" << g.name << "\n";
   return o.str();
 }

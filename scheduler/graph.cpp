@@ -56,6 +56,14 @@ class Line {
     std::string s = word(what);
     return to_number(s, what, min);
   }
+  // Any integer but 0 is a distance: negative ones order an op before one of an earlier
+  // iteration ("S of block j+1 is issued before PV of block j").
+  int64_t signed_number(const char* what) {
+    std::string s = word(what);
+    const bool minus = !s.empty() && s[0] == '-';
+    const int64_t v = to_number(minus ? s.substr(1) : s, what, 0);
+    return minus ? -v : v;
+  }
   int64_t to_number(const std::string& s, const char* what, int64_t min) const {
     int64_t v = 0;
     auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
@@ -255,7 +263,8 @@ Graph parse_graph(const std::string& text, const std::string& file) {
           have_kind = true;
           if (w == "carried") {
             e.kind = EdgeKind::kCarried;
-            e.distance = static_cast<int>(ln.number("distance", 1));
+            e.distance = static_cast<int>(ln.signed_number("distance"));
+            if (e.distance == 0) ln.fail("distance must not be 0 (a same-iteration edge is 'flow')");
           } else if (w == "anti") {
             e.kind = EdgeKind::kAnti;
             const std::string buf = ln.name("buffer name");

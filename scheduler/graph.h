@@ -50,8 +50,9 @@ enum class EdgeKind { kFlow, kCarried, kAnti };
 
 // `dst` of iteration i + distance waits for `src` of iteration i:
 //   start(dst) - start(src) >= lat - II * distance
-// kFlow: distance 0. kCarried: distance >= 1 given in the file. kAnti: distance = slots of
-// `buffer` (src is the slot's last reader, dst the op that refills it).
+// kFlow: distance 0. kCarried: distance given in the file, >= 1 for a loop-carried dependence,
+// <= -1 for an ordering against a later iteration (dst of block j-1 after src of block j).
+// kAnti: distance = slots of `buffer` (src is the slot's last reader, dst the op that refills it).
 struct Edge {
   int src = -1;
   int dst = -1;

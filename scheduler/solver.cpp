@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <memory>
 #include <sstream>
 
@@ -65,7 +66,8 @@ int64_t effective_lat(const Graph& g, const Edge& e) {
 }
 
 // Distances used for the recurrence bound: anti edges at the deepest their buffer can go. An
-// anti edge on a buffer without bound never limits II; it gets distance -1 (= leave it out).
+// anti edge on a buffer without bound never limits II; it gets kUnbounded (= leave it out).
+constexpr int64_t kUnbounded = INT64_MIN;
 std::vector<int64_t> deepest_distances(const Graph& g) {
   std::vector<int64_t> d;
   for (const Edge& e : g.edges) {
@@ -73,10 +75,15 @@ std::vector<int64_t> deepest_distances(const Graph& g) {
       d.push_back(e.kind == EdgeKind::kCarried ? e.distance : 0);
     } else {
       auto bound = g.slot_bound(e.buffer);
-      d.push_back(bound ? *bound : -1);
+      d.push_back(bound ? *bound : kUnbounded);
     }
   }
   return d;
+}
+
+// The smallest distance an edge can have (anti edges at their buffer's minimum depth).
+int64_t least_distance(const Graph& g, const Edge& e) {
+  return e.kind == EdgeKind::kAnti ? g.buffers[e.buffer].min_slots : edge_distance(e, {});
 }
 
 // A cycle whose summed (lat - II * distance) is positive, i.e. one that II cannot satisfy, found
@@ -90,7 +97,7 @@ std::optional<Cycle> positive_cycle(const Graph& g, const std::vector<int64_t>& 
   for (int pass = 0; pass < n; ++pass) {
     changed = -1;
     for (size_t e = 0; e < g.edges.size(); ++e) {
-      if (dist[e] < 0) continue;
+      if (dist[e] == kUnbounded) continue;
       const Edge& E = g.edges[e];
       const int64_t w = lat[e] - ii * dist[e];
       if (best[E.src] + w > best[E.dst]) {
@@ -174,10 +181,11 @@ class Model {
     for (int i = 0; i < n; ++i) solver_.add(k_[i] <= *stage_max_);
     // A bound on stages that loses no schedule; without it Z3 can wander over ever larger k.
     // Fix a schedule's offsets r and slots: the stages then only need k_dst - k_src >= c for each
-    // edge, c = ceil((lat - II d - r_dst + r_src) / II) <= ceil(lat / II) + 1, and the least
+    // edge, c = ceil((lat - II d - r_dst + r_src) / II) <= ceil(lat / II) + 1 - d, and the least
     // non-negative solution is a longest path of at most n - 1 edges.
     int64_t step = 0;
-    for (const Edge& e : g.edges) step = std::max(step, (effective_lat(g, e) + ii - 1) / ii + 1);
+    for (const Edge& e : g.edges)
+      step = std::max(step, (effective_lat(g, e) + ii - 1) / ii + 1 - least_distance(g, e));
     solver_.add(*stage_max_ <= iv(std::max<int64_t>(n - 1, 0) * step));
   }
 
@@ -272,12 +280,13 @@ Bounds lower_bounds(const Graph& g) {
     lat.push_back(e.lat);
     unit_lat.push_back(effective_lat(g, e));
   }
-  // Above the summed latency of all edges, only a cycle of distance 0 can stay positive.
+  // Above the summed latency of all edges, only a cycle of distance <= 0 can stay positive.
   int64_t big = 1;
   for (int64_t l : unit_lat) big += l;
   if (auto c = positive_cycle(g, lat, dist, big))
     throw ScheduleError("same-iteration cycle " + describe(g, *c) +
-                        ": an op would have to wait for itself; no II satisfies it");
+                        ": an op would have to wait for itself (or a later iteration of itself); "
+                        "no II satisfies it");
   // Smallest II without a positive cycle (feasibility only improves as II grows).
   auto smallest_ii = [&](const std::vector<int64_t>& l, Cycle& critical) {
     int64_t lo = 1, hi = big;
@@ -313,9 +322,14 @@ Solution solve(const Graph& g) {
                         std::to_string(*g.max_ii) + " allows within the buffers");
   // Feasibility is monotone in II: a schedule at II gives one at II + 1 by keeping each op's
   // stage k and offset r (tau' = tau + k). Unit intervals keep their offsets while the wrap-around
-  // gap grows by one; an edge's side gains k_dst - k_src, which is >= -d because lat >= 0 makes
-  // tau_dst - tau_src >= -II d. So: gallop up from the lower bound, then bisect.
-  const int64_t hi = g.max_ii ? *g.max_ii : std::max(sequential_ii(g), b.mii());
+  // gap grows by one; an edge's side gains k_dst - k_src, which is >= -d (any sign of d) because
+  // lat >= 0 makes tau_dst - tau_src >= -II d. So: gallop up from the lower bound, then bisect.
+  // Without max_ii the sequential schedule bounds the search; an edge ordering an op before one
+  // of an earlier iteration (negative distance) can need more, so then allow a wide margin.
+  bool ordering = false;
+  for (const Edge& e : g.edges) ordering |= e.kind == EdgeKind::kCarried && e.distance < 0;
+  const int64_t sequential = std::max(sequential_ii(g), b.mii());
+  const int64_t hi = g.max_ii ? *g.max_ii : (ordering ? 16 * sequential : sequential);
   std::unique_ptr<Model> best;
   auto feasible = [&](int64_t ii) {
     ++sol.stats.iis_tried;

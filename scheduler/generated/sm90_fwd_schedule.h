@@ -9,7 +9,7 @@ enum class Unit : int { tma, tc, mufu, fma };
 enum class Op : int { LoadK, LoadV, S0, S1, Max0, Max1, Exp0, Exp1, Fin0, Fin1, O0, O1 };
 
 inline constexpr int kII = 2048;  // cycles
-inline constexpr int kStages = 2;
+inline constexpr int kStages = 3;
 inline constexpr int kQStages = 1;  // buffer Q: slots in the ring
 inline constexpr int kOStages = 1;  // buffer O: slots in the ring
 inline constexpr int kKVStages = 2;  // buffer KV: slots in the ring
@@ -25,20 +25,24 @@ struct Step {
 // The steady state in issue order.
 inline constexpr Step kSteadyState[kNumOps] = {
     {Op::LoadK, Unit::tma, 0, 0},
-    {Op::Exp1, Unit::mufu, 1, 171},
-    {Op::Fin0, Unit::fma, 1, 211},
-    {Op::O0, Unit::tc, 1, 426},
-    {Op::LoadV, Unit::tma, 0, 686},
-    {Op::Fin1, Unit::fma, 1, 724},
-    {Op::S0, Unit::tc, 0, 938},
-    {Op::S1, Unit::tc, 0, 1450},
-    {Op::Max0, Unit::fma, 0, 1506},
-    {Op::Exp0, Unit::mufu, 0, 1706},
-    {Op::O1, Unit::tc, 1, 1962},
-    {Op::Max1, Unit::fma, 0, 2018},
+    {Op::Exp1, Unit::mufu, 1, 68},
+    {Op::Fin0, Unit::fma, 1, 95},
+    {Op::O1, Unit::tc, 2, 423},
+    {Op::Fin1, Unit::fma, 1, 581},
+    {Op::S0, Unit::tc, 0, 935},
+    {Op::LoadV, Unit::tma, 0, 1077},
+    {Op::S1, Unit::tc, 0, 1447},
+    {Op::Max0, Unit::fma, 0, 1503},
+    {Op::Exp0, Unit::mufu, 0, 1603},
+    {Op::O0, Unit::tc, 1, 1959},
+    {Op::Max1, Unit::fma, 0, 2015},
 };
 
 // Stage of each op, indexed by Op.
-inline constexpr int kStageOf[kNumOps] = {0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1};
+inline constexpr int kStageOf[kNumOps] = {0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2};
+
+// Start of each op in iteration 0, indexed by Op; iteration i adds i * kII. (Op a of
+// iteration i starts before op b of iteration k when kStart[a] + i * kII < kStart[b] + k * kII.)
+inline constexpr int kStart[kNumOps] = {0, 1077, 935, 1447, 1503, 2015, 1603, 2116, 2143, 2629, 4007, 4519};
 
 }  // namespace fa4::sched::sm90_fwd

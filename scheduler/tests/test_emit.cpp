@@ -75,7 +75,8 @@ TEST(Emit, HeaderOfChain) {
         "enum class Op : int { A, B, C };", "inline constexpr int kII = 4;  // cycles",
         "inline constexpr int kStages = 2;", "    {Op::A, Unit::mem, 0, 0},\n"
         "    {Op::C, Unit::alu, 1, 1},\n    {Op::B, Unit::alu, 0, 2},\n",
-        "inline constexpr int kStageOf[kNumOps] = {0, 0, 1};"})
+        "inline constexpr int kStageOf[kNumOps] = {0, 0, 1};",
+        "inline constexpr int kStart[kNumOps] = {0, 2, 5};"})
     EXPECT_NE(h.find(part), std::string::npos) << part << "\n" << h;
   EXPECT_EQ(h, emit_header(g, solve(g).schedule));  // deterministic
 }
@@ -101,6 +102,7 @@ constexpr bool each_op_once_and_consistent() {
       if (static_cast<int>(s.op) == op) {
         ++seen;
         if (s.stage != gen::kStageOf[op] || s.stage < 0 || s.stage >= gen::kStages) return false;
+        if (gen::kStart[op] != s.stage * gen::kII + s.offset) return false;
         if (s.offset < 0 || s.offset >= gen::kII) return false;
       }
     if (seen != 1) return false;

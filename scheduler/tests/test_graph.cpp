@@ -130,7 +130,12 @@ TEST(GraphErrors, EdgeWithoutArrow) {
   expect_error(kUnits + "op A u lat 1\nop B u lat 1\nedge A B\n", 5, "expected '->', got 'B'");
 }
 TEST(GraphErrors, CarriedDistanceZero) {
-  expect_error(kUnits + "op A u lat 1\nedge A -> A carried 0\n", 4, "distance must be at least 1");
+  expect_error(kUnits + "op A u lat 1\nedge A -> A carried 0\n", 4, "distance must not be 0");
+}
+TEST(GraphFormat, NegativeDistanceOrdersAgainstALaterIteration) {
+  const Graph g = parse_graph(kUnits + "op A u lat 1\nop B u lat 1\nedge A -> B carried -1\n");
+  EXPECT_EQ(g.edges[0].distance, -1);
+  expect_error(kUnits + "op A u lat 1\nedge A -> A carried -x\n", 4, "bad distance 'x'");
 }
 TEST(GraphErrors, AntiUnknownBuffer) {
   expect_error(kUnits + "op A u lat 1\nedge A -> A anti ring\n", 4, "unknown buffer 'ring'");

@@ -81,29 +81,27 @@ TEST(Sm100Forward, WithoutPOverSTheUnitTimeIIIsFour) {
   EXPECT_EQ(sol.schedule.stages(), 3);
 }
 
-TEST(Sm90Forward, TensorBoundPingPong) {
+TEST(Sm90Forward, TensorBoundWithSBeforeOwnPV) {
   const Graph g = shipped("sm90_fwd");
   const Solution sol = solve(g);
   const Schedule& s = sol.schedule;
   EXPECT_EQ(sol.bounds.res_mii, 2048);  // 4 GEMMs of 512 per K/V block
   EXPECT_EQ(s.ii, 2048);
-  EXPECT_EQ(s.stages(), 2);
+  EXPECT_EQ(s.stages(), 3);
   EXPECT_EQ(s.slots[g.find_buffer("KV")], 2);  // FA3's K/V stage count
   EXPECT_TRUE(check_schedule(g, s).empty());
-  // Ping-pong on the tensor core: going round the steady state, each warpgroup's two GEMMs
-  // (its PV of block j-1 and its S of block j) are issued together, the warpgroups alternating.
-  std::string tc;  // warpgroup of each tensor-core op in issue order
-  for (int op : steady_order(g, s))
-    if (g.units[g.ops[op].unit].name == "tc") tc += g.ops[op].name.back();
-  ASSERT_EQ(tc.size(), 4u);
-  int switches = 0;
-  for (size_t i = 0; i < tc.size(); ++i) switches += tc[i] != tc[(i + 1) % tc.size()];
-  EXPECT_EQ(switches, 2) << tc;
-  // Intra-warpgroup overlap: PV of a block runs one stage after its S GEMM.
+  // Intra-warpgroup overlap: each warpgroup's S of block j runs before its PV of block j-1, and
+  // PV runs in a later stage than S.
   for (const char* h : {"0", "1"}) {
-    EXPECT_EQ(s.stage(g.find_op(std::string("S") + h)), 0);
-    EXPECT_EQ(s.stage(g.find_op(std::string("O") + h)), 1);
+    const int S = g.find_op(std::string("S") + h), O = g.find_op(std::string("O") + h);
+    EXPECT_GE(s.start[O] - s.ii, s.start[S] + 512) << h;
+    EXPECT_GT(s.stage(O), s.stage(S)) << h;
   }
+  // The tensor core is busy all the time: its four GEMMs fill the II window.
+  int64_t busy = 0;
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (g.units[g.ops[i].unit].name == "tc") busy += g.ops[i].occ;
+  EXPECT_EQ(busy, s.ii);
 }
 
 TEST(Sm90Backward, TensorBound) {

@@ -45,7 +45,8 @@ INSTANTIATE_TEST_SUITE_P(
                     Expected{"occupancy", 7, 5, 7, 1},    // same-unit edge shorter than occupancy
                     Expected{"interplay", 3, 3, 4, 1},    // II above both bounds
                     Expected{"buffers", 4, 1, 4, 2},      // slots minimised after stages
-                    Expected{"stages", 1, 1, 1, 7}),      // flow chain across stages
+                    Expected{"stages", 1, 1, 1, 7},       // flow chain across stages
+                    Expected{"order", 2, 1, 2, 2}),       // negative distance: issue order
     [](const testing::TestParamInfo<Expected>& p) { return std::string(p.param.graph); });
 
 TEST(Solver, AntiDependenceDepthFollowsCapacity) {
@@ -67,6 +68,20 @@ TEST(Solver, HandSchedulesOfChain) {
   EXPECT_EQ(s.start, (std::vector<int64_t>{0, 2, 5}));  // the earliest legal starts
   EXPECT_EQ(s.stage(2), 1);
   EXPECT_EQ(s.offset(2), 1);
+}
+
+TEST(Solver, NegativeDistanceOrdersIterations) {
+  const Graph g = test_graph("order");
+  const Schedule s = solve(g).schedule;
+  EXPECT_EQ(s.start, (std::vector<int64_t>{0, 3}));
+  Schedule early = s;
+  early.start = {0, 1};  // B of iteration j-1 would start before A of iteration j
+  const auto p = check_schedule(g, early);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("edge A -> B (carried -1, line 8) violated: start(B) - start(A) = 1, needs >= 3 "
+                      "(lat 1 - II 2 x distance -1)"),
+            std::string::npos)
+      << p[0];
 }
 
 TEST(Solver, OccupancyCountsOnSameUnitEdges) {
