@@ -10,7 +10,7 @@ enum class Op : int { LoadK, LoadV, S0, S1, Max0, Max1, Exp0, Exp1, Fin0, Fin1, 
 
 inline constexpr int kII = 2048;  // cycles
 inline constexpr int kStages = 3;
-inline constexpr int kQStages = 1;  // buffer Q: slots in the ring
+inline constexpr int kQStages = 2;  // buffer Q: slots in the ring
 inline constexpr int kOStages = 1;  // buffer O: slots in the ring
 inline constexpr int kKVStages = 2;  // buffer KV: slots in the ring
 inline constexpr int kNumOps = 12;
