@@ -27,25 +27,25 @@
 namespace fa4::sm90 {
 
 // Tile shape and shared-memory layout of one forward configuration.
-// Whether consumer h issues P V of the previous block before S of the next in the steady state
-// of the solver's schedule (scheduler/graphs/sm90_fwd.graph; consumers beyond two repeat them).
-__host__ __device__ constexpr int sched_index(sched::sm90_fwd::Op op) {
-  for (int i = 0; i < sched::sm90_fwd::kNumOps; ++i)
-    if (sched::sm90_fwd::kSteadyState[i].op == op) return i;
-  return -1;
-}
-inline constexpr bool kSchedPvFirst0 = sched_index(sched::sm90_fwd::Op::O0) < sched_index(sched::sm90_fwd::Op::S0);
-inline constexpr bool kSchedPvFirst1 = sched_index(sched::sm90_fwd::Op::O1) < sched_index(sched::sm90_fwd::Op::S1);
+// Whether consumer h issues P V of block j-1 before S of block j in the solver's schedule
+// (scheduler/graphs/sm90_fwd.graph): op a of iteration i starts at kStart[a] + i * kII, so P V of
+// j-1 comes first when kStart[O_h] - kII < kStart[S_h]. Consumers beyond two repeat them.
+namespace sched_fwd = sched::sm90_fwd;
+inline constexpr bool kSchedPvFirst0 =
+    sched_fwd::kStart[int(sched_fwd::Op::O0)] - sched_fwd::kII < sched_fwd::kStart[int(sched_fwd::Op::S0)];
+inline constexpr bool kSchedPvFirst1 =
+    sched_fwd::kStart[int(sched_fwd::Op::O1)] - sched_fwd::kII < sched_fwd::kStart[int(sched_fwd::Op::S1)];
 __device__ __forceinline__ bool sched_pv_first(int consumer) {
   return consumer % 2 == 0 ? kSchedPvFirst0 : kSchedPvFirst1;
 }
 
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2,
-          bool kScheduledOrder_ = false, bool kAllowDoubleP_ = true>
+          bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true>
 struct FwdConfig {
   // Steady-state GEMM order from the generated schedule (true) or S first for every consumer
-  // (false, shipped: the schedule's P-V-first order for consumer 0 measured 10-15 % slower, see
-  // docs/perf-notes.md, until the graph states the issue order of the intra-warpgroup overlap).
+  // (false). The graph now states the intra-warpgroup overlap's issue order (S_j before
+  // P_{j-1}V_{j-1}), so both give S first; an earlier schedule with P V first for consumer 0
+  // measured 10-15 % slower (docs/perf-notes.md).
   static constexpr bool kScheduledOrder = kScheduledOrder_;
   // Two P register buffers (2 x kBlockN / 4) fit beside O and S with two consumers (240 each)
   // up to d128; d256's O alone takes 128.
