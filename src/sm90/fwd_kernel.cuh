@@ -1,12 +1,19 @@
-// sm90 attention forward: a warp-specialized TMA / wgmma pipeline.
+// sm90 attention forward: a warp-specialized TMA / wgmma pipeline on a persistent grid.
 //
-//   warpgroup 0  producer   one thread issues TMA: Q once, then K_j and V_j into a ring of stages
-//   warpgroup 1  consumer   rows  0..63 of the Q tile  \  ping-pong: named barriers hand the tensor
-//   warpgroup 2  consumer   rows 64..127 of the Q tile /  cores to one while the other does softmax
+//   warpgroup 0     producer   one thread issues TMA: each tile's Q (a ring of 1-2 buffers), then
+//                              K_j and V_j into rings of stages with full/empty mbarriers
+//   warpgroups 1..  consumers  64 query rows each (two, or three at d64); named barriers pass the
+//                              right to issue GEMMs around them (ping-pong), so one's softmax runs
+//                              while another's GEMMs hold the tensor cores
 //
-// Each consumer, per K/V block j (intra-warpgroup overlap):
-//   issue S_j = Q K_j^T and O += P_{j-1} V_{j-1}  ->  wait S_j  ->  softmax(S_j) under P V  ->
-//   wait P V, free stage j-1  ->  rescale O only if the row max moved  ->  P_j = bf16(S_j)
+// Each consumer, per K/V block j (intra-warpgroup overlap; order from the generated schedule):
+//   issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}  ->  wait S_j, free K_j  ->  softmax(S_j) while
+//   P V runs  ->  pack P_j (second register buffer)  ->  wait P V, free V_{j-1}  ->  rescale O
+//   only if a row max moved
+//
+// Where each idea lives: softmax.cuh (conditional rescaling, software exp2 share), mask.cuh
+// (causal / window / tails), tile_order.cuh (persistent tile walk), epilogue.cuh (O and LSE out),
+// scheduler/generated/sm90_fwd_schedule.h (ring depth, GEMM order), ptx/ (the instructions).
 #pragma once
 
 #include <cstdint>
@@ -20,13 +27,14 @@
 #include "ptx/sync.h"
 #include "ptx/tma.h"
 #include "ptx/wgmma.h"
+#include "sm90/epilogue.cuh"
 #include "sm90/mask.cuh"
+#include "sm90/softmax.cuh"
 #include "sm90/tile_order.cuh"
 #include "sm90_fwd_schedule.h"
 
 namespace fa4::sm90 {
 
-// Tile shape and shared-memory layout of one forward configuration.
 // Whether consumer h issues P V of block j-1 before S of block j in the solver's schedule
 // (scheduler/graphs/sm90_fwd.graph): op a of iteration i starts at kStart[a] + i * kII, so P V of
 // j-1 comes first when kStart[O_h] - kII < kStart[S_h]. Consumers beyond two repeat them.
@@ -39,6 +47,7 @@ __device__ __forceinline__ bool sched_pv_first(int consumer) {
   return consumer % 2 == 0 ? kSchedPvFirst0 : kSchedPvFirst1;
 }
 
+// Tile shape and shared-memory layout of one forward configuration.
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2,
           bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true>
 struct FwdConfig {
@@ -114,17 +123,6 @@ struct alignas(8) FwdBarriers {
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
 
-template <bool kBF16>
-__device__ __forceinline__ uint32_t pack2(float a, float b) {
-  if constexpr (kBF16) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
 // Ring position shared by producer and consumers.
 template <int kStages>
 struct RingPos {
@@ -138,78 +136,13 @@ struct RingPos {
   }
 };
 
+
 // Named barriers 1..kConsumers pass the right to issue GEMMs around the consumers in a ring, so
 // one's softmax runs while another's GEMMs use the tensor cores (0 is __syncthreads).
 __device__ __forceinline__ void wait_my_turn(int consumer) { ptx::named_bar_sync(1 + consumer, 256); }
 template <int kConsumers>
 __device__ __forceinline__ void pass_turn(int consumer) {
   ptx::named_bar_arrive(1 + (consumer + 1) % kConsumers, 256);
-}
-
-// Epilogue: O / l and LSE. With kStageO the consumer writes its 64 x d share of O into a swizzled
-// shared tile by stmatrix and one thread sends it out by TMA (rows past seqlen_q are clipped);
-// otherwise each thread stores its pairs of O straight to global memory.
-template <class Cfg>
-__device__ __forceinline__ void store_output(const FwdKernelParams& p, const Tile& tl,
-                                             float (&o)[Cfg::kHeadDim / 2],
-                                             numerics::RowState (&rows)[2], int consumer, int t,
-                                             uint8_t* s_o) {
-  using Elem = std::conditional_t<Cfg::kBF16, __nv_bfloat16, __half>;
-  const int lane = t % 32;
-  const int row0 = consumer * 64 + (t / 32) * 16 + lane / 4;
-  const int col0 = 2 * (lane % 4);
-  float inv[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float l = rows[i].sum;
-    l += __shfl_xor_sync(0xffffffff, l, 1);
-    l += __shfl_xor_sync(0xffffffff, l, 2);
-    rows[i].sum = l;
-    inv[i] = l > 0.0f ? 1.0f / l : 0.0f;
-    const int q = tl.m_block * Cfg::kBlockM + row0 + 8 * i;
-    if (p.lse != nullptr && lane % 4 == 0 && q < p.seqlen_q)
-      p.lse[(int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q] = numerics::row_lse(rows[i]);
-  }
-  if constexpr (Cfg::kStageO) {
-    const uint32_t bar_id = 1 + Cfg::kConsumers + consumer;  // after the turn barriers
-    if (t == 0) ptx::tma_store_wait_read();  // the previous tile's store has left the buffer
-    ptx::named_bar_sync(bar_id, 128);
-    // stmatrix x4 covers 16 rows x 16 columns: matrices (rows 0-7 | 8-15) x (cols c | c+8).
-    const int mi = lane / 8;
-    const int row = consumer * 64 + (t / 32) * 16 + (mi % 2) * 8 + lane % 8;
-    const uint32_t base = ptx::smem_addr(s_o);
-#pragma unroll
-    for (int j = 0; j < Cfg::kHeadDim / 8; j += 2) {
-      const int col = 8 * j + (mi / 2) * 8;
-      const int atom = col / 64, chunk = (col % 64) / 8;
-      const uint32_t addr = base + atom * Cfg::kBlockM * 128 + row * 128 + ((chunk ^ (row % 8)) << 4);
-      ptx::stmatrix_x4(addr, pack2<Cfg::kBF16>(o[4 * j] * inv[0], o[4 * j + 1] * inv[0]),
-                       pack2<Cfg::kBF16>(o[4 * j + 2] * inv[1], o[4 * j + 3] * inv[1]),
-                       pack2<Cfg::kBF16>(o[4 * j + 4] * inv[0], o[4 * j + 5] * inv[0]),
-                       pack2<Cfg::kBF16>(o[4 * j + 6] * inv[1], o[4 * j + 7] * inv[1]));
-    }
-    ptx::fence_proxy_async_smem();
-    ptx::named_bar_sync(bar_id, 128);
-    if (t == 0) {
-#pragma unroll
-      for (int c = 0; c < Cfg::kChunks; ++c)
-        ptx::tma_store_4d(&p.tm_o, s_o + c * Cfg::kBlockM * 128 + consumer * 64 * 128, c * 64,
-                          tl.m_block * Cfg::kBlockM + consumer * 64, tl.head, tl.batch);
-      ptx::tma_store_commit();
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int q = tl.m_block * Cfg::kBlockM + row0 + 8 * i;
-      if (q >= p.seqlen_q) continue;
-      Elem* out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] +
-                  tl.head * p.o_stride[2];
-#pragma unroll
-      for (int j = 0; j < Cfg::kHeadDim / 8; ++j)
-        *reinterpret_cast<uint32_t*>(out + 8 * j + col0) =
-            pack2<Cfg::kBF16>(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
-    }
-  }
 }
 
 template <class Cfg>
@@ -320,48 +253,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma::mma_rs<kHeadDim, kType>(o, a, wgmma::desc_sw128(bv, kBlockN * 128, 1024), 1);
     }
   };
-  // Masks, takes the row max, decides the rescale, exponentiates S in place and adds the row sums.
-  // Returns the per-row O correction factors.
+  // Masks the block where it needs one, then the online-softmax step (sm90/softmax.cuh).
   auto softmax = [&](int n, int m_block, float (&corr)[2]) {
     if (block_needs_mask<kBlockM, kBlockN>(n, p.window, m_block, p.seqlen_q, p.seqlen_k))
       apply_mask<kBlockN>(s, p.window, m_block * kBlockM + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      // Four partial maxima and sums: short dependency chains instead of one of kBlockN / 4.
-      float mx4[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) mx4[j % 4] = fmaxf(mx4[j % 4], fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
-      float mx = fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-      const numerics::RescaleStep step =
-          numerics::rescale_step(rows[i].max, mx * p.scale_log2, p.rescale_threshold);
-      rows[i].max = step.max;
-      corr[i] = step.correction;
-      const float offset = numerics::exp_offset(step.max);
-      float sum4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float x = fmaf(s[4 * j + 2 * i + c], p.scale_log2, -offset);
-          float e;
-          if constexpr (Cfg::kPolyEvery > 0) {
-            e = (j % Cfg::kPolyEvery == Cfg::kPolyEvery - 1) ? numerics::exp2_poly(x) : numerics::exp2_mufu(x);
-          } else {
-            e = numerics::exp2_mufu(x);
-          }
-          s[4 * j + 2 * i + c] = e;
-          sum4[j % 4] += e;
-        }
-      }
-      rows[i].sum = rows[i].sum * step.correction + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
-    }
+    softmax_step<kBlockN, Cfg::kPolyEvery>(s, rows, p.scale_log2, p.rescale_threshold, corr);
   };
-  auto to_p = [&](uint32_t(&pv)[kBlockN / 4]) {
-#pragma unroll
-    for (int i = 0; i < kBlockN / 4; ++i) pv[i] = pack2<Cfg::kBF16>(s[2 * i], s[2 * i + 1]);
-  };
+  auto to_p = [&](uint32_t(&pv)[kBlockN / 4]) { pack_p<Cfg::kBF16>(s, pv); };
   auto release = [&](uint64_t* empty) {
     if (t == 0) mbar_arrive(empty);
   };
@@ -438,16 +336,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           wgmma::pin(p_prev);
           release(&bar.v_empty[prev]);
         }
-        const bool any = __any_sync(0xffffffff, corr[0] != 1.0f || corr[1] != 1.0f);
-        if (any) {
-#pragma unroll
-          for (int j = 0; j < kHeadDim / 8; ++j) {
-            o[4 * j + 0] *= corr[0];
-            o[4 * j + 1] *= corr[0];
-            o[4 * j + 2] *= corr[1];
-            o[4 * j + 3] *= corr[1];
-          }
-        }
+        rescale_o(o, corr);
         if (!Cfg::kDoubleP || pv_first) to_p(p_next);
         prev = r.stage;
         prev_phase = r.phase;

@@ -1,0 +1,84 @@
+// Epilogue of the sm90 forward: a consumer's share of O normalised and stored, and its LSE.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "fa4/numerics/online_softmax.h"
+#include "ptx/sync.h"
+#include "ptx/tma.h"
+#include "sm90/softmax.cuh"
+#include "sm90/tile_order.cuh"
+
+namespace fa4::sm90 {
+
+// Epilogue: O / l and LSE. With kStageO the consumer writes its 64 x d share of O into a swizzled
+// shared tile by stmatrix and one thread sends it out by TMA (rows past seqlen_q are clipped);
+// otherwise each thread stores its pairs of O straight to global memory.
+template <class Cfg, class Params>
+__device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
+                                             float (&o)[Cfg::kHeadDim / 2],
+                                             numerics::RowState (&rows)[2], int consumer, int t,
+                                             uint8_t* s_o) {
+  using Elem = std::conditional_t<Cfg::kBF16, __nv_bfloat16, __half>;
+  const int lane = t % 32;
+  const int row0 = consumer * 64 + (t / 32) * 16 + lane / 4;
+  const int col0 = 2 * (lane % 4);
+  float inv[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float l = rows[i].sum;
+    l += __shfl_xor_sync(0xffffffff, l, 1);
+    l += __shfl_xor_sync(0xffffffff, l, 2);
+    rows[i].sum = l;
+    inv[i] = l > 0.0f ? 1.0f / l : 0.0f;
+    const int q = tl.m_block * Cfg::kBlockM + row0 + 8 * i;
+    if (p.lse != nullptr && lane % 4 == 0 && q < p.seqlen_q)
+      p.lse[(int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q] = numerics::row_lse(rows[i]);
+  }
+  if constexpr (Cfg::kStageO) {
+    const uint32_t bar_id = 1 + Cfg::kConsumers + consumer;  // after the turn barriers
+    if (t == 0) ptx::tma_store_wait_read();  // the previous tile's store has left the buffer
+    ptx::named_bar_sync(bar_id, 128);
+    // stmatrix x4 covers 16 rows x 16 columns: matrices (rows 0-7 | 8-15) x (cols c | c+8).
+    const int mi = lane / 8;
+    const int row = consumer * 64 + (t / 32) * 16 + (mi % 2) * 8 + lane % 8;
+    const uint32_t base = ptx::smem_addr(s_o);
+#pragma unroll
+    for (int j = 0; j < Cfg::kHeadDim / 8; j += 2) {
+      const int col = 8 * j + (mi / 2) * 8;
+      const int atom = col / 64, chunk = (col % 64) / 8;
+      const uint32_t addr = base + atom * Cfg::kBlockM * 128 + row * 128 + ((chunk ^ (row % 8)) << 4);
+      ptx::stmatrix_x4(addr, pack2<Cfg::kBF16>(o[4 * j] * inv[0], o[4 * j + 1] * inv[0]),
+                       pack2<Cfg::kBF16>(o[4 * j + 2] * inv[1], o[4 * j + 3] * inv[1]),
+                       pack2<Cfg::kBF16>(o[4 * j + 4] * inv[0], o[4 * j + 5] * inv[0]),
+                       pack2<Cfg::kBF16>(o[4 * j + 6] * inv[1], o[4 * j + 7] * inv[1]));
+    }
+    ptx::fence_proxy_async_smem();
+    ptx::named_bar_sync(bar_id, 128);
+    if (t == 0) {
+#pragma unroll
+      for (int c = 0; c < Cfg::kChunks; ++c)
+        ptx::tma_store_4d(&p.tm_o, s_o + c * Cfg::kBlockM * 128 + consumer * 64 * 128, c * 64,
+                          tl.m_block * Cfg::kBlockM + consumer * 64, tl.head, tl.batch);
+      ptx::tma_store_commit();
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int q = tl.m_block * Cfg::kBlockM + row0 + 8 * i;
+      if (q >= p.seqlen_q) continue;
+      Elem* out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] +
+                  tl.head * p.o_stride[2];
+#pragma unroll
+      for (int j = 0; j < Cfg::kHeadDim / 8; ++j)
+        *reinterpret_cast<uint32_t*>(out + 8 * j + col0) =
+            pack2<Cfg::kBF16>(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
+    }
+  }
+}
+
+}  // namespace fa4::sm90
