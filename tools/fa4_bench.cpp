@@ -1336,8 +1336,9 @@ int run_cpu_only(Options o, const std::string& why) {
   std::printf("sampled-row references vs fa4::ref: float64 max diff %.1e (<= 1e-12), %s max diff"
               " %.1e (== 0): %s\n",
               f64_diff, dtype_name(p.dtype), lowp_diff, rows_agree ? "ok" : "FAIL");
-  std::printf("check: CPU emulation of the kernel's algorithm (128-key blocks, conditional rescale,"
-              " exp2 polynomial on 1 in 4, %s P) vs float64 (fa4::ref::forward), bounded by the plain"
+  std::printf("check: CPU emulation of FA4's algorithm (128-key blocks, conditional rescale,"
+              " software exp2 on 1 in 4 -- the sm90 kernel ships with none, see docs/perf-notes.md --,"
+              " %s P) vs float64 (fa4::ref::forward), bounded by the plain"
               " %s attention (fa4::ref::forward_lowp); on a GPU the kernel's output takes the"
               " emulation's place\n",
               dtype_name(p.dtype), dtype_name(p.dtype));
