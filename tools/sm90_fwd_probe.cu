@@ -1,6 +1,7 @@
 // Kernel-level probe of the sm90 forward, below the public API: checks a list of shapes against
-// a naive float64 attention on the CPU and times a few large ones. For kernel development:
-//   sm90_fwd_probe [check|time|all]
+// a float64 attention on the CPU (sampled rows for FA3-sized problems) and times configurations
+// side by side. For kernel development (cmake -DFA4_BUILD_PROBE=ON):
+//   sm90_fwd_probe [check|time|ablate|all]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +13,8 @@
 #include <cuda_runtime.h>
 
 #include "common/fwd_params.h"
+#include "common/validate.h"
+#include "reference.h"
 #include "sm90/fwd_launch.cuh"
 
 using fa4::detail::FwdParams;
@@ -31,21 +34,31 @@ struct Shape {
   int left = -1, right = -1;
 };
 
-static FwdParams make_params(const Shape& s, void* q, void* k, void* v, void* o, float* lse) {
-  FwdParams p{};
+static fa4::Problem problem_of(const Shape& s) {
+  fa4::Problem p;
   p.dtype = fa4::DType::kBF16;
-  p.q = q; p.k = k; p.v = v; p.o = o; p.lse = lse;
-  auto bshd = [](int64_t (&st)[3], int seq, int h, int d) { st[0] = int64_t(seq) * h * d; st[1] = int64_t(h) * d; st[2] = d; };
-  bshd(p.q_stride, s.sq, s.hq, s.d);
-  bshd(p.o_stride, s.sq, s.hq, s.d);
-  bshd(p.k_stride, s.sk, s.hkv, s.d);
-  bshd(p.v_stride, s.sk, s.hkv, s.d);
-  p.batch = s.b; p.seqlen_q = s.sq; p.seqlen_k = s.sk; p.heads_q = s.hq; p.heads_kv = s.hkv; p.head_dim = s.d;
-  p.scale = 1.0f / std::sqrt(float(s.d));
-  p.scale_log2 = p.scale * 1.4426950408889634f;
+  p.batch = s.b;
+  p.seqlen_q = s.sq;
+  p.seqlen_k = s.sk;
+  p.heads_q = s.hq;
+  p.heads_kv = s.hkv;
+  p.head_dim = s.d;
+  p.causal = s.causal;
   p.window_left = s.left;
-  p.window_right = s.causal ? (s.right >= 0 ? std::min(s.right, 0) : 0) : s.right;
+  p.window_right = s.right;
   return p;
+}
+
+// The kernel parameters the API would build for contiguous BSHD tensors (scale, window resolved).
+static FwdParams make_params(const Shape& s, void* q, void* k, void* v, void* o, float* lse) {
+  fa4::ForwardArgs a;
+  a.problem = problem_of(s);
+  a.q = fa4::bshd(q, s.sq, s.hq, s.d);
+  a.k = fa4::bshd(k, s.sk, s.hkv, s.d);
+  a.v = fa4::bshd(v, s.sk, s.hkv, s.d);
+  a.o = fa4::bshd(o, s.sq, s.hq, s.d);
+  a.lse = lse;
+  return fa4::detail::make_fwd_params(a);
 }
 
 static bool check(const Shape& s, int row_step = 1) {
@@ -73,7 +86,7 @@ static bool check(const Shape& s, int row_step = 1) {
   CK(cudaMemcpy(ho.data(), dout, nq * 2, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(hlse.data(), dlse, hlse.size() * 4, cudaMemcpyDeviceToHost));
   double max_err = 0, max_lse_err = 0, ref_norm = 0, err_norm = 0;
-  const int off = s.sk - s.sq;
+  const fa4::Problem prob = problem_of(s);
   std::vector<double> sc(s.sk);
   for (int b = 0; b < s.b; ++b)
     for (int h = 0; h < s.hq; ++h) {
@@ -81,11 +94,7 @@ static bool check(const Shape& s, int row_step = 1) {
       for (int i = (b * 7 + h * 3) % row_step; i < s.sq; i += row_step) {
         double mx = -INFINITY;
         for (int j = 0; j < s.sk; ++j) {
-          bool vis = true;
-          const int right = s.causal ? 0 : s.right;
-          if (right >= 0 && j > i + off + right) vis = false;
-          if (s.left >= 0 && j < i + off - s.left) vis = false;
-          if (!vis) { sc[j] = -INFINITY; continue; }
+          if (!fa4::ref::visible(prob, i, j)) { sc[j] = -INFINITY; continue; }
           double acc = 0;
           for (int t = 0; t < s.d; ++t)
             acc += double(__bfloat162float(hq[((size_t(b) * s.sq + i) * s.hq + h) * s.d + t])) *
