@@ -6,7 +6,7 @@ too many operands to write by hand; this script spells them out. Rerun after edi
 """
 import pathlib
 
-SHAPES_SS = [64, 80, 128]          # S = Q K^T: A and B from shared memory (both K-major)
+SHAPES_SS = [64, 80, 128, 256]          # S = Q K^T (and the calibration at 256): A and B from shared memory, K-major
 SHAPES_RS = [64, 128, 256]     # O += P V: A (P) from registers, B (V) from shared memory
 TYPES = {"bf16": "bf16", "f16": "f16"}
 

@@ -14,7 +14,7 @@
 //   the SM clock under sustained tensor-core load (to turn a kernel's time into cycles).
 // Prints one JSON object on stdout.
 //
-// Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a \
+// Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc \
 //          bench/calibrate/calibrate_sm90.cu -o calibrate_sm90
 // Run:   ./calibrate_sm90 > bench/results/calibrate_sm90_<gpu>.json
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime
@@ -31,7 +31,10 @@
 
 #include <cuda_bf16.h>
 
-#include "../../include/fa4/numerics/exp2.h"
+#include "fa4/numerics/exp2.h"
+#include "ptx/sync.h"
+#include "ptx/wgmma.h"
+#include "sm90/softmax.cuh"
 
 #define CHECK(call)                                                                       \
   do {                                                                                    \
@@ -43,97 +46,29 @@
     }                                                                                     \
   } while (0)
 
-namespace ptx = cuda::ptx;
+namespace cptx = cuda::ptx;
+namespace fptx = fa4::ptx;
+namespace wg = fa4::ptx::wgmma;
 
 // ------------------------------------------------------------------------------------------------
 // Device helpers
 // ------------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // Dynamic shared memory rounded up to 1024 bytes (128B-swizzled tiles need it).
 __device__ __forceinline__ unsigned char* smem_base() {
   extern __shared__ unsigned char dyn_smem[];
-  const uint32_t a = smem_addr(dyn_smem);
+  const uint32_t a = fptx::smem_addr(dyn_smem);
   return dyn_smem + ((1024 - (a & 1023)) & 1023);
 }
 
-// wgmma shared-memory matrix descriptor (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-
-// Accumulate": matrix descriptor format): K-major, 128-byte swizzle, 8 rows x 128 B per atom.
+// The kernel's wgmma wrappers (src/ptx/wgmma.h): a K-major, 128B-swizzled operand descriptor and
+// m64nNk16 bf16 with both operands in shared memory, accumulating.
 __device__ __forceinline__ uint64_t smem_desc(const void* p) {
-  uint64_t d = (smem_addr(p) & 0x3FFFF) >> 4;  // start address
-  d |= uint64_t(1) << 16;                      // leading byte offset (unused with this swizzle)
-  d |= uint64_t(1024 >> 4) << 32;              // stride byte offset: 8 rows x 128 B
-  d |= uint64_t(1) << 62;                      // 128B swizzle
-  return d;
+  return wg::desc_sw128(fptx::smem_addr(p), 16, 1024);
 }
-
-// PTX ISA, "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group".
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-
-// PTX ISA, "wgmma.mma_async": D(64xN, f32) += A(64x16, bf16, smem) * B(16xN, bf16, smem);
-// operands d, a-desc, b-desc, scale-d, imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b.
-#define ACC_0_31                                                                          \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "      \
-  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define ACC_32_63                                                                         \
-  ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "     \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define ACC_64_127                                                                        \
-  ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "     \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "      \
-  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, "      \
-  "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, "  \
-  "%124, %125, %126, %127"
-#define F8(i)                                                                             \
-  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]),             \
-      "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-
 template <int N>
-__device__ void wgmma_bf16(float (&d)[N / 2], uint64_t a, uint64_t b);
-
-template <>
-__device__ __forceinline__ void wgmma_bf16<64>(float (&d)[32], uint64_t a, uint64_t b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" ACC_0_31 "}, %32, %33, 1, 1, 1, 0, 0;\n"
-      : F8(0), F8(8), F8(16), F8(24)
-      : "l"(a), "l"(b));
-}
-
-template <>
-__device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint64_t b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" ACC_0_31 ACC_32_63
-      "}, %64, %65, 1, 1, 1, 0, 0;\n"
-      : F8(0), F8(8), F8(16), F8(24), F8(32), F8(40), F8(48), F8(56)
-      : "l"(a), "l"(b));
-}
-
-template <>
-__device__ __forceinline__ void wgmma_bf16<256>(float (&d)[128], uint64_t a, uint64_t b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" ACC_0_31 ACC_32_63 ACC_64_127
-      "}, %128, %129, 1, 1, 1, 0, 0;\n"
-      : F8(0), F8(8), F8(16), F8(24), F8(32), F8(40), F8(48), F8(56), F8(64), F8(72), F8(80),
-        F8(88), F8(96), F8(104), F8(112), F8(120)
-      : "l"(a), "l"(b));
-}
-
-// PTX ISA, "bar, barrier": named barriers (id 1..15; 0 is __syncthreads).
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+__device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t a, uint64_t b) {
+  wg::mma_ss<N, wg::Type::kBF16>(d, a, b, 1);
 }
 
 // PTX ISA, "Special Registers: %globaltimer": nanoseconds, to turn cycles into a clock rate.
@@ -141,11 +76,6 @@ __device__ __forceinline__ long long globaltimer_ns() {
   long long t;
   asm volatile("mov.u64 %0, %globaltimer;\n" : "=l"(t));
   return t;
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
-  while (!ptx::mbarrier_try_wait_parity(bar, phase)) {
-  }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -158,7 +88,7 @@ __device__ void fill_operands(unsigned char* base, int bytes) {
   uint16_t* p = reinterpret_cast<uint16_t*>(base);
   for (int i = threadIdx.x; i < bytes / 2; i += blockDim.x)
     p[i] = 0x3C00 + static_cast<uint16_t>((i * 37) & 0x3F);  // bf16 values near 0.008..0.01
-  ptx::fence_proxy_async(ptx::space_shared);  // generic-proxy writes, read by the async proxy
+  cptx::fence_proxy_async(cptx::space_shared);  // generic-proxy writes, read by the async proxy
   __syncthreads();
 }
 
@@ -180,22 +110,22 @@ __global__ void __launch_bounds__(128, 1) wgmma_latency(long long* out, float* s
   float d[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
-  wgmma_fence();
+  wg::fence();
   for (int i = 0; i < 8; ++i) {  // warm-up
     wgmma_bf16<N>(d, a, b);
-    wgmma_commit();
-    wgmma_wait<0>();
+    wg::commit_group();
+    wg::wait_group<0>();
   }
   const long long t0 = clock64();
   for (int i = 0; i < iters; ++i) {
     wgmma_bf16<N>(d, a, b);
-    wgmma_commit();
-    wgmma_wait<0>();
+    wg::commit_group();
+    wg::wait_group<0>();
   }
   const long long t1 = clock64();
   for (int i = 0; i < iters; ++i) wgmma_bf16<N>(d, a, b);
-  wgmma_commit();
-  wgmma_wait<0>();
+  wg::commit_group();
+  wg::wait_group<0>();
   const long long t2 = clock64();
   if (threadIdx.x == 0) {
     out[0] = t1 - t0;
@@ -216,17 +146,17 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1)
   float d[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
-  wgmma_fence();
+  wg::fence();
   __syncthreads();
   const long long n0 = globaltimer_ns();
   const long long t0 = clock64();
   for (int i = 0; i < iters; i += 16) {
 #pragma unroll
     for (int k = 0; k < 16; ++k) wgmma_bf16<N>(d, a, b);
-    wgmma_commit();
-    wgmma_wait<1>();
+    wg::commit_group();
+    wg::wait_group<1>();
   }
-  wgmma_wait<0>();
+  wg::wait_group<0>();
   __syncthreads();
   const long long t1 = clock64();
   const long long n1 = globaltimer_ns();
@@ -249,15 +179,15 @@ __global__ void tma_latency(const __grid_constant__ CUtensorMap map, int box_row
   __shared__ __align__(8) uint64_t bar;
   unsigned char* tile = smem_base();
   if (threadIdx.x != 0) return;
-  ptx::mbarrier_init(&bar, 1);
-  ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
+  cptx::mbarrier_init(&bar, 1);
+  cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
   uint32_t phase = 0;
   for (int i = 0; i < iters; ++i) {
     const int32_t coords[2] = {0, static_cast<int32_t>((static_cast<long long>(i) * row_step) % rows)};
     const long long t0 = clock64();
-    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bar, bytes);
-    ptx::cp_async_bulk_tensor(ptx::space_shared, ptx::space_global, tile, &map, coords, &bar);
-    mbar_wait(&bar, phase);
+    cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &bar, bytes);
+    cptx::cp_async_bulk_tensor(cptx::space_shared, cptx::space_global, tile, &map, coords, &bar);
+    fptx::mbar_wait(&bar, phase);
     const long long t1 = clock64();
     phase ^= 1;
     out[i] = t1 - t0;
@@ -275,19 +205,19 @@ __global__ void tma_throughput(const __grid_constant__ CUtensorMap map, int box_
   const int depth = kRingBytes / bytes < kMaxRing ? kRingBytes / bytes : kMaxRing;
   unsigned char* tiles = smem_base();
   if (threadIdx.x != 0) return;
-  for (int s = 0; s < depth; ++s) ptx::mbarrier_init(&bars[s], 1);
-  ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
+  for (int s = 0; s < depth; ++s) cptx::mbarrier_init(&bars[s], 1);
+  cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
   const long long t0 = clock64();
   for (int i = 0; i < iters; ++i) {
     const int s = i % depth;
-    if (i >= depth) mbar_wait(&bars[s], ((i / depth) - 1) & 1);  // slot free again
+    if (i >= depth) fptx::mbar_wait(&bars[s], ((i / depth) - 1) & 1);  // slot free again
     const int32_t coords[2] = {0, (i * box_rows) % rows};
-    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &bars[s], bytes);
-    ptx::cp_async_bulk_tensor(ptx::space_shared, ptx::space_global, tiles + s * bytes, &map, coords,
+    cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &bars[s], bytes);
+    cptx::cp_async_bulk_tensor(cptx::space_shared, cptx::space_global, tiles + s * bytes, &map, coords,
                               &bars[s]);
   }
   for (int i = iters > depth ? iters - depth : 0; i < iters; ++i)
-    mbar_wait(&bars[i % depth], (i / depth) & 1);
+    fptx::mbar_wait(&bars[i % depth], (i / depth) & 1);
   out[blockIdx.x] = clock64() - t0;
 }
 
@@ -331,8 +261,9 @@ __device__ __forceinline__ long long clock_fenced() {
 
 // kWarpgroups warpgroups, each thread holding 2 rows x 32 columns of a 64x128 fp32 S block (the
 // wgmma accumulator layout). Per iteration: clock, S from shared memory, the forward kernel's
-// softmax (max in four partial chains, two quad shuffles, rescale step, 2^(x*scale - max) on
-// MUFU, sums in four partial chains) and P packed to bf16 (kFull), P to shared memory, clock.
+// softmax step itself (src/sm90/softmax.cuh: max in four partial chains, two quad shuffles,
+// rescale step, 2^(x*scale - max) on MUFU, sums in four partial chains) and P packed to bf16
+// (kFull), P to shared memory, clock.
 // !kFull keeps only the loads and stores: the baseline to subtract. out[iteration]: warp 0's
 // cycles; the host takes the median.
 template <int kWarpgroups, bool kFull>
@@ -346,7 +277,7 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1) softmax_latency(long lon
   uint32_t* my_p = reinterpret_cast<uint32_t*>(sm_s + blockDim.x * 64) + threadIdx.x * 4;
   for (int c = 0; c < 64; ++c) my_s[(c / 4) * stride + c % 4] = 0.37f * ((threadIdx.x * 7 + c * 13) % 29) - 5.0f;
   __syncthreads();
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  fa4::numerics::RowState rows[2] = {fa4::numerics::row_state_init(), fa4::numerics::row_state_init()};
   const float scale_log2 = 0.127f;
   for (int it = 0; it < iters; ++it) {
     const long long t0 = clock_fenced();
@@ -360,35 +291,7 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1) softmax_latency(long lon
       s[c + 3] = v.w;
     }
     float corr[2] = {1.0f, 1.0f};
-    if constexpr (kFull) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float mx4[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < 16; ++j) mx4[j % 4] = fmaxf(mx4[j % 4], fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
-        float mx = fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-        // The conditional rescale of include/fa4/numerics/online_softmax.h (threshold 8).
-        const float block_max = mx * scale_log2;
-        if (block_max - row_max[i] > 8.0f || row_max[i] == -INFINITY) {
-          corr[i] = row_max[i] == -INFINITY ? 0.0f : fa4::numerics::exp2_mufu(row_max[i] - block_max);
-          row_max[i] = block_max;
-        }
-        const float offset = row_max[i];
-        float sum4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const float e = fa4::numerics::exp2_mufu(fmaf(s[4 * j + 2 * i + c], scale_log2, -offset));
-            s[4 * j + 2 * i + c] = e;
-            sum4[j % 4] += e;
-          }
-        }
-        row_sum[i] = row_sum[i] * corr[i] + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
-      }
-    }
+    if constexpr (kFull) fa4::sm90::softmax_step<128, 0>(s, rows, scale_log2, 8.0f, corr);
 #pragma unroll
     for (int c = 0; c < 32; c += 4) {
       uint32_t w[4];
@@ -402,7 +305,7 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1) softmax_latency(long lon
     const long long t1 = clock_fenced();
     if (threadIdx.x == 0) out[it] = t1 - t0;
   }
-  if (row_sum[0] == 12345.0f) my_p[0] = 0;  // keep the row state alive
+  if (rows[0].sum == 12345.0f) my_p[0] = 0;  // keep the row state alive
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -416,30 +319,30 @@ __global__ void handoff(long long* out, int iters) {
   __shared__ __align__(8) uint64_t bars[2];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
-    ptx::mbarrier_init(&bars[0], 1);
-    ptx::mbarrier_init(&bars[1], 1);
+    cptx::mbarrier_init(&bars[0], 1);
+    cptx::mbarrier_init(&bars[1], 1);
   }
   __syncthreads();
   long long t0 = clock64();
   if (kNamed) {
     for (int i = 0; i < iters; ++i) {
       if (warp == 0) {
-        named_bar_arrive(1, 64);
-        named_bar_sync(2, 64);
+        fptx::named_bar_arrive(1, 64);
+        fptx::named_bar_sync(2, 64);
       } else {
-        named_bar_sync(1, 64);
-        named_bar_arrive(2, 64);
+        fptx::named_bar_sync(1, 64);
+        fptx::named_bar_arrive(2, 64);
       }
     }
   } else if (lane == 0) {
     uint32_t phase = 0;
     for (int i = 0; i < iters; ++i, phase ^= 1) {
       if (warp == 0) {
-        ptx::mbarrier_arrive(&bars[0]);
-        mbar_wait(&bars[1], phase);
+        cptx::mbarrier_arrive(&bars[0]);
+        fptx::mbar_wait(&bars[1], phase);
       } else {
-        mbar_wait(&bars[0], phase);
-        ptx::mbarrier_arrive(&bars[1]);
+        fptx::mbar_wait(&bars[0], phase);
+        cptx::mbarrier_arrive(&bars[1]);
       }
     }
   }
