@@ -27,13 +27,17 @@ struct Case {
   bool causal;
   int64_t left = -1, right = -1;
   Layout layout = Layout::kBSHD;
+  // Key j scaled by 1 + key_ramp * (seqlen_k - 1 - j) / seqlen_k: scores grow toward the first keys,
+  // which the kernel visits last, so a row's max keeps rising past the rescale threshold.
+  double key_ramp = 0.0;
 
   std::string name() const {
     static const char* kLayouts[] = {"bshd", "bhsd", "padded"};
     return std::string(fa4::to_string(dtype)) + " b" + std::to_string(batch) + " sq" + std::to_string(seqlen_q) +
            " sk" + std::to_string(seqlen_k) + " h" + std::to_string(heads_q) + "/" + std::to_string(heads_kv) +
            " d" + std::to_string(head_dim) + (causal ? " causal" : "") + " win(" + std::to_string(left) + "," +
-           std::to_string(right) + ") " + kLayouts[int(layout)];
+           std::to_string(right) + ") " + kLayouts[int(layout)] +
+           (key_ramp > 0 ? " key_ramp " + std::to_string(key_ramp) : "");
   }
 };
 
@@ -101,8 +105,17 @@ void run_case(const Case& c, uint32_t seed) {
     for (double& v : x) v = fa4::ref::round_to(c.dtype, float(normal(rng)));
     return x;
   };
-  const std::vector<double> q = random(fa4::ref::q_elems(p)), k = random(fa4::ref::kv_elems(p)),
-                            v = random(fa4::ref::kv_elems(p));
+  const std::vector<double> q = random(fa4::ref::q_elems(p));
+  std::vector<double> k = random(fa4::ref::kv_elems(p));
+  const std::vector<double> v = random(fa4::ref::kv_elems(p));
+  if (c.key_ramp > 0)
+    for (int64_t i = 0; i < c.batch; ++i)
+      for (int64_t j = 0; j < c.seqlen_k; ++j)
+        for (int64_t h = 0; h < c.heads_kv; ++h)
+          for (int64_t x = 0; x < c.head_dim; ++x) {
+            double& e = k[((i * c.seqlen_k + j) * c.heads_kv + h) * c.head_dim + x];
+            e = fa4::ref::round_to(c.dtype, float(e * (1.0 + c.key_ramp * double(c.seqlen_k - 1 - j) / c.seqlen_k)));
+          }
 
   DeviceTensor dq, dk, dv, dout;
   dq.make(c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim);
@@ -205,6 +218,21 @@ TEST(ForwardGpu, LocalWindow) {
   run_case({FP16, 1, 300, 300, 2, 2, 256, true, 64, -1}, seed++);
   // Rows near the top see no key at all: O = 0 and LSE = -inf there.
   run_case({BF16, 1, 400, 100, 2, 2, 64, false, 10, 0}, seed++);
+}
+
+TEST(ForwardGpu, RunningMaxRisesPastTheRescaleThreshold) {
+  FA4_REQUIRE_GPU();
+  // The steady-state softmax takes its exponentials against the running max before it knows the
+  // block's max; when a max rises past the threshold it must fall back to the exact step. Scores
+  // here grow block after block (key_ramp), for every head dim, both dtypes, masked and not.
+  uint32_t seed = 800;
+  for (int64_t d : {64, 128, 256})
+    for (DType t : {BF16, FP16})
+      for (bool causal : {false, true}) {
+        Case c{t, 1, 333, 1111, 2, 1, d, causal};
+        c.key_ramp = 6.0;
+        run_case(c, seed++);
+      }
 }
 
 TEST(ForwardGpu, LongSequences) {

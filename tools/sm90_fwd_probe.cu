@@ -2,6 +2,8 @@
 // a float64 attention on the CPU (sampled rows for FA3-sized problems) and times configurations
 // side by side. For kernel development (cmake -DFA4_BUILD_PROBE=ON):
 //   sm90_fwd_probe [check|time|ablate|all]
+//   sm90_fwd_probe variants    candidate configurations against the shipped one, same run
+//   sm90_fwd_probe trace DIR   clock64 timeline of the first CTAs (csv in DIR, medians printed)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -130,6 +132,24 @@ static bool check(const Shape& s, int row_step = 1) {
   return ok;
 }
 
+// Roughly standard-normal bf16 values from a hash (sum of four uniforms, rescaled), made on the
+// device: timing runs need FA3-sized inputs, which the host would take seconds to draw.
+__global__ void fill_normal_bf16(__nv_bfloat16* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 0x9E3779B1u ^ seed * 0x85EBCA77u ^ uint32_t(i >> 32) * 0xC2B2AE3Du;
+    float acc = 0.0f;
+    for (int k = 0; k < 4; ++k) {
+      h ^= h >> 15; h *= 0x2C1B3C6Du; h ^= h >> 12; h *= 0x297A2D39u; h ^= h >> 15;
+      acc += float(h >> 8) * (1.0f / 16777216.0f);
+    }
+    x[i] = __float2bfloat16((acc - 2.0f) * 1.7320508f);  // variance of the sum of 4 uniforms is 1/3
+  }
+}
+static void fill_device(void* dst, size_t n, uint32_t seed) {
+  fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dst), n, seed);
+  CK(cudaGetLastError());
+}
+
 using Launcher = fa4::Status (*)(const FwdParams&, cudaStream_t);
 
 struct Variant {
@@ -140,9 +160,9 @@ struct Variant {
   float threshold;
 };
 
-template <int D, int N, int S, int Poly, int C = 2, bool Sched = true, bool DoubleP = true>
+template <int D, int N, int S, int Poly, int C = 2, bool Sched = true, bool DoubleP = true, bool Spec = false>
 fa4::Status run_cfg(const FwdParams& p, cudaStream_t s) {
-  return fa4::sm90::launch_forward<fa4::sm90::FwdConfig<D, N, S, true, Poly, C, Sched, DoubleP>>(p, s);
+  return fa4::sm90::launch_forward<fa4::sm90::FwdConfig<D, N, S, true, Poly, C, Sched, DoubleP, Spec>>(p, s);
 }
 
 static void time_shape(int d, int seqlen, bool causal, const Variant* var = nullptr) {
@@ -152,13 +172,7 @@ static void time_shape(int d, int seqlen, bool causal, const Variant* var = null
   CK(cudaMalloc(&q, n * 2)); CK(cudaMalloc(&k, n * 2)); CK(cudaMalloc(&v, n * 2)); CK(cudaMalloc(&o, n * 2));
   // Independent random q, k and v (q = k would make every score row peak on its diagonal and
   // lower the tensor cores' switching: both flatter the timing).
-  std::vector<__nv_bfloat16> h(n);
-  std::mt19937 rng(7);
-  std::normal_distribution<float> nd;
-  for (void* dst : {q, k, v}) {
-    for (auto& x : h) x = __float2bfloat16(nd(rng));
-    CK(cudaMemcpy(dst, h.data(), n * 2, cudaMemcpyHostToDevice));
-  }
+  fill_device(q, n, 1); fill_device(k, n, 2); fill_device(v, n, 3);
   FwdParams p = make_params(s, q, k, v, o, nullptr);
   Launcher fn = fa4::detail::sm90_forward;
   if (var) {
@@ -185,10 +199,86 @@ static void time_shape(int d, int seqlen, bool causal, const Variant* var = null
   cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o);
 }
 
+// The shipped configuration with its development timeline switched on.
+template <class Base>
+struct Traced : Base {
+  static constexpr bool kTrace = true;
+};
+
+// Runs one FA3-sized shape with a traced kernel and prints, per consumer of CTA 0, the median of
+// each interval of a steady-state step (events in sm90/fwd_kernel.cuh) and of the step period.
+template <class Cfg>
+static void trace_shape(const char* dir, const char* name, int d, int seqlen, bool causal) {
+  Shape s{16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d, causal};
+  const size_t n = size_t(s.b) * seqlen * s.hq * d;
+  void *q, *k, *v, *o;
+  CK(cudaMalloc(&q, n * 2)); CK(cudaMalloc(&k, n * 2)); CK(cudaMalloc(&v, n * 2)); CK(cudaMalloc(&o, n * 2));
+  fill_device(q, n, 1); fill_device(k, n, 2); fill_device(v, n, 3);
+  using fa4::sm90::kTraceCtas, fa4::sm90::kTraceSteps, fa4::sm90::kTraceEvents;
+  constexpr int kSlots = 1 + Cfg::kConsumers;
+  const size_t words = size_t(kTraceCtas) * kSlots * kTraceSteps * kTraceEvents;
+  uint64_t* tr;
+  CK(cudaMalloc(&tr, words * 8));
+  FwdParams p = make_params(s, q, k, v, o, nullptr);
+  for (int it = 0; it < 4; ++it) {  // warm-up; the last run's timeline is kept
+    CK(cudaMemset(tr, 0, words * 8));
+    fa4::Status st = fa4::sm90::launch_forward<Cfg>(p, 0, tr);
+    if (!st.ok()) { std::printf("launch failed: %s\n", st.message.c_str()); std::exit(1); }
+    CK(cudaDeviceSynchronize());
+  }
+  std::vector<uint64_t> ht(words);
+  CK(cudaMemcpy(ht.data(), tr, words * 8, cudaMemcpyDeviceToHost));
+  char path[512];
+  std::snprintf(path, sizeof path, "%s/trace-%s-d%d-s%d-c%d.csv", dir, name, d, seqlen, int(causal));
+  if (FILE* f = std::fopen(path, "w")) {
+    std::fprintf(f, "cta,slot,step,e0,e1,e2,e3,e4,e5,e6,e7\n");
+    for (int c = 0; c < kTraceCtas; ++c)
+      for (int sl = 0; sl < kSlots; ++sl)
+        for (int st = 0; st < kTraceSteps; ++st) {
+          const uint64_t* r = &ht[((size_t(c) * kSlots + sl) * kTraceSteps + st) * kTraceEvents];
+          if (r[0] == 0) continue;
+          std::fprintf(f, "%d,%d,%d", c, sl, st);
+          for (int e = 0; e < kTraceEvents; ++e) std::fprintf(f, ",%lld", (long long)(r[e] ? r[e] - ht[((size_t(c) * kSlots) * kTraceSteps) * kTraceEvents] : 0));
+          std::fprintf(f, "\n");
+        }
+    std::fclose(f);
+  }
+  auto median = [](std::vector<double> x) { std::sort(x.begin(), x.end()); return x.empty() ? 0.0 : x[x.size() / 2]; };
+  for (int sl = 1; sl < kSlots; ++sl) {
+    std::vector<double> iv[8];
+    for (int st = 0; st + 1 < kTraceSteps; ++st) {
+      const uint64_t* r = &ht[((size_t(0) * kSlots + sl) * kTraceSteps + st) * kTraceEvents];
+      const uint64_t* rn = r + kTraceEvents;
+      if (r[0] == 0 || rn[0] == 0) break;
+      for (int e = 0; e < 7; ++e) iv[e].push_back(double(r[e + 1]) - double(r[e]));
+      iv[7].push_back(double(rn[0]) - double(r[0]));
+    }
+    std::printf("TRACE %s d=%d seqlen=%d causal=%d consumer %d (%zu steps, medians in cycles): kv-wait %.0f  turn %.0f  "
+                "issue %.0f  S-wait %.0f  softmax %.0f  PV-wait %.0f  rescale %.0f  | period %.0f\n",
+                name, d, seqlen, int(causal), sl - 1, iv[7].size(), median(iv[0]), median(iv[1]), median(iv[2]),
+                median(iv[3]), median(iv[4]), median(iv[5]), median(iv[6]), median(iv[7]));
+  }
+  cudaFree(tr); cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o);
+}
+
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe even if the run is cut short
   const char* mode = argc > 1 ? argv[1] : "all";
   int fails = 0;
-  if (std::strcmp(mode, "time") != 0) {
+  if (std::strcmp(mode, "trace") == 0) {
+    const char* dir = argc > 2 ? argv[2] : ".";
+    using namespace fa4::sm90;
+    trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 16384, false);
+    trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 4096, true);
+    trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 3>>>(dir, "d64", 64, 16384, false);
+    trace_shape<Traced<FwdConfig<256, 80, 2, true, 0>>>(dir, "d256", 256, 16384, false);
+    if (argc > 3) {  // variants: software exp2 shares, two consumers at d64
+      trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 2>>>(dir, "d64c2", 64, 16384, false);
+      trace_shape<Traced<FwdConfig<128, 128, 2, true, 0, 2, true, true, true>>>(dir, "d128spec", 128, 16384, false);
+    }
+    return 0;
+  }
+  if (std::strcmp(mode, "check") == 0 || std::strcmp(mode, "all") == 0) {
     const Shape shapes[] = {
         {1, 1, 1, 128, 128, 128, false}, {1, 2, 1, 128, 256, 64, false}, {1, 2, 2, 200, 333, 128, false},
         {2, 4, 1, 17, 239, 256, false},  {1, 2, 2, 256, 256, 128, true}, {1, 2, 1, 239, 1000, 64, true},
@@ -201,10 +291,25 @@ int main(int argc, char** argv) {
     for (int d : {64, 128, 256})
       for (bool causal : {false, true}) fails += !check(Shape{1, 2, 2, 16384, 16384, d, causal}, 97);
   }
-  if (std::strcmp(mode, "check") != 0 && std::strcmp(mode, "ablate") != 0) {
+  if (std::strcmp(mode, "time") == 0 || std::strcmp(mode, "all") == 0) {
     for (int d : {64, 128, 256})
       for (bool causal : {false, true})
         for (int seqlen : {512, 1024, 2048, 4096, 8192, 16384}) time_shape(d, seqlen, causal);
+  }
+  if (std::strcmp(mode, "variants") == 0) {  // candidates against the shipped kernel, same run
+    static const Variant variants[] = {
+        {1, "d64_c2_2p", 64, run_cfg<64, 128, 4, 0, 2>, 8.0f},
+        {1, "d128_1p", 128, run_cfg<128, 128, 2, 0, 2, true, false>, 8.0f},
+        {1, "d128_poly8", 128, run_cfg<128, 128, 2, 8>, 8.0f},
+        {1, "d128_speculative", 128, run_cfg<128, 128, 2, 0, 2, true, true, true>, 8.0f},
+    };
+    for (const Variant& v : variants)
+      for (bool causal : {false, true})
+        for (int seqlen : {4096, 16384}) {
+          time_shape(v.d, seqlen, causal);
+          time_shape(v.d, seqlen, causal, &v);
+        }
+    return 0;
   }
   if (std::strcmp(mode, "ablate") == 0 || std::strcmp(mode, "all") == 0) {
     static const Variant variants[] = {

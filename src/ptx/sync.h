@@ -25,6 +25,11 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
                                        cuda::ptx::space_shared, bar, bytes);
 }
 // Spins until the phase with parity `phase` has completed.
+// Non-blocking probe: whether the phase of this parity has completed. Issued early, its latency
+// overlaps other work; mbar_wait at the point of use covers the rare not-yet case.
+__device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t phase) {
+  return cuda::ptx::mbarrier_test_wait_parity(bar, phase);
+}
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
   while (!cuda::ptx::mbarrier_try_wait_parity(bar, phase)) {
   }
@@ -37,6 +42,17 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 }
 
 // --- named barriers (PTX ISA 9.7.13.1, bar.sync / bar.arrive) ---
+// bar.red.or over the `threads` threads of barrier `id`: a barrier that also tells each thread
+// whether any of them passed true (PTX ISA 9.7.13.1).
+__device__ __forceinline__ bool named_bar_any(uint32_t id, uint32_t threads, bool pred) {
+  uint32_t r;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n barrier.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(r)
+      : "r"(uint32_t(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return r != 0;
+}
 __device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }

@@ -23,6 +23,13 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t lbo_
   return d;
 }
 
+// A descriptor moved by a byte offset inside shared memory. Start addresses stay below 2^18, so
+// the 14-bit address field never carries into the next: a 32-bit add on the low word is enough.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t byte_offset) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (byte_offset >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 // wgmma.fence: orders register writes before the wgmma that reads them (9.7.15.6.1).
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 // Closes the wgmma issued so far into a group (9.7.15.6.2).

@@ -1,7 +1,8 @@
 // sm90 attention forward: a warp-specialized TMA / wgmma pipeline on a persistent grid.
 //
-//   warpgroup 0     producer   one thread issues TMA: each tile's Q (a ring of 1-2 buffers), then
-//                              K_j and V_j into rings of stages with full/empty mbarriers
+//   warpgroup 0     producer   TMA: each tile's Q (a ring of 1-2 buffers), then K_j and V_j into
+//                              rings of stages with full/empty mbarriers; with two consumers one
+//                              thread loads Q and K and a thread of another warp V
 //   warpgroups 1..  consumers  64 query rows each (two, or three at d64); named barriers pass the
 //                              right to issue GEMMs around them (ping-pong), so one's softmax runs
 //                              while another's GEMMs hold the tensor cores
@@ -9,7 +10,9 @@
 // Each consumer, per K/V block j (intra-warpgroup overlap; order from the generated schedule):
 //   issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}  ->  wait S_j, free K_j  ->  softmax(S_j) while
 //   P V runs  ->  pack P_j (second register buffer)  ->  wait P V, free V_{j-1}  ->  rescale O
-//   only if a row max moved
+//   only if a row max moved. The next step's K and V barriers are tested (non-blocking) during the
+//   softmax, so a step whose tiles have landed goes straight to its turn; wgmma descriptors are
+//   built once and moved by constant offsets.
 //
 // Where each idea lives: softmax.cuh (conditional rescaling, software exp2 share), mask.cuh
 // (causal / window / tails), tile_order.cuh (persistent tile walk), epilogue.cuh (O and LSE out),
@@ -49,16 +52,25 @@ __device__ __forceinline__ bool sched_pv_first(int consumer) {
 
 // Tile shape and shared-memory layout of one forward configuration.
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2,
-          bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true>
+          bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true, bool kSpeculate_ = false>
 struct FwdConfig {
+  // Steady-state softmax taking its exponentials against the running max before the block's max
+  // is known (softmax.cuh, softmax_step_speculative); needs two P buffers. Measured slower on H200
+  // (docs/perf-notes.md), so off in every shipped configuration.
+  static constexpr bool kSpeculate = kSpeculate_;
+  // Q and K from one producer thread, V from a thread of another warp, so K_{j+1} never waits
+  // behind V_j's slot. With three consumers the second spinning producer warp costs issue slots
+  // the softmax needs, and one thread loads everything.
+  static constexpr bool kSplitLoads = kConsumers_ == 2;
   // Steady-state GEMM order from the generated schedule (true) or S first for every consumer
   // (false). The graph now states the intra-warpgroup overlap's issue order (S_j before
   // P_{j-1}V_{j-1}), so both give S first; an earlier schedule with P V first for consumer 0
   // measured 10-15 % slower (docs/perf-notes.md).
   static constexpr bool kScheduledOrder = kScheduledOrder_;
   // Two P register buffers (2 x kBlockN / 4) fit beside O and S with two consumers (240 each)
-  // up to d128; d256's O alone takes 128.
+  // up to d128; d256's O alone takes 128 (with 80-wide blocks and two P buffers ptxas spills).
   static constexpr bool kDoubleP = kAllowDoubleP_ && kConsumers_ == 2 && kHeadDim_ <= 128;
+  static_assert(!kSpeculate || kDoubleP, "the speculative softmax writes P_j beside P_{j-1}");
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 query rows each
   static constexpr int kBlockM = 64 * kConsumers;
@@ -112,6 +124,31 @@ struct FwdKernelParams {
   float rescale_threshold;  // log2 units; 0 = always rescale
   Window window;
   TileOrder tiles;
+  uint64_t* trace;  // development timeline (a config with kTrace = true); null otherwise
+};
+
+// Development timeline: a config that derives from FwdConfig and sets kTrace = true records clock64
+// stamps of its first kTraceCtas CTAs into FwdKernelParams::trace (tools/sm90_fwd_probe trace):
+// per warpgroup (slot 0 the producer, 1.. the consumers) kTraceSteps records of kTraceEvents.
+inline constexpr int kTraceCtas = 4, kTraceSteps = 512, kTraceEvents = 8;
+template <class Cfg>
+constexpr bool traced() {
+  if constexpr (requires { Cfg::kTrace; })
+    return Cfg::kTrace;
+  else
+    return false;
+}
+struct TraceLog {
+  uint64_t* rec = nullptr;
+  int n = 0;
+  __device__ void open(uint64_t* base, int slots, int slot) {
+    if (base != nullptr && blockIdx.x < kTraceCtas)
+      rec = base + (int64_t(blockIdx.x) * slots + slot) * kTraceSteps * kTraceEvents;
+  }
+  __device__ void stamp(int e) {
+    if (rec != nullptr && n < kTraceSteps) rec[n * kTraceEvents + e] = clock64();
+  }
+  __device__ void next() { ++n; }
 };
 
 // Full barriers complete when TMA has landed a tile; empty barriers when both consumers are done
@@ -178,37 +215,56 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (wg == 0) {
     // ---------------- producer ----------------
     regs_decrease<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0) {
-      prefetch_tensor_map(&p.tm_q);
-      prefetch_tensor_map(&p.tm_k);
-      prefetch_tensor_map(&p.tm_v);
-      if constexpr (Cfg::kStageO) prefetch_tensor_map(&p.tm_o);
+    // One thread of warp 0 loads Q and K, one of warp 1 loads V: K_{j+1} never waits behind the
+    // slot of V_j (freed only when both consumers' P V of two blocks back are done).
+    const bool loads_k = threadIdx.x == 0, loads_v = Cfg::kSplitLoads ? threadIdx.x == 32 : threadIdx.x == 0;
+    if (loads_k || loads_v) {
+      [[maybe_unused]] TraceLog tr;
+      if constexpr (traced<Cfg>()) tr.open(p.trace, 1 + Cfg::kConsumers, 0);
+      if (loads_k) {
+        prefetch_tensor_map(&p.tm_q);
+        prefetch_tensor_map(&p.tm_k);
+        if constexpr (Cfg::kStageO) prefetch_tensor_map(&p.tm_o);
+      }
+      if (loads_v) prefetch_tensor_map(&p.tm_v);
       RingPos<Cfg::kStages> w;
       RingPos<Cfg::kQStages> qw;
       for (int round = 0, tile; (tile = p.tiles.nth(round, blockIdx.x, gridDim.x)) < p.tiles.count; ++round) {
         const Tile tl = p.tiles.decode(tile);
         const BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
         const int h_kv = tl.head / p.head_ratio;
-        mbar_wait(&bar.q_empty[qw.stage], qw.phase ^ 1);
-        mbar_arrive_expect_tx(&bar.q_full[qw.stage], Cfg::kQBytes);
+        if (loads_k) {
+          mbar_wait(&bar.q_empty[qw.stage], qw.phase ^ 1);
+          mbar_arrive_expect_tx(&bar.q_full[qw.stage], Cfg::kQBytes);
 #pragma unroll
-        for (int c = 0; c < Cfg::kChunks; ++c)
-          tma_load_4d(sQ + qw.stage * Cfg::kQBytes + c * kBlockM * 128, &p.tm_q, &bar.q_full[qw.stage], c * 64,
-                      tl.m_block * kBlockM, tl.head, tl.batch);
-        qw.advance();
+          for (int c = 0; c < Cfg::kChunks; ++c)
+            tma_load_4d(sQ + qw.stage * Cfg::kQBytes + c * kBlockM * 128, &p.tm_q, &bar.q_full[qw.stage], c * 64,
+                        tl.m_block * kBlockM, tl.head, tl.batch);
+          qw.advance();
+        }
+        // Trace events of a load: 0/1 before/after K's empty wait, 2/3 the same for V.
         for (int n = range.hi - 1; n >= range.lo; --n) {
-          mbar_wait(&bar.k_empty[w.stage], w.phase ^ 1);
-          mbar_arrive_expect_tx(&bar.k_full[w.stage], Cfg::kKVBytes);
+          if (loads_k) {
+            if constexpr (traced<Cfg>()) tr.stamp(0);
+            mbar_wait(&bar.k_empty[w.stage], w.phase ^ 1);
+            if constexpr (traced<Cfg>()) tr.stamp(1);
+            mbar_arrive_expect_tx(&bar.k_full[w.stage], Cfg::kKVBytes);
 #pragma unroll
-          for (int c = 0; c < Cfg::kChunks; ++c)
-            tma_load_4d(sK + w.stage * Cfg::kKVBytes + c * kBlockN * 128, &p.tm_k, &bar.k_full[w.stage], c * 64,
-                        n * kBlockN, h_kv, tl.batch);
-          mbar_wait(&bar.v_empty[w.stage], w.phase ^ 1);
-          mbar_arrive_expect_tx(&bar.v_full[w.stage], Cfg::kKVBytes);
+            for (int c = 0; c < Cfg::kChunks; ++c)
+              tma_load_4d(sK + w.stage * Cfg::kKVBytes + c * kBlockN * 128, &p.tm_k, &bar.k_full[w.stage], c * 64,
+                          n * kBlockN, h_kv, tl.batch);
+          }
+          if (loads_v) {
+            if constexpr (traced<Cfg>()) tr.stamp(2);
+            mbar_wait(&bar.v_empty[w.stage], w.phase ^ 1);
+            if constexpr (traced<Cfg>()) tr.stamp(3);
+            mbar_arrive_expect_tx(&bar.v_full[w.stage], Cfg::kKVBytes);
 #pragma unroll
-          for (int c = 0; c < Cfg::kChunks; ++c)
-            tma_load_4d(sV + w.stage * Cfg::kKVBytes + c * kBlockN * 128, &p.tm_v, &bar.v_full[w.stage], c * 64,
-                        n * kBlockN, h_kv, tl.batch);
+            for (int c = 0; c < Cfg::kChunks; ++c)
+              tma_load_4d(sV + w.stage * Cfg::kKVBytes + c * kBlockN * 128, &p.tm_v, &bar.v_full[w.stage], c * 64,
+                          n * kBlockN, h_kv, tl.batch);
+          }
+          if constexpr (traced<Cfg>()) tr.next();
           w.advance();
         }
       }
@@ -218,7 +274,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   // ---------------- consumers ----------------
   regs_increase<Cfg::kConsumerRegs>();
-  const int consumer = wg - 1;
+  // Broadcast from lane 0 so the compiler sees it warp-uniform: descriptors built from it stay in
+  // uniform registers.
+  const int consumer = __shfl_sync(0xffffffff, wg, 0) - 1;
   const int t = threadIdx.x % 128;
   const int lane = t % 32;
   // This thread's two rows of the tile (wgmma accumulator layout, PTX ISA 9.7.15.5.1.1).
@@ -232,25 +290,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   uint32_t pf[kBlockN / 4];
   uint32_t pf2[Cfg::kDoubleP ? kBlockN / 4 : 1];
   numerics::RowState rows[2];
+  [[maybe_unused]] TraceLog tr;
+  if constexpr (traced<Cfg>())
+    if (t == 0) tr.open(p.trace, 1 + Cfg::kConsumers, 1 + consumer);
+  auto stamp = [&](int e) {
+    if constexpr (traced<Cfg>()) tr.stamp(e);
+  };
 
-  uint32_t q_base = 0;  // this consumer's rows of the current tile's Q buffer
-  const uint32_t k_base = smem_addr(sK);
-  const uint32_t v_base = smem_addr(sV);
+  // wgmma descriptors: one base each, moved by constant offsets (stage, k step) at issue.
+  uint64_t q_desc = 0;  // this consumer's rows of the current tile's Q buffer
+  const uint64_t k_desc = wgmma::desc_sw128(smem_addr(sK), 16, 1024);
+  const uint64_t v_desc = wgmma::desc_sw128(smem_addr(sV), kBlockN * 128, 1024);
 
   auto issue_s = [&](int stage) {
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t a = q_base + (kk / 4) * kBlockM * 128 + (kk % 4) * 32;
-      const uint32_t bk = k_base + stage * Cfg::kKVBytes + (kk / 4) * kBlockN * 128 + (kk % 4) * 32;
-      wgmma::mma_ss<kBlockN, kType>(s, wgmma::desc_sw128(a, 16, 1024), wgmma::desc_sw128(bk, 16, 1024), kk > 0);
+      const uint64_t a = wgmma::desc_advance(q_desc, (kk / 4) * kBlockM * 128 + (kk % 4) * 32);
+      const uint64_t b = wgmma::desc_advance(k_desc, stage * Cfg::kKVBytes + (kk / 4) * kBlockN * 128 + (kk % 4) * 32);
+      wgmma::mma_ss<kBlockN, kType>(s, a, b, kk > 0);
     }
   };
   auto issue_pv = [&](int stage, const uint32_t(&pv)[kBlockN / 4]) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t bv = v_base + stage * Cfg::kKVBytes + kk * 16 * 128;
       const uint32_t a[4] = {pv[4 * kk], pv[4 * kk + 1], pv[4 * kk + 2], pv[4 * kk + 3]};
-      wgmma::mma_rs<kHeadDim, kType>(o, a, wgmma::desc_sw128(bv, kBlockN * 128, 1024), 1);
+      wgmma::mma_rs<kHeadDim, kType>(o, a, wgmma::desc_advance(v_desc, stage * Cfg::kKVBytes + kk * 16 * 128), 1);
     }
   };
   // Masks the block where it needs one, then the online-softmax step (sm90/softmax.cuh).
@@ -280,7 +344,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
     rows[0] = rows[1] = numerics::row_state_init();
     mbar_wait(&bar.q_full[qr.stage], qr.phase);
-    q_base = smem_addr(sQ + qr.stage * Cfg::kQBytes) + consumer * 64 * 128;
+    q_desc = wgmma::desc_sw128(smem_addr(sQ + qr.stage * Cfg::kQBytes) + consumer * 64 * 128, 16, 1024);
 
     if (range.hi > range.lo) {
       int n = range.hi - 1;
@@ -302,10 +366,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       r.advance();
       // Steady state, one K/V block: S_j with P_{j-1} V_{j-1} in flight. `p_prev` holds P_{j-1};
       // P_j goes to `p_next` (the same array when registers allow only one).
+      // Trace events of a step: 0 start, 1 K and V landed, 2 turn taken, 3 GEMMs issued, 4 S ready,
+      // 5 softmax done, 6 P V done, 7 end.
+      // Whether K_j and V_{j-1} were seen landed by the probe of the step before (issued right after
+      // that step's S, so its latency hides under the softmax).
+      bool k_landed = false, v_landed = false;
       auto step = [&](int n, uint32_t(&p_prev)[kBlockN / 4], uint32_t(&p_next)[kBlockN / 4]) {
-        mbar_wait(&bar.k_full[r.stage], r.phase);
-        mbar_wait(&bar.v_full[prev], prev_phase);
+        stamp(0);
+        if (!k_landed) mbar_wait(&bar.k_full[r.stage], r.phase);
+        if (!v_landed) mbar_wait(&bar.v_full[prev], prev_phase);
+        stamp(1);
         wait_my_turn(consumer);
+        stamp(2);
         wgmma::fence();
         if (pv_first) {  // P_{j-1} V_{j-1}, then S_j; softmax after both
           issue_pv(prev, p_prev);
@@ -326,18 +398,60 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           issue_pv(prev, p_prev);
           wgmma::commit_group();
           pass_turn<Cfg::kConsumers>(consumer);
+          stamp(3);
           wgmma::wait_group<1>();
           wgmma::pin(s);
-          release(&bar.k_empty[r.stage]);
-          softmax(n, m_block, corr);
-          if constexpr (Cfg::kDoubleP) to_p(p_next);
+          stamp(4);
+          // With speculation K_j is held until the speculative softmax has stood (below).
+          if constexpr (!Cfg::kSpeculate) release(&bar.k_empty[r.stage]);
+          {
+            RingPos<Cfg::kStages> nx = r;
+            nx.advance();
+            k_landed = mbar_test(&bar.k_full[nx.stage], nx.phase);
+            v_landed = mbar_test(&bar.v_full[r.stage], r.phase);
+          }
+          if constexpr (Cfg::kSpeculate) {
+            // Speculative softmax (softmax.cuh) into P_j's own buffer; when a row's max moved past
+            // the threshold (rare after the first block), S_j is computed again from K_j, still
+            // held, and the exact step runs.
+            const bool masked = block_needs_mask<kBlockM, kBlockN>(n, p.window, m_block, p.seqlen_q, p.seqlen_k);
+            if (masked)
+              apply_mask<kBlockN>(s, p.window, m_block * kBlockM + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
+            // The fallback issues wgmma, so the whole warpgroup decides together (bar.red.or on
+            // this consumer's barrier, the one its epilogue uses).
+            auto any_in_warpgroup = [&](bool pred) { return named_bar_any(1 + Cfg::kConsumers + consumer, 128, pred); };
+            if (!softmax_step_speculative<Cfg::kBF16, kBlockN, Cfg::kPolyEvery>(
+                    s, rows, p_next, p.scale_log2, p.rescale_threshold, corr, any_in_warpgroup)) {
+              wgmma::fence();
+              issue_s(r.stage);
+              wgmma::commit_group();
+              wgmma::wait_group<0>();
+              wgmma::pin(s);
+              softmax(n, m_block, corr);
+              to_p(p_next);
+            }
+            release(&bar.k_empty[r.stage]);
+          } else {
+            softmax(n, m_block, corr);
+            if constexpr (Cfg::kDoubleP) to_p(p_next);
+          }
+          {  // a second look for what had not landed at the first
+            RingPos<Cfg::kStages> nx = r;
+            nx.advance();
+            if (!k_landed) k_landed = mbar_test(&bar.k_full[nx.stage], nx.phase);
+            if (!v_landed) v_landed = mbar_test(&bar.v_full[r.stage], r.phase);
+          }
+          stamp(5);
           wgmma::wait_group<0>();
           wgmma::pin(o);
           wgmma::pin(p_prev);
+          stamp(6);
           release(&bar.v_empty[prev]);
         }
         rescale_o(o, corr);
         if (!Cfg::kDoubleP || pv_first) to_p(p_next);
+        stamp(7);
+        if constexpr (traced<Cfg>()) tr.next();
         prev = r.stage;
         prev_phase = r.phase;
         r.advance();

@@ -21,8 +21,9 @@ inline int map_tensor(CUtensorMap* map, const void* base, const int64_t stride[3
 inline constexpr int64_t kL2SectionBytes = 24ll << 20;
 
 template <class Cfg>
-Status launch_forward(const detail::FwdParams& a, cudaStream_t stream) {
+Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t* trace = nullptr) {
   FwdKernelParams k{};
+  k.trace = trace;
   const int rq = map_tensor(&k.tm_q, a.q, a.q_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim, Cfg::kBlockM);
   const int rk = map_tensor(&k.tm_k, a.k, a.k_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, Cfg::kBlockN);
   const int rv = map_tensor(&k.tm_v, a.v, a.v_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, Cfg::kBlockN);

@@ -34,17 +34,23 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], numerics::
                                              float scale_log2, float threshold, float (&corr)[2]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    // Four partial maxima and sums: short dependency chains instead of one of kBlockN / 4.
-    float mx4[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    // The row max as a balanced tree (depth log2(kBlockN / 4)), not a chain.
+    constexpr int kPairs = kBlockN / 8;
+    float mt[kPairs];
 #pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) mx4[j % 4] = fmaxf(mx4[j % 4], fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
-    float mx = fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3]));
+    for (int j = 0; j < kPairs; ++j) mt[j] = fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]);
+#pragma unroll
+    for (int w = 1; w < kPairs; w *= 2)
+#pragma unroll
+      for (int j = 0; j + w < kPairs; j += 2 * w) mt[j] = fmaxf(mt[j], mt[j + w]);
+    float mx = mt[0];
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
     const numerics::RescaleStep step = numerics::rescale_step(rows[i].max, mx * scale_log2, threshold);
     rows[i].max = step.max;
     corr[i] = step.correction;
     const float offset = numerics::exp_offset(step.max);
+    // Four partial sums: short dependency chains instead of one of kBlockN / 4.
     float sum4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
@@ -63,6 +69,60 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], numerics::
     }
     rows[i].sum = rows[i].sum * step.correction + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
   }
+}
+
+// The same step, speculating on conditional rescaling: exponentials are taken against the running
+// max before this block's max is known, so the exp unit starts at once and the max (on the ALU)
+// runs beside it. Whenever conditional rescaling would keep the running max -- the block's max
+// exceeds it by at most the threshold, and the row has seen a score before -- these are exactly
+// the exact step's values (correction 1). Otherwise nothing is committed and it returns false: the
+// caller computes S again and runs softmax_step (S's registers are free for the exponentials, which
+// keeps this step inside the register budget). `any` reduces the decision over the threads that
+// must take the same path (a warpgroup, when the fallback issues wgmma). P is written to `pv`.
+template <bool kBF16, int kBlockN, int kPolyEvery, class Any>
+__device__ __forceinline__ bool softmax_step_speculative(const float (&s)[kBlockN / 2],
+                                                         numerics::RowState (&rows)[2],
+                                                         uint32_t (&pv)[kBlockN / 4], float scale_log2,
+                                                         float threshold, float (&corr)[2], Any any) {
+  constexpr int kPairs = kBlockN / 8;
+  // Four partial maxima and sums a row: the max is off the exp unit's path here, so chains are fine
+  // and keep registers low.
+  float mx4[2][4] = {{-INFINITY, -INFINITY, -INFINITY, -INFINITY}, {-INFINITY, -INFINITY, -INFINITY, -INFINITY}};
+  float sum4[2][4] = {};
+  const float offset[2] = {numerics::exp_offset(rows[0].max), numerics::exp_offset(rows[1].max)};
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float a = s[4 * j + 2 * i], b = s[4 * j + 2 * i + 1];
+      mx4[i][j % 4] = fmaxf(mx4[i][j % 4], fmaxf(a, b));
+      const float xa = fmaf(a, scale_log2, -offset[i]), xb = fmaf(b, scale_log2, -offset[i]);
+      float ea, eb;
+      if (kPolyEvery > 0 && j % (kPolyEvery > 0 ? kPolyEvery : 1) == kPolyEvery - 1) {
+        ea = numerics::exp2_poly(xa);
+        eb = numerics::exp2_poly(xb);
+      } else {
+        ea = numerics::exp2_mufu(xa);
+        eb = numerics::exp2_mufu(xb);
+      }
+      sum4[i][j % 4] += ea + eb;
+      pv[2 * j + i] = pack2<kBF16>(ea, eb);
+    }
+  bool redo = false;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float mx = fmaxf(fmaxf(mx4[i][0], mx4[i][1]), fmaxf(mx4[i][2], mx4[i][3]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    redo |= numerics::rescale_step(rows[i].max, mx * scale_log2, threshold).rescaled;
+  }
+  if (any(redo)) return false;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    corr[i] = 1.0f;
+    rows[i].sum += (sum4[i][0] + sum4[i][1]) + (sum4[i][2] + sum4[i][3]);
+  }
+  return true;
 }
 
 // P as packed 16-bit pairs in the A-operand layout of the P V wgmma, which for k16 chunks is the
