@@ -160,10 +160,9 @@ struct Variant {
   float threshold;
 };
 
-template <int D, int N, int S, int Poly, int C = 2, bool Sched = true, bool DoubleP = true, bool Spec = false,
-          bool Defer = false>
+template <int D, int N, int S, int Poly, int C = 2, bool Sched = true, bool DoubleP = true, bool Spec = false>
 fa4::Status run_cfg(const FwdParams& p, cudaStream_t s) {
-  return fa4::sm90::launch_forward<fa4::sm90::FwdConfig<D, N, S, true, Poly, C, Sched, DoubleP, Spec, Defer>>(p, s);
+  return fa4::sm90::launch_forward<fa4::sm90::FwdConfig<D, N, S, true, Poly, C, Sched, DoubleP, Spec>>(p, s);
 }
 
 static void time_shape(int d, int seqlen, bool causal, const Variant* var = nullptr) {
@@ -304,9 +303,7 @@ int main(int argc, char** argv) {
     trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 3>>>(dir, "d64", 64, 16384, false);
     trace_shape<Traced<FwdConfig<256, 80, 2, true, 0>>>(dir, "d256", 256, 16384, false);
     if (argc > 3) {  // variants: software exp2 shares, two consumers at d64
-      trace_shape<Traced<FwdConfig<128, 128, 2, true, 0, 2, true, true, false, true>>>(dir, "d128defer", 128, 16384, false);
-      trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 3, true, true, false, true>>>(dir, "d64defer", 64, 16384, false);
-      trace_shape<Traced<FwdConfig<256, 80, 2, true, 0, 2, true, true, false, true>>>(dir, "d256defer", 256, 16384, false);
+      trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 2>>>(dir, "d64c2", 64, 16384, false);
     }
     return 0;
   }
@@ -330,9 +327,7 @@ int main(int argc, char** argv) {
   }
   if (std::strcmp(mode, "variants") == 0) {  // candidates against the shipped kernel, same run
     static const Variant variants[] = {
-        {1, "d128_defer_sum", 128, run_cfg<128, 128, 2, 0, 2, true, true, false, true>, 8.0f},
-        {1, "d64_defer_sum", 64, run_cfg<64, 128, 4, 0, 3, true, true, false, true>, 8.0f},
-        {1, "d256_defer_sum", 256, run_cfg<256, 80, 2, 0, 2, true, true, false, true>, 8.0f},
+        {1, "d64_c2_2p", 64, run_cfg<64, 128, 4, 0, 2>, 8.0f},
         {1, "d128_speculative", 128, run_cfg<128, 128, 2, 0, 2, true, true, true>, 8.0f},
         {1, "d128_poly8", 128, run_cfg<128, 128, 2, 8>, 8.0f},
     };
