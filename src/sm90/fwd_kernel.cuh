@@ -62,9 +62,6 @@ struct FwdConfig {
   // behind V_j's slot. With three consumers the second spinning producer warp costs issue slots
   // the softmax needs, and one thread loads everything.
   static constexpr bool kSplitLoads = kConsumers_ == 2;
-  // A tile's last P V and epilogue overlap the next tile's first S and softmax. With three
-  // consumers (160 registers each) the extra state spills, so those finish each tile in turn.
-  static constexpr bool kCrossTile = kConsumers_ == 2;
   // Steady-state GEMM order from the generated schedule (true) or S first for every consumer
   // (false). The graph now states the intra-warpgroup overlap's issue order (S_j before
   // P_{j-1}V_{j-1}), so both give S first; an earlier schedule with P V first for consumer 0
@@ -339,87 +336,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (consumer == Cfg::kConsumers - 1) pass_turn<Cfg::kConsumers>(consumer);
   RingPos<Cfg::kStages> r;
   RingPos<Cfg::kQStages> qr;
-  int prev = 0;  // stage and phase of the last V issued for (or owed)
-  uint32_t prev_phase = 0;
-  // Across tiles: a tile's last P V goes out with the next tile's first S, and the tile's O leaves
-  // (epilogue) while that S is in its softmax, so the persistent loop has no fill or drain per
-  // tile. `pending`: a last P V (P in pf, V in stage prev) and an epilogue are owed for pend_tile.
-  bool pending = false;
-  int pend_tile = 0;  // its index (decoded again at the epilogue: fewer live registers)
-  numerics::RowState pend_rows[2];
-  auto zero_o = [&] {
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
-  };
-  auto finish_pending = [&] {  // the owed P V alone, then the epilogue
-    mbar_wait(&bar.v_full[prev], prev_phase);
-    wait_my_turn(consumer);
-    wgmma::fence();
-    issue_pv(prev, pf);
-    wgmma::commit_group();
-    pass_turn<Cfg::kConsumers>(consumer);
-    wgmma::wait_group<0>();
-    wgmma::pin(o);
-    release(&bar.v_empty[prev]);
-    store_output<Cfg>(p, p.tiles.decode(pend_tile), o, pend_rows, consumer, t, smem + Cfg::kOOffset);
-    pending = false;
-  };
-  zero_o();
   for (int round = 0, tile; (tile = p.tiles.nth(round, blockIdx.x, gridDim.x)) < p.tiles.count; ++round) {
     const Tile tl = p.tiles.decode(tile);
     const int m_block = tl.m_block;
     const BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, m_block, p.seqlen_q, p.seqlen_k);
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+    rows[0] = rows[1] = numerics::row_state_init();
     mbar_wait(&bar.q_full[qr.stage], qr.phase);
     q_desc = wgmma::desc_sw128(smem_addr(sQ + qr.stage * Cfg::kQBytes) + consumer * 64 * 128, 16, 1024);
 
     if (range.hi > range.lo) {
       int n = range.hi - 1;
       float corr[2];
-      rows[0] = rows[1] = numerics::row_state_init();
-      // First block: S_0, with the previous tile's last P V when one is owed. P_0 goes to pf2 (two
-      // buffers) while that P V still reads pf.
+      // First block: S_0 alone.
       mbar_wait(&bar.k_full[r.stage], r.phase);
-      // (Two copies of the first turn, so that every wgmma wait is unconditional: ptxas serializes
-      // all wgmma of a kernel whose waits it cannot match.)
-      if (Cfg::kCrossTile && pending) {
-        mbar_wait(&bar.v_full[prev], prev_phase);
-        wait_my_turn(consumer);
-        wgmma::fence();
-        issue_s(r.stage);
-        wgmma::commit_group();
-        issue_pv(prev, pf);
-        wgmma::commit_group();
-        pass_turn<Cfg::kConsumers>(consumer);
-        wgmma::wait_group<1>();
-        wgmma::pin(s);
-        release(&bar.k_empty[r.stage]);
-        softmax(n, m_block, corr);
-        if constexpr (Cfg::kDoubleP) to_p(pf2);
-        wgmma::wait_group<0>();
-        wgmma::pin(o);
-        wgmma::pin(pf);
-        release(&bar.v_empty[prev]);
-        if constexpr (!Cfg::kDoubleP) to_p(pf);  // before the epilogue: S's registers free up
-        store_output<Cfg>(p, p.tiles.decode(pend_tile), o, pend_rows, consumer, t, smem + Cfg::kOOffset);
-        pending = false;
-      } else {
-        wait_my_turn(consumer);
-        wgmma::fence();
-        issue_s(r.stage);
-        wgmma::commit_group();
-        pass_turn<Cfg::kConsumers>(consumer);
-        wgmma::wait_group<0>();
-        wgmma::pin(s);
-        release(&bar.k_empty[r.stage]);
-        softmax(n, m_block, corr);
-        if constexpr (Cfg::kDoubleP)
-          to_p(pf2);
-        else
-          to_p(pf);
-      }
-      zero_o();
-      prev = r.stage;
-      prev_phase = r.phase;
+      wait_my_turn(consumer);
+      wgmma::fence();
+      issue_s(r.stage);
+      wgmma::commit_group();
+      pass_turn<Cfg::kConsumers>(consumer);
+      wgmma::wait_group<0>();
+      wgmma::pin(s);
+      release(&bar.k_empty[r.stage]);
+      softmax(n, m_block, corr);
+      to_p(pf);
+      int prev = r.stage;
+      uint32_t prev_phase = r.phase;
       r.advance();
       // Steady state, one K/V block: S_j with P_{j-1} V_{j-1} in flight. `p_prev` holds P_{j-1};
       // P_j goes to `p_next` (the same array when registers allow only one).
@@ -513,41 +456,43 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         prev_phase = r.phase;
         r.advance();
       };
-      // With two P buffers the loop alternates them (register arrays need constant indices), and
-      // the tile's last P is moved to pf, where the next tile's first turn reads it.
+      // With two P buffers the loop alternates them (register arrays need constant indices).
+      bool last_in_pf2 = false;
       if constexpr (Cfg::kDoubleP) {
-        bool last_in_pf = false;
         for (--n; n >= range.lo; --n) {
-          step(n, pf2, pf);
-          last_in_pf = true;
-          if (--n < range.lo) break;
           step(n, pf, pf2);
-          last_in_pf = false;
-        }
-        if (!last_in_pf) {
-#pragma unroll
-          for (int i = 0; i < kBlockN / 4; ++i) pf[i] = pf2[i];
+          last_in_pf2 = true;
+          if (--n < range.lo) break;
+          step(n, pf2, pf);
+          last_in_pf2 = false;
         }
       } else {
         for (--n; n >= range.lo; --n) step(n, pf, pf);
       }
       release(&bar.q_empty[qr.stage]);  // every S of this tile is done: its Q buffer is free
-      pending = true;
-      pend_tile = tile;
-      pend_rows[0] = rows[0];
-      pend_rows[1] = rows[1];
-      if constexpr (!Cfg::kCrossTile) finish_pending();
+      // Last P V.
+      mbar_wait(&bar.v_full[prev], prev_phase);
+      wait_my_turn(consumer);
+      wgmma::fence();
+      if constexpr (Cfg::kDoubleP) {
+        if (last_in_pf2)
+          issue_pv(prev, pf2);
+        else
+          issue_pv(prev, pf);
+      } else {
+        issue_pv(prev, pf);
+      }
+      wgmma::commit_group();
+      pass_turn<Cfg::kConsumers>(consumer);
+      wgmma::wait_group<0>();
+      wgmma::pin(o);
+      release(&bar.v_empty[prev]);
     } else {
-      // No key for this tile: O = 0 and LSE = -inf, after what the previous tile owes.
-      if (pending) finish_pending();
       release(&bar.q_empty[qr.stage]);
-      zero_o();
-      rows[0] = rows[1] = numerics::row_state_init();
-      store_output<Cfg>(p, tl, o, rows, consumer, t, smem + Cfg::kOOffset);
     }
+    store_output<Cfg>(p, tl, o, rows, consumer, t, smem + Cfg::kOOffset);
     qr.advance();
   }
-  if (pending) finish_pending();
   if (Cfg::kStageO && t == 0) tma_store_wait();  // shared memory must outlive the last store
 }
 
