@@ -104,6 +104,21 @@ TEST(Sm90Forward, TensorBoundWithSBeforeOwnPV) {
   EXPECT_EQ(busy, s.ii);
 }
 
+TEST(Sm90Forward, InPlaceLatenciesMakeTheSoftmaxRecurrenceBind) {
+  // sm90_fwd_measured.graph: the same kernel with the latencies its clock64 timeline shows on an
+  // H200. The recurrence S -> softmax -> next S (2724) now exceeds the tensor core's 2048, as in
+  // the kernel, whose measured period is 2777-2780 cycles a K/V block.
+  const Graph g = shipped("sm90_fwd_measured");
+  const Solution sol = solve(g);
+  EXPECT_EQ(sol.bounds.res_mii, 2048);
+  EXPECT_EQ(sol.bounds.rec_mii, 826 + 100 + 1536 + 262);
+  EXPECT_EQ(sol.schedule.ii, sol.bounds.rec_mii);
+  EXPECT_TRUE(check_schedule(g, sol.schedule).empty());
+  const std::string cycle = describe(g, sol.bounds.rec_cycle);
+  EXPECT_NE(cycle.find("Exp"), std::string::npos) << cycle;
+  EXPECT_NE(cycle.find("S"), std::string::npos) << cycle;
+}
+
 TEST(Sm90Backward, TensorBound) {
   const Graph g = shipped("sm90_bwd");
   const Solution sol = solve(g);
