@@ -303,7 +303,8 @@ int main(int argc, char** argv) {
     trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 3>>>(dir, "d64", 64, 16384, false);
     trace_shape<Traced<FwdConfig<256, 80, 2, true, 0>>>(dir, "d256", 256, 16384, false);
     if (argc > 3) {  // variants: software exp2 shares, two consumers at d64
-      trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 2>>>(dir, "d64c2", 64, 16384, false);
+      trace_shape<Traced<FwdConfig<128, 80, 2, true, 0, 3>>>(dir, "d128c3n80", 128, 16384, false);
+      trace_shape<Traced<FwdConfig<128, 64, 3, true, 0, 3>>>(dir, "d128c3n64", 128, 16384, false);
     }
     return 0;
   }
@@ -327,9 +328,10 @@ int main(int argc, char** argv) {
   }
   if (std::strcmp(mode, "variants") == 0) {  // candidates against the shipped kernel, same run
     static const Variant variants[] = {
-        {1, "d64_c2_2p", 64, run_cfg<64, 128, 4, 0, 2>, 8.0f},
-        {1, "d128_speculative", 128, run_cfg<128, 128, 2, 0, 2, true, true, true>, 8.0f},
-        {1, "d128_poly8", 128, run_cfg<128, 128, 2, 8>, 8.0f},
+        {1, "d128_c3_n80_s2", 128, run_cfg<128, 80, 2, 0, 3>, 8.0f},
+        {1, "d128_c3_n80_s3", 128, run_cfg<128, 80, 3, 0, 3>, 8.0f},
+        {1, "d128_c3_n64_s3", 128, run_cfg<128, 64, 3, 0, 3>, 8.0f},
+        {1, "d64_c3_n80_s4", 64, run_cfg<64, 80, 4, 0, 3>, 8.0f},
     };
     for (const Variant& v : variants)
       for (bool causal : {false, true}) compare_variant(v, 4096, causal);

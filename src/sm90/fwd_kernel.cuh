@@ -67,9 +67,12 @@ struct FwdConfig {
   // P_{j-1}V_{j-1}), so both give S first; an earlier schedule with P V first for consumer 0
   // measured 10-15 % slower (docs/perf-notes.md).
   static constexpr bool kScheduledOrder = kScheduledOrder_;
-  // Two P register buffers (2 x kBlockN / 4) fit beside O and S with two consumers (240 each)
-  // up to d128; d256's O alone takes 128 (with 80-wide blocks and two P buffers ptxas spills).
-  static constexpr bool kDoubleP = kAllowDoubleP_ && kConsumers_ == 2 && kHeadDim_ <= 128;
+  // Two P register buffers where O, S and both P (kHeadDim / 2 + kBlockN / 2 + 2 x kBlockN / 4
+  // registers) take at most 192 of a consumer's 240 (two consumers) or 128 of its 160 (three):
+  // d64 and d128 with 128-wide blocks and two consumers, d128 with 64-wide blocks and three. (d256
+  // with 80-wide blocks would need 208: ptxas spills.)
+  static constexpr bool kDoubleP =
+      kAllowDoubleP_ && kHeadDim_ / 2 + kBlockN_ <= (kConsumers_ == 2 ? 192 : 128);
   static_assert(!kSpeculate || kDoubleP, "the speculative softmax writes P_j beside P_{j-1}");
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 query rows each
