@@ -52,8 +52,13 @@ __device__ __forceinline__ bool sched_pv_first(int consumer) {
 
 // Tile shape and shared-memory layout of one forward configuration.
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2,
-          bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true, bool kSpeculate_ = false>
+          bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true, bool kSpeculate_ = false,
+          bool kSoftmaxTurns_ = false>
 struct FwdConfig {
+  // Consumers take their softmaxes in turn too (a second ring of named barriers), so two never
+  // share a sub-partition's issue slots and exp unit. Prepared from the timeline (the two
+  // softmaxes overlap for ~40 % of their length at d128); not yet measured, off everywhere.
+  static constexpr bool kSoftmaxTurns = kSoftmaxTurns_;
   // Steady-state softmax taking its exponentials against the running max before the block's max
   // is known (softmax.cuh, softmax_step_speculative); needs two P buffers. Measured slower on H200
   // (docs/perf-notes.md), so off in every shipped configuration.
@@ -69,8 +74,9 @@ struct FwdConfig {
   static constexpr bool kScheduledOrder = kScheduledOrder_;
   // Two P register buffers where O, S and both P (kHeadDim / 2 + kBlockN / 2 + 2 x kBlockN / 4
   // registers) take at most 192 of a consumer's 240 (two consumers) or 128 of its 160 (three):
-  // d64 and d128 with 128-wide blocks and two consumers, d128 with 64-wide blocks and three. (d256
-  // with 80-wide blocks would need 208: ptxas spills.)
+  // d64 and d128 with 128-wide blocks and two consumers, d128 with 64-wide blocks and three (the
+  // shipped d64, three consumers and 128-wide blocks, has one; d256 with 80-wide blocks would need
+  // 208: ptxas spills).
   static constexpr bool kDoubleP =
       kAllowDoubleP_ && kHeadDim_ / 2 + kBlockN_ <= (kConsumers_ == 2 ? 192 : 128);
   static_assert(!kSpeculate || kDoubleP, "the speculative softmax writes P_j beside P_{j-1}");
@@ -183,6 +189,15 @@ __device__ __forceinline__ void wait_my_turn(int consumer) { ptx::named_bar_sync
 template <int kConsumers>
 __device__ __forceinline__ void pass_turn(int consumer) {
   ptx::named_bar_arrive(1 + (consumer + 1) % kConsumers, 256);
+}
+// The softmax ring (FwdConfig::kSoftmaxTurns): barriers after the turn ring's and the epilogue's.
+template <int kConsumers>
+__device__ __forceinline__ void wait_softmax_turn(int consumer) {
+  ptx::named_bar_sync(1 + 2 * kConsumers + consumer, 256);
+}
+template <int kConsumers>
+__device__ __forceinline__ void pass_softmax_turn(int consumer) {
+  ptx::named_bar_arrive(1 + 2 * kConsumers + (consumer + 1) % kConsumers, 256);
 }
 
 template <class Cfg>
@@ -327,6 +342,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     softmax_step<kBlockN, Cfg::kPolyEvery>(s, rows, p.scale_log2, p.rescale_threshold, corr);
   };
   auto to_p = [&](uint32_t(&pv)[kBlockN / 4]) { pack_p<Cfg::kBF16>(s, pv); };
+  auto softmax_turn_begin = [&] {
+    if constexpr (Cfg::kSoftmaxTurns) wait_softmax_turn<Cfg::kConsumers>(consumer);
+  };
+  auto softmax_turn_end = [&] {
+    if constexpr (Cfg::kSoftmaxTurns) pass_softmax_turn<Cfg::kConsumers>(consumer);
+  };
   auto release = [&](uint64_t* empty) {
     if (t == 0) mbar_arrive(empty);
   };
@@ -335,8 +356,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // (A constant false when the schedule puts S first everywhere: the other path folds away.)
   constexpr bool kAnyPvFirst = Cfg::kScheduledOrder && (kSchedPvFirst0 || kSchedPvFirst1);
   const bool pv_first = kAnyPvFirst && sched_pv_first(consumer);
-  // Consumer 0 issues first; the token then circulates.
-  if (consumer == Cfg::kConsumers - 1) pass_turn<Cfg::kConsumers>(consumer);
+  // Consumer 0 issues first; the token then circulates (both rings).
+  if (consumer == Cfg::kConsumers - 1) {
+    pass_turn<Cfg::kConsumers>(consumer);
+    softmax_turn_end();
+  }
   RingPos<Cfg::kStages> r;
   RingPos<Cfg::kQStages> qr;
   for (int round = 0, tile; (tile = p.tiles.nth(round, blockIdx.x, gridDim.x)) < p.tiles.count; ++round) {
@@ -362,7 +386,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma::wait_group<0>();
       wgmma::pin(s);
       release(&bar.k_empty[r.stage]);
+      softmax_turn_begin();
       softmax(n, m_block, corr);
+      softmax_turn_end();
       to_p(pf);
       int prev = r.stage;
       uint32_t prev_phase = r.phase;
@@ -394,7 +420,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           wgmma::pin(p_prev);
           release(&bar.k_empty[r.stage]);
           release(&bar.v_empty[prev]);
+          softmax_turn_begin();
           softmax(n, m_block, corr);
+          softmax_turn_end();
         } else {  // S_j first: its softmax runs while P_{j-1} V_{j-1} is on the tensor cores
           issue_s(r.stage);
           wgmma::commit_group();
@@ -413,6 +441,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             k_landed = mbar_test(&bar.k_full[nx.stage], nx.phase);
             v_landed = mbar_test(&bar.v_full[r.stage], r.phase);
           }
+          softmax_turn_begin();
           if constexpr (Cfg::kSpeculate) {
             // Speculative softmax (softmax.cuh) into P_j's own buffer; when a row's max moved past
             // the threshold (rare after the first block), S_j is computed again from K_j, still
@@ -438,6 +467,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             softmax(n, m_block, corr);
             if constexpr (Cfg::kDoubleP) to_p(p_next);
           }
+          softmax_turn_end();
           {  // a second look for what had not landed at the first
             RingPos<Cfg::kStages> nx = r;
             nx.advance();
