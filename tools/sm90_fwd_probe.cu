@@ -5,10 +5,12 @@
 //   sm90_fwd_probe variants    candidate configurations against the shipped one, same run
 //   sm90_fwd_probe trace DIR   clock64 timeline of the first CTAs (csv in DIR, medians printed)
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -87,43 +89,63 @@ static bool check(const Shape& s, int row_step = 1) {
   std::vector<float> hlse(size_t(s.b) * s.hq * s.sq);
   CK(cudaMemcpy(ho.data(), dout, nq * 2, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(hlse.data(), dlse, hlse.size() * 4, cudaMemcpyDeviceToHost));
-  double max_err = 0, max_lse_err = 0, ref_norm = 0, err_norm = 0;
+  // The float64 reference over the checked rows, split across the host's cores (FA3-sized
+  // problems take minutes on one).
   const fa4::Problem prob = problem_of(s);
-  std::vector<double> sc(s.sk);
+  struct Acc { double max_err = 0, max_lse_err = 0, ref_norm = 0, err_norm = 0; };
+  std::vector<std::array<int, 3>> work;  // (b, h, i) of every checked row
   for (int b = 0; b < s.b; ++b)
-    for (int h = 0; h < s.hq; ++h) {
+    for (int h = 0; h < s.hq; ++h)
+      for (int i = (b * 7 + h * 3) % row_step; i < s.sq; i += row_step) work.push_back({b, h, i});
+  const unsigned n_threads = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), 64));
+  std::vector<Acc> acc(n_threads);
+  auto check_rows = [&](unsigned t) {
+    Acc& a = acc[t];
+    std::vector<double> sc(s.sk);
+    for (size_t w = t; w < work.size(); w += n_threads) {
+      const int b = work[w][0], h = work[w][1], i = work[w][2];
       const int hk_ = h / (s.hq / s.hkv);
-      for (int i = (b * 7 + h * 3) % row_step; i < s.sq; i += row_step) {
-        double mx = -INFINITY;
-        for (int j = 0; j < s.sk; ++j) {
-          if (!fa4::ref::visible(prob, i, j)) { sc[j] = -INFINITY; continue; }
-          double acc = 0;
-          for (int t = 0; t < s.d; ++t)
-            acc += double(__bfloat162float(hq[((size_t(b) * s.sq + i) * s.hq + h) * s.d + t])) *
-                   double(__bfloat162float(hk[((size_t(b) * s.sk + j) * s.hkv + hk_) * s.d + t]));
-          sc[j] = acc / std::sqrt(double(s.d));
-          mx = std::max(mx, sc[j]);
-        }
-        double sum = 0;
-        for (int j = 0; j < s.sk; ++j) sum += (sc[j] == -INFINITY) ? 0.0 : std::exp(sc[j] - mx);
-        const double lse = sum > 0 ? mx + std::log(sum) : -INFINITY;
-        const float glse = hlse[(size_t(b) * s.hq + h) * s.sq + i];
-        if (std::isinf(lse)) { if (!(std::isinf(glse) && glse < 0)) max_lse_err = INFINITY; }
-        else max_lse_err = std::max(max_lse_err, std::fabs(glse - lse));
-        for (int t = 0; t < s.d; ++t) {
-          double acc = 0;
-          for (int j = 0; j < s.sk; ++j)
-            if (sc[j] != -INFINITY)
-              acc += std::exp(sc[j] - mx) * double(__bfloat162float(hv[((size_t(b) * s.sk + j) * s.hkv + hk_) * s.d + t]));
-          const double ref = sum > 0 ? acc / sum : 0.0;
-          const double got = __bfloat162float(ho[((size_t(b) * s.sq + i) * s.hq + h) * s.d + t]);
-          const double e = std::isnan(got) ? INFINITY : std::fabs(got - ref);
-          max_err = std::max(max_err, e);
-          ref_norm += ref * ref;
-          err_norm += (std::isnan(got) ? 1e30 : (got - ref) * (got - ref));
-        }
+      double mx = -INFINITY;
+      for (int j = 0; j < s.sk; ++j) {
+        if (!fa4::ref::visible(prob, i, j)) { sc[j] = -INFINITY; continue; }
+        double dot = 0;
+        for (int t2 = 0; t2 < s.d; ++t2)
+          dot += double(__bfloat162float(hq[((size_t(b) * s.sq + i) * s.hq + h) * s.d + t2])) *
+                 double(__bfloat162float(hk[((size_t(b) * s.sk + j) * s.hkv + hk_) * s.d + t2]));
+        sc[j] = dot / std::sqrt(double(s.d));
+        mx = std::max(mx, sc[j]);
+      }
+      double sum = 0;
+      for (int j = 0; j < s.sk; ++j) {
+        sc[j] = (sc[j] == -INFINITY) ? 0.0 : std::exp(sc[j] - mx);  // from here on: the weights
+        sum += sc[j];
+      }
+      const double lse = sum > 0 ? mx + std::log(sum) : -INFINITY;
+      const float glse = hlse[(size_t(b) * s.hq + h) * s.sq + i];
+      if (std::isinf(lse)) { if (!(std::isinf(glse) && glse < 0)) a.max_lse_err = INFINITY; }
+      else a.max_lse_err = std::max(a.max_lse_err, std::fabs(glse - lse));
+      for (int t2 = 0; t2 < s.d; ++t2) {
+        double o = 0;
+        for (int j = 0; j < s.sk; ++j)
+          o += sc[j] * double(__bfloat162float(hv[((size_t(b) * s.sk + j) * s.hkv + hk_) * s.d + t2]));
+        const double ref = sum > 0 ? o / sum : 0.0;
+        const double got = __bfloat162float(ho[((size_t(b) * s.sq + i) * s.hq + h) * s.d + t2]);
+        a.max_err = std::max(a.max_err, std::isnan(got) ? INFINITY : std::fabs(got - ref));
+        a.ref_norm += ref * ref;
+        a.err_norm += (std::isnan(got) ? 1e30 : (got - ref) * (got - ref));
       }
     }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < n_threads; ++t) pool.emplace_back(check_rows, t);
+  for (std::thread& th : pool) th.join();
+  double max_err = 0, max_lse_err = 0, ref_norm = 0, err_norm = 0;
+  for (const Acc& a : acc) {
+    max_err = std::max(max_err, a.max_err);
+    max_lse_err = std::max(max_lse_err, a.max_lse_err);
+    ref_norm += a.ref_norm;
+    err_norm += a.err_norm;
+  }
   const double rel = std::sqrt(err_norm / std::max(ref_norm, 1e-30));
   const bool ok = max_err < 2e-2 && rel < 1e-2 && max_lse_err < 1e-3;
   std::printf("%s%s b=%d hq=%d hkv=%d sq=%d sk=%d d=%d causal=%d win=(%d,%d): max|err|=%.3g rel=%.3g lse=%.3g\n",
