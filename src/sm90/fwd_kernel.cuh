@@ -245,6 +245,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if constexpr (Cfg::kStageO) prefetch_tensor_map(&p.tm_o);
       }
       if (loads_v) prefetch_tensor_map(&p.tm_v);
+      // One tile by TMA: its 64-column chunks, `rows` rows each, from row `row` of (head, batch).
+      auto load_tile = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* full, uint32_t bytes, int rows,
+                           int row, int head, int batch) {
+        mbar_arrive_expect_tx(full, bytes);
+#pragma unroll
+        for (int c = 0; c < Cfg::kChunks; ++c) tma_load_4d(dst + c * rows * 128, map, full, c * 64, row, head, batch);
+      };
       RingPos<Cfg::kStages> w;
       RingPos<Cfg::kQStages> qw;
       for (int round = 0, tile; (tile = p.tiles.nth(round, blockIdx.x, gridDim.x)) < p.tiles.count; ++round) {
@@ -253,11 +260,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int h_kv = tl.head / p.head_ratio;
         if (loads_k) {
           mbar_wait(&bar.q_empty[qw.stage], qw.phase ^ 1);
-          mbar_arrive_expect_tx(&bar.q_full[qw.stage], Cfg::kQBytes);
-#pragma unroll
-          for (int c = 0; c < Cfg::kChunks; ++c)
-            tma_load_4d(sQ + qw.stage * Cfg::kQBytes + c * kBlockM * 128, &p.tm_q, &bar.q_full[qw.stage], c * 64,
-                        tl.m_block * kBlockM, tl.head, tl.batch);
+          load_tile(sQ + qw.stage * Cfg::kQBytes, &p.tm_q, &bar.q_full[qw.stage], Cfg::kQBytes, kBlockM,
+                    tl.m_block * kBlockM, tl.head, tl.batch);
           qw.advance();
         }
         // Trace events of a load: 0/1 before/after K's empty wait, 2/3 the same for V.
@@ -266,21 +270,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             if constexpr (traced<Cfg>()) tr.stamp(0);
             mbar_wait(&bar.k_empty[w.stage], w.phase ^ 1);
             if constexpr (traced<Cfg>()) tr.stamp(1);
-            mbar_arrive_expect_tx(&bar.k_full[w.stage], Cfg::kKVBytes);
-#pragma unroll
-            for (int c = 0; c < Cfg::kChunks; ++c)
-              tma_load_4d(sK + w.stage * Cfg::kKVBytes + c * kBlockN * 128, &p.tm_k, &bar.k_full[w.stage], c * 64,
-                          n * kBlockN, h_kv, tl.batch);
+            load_tile(sK + w.stage * Cfg::kKVBytes, &p.tm_k, &bar.k_full[w.stage], Cfg::kKVBytes, kBlockN,
+                      n * kBlockN, h_kv, tl.batch);
           }
           if (loads_v) {
             if constexpr (traced<Cfg>()) tr.stamp(2);
             mbar_wait(&bar.v_empty[w.stage], w.phase ^ 1);
             if constexpr (traced<Cfg>()) tr.stamp(3);
-            mbar_arrive_expect_tx(&bar.v_full[w.stage], Cfg::kKVBytes);
-#pragma unroll
-            for (int c = 0; c < Cfg::kChunks; ++c)
-              tma_load_4d(sV + w.stage * Cfg::kKVBytes + c * kBlockN * 128, &p.tm_v, &bar.v_full[w.stage], c * 64,
-                          n * kBlockN, h_kv, tl.batch);
+            load_tile(sV + w.stage * Cfg::kKVBytes, &p.tm_v, &bar.v_full[w.stage], Cfg::kKVBytes, kBlockN,
+                      n * kBlockN, h_kv, tl.batch);
           }
           if constexpr (traced<Cfg>()) tr.next();
           w.advance();
@@ -335,10 +333,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma::mma_rs<kHeadDim, kType>(o, a, wgmma::desc_advance(v_desc, stage * Cfg::kKVBytes + kk * 16 * 128), 1);
     }
   };
-  // Masks the block where it needs one, then the online-softmax step (sm90/softmax.cuh).
-  auto softmax = [&](int n, int m_block, float (&corr)[2]) {
+  // Masks S of key block n where the block needs it (mask.cuh).
+  auto mask = [&](int n, int m_block) {
     if (block_needs_mask<kBlockM, kBlockN>(n, p.window, m_block, p.seqlen_q, p.seqlen_k))
       apply_mask<kBlockN>(s, p.window, m_block * kBlockM + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
+  };
+  // The mask, then the online-softmax step (sm90/softmax.cuh).
+  auto softmax = [&](int n, int m_block, float (&corr)[2]) {
+    mask(n, m_block);
     softmax_step<kBlockN, Cfg::kPolyEvery>(s, rows, p.scale_log2, p.rescale_threshold, corr);
   };
   auto to_p = [&](uint32_t(&pv)[kBlockN / 4]) { pack_p<Cfg::kBF16>(s, pv); };
@@ -446,9 +448,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // Speculative softmax (softmax.cuh) into P_j's own buffer; when a row's max moved past
             // the threshold (rare after the first block), S_j is computed again from K_j, still
             // held, and the exact step runs.
-            const bool masked = block_needs_mask<kBlockM, kBlockN>(n, p.window, m_block, p.seqlen_q, p.seqlen_k);
-            if (masked)
-              apply_mask<kBlockN>(s, p.window, m_block * kBlockM + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
+            mask(n, m_block);
             // The fallback issues wgmma, so the whole warpgroup decides together (bar.red.or on
             // this consumer's barrier, the one its epilogue uses).
             auto any_in_warpgroup = [&](bool pred) { return named_bar_any(1 + Cfg::kConsumers + consumer, 128, pred); };

@@ -27,6 +27,22 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   }
 }
 
+// 2^x for an element of 8-column chunk j: on the FMA pipe (polynomial) for every kPolyEvery-th
+// chunk, on MUFU otherwise (kPolyEvery = 0: always MUFU).
+template <int kPolyEvery>
+__device__ __forceinline__ float exp2_share(int j, float x) {
+  if constexpr (kPolyEvery > 0) {
+    if (j % kPolyEvery == kPolyEvery - 1) return numerics::exp2_poly(x);
+  }
+  return numerics::exp2_mufu(x);
+}
+
+// The max over the four threads of a quad (they hold one row between them).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+
 // One block: takes each row's max, decides the rescale, exponentiates S in place (2^(s * scale -
 // max), scores in log2 units) and adds the row sums. corr gets each row's factor for O.
 template <int kBlockN, int kPolyEvery>
@@ -43,9 +59,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], numerics::
     for (int w = 1; w < kPairs; w *= 2)
 #pragma unroll
       for (int j = 0; j + w < kPairs; j += 2 * w) mt[j] = fmaxf(mt[j], mt[j + w]);
-    float mx = mt[0];
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    const float mx = quad_max(mt[0]);
     const numerics::RescaleStep step = numerics::rescale_step(rows[i].max, mx * scale_log2, threshold);
     rows[i].max = step.max;
     corr[i] = step.correction;
@@ -56,13 +70,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], numerics::
     for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const float x = fmaf(s[4 * j + 2 * i + c], scale_log2, -offset);
-        float e;
-        if constexpr (kPolyEvery > 0) {
-          e = (j % kPolyEvery == kPolyEvery - 1) ? numerics::exp2_poly(x) : numerics::exp2_mufu(x);
-        } else {
-          e = numerics::exp2_mufu(x);
-        }
+        const float e = exp2_share<kPolyEvery>(j, fmaf(s[4 * j + 2 * i + c], scale_log2, -offset));
         s[4 * j + 2 * i + c] = e;
         sum4[j % 4] += e;
       }
@@ -96,24 +104,15 @@ __device__ __forceinline__ bool softmax_step_speculative(const float (&s)[kBlock
     for (int i = 0; i < 2; ++i) {
       const float a = s[4 * j + 2 * i], b = s[4 * j + 2 * i + 1];
       mx4[i][j % 4] = fmaxf(mx4[i][j % 4], fmaxf(a, b));
-      const float xa = fmaf(a, scale_log2, -offset[i]), xb = fmaf(b, scale_log2, -offset[i]);
-      float ea, eb;
-      if (kPolyEvery > 0 && j % (kPolyEvery > 0 ? kPolyEvery : 1) == kPolyEvery - 1) {
-        ea = numerics::exp2_poly(xa);
-        eb = numerics::exp2_poly(xb);
-      } else {
-        ea = numerics::exp2_mufu(xa);
-        eb = numerics::exp2_mufu(xb);
-      }
+      const float ea = exp2_share<kPolyEvery>(j, fmaf(a, scale_log2, -offset[i]));
+      const float eb = exp2_share<kPolyEvery>(j, fmaf(b, scale_log2, -offset[i]));
       sum4[i][j % 4] += ea + eb;
       pv[2 * j + i] = pack2<kBF16>(ea, eb);
     }
   bool redo = false;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float mx = fmaxf(fmaxf(mx4[i][0], mx4[i][1]), fmaxf(mx4[i][2], mx4[i][3]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    const float mx = quad_max(fmaxf(fmaxf(mx4[i][0], mx4[i][1]), fmaxf(mx4[i][2], mx4[i][3])));
     redo |= numerics::rescale_step(rows[i].max, mx * scale_log2, threshold).rescaled;
   }
   if (any(redo)) return false;
