@@ -188,20 +188,36 @@ fa4::Status run_cfg(const FwdParams& p, cudaStream_t s) {
   return fa4::sm90::launch_forward<fa4::sm90::FwdConfig<D, N, S, true, Poly, C, Sched, DoubleP, Spec, SoftmaxTurns>>(p, s);
 }
 
+// An FA3-sized problem (16k tokens, hidden 2048) on the device: independent random q, k and v
+// (q = k would make every score row peak on its diagonal and lower the tensor cores' switching:
+// both flatter the timing) and an output buffer.
+struct Fa3Problem {
+  Shape s;
+  size_t n;
+  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+  Fa3Problem(int d, int seqlen, bool causal, uint32_t seed)
+      : s{16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d, causal}, n(size_t(s.b) * seqlen * s.hq * d) {
+    for (void** x : {&q, &k, &v, &o}) CK(cudaMalloc(x, n * 2));
+    fill_device(q, n, seed); fill_device(k, n, seed + 1); fill_device(v, n, seed + 2);
+  }
+  ~Fa3Problem() { cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o); }
+  FwdParams params(void* out) const { return make_params(s, q, k, v, out, nullptr); }
+};
+
+// The kernel parameters a variant runs with.
+static void apply(const Variant& var, FwdParams& p) {
+  p.rescale_threshold = var.threshold;
+  p.schedule = var.schedule;
+}
+
 static void time_shape(int d, int seqlen, bool causal, const Variant* var = nullptr) {
-  Shape s{16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d, causal};
-  const size_t n = size_t(s.b) * seqlen * s.hq * d;
-  void *q, *k, *v, *o;
-  CK(cudaMalloc(&q, n * 2)); CK(cudaMalloc(&k, n * 2)); CK(cudaMalloc(&v, n * 2)); CK(cudaMalloc(&o, n * 2));
-  // Independent random q, k and v (q = k would make every score row peak on its diagonal and
-  // lower the tensor cores' switching: both flatter the timing).
-  fill_device(q, n, 1); fill_device(k, n, 2); fill_device(v, n, 3);
-  FwdParams p = make_params(s, q, k, v, o, nullptr);
+  const Fa3Problem pr(d, seqlen, causal, 1);
+  const Shape& s = pr.s;
+  FwdParams p = pr.params(pr.o);
   Launcher fn = fa4::detail::sm90_forward;
   if (var) {
     fn = var->fn;
-    p.rescale_threshold = var->threshold;
-    p.schedule = var->schedule;
+    apply(*var, p);
   }
   cudaEvent_t a, bev;
   cudaEventCreate(&a); cudaEventCreate(&bev);
@@ -219,23 +235,20 @@ static void time_shape(int d, int seqlen, bool causal, const Variant* var = null
   const double flops = 4.0 * s.b * s.hq * double(seqlen) * seqlen * d * (causal ? 0.5 : 1.0);
   std::printf("TIME %s d=%d seqlen=%d causal=%d: %.3f ms  %.1f TFLOP/s\n", var ? var->name : "default", d, seqlen, causal, ms[ms.size() / 2],
               flops / (ms[ms.size() / 2] * 1e-3) / 1e12);
-  cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o);
 }
 
 // A candidate configuration's O against the shipped kernel's on the same inputs (which the tests
 // check against float64): the largest difference, relative to the largest |O|.
 static void compare_variant(const Variant& var, int seqlen, bool causal) {
   const int d = var.d;
-  Shape s{16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d, causal};
-  const size_t n = size_t(s.b) * seqlen * s.hq * d;
-  void *q, *k, *v, *o0, *o1;
-  CK(cudaMalloc(&q, n * 2)); CK(cudaMalloc(&k, n * 2)); CK(cudaMalloc(&v, n * 2));
-  CK(cudaMalloc(&o0, n * 2)); CK(cudaMalloc(&o1, n * 2));
-  fill_device(q, n, 11); fill_device(k, n, 12); fill_device(v, n, 13);
+  const Fa3Problem pr(d, seqlen, causal, 11);
+  const size_t n = pr.n;
+  void* o0 = pr.o;
+  void* o1;
+  CK(cudaMalloc(&o1, n * 2));
   CK(cudaMemset(o1, 0xFF, n * 2));
-  FwdParams p0 = make_params(s, q, k, v, o0, nullptr), p1 = make_params(s, q, k, v, o1, nullptr);
-  p1.rescale_threshold = var.threshold;
-  p1.schedule = var.schedule;
+  FwdParams p0 = pr.params(o0), p1 = pr.params(o1);
+  apply(var, p1);
   if (!fa4::detail::sm90_forward(p0, 0).ok() || !var.fn(p1, 0).ok()) { std::printf("launch failed\n"); std::exit(1); }
   CK(cudaDeviceSynchronize());
   std::vector<__nv_bfloat16> h0(n), h1(n);
@@ -249,7 +262,7 @@ static void compare_variant(const Variant& var, int seqlen, bool causal) {
   }
   std::printf("SAME %s d=%d seqlen=%d causal=%d: max|O_variant - O_shipped| = %.3g (max|O| %.3g) %s\n", var.name, d,
               seqlen, causal, diff, mag, diff <= 1e-2 * mag ? "ok" : "DIFFERS");
-  cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o0); cudaFree(o1);
+  cudaFree(o1);
 }
 
 // The shipped configuration with its development timeline switched on.
@@ -262,17 +275,13 @@ struct Traced : Base {
 // each interval of a steady-state step (events in sm90/fwd_kernel.cuh) and of the step period.
 template <class Cfg>
 static void trace_shape(const char* dir, const char* name, int d, int seqlen, bool causal) {
-  Shape s{16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d, causal};
-  const size_t n = size_t(s.b) * seqlen * s.hq * d;
-  void *q, *k, *v, *o;
-  CK(cudaMalloc(&q, n * 2)); CK(cudaMalloc(&k, n * 2)); CK(cudaMalloc(&v, n * 2)); CK(cudaMalloc(&o, n * 2));
-  fill_device(q, n, 1); fill_device(k, n, 2); fill_device(v, n, 3);
+  const Fa3Problem pr(d, seqlen, causal, 1);
   using fa4::sm90::kTraceCtas, fa4::sm90::kTraceSteps, fa4::sm90::kTraceEvents;
   constexpr int kSlots = 1 + Cfg::kConsumers;
   const size_t words = size_t(kTraceCtas) * kSlots * kTraceSteps * kTraceEvents;
   uint64_t* tr;
   CK(cudaMalloc(&tr, words * 8));
-  FwdParams p = make_params(s, q, k, v, o, nullptr);
+  FwdParams p = pr.params(pr.o);
   for (int it = 0; it < 4; ++it) {  // warm-up; the last run's timeline is kept
     CK(cudaMemset(tr, 0, words * 8));
     fa4::Status st = fa4::sm90::launch_forward<Cfg>(p, 0, tr);
@@ -311,7 +320,7 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
                 name, d, seqlen, int(causal), sl - 1, iv[7].size(), median(iv[0]), median(iv[1]), median(iv[2]),
                 median(iv[3]), median(iv[4]), median(iv[5]), median(iv[6]), median(iv[7]));
   }
-  cudaFree(tr); cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o);
+  cudaFree(tr);
 }
 
 int main(int argc, char** argv) {
