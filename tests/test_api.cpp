@@ -15,6 +15,7 @@
 #include "common/validate.h"
 #include "fa4/attention.h"
 #include "gpu_guard.h"
+#include "test_support.h"
 
 namespace {
 
@@ -26,7 +27,7 @@ using fa4::Status;
 using fa4::StatusCode;
 using fa4::TensorRef;
 
-void* fake(int i) { return reinterpret_cast<void*>(uintptr_t{0x7f0000000000} + uintptr_t(i) * 0x10000000); }
+using fa4::test::fake;
 
 Problem problem(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d) {
   Problem p;

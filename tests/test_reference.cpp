@@ -14,6 +14,7 @@
 
 #include "convert.h"
 #include "reference.h"
+#include "test_support.h"
 
 namespace {
 
@@ -23,16 +24,7 @@ namespace ref = fa4::ref;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-Problem make_problem(int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t dim) {
-  Problem p;
-  p.batch = batch;
-  p.seqlen_q = sq;
-  p.seqlen_k = sk;
-  p.heads_q = hq;
-  p.heads_kv = hkv;
-  p.head_dim = dim;
-  return p;
-}
+using fa4::test::make_problem;
 
 // Uniform in [-1, -0.05] ∪ [0.05, 1]: random, and never zero or tiny.
 std::vector<double> random_values(int64_t n, uint64_t seed) {

@@ -17,6 +17,7 @@
 #include "gpu_guard.h"
 #include "reference.h"
 #include "reference_gpu.h"
+#include "test_support.h"
 
 namespace {
 
@@ -93,18 +94,7 @@ struct OracleCase {
 
 void PrintTo(const OracleCase& c, std::ostream* os) { *os << c.name; }
 
-Problem make_problem(DType t, int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv,
-                     int64_t dim) {
-  Problem p;
-  p.dtype = t;
-  p.batch = batch;
-  p.seqlen_q = sq;
-  p.seqlen_k = sk;
-  p.heads_q = hq;
-  p.heads_kv = hkv;
-  p.head_dim = dim;
-  return p;
-}
+using fa4::test::make_problem;
 
 // Runs the oracle on `p` and returns O (contiguous BSHD) and LSE as double.
 void run_oracle(const Problem& p, Layout layout, const std::vector<double>& q,
@@ -167,22 +157,22 @@ TEST_P(ReferenceGpu, MatchesTheFloat64Reference) {
 
 std::vector<OracleCase> oracle_cases() {
   std::vector<OracleCase> c;
-  Problem p = make_problem(DType::kBF16, 2, 37, 53, 4, 2, 64);
+  Problem p = make_problem(2, 37, 53, 4, 2, 64, DType::kBF16);
   p.causal = true;
   c.push_back({"bf16_causal_gqa_d64", p, Layout::kBSHD});
-  p = make_problem(DType::kFP16, 1, 64, 17, 3, 1, 128);
+  p = make_problem(1, 64, 17, 3, 1, 128, DType::kFP16);
   p.window_left = 5;
   p.window_right = 3;
   c.push_back({"fp16_window_mqa_d128_bhsd", p, Layout::kBHSD});
-  p = make_problem(DType::kBF16, 1, 5, 300, 2, 2, 256);
+  p = make_problem(1, 5, 300, 2, 2, 256, DType::kBF16);
   p.softmax_scale = 0.2f;
   c.push_back({"bf16_long_keys_d256_padded", p, Layout::kPadded});
-  p = make_problem(DType::kFP16, 2, 70, 40, 2, 2, 64);
+  p = make_problem(2, 70, 40, 2, 2, 64, DType::kFP16);
   p.causal = true;  // 30 empty rows per head
   c.push_back({"fp16_causal_sq_gt_sk", p, Layout::kPadded});
-  p = make_problem(DType::kBF16, 3, 9, 1, 4, 4, 40);
+  p = make_problem(3, 9, 1, 4, 4, 40, DType::kBF16);
   c.push_back({"bf16_one_key_d40", p, Layout::kBSHD});
-  p = make_problem(DType::kBF16, 1, 33, 130, 8, 2, 128);
+  p = make_problem(1, 33, 130, 8, 2, 128, DType::kBF16);
   p.causal = true;
   p.window_left = 20;
   c.push_back({"bf16_causal_window_gqa", p, Layout::kBHSD});
@@ -197,7 +187,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, ReferenceGpu, ::testing::ValuesIn(oracle_cases()
 TEST(ReferenceGpuArgs, RejectsWhatItCannotRunAndSkipsEmptyWork) {
   // No GPU work happens on these paths.
   fa4::ForwardArgs args;
-  args.problem = make_problem(DType::kBF16, 1, 4, 4, 3, 2, 64);
+  args.problem = make_problem(1, 4, 4, 3, 2, 64, DType::kBF16);
   float dummy = 0;
   EXPECT_EQ(ref::gpu_forward(args, &dummy, nullptr, nullptr).code,
             fa4::StatusCode::kInvalidArgument);
@@ -207,13 +197,13 @@ TEST(ReferenceGpuArgs, RejectsWhatItCannotRunAndSkipsEmptyWork) {
       << "null q";
   args.problem.head_dim = 8192;
   EXPECT_EQ(ref::gpu_forward(args, &dummy, nullptr, nullptr).code, fa4::StatusCode::kNotSupported);
-  args.problem = make_problem(DType::kBF16, 0, 4, 4, 1, 1, 64);
+  args.problem = make_problem(0, 4, 4, 1, 1, 64, DType::kBF16);
   EXPECT_TRUE(ref::gpu_forward(args, nullptr, nullptr, nullptr).ok()) << "no rows: nothing to do";
 }
 
 TEST(ReferenceGpuArgs, NoKeysGivesZeroAndMinusInf) {
   FA4_REQUIRE_GPU();
-  const Problem p = make_problem(DType::kFP16, 2, 3, 0, 2, 1, 16);
+  const Problem p = make_problem(2, 3, 0, 2, 1, 16, DType::kFP16);
   ref::Forward64 gpu;
   ASSERT_NO_FATAL_FAILURE(
       run_oracle(p, Layout::kBSHD, random_values(ref::q_elems(p), 4), {}, {}, &gpu));
@@ -227,7 +217,7 @@ TEST(ReferenceGpuTiming, DISABLED_LargeShapes) {
   FA4_REQUIRE_GPU();
   for (int64_t seq : {1024, 4096, 16384}) {
     for (bool causal : {false, true}) {
-      Problem p = make_problem(DType::kBF16, 16384 / seq, seq, seq, 16, 16, 128);
+      Problem p = make_problem(16384 / seq, seq, seq, 16, 16, 128, DType::kBF16);
       p.causal = causal;
       DeviceBytes q(2 * ref::q_elems(p)), k(2 * ref::kv_elems(p)), v(2 * ref::kv_elems(p));
       DeviceBytes o(4 * ref::q_elems(p)), lse(4 * ref::lse_elems(p));

@@ -13,6 +13,7 @@
 
 #include "common/validate.h"
 #include "fa4/attention.h"
+#include "test_support.h"
 
 namespace {
 
@@ -26,8 +27,7 @@ using fa4::TensorRef;
 
 constexpr int64_t kB = 2, kSq = 256, kSk = 384, kHq = 8, kHkv = 2, kD = 128;
 
-// A distinct 16-byte-aligned address per tensor; never dereferenced.
-void* fake(int i) { return reinterpret_cast<void*>(uintptr_t{0x7f0000000000} + uintptr_t(i) * 0x10000000); }
+using fa4::test::fake;
 
 void* offset_bytes(void* p, int bytes) { return static_cast<char*>(p) + bytes; }
 
