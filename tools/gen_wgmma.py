@@ -6,8 +6,12 @@ too many operands to write by hand; this script spells them out. Rerun after edi
 """
 import pathlib
 
-SHAPES_SS = [64, 80, 128, 256]          # S = Q K^T (and the calibration at 256): A and B from shared memory, K-major
+SHAPES_SS = [64, 80, 128, 160, 176, 192, 256]          # S = Q K^T (and the calibration at 256): A and B from shared memory, K-major
 SHAPES_RS = [64, 128, 256]     # O += P V: A (P) from registers, B (V) from shared memory
+# O += P V with P from shared memory too (V MN-major), and P from registers against a K-major B:
+# the calibration's comparisons of the P V operand paths (bench/calibrate).
+SHAPES_SS_TB = [128]
+SHAPES_RS_KB = [128]
 TYPES = {"bf16": "bf16", "f16": "f16"}
 
 
@@ -30,6 +34,36 @@ __device__ __forceinline__ void mma_ss<{n}, Type::k{t.upper()}>(float (&d)[{k}],
       "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, 0, 0;\\n}}\\n"
       : {constraints(n)}
       : "l"(a), "l"(b), "r"(accumulate));
+}}
+'''
+
+
+def ss_tb(n, t):
+    k = n // 2
+    return f'''
+// D(64x{n}, f32) (+)= A(64x16, smem desc, K-major) * B(16x{n}, smem desc, MN-major so transposed).
+template <>
+__device__ __forceinline__ void mma_ss_tb<{n}, Type::k{t.upper()}>(float (&d)[{k}], uint64_t a, uint64_t b, int accumulate) {{
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, 0, 1;\\n}}\\n"
+      : {constraints(n)}
+      : "l"(a), "l"(b), "r"(accumulate));
+}}
+'''
+
+
+def rs_kb(n, t):
+    k = n // 2
+    return f'''
+// D(64x{n}, f32) += A(64x16, registers) * B({n}x16, smem desc, K-major).
+template <>
+__device__ __forceinline__ void mma_rs_kb<{n}, Type::k{t.upper()}>(float (&d)[{k}], const uint32_t (&a)[4], uint64_t b, int accumulate) {{
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 5}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{acc_list(n)}}}, {{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}, %{k + 4}, p, 1, 1, 0;\\n}}\\n"
+      : {constraints(n)}
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }}
 '''
 
@@ -64,12 +98,20 @@ def main():
         "__device__ void mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate);",
         "template <int N, Type T>",
         "__device__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b, int accumulate);",
+        "template <int N, Type T>",
+        "__device__ void mma_ss_tb(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate);",
+        "template <int N, Type T>",
+        "__device__ void mma_rs_kb(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b, int accumulate);",
     ]
     for t in TYPES:
         for n in SHAPES_SS:
             out.append(ss(n, t))
         for n in SHAPES_RS:
             out.append(rs(n, t))
+        for n in SHAPES_SS_TB:
+            out.append(ss_tb(n, t))
+        for n in SHAPES_RS_KB:
+            out.append(rs_kb(n, t))
     out.append("}  // namespace fa4::ptx::wgmma\n")
     path = pathlib.Path(__file__).resolve().parent.parent / "src" / "ptx" / "wgmma_ops.h"
     path.write_text("\n".join(out))

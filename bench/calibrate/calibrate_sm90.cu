@@ -168,6 +168,116 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1)
 }
 
 // ------------------------------------------------------------------------------------------------
+// The forward kernel's d128 GEMMs per 128x128 K/V block, by operand path
+// ------------------------------------------------------------------------------------------------
+
+// What each warpgroup issues per K/V block (two warpgroups, 64 query rows each, as in the kernel):
+enum GemmMix : int {
+  kMixS2 = 0,    // S = Q K^T twice (SS, both K-major): the calibrated path, twice the work
+  kMixSPvRs,     // S, then O += P V with P from registers and V MN-major: the kernel's pair
+  kMixPvRs2,     // P V from registers twice
+  kMixSPvSs,     // S, then P V with P from shared memory (K-major) and V MN-major
+  kMixPvSs2,     // P V from shared memory twice
+  kMixPvRsKb2,   // P from registers against a K-major B, twice (is it the transposed B?)
+  kMixSAcc2,     // S twice, every wgmma accumulating (no chain starts from zero)
+  kMixSAccPvRs,  // S accumulating, then P V from registers
+  kMixSAccPvSs,  // S accumulating, then P V from shared memory
+  kMixCount
+};
+constexpr const char* kMixNames[kMixCount] = {"s_ss_x2", "s_ss_then_pv_rs", "pv_rs_x2", "s_ss_then_pv_ss", "pv_ss_x2",
+                                              "pv_rs_kmajor_b_x2", "s_ss_accumulating_x2", "s_ss_accumulating_then_pv_rs",
+                                              "s_ss_accumulating_then_pv_ss"};
+// Q [2 chunks][128][64], K and V likewise, P [2 warpgroups][2 chunks][64][64]: 128 KB.
+constexpr int kMixSmem = 4 * 32768 + 1024;
+
+// Random bf16 in [-1, 1) (switching as in attention, not the near-constant operands above).
+__device__ void fill_random(unsigned char* base, int bytes) {
+  uint16_t* p = reinterpret_cast<uint16_t*>(base);
+  for (int i = threadIdx.x; i < bytes / 2; i += blockDim.x) {
+    uint32_t h = uint32_t(i) * 0x9E3779B1u;
+    h ^= h >> 15; h *= 0x2C1B3C6Du; h ^= h >> 12;
+    const __nv_bfloat16 v = __float2bfloat16(float(h >> 8) * (2.0f / 16777216.0f) - 1.0f);
+    p[i] = *reinterpret_cast<const uint16_t*>(&v);
+  }
+  cptx::fence_proxy_async(cptx::space_shared);
+  __syncthreads();
+}
+
+// One K/V block's GEMMs of warpgroup `w` into s / o (the kernel's descriptors and offsets).
+template <int kMix>
+__device__ __forceinline__ void mix_block(unsigned char* base, int w, float (&s)[64], float (&o)[64],
+                                          const uint32_t (&pf)[32]) {
+  const uint64_t q = wg::desc_sw128(fptx::smem_addr(base) + w * 64 * 128, 16, 1024);
+  const uint64_t k = wg::desc_sw128(fptx::smem_addr(base + 32768), 16, 1024);
+  const uint64_t v = wg::desc_sw128(fptx::smem_addr(base + 65536), 128 * 128, 1024);
+  const uint64_t pk = wg::desc_sw128(fptx::smem_addr(base + 98304 + w * 16384), 16, 1024);
+  constexpr bool kAcc = kMix == kMixSAcc2 || kMix == kMixSAccPvRs || kMix == kMixSAccPvSs;
+  auto gemm_s = [&] {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      wg::mma_ss<128, wg::Type::kBF16>(s, wg::desc_advance(q, (kk / 4) * 128 * 128 + (kk % 4) * 32),
+                                       wg::desc_advance(k, (kk / 4) * 128 * 128 + (kk % 4) * 32), kAcc || kk > 0);
+  };
+  auto gemm_pv_rs = [&] {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
+      wg::mma_rs<128, wg::Type::kBF16>(o, a, wg::desc_advance(v, kk * 16 * 128), 1);
+    }
+  };
+  auto gemm_pv_ss = [&] {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      wg::mma_ss_tb<128, wg::Type::kBF16>(o, wg::desc_advance(pk, (kk / 4) * 64 * 128 + (kk % 4) * 32),
+                                          wg::desc_advance(v, kk * 16 * 128), 1);
+  };
+  auto gemm_pv_rs_kb = [&] {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
+      wg::mma_rs_kb<128, wg::Type::kBF16>(o, a, wg::desc_advance(k, (kk / 4) * 128 * 128 + (kk % 4) * 32), 1);
+    }
+  };
+  if constexpr (kMix == kMixS2) { gemm_s(); gemm_s(); }
+  if constexpr (kMix == kMixSPvRs) { gemm_s(); gemm_pv_rs(); }
+  if constexpr (kMix == kMixPvRs2) { gemm_pv_rs(); gemm_pv_rs(); }
+  if constexpr (kMix == kMixSPvSs) { gemm_s(); gemm_pv_ss(); }
+  if constexpr (kMix == kMixPvSs2) { gemm_pv_ss(); gemm_pv_ss(); }
+  if constexpr (kMix == kMixPvRsKb2) { gemm_pv_rs_kb(); gemm_pv_rs_kb(); }
+  if constexpr (kMix == kMixSAcc2) { gemm_s(); gemm_s(); }
+  if constexpr (kMix == kMixSAccPvRs) { gemm_s(); gemm_pv_rs(); }
+  if constexpr (kMix == kMixSAccPvSs) { gemm_s(); gemm_pv_ss(); }
+}
+
+// Two warpgroups a CTA, one CTA an SM, each issuing `iters` K/V blocks of its mix, two blocks in
+// flight. out[block]: cycles for all of them (ideal: 2 x 16 x 64 = 2048 a block for every mix).
+template <int kMix>
+__global__ void __launch_bounds__(256, 1) gemm_mix(long long* out, float* sink, int iters) {
+  unsigned char* base = smem_base();
+  fill_random(base, 4 * 32768);
+  const int w = threadIdx.x / 128;
+  float s[64], o[64];
+  uint32_t pf[32];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s[i] = o[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) pf[i] = 0x3C003C00u ^ (uint32_t(threadIdx.x * 977 + i * 131) & 0x007F007Fu);
+  wg::fence();
+  __syncthreads();
+  const long long t0 = clock64();
+  for (int i = 0; i < iters; ++i) {
+    mix_block<kMix>(base, w, s, o, pf);
+    wg::commit_group();
+    wg::wait_group<1>();
+  }
+  wg::wait_group<0>();
+  __syncthreads();
+  const long long t1 = clock64();
+  if (threadIdx.x == 0) out[blockIdx.x] = t1 - t0;
+  sink[blockIdx.x * blockDim.x + threadIdx.x] = acc_sum<128>(s) + acc_sum<128>(o);
+}
+
+// ------------------------------------------------------------------------------------------------
 // TMA
 // ------------------------------------------------------------------------------------------------
 
@@ -266,46 +376,112 @@ __device__ __forceinline__ long long clock_fenced() {
 // (kFull), P to shared memory, clock.
 // !kFull keeps only the loads and stores: the baseline to subtract. out[iteration]: warp 0's
 // cycles; the host takes the median.
+// One timed iteration of the softmax on a thread's slice of S in shared memory (my_s; P to my_p),
+// as laid out above; returns warp 0's cycles through `out` when it is thread 0's.
+template <bool kFull>
+__device__ __forceinline__ long long softmax_iteration(const float* my_s, uint32_t* my_p, int stride, int it,
+                                                       fa4::numerics::RowState (&rows)[2]) {
+  const float scale_log2 = 0.127f;
+  const long long t0 = clock_fenced();
+  float s[64];
+#pragma unroll
+  for (int c = 0; c < 64; c += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(my_s + (c / 4) * stride);
+    s[c] = v.x + it;  // a slightly different block each time
+    s[c + 1] = v.y;
+    s[c + 2] = v.z;
+    s[c + 3] = v.w;
+  }
+  float corr[2] = {1.0f, 1.0f};
+  if constexpr (kFull) fa4::sm90::softmax_step<128, 0>(s, rows, scale_log2, 8.0f, corr);
+#pragma unroll
+  for (int c = 0; c < 32; c += 4) {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      __nv_bfloat162 v = __floats2bfloat162_rn(s[2 * (c + k)] * corr[0], s[2 * (c + k) + 1]);
+      w[k] = *reinterpret_cast<uint32_t*>(&v);
+    }
+    *reinterpret_cast<uint4*>(my_p + (c / 4) * stride) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  return clock_fenced() - t0;
+}
+
+// S of `threads` threads in shared memory at `sm_s`: 64 floats of S per thread, then 32 words of
+// P, interleaved by 16 bytes between threads so that the vector loads and stores are free of bank
+// conflicts: element c of a thread sits at (c / 4) * threads * 4 + thread * 4 + c % 4.
+__device__ __forceinline__ void softmax_operands(float* sm_s, int threads, int thread, const float** my_s,
+                                                 uint32_t** my_p) {
+  const int stride = threads * 4;
+  float* s = sm_s + thread * 4;
+  for (int c = 0; c < 64; ++c) s[(c / 4) * stride + c % 4] = 0.37f * ((thread * 7 + c * 13) % 29) - 5.0f;
+  *my_s = s;
+  *my_p = reinterpret_cast<uint32_t*>(sm_s + threads * 64) + thread * 4;
+}
+
+// kWarpgroups warpgroups, each thread holding 2 rows x 32 columns of a 64x128 fp32 S block (the
+// wgmma accumulator layout). Per iteration: clock, S from shared memory, the forward kernel's
+// softmax step itself (src/sm90/softmax.cuh: max as a tree, two quad shuffles, rescale step,
+// 2^(x*scale - max) on MUFU, sums in four partial chains) and P packed to bf16 (kFull), P to
+// shared memory, clock. !kFull keeps only the loads and stores: the baseline to subtract.
+// out[iteration]: warp 0's cycles; the host takes the median.
 template <int kWarpgroups, bool kFull>
 __global__ void __launch_bounds__(128 * kWarpgroups, 1) softmax_latency(long long* out, int iters) {
-  // 64 floats of S per thread, then 32 words of P, interleaved by 16 bytes between threads so
-  // that the vector loads and stores are free of bank conflicts: element c of a thread sits at
-  // (c / 4) * blockDim * 4 + threadIdx * 4 + c % 4.
   extern __shared__ float sm_s[];
-  const int stride = blockDim.x * 4;
-  float* my_s = sm_s + threadIdx.x * 4;
-  uint32_t* my_p = reinterpret_cast<uint32_t*>(sm_s + blockDim.x * 64) + threadIdx.x * 4;
-  for (int c = 0; c < 64; ++c) my_s[(c / 4) * stride + c % 4] = 0.37f * ((threadIdx.x * 7 + c * 13) % 29) - 5.0f;
+  const float* my_s;
+  uint32_t* my_p;
+  softmax_operands(sm_s, blockDim.x, threadIdx.x, &my_s, &my_p);
   __syncthreads();
   fa4::numerics::RowState rows[2] = {fa4::numerics::row_state_init(), fa4::numerics::row_state_init()};
-  const float scale_log2 = 0.127f;
   for (int it = 0; it < iters; ++it) {
-    const long long t0 = clock_fenced();
-    float s[64];
-#pragma unroll
-    for (int c = 0; c < 64; c += 4) {
-      const float4 v = *reinterpret_cast<const float4*>(my_s + (c / 4) * stride);
-      s[c] = v.x + it;  // a slightly different block each time
-      s[c + 1] = v.y;
-      s[c + 2] = v.z;
-      s[c + 3] = v.w;
-    }
-    float corr[2] = {1.0f, 1.0f};
-    if constexpr (kFull) fa4::sm90::softmax_step<128, 0>(s, rows, scale_log2, 8.0f, corr);
-#pragma unroll
-    for (int c = 0; c < 32; c += 4) {
-      uint32_t w[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(s[2 * (c + k)] * corr[0], s[2 * (c + k) + 1]);
-        w[k] = *reinterpret_cast<uint32_t*>(&v);
-      }
-      *reinterpret_cast<uint4*>(my_p + (c / 4) * stride) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-    const long long t1 = clock_fenced();
-    if (threadIdx.x == 0) out[it] = t1 - t0;
+    const long long c = softmax_iteration<kFull>(my_s, my_p, blockDim.x * 4, it, rows);
+    if (threadIdx.x == 0) out[it] = c;
   }
   if (rows[0].sum == 12345.0f) my_p[0] = 0;  // keep the row state alive
+}
+
+// The same softmax on warpgroup 0 while warpgroup 1 keeps the tensor cores busy with a GEMM mix
+// (above) on the same SM: does the tensor work slow the softmax down (register file, issue)?
+// One CTA on one SM; out[iteration] as above.
+template <bool kFull, int kMix>
+__global__ void __launch_bounds__(256, 1) softmax_beside_gemm(long long* out, float* sink, int iters) {
+  unsigned char* base = smem_base();
+  float* sm_s = reinterpret_cast<float*>(base + 4 * 32768);
+  __shared__ volatile int done;
+  if (threadIdx.x == 0) done = 0;
+  fill_random(base, 4 * 32768);
+  // Warpgroup index made warp-uniform (a shuffle): ptxas then keeps warpgroup 1's wgmma pipelined.
+  const int w = __shfl_sync(0xffffffff, int(threadIdx.x / 128), 0);
+  if (w == 0) {
+    const float* my_s;
+    uint32_t* my_p;
+    softmax_operands(sm_s, 128, threadIdx.x, &my_s, &my_p);
+    fa4::numerics::RowState rows[2] = {fa4::numerics::row_state_init(), fa4::numerics::row_state_init()};
+    for (int it = 0; it < 16; ++it) softmax_iteration<kFull>(my_s, my_p, 512, it, rows);  // GEMMs ramp up
+    for (int it = 0; it < iters; ++it) {
+      const long long c = softmax_iteration<kFull>(my_s, my_p, 512, it, rows);
+      if (threadIdx.x == 0) out[it] = c;
+    }
+    if (rows[0].sum == 12345.0f) my_p[0] = 0;
+    __syncwarp();
+    if (threadIdx.x == 0) done = 1;
+  } else {
+    float s[64], o[64];
+    uint32_t pf[32];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s[i] = o[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) pf[i] = 0x3C003C00u ^ (uint32_t(threadIdx.x * 977 + i * 131) & 0x007F007Fu);
+    wg::fence();
+    for (int i = 0; i < (1 << 24); ++i) {  // until warpgroup 0 is done (bounded all the same)
+      mix_block<kMix>(base, 1, s, o, pf);
+      wg::commit_group();
+      wg::wait_group<1>();
+      if ((i & 15) == 15 && done) break;
+    }
+    wg::wait_group<0>();
+    sink[threadIdx.x] = acc_sum<128>(s) + acc_sum<128>(o);
+  }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -546,6 +722,80 @@ void bench_softmax(Json& j) {
 // The SM clock while every SM keeps the tensor cores busy for ~0.1 s (long enough for power
 // management to settle): cycles over nanoseconds of wgmma m64n128k16 with two warpgroups per SM.
 // Converts a kernel's measured time into cycles.
+template <int kMix>
+double run_gemm_mix(long long* d_out, float* d_sink, int iters) {
+  CHECK(cudaFuncSetAttribute(gemm_mix<kMix>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMixSmem));
+  std::vector<long long> cyc(g_sms);
+  for (int rep = 0; rep < 2; ++rep) {  // the first run warms up
+    gemm_mix<kMix><<<g_sms, 256, kMixSmem>>>(d_out, d_sink, iters);
+    CHECK(cudaGetLastError());
+    CHECK(cudaMemcpy(cyc.data(), d_out, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
+  }
+  return median(cyc) / iters;
+}
+
+template <int kMix>
+double run_softmax_beside(long long* d_out, float* d_sink, int iters, bool full) {
+  auto kernel = full ? softmax_beside_gemm<true, kMix> : softmax_beside_gemm<false, kMix>;
+  const int smem = kMixSmem + 128 * 96 * 4;
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<1, 256, smem>>>(d_out, d_sink, iters);
+  CHECK(cudaGetLastError());
+  std::vector<long long> v(iters);
+  CHECK(cudaMemcpy(v.data(), d_out, sizeof(long long) * iters, cudaMemcpyDeviceToHost));
+  return median(v);
+}
+
+// Cycles a K/V block of the d128 GEMM pair by operand path (both warpgroups; ideal 2048), and one
+// warpgroup's softmax while the other keeps the tensor cores busy.
+void bench_gemm_mix(Json& j) {
+  const int iters = 2048;
+  long long* d_out;
+  float* d_sink;
+  CHECK(cudaMalloc(&d_out, sizeof(long long) * std::max(g_sms, iters)));
+  CHECK(cudaMalloc(&d_sink, sizeof(float) * g_sms * 256));
+  j.open("gemm_mix_d128_cycles_per_kv_block_2wg");
+  j.num(kMixNames[kMixS2], run_gemm_mix<kMixS2>(d_out, d_sink, iters));
+  j.num(kMixNames[kMixSPvRs], run_gemm_mix<kMixSPvRs>(d_out, d_sink, iters));
+  j.num(kMixNames[kMixPvRs2], run_gemm_mix<kMixPvRs2>(d_out, d_sink, iters));
+  j.num(kMixNames[kMixSPvSs], run_gemm_mix<kMixSPvSs>(d_out, d_sink, iters));
+  j.num(kMixNames[kMixPvSs2], run_gemm_mix<kMixPvSs2>(d_out, d_sink, iters));
+  j.num(kMixNames[kMixPvRsKb2], run_gemm_mix<kMixPvRsKb2>(d_out, d_sink, iters));
+  j.num(kMixNames[kMixSAcc2], run_gemm_mix<kMixSAcc2>(d_out, d_sink, iters));
+  j.num(kMixNames[kMixSAccPvRs], run_gemm_mix<kMixSAccPvRs>(d_out, d_sink, iters));
+  j.num(kMixNames[kMixSAccPvSs], run_gemm_mix<kMixSAccPvSs>(d_out, d_sink, iters));
+  j.close();
+  const int sm_iters = 256;
+  j.open("softmax_64x128_beside_gemm_1sm");
+  const double base = run_softmax_beside<kMixS2>(d_out, d_sink, sm_iters, false);
+  j.num("baseline_cycles_subtracted_beside_s_ss", base);
+  j.num("beside_s_ss_x2", run_softmax_beside<kMixS2>(d_out, d_sink, sm_iters, true) - base);
+  const double base_rs = run_softmax_beside<kMixSPvRs>(d_out, d_sink, sm_iters, false);
+  j.num("baseline_cycles_subtracted_beside_s_pv_rs", base_rs);
+  j.num("beside_s_ss_then_pv_rs", run_softmax_beside<kMixSPvRs>(d_out, d_sink, sm_iters, true) - base_rs);
+  const double base_prs = run_softmax_beside<kMixPvRs2>(d_out, d_sink, sm_iters, false);
+  j.num("beside_pv_rs_x2", run_softmax_beside<kMixPvRs2>(d_out, d_sink, sm_iters, true) - base_prs);
+  const double base_pss = run_softmax_beside<kMixSPvSs>(d_out, d_sink, sm_iters, false);
+  j.num("beside_s_ss_then_pv_ss", run_softmax_beside<kMixSPvSs>(d_out, d_sink, sm_iters, true) - base_pss);
+  // Every GEMM result live (the chains above that start from zero let the hardware drop work: see
+  // s_ss_x2 against s_ss_accumulating_x2). Raw cycles too: the baseline moves with shared-memory load.
+  for (int mix : {kMixSAcc2, kMixSAccPvRs, kMixSAccPvSs, kMixPvRs2, kMixPvSs2}) {
+    double b = 0, f = 0;
+    switch (mix) {
+      case kMixSAcc2: b = run_softmax_beside<kMixSAcc2>(d_out, d_sink, sm_iters, false); f = run_softmax_beside<kMixSAcc2>(d_out, d_sink, sm_iters, true); break;
+      case kMixSAccPvRs: b = run_softmax_beside<kMixSAccPvRs>(d_out, d_sink, sm_iters, false); f = run_softmax_beside<kMixSAccPvRs>(d_out, d_sink, sm_iters, true); break;
+      case kMixSAccPvSs: b = run_softmax_beside<kMixSAccPvSs>(d_out, d_sink, sm_iters, false); f = run_softmax_beside<kMixSAccPvSs>(d_out, d_sink, sm_iters, true); break;
+      case kMixPvRs2: b = run_softmax_beside<kMixPvRs2>(d_out, d_sink, sm_iters, false); f = run_softmax_beside<kMixPvRs2>(d_out, d_sink, sm_iters, true); break;
+      default: b = run_softmax_beside<kMixPvSs2>(d_out, d_sink, sm_iters, false); f = run_softmax_beside<kMixPvSs2>(d_out, d_sink, sm_iters, true); break;
+    }
+    j.num(std::string("live_beside_") + kMixNames[mix] + "_full", f);
+    j.num(std::string("live_beside_") + kMixNames[mix] + "_baseline", b);
+  }
+  j.close();
+  CHECK(cudaFree(d_out));
+  CHECK(cudaFree(d_sink));
+}
+
 void bench_sustained_clock(Json& j) {
   long long *d_out, *d_ns;
   float* d_sink;
@@ -624,6 +874,7 @@ int main() {
   CHECK(cudaFree(big));
   bench_exp2(j);
   bench_softmax(j);
+  bench_gemm_mix(j);
   bench_handoff(j);
   bench_sustained_clock(j);
   j.close();
