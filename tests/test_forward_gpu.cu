@@ -243,9 +243,14 @@ TEST(ForwardGpu, LongSequences) {
 
 TEST(ForwardGpu, ManyTilesPersistentGrid) {
   FA4_REQUIRE_GPU();
-  // More tiles than SMs, so each CTA of the persistent grid walks several.
+  // More tiles than SMs, so each CTA of the persistent grid walks several: in static rounds where
+  // tiles are of one length, from the tile counter where they vary (causal, windows).
   run_case({BF16, 4, 600, 600, 16, 4, 64, false}, 700);
   run_case({BF16, 3, 700, 500, 12, 12, 128, false}, 701);
+  run_case({BF16, 4, 600, 600, 16, 4, 64, true}, 702);
+  run_case({BF16, 3, 700, 500, 12, 12, 128, true}, 703);
+  run_case({FP16, 2, 600, 650, 16, 8, 256, true}, 704);
+  run_case({BF16, 4, 600, 600, 16, 4, 128, false, 200, 0}, 705);
 }
 
 TEST(ForwardGpu, RepeatedRunsAreBitIdentical) {

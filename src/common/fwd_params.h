@@ -24,8 +24,13 @@ struct FwdParams {
   int window_left, window_right;
   // Conditional rescaling threshold in log2 units (0 = rescale whenever the max grows).
   float rescale_threshold = 8.0f;
-  // Grid: 0 or 1 = persistent (one CTA per SM walking tiles), 2 = one CTA per tile (ablation).
+  // Grid: 0 or 1 = persistent (one CTA per SM walking tiles), 2 = one CTA per tile (ablation),
+  // 3 = persistent in static rounds with one section of every head where lengths vary (ablation:
+  // the order before the dynamic grid), 4 = the dynamic grid over that one section (ablation).
   int schedule = 0;
+  // K and V bytes a section of heads may hold (sm90/fwd_launch.cuh); 0 = the default, < 0 = one
+  // section of every head. For measurements.
+  int64_t l2_section_bytes = 0;
 };
 
 // Launches the sm90 forward kernel; kNotSupported for configurations it does not cover.

@@ -133,6 +133,10 @@ struct FwdKernelParams {
   float rescale_threshold;  // log2 units; 0 = always rescale
   Window window;
   TileOrder tiles;
+  // Tiles past each CTA's first come from this counter (atomicAdd; zero at launch) where tile
+  // lengths vary (causal, windows), so a CTA that finishes early takes the next; null: the static
+  // rounds of TileOrder::nth (equal lengths).
+  int* tile_counter;
   uint64_t* trace;  // development timeline (a config with kTrace = true); null otherwise
 };
 
@@ -161,11 +165,14 @@ struct TraceLog {
 };
 
 // Full barriers complete when TMA has landed a tile; empty barriers when both consumers are done
-// with it. K and V have their own, so K_{j+2} loads as soon as S_j is done.
+// with it. K and V have their own, so K_{j+2} loads as soon as S_j is done. The Q producer writes
+// each tile's index beside its Q buffer before q_full's arrive (release), and every other role
+// reads it after its q_full wait (acquire): one source of the tile sequence, static or dynamic.
 struct alignas(8) FwdBarriers {
   uint64_t q_full[2], q_empty[2];
   uint64_t k_full[8], k_empty[8];
   uint64_t v_full[8], v_empty[8];
+  volatile int tile[2];  // per Q buffer: its tile, or >= TileOrder::count when the CTA has no more
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
 
@@ -218,7 +225,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kQStages; ++s) {
       mbar_init(&bar.q_full[s], 1);
-      mbar_init(&bar.q_empty[s], Cfg::kConsumers);
+      // The consumers, and the V loader (it reads the tile index beside Q) when it is its own thread.
+      mbar_init(&bar.q_empty[s], Cfg::kConsumers + (Cfg::kSplitLoads ? 1 : 0));
     }
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbar_init(&bar.k_full[s], 1);
@@ -254,16 +262,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       };
       RingPos<Cfg::kStages> w;
       RingPos<Cfg::kQStages> qw;
-      for (int round = 0, tile; (tile = p.tiles.nth(round, blockIdx.x, gridDim.x)) < p.tiles.count; ++round) {
+      int next = blockIdx.x;  // the Q loader's next tile: the first is the CTA's own
+      for (int round = 0;; ++round) {
+        int tile;
+        if (loads_k) {  // takes the tile, publishes it beside its Q buffer, loads Q
+          tile = next;
+          mbar_wait(&bar.q_empty[qw.stage], qw.phase ^ 1);
+          bar.tile[qw.stage] = tile;
+          if (tile >= p.tiles.count) {
+            mbar_arrive(&bar.q_full[qw.stage]);  // no Q: the phase completes on the arrive alone
+            break;
+          }
+          const Tile tl = p.tiles.decode(tile);
+          load_tile(sQ + qw.stage * Cfg::kQBytes, &p.tm_q, &bar.q_full[qw.stage], Cfg::kQBytes, kBlockM,
+                    tl.m_block * kBlockM, tl.head, tl.batch);
+          // The next tile now, so the atomic's latency passes under this tile's K/V loads.
+          next = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
+                                : p.tiles.nth(round + 1, blockIdx.x, gridDim.x);
+        } else {  // the V loader: the tile the Q loader published, then frees its slot
+          mbar_wait(&bar.q_full[qw.stage], qw.phase);
+          tile = bar.tile[qw.stage];
+          if (tile >= p.tiles.count) break;
+          mbar_arrive(&bar.q_empty[qw.stage]);
+        }
+        qw.advance();
         const Tile tl = p.tiles.decode(tile);
         const BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
         const int h_kv = tl.head / p.head_ratio;
-        if (loads_k) {
-          mbar_wait(&bar.q_empty[qw.stage], qw.phase ^ 1);
-          load_tile(sQ + qw.stage * Cfg::kQBytes, &p.tm_q, &bar.q_full[qw.stage], Cfg::kQBytes, kBlockM,
-                    tl.m_block * kBlockM, tl.head, tl.batch);
-          qw.advance();
-        }
         // Trace events of a load: 0/1 before/after K's empty wait, 2/3 the same for V.
         for (int n = range.hi - 1; n >= range.lo; --n) {
           if (loads_k) {
@@ -365,14 +390,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   RingPos<Cfg::kStages> r;
   RingPos<Cfg::kQStages> qr;
-  for (int round = 0, tile; (tile = p.tiles.nth(round, blockIdx.x, gridDim.x)) < p.tiles.count; ++round) {
+  for (;;) {
+    mbar_wait(&bar.q_full[qr.stage], qr.phase);  // Q, and the tile index beside it
+    const int tile = bar.tile[qr.stage];
+    if (tile >= p.tiles.count) break;
     const Tile tl = p.tiles.decode(tile);
     const int m_block = tl.m_block;
     const BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, m_block, p.seqlen_q, p.seqlen_k);
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
     rows[0] = rows[1] = numerics::row_state_init();
-    mbar_wait(&bar.q_full[qr.stage], qr.phase);
     q_desc = wgmma::desc_sw128(smem_addr(sQ + qr.stage * Cfg::kQBytes) + consumer * 64 * 128, 16, 1024);
 
     if (range.hi > range.lo) {

@@ -17,8 +17,37 @@ inline int map_tensor(CUtensorMap* map, const void* base, const int64_t stride[3
   return ptx::make_tensor_map_16bit_sw128(map, base, dims, strides, 64, box_rows);
 }
 
-// K and V of this many bytes per section of heads are meant to stay in L2 (H100/H200: 50-60 MB).
+// K and V of this many bytes per section of heads are meant to stay in L2 (H100/H200: 50 MB).
+// Tiles whose lengths vary (causal) read on average half of their section's K and V, and measure
+// best with twice the budget (docs/perf-notes.md, "L2 sections and the clock").
 inline constexpr int64_t kL2SectionBytes = 24ll << 20;
+inline constexpr int64_t kL2SectionBytesVarying = 48ll << 20;
+
+// Heads per section: the largest divisor of batch_heads whose K and V fit kL2SectionBytes (at
+// least 1). A divisor, so the last section is as long as the others and a dynamic grid ends on
+// the short tiles of a full section, not on the long tiles of a partial one.
+inline int64_t section_heads(int64_t batch_heads, int64_t kv_bytes_per_q_head, int64_t budget = kL2SectionBytes) {
+  const int64_t most = std::clamp<int64_t>(budget / std::max<int64_t>(1, kv_bytes_per_q_head), 1, batch_heads);
+  for (int64_t s = most; s > 1; --s)
+    if (batch_heads % s == 0) return s;
+  return 1;
+}
+
+// Zeroed launch-private tile counter for the dynamic grid: stream-ordered allocation, so
+// concurrent launches on other streams and graph capture each get their own.
+struct TileCounter {
+  int* ptr = nullptr;
+  cudaStream_t stream{};
+  cudaError_t make(cudaStream_t s) {
+    stream = s;
+    cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&ptr), sizeof(int), s);
+    if (e == cudaSuccess) e = cudaMemsetAsync(ptr, 0, sizeof(int), s);
+    return e;
+  }
+  ~TileCounter() {
+    if (ptr != nullptr) cudaFreeAsync(ptr, stream);  // after the kernel, in stream order
+  }
+};
 
 template <class Cfg>
 Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t* trace = nullptr) {
@@ -49,12 +78,16 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   if (tiles > INT32_MAX)
     return {StatusCode::kNotSupported, "batch * heads_q * ceil(seqlen_q / " + std::to_string(Cfg::kBlockM) +
                                            ") = " + std::to_string(tiles) + " tiles: at most 2^31 - 1"};
-  // Tiles of one length (no causal or window bound): heads in L2-sized sections. Tiles whose
-  // length varies: one order across all heads, longest first, so each round of the persistent
-  // grid holds tiles of about one length. schedule 2 (ablation): one CTA per tile instead.
+  // Heads in L2-sized sections, longest tiles first inside each. Tiles of one length (no causal
+  // or window bound) go to the persistent grid in static rounds; tiles whose length varies are
+  // taken from a counter, each CTA its next when it finishes one. schedule 2 (ablation): one CTA
+  // per tile; schedule 3 (ablation, the earlier order): static rounds, and one section of every
+  // head where lengths vary; schedule 4 (ablation): the dynamic grid over one such section.
   const bool uniform = a.window_right < 0 && a.window_left < 0;
   const int64_t kv_bytes_per_q_head = std::max<int64_t>(1, 4ll * a.seqlen_k * a.head_dim / k.head_ratio);
-  const int64_t section = uniform ? std::clamp<int64_t>(kL2SectionBytes / kv_bytes_per_q_head, 1, batch_heads) : batch_heads;
+  const bool one_section = (a.schedule == 3 || a.schedule == 4) && !uniform;
+  const int64_t budget = a.l2_section_bytes > 0 ? a.l2_section_bytes : uniform ? kL2SectionBytes : kL2SectionBytesVarying;
+  const int64_t section = one_section || a.l2_section_bytes < 0 ? batch_heads : section_heads(batch_heads, kv_bytes_per_q_head, budget);
   k.tiles = {int(tiles), int(m_blocks), int(batch_heads), a.heads_q, int(section)};
 
   int device = 0, sms = 0;
@@ -66,6 +99,12 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (attr != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr)};
   const int grid = int(a.schedule == 2 ? tiles : std::min<int64_t>(tiles, sms));
+  TileCounter counter;
+  if (!uniform && a.schedule != 2 && a.schedule != 3 && grid < tiles) {
+    e = counter.make(stream);
+    if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("tile counter: ") + cudaGetErrorString(e)};
+    k.tile_counter = counter.ptr;
+  }
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
   e = cudaGetLastError();
   if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("sm90 forward launch: ") + cudaGetErrorString(e)};

@@ -2,9 +2,11 @@
 //
 // Heads are taken in sections small enough that their K and V stay in L2; inside a section the
 // query blocks go from the last to the first (with a causal mask the last see the most keys, so the
-// longest tiles start first) and the heads of the section alternate fastest. A persistent grid
-// of G CTAs takes the tiles in rounds of G; CTA i takes the i-th of even rounds and the
-// (G-1-i)-th of odd ones (a snake), which evens out the work when lengths fall within a round.
+// longest tiles start first) and the heads of the section alternate fastest. A persistent grid of G
+// CTAs starts on tiles 0..G-1. Tiles of one length then go in static rounds of G: CTA i takes the
+// i-th of even rounds and the (G-1-i)-th of odd ones (a snake). Tiles whose lengths vary go
+// dynamically instead (FwdKernelParams::tile_counter): a CTA that finishes takes the next, so the
+// longest-first order inside each section keeps the grid even to the end.
 #pragma once
 
 namespace fa4::sm90 {

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# compute-sanitizer (memcheck, racecheck, synccheck) over the shipped sm90 forward, one fa4-bench
+# --check call a shape, and the SASS counts of its kernels. On the GPU machine:
+#   bash bench/sanitize_sm90.sh [path/to/fa4-bench] [out dir]
+# Shapes: causal d128; GQA d64 with tails; causal d256, short queries; more tiles than SMs
+# (static rounds); the same causal (the dynamic tile counter).
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:$LD_LIBRARY_PATH
+B=${1:-build/fa4-bench}
+OUTDIR=${2:-${OUT:-.}}
+R=$OUTDIR/sanitizer.txt
+for tool in memcheck racecheck synccheck; do
+  for args in "--b 1 --h 2 --sq 300 --sk 300 --d 128 --causal" "--b 2 --h 4 --hkv 1 --sq 129 --sk 257 --d 64" \
+              "--b 1 --h 2 --sq 70 --sk 333 --d 256 --causal" "--b 2 --h 16 --hkv 4 --sq 700 --sk 650 --d 128" \
+              "--b 2 --h 16 --hkv 4 --sq 700 --sk 650 --d 128 --causal"; do
+    out=$(timeout 120 compute-sanitizer --tool $tool $B $args --check --iters 0 --warmup 0 2>&1)
+    rc=$?
+    echo "sanitizer $tool [$args] rc=$rc $(echo "$out" | grep -E 'SUMMARY' | tail -1) $(echo "$out" | grep -E '^check' | tail -1)" | tee -a $R
+  done
+done
+cuobjdump --dump-sass $B > /tmp/sass.txt 2>/dev/null
+echo "SASS of fa4-bench: HGMMA $(grep -c HGMMA /tmp/sass.txt), LDL $(grep -c 'LDL' /tmp/sass.txt), STL $(grep -c 'STL' /tmp/sass.txt)" | tee -a $R

@@ -1,0 +1,68 @@
+// The persistent grid's tile order (src/sm90/tile_order.cuh) and its L2 sections
+// (src/sm90/fwd_launch.cuh), on the host: every tile once, longest first inside each section,
+// sections that divide the heads and fit the L2 budget.
+#include <algorithm>
+#include <array>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "sm90/fwd_launch.cuh"
+
+namespace {
+
+using fa4::sm90::TileOrder;
+
+TEST(TileOrder, SectionsDivideTheHeadsAndFitTheBudget) {
+  for (int64_t budget : {fa4::sm90::kL2SectionBytes, fa4::sm90::kL2SectionBytesVarying})
+    for (int64_t heads : {1, 2, 7, 12, 16, 64, 96, 128, 1024})
+      for (int64_t kv : {int64_t(1) << 10, int64_t(1) << 20, int64_t(3) << 20, int64_t(8) << 20, int64_t(64) << 20}) {
+        const int64_t s = fa4::sm90::section_heads(heads, kv, budget);
+        ASSERT_GE(s, 1);
+        EXPECT_EQ(heads % s, 0) << heads << " heads, " << kv << " bytes a head";
+        EXPECT_TRUE(s == 1 || s * kv <= budget) << heads << " heads, " << kv << " bytes a head";
+        // The largest such divisor: the next larger divisor breaks the budget or the head count.
+        for (int64_t t = s + 1; t <= heads; ++t)
+          if (heads % t == 0) {
+            EXPECT_GT(t * kv, budget) << heads << " heads: " << t << " would fit too";
+            break;
+          }
+      }
+}
+
+// Taken in index order (the dynamic grid's order), the tiles cover every (batch, head, query
+// block) once, and inside a section the query blocks never rise (causal: longest first).
+TEST(TileOrder, EveryTileOnceLongestFirstInEachSection) {
+  for (auto [batch, heads, m_blocks, section] :
+       std::vector<std::array<int, 4>>{{1, 1, 1, 1}, {2, 3, 5, 2}, {2, 3, 5, 3}, {4, 16, 32, 8}, {1, 7, 40, 7}, {3, 4, 9, 12}}) {
+    const int bh = batch * heads;
+    const TileOrder order{bh * m_blocks, m_blocks, bh, heads, std::min(section, bh)};
+    std::vector<int> seen(size_t(bh) * m_blocks, 0);
+    int last_section = -1, last_m = 0;
+    for (int t = 0; t < order.count; ++t) {
+      const fa4::sm90::Tile tl = order.decode(t);
+      ASSERT_GE(tl.batch, 0); ASSERT_LT(tl.batch, batch);
+      ASSERT_GE(tl.head, 0); ASSERT_LT(tl.head, heads);
+      ASSERT_GE(tl.m_block, 0); ASSERT_LT(tl.m_block, m_blocks);
+      ++seen[(size_t(tl.batch) * heads + tl.head) * m_blocks + tl.m_block];
+      const int sec = (tl.batch * heads + tl.head) / order.section;
+      if (sec == last_section) EXPECT_LE(tl.m_block, last_m) << "tile " << t;
+      last_section = sec;
+      last_m = tl.m_block;
+    }
+    for (int c : seen) EXPECT_EQ(c, 1);
+  }
+}
+
+// The static rounds (equal lengths): CTAs of a grid of G together take every tile once.
+TEST(TileOrder, StaticRoundsCoverEveryTileOnce) {
+  const TileOrder order{5 * 37, 37, 5, 5, 5};
+  for (int grid : {1, 7, 132, 185, 300}) {
+    std::vector<int> seen(order.count, 0);
+    for (int cta = 0; cta < std::min(grid, order.count); ++cta)
+      for (int round = 0, t; (t = order.nth(round, cta, grid)) < order.count; ++round) ++seen[t];
+    for (int c : seen) EXPECT_EQ(c, 1) << "grid " << grid;
+  }
+}
+
+}  // namespace
