@@ -237,6 +237,34 @@ static void time_shape(int d, int seqlen, bool causal, const Variant* var = null
               flops / (ms[ms.size() / 2] * 1e-3) / 1e12);
 }
 
+// The shipped kernel on one FA3-sized shape, back to back for `seconds` (for clock and power
+// readings taken beside it, e.g. nvidia-smi): prints the TFLOP/s over the whole soak.
+static void soak_shape(int d, int seqlen, bool causal, double seconds, int schedule, int64_t section_mb) {
+  const Fa3Problem pr(d, seqlen, causal, 1);
+  FwdParams p = pr.params(pr.o);
+  p.schedule = schedule;
+  p.l2_section_bytes = section_mb < 0 ? -1 : section_mb << 20;
+  cudaEvent_t a, b;
+  cudaEventCreate(&a); cudaEventCreate(&b);
+  const double flops = 4.0 * pr.s.b * pr.s.hq * double(seqlen) * seqlen * d * (causal ? 0.5 : 1.0);
+  int runs = 0, late_runs = 0;
+  float total_ms = 0, late_ms = 0;  // late: the second half, once clock and power have settled
+  while (total_ms < seconds * 1e3) {
+    cudaEventRecord(a);
+    for (int i = 0; i < 20; ++i) fa4::detail::sm90_forward(p, 0);
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float t; cudaEventElapsedTime(&t, a, b);
+    if (total_ms >= seconds * 500) { late_ms += t; late_runs += 20; }
+    total_ms += t;
+    runs += 20;
+  }
+  CK(cudaGetLastError());
+  std::printf("SOAK schedule=%d section_mb=%lld d=%d seqlen=%d causal=%d: %d runs, %.3f ms each, %.1f TFLOP/s (second half %.1f)\n",
+              schedule, (long long)section_mb, d, seqlen, int(causal), runs, total_ms / runs,
+              flops * runs / (total_ms * 1e-3) / 1e12, flops * late_runs / (late_ms * 1e-3) / 1e12);
+}
+
 // A candidate configuration's O against the shipped kernel's on the same inputs (which the tests
 // check against float64): the largest difference, relative to the largest |O|.
 static void compare_variant(const Variant& var, int seqlen, bool causal) {
@@ -327,6 +355,13 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe even if the run is cut short
   const char* mode = argc > 1 ? argv[1] : "all";
   int fails = 0;
+  if (std::strcmp(mode, "soak") == 0) {  // soak D SEQLEN CAUSAL SECONDS [SCHEDULE [SECTION_MB]]
+    const int d = argc > 2 ? std::atoi(argv[2]) : 128, seqlen = argc > 3 ? std::atoi(argv[3]) : 16384;
+    const bool causal = argc > 4 && std::atoi(argv[4]) != 0;
+    const double seconds = argc > 5 ? std::atof(argv[5]) : 5.0;
+    soak_shape(d, seqlen, causal, seconds, argc > 6 ? std::atoi(argv[6]) : 0, argc > 7 ? std::atoll(argv[7]) : 0);
+    return 0;
+  }
   if (std::strcmp(mode, "trace") == 0) {
     const char* dir = argc > 2 ? argv[2] : ".";
     using namespace fa4::sm90;
@@ -337,6 +372,7 @@ int main(int argc, char** argv) {
     if (argc > 3) {  // variants: software exp2 shares, two consumers at d64
       trace_shape<Traced<FwdConfig<128, 128, 2, true, 0, 2, true, true, false, true>>>(dir, "d128turns", 128, 16384, false);
       trace_shape<Traced<FwdConfig<128, 128, 3, true, 0>>>(dir, "d128s3", 128, 16384, false);
+      trace_shape<Traced<FwdConfig<128, 176, 2, true, 0>>>(dir, "d128n176", 128, 16384, false);
     }
     return 0;
   }
@@ -359,21 +395,24 @@ int main(int argc, char** argv) {
         for (int seqlen : {512, 1024, 2048, 4096, 8192, 16384}) time_shape(d, seqlen, causal);
   }
   if (std::strcmp(mode, "variants") == 0) {  // candidates against the shipped kernel, same run
-    // Prepared for the next measurement (not yet run): softmaxes in turn, and d128 with a third
-    // K/V stage (Q ring of one, O from registers) for the V load that the timeline shows late.
+    // The dynamic grid with L2 sections for varying tile lengths against the earlier order
+    // (schedule 3: static rounds, one section of every head), each timed twice in turn.
     static const Variant variants[] = {
-        {1, "d128_softmax_turns", 128, run_cfg<128, 128, 2, 0, 2, true, true, false, true>, 8.0f},
-        {1, "d64_softmax_turns", 64, run_cfg<64, 128, 4, 0, 3, true, true, false, true>, 8.0f},
-        {1, "d256_softmax_turns", 256, run_cfg<256, 80, 2, 0, 2, true, true, false, true>, 8.0f},
-        {1, "d128_3stage", 128, run_cfg<128, 128, 3, 0>, 8.0f},
+        {3, "d128_old_order", 128, fa4::detail::sm90_forward, 8.0f},
+        {4, "d128_dynamic_one_section", 128, fa4::detail::sm90_forward, 8.0f},
+        {3, "d256_old_order", 256, fa4::detail::sm90_forward, 8.0f},
+        {4, "d256_dynamic_one_section", 256, fa4::detail::sm90_forward, 8.0f},
     };
     for (const Variant& v : variants)
       for (bool causal : {false, true}) compare_variant(v, 4096, causal);
     for (const Variant& v : variants)
-      for (bool causal : {false, true})
+      for (bool causal : {true, false})
         for (int seqlen : {4096, 16384}) {
-          time_shape(v.d, seqlen, causal);
-          time_shape(v.d, seqlen, causal, &v);
+          if (!causal) continue;
+          for (int rep = 0; rep < 2; ++rep) {
+            time_shape(v.d, seqlen, causal);
+            time_shape(v.d, seqlen, causal, &v);
+          }
         }
     return 0;
   }
