@@ -13,11 +13,16 @@ namespace {
 
 using fa4::sm90::TileOrder;
 
-TEST(TileOrder, SectionsDivideTheHeadsAndFitTheBudget) {
+TEST(TileOrder, SectionsFitTheBudgetAndDivideTheHeadsForTheDynamicGrid) {
   for (int64_t budget : {fa4::sm90::kL2SectionBytes, fa4::sm90::kL2SectionBytesVarying})
     for (int64_t heads : {1, 2, 7, 12, 16, 64, 96, 128, 1024})
       for (int64_t kv : {int64_t(1) << 10, int64_t(1) << 20, int64_t(3) << 20, int64_t(8) << 20, int64_t(64) << 20}) {
-        const int64_t s = fa4::sm90::section_heads(heads, kv, budget);
+        const int64_t s = fa4::sm90::section_heads(heads, kv, budget, true);
+        // Without the divisor rule: as many heads as fit, which the divisor never exceeds.
+        const int64_t most = fa4::sm90::section_heads(heads, kv, budget, false);
+        EXPECT_TRUE(most == 1 || most * kv <= budget);
+        EXPECT_TRUE(most == heads || (most + 1) * kv > budget);
+        EXPECT_LE(s, most);
         ASSERT_GE(s, 1);
         EXPECT_EQ(heads % s, 0) << heads << " heads, " << kv << " bytes a head";
         EXPECT_TRUE(s == 1 || s * kv <= budget) << heads << " heads, " << kv << " bytes a head";

@@ -41,6 +41,14 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
 }
 
+// A 32-bit shared-memory load the compiler keeps after the barrier wait before it (asm volatile
+// with a memory clobber): data another thread published before an mbarrier arrive.
+__device__ __forceinline__ int ld_shared(const int* p) {
+  int v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(smem_addr(p)) : "memory");
+  return v;
+}
+
 // --- named barriers (PTX ISA 9.7.13.1, bar.sync / bar.arrive) ---
 // bar.red.or over the `threads` threads of barrier `id`: a barrier that also tells each thread
 // whether any of them passed true (PTX ISA 9.7.13.1).

@@ -172,7 +172,7 @@ struct alignas(8) FwdBarriers {
   uint64_t q_full[2], q_empty[2];
   uint64_t k_full[8], k_empty[8];
   uint64_t v_full[8], v_empty[8];
-  volatile int tile[2];  // per Q buffer: its tile, or >= TileOrder::count when the CTA has no more
+  int tile[2];  // per Q buffer: its tile, or >= TileOrder::count when the CTA has no more
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
 
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                 : p.tiles.nth(round + 1, blockIdx.x, gridDim.x);
         } else {  // the V loader: the tile the Q loader published, then frees its slot
           mbar_wait(&bar.q_full[qw.stage], qw.phase);
-          tile = bar.tile[qw.stage];
+          tile = ld_shared(&bar.tile[qw.stage]);
           if (tile >= p.tiles.count) break;
           mbar_arrive(&bar.q_empty[qw.stage]);
         }
@@ -392,7 +392,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   RingPos<Cfg::kQStages> qr;
   for (;;) {
     mbar_wait(&bar.q_full[qr.stage], qr.phase);  // Q, and the tile index beside it
-    const int tile = bar.tile[qr.stage];
+    // Warp-uniform to the compiler (a shuffle from lane 0), so what derives from it (tile, key
+    // range, masks) stays in uniform registers and the wgmma around it in straight-line code.
+    const int tile = __shfl_sync(0xffffffff, ld_shared(&bar.tile[qr.stage]), 0);
     if (tile >= p.tiles.count) break;
     const Tile tl = p.tiles.decode(tile);
     const int m_block = tl.m_block;

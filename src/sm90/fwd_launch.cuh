@@ -23,11 +23,13 @@ inline int map_tensor(CUtensorMap* map, const void* base, const int64_t stride[3
 inline constexpr int64_t kL2SectionBytes = 24ll << 20;
 inline constexpr int64_t kL2SectionBytesVarying = 48ll << 20;
 
-// Heads per section: the largest divisor of batch_heads whose K and V fit kL2SectionBytes (at
-// least 1). A divisor, so the last section is as long as the others and a dynamic grid ends on
-// the short tiles of a full section, not on the long tiles of a partial one.
-inline int64_t section_heads(int64_t batch_heads, int64_t kv_bytes_per_q_head, int64_t budget = kL2SectionBytes) {
+// Heads per section: as many as fit `budget` (at least 1). For the dynamic grid (`divisor`) the
+// largest divisor of batch_heads that fits, so the last section is as long as the others and the
+// grid ends on the short tiles of a full section, not on the long tiles of a partial one. Static
+// rounds of equal tiles need no divisor (a partial last section costs them nothing).
+inline int64_t section_heads(int64_t batch_heads, int64_t kv_bytes_per_q_head, int64_t budget, bool divisor) {
   const int64_t most = std::clamp<int64_t>(budget / std::max<int64_t>(1, kv_bytes_per_q_head), 1, batch_heads);
+  if (!divisor) return most;
   for (int64_t s = most; s > 1; --s)
     if (batch_heads % s == 0) return s;
   return 1;
@@ -87,7 +89,9 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   const int64_t kv_bytes_per_q_head = std::max<int64_t>(1, 4ll * a.seqlen_k * a.head_dim / k.head_ratio);
   const bool one_section = (a.schedule == 3 || a.schedule == 4) && !uniform;
   const int64_t budget = a.l2_section_bytes > 0 ? a.l2_section_bytes : uniform ? kL2SectionBytes : kL2SectionBytesVarying;
-  const int64_t section = one_section || a.l2_section_bytes < 0 ? batch_heads : section_heads(batch_heads, kv_bytes_per_q_head, budget);
+  const int64_t section = one_section || a.l2_section_bytes < 0
+                              ? batch_heads
+                              : section_heads(batch_heads, kv_bytes_per_q_head, budget, !uniform);
   k.tiles = {int(tiles), int(m_blocks), int(batch_heads), a.heads_q, int(section)};
 
   int device = 0, sms = 0;
