@@ -778,21 +778,24 @@ struct CheckResult {
   std::string summary;  // one line for tables
 };
 
-// The whole output against fa4::ref::gpu_forward (fp32): max |out - oracle| within the bound
-// the sampled rows give, relative Frobenius error within DESIGN.md §3's, LSE likewise.
+// The whole output against fa4::ref::gpu_forward (fp32): max |out - oracle| within DESIGN.md
+// §3's bound, 2 x (plain 16-bit error) + 1e-3, where the plain 16-bit error over every element is
+// taken as the larger of the sampled rows' and the oracle's own rounding to the 16-bit type
+// (which plain16 also pays, at every element); relative Frobenius error within §3's; LSE likewise.
 struct OracleStats {
   bool ran = false, pass = false;
   std::string error;
   double max_err = 0, rel_fro = 0, lse_err = 0;
+  double bound = 0;  // the output bound used
   int64_t lse_bad = 0;
-  void print(double bound, double lse_bound) const {
+  void print(double lse_bound) const {
     if (!ran) {
       std::printf("  oracle: could not run (%s): FAIL\n", error.c_str());
       return;
     }
     std::printf("  every element vs the GPU fp32 oracle: out max|err| %.3e <= %.3e, rel Frobenius"
                 " %.3e <= %.0e; lse max|err| %.3e <= %.3e, wrong -inf %" PRId64 ": %s\n",
-                max_err, bound, rel_fro, kCheckRelFrobenius, lse_err, lse_bound, lse_bad,
+                max_err, this->bound, rel_fro, kCheckRelFrobenius, lse_err, lse_bound, lse_bad,
                 pass ? "ok" : "FAIL");
   }
 };
@@ -813,7 +816,7 @@ OracleStats compare_with_oracle(const Case& c, const HostView& ov, const std::ve
   std::vector<float> ho(c.nq), hl(c.nlse);
   CUDA_OK(cudaMemcpy(ho.data(), o32.ptr, c.nq * 4, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(hl.data(), lse32.ptr, c.nlse * 4, cudaMemcpyDeviceToHost));
-  double sq_err = 0, sq_ref = 0;
+  double sq_err = 0, sq_ref = 0, round_err = 0;
   bool finite = true;
   size_t n = 0;
   for (int64_t b = 0; b < p.batch; ++b)
@@ -826,6 +829,7 @@ OracleStats compare_with_oracle(const Case& c, const HostView& ov, const std::ve
             continue;
           }
           r.max_err = std::max(r.max_err, std::fabs(o - ref));
+          round_err = std::max(round_err, std::fabs(double(round_to(p.dtype, float(ref))) - ref));
           sq_err += (o - ref) * (o - ref);
           sq_ref += ref * ref;
         }
@@ -838,7 +842,8 @@ OracleStats compare_with_oracle(const Case& c, const HostView& ov, const std::ve
     if (!std::isinf(hl[i])) r.lse_err = std::max(r.lse_err, double(std::fabs(lse[i] - hl[i])));
   }
   r.ran = true;
-  r.pass = finite && r.max_err <= bound && r.rel_fro <= kCheckRelFrobenius && r.lse_bad == 0 &&
+  r.bound = std::max(bound, 2.0 * round_err + kCheckAtol);
+  r.pass = finite && r.max_err <= r.bound && r.rel_fro <= kCheckRelFrobenius && r.lse_bad == 0 &&
            r.lse_err <= lse_bound;
   return r;
 }
@@ -895,7 +900,8 @@ CheckResult check_forward(const Case& c, const Inputs& in, const Outputs& out, i
     el.add(lse[li], lselp, lse64);
   }
   // Large problems: every element against the GPU fp32 oracle too, within the bounds the sampled
-  // rows set (the oracle's own error is ~1e-6, far below them).
+  // rows set, or the oracle's own rounding where that is larger (rows the sample missed can hold
+  // larger outputs; the oracle's own error is ~1e-6, far below either).
   OracleStats os;
   if (!whole) os = compare_with_oracle(c, ov, lse, eo.bound(), el.bound(), st);
   CheckResult res;
@@ -916,7 +922,7 @@ CheckResult check_forward(const Case& c, const Inputs& in, const Outputs& out, i
                   rows.size(), kFullCheckMacs);
     eo.print("out");
     el.print();
-    if (!whole) os.print(eo.bound(), el.bound());
+    if (!whole) os.print(el.bound());
     std::printf("  written: NaN poison left in out %" PRId64 " of %zu, in lse %" PRId64
                 " of %zu\n",
                 unwritten_o, c.nq, unwritten_lse, c.nlse);

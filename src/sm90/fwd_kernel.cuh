@@ -225,8 +225,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kQStages; ++s) {
       mbar_init(&bar.q_full[s], 1);
-      // The consumers, and the V loader (it reads the tile index beside Q) when it is its own thread.
-      mbar_init(&bar.q_empty[s], Cfg::kConsumers + (Cfg::kSplitLoads ? 1 : 0));
+      // Lane 0 of every consumer warp (each reads the tile index beside Q, then arrives itself, so
+      // its read is ordered before the index is rewritten), and the V loader when it is its own
+      // thread.
+      mbar_init(&bar.q_empty[s], 4 * Cfg::kConsumers + (Cfg::kSplitLoads ? 1 : 0));
     }
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbar_init(&bar.k_full[s], 1);
@@ -378,6 +380,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto release = [&](uint64_t* empty) {
     if (t == 0) mbar_arrive(empty);
   };
+  auto release_q = [&](uint64_t* empty) {  // one arrive a warp: see q_empty's count
+    if (lane == 0) mbar_arrive(empty);
+  };
 
   // Steady-state issue order of this consumer's two GEMMs, from the generated modulo schedule.
   // (A constant false when the schedule puts S first everywhere: the other path folds away.)
@@ -392,9 +397,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   RingPos<Cfg::kQStages> qr;
   for (;;) {
     mbar_wait(&bar.q_full[qr.stage], qr.phase);  // Q, and the tile index beside it
-    // Warp-uniform to the compiler (a shuffle from lane 0), so what derives from it (tile, key
-    // range, masks) stays in uniform registers and the wgmma around it in straight-line code.
-    const int tile = __shfl_sync(0xffffffff, ld_shared(&bar.tile[qr.stage]), 0);
+    // Read by lane 0 (the lane that later frees this Q buffer for the warp) and shuffled to the
+    // warp: warp-uniform to the compiler, so what derives from it (tile, key range, masks) stays
+    // in uniform registers and the wgmma around it in straight-line code.
+    const int tile = __shfl_sync(0xffffffff, lane == 0 ? ld_shared(&bar.tile[qr.stage]) : 0, 0);
     if (tile >= p.tiles.count) break;
     const Tile tl = p.tiles.decode(tile);
     const int m_block = tl.m_block;
@@ -531,7 +537,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       } else {
         for (--n; n >= range.lo; --n) step(n, pf, pf);
       }
-      release(&bar.q_empty[qr.stage]);  // every S of this tile is done: its Q buffer is free
+      release_q(&bar.q_empty[qr.stage]);  // every S of this tile is done: its Q buffer is free
       // Last P V.
       mbar_wait(&bar.v_full[prev], prev_phase);
       wait_my_turn(consumer);
@@ -550,7 +556,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma::pin(o);
       release(&bar.v_empty[prev]);
     } else {
-      release(&bar.q_empty[qr.stage]);
+      release_q(&bar.q_empty[qr.stage]);
     }
     store_output<Cfg>(p, tl, o, rows, consumer, t, smem + Cfg::kOOffset);
     qr.advance();
