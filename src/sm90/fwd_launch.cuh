@@ -87,12 +87,14 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // head where lengths vary; schedule 4 (ablation): the dynamic grid over one such section.
   const bool uniform = a.window_right < 0 && a.window_left < 0;
   const int64_t kv_bytes_per_q_head = std::max<int64_t>(1, 4ll * a.seqlen_k * a.head_dim / k.head_ratio);
-  const bool one_section = (a.schedule == 3 || a.schedule == 4) && !uniform;
-  const int64_t budget = a.l2_section_bytes > 0 ? a.l2_section_bytes : uniform ? kL2SectionBytes : kL2SectionBytesVarying;
-  const int64_t section = one_section || a.l2_section_bytes < 0
-                              ? batch_heads
-                              : section_heads(batch_heads, kv_bytes_per_q_head, budget, !uniform);
-  k.tiles = {int(tiles), int(m_blocks), int(batch_heads), a.heads_q, int(section)};
+  auto order = [&](bool one_section) {
+    const int64_t budget = a.l2_section_bytes > 0 ? a.l2_section_bytes : uniform ? kL2SectionBytes : kL2SectionBytesVarying;
+    const int64_t section = one_section || a.l2_section_bytes < 0
+                                ? batch_heads
+                                : section_heads(batch_heads, kv_bytes_per_q_head, budget, !uniform);
+    return TileOrder{int(tiles), int(m_blocks), int(batch_heads), a.heads_q, int(section)};
+  };
+  k.tiles = order((a.schedule == 3 || a.schedule == 4) && !uniform);
 
   int device = 0, sms = 0;
   cudaError_t e = cudaGetDevice(&device);
@@ -106,8 +108,17 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   TileCounter counter;
   if (!uniform && a.schedule != 2 && a.schedule != 3 && grid < tiles) {
     e = counter.make(stream);
-    if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("tile counter: ") + cudaGetErrorString(e)};
-    k.tile_counter = counter.ptr;
+    if (e == cudaSuccess) {
+      k.tile_counter = counter.ptr;
+    } else if (e == cudaErrorNotSupported) {
+      // No stream-ordered allocation here (memory pools unsupported): the static rounds, over one
+      // section of every head so their longest-first order keeps the grid even.
+      cudaGetLastError();
+      counter.ptr = nullptr;
+      k.tiles = order(true);
+    } else {
+      return {StatusCode::kCudaError, std::string("tile counter: ") + cudaGetErrorString(e)};
+    }
   }
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
   e = cudaGetLastError();
