@@ -39,7 +39,7 @@ TEST(TileOrder, SectionsFitTheBudgetAndDivideTheHeadsForTheDynamicGrid) {
 // block) once, and inside a section the query blocks never rise (causal: longest first).
 TEST(TileOrder, EveryTileOnceLongestFirstInEachSection) {
   for (auto [batch, heads, m_blocks, section] :
-       std::vector<std::array<int, 4>>{{1, 1, 1, 1}, {2, 3, 5, 2}, {2, 3, 5, 3}, {4, 16, 32, 8}, {1, 7, 40, 7}, {3, 4, 9, 12}}) {
+       std::vector<std::array<int, 4>>{{1, 1, 1, 1}, {2, 3, 5, 2}, {2, 3, 5, 3}, {4, 16, 32, 8}, {1, 7, 40, 7}, {3, 4, 9, 12}, {4, 5, 6, 3}}) {
     const int bh = batch * heads;
     const TileOrder order{bh * m_blocks, m_blocks, bh, heads, std::min(section, bh)};
     std::vector<int> seen(size_t(bh) * m_blocks, 0);
