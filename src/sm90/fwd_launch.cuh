@@ -19,7 +19,7 @@ inline int map_tensor(CUtensorMap* map, const void* base, const int64_t stride[3
 
 // K and V of this many bytes per section of heads are meant to stay in L2 (H100/H200: 50 MB).
 // Tiles whose lengths vary (causal) read on average half of their section's K and V, and measure
-// best with twice the budget (docs/perf-notes.md, "L2 sections and the clock").
+// best with twice the budget (docs/perf-notes.md, "L2 sections for causal").
 inline constexpr int64_t kL2SectionBytes = 24ll << 20;
 inline constexpr int64_t kL2SectionBytesVarying = 48ll << 20;
 
