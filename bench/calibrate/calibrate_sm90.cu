@@ -173,9 +173,10 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1)
 
 // What each warpgroup issues per K/V block (two warpgroups, 64 query rows each, as in the kernel):
 enum GemmMix : int {
-  // The first chains of S start from zero and are overwritten before anything reads them: the
-  // hardware drops such work (s_ss_x2 reads ~531 cycles, not 2048), kept as the demonstration;
-  // the *_accumulating mixes below keep every result live and are the ones to use.
+  // The S chains of the first mixes start from zero and are overwritten before anything reads
+  // them; they time faster than the tensor core's peak (s_ss_x2 ~531 cycles, not 2048), so part of
+  // that work is not done (ptxas drops one chain of s_ss_x2 outright). Kept as the warning; the
+  // *_accumulating mixes below keep every result live and are the ones to compare.
   kMixS2 = 0,    // S = Q K^T twice (SS, both K-major)
   kMixSPvRs,     // S, then O += P V with P from registers and V MN-major: the kernel's pair
   kMixPvRs2,     // P V from registers twice
