@@ -288,4 +288,61 @@ TEST(ForwardGpu, RepeatedRunsAreBitIdentical) {
   cudaFree(o);
 }
 
+TEST(ForwardGpu, CapturedInACudaGraphMatchesADirectCall) {
+  FA4_REQUIRE_GPU();
+  // Causal with more tiles than SMs, so the launch allocates and zeroes its tile counter in
+  // stream order: that must capture into a graph and replay, bit for bit the direct call's output.
+  const int64_t b = 4, s = 600, h = 16, hkv = 4, d = 64;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  const size_t nq = size_t(b * s * h * d), nkv = size_t(b * s * hkv * d);
+  std::vector<uint16_t> hq(nq), hkvv(nkv);
+  for (auto& x : hq) x = fa4::ref::float_to_bf16_bits(normal(rng));
+  for (auto& x : hkvv) x = fa4::ref::float_to_bf16_bits(normal(rng));
+  uint16_t *q, *kv, *o;
+  CUDA_OK(cudaMalloc(&q, nq * 2));
+  CUDA_OK(cudaMalloc(&kv, nkv * 2));
+  CUDA_OK(cudaMalloc(&o, nq * 2));
+  CUDA_OK(cudaMemcpy(q, hq.data(), nq * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(kv, hkvv.data(), nkv * 2, cudaMemcpyHostToDevice));
+  fa4::ForwardArgs a;
+  a.problem.dtype = BF16;
+  a.problem.batch = b;
+  a.problem.seqlen_q = a.problem.seqlen_k = s;
+  a.problem.heads_q = h;
+  a.problem.heads_kv = hkv;
+  a.problem.head_dim = d;
+  a.problem.causal = true;
+  a.q = fa4::bshd(q, s, h, d);
+  a.k = a.v = fa4::bshd(kv, s, hkv, d);
+  a.o = fa4::bshd(o, s, h, d);
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreate(&st));
+  std::vector<uint16_t> direct(nq), replay(nq);
+  CUDA_OK(cudaMemset(o, 0xFF, nq * 2));
+  ASSERT_TRUE(fa4::forward(a, st).ok());
+  CUDA_OK(cudaStreamSynchronize(st));
+  CUDA_OK(cudaMemcpy(direct.data(), o, nq * 2, cudaMemcpyDeviceToHost));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  const fa4::Status captured = fa4::forward(a, st);
+  CUDA_OK(cudaStreamEndCapture(st, &graph));
+  ASSERT_TRUE(captured.ok()) << captured.message;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int run = 0; run < 2; ++run) {  // twice: the counter must start from zero each replay
+    CUDA_OK(cudaMemsetAsync(o, 0xFF, nq * 2, st));
+    CUDA_OK(cudaGraphLaunch(exec, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    CUDA_OK(cudaMemcpy(replay.data(), o, nq * 2, cudaMemcpyDeviceToHost));
+    ASSERT_EQ(std::memcmp(direct.data(), replay.data(), nq * 2), 0) << "replay " << run;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+  cudaFree(q);
+  cudaFree(kv);
+  cudaFree(o);
+}
+
 }  // namespace
