@@ -17,7 +17,9 @@ output for batch 0 and two heads is checked against a float64 reference by DESIG
 criterion (bounded by a plain 16-bit attention).
 
 Writes bench/results/<date>-<what>.json (and a copy under $OUT when set): one record per
-(op, provider, shape) with ms and tflops (null plus "error" when a provider cannot run it).
+(op, provider, shape) with ms and tflops (null plus "error" when a provider cannot run it), and
+the median SM clock (MHz) and board power (W) nvidia-smi read while it was timed (null without
+nvidia-smi).
 The last thing printed is the table of TFLOP/s and the ratios fa4/cudnn, fa4/fa2, fa4/flex.
 """
 
@@ -37,11 +39,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from gpu_sampler import GpuSampler  # noqa: E402
 
 TOKENS, HIDDEN = 16384, 2048
 ALL_HDIMS = (64, 128, 256)
@@ -49,6 +54,13 @@ ALL_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 PROVIDERS = ("fa4", "cudnn", "fa2", "flex")
 ATOL, REL_FROBENIUS = 1e-3, 1e-2  # DESIGN.md §3
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def smi_device_id(index: int) -> str:
+    """nvidia-smi's id of CUDA device `index`: CUDA_VISIBLE_DEVICES renumbers devices, nvidia-smi
+    does not (it takes the listed index or UUID)."""
+    visible = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    return visible[index] if index < len(visible) else str(index)
 
 
 def log(msg: str) -> None:
@@ -357,6 +369,8 @@ def main(argv=None) -> int:
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[a.causal]
     shapes = [(op, d, c, s) for op in a.ops for d in a.hdims for c in causals for s in a.seqlens]
     records, failed_checks = [], 0
+    # SM clock and power beside every timing (the GPU runs attention at its power cap).
+    sampler = GpuSampler(device=smi_device_id(torch.cuda.current_device()))
     t_start = time.time()
     for n, (op, d, causal, s) in enumerate(shapes, 1):
         b, h = shape(s, d)
@@ -385,7 +399,9 @@ def main(argv=None) -> int:
                 fn = make_fn(p, op, tensors, causal)
                 ctx = torch.no_grad() if op == "fwd" else torch.enable_grad()
                 with ctx:
+                    t0 = time.time()
                     ms = bench_ms(fn, a.warmup, a.rep)
+                    rec["sm_clock_mhz"], rec["power_w"] = sampler.window(t0, time.time())
                 rec["ms"] = ms
                 rec["tflops"] = tflops(b, h, s, d, causal, op, ms)
             except Exception as e:  # a provider that cannot run this shape: record why
@@ -394,6 +410,8 @@ def main(argv=None) -> int:
                     traceback.print_exc(file=sys.stderr)
             records.append(rec)
             status = (f"{rec['tflops']:.1f} TFLOP/s" if rec["tflops"] else rec.get("error", "?"))
+            if rec.get("sm_clock_mhz"):
+                status += f" @ {rec['sm_clock_mhz']:.0f} MHz, {rec['power_w']:.0f} W"
             chk = rec.get("check")
             if chk:
                 status += (f", check {'PASS' if chk['pass'] else 'FAIL'} max|err| "
@@ -401,6 +419,7 @@ def main(argv=None) -> int:
             log(f"    {p:<6}{status}")
         del tensors
         torch.cuda.empty_cache()
+    sampler.stop()
 
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
     what = a.name or ("side-by-side-" + "-".join(a.ops) + ("-quick" if a.quick else ""))
