@@ -410,7 +410,7 @@ def main(argv=None) -> int:
                     traceback.print_exc(file=sys.stderr)
             records.append(rec)
             status = (f"{rec['tflops']:.1f} TFLOP/s" if rec["tflops"] else rec.get("error", "?"))
-            if rec.get("sm_clock_mhz"):
+            if rec.get("sm_clock_mhz") is not None and rec.get("power_w") is not None:
                 status += f" @ {rec['sm_clock_mhz']:.0f} MHz, {rec['power_w']:.0f} W"
             chk = rec.get("check")
             if chk:
