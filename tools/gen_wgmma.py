@@ -2,16 +2,25 @@
 """Writes src/ptx/wgmma_ops.h: one inline-asm wrapper per wgmma shape fa4 issues.
 
 PTX ISA 9.7.15 (wgmma.mma_async): an m64nNk16 instruction keeps N/2 fp32 accumulators per thread,
-too many operands to write by hand; this script spells them out. Rerun after editing SHAPES.
+too many operands to write by hand; this script spells them out. Rerun after editing OPS.
 """
 import pathlib
 
-SHAPES_SS = [64, 80, 128, 160, 176, 192, 256]          # S = Q K^T (and the calibration at 256): A and B from shared memory, K-major
-SHAPES_RS = [64, 128, 256]     # O += P V: A (P) from registers, B (V) from shared memory
-# O += P V with P from shared memory too (V MN-major), and P from registers against a K-major B:
-# the calibration's comparisons of the P V operand paths (bench/calibrate).
-SHAPES_SS_TB = [128]
-SHAPES_RS_KB = [128]
+# The wrappers: name, A from registers (else a shared-memory descriptor), B transposed (MN-major),
+# the comment over each, and the N they exist for.
+OPS = [
+    # S = Q K^T (and the calibration at 256): A and B from shared memory, K-major.
+    ("mma_ss", False, False, "D(64x{n}, f32) (+)= A(64x16, smem desc) * B({n}x16, smem desc)^T, both K-major.",
+     [64, 80, 128, 160, 176, 192, 256]),
+    # O += P V: A (P) from registers, B (V) from shared memory.
+    ("mma_rs", True, True, "D(64x{n}, f32) += A(64x16, registers) * B(16x{n}, smem desc, MN-major so transposed).",
+     [64, 128, 256]),
+    # O += P V with P from shared memory too (V MN-major), and P from registers against a K-major B:
+    # the calibration's comparisons of the P V operand paths (bench/calibrate).
+    ("mma_ss_tb", False, True,
+     "D(64x{n}, f32) (+)= A(64x16, smem desc, K-major) * B(16x{n}, smem desc, MN-major so transposed).", [128]),
+    ("mma_rs_kb", True, False, "D(64x{n}, f32) += A(64x16, registers) * B({n}x16, smem desc, K-major).", [128]),
+]
 TYPES = {"bf16": "bf16", "f16": "f16"}
 
 
@@ -23,62 +32,29 @@ def constraints(n):
     return ", ".join(f'"+f"(d[{i}])' for i in range(n // 2))
 
 
-def ss(n, t):
+def a_param(a_regs):
+    return "const uint32_t (&a)[4]" if a_regs else "uint64_t a"
+
+
+def wrapper(name, a_regs, tnsp_b, comment, n, t):
     k = n // 2
+    if a_regs:  # A: four registers; operands after D: a[0..3], b, accumulate
+        a_operand = f"{{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}, %{k + 4}"
+        pred, inputs = k + 5, '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate)'
+        tnsp = "1" if tnsp_b else "0"  # RS takes only the B transpose flag
+    else:  # A: a descriptor; operands after D: a, b, accumulate
+        a_operand = f"%{k}, %{k + 1}"
+        pred, inputs = k + 2, '"l"(a), "l"(b), "r"(accumulate)'
+        tnsp = "0, " + ("1" if tnsp_b else "0")
     return f'''
-// D(64x{n}, f32) (+)= A(64x16, smem desc) * B({n}x16, smem desc)^T, both K-major.
+// {comment.format(n=n)}
 template <>
-__device__ __forceinline__ void mma_ss<{n}, Type::k{t.upper()}>(float (&d)[{k}], uint64_t a, uint64_t b, int accumulate) {{
+__device__ __forceinline__ void {name}<{n}, Type::k{t.upper()}>(float (&d)[{k}], {a_param(a_regs)}, uint64_t b, int accumulate) {{
   asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{pred}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{acc_list(n)}}}, {a_operand}, p, 1, 1, {tnsp};\\n}}\\n"
       : {constraints(n)}
-      : "l"(a), "l"(b), "r"(accumulate));
-}}
-'''
-
-
-def ss_tb(n, t):
-    k = n // 2
-    return f'''
-// D(64x{n}, f32) (+)= A(64x16, smem desc, K-major) * B(16x{n}, smem desc, MN-major so transposed).
-template <>
-__device__ __forceinline__ void mma_ss_tb<{n}, Type::k{t.upper()}>(float (&d)[{k}], uint64_t a, uint64_t b, int accumulate) {{
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{acc_list(n)}}}, %{k}, %{k + 1}, p, 1, 1, 0, 1;\\n}}\\n"
-      : {constraints(n)}
-      : "l"(a), "l"(b), "r"(accumulate));
-}}
-'''
-
-
-def rs_kb(n, t):
-    k = n // 2
-    return f'''
-// D(64x{n}, f32) += A(64x16, registers) * B({n}x16, smem desc, K-major).
-template <>
-__device__ __forceinline__ void mma_rs_kb<{n}, Type::k{t.upper()}>(float (&d)[{k}], const uint32_t (&a)[4], uint64_t b, int accumulate) {{
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 5}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{acc_list(n)}}}, {{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}, %{k + 4}, p, 1, 1, 0;\\n}}\\n"
-      : {constraints(n)}
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
-}}
-'''
-
-
-def rs(n, t):
-    k = n // 2
-    return f'''
-// D(64x{n}, f32) += A(64x16, registers) * B(16x{n}, smem desc, MN-major so transposed).
-template <>
-__device__ __forceinline__ void mma_rs<{n}, Type::k{t.upper()}>(float (&d)[{k}], const uint32_t (&a)[4], uint64_t b, int accumulate) {{
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{k + 5}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{acc_list(n)}}}, {{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}, %{k + 4}, p, 1, 1, 1;\\n}}\\n"
-      : {constraints(n)}
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+      : {inputs});
 }}
 '''
 
@@ -94,24 +70,13 @@ def main():
         "",
         "enum class Type { kBF16, kF16 };",
         "",
-        "template <int N, Type T>",
-        "__device__ void mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate);",
-        "template <int N, Type T>",
-        "__device__ void mma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b, int accumulate);",
-        "template <int N, Type T>",
-        "__device__ void mma_ss_tb(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate);",
-        "template <int N, Type T>",
-        "__device__ void mma_rs_kb(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b, int accumulate);",
     ]
+    for name, a_regs, _, _, _ in OPS:
+        out += ["template <int N, Type T>",
+                f"__device__ void {name}(float (&d)[N / 2], {a_param(a_regs)}, uint64_t b, int accumulate);"]
     for t in TYPES:
-        for n in SHAPES_SS:
-            out.append(ss(n, t))
-        for n in SHAPES_RS:
-            out.append(rs(n, t))
-        for n in SHAPES_SS_TB:
-            out.append(ss_tb(n, t))
-        for n in SHAPES_RS_KB:
-            out.append(rs_kb(n, t))
+        for name, a_regs, tnsp_b, comment, shapes in OPS:
+            out += [wrapper(name, a_regs, tnsp_b, comment, n, t) for n in shapes]
     out.append("}  // namespace fa4::ptx::wgmma\n")
     path = pathlib.Path(__file__).resolve().parent.parent / "src" / "ptx" / "wgmma_ops.h"
     path.write_text("\n".join(out))
