@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cuda/ptx>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -253,6 +254,14 @@ __device__ __forceinline__ void mix_block(unsigned char* base, int w, float (&s)
   if constexpr (kMix == kMixSAccPvSs) { gemm_s(); gemm_pv_ss(); }
 }
 
+// A warpgroup's registers for mix_block: S and O zeroed, P a fixed pattern of bf16 pairs near 1.
+__device__ __forceinline__ void mix_operands(float (&s)[64], float (&o)[64], uint32_t (&pf)[32]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s[i] = o[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) pf[i] = 0x3C003C00u ^ (uint32_t(threadIdx.x * 977 + i * 131) & 0x007F007Fu);
+}
+
 // Two warpgroups a CTA, one CTA an SM, each issuing `iters` K/V blocks of its mix, two blocks in
 // flight. out[block]: cycles for all of them (ideal: 2 x 16 x 64 = 2048 a block for every mix).
 template <int kMix>
@@ -262,10 +271,7 @@ __global__ void __launch_bounds__(256, 1) gemm_mix(long long* out, float* sink, 
   const int w = threadIdx.x / 128;
   float s[64], o[64];
   uint32_t pf[32];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) s[i] = o[i] = 0.f;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) pf[i] = 0x3C003C00u ^ (uint32_t(threadIdx.x * 977 + i * 131) & 0x007F007Fu);
+  mix_operands(s, o, pf);
   wg::fence();
   __syncthreads();
   const long long t0 = clock64();
@@ -472,10 +478,7 @@ __global__ void __launch_bounds__(256, 1) softmax_beside_gemm(long long* out, fl
   } else {
     float s[64], o[64];
     uint32_t pf[32];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) s[i] = o[i] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) pf[i] = 0x3C003C00u ^ (uint32_t(threadIdx.x * 977 + i * 131) & 0x007F007Fu);
+    mix_operands(s, o, pf);
     wg::fence();
     for (int i = 0; i < (1 << 24); ++i) {  // until warpgroup 0 is done (bounded all the same)
       mix_block<kMix>(base, 1, s, o, pf);
@@ -726,6 +729,12 @@ void bench_softmax(Json& j) {
 // The SM clock while every SM keeps the tensor cores busy for ~0.1 s (long enough for power
 // management to settle): cycles over nanoseconds of wgmma m64n128k16 with two warpgroups per SM.
 // Converts a kernel's measured time into cycles.
+// f(std::integral_constant<int, m>) for each mix m of the sequence, in order.
+template <int... kMixes, class F>
+void for_each_mix(std::integer_sequence<int, kMixes...>, F f) {
+  (f(std::integral_constant<int, kMixes>{}), ...);
+}
+
 template <int kMix>
 double run_gemm_mix(long long* d_out, float* d_sink, int iters) {
   CHECK(cudaFuncSetAttribute(gemm_mix<kMix>, cudaFuncAttributeMaxDynamicSharedMemorySize, kMixSmem));
@@ -759,42 +768,34 @@ void bench_gemm_mix(Json& j) {
   CHECK(cudaMalloc(&d_out, sizeof(long long) * std::max(g_sms, iters)));
   CHECK(cudaMalloc(&d_sink, sizeof(float) * g_sms * 256));
   j.open("gemm_mix_d128_cycles_per_kv_block_2wg");
-  j.num(kMixNames[kMixS2], run_gemm_mix<kMixS2>(d_out, d_sink, iters));
-  j.num(kMixNames[kMixSPvRs], run_gemm_mix<kMixSPvRs>(d_out, d_sink, iters));
-  j.num(kMixNames[kMixPvRs2], run_gemm_mix<kMixPvRs2>(d_out, d_sink, iters));
-  j.num(kMixNames[kMixSPvSs], run_gemm_mix<kMixSPvSs>(d_out, d_sink, iters));
-  j.num(kMixNames[kMixPvSs2], run_gemm_mix<kMixPvSs2>(d_out, d_sink, iters));
-  j.num(kMixNames[kMixPvRsKb2], run_gemm_mix<kMixPvRsKb2>(d_out, d_sink, iters));
-  j.num(kMixNames[kMixSAcc2], run_gemm_mix<kMixSAcc2>(d_out, d_sink, iters));
-  j.num(kMixNames[kMixSAccPvRs], run_gemm_mix<kMixSAccPvRs>(d_out, d_sink, iters));
-  j.num(kMixNames[kMixSAccPvSs], run_gemm_mix<kMixSAccPvSs>(d_out, d_sink, iters));
+  for_each_mix(std::make_integer_sequence<int, kMixCount>{},
+               [&](auto mix) { j.num(kMixNames[mix], run_gemm_mix<mix>(d_out, d_sink, iters)); });
   j.close();
   const int sm_iters = 256;
+  // One mix's softmax cycles beside it: the load/store baseline, then the full softmax.
+  auto beside = [&](auto mix) {
+    const double b = run_softmax_beside<mix>(d_out, d_sink, sm_iters, false);
+    return std::pair<double, double>{b, run_softmax_beside<mix>(d_out, d_sink, sm_iters, true)};
+  };
   j.open("softmax_64x128_beside_gemm_1sm");
-  const double base = run_softmax_beside<kMixS2>(d_out, d_sink, sm_iters, false);
+  const auto [base, full] = beside(std::integral_constant<int, kMixS2>{});
   j.num("baseline_cycles_subtracted_beside_s_ss", base);
-  j.num("beside_s_ss_x2", run_softmax_beside<kMixS2>(d_out, d_sink, sm_iters, true) - base);
-  const double base_rs = run_softmax_beside<kMixSPvRs>(d_out, d_sink, sm_iters, false);
+  j.num("beside_s_ss_x2", full - base);
+  const auto [base_rs, full_rs] = beside(std::integral_constant<int, kMixSPvRs>{});
   j.num("baseline_cycles_subtracted_beside_s_pv_rs", base_rs);
-  j.num("beside_s_ss_then_pv_rs", run_softmax_beside<kMixSPvRs>(d_out, d_sink, sm_iters, true) - base_rs);
-  const double base_prs = run_softmax_beside<kMixPvRs2>(d_out, d_sink, sm_iters, false);
-  j.num("beside_pv_rs_x2", run_softmax_beside<kMixPvRs2>(d_out, d_sink, sm_iters, true) - base_prs);
-  const double base_pss = run_softmax_beside<kMixSPvSs>(d_out, d_sink, sm_iters, false);
-  j.num("beside_s_ss_then_pv_ss", run_softmax_beside<kMixSPvSs>(d_out, d_sink, sm_iters, true) - base_pss);
+  j.num("beside_s_ss_then_pv_rs", full_rs - base_rs);
+  for_each_mix(std::integer_sequence<int, kMixPvRs2, kMixSPvSs>{}, [&](auto mix) {
+    const auto [b, f] = beside(mix);
+    j.num(std::string("beside_") + kMixNames[mix], f - b);
+  });
   // Every GEMM result live (the chains above that start from zero let the hardware drop work: see
   // s_ss_x2 against s_ss_accumulating_x2). Raw cycles too: the baseline moves with shared-memory load.
-  for (int mix : {kMixSAcc2, kMixSAccPvRs, kMixSAccPvSs, kMixPvRs2, kMixPvSs2}) {
-    double b = 0, f = 0;
-    switch (mix) {
-      case kMixSAcc2: b = run_softmax_beside<kMixSAcc2>(d_out, d_sink, sm_iters, false); f = run_softmax_beside<kMixSAcc2>(d_out, d_sink, sm_iters, true); break;
-      case kMixSAccPvRs: b = run_softmax_beside<kMixSAccPvRs>(d_out, d_sink, sm_iters, false); f = run_softmax_beside<kMixSAccPvRs>(d_out, d_sink, sm_iters, true); break;
-      case kMixSAccPvSs: b = run_softmax_beside<kMixSAccPvSs>(d_out, d_sink, sm_iters, false); f = run_softmax_beside<kMixSAccPvSs>(d_out, d_sink, sm_iters, true); break;
-      case kMixPvRs2: b = run_softmax_beside<kMixPvRs2>(d_out, d_sink, sm_iters, false); f = run_softmax_beside<kMixPvRs2>(d_out, d_sink, sm_iters, true); break;
-      default: b = run_softmax_beside<kMixPvSs2>(d_out, d_sink, sm_iters, false); f = run_softmax_beside<kMixPvSs2>(d_out, d_sink, sm_iters, true); break;
-    }
-    j.num(std::string("live_beside_") + kMixNames[mix] + "_full", f);
-    j.num(std::string("live_beside_") + kMixNames[mix] + "_baseline", b);
-  }
+  for_each_mix(std::integer_sequence<int, kMixSAcc2, kMixSAccPvRs, kMixSAccPvSs, kMixPvRs2, kMixPvSs2>{},
+               [&](auto mix) {
+                 const auto [b, f] = beside(mix);
+                 j.num(std::string("live_beside_") + kMixNames[mix] + "_full", f);
+                 j.num(std::string("live_beside_") + kMixNames[mix] + "_baseline", b);
+               });
   j.close();
   CHECK(cudaFree(d_out));
   CHECK(cudaFree(d_sink));
