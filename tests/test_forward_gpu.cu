@@ -15,6 +15,7 @@
 #include "convert.h"
 #include "fa4/attention.h"
 #include "gpu_guard.h"
+#include "test_support.h"
 #include "reference.h"
 
 namespace {
@@ -253,36 +254,42 @@ TEST(ForwardGpu, ManyTilesPersistentGrid) {
   run_case({BF16, 4, 600, 600, 16, 4, 128, false, 200, 0}, 705);
 }
 
+// n bf16 values drawn from N(0, 1) by rng, in a new device buffer (the caller frees it).
+void upload_normal_bf16(std::mt19937& rng, size_t n, uint16_t** dst) {
+  std::normal_distribution<float> normal;
+  std::vector<uint16_t> host(n);
+  for (auto& x : host) x = fa4::ref::float_to_bf16_bits(normal(rng));
+  CUDA_OK(cudaMalloc(dst, n * 2));
+  CUDA_OK(cudaMemcpy(*dst, host.data(), n * 2, cudaMemcpyHostToDevice));
+}
+
+// The output of one forward call on `st`, O poisoned (NaN) before it.
+void run_and_download(const fa4::ForwardArgs& a, cudaStream_t st, uint16_t* o, std::vector<uint16_t>& host) {
+  CUDA_OK(cudaMemsetAsync(o, 0xFF, host.size() * 2, st));
+  const fa4::Status status = fa4::forward(a, st);
+  ASSERT_TRUE(status.ok()) << status.message;
+  CUDA_OK(cudaStreamSynchronize(st));
+  CUDA_OK(cudaMemcpy(host.data(), o, host.size() * 2, cudaMemcpyDeviceToHost));
+}
+
 TEST(ForwardGpu, RepeatedRunsAreBitIdentical) {
   FA4_REQUIRE_GPU();
   // A race shows as results that move between runs on the same inputs.
   const int64_t b = 2, s = 777, h = 4, d = 128;
+  const size_t n = size_t(b * s * h * d);
   std::mt19937 rng(9);
-  std::normal_distribution<float> normal;
-  std::vector<uint16_t> host(b * s * h * d);
-  for (auto& x : host) x = fa4::ref::float_to_bf16_bits(normal(rng));
   uint16_t *q, *o;
-  CUDA_OK(cudaMalloc(&q, host.size() * 2));
-  CUDA_OK(cudaMalloc(&o, host.size() * 2));
-  CUDA_OK(cudaMemcpy(q, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+  ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, n, &q));
+  CUDA_OK(cudaMalloc(&o, n * 2));
   fa4::ForwardArgs a;
-  a.problem.dtype = BF16;
-  a.problem.batch = b;
-  a.problem.seqlen_q = a.problem.seqlen_k = s;
-  a.problem.heads_q = a.problem.heads_kv = h;
-  a.problem.head_dim = d;
+  a.problem = fa4::test::make_problem(b, s, s, h, h, d, BF16);
   a.problem.causal = true;
   a.q = a.k = a.v = fa4::bshd(q, s, h, d);
   a.o = fa4::bshd(o, s, h, d);
-  std::vector<uint16_t> first, again(host.size());
+  std::vector<uint16_t> first(n), again(n);
   for (int run = 0; run < 5; ++run) {
-    CUDA_OK(cudaMemset(o, 0xFF, host.size() * 2));
-    ASSERT_TRUE(fa4::forward(a, nullptr).ok());
-    CUDA_OK(cudaMemcpy(again.data(), o, host.size() * 2, cudaMemcpyDeviceToHost));
-    if (run == 0)
-      first = again;
-    else
-      ASSERT_EQ(std::memcmp(first.data(), again.data(), host.size() * 2), 0) << "run " << run;
+    ASSERT_NO_FATAL_FAILURE(run_and_download(a, nullptr, o, run == 0 ? first : again));
+    if (run > 0) ASSERT_EQ(std::memcmp(first.data(), again.data(), n * 2), 0) << "run " << run;
   }
   cudaFree(q);
   cudaFree(o);
@@ -293,25 +300,14 @@ TEST(ForwardGpu, CapturedInACudaGraphMatchesADirectCall) {
   // Causal with more tiles than SMs, so the launch allocates and zeroes its tile counter in
   // stream order: that must capture into a graph and replay, bit for bit the direct call's output.
   const int64_t b = 4, s = 600, h = 16, hkv = 4, d = 64;
-  std::mt19937 rng(11);
-  std::normal_distribution<float> normal;
   const size_t nq = size_t(b * s * h * d), nkv = size_t(b * s * hkv * d);
-  std::vector<uint16_t> hq(nq), hkvv(nkv);
-  for (auto& x : hq) x = fa4::ref::float_to_bf16_bits(normal(rng));
-  for (auto& x : hkvv) x = fa4::ref::float_to_bf16_bits(normal(rng));
+  std::mt19937 rng(11);
   uint16_t *q, *kv, *o;
-  CUDA_OK(cudaMalloc(&q, nq * 2));
-  CUDA_OK(cudaMalloc(&kv, nkv * 2));
+  ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nq, &q));
+  ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nkv, &kv));
   CUDA_OK(cudaMalloc(&o, nq * 2));
-  CUDA_OK(cudaMemcpy(q, hq.data(), nq * 2, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(kv, hkvv.data(), nkv * 2, cudaMemcpyHostToDevice));
   fa4::ForwardArgs a;
-  a.problem.dtype = BF16;
-  a.problem.batch = b;
-  a.problem.seqlen_q = a.problem.seqlen_k = s;
-  a.problem.heads_q = h;
-  a.problem.heads_kv = hkv;
-  a.problem.head_dim = d;
+  a.problem = fa4::test::make_problem(b, s, s, h, hkv, d, BF16);
   a.problem.causal = true;
   a.q = fa4::bshd(q, s, h, d);
   a.k = a.v = fa4::bshd(kv, s, hkv, d);
@@ -319,10 +315,7 @@ TEST(ForwardGpu, CapturedInACudaGraphMatchesADirectCall) {
   cudaStream_t st;
   CUDA_OK(cudaStreamCreate(&st));
   std::vector<uint16_t> direct(nq), replay(nq);
-  CUDA_OK(cudaMemset(o, 0xFF, nq * 2));
-  ASSERT_TRUE(fa4::forward(a, st).ok());
-  CUDA_OK(cudaStreamSynchronize(st));
-  CUDA_OK(cudaMemcpy(direct.data(), o, nq * 2, cudaMemcpyDeviceToHost));
+  ASSERT_NO_FATAL_FAILURE(run_and_download(a, st, o, direct));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
