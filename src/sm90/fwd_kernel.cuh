@@ -53,17 +53,12 @@ __device__ __forceinline__ bool sched_pv_first(int consumer) {
 // Tile shape and shared-memory layout of one forward configuration.
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2,
           bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true, bool kSpeculate_ = false,
-          bool kSoftmaxTurns_ = false, bool kSkipIdle_ = false>
+          bool kSoftmaxTurns_ = false>
 struct FwdConfig {
   // Consumers take their softmaxes in turn too (a second ring of named barriers), so two never
   // share a sub-partition's issue slots and exp unit. Measured: no shorter softmax, the period
   // 1-2 % longer at d128 (docs/perf-notes.md); off everywhere.
   static constexpr bool kSoftmaxTurns = kSoftmaxTurns_;
-  // A consumer whose rows all lie past seqlen_q skips its GEMMs and softmax in that tile (the
-  // last tile of a head when seqlen_q is not a multiple of kBlockM: at d64's 192-row tiles every
-  // FA3 shape). Correct on the GPU (gtest, compute-sanitizer); its speed not yet measured, so
-  // off in the shipped configurations.
-  static constexpr bool kSkipIdle = kSkipIdle_;
   // Steady-state softmax taking its exponentials against the running max before the block's max
   // is known (softmax.cuh, softmax_step_speculative); needs two P buffers. Measured slower on H200
   // (docs/perf-notes.md), so off in every shipped configuration.
@@ -414,28 +409,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
     rows[0] = rows[1] = numerics::row_state_init();
     q_desc = wgmma::desc_sw128(smem_addr(sQ + qr.stage * Cfg::kQBytes) + consumer * 64 * 128, 16, 1024);
-    // A consumer whose 64 rows all lie past seqlen_q (the last tile of a head, when seqlen_q is not
-    // a multiple of kBlockM) has nothing to compute: it keeps the K/V rings and the turn ring
-    // moving (each block's K and V landed, then freed; as many turns as a working consumer takes,
-    // blocks + 1) and leaves the tensor cores to the others.
-    const bool idle = Cfg::kSkipIdle && m_block * kBlockM + consumer * 64 >= p.seqlen_q;
 
-    if (Cfg::kSkipIdle && range.hi > range.lo && idle) {
-      for (int n = range.hi - 1; n >= range.lo; --n) {
-        mbar_wait(&bar.k_full[r.stage], r.phase);
-        release(&bar.k_empty[r.stage]);
-        mbar_wait(&bar.v_full[r.stage], r.phase);
-        release(&bar.v_empty[r.stage]);
-        wait_my_turn(consumer);
-        pass_turn<Cfg::kConsumers>(consumer);
-        softmax_turn_begin();
-        softmax_turn_end();
-        r.advance();
-      }
-      release_q(&bar.q_empty[qr.stage]);
-      wait_my_turn(consumer);  // the turn of the others' last P V
-      pass_turn<Cfg::kConsumers>(consumer);
-    } else if (range.hi > range.lo) {
+    if (range.hi > range.lo) {
       int n = range.hi - 1;
       float corr[2];
       // First block: S_0 alone.
