@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "common/validate.h"
 #include "convert.h"
 #include "fa4/attention.h"
 #include "gpu_guard.h"
@@ -31,6 +32,9 @@ struct Case {
   // Key j scaled by 1 + key_ramp * (seqlen_k - 1 - j) / seqlen_k: scores grow toward the first keys,
   // which the kernel visits last, so a row's max keeps rising past the rescale threshold.
   double key_ramp = 0.0;
+  // 0: through the public API; 1 or 2: the sm90 launch with FwdParams::cluster set (1: one CTA a
+  // tile, 2: clusters of two sharing K/V wherever the tiles allow).
+  int cluster = 0;
 
   std::string name() const {
     static const char* kLayouts[] = {"bshd", "bhsd", "padded"};
@@ -38,7 +42,8 @@ struct Case {
            " sk" + std::to_string(seqlen_k) + " h" + std::to_string(heads_q) + "/" + std::to_string(heads_kv) +
            " d" + std::to_string(head_dim) + (causal ? " causal" : "") + " win(" + std::to_string(left) + "," +
            std::to_string(right) + ") " + kLayouts[int(layout)] +
-           (key_ramp > 0 ? " key_ramp " + std::to_string(key_ramp) : "");
+           (key_ramp > 0 ? " key_ramp " + std::to_string(key_ramp) : "") +
+           (cluster > 0 ? " cluster " + std::to_string(cluster) : "");
   }
 };
 
@@ -85,7 +90,9 @@ struct DeviceTensor {
   ~DeviceTensor() { cudaFree(data); }
 };
 
-void run_case(const Case& c, uint32_t seed) {
+// Runs case c and checks O and LSE against the float64 reference; O and LSE land in *o_out and
+// *lse_out when given.
+void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr, std::vector<float>* lse_out = nullptr) {
   SCOPED_TRACE(c.name());
   fa4::Problem p;
   p.dtype = c.dtype;
@@ -139,7 +146,16 @@ void run_case(const Case& c, uint32_t seed) {
   args.v = dv.ref;
   args.o = dout.ref;
   args.lse = lse;
-  const fa4::Status st = fa4::forward(args, nullptr);
+  fa4::Status st;
+  if (c.cluster == 0) {
+    st = fa4::forward(args, nullptr);
+  } else {
+    st = fa4::validate(args);
+    ASSERT_TRUE(st.ok()) << st.message;
+    fa4::detail::FwdParams fp = fa4::detail::make_fwd_params(args);
+    fp.cluster = c.cluster;
+    st = fa4::detail::sm90_forward(fp, nullptr);
+  }
   ASSERT_TRUE(st.ok()) << st.message;
   CUDA_OK(cudaDeviceSynchronize());
 
@@ -167,6 +183,8 @@ void run_case(const Case& c, uint32_t seed) {
   }
   EXPECT_EQ(lse_mismatch, 0) << "rows whose LSE is -inf in one and finite (or NaN) in the other";
   EXPECT_LE(lse_err, 1e-3);
+  if (o_out != nullptr) *o_out = out;
+  if (lse_out != nullptr) *lse_out = lse_f;
 }
 
 using fa4::DType;
@@ -254,6 +272,38 @@ TEST(ForwardGpu, ManyTilesPersistentGrid) {
   run_case({BF16, 4, 600, 600, 16, 4, 128, false, 200, 0}, 705);
 }
 
+TEST(ForwardGpu, ClusterPairsMatchOneCtaBitForBit) {
+  FA4_REQUIRE_GPU();
+  // Two CTAs of a cluster share each K/V block (each loads half, multicast to both). Same inputs
+  // with and without clusters: both pass the reference check and agree bit for bit, O and LSE.
+  // Odd query-block counts (the last pair's second CTA past seqlen_q), tails, GQA, every head dim,
+  // both dtypes, BHSD, and more pairs than fit at once (CTAs walking several).
+  const Case cases[] = {
+      {BF16, 2, 300, 333, 3, 3, 128, false},  // 3 query blocks: one padding block a head
+      {BF16, 1, 500, 1000, 4, 2, 64, false},  // 192-row tiles: 3 blocks
+      {FP16, 1, 257, 100, 2, 1, 256, false},
+      {BF16, 2, 190, 260, 4, 2, 128, false, -1, -1, Layout::kBHSD},
+      {BF16, 4, 512, 512, 16, 4, 128, false},  // 128 pairs
+      {BF16, 4, 1000, 700, 16, 16, 64, false},
+      {FP16, 2, 600, 650, 16, 8, 256, false},
+  };
+  uint32_t seed = 900;
+  for (Case c : cases) {
+    std::vector<double> o1, o2;
+    std::vector<float> l1, l2;
+    c.cluster = 1;
+    ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o1, &l1));
+    c.cluster = 2;
+    ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o2, &l2));
+    ++seed;
+    SCOPED_TRACE(c.name());
+    ASSERT_EQ(o1.size(), o2.size());
+    EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(double)), 0) << "O differs";
+    ASSERT_EQ(l1.size(), l2.size());
+    EXPECT_EQ(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)), 0) << "LSE differs";
+  }
+}
+
 // n bf16 values drawn from N(0, 1) by rng, in a new device buffer (the caller frees it).
 void upload_normal_bf16(std::mt19937& rng, size_t n, uint16_t** dst) {
   std::normal_distribution<float> normal;
@@ -274,25 +324,29 @@ void run_and_download(const fa4::ForwardArgs& a, cudaStream_t st, uint16_t* o, s
 
 TEST(ForwardGpu, RepeatedRunsAreBitIdentical) {
   FA4_REQUIRE_GPU();
-  // A race shows as results that move between runs on the same inputs.
-  const int64_t b = 2, s = 777, h = 4, d = 128;
-  const size_t n = size_t(b * s * h * d);
-  std::mt19937 rng(9);
-  uint16_t *q, *o;
-  ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, n, &q));
-  CUDA_OK(cudaMalloc(&o, n * 2));
-  fa4::ForwardArgs a;
-  a.problem = fa4::test::make_problem(b, s, s, h, h, d, BF16);
-  a.problem.causal = true;
-  a.q = a.k = a.v = fa4::bshd(q, s, h, d);
-  a.o = fa4::bshd(o, s, h, d);
-  std::vector<uint16_t> first(n), again(n);
-  for (int run = 0; run < 5; ++run) {
-    ASSERT_NO_FATAL_FAILURE(run_and_download(a, nullptr, o, run == 0 ? first : again));
-    if (run > 0) ASSERT_EQ(std::memcmp(first.data(), again.data(), n * 2), 0) << "run " << run;
+  // A race shows as results that move between runs on the same inputs. Causal (the tile counter)
+  // and non-causal (clusters of two sharing K/V: 1000 rows are eight query blocks).
+  for (auto [s, causal] : {std::pair<int64_t, bool>{777, true}, {1000, false}}) {
+    SCOPED_TRACE(causal ? "causal" : "non-causal");
+    const int64_t b = 2, h = 4, d = 128;
+    const size_t n = size_t(b * s * h * d);
+    std::mt19937 rng(9);
+    uint16_t *q, *o;
+    ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, n, &q));
+    CUDA_OK(cudaMalloc(&o, n * 2));
+    fa4::ForwardArgs a;
+    a.problem = fa4::test::make_problem(b, s, s, h, h, d, BF16);
+    a.problem.causal = causal;
+    a.q = a.k = a.v = fa4::bshd(q, s, h, d);
+    a.o = fa4::bshd(o, s, h, d);
+    std::vector<uint16_t> first(n), again(n);
+    for (int run = 0; run < 5; ++run) {
+      ASSERT_NO_FATAL_FAILURE(run_and_download(a, nullptr, o, run == 0 ? first : again));
+      if (run > 0) ASSERT_EQ(std::memcmp(first.data(), again.data(), n * 2), 0) << "run " << run;
+    }
+    cudaFree(q);
+    cudaFree(o);
   }
-  cudaFree(q);
-  cudaFree(o);
 }
 
 TEST(ForwardGpu, CapturedInACudaGraphMatchesADirectCall) {

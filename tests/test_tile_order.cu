@@ -1,6 +1,7 @@
 // The persistent grid's tile order (src/sm90/tile_order.cuh) and its L2 sections
 // (src/sm90/fwd_launch.cuh), on the host: every tile once, longest first inside each section,
-// sections that divide the heads and fit the L2 budget.
+// sections that divide the heads and fit the L2 budget; clusters of two CTAs taking pairs of
+// query blocks, and where the launch uses them.
 #include <algorithm>
 #include <array>
 #include <vector>
@@ -68,6 +69,84 @@ TEST(TileOrder, StaticRoundsCoverEveryTileOnce) {
       for (int round = 0, t; (t = order.nth(round, cta, grid)) < order.count; ++round) ++seen[t];
     for (int c : seen) EXPECT_EQ(c, 1) << "grid " << grid;
   }
+}
+
+// Tile parameters as validation leaves them (non-causal, no window unless set).
+fa4::detail::FwdParams fwd_params(int batch, int heads_q, int heads_kv, int seqlen_q, int seqlen_k, int head_dim) {
+  fa4::detail::FwdParams a{};
+  a.batch = batch;
+  a.heads_q = heads_q;
+  a.heads_kv = heads_kv;
+  a.seqlen_q = seqlen_q;
+  a.seqlen_k = seqlen_k;
+  a.head_dim = head_dim;
+  a.window_left = a.window_right = -1;
+  return a;
+}
+
+// With clusters each tile is a pair: over every tile and both ranks, each (batch, head, query
+// block) comes once, both ranks of a tile share batch and head (so K and V), and the only extra
+// is block m_blocks (past seqlen_q) as rank 1 of a head's last pair when m_blocks is odd.
+TEST(TileOrder, ClusterPairsCoverEveryQueryBlockOnce) {
+  for (auto [batch, heads, heads_kv, m_blocks] :
+       std::vector<std::array<int, 4>>{{1, 1, 1, 2}, {1, 1, 1, 3}, {2, 3, 3, 5}, {4, 16, 4, 32}, {3, 12, 1, 43}, {2, 8, 8, 86}}) {
+    const fa4::detail::FwdParams a = fwd_params(batch, heads, heads_kv, m_blocks * 128, 4096, 128);
+    const TileOrder order = fa4::sm90::make_tile_order(a, m_blocks, 2, false);
+    ASSERT_EQ(order.count, batch * heads * ((m_blocks + 1) / 2));
+    std::vector<int> seen(size_t(batch) * heads * (m_blocks + 1), 0);
+    for (int t = 0; t < order.count; ++t) {
+      const fa4::sm90::Tile r0 = order.decode(t, 0), r1 = order.decode(t, 1);
+      ASSERT_EQ(r0.batch, r1.batch);
+      ASSERT_EQ(r0.head, r1.head);
+      ASSERT_EQ(r1.m_block, r0.m_block + 1);
+      ASSERT_EQ(r0.m_block % 2, 0);
+      for (const fa4::sm90::Tile& tl : {r0, r1}) {
+        ASSERT_GE(tl.m_block, 0);
+        ASSERT_LE(tl.m_block, m_blocks);
+        ++seen[(size_t(tl.batch) * heads + tl.head) * (m_blocks + 1) + tl.m_block];
+      }
+    }
+    for (int bh = 0; bh < batch * heads; ++bh)
+      for (int m = 0; m <= m_blocks; ++m)
+        EXPECT_EQ(seen[size_t(bh) * (m_blocks + 1) + m], m < m_blocks ? 1 : m_blocks % 2)
+            << "head " << bh << " block " << m << " of " << m_blocks;
+  }
+}
+
+// Clusters only where every tile has one key range (no causal or window bound), never for one
+// CTA a tile (schedule 2) or when switched off; on their own only at head_dim 128 and 256 and
+// where the padding of an odd query-block count is small.
+TEST(TileOrder, ClusterPairsOnlyForTilesOfOneLength) {
+  using fa4::sm90::use_cluster_pairs;
+  fa4::detail::FwdParams a = fwd_params(2, 16, 16, 4096, 4096, 64);
+  EXPECT_FALSE(use_cluster_pairs(a, 22));  // d64: measured slower
+  a.cluster = 2;
+  EXPECT_TRUE(use_cluster_pairs(a, 22));
+  a = fwd_params(2, 16, 16, 4096, 4096, 256);
+  EXPECT_TRUE(use_cluster_pairs(a, 32));
+  a = fwd_params(2, 16, 16, 4096, 4096, 128);
+  EXPECT_TRUE(use_cluster_pairs(a, 32));
+  EXPECT_TRUE(use_cluster_pairs(a, 2));
+  EXPECT_FALSE(use_cluster_pairs(a, 1));
+  EXPECT_FALSE(use_cluster_pairs(a, 3));   // a third of the work would be padding
+  EXPECT_FALSE(use_cluster_pairs(a, 11));
+  EXPECT_TRUE(use_cluster_pairs(a, 43));   // one block in 44
+  a.cluster = 2;
+  EXPECT_TRUE(use_cluster_pairs(a, 3));    // asked for
+  EXPECT_FALSE(use_cluster_pairs(a, 1));
+  a.cluster = 1;
+  EXPECT_FALSE(use_cluster_pairs(a, 32));
+  a.cluster = 0;
+  a.schedule = 2;
+  EXPECT_FALSE(use_cluster_pairs(a, 32));
+  a.schedule = 0;
+  a.window_right = 0;  // causal
+  EXPECT_FALSE(use_cluster_pairs(a, 32));
+  a.cluster = 2;
+  EXPECT_FALSE(use_cluster_pairs(a, 32));
+  a.window_right = -1;
+  a.window_left = 100;
+  EXPECT_FALSE(use_cluster_pairs(a, 32));
 }
 
 }  // namespace

@@ -28,6 +28,9 @@ struct FwdParams {
   // 3 = persistent in static rounds with one section of every head where lengths vary (ablation:
   // the order before the dynamic grid), 4 = the dynamic grid over that one section (ablation).
   int schedule = 0;
+  // Clusters of two CTAs sharing each K/V block by TMA multicast (sm90, tiles of one length only):
+  // 0 = where they pay (sm90/fwd_launch.cuh, use_cluster_pairs), 1 = never, 2 = wherever possible.
+  int cluster = 0;
   // K and V bytes a section of heads may hold (sm90/fwd_launch.cuh); 0 = the default, < 0 = one
   // section of every head. For measurements.
   int64_t l2_section_bytes = 0;

@@ -31,6 +31,15 @@ __device__ __forceinline__ void tma_load_4d(void* smem_dst, const CUtensorMap* m
                                   coords, bar);
 }
 
+// Loads one box into the same shared-memory offset of every CTA in `cta_mask` (cluster ranks);
+// each destination's mbarrier at `bar`'s offset receives the box's bytes.
+__device__ __forceinline__ void tma_load_4d_multicast(void* smem_dst, const CUtensorMap* map, uint64_t* bar,
+                                                      int c0, int c1, int c2, int c3, uint16_t cta_mask) {
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem_dst, map,
+                                  coords, bar, cta_mask);
+}
+
 // Stores one box from shared memory at coordinates (c0, c1, c2, c3); joins the bulk group.
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* smem_src, int c0,
                                              int c1, int c2, int c3) {

@@ -7,6 +7,11 @@
 //                              right to issue GEMMs around them (ping-pong), so one's softmax runs
 //                              while another's GEMMs hold the tensor cores
 //
+// Clusters of two CTAs (kCluster = 2, tiles of one length): the two take neighbouring query
+// blocks of one head and share every K/V block, each loading half of it by TMA multicast into
+// both; a slot is free when the consumers of both CTAs have released it (their arrives go to both
+// CTAs' empty barriers). Halves the K/V traffic from L2 to the SMs.
+//
 // Each consumer, per K/V block j (intra-warpgroup overlap; order from the generated schedule):
 //   issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}  ->  wait S_j, free K_j  ->  softmax(S_j) while
 //   P V runs  ->  pack P_j (second register buffer)  ->  wait P V, free V_{j-1}  ->  rescale O
@@ -207,9 +212,11 @@ __device__ __forceinline__ void pass_softmax_turn(int consumer) {
   ptx::named_bar_arrive(1 + 2 * kConsumers + (consumer + 1) % kConsumers, 256);
 }
 
-template <class Cfg>
+template <class Cfg, int kCluster = 1>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_kernel(const __grid_constant__ FwdKernelParams p) {
+  static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
+  static_assert(kCluster == 1 || Cfg::kBlockN / 2 * 128 % 1024 == 0, "a K/V half must keep 1024-byte alignment");
   using namespace fa4::ptx;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
   constexpr auto kType = Cfg::kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
@@ -222,6 +229,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   uint8_t* sV = smem + Cfg::kVOffset;
 
   const int wg = threadIdx.x / 128;
+  // Cluster rank and the cluster's index in the grid (the CTA's own without clusters).
+  const int rank = kCluster == 1 ? 0 : int(cluster_rank());
+  const int unit = int(blockIdx.x) / kCluster, units = int(gridDim.x) / kCluster;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kQStages; ++s) {
       mbar_init(&bar.q_full[s], 1);
@@ -233,12 +243,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbar_init(&bar.k_full[s], 1);
       mbar_init(&bar.v_full[s], 1);
-      mbar_init(&bar.k_empty[s], Cfg::kConsumers);
-      mbar_init(&bar.v_empty[s], Cfg::kConsumers);
+      mbar_init(&bar.k_empty[s], Cfg::kConsumers * kCluster);  // every CTA's consumers
+      mbar_init(&bar.v_empty[s], Cfg::kConsumers * kCluster);
     }
     fence_barrier_init();
   }
-  __syncthreads();
+  if constexpr (kCluster > 1)
+    cluster_sync();  // the partner's barriers exist before any multicast or arrive reaches them
+  else
+    __syncthreads();
 
   if (wg == 0) {
     // ---------------- producer ----------------
@@ -262,9 +275,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
         for (int c = 0; c < Cfg::kChunks; ++c) tma_load_4d(dst + c * rows * 128, map, full, c * 64, row, head, batch);
       };
+      // A K or V block: with clusters this CTA's half of its rows, multicast to both CTAs (each
+      // CTA's full barrier expects the whole block: its own half and its partner's).
+      auto load_kv = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* full, int row, int head, int batch) {
+        if constexpr (kCluster == 1) {
+          load_tile(dst, map, full, Cfg::kKVBytes, kBlockN, row, head, batch);
+        } else {
+          constexpr int kHalf = kBlockN / 2;
+          mbar_arrive_expect_tx(full, Cfg::kKVBytes);
+#pragma unroll
+          for (int c = 0; c < Cfg::kChunks; ++c)
+            tma_load_4d_multicast(dst + c * kBlockN * 128 + rank * kHalf * 128, map, full, c * 64, row + rank * kHalf,
+                                  head, batch, uint16_t(0b11));
+        }
+      };
+      auto wait_empty = [&](uint64_t* empty, uint32_t phase) {
+        if constexpr (kCluster == 1)
+          mbar_wait(empty, phase);
+        else
+          mbar_wait_cluster(empty, phase);  // the partner's consumers arrive on it too
+      };
       RingPos<Cfg::kStages> w;
       RingPos<Cfg::kQStages> qw;
-      int next = blockIdx.x;  // the Q loader's next tile: the first is the CTA's own
+      int next = unit;  // the Q loader's next tile: the first is the CTA's (or cluster's) own
       for (int round = 0;; ++round) {
         int tile;
         if (loads_k) {  // takes the tile, publishes it beside its Q buffer, loads Q
@@ -275,12 +308,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             mbar_arrive(&bar.q_full[qw.stage]);  // no Q: the phase completes on the arrive alone
             break;
           }
-          const Tile tl = p.tiles.decode(tile);
+          const Tile tl = p.tiles.decode(tile, rank);
           load_tile(sQ + qw.stage * Cfg::kQBytes, &p.tm_q, &bar.q_full[qw.stage], Cfg::kQBytes, kBlockM,
                     tl.m_block * kBlockM, tl.head, tl.batch);
           // The next tile now, so the atomic's latency passes under this tile's K/V loads.
           next = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
-                                : p.tiles.nth(round + 1, blockIdx.x, gridDim.x);
+                                : p.tiles.nth(round + 1, unit, units);
         } else {  // the V loader: the tile the Q loader published, then frees its slot
           mbar_wait(&bar.q_full[qw.stage], qw.phase);
           tile = ld_shared(&bar.tile[qw.stage]);
@@ -288,29 +321,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           mbar_arrive(&bar.q_empty[qw.stage]);
         }
         qw.advance();
-        const Tile tl = p.tiles.decode(tile);
+        const Tile tl = p.tiles.decode(tile, rank);
         const BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
         const int h_kv = tl.head / p.head_ratio;
         // Trace events of a load: 0/1 before/after K's empty wait, 2/3 the same for V.
         for (int n = range.hi - 1; n >= range.lo; --n) {
           if (loads_k) {
             if constexpr (traced<Cfg>()) tr.stamp(0);
-            mbar_wait(&bar.k_empty[w.stage], w.phase ^ 1);
+            wait_empty(&bar.k_empty[w.stage], w.phase ^ 1);
             if constexpr (traced<Cfg>()) tr.stamp(1);
-            load_tile(sK + w.stage * Cfg::kKVBytes, &p.tm_k, &bar.k_full[w.stage], Cfg::kKVBytes, kBlockN,
-                      n * kBlockN, h_kv, tl.batch);
+            load_kv(sK + w.stage * Cfg::kKVBytes, &p.tm_k, &bar.k_full[w.stage], n * kBlockN, h_kv, tl.batch);
           }
           if (loads_v) {
             if constexpr (traced<Cfg>()) tr.stamp(2);
-            mbar_wait(&bar.v_empty[w.stage], w.phase ^ 1);
+            wait_empty(&bar.v_empty[w.stage], w.phase ^ 1);
             if constexpr (traced<Cfg>()) tr.stamp(3);
-            load_tile(sV + w.stage * Cfg::kKVBytes, &p.tm_v, &bar.v_full[w.stage], Cfg::kKVBytes, kBlockN,
-                      n * kBlockN, h_kv, tl.batch);
+            load_kv(sV + w.stage * Cfg::kKVBytes, &p.tm_v, &bar.v_full[w.stage], n * kBlockN, h_kv, tl.batch);
           }
           if constexpr (traced<Cfg>()) tr.next();
           w.advance();
         }
       }
+      // With clusters the partner's consumers arrive on this CTA's empty barriers until they have
+      // released the last blocks: this CTA stays until every slot is free again.
+      if constexpr (kCluster > 1)
+        for (int s = 0; s < Cfg::kStages; ++s) {
+          if (loads_k) wait_empty(&bar.k_empty[w.stage], w.phase ^ 1);
+          if (loads_v) wait_empty(&bar.v_empty[w.stage], w.phase ^ 1);
+          w.advance();
+        }
     }
     return;
   }
@@ -377,8 +416,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto softmax_turn_end = [&] {
     if constexpr (Cfg::kSoftmaxTurns) pass_softmax_turn<Cfg::kConsumers>(consumer);
   };
-  auto release = [&](uint64_t* empty) {
-    if (t == 0) mbar_arrive(empty);
+  auto release = [&](uint64_t* empty) {  // K/V slots: with clusters, in both CTAs
+    if (t == 0) {
+      mbar_arrive(empty);
+      // The partner's barrier with arrive's default CTA-scope release: a cluster-scope release
+      // here cost a third of the throughput (docs/perf-notes.md, "Clusters of two").
+      if constexpr (kCluster > 1) mbar_arrive_remote(empty, rank ^ 1);
+    }
   };
   auto release_q = [&](uint64_t* empty) {  // one arrive a warp: see q_empty's count
     if (lane == 0) mbar_arrive(empty);
@@ -402,7 +446,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // in uniform registers and the wgmma around it in straight-line code.
     const int tile = __shfl_sync(0xffffffff, lane == 0 ? ld_shared(&bar.tile[qr.stage]) : 0, 0);
     if (tile >= p.tiles.count) break;
-    const Tile tl = p.tiles.decode(tile);
+    const Tile tl = p.tiles.decode(tile, rank);
     const int m_block = tl.m_block;
     const BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, m_block, p.seqlen_q, p.seqlen_k);
 #pragma unroll

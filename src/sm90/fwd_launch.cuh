@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "common/fwd_params.h"
@@ -51,13 +52,82 @@ struct TileCounter {
   }
 };
 
+// Whether a problem's tiles go to clusters of two CTAs sharing K and V (fwd_kernel.cuh): tiles of
+// one length only (no causal or window bound; the pair walks one key range). On their own only
+// where they measured faster (head_dim 128 and 256: +2...+6 % at FA3 shapes up to 4k; d64 with its
+// three consumers -1...-3 %; docs/perf-notes.md) and where the padding of an odd query-block
+// count (one idle block a head) costs little.
+inline bool use_cluster_pairs(const detail::FwdParams& a, int64_t m_blocks) {
+  const bool uniform = a.window_right < 0 && a.window_left < 0;
+  if (!uniform || a.schedule == 2 || a.cluster == 1 || m_blocks < 2) return false;
+  return a.cluster == 2 || (a.head_dim >= 128 && (m_blocks % 2 == 0 || m_blocks >= 16));
+}
+
+// The persistent grid's tile order: heads in L2-sized sections, longest tiles first inside each;
+// with clusters a tile is a pair of query blocks. `one_section`: every head in one section.
+inline TileOrder make_tile_order(const detail::FwdParams& a, int64_t m_blocks, int cluster, bool one_section) {
+  const bool uniform = a.window_right < 0 && a.window_left < 0;
+  const int64_t units = (m_blocks + cluster - 1) / cluster;  // tiles a head
+  const int64_t batch_heads = int64_t(a.batch) * a.heads_q;
+  const int head_ratio = a.heads_q / a.heads_kv;
+  const int64_t kv_bytes_per_q_head = std::max<int64_t>(1, 4ll * a.seqlen_k * a.head_dim / head_ratio);
+  const int64_t budget = a.l2_section_bytes > 0 ? a.l2_section_bytes : uniform ? kL2SectionBytes : kL2SectionBytesVarying;
+  const int64_t section = one_section || a.l2_section_bytes < 0
+                              ? batch_heads
+                              : section_heads(batch_heads, kv_bytes_per_q_head, budget, !uniform);
+  return TileOrder{int(units * batch_heads), int(units), int(batch_heads), a.heads_q, int(section), cluster};
+}
+
+// Clusters of two of this kernel that fit on the device at once (cached per device).
+template <class Cfg>
+int max_cluster_pairs(int device) {
+  static std::atomic<int> cached[64];
+  if (device >= 0 && device < 64 && cached[device].load() > 0) return cached[device].load();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(2);
+  cfg.blockDim = dim3(Cfg::kThreads);
+  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 2;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, fwd_kernel<Cfg, 2>, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    n = 0;
+  }
+  if (device >= 0 && device < 64 && n > 0) cached[device].store(n);
+  return n;
+}
+
 template <class Cfg>
 Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t* trace = nullptr) {
   FwdKernelParams k{};
   k.trace = trace;
+  int device = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("device query: ") + cudaGetErrorString(e)};
+  auto kernel = fwd_kernel<Cfg, 1>;
+  auto kernel_pairs = fwd_kernel<Cfg, 2>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  static const cudaError_t attr_pairs =
+      cudaFuncSetAttribute(kernel_pairs, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (attr != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr)};
+
+  const int64_t m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  // Clusters of two where the problem suits them and the device runs them.
+  const int pair_clusters = attr_pairs == cudaSuccess && use_cluster_pairs(a, m_blocks) ? max_cluster_pairs<Cfg>(device) : 0;
+  const int cluster = pair_clusters > 0 ? 2 : 1;
+  const int kv_box = Cfg::kBlockN / cluster;  // with clusters each CTA loads half of a block
+
   const int rq = map_tensor(&k.tm_q, a.q, a.q_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim, Cfg::kBlockM);
-  const int rk = map_tensor(&k.tm_k, a.k, a.k_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, Cfg::kBlockN);
-  const int rv = map_tensor(&k.tm_v, a.v, a.v_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, Cfg::kBlockN);
+  const int rk = map_tensor(&k.tm_k, a.k, a.k_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, kv_box);
+  const int rv = map_tensor(&k.tm_v, a.v, a.v_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, kv_box);
   const int ro = Cfg::kStageO ? map_tensor(&k.tm_o, a.o, a.o_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 64) : 0;
   if (rq || rk || rv || ro)
     return {StatusCode::kNotSupported, "cuTensorMapEncodeTiled refused a tensor (driver error " +
@@ -74,37 +144,19 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   k.rescale_threshold = a.rescale_threshold;
   k.window = {a.window_left, a.window_right};
 
-  const int64_t m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int64_t batch_heads = int64_t(a.batch) * a.heads_q;
-  const int64_t tiles = m_blocks * batch_heads;
+  const int64_t tiles = (m_blocks + cluster - 1) / cluster * batch_heads;
   if (tiles > INT32_MAX)
     return {StatusCode::kNotSupported, "batch * heads_q * ceil(seqlen_q / " + std::to_string(Cfg::kBlockM) +
                                            ") = " + std::to_string(tiles) + " tiles: at most 2^31 - 1"};
-  // Heads in L2-sized sections, longest tiles first inside each. Tiles of one length (no causal
-  // or window bound) go to the persistent grid in static rounds; tiles whose length varies are
-  // taken from a counter, each CTA its next when it finishes one. schedule 2 (ablation): one CTA
-  // per tile; schedule 3 (ablation, the earlier order): static rounds, and one section of every
-  // head where lengths vary; schedule 4 (ablation): the dynamic grid over one such section.
+  // Tiles of one length (no causal or window bound) go to the persistent grid in static rounds;
+  // tiles whose length varies are taken from a counter, each CTA its next when it finishes one.
+  // schedule 2 (ablation): one CTA per tile; schedule 3 (ablation, the earlier order): static
+  // rounds, and one section of every head where lengths vary; schedule 4 (ablation): the dynamic
+  // grid over one such section.
   const bool uniform = a.window_right < 0 && a.window_left < 0;
-  const int64_t kv_bytes_per_q_head = std::max<int64_t>(1, 4ll * a.seqlen_k * a.head_dim / k.head_ratio);
-  auto order = [&](bool one_section) {
-    const int64_t budget = a.l2_section_bytes > 0 ? a.l2_section_bytes : uniform ? kL2SectionBytes : kL2SectionBytesVarying;
-    const int64_t section = one_section || a.l2_section_bytes < 0
-                                ? batch_heads
-                                : section_heads(batch_heads, kv_bytes_per_q_head, budget, !uniform);
-    return TileOrder{int(tiles), int(m_blocks), int(batch_heads), a.heads_q, int(section)};
-  };
-  k.tiles = order((a.schedule == 3 || a.schedule == 4) && !uniform);
-
-  int device = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("device query: ") + cudaGetErrorString(e)};
-  auto kernel = fwd_kernel<Cfg>;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  if (attr != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr)};
-  const int grid = int(a.schedule == 2 ? tiles : std::min<int64_t>(tiles, sms));
+  k.tiles = make_tile_order(a, m_blocks, cluster, (a.schedule == 3 || a.schedule == 4) && !uniform);
+  const int grid = int(a.schedule == 2 ? tiles : cluster * std::min<int64_t>(tiles, cluster > 1 ? pair_clusters : sms));
   TileCounter counter;
   if (!uniform && a.schedule != 2 && a.schedule != 3 && grid < tiles) {
     e = counter.make(stream);
@@ -115,13 +167,29 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
       // section of every head so their longest-first order keeps the grid even.
       cudaGetLastError();
       counter.ptr = nullptr;
-      k.tiles = order(true);
+      k.tiles = make_tile_order(a, m_blocks, cluster, true);
     } else {
       return {StatusCode::kCudaError, std::string("tile counter: ") + cudaGetErrorString(e)};
     }
   }
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
-  e = cudaGetLastError();
+  if (cluster == 1) {
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
+    e = cudaGetLastError();
+  } else {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(Cfg::kThreads);
+    cfg.dynamicSmemBytes = Cfg::kSmemBytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute cluster_dim{};
+    cluster_dim.id = cudaLaunchAttributeClusterDimension;
+    cluster_dim.val.clusterDim.x = 2;
+    cluster_dim.val.clusterDim.y = 1;
+    cluster_dim.val.clusterDim.z = 1;
+    cfg.attrs = &cluster_dim;
+    cfg.numAttrs = 1;
+    e = cudaLaunchKernelEx(&cfg, kernel_pairs, k);
+  }
   if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("sm90 forward launch: ") + cudaGetErrorString(e)};
   return Status::Ok();
 }

@@ -7,6 +7,12 @@
 // i-th of even rounds and the (G-1-i)-th of odd ones (a snake). Tiles whose lengths vary go
 // dynamically instead (FwdKernelParams::tile_counter): a CTA that finishes takes the next, so the
 // longest-first order inside each section keeps the grid even to the end.
+//
+// With clusters of two CTAs (uniform tiles) a tile is a pair of neighbouring query blocks of one
+// head, whose K and V the two CTAs share by TMA multicast: cluster rank r takes query block
+// 2m + r of pair m. When a head has an odd number of query blocks its last pair's rank 1 gets
+// block m_blocks (past seqlen_q): it loads and computes nothing that is stored, but it loads its
+// half of every K/V block for its partner.
 #pragma once
 
 namespace fa4::sm90 {
@@ -17,17 +23,19 @@ struct Tile {
 
 struct TileOrder {
   int count;        // batch * heads_q * m_blocks
-  int m_blocks;     // query blocks per head
+  int m_blocks;     // tiles per head: query blocks, or pairs of them with clusters
   int batch_heads;  // batch * heads_q
   int heads_q;
   int section;      // heads per section
+  int cluster = 1;  // CTAs a tile (1, or 2: a pair of query blocks)
 
   // The tile CTA `cta` of `grid` takes in round `round`; >= count when it has no more.
   __host__ __device__ int nth(int round, int cta, int grid) const {
     return round * grid + ((round & 1) ? grid - 1 - cta : cta);
   }
 
-  __host__ __device__ Tile decode(int t) const {
+  // Tile t as seen by cluster rank `rank` (0 without clusters).
+  __host__ __device__ Tile decode(int t, int rank = 0) const {
     const int per_section = section * m_blocks;
     const int sec = t / per_section;
     const int r = t - sec * per_section;
@@ -35,7 +43,7 @@ struct TileOrder {
     const int width = min(section, batch_heads - first);
     const int m_idx = r / width;
     const int bh = first + (r - m_idx * width);
-    return {bh / heads_q, bh % heads_q, m_blocks - 1 - m_idx};
+    return {bh / heads_q, bh % heads_q, (m_blocks - 1 - m_idx) * cluster + rank};
   }
 };
 
