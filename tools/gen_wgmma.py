@@ -19,7 +19,8 @@ OPS = [
     # the calibration's comparisons of the P V operand paths (bench/calibrate).
     ("mma_ss_tb", False, True,
      "D(64x{n}, f32) (+)= A(64x16, smem desc, K-major) * B(16x{n}, smem desc, MN-major so transposed).", [128]),
-    ("mma_rs_kb", True, False, "D(64x{n}, f32) += A(64x16, registers) * B({n}x16, smem desc, K-major).", [128]),
+    # N = 8: P times a tile of ones, the row sums of P on the tensor cores (FwdConfig::kTensorRowSum).
+    ("mma_rs_kb", True, False, "D(64x{n}, f32) += A(64x16, registers) * B({n}x16, smem desc, K-major).", [8, 128]),
 ]
 TYPES = {"bf16": "bf16", "f16": "f16"}
 

@@ -183,9 +183,9 @@ struct Variant {
 };
 
 template <int D, int N, int S, int Poly, int C = 2, bool Sched = true, bool DoubleP = true, bool Spec = false,
-          bool SoftmaxTurns = false>
+          bool SoftmaxTurns = false, bool TensorRowSum = false>
 fa4::Status run_cfg(const FwdParams& p, cudaStream_t s) {
-  return fa4::sm90::launch_forward<fa4::sm90::FwdConfig<D, N, S, true, Poly, C, Sched, DoubleP, Spec, SoftmaxTurns>>(p, s);
+  return fa4::sm90::launch_forward<fa4::sm90::FwdConfig<D, N, S, true, Poly, C, Sched, DoubleP, Spec, SoftmaxTurns, TensorRowSum>>(p, s);
 }
 
 // An FA3-sized problem (16k tokens, hidden 2048) on the device: independent random q, k and v
@@ -398,6 +398,9 @@ int main(int argc, char** argv) {
     // Candidates against the shipped kernel, each timed twice in turn: the earlier tile order
     // (schedule 3: static rounds, one section of every head; 4: the counter over that section).
     static const Variant variants[] = {
+        // Row sums of P on the tensor cores (FwdConfig::kTensorRowSum), d64: +1...+5 % in fa4-bench
+        // A/B, LSE from 16-bit P sums (docs/perf-notes.md).
+        {0, "d64_tensor_row_sum", 64, run_cfg<64, 128, 4, 0, 3, true, true, false, false, true>, 8.0f},
         {3, "d128_old_order", 128, fa4::detail::sm90_forward, 8.0f},
         {4, "d128_dynamic_one_section", 128, fa4::detail::sm90_forward, 8.0f},
         {3, "d256_old_order", 256, fa4::detail::sm90_forward, 8.0f},

@@ -31,8 +31,10 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float l = rows[i].sum;
-    l += __shfl_xor_sync(0xffffffff, l, 1);
-    l += __shfl_xor_sync(0xffffffff, l, 2);
+    if constexpr (!Cfg::kTensorRowSum) {  // a quad's partial sums (with kTensorRowSum each holds the whole)
+      l += __shfl_xor_sync(0xffffffff, l, 1);
+      l += __shfl_xor_sync(0xffffffff, l, 2);
+    }
     rows[i].sum = l;
     inv[i] = l > 0.0f ? 1.0f / l : 0.0f;
     const int q = tl.m_block * Cfg::kBlockM + row0 + 8 * i;

@@ -58,8 +58,12 @@ __device__ __forceinline__ bool sched_pv_first(int consumer) {
 // Tile shape and shared-memory layout of one forward configuration.
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2,
           bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true, bool kSpeculate_ = false,
-          bool kSoftmaxTurns_ = false>
+          bool kSoftmaxTurns_ = false, bool kTensorRowSum_ = false>
 struct FwdConfig {
+  // The row sums of P taken on the tensor cores instead of in the softmax: each k-step of P V also
+  // multiplies P by a 16 x 8 tile of ones in shared memory (m64n8k16), so the softmax drops its
+  // FADD per element and the sums (of the 16-bit P that P V uses) rescale with O.
+  static constexpr bool kTensorRowSum = kTensorRowSum_;
   // Consumers take their softmaxes in turn too (a second ring of named barriers), so two never
   // share a sub-partition's issue slots and exp unit. Measured: no shorter softmax, the period
   // 1-2 % longer at d128 (docs/perf-notes.md); off everywhere.
@@ -85,6 +89,7 @@ struct FwdConfig {
   static constexpr bool kDoubleP =
       kAllowDoubleP_ && kHeadDim_ / 2 + kBlockN_ <= (kConsumers_ == 2 ? 192 : 128);
   static_assert(!kSpeculate || kDoubleP, "the speculative softmax writes P_j beside P_{j-1}");
+  static_assert(!(kSpeculate && kTensorRowSum_), "the speculative softmax keeps its own sums");
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 query rows each
   static constexpr int kBlockM = 64 * kConsumers;
@@ -116,7 +121,9 @@ struct FwdConfig {
   // O leaves through a shared-memory tile and a TMA store where shared memory allows (not at d256)
   // and registers do (three consumers have 160 each, all taken by the d64 main loop).
   static constexpr bool kStageO = kOOffset + kQBytes + kBarBytes + kAlignSlack <= kSmemLimit && kConsumers == 2;
-  static constexpr int kBarOffset = kOOffset + (kStageO ? kQBytes : 0);
+  // 1 KB of ones (eight 128-byte rows): the B operand of the row-sum wgmma.
+  static constexpr int kOnesOffset = kOOffset + (kStageO ? kQBytes : 0);
+  static constexpr int kBarOffset = kOnesOffset + (kTensorRowSum ? 1024 : 0);
   static constexpr int kSmemBytes = kBarOffset + kBarBytes + kAlignSlack;
 
   static_assert(kHeadDim % kAtomCols == 0, "head_dim must be a multiple of 64");
@@ -248,6 +255,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     fence_barrier_init();
   }
+  if constexpr (Cfg::kTensorRowSum) {
+    if (threadIdx.x < 256)  // 1.0 in both halves, bf16 or fp16
+      reinterpret_cast<uint32_t*>(smem + Cfg::kOnesOffset)[threadIdx.x] = Cfg::kBF16 ? 0x3F803F80u : 0x3C003C00u;
+    fence_proxy_async_smem();  // the wgmma (async proxy) reads what these stores wrote
+  }
   if constexpr (kCluster > 1)
     cluster_sync();  // the partner's barriers exist before any multicast or arrive reaches them
   else
@@ -367,6 +379,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   float o[kHeadDim / 2];
   float s[kBlockN / 2];
+  // With kTensorRowSum: P times ones, the row sums (rows r and r + 8 in [0] and [2], all columns alike).
+  float lsum[4];
   // P as packed 16-bit pairs, the A operand of P V. Two buffers where registers allow: P_j is
   // packed while P_{j-1} V_{j-1} still reads the other, off the path to the next GEMM issue.
   uint32_t pf[kBlockN / 4];
@@ -383,6 +397,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   uint64_t q_desc = 0;  // this consumer's rows of the current tile's Q buffer
   const uint64_t k_desc = wgmma::desc_sw128(smem_addr(sK), 16, 1024);
   const uint64_t v_desc = wgmma::desc_sw128(smem_addr(sV), kBlockN * 128, 1024);
+  const uint64_t ones_desc = wgmma::desc_sw128(smem_addr(smem + Cfg::kOnesOffset), 16, 1024);
 
   auto issue_s = [&](int stage) {
 #pragma unroll
@@ -397,7 +412,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       const uint32_t a[4] = {pv[4 * kk], pv[4 * kk + 1], pv[4 * kk + 2], pv[4 * kk + 3]};
       wgmma::mma_rs<kHeadDim, kType>(o, a, wgmma::desc_advance(v_desc, stage * Cfg::kKVBytes + kk * 16 * 128), 1);
+      if constexpr (Cfg::kTensorRowSum) wgmma::mma_rs_kb<8, kType>(lsum, a, ones_desc, 1);
     }
+  };
+  auto pin_o = [&] {  // O and, with kTensorRowSum, its row sums
+    wgmma::pin(o);
+    if constexpr (Cfg::kTensorRowSum) wgmma::pin(lsum);
   };
   // Masks S of key block n where the block needs it (mask.cuh).
   auto mask = [&](int n, int m_block) {
@@ -407,7 +427,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // The mask, then the online-softmax step (sm90/softmax.cuh).
   auto softmax = [&](int n, int m_block, float (&corr)[2]) {
     mask(n, m_block);
-    softmax_step<kBlockN, Cfg::kPolyEvery>(s, rows, p.scale_log2, p.rescale_threshold, corr);
+    softmax_step<kBlockN, Cfg::kPolyEvery, !Cfg::kTensorRowSum>(s, rows, p.scale_log2, p.rescale_threshold, corr);
   };
   auto to_p = [&](uint32_t(&pv)[kBlockN / 4]) { pack_p<Cfg::kBF16>(s, pv); };
   auto softmax_turn_begin = [&] {
@@ -451,6 +471,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, m_block, p.seqlen_q, p.seqlen_k);
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) lsum[i] = 0.0f;
     rows[0] = rows[1] = numerics::row_state_init();
     q_desc = wgmma::desc_sw128(smem_addr(sQ + qr.stage * Cfg::kQBytes) + consumer * 64 * 128, 16, 1024);
 
@@ -497,7 +519,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           pass_turn<Cfg::kConsumers>(consumer);
           wgmma::wait_group<0>();
           wgmma::pin(s);
-          wgmma::pin(o);
+          pin_o();
           wgmma::pin(p_prev);
           release(&bar.k_empty[r.stage]);
           release(&bar.v_empty[prev]);
@@ -555,12 +577,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
           stamp(5);
           wgmma::wait_group<0>();
-          wgmma::pin(o);
+          pin_o();
           wgmma::pin(p_prev);
           stamp(6);
           release(&bar.v_empty[prev]);
         }
         rescale_o(o, corr);
+        if constexpr (Cfg::kTensorRowSum) rescale_o(lsum, corr);
         if (!Cfg::kDoubleP || pv_first) to_p(p_next);
         stamp(7);
         if constexpr (traced<Cfg>()) tr.next();
@@ -597,11 +620,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma::commit_group();
       pass_turn<Cfg::kConsumers>(consumer);
       wgmma::wait_group<0>();
-      wgmma::pin(o);
+      pin_o();
       release(&bar.v_empty[prev]);
     } else {
       release_q(&bar.q_empty[qr.stage]);
     }
+    if constexpr (Cfg::kTensorRowSum)
+      for (int i = 0; i < 2; ++i) rows[i].sum = lsum[2 * i];  // the whole row's sum in every thread
     store_output<Cfg>(p, tl, o, rows, consumer, t, smem + Cfg::kOOffset);
     qr.advance();
   }

@@ -44,8 +44,9 @@ __device__ __forceinline__ float quad_max(float x) {
 }
 
 // One block: takes each row's max, decides the rescale, exponentiates S in place (2^(s * scale -
-// max), scores in log2 units) and adds the row sums. corr gets each row's factor for O.
-template <int kBlockN, int kPolyEvery>
+// max), scores in log2 units) and adds the row sums (unless kSums is false: the caller takes them
+// elsewhere). corr gets each row's factor for O.
+template <int kBlockN, int kPolyEvery, bool kSums = true>
 __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], numerics::RowState (&rows)[2],
                                              float scale_log2, float threshold, float (&corr)[2]) {
 #pragma unroll
@@ -72,10 +73,10 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], numerics::
       for (int c = 0; c < 2; ++c) {
         const float e = exp2_share<kPolyEvery>(j, fmaf(s[4 * j + 2 * i + c], scale_log2, -offset));
         s[4 * j + 2 * i + c] = e;
-        sum4[j % 4] += e;
+        if constexpr (kSums) sum4[j % 4] += e;
       }
     }
-    rows[i].sum = rows[i].sum * step.correction + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
+    if constexpr (kSums) rows[i].sum = rows[i].sum * step.correction + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
   }
 }
 
