@@ -149,4 +149,28 @@ TEST(TileOrder, ClusterPairsOnlyForTilesOfOneLength) {
   EXPECT_FALSE(use_cluster_pairs(a, 32));
 }
 
+// The d64 tile height: scores each height computes (padding and partial blocks included), and the
+// rule that takes 128-row tiles where 192-row ones would compute over 1.2 times as many.
+TEST(TileOrder, D64TileHeightFollowsTheComputedScores) {
+  fa4::detail::FwdParams a = fwd_params(1, 1, 1, 512, 512, 64);
+  EXPECT_EQ((fa4::sm90::computed_scores<128, 128>(a)), 4.0 * 4 * 128 * 128);  // 4 tiles x 4 blocks
+  EXPECT_EQ((fa4::sm90::computed_scores<192, 128>(a)), 3.0 * 4 * 192 * 128);  // 3 tiles, the last padded
+  EXPECT_FALSE(fa4::sm90::d64_two_consumers(a));  // 1.125
+  a.window_right = 0;                             // causal: 1 + 2 + 3 + 4 blocks against 2 + 3 + 4
+  EXPECT_EQ((fa4::sm90::computed_scores<128, 128>(a)), 10.0 * 128 * 128);
+  EXPECT_EQ((fa4::sm90::computed_scores<192, 128>(a)), 9.0 * 192 * 128);
+  EXPECT_TRUE(fa4::sm90::d64_two_consumers(a));   // 1.35
+  for (int s : {1024, 2048, 4096, 16384}) {
+    a = fwd_params(1, 1, 1, s, s, 64);
+    EXPECT_FALSE(fa4::sm90::d64_two_consumers(a)) << s;
+    a.window_right = 0;
+    EXPECT_EQ(fa4::sm90::d64_two_consumers(a), s == 1024) << s << " causal";
+  }
+  a = fwd_params(2, 4, 4, 17, 239, 64);  // one tile either way: 192 rows against 128
+  EXPECT_TRUE(fa4::sm90::d64_two_consumers(a));
+  // A long sequence counts a sample of its blocks and still gives the exact count when all are alike.
+  a = fwd_params(1, 1, 1, 1 << 20, 1 << 20, 64);
+  EXPECT_EQ((fa4::sm90::computed_scores<128, 128>(a)), 8192.0 * 8192 * 128 * 128);
+}
+
 }  // namespace

@@ -78,6 +78,32 @@ inline TileOrder make_tile_order(const detail::FwdParams& a, int64_t m_blocks, i
   return TileOrder{int(units * batch_heads), int(units), int(batch_heads), a.heads_q, int(section), cluster};
 }
 
+// Score elements a head's tiles of kBlockM x kBlockN compute (padding rows and masked keys of
+// partial blocks included): what the tile height costs a problem. Beyond 2048 query blocks every
+// stride-th is counted and the sum scaled (a heuristic's input; the loop stays short).
+template <int kBlockM, int kBlockN>
+double computed_scores(const detail::FwdParams& a) {
+  const Window w{a.window_left, a.window_right};
+  const int m_blocks = int((int64_t(a.seqlen_q) + kBlockM - 1) / kBlockM);
+  const int stride = m_blocks > 2048 ? m_blocks / 2048 : 1;
+  double blocks = 0;
+  for (int m = 0; m < m_blocks; m += stride) {
+    const BlockRange r = key_block_range<kBlockM, kBlockN>(w, m, a.seqlen_q, a.seqlen_k);
+    blocks += double(r.hi - r.lo) * stride;
+  }
+  return blocks * kBlockM * kBlockN;
+}
+
+// d64 has two tile heights: three consumers (192 query rows) do 16-25 % more a computed score
+// than two (128 rows), but compute more padding where queries are few or causal tiles short. Two
+// when the 192-row tiles would compute more than kD64TallTilesWorse times the 128-row ones' scores
+// (measured, FA3 shapes: two consumers run at 0.80-0.86 of three a computed score; causal 512 and
+// 1k, 1.33-1.35 times the scores with 192 rows, +7..+9 % with two; docs/perf-notes.md).
+inline constexpr double kD64TallTilesWorse = 1.2;
+inline bool d64_two_consumers(const detail::FwdParams& a) {
+  return computed_scores<192, 128>(a) > kD64TallTilesWorse * computed_scores<128, 128>(a);
+}
+
 // Clusters of two of this kernel that fit on the device at once (cached per device).
 template <class Cfg>
 int max_cluster_pairs(int device) {

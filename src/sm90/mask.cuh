@@ -31,15 +31,16 @@ __device__ __forceinline__ bool block_needs_mask(int n, Window w, int m_block, i
   return false;
 }
 
+// (Also on the host: the launch weighs tile shapes by the key blocks they would compute.)
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ BlockRange key_block_range(Window w, int m_block, int seqlen_q,
-                                                      int seqlen_k) {
+__host__ __device__ __forceinline__ BlockRange key_block_range(Window w, int m_block, int seqlen_q,
+                                                               int seqlen_k) {
   const int offset = seqlen_k - seqlen_q;
   const int first_row = m_block * kBlockM;
-  const int last_row = min(seqlen_q, first_row + kBlockM) - 1;
+  const int last_row = (seqlen_q < first_row + kBlockM ? seqlen_q : first_row + kBlockM) - 1;
   // Keys [lo_key, hi_key) are seen by at least one row of the tile.
-  const int lo_key = w.left >= 0 ? max(0, first_row + offset - w.left) : 0;
-  const int hi_key = w.right >= 0 ? min(seqlen_k, last_row + offset + w.right + 1) : seqlen_k;
+  const int lo_key = w.left >= 0 && first_row + offset - w.left > 0 ? first_row + offset - w.left : 0;
+  const int hi_key = w.right >= 0 && last_row + offset + w.right + 1 < seqlen_k ? last_row + offset + w.right + 1 : seqlen_k;
   if (hi_key <= lo_key) return {0, 0};
   return {lo_key / kBlockN, (hi_key + kBlockN - 1) / kBlockN};
 }

@@ -13,7 +13,9 @@ using sm90::FwdConfig;
 template <bool kBF16>
 Status dispatch_head_dim(const FwdParams& a, cudaStream_t stream) {
   switch (a.head_dim) {
-    case 64: return sm90::launch_forward<FwdConfig<64, 128, 4, kBF16, 0, 3>>(a, stream);
+    case 64:
+      if (sm90::d64_two_consumers(a)) return sm90::launch_forward<FwdConfig<64, 128, 4, kBF16, 0, 2>>(a, stream);
+      return sm90::launch_forward<FwdConfig<64, 128, 4, kBF16, 0, 3>>(a, stream);
     // The K/V ring depth of d128 is the solver's (scheduler/generated/sm90_fwd_schedule.h).
     case 128: return sm90::launch_forward<FwdConfig<128, 128, sched::sm90_fwd::kKVStages, kBF16, 0>>(a, stream);
     case 256: return sm90::launch_forward<FwdConfig<256, 80, 2, kBF16, 0>>(a, stream);
