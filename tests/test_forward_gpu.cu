@@ -281,6 +281,7 @@ TEST(ForwardGpu, ClusterPairsMatchOneCtaBitForBit) {
   const Case cases[] = {
       {BF16, 2, 300, 333, 3, 3, 128, false},  // 3 query blocks: one padding block a head
       {BF16, 1, 500, 1000, 4, 2, 64, false},  // 192-row tiles: 3 blocks
+      {BF16, 2, 200, 333, 4, 2, 64, false},   // d64 on 128-row tiles (two consumers): one pair
       {FP16, 1, 257, 100, 2, 1, 256, false},
       {BF16, 2, 190, 260, 4, 2, 128, false, -1, -1, Layout::kBHSD},
       {BF16, 4, 512, 512, 16, 4, 128, false},  // 128 pairs
