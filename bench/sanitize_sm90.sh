@@ -4,7 +4,8 @@
 #   bash bench/sanitize_sm90.sh [path/to/fa4-bench] [out dir]
 # Shapes: causal d128; GQA d64 with tails; causal d256, short queries; more tiles than SMs
 # (static rounds, clusters of two sharing K/V); the same causal (the dynamic tile counter);
-# clusters with an odd query-block count (d64, 17 blocks) and at d256.
+# clusters with an odd query-block count (d64, 17 blocks) and at d256; d64 on 128-row tiles
+# (two consumers: short causal).
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:$LD_LIBRARY_PATH
 B=${1:-build/fa4-bench}
 OUTDIR=${2:-${OUT:-.}}
@@ -13,7 +14,7 @@ for tool in memcheck racecheck synccheck; do
   for args in "--b 1 --h 2 --sq 300 --sk 300 --d 128 --causal" "--b 2 --h 4 --hkv 1 --sq 129 --sk 257 --d 64" \
               "--b 1 --h 2 --sq 70 --sk 333 --d 256 --causal" "--b 2 --h 16 --hkv 4 --sq 700 --sk 650 --d 128" \
               "--b 2 --h 16 --hkv 4 --sq 700 --sk 650 --d 128 --causal" "--b 1 --h 2 --sq 3259 --sk 400 --d 64" \
-              "--b 1 --h 4 --hkv 2 --sq 500 --sk 333 --d 256"; do
+              "--b 1 --h 4 --hkv 2 --sq 500 --sk 333 --d 256" "--b 4 --h 16 --hkv 4 --sq 500 --sk 520 --d 64 --causal"; do
     out=$(timeout 120 compute-sanitizer --tool $tool $B $args --check --iters 0 --warmup 0 2>&1)
     rc=$?
     echo "sanitizer $tool [$args] rc=$rc $(echo "$out" | grep -E 'SUMMARY' | tail -1) $(echo "$out" | grep -E '^check' | tail -1)" | tee -a $R
