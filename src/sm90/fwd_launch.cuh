@@ -54,9 +54,9 @@ struct TileCounter {
 
 // Whether a problem's tiles go to clusters of two CTAs sharing K and V (fwd_kernel.cuh): tiles of
 // one length only (no causal or window bound; the pair walks one key range). On their own only
-// where they measured faster (head_dim 128 and 256: +2...+6 % at FA3 shapes up to 4k; d64 with its
-// three consumers -1...-3 %; docs/perf-notes.md) and where the padding of an odd query-block
-// count (one idle block a head) costs little.
+// where they measured faster (head_dim 128 and 256: +2...+6 % at FA3 shapes of 512-2k, -1...+2 %
+// at 4k and 16k, 8k within noise; d64 -1...-3 %; docs/perf-notes.md) and where the padding of an
+// odd query-block count (one idle block a head) costs little.
 inline bool use_cluster_pairs(const detail::FwdParams& a, int64_t m_blocks) {
   const bool uniform = a.window_right < 0 && a.window_left < 0;
   if (!uniform || a.schedule == 2 || a.cluster == 1 || m_blocks < 2) return false;
