@@ -104,24 +104,35 @@ inline bool d64_two_consumers(const detail::FwdParams& a) {
   return computed_scores<192, 128>(a) > kD64TallTilesWorse * computed_scores<128, 128>(a);
 }
 
+// A launch of `grid` CTAs of Cfg in clusters of two: the config and its one attribute (the
+// config points at the attribute, so both live in this struct).
+template <class Cfg>
+struct PairLaunch {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute cluster_dim{};
+  PairLaunch(int grid, cudaStream_t stream) {
+    cluster_dim.id = cudaLaunchAttributeClusterDimension;
+    cluster_dim.val.clusterDim.x = 2;
+    cluster_dim.val.clusterDim.y = 1;
+    cluster_dim.val.clusterDim.z = 1;
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(Cfg::kThreads);
+    cfg.dynamicSmemBytes = Cfg::kSmemBytes;
+    cfg.stream = stream;
+    cfg.attrs = &cluster_dim;
+    cfg.numAttrs = 1;
+  }
+  PairLaunch(const PairLaunch&) = delete;
+};
+
 // Clusters of two of this kernel that fit on the device at once (cached per device).
 template <class Cfg>
 int max_cluster_pairs(int device) {
   static std::atomic<int> cached[64];
   if (device >= 0 && device < 64 && cached[device].load() > 0) return cached[device].load();
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(2);
-  cfg.blockDim = dim3(Cfg::kThreads);
-  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 2;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  const PairLaunch<Cfg> launch(2, nullptr);
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, fwd_kernel<Cfg, 2>, &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, fwd_kernel<Cfg, 2>, &launch.cfg) != cudaSuccess) {
     cudaGetLastError();
     n = 0;
   }
@@ -202,19 +213,8 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
     e = cudaGetLastError();
   } else {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(Cfg::kThreads);
-    cfg.dynamicSmemBytes = Cfg::kSmemBytes;
-    cfg.stream = stream;
-    cudaLaunchAttribute cluster_dim{};
-    cluster_dim.id = cudaLaunchAttributeClusterDimension;
-    cluster_dim.val.clusterDim.x = 2;
-    cluster_dim.val.clusterDim.y = 1;
-    cluster_dim.val.clusterDim.z = 1;
-    cfg.attrs = &cluster_dim;
-    cfg.numAttrs = 1;
-    e = cudaLaunchKernelEx(&cfg, kernel_pairs, k);
+    const PairLaunch<Cfg> launch(grid, stream);
+    e = cudaLaunchKernelEx(&launch.cfg, kernel_pairs, k);
   }
   if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("sm90 forward launch: ") + cudaGetErrorString(e)};
   return Status::Ok();
