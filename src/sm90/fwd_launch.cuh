@@ -104,6 +104,20 @@ inline bool d64_two_consumers(const detail::FwdParams& a) {
   return computed_scores<192, 128>(a) > kD64TallTilesWorse * computed_scores<128, 128>(a);
 }
 
+// Lets fwd_kernel<Cfg, kCluster> use Cfg::kSmemBytes of dynamic shared memory on `device`. The
+// attribute belongs to the device's context, so it is set once a device (remembered for 64),
+// not once a process: a second GPU would otherwise refuse the launch.
+template <class Cfg, int kCluster>
+cudaError_t allow_smem(int device) {
+  static std::atomic<bool> done[64];
+  if (device >= 0 && device < 64 && done[device].load()) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(fwd_kernel<Cfg, kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             Cfg::kSmemBytes);
+  if (e == cudaSuccess && device >= 0 && device < 64) done[device].store(true);
+  if (e != cudaSuccess) cudaGetLastError();  // not sticky: the caller reports it
+  return e;
+}
+
 // A launch of `grid` CTAs of Cfg in clusters of two: the config and its one attribute (the
 // config points at the attribute, so both live in this struct).
 template <class Cfg>
@@ -150,10 +164,8 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("device query: ") + cudaGetErrorString(e)};
   auto kernel = fwd_kernel<Cfg, 1>;
   auto kernel_pairs = fwd_kernel<Cfg, 2>;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  static const cudaError_t attr_pairs =
-      cudaFuncSetAttribute(kernel_pairs, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  const cudaError_t attr = allow_smem<Cfg, 1>(device);
+  const cudaError_t attr_pairs = allow_smem<Cfg, 2>(device);
   if (attr != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr)};
 
   const int64_t m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
