@@ -1,0 +1,149 @@
+"""A/B of fa4-bench builds in one session: each build's `--sweep fa3` in turn, ROUNDS times
+(A, B, A, B, ...), the L2 flushed before every call; medians a row and their ratios against the
+first build. The way every kernel change in docs/perf-notes.md was judged: the GPU's clock and
+power state drift between runs, so builds are compared only inside one alternating session.
+
+  python3 bench/ab_sweep.py --out bench/results/DATE-what.json [--rounds 3] NAME=PATH NAME=PATH ...
+
+The first NAME is the base. Writes one JSON (every record with its build and round, the medians,
+GPU, driver, commit, date and this command) and prints a table. A build whose sweep fails or
+times out is reported and left out of its round (a hang shows as a timeout, not a stall).
+`python3 bench/ab_sweep.py --self-test` checks the bookkeeping with stand-in builds (no GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def run_round(builds, rnd, args, records, failures):
+    for name, path in builds:
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            out = f.name
+        cmd = [path, "--sweep", "fa3", "--iters", str(args.iters), "--warmup", str(args.warmup), "--flush-l2",
+               "--json", out]
+        try:
+            done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                  timeout=args.timeout)
+            if done.returncode != 0:
+                failures.append(f"{name} round {rnd}: exit {done.returncode}: {done.stderr.strip()[-200:]}")
+                continue
+            for r in json.load(open(out)):
+                r["build"], r["round"] = name, rnd
+                records.append(r)
+        except subprocess.TimeoutExpired:
+            failures.append(f"{name} round {rnd}: no result in {args.timeout} s (a hang?)")
+        except (OSError, ValueError) as e:
+            failures.append(f"{name} round {rnd}: {e}")
+        finally:
+            if os.path.exists(out):
+                os.unlink(out)
+
+
+def medians(records):
+    """{(head_dim, causal, seqlen_q): {build: median TFLOP/s}}"""
+    runs = collections.defaultdict(lambda: collections.defaultdict(list))
+    for r in records:
+        if r.get("tflops") is not None:
+            runs[(r["head_dim"], r["causal"], r["seqlen_q"])][r["build"]].append(r["tflops"])
+    return {k: {b: statistics.median(v) for b, v in per.items()} for k, per in runs.items()}
+
+
+def table(med, names):
+    base = names[0]
+    lines = ["d    causal  seqlen  " + "  ".join(f"{n:>14}" for n in names)]
+    for (d, causal, s) in sorted(med):
+        row = med[(d, causal, s)]
+        cells = []
+        for n in names:
+            if n not in row:
+                cells.append(f"{'-':>14}")
+            elif n == base or base not in row:
+                cells.append(f"{row[n]:14.1f}")
+            else:
+                cells.append(f"{row[n]:7.1f} ({row[n] / row[base]:.3f})")
+        lines.append(f"{d:<4} {'yes' if causal else 'no':<7} {s:6d}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("builds", nargs="*", help="NAME=PATH of an fa4-bench binary; the first is the base")
+    p.add_argument("--out", help="JSON to write")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--iters", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a sweep may take")
+    p.add_argument("--self-test", action="store_true")
+    args = p.parse_args(argv)
+    if args.self_test:
+        return self_test()
+    if len(args.builds) < 2 or not args.out:
+        p.error("two builds at least (NAME=PATH) and --out")
+    builds = []
+    for b in args.builds:
+        name, sep, path = b.partition("=")
+        if not sep or not name or not path:
+            p.error(f"build '{b}': expected NAME=PATH")
+        builds.append((name, path))
+    names = [n for n, _ in builds]
+    if len(set(names)) != len(names):
+        p.error(f"build names must differ: {names}")
+    records, failures = [], []
+    for rnd in range(1, args.rounds + 1):
+        run_round(builds, rnd, args, records, failures)
+    med = medians(records)
+    first = records[0] if records else {}
+    result = {
+        "what": "fa4-bench --sweep fa3 of each build in turn, " + str(args.rounds) + " rounds; medians a row",
+        "builds": dict(builds), "gpu": first.get("gpu"), "driver": first.get("driver"),
+        "commit": os.environ.get("FA4_COMMIT", first.get("commit")),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": "python3 " + " ".join(sys.argv), "failures": failures,
+        "medians": [{"head_dim": k[0], "causal": k[1], "seqlen_q": k[2], **v} for k, v in sorted(med.items())],
+        "records": records,
+    }
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=0)
+    print(table(med, names))
+    for line in failures:
+        print("failed:", line)
+    return 1 if failures else 0
+
+
+def self_test():
+    """Stand-in builds (shell scripts writing sweep JSON): medians, ratios, a failing build."""
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        def stand_in(name, tflops, rc=0):
+            path = os.path.join(tmp, name)
+            recs = [{"head_dim": 128, "causal": False, "seqlen_q": 4096, "tflops": tflops, "gpu": "stand-in",
+                     "driver": "0.0", "commit": "x"}]
+            with open(path, "w") as f:
+                f.write("#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = --json ] && out=$2; shift; done\n"
+                        f"echo '{json.dumps(recs)}' > \"$out\"\nexit {rc}\n")
+            os.chmod(path, 0o755)
+            return path
+        out = os.path.join(tmp, "ab.json")
+        rc = main(["--out", out, "--rounds", "3", "base=" + stand_in("a", 500.0), "new=" + stand_in("b", 550.0),
+                   "broken=" + stand_in("c", 1.0, rc=3)])
+        res = json.load(open(out))
+        m = res["medians"][0]
+        ok &= rc == 1                                   # the broken build is reported
+        ok &= m["base"] == 500.0 and m["new"] == 550.0 and "broken" not in m
+        ok &= len(res["records"]) == 6 and len(res["failures"]) == 3
+        ok &= [r["round"] for r in res["records"] if r["build"] == "new"] == [1, 2, 3]
+    print("ab_sweep self-test:", "ok" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
