@@ -8,7 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include "common/validate.h"
 #include "sm90/fwd_launch.cuh"
+#include "test_support.h"
 
 namespace {
 
@@ -71,17 +73,11 @@ TEST(TileOrder, StaticRoundsCoverEveryTileOnce) {
   }
 }
 
-// Tile parameters as validation leaves them (non-causal, no window unless set).
+// Kernel parameters of a problem of these sizes (non-causal, no window), as the API resolves them.
 fa4::detail::FwdParams fwd_params(int batch, int heads_q, int heads_kv, int seqlen_q, int seqlen_k, int head_dim) {
-  fa4::detail::FwdParams a{};
-  a.batch = batch;
-  a.heads_q = heads_q;
-  a.heads_kv = heads_kv;
-  a.seqlen_q = seqlen_q;
-  a.seqlen_k = seqlen_k;
-  a.head_dim = head_dim;
-  a.window_left = a.window_right = -1;
-  return a;
+  fa4::ForwardArgs args;
+  args.problem = fa4::test::make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim);
+  return fa4::detail::make_fwd_params(args);
 }
 
 // With clusters each tile is a pair: over every tile and both ranks, each (batch, head, query

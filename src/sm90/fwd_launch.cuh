@@ -52,21 +52,24 @@ struct TileCounter {
   }
 };
 
+// Whether every query tile sees the same key blocks (no causal or window bound): such tiles go in
+// static rounds and may go to clusters; tiles whose lengths vary take the tile counter.
+inline bool tiles_of_one_length(const detail::FwdParams& a) { return a.window_right < 0 && a.window_left < 0; }
+
 // Whether a problem's tiles go to clusters of two CTAs sharing K and V (fwd_kernel.cuh): tiles of
 // one length only (no causal or window bound; the pair walks one key range). On their own only
 // where they measured faster (head_dim 128 and 256: +2...+6 % at FA3 shapes of 512-2k, -1...+2 %
 // at 4k and 16k, 8k within noise; d64 -1...-3 %; docs/perf-notes.md) and where the padding of an
 // odd query-block count (one idle block a head) costs little.
 inline bool use_cluster_pairs(const detail::FwdParams& a, int64_t m_blocks) {
-  const bool uniform = a.window_right < 0 && a.window_left < 0;
-  if (!uniform || a.schedule == 2 || a.cluster == 1 || m_blocks < 2) return false;
+  if (!tiles_of_one_length(a) || a.schedule == 2 || a.cluster == 1 || m_blocks < 2) return false;
   return a.cluster == 2 || (a.head_dim >= 128 && (m_blocks % 2 == 0 || m_blocks >= 16));
 }
 
 // The persistent grid's tile order: heads in L2-sized sections, longest tiles first inside each;
 // with clusters a tile is a pair of query blocks. `one_section`: every head in one section.
 inline TileOrder make_tile_order(const detail::FwdParams& a, int64_t m_blocks, int cluster, bool one_section) {
-  const bool uniform = a.window_right < 0 && a.window_left < 0;
+  const bool uniform = tiles_of_one_length(a);
   const int64_t units = (m_blocks + cluster - 1) / cluster;  // tiles a head
   const int64_t batch_heads = int64_t(a.batch) * a.heads_q;
   const int head_ratio = a.heads_q / a.heads_kv;
@@ -104,17 +107,31 @@ inline bool d64_two_consumers(const detail::FwdParams& a) {
   return computed_scores<192, 128>(a) > kD64TallTilesWorse * computed_scores<128, 128>(a);
 }
 
+// A value found once a device: kept for devices 0..63 once `make` has given a nonzero one
+// (zero, a failure, is asked again next time; devices past 63 always ask).
+struct PerDevice {
+  std::atomic<int> value[64]{};
+  template <class Make>
+  int get(int device, Make make) {
+    if (device < 0 || device >= 64) return make();
+    int v = value[device].load();
+    if (v == 0) value[device].store(v = make());
+    return v;
+  }
+};
+
 // Lets fwd_kernel<Cfg, kCluster> use Cfg::kSmemBytes of dynamic shared memory on `device`. The
-// attribute belongs to the device's context, so it is set once a device (remembered for 64),
-// not once a process: a second GPU would otherwise refuse the launch.
+// attribute belongs to the device's context, so it is set once a device, not once a process: a
+// second GPU would otherwise refuse the launch.
 template <class Cfg, int kCluster>
 cudaError_t allow_smem(int device) {
-  static std::atomic<bool> done[64];
-  if (device >= 0 && device < 64 && done[device].load()) return cudaSuccess;
-  const cudaError_t e = cudaFuncSetAttribute(fwd_kernel<Cfg, kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             Cfg::kSmemBytes);
-  if (e == cudaSuccess && device >= 0 && device < 64) done[device].store(true);
-  if (e != cudaSuccess) cudaGetLastError();  // not sticky: the caller reports it
+  static PerDevice set;
+  cudaError_t e = cudaSuccess;
+  set.get(device, [&] {
+    e = cudaFuncSetAttribute(fwd_kernel<Cfg, kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (e != cudaSuccess) cudaGetLastError();  // not sticky: the caller reports it
+    return e == cudaSuccess ? 1 : 0;
+  });
   return e;
 }
 
@@ -139,19 +156,19 @@ struct PairLaunch {
   PairLaunch(const PairLaunch&) = delete;
 };
 
-// Clusters of two of this kernel that fit on the device at once (cached per device).
+// Clusters of two of this kernel that fit on the device at once (0 when none or the query fails).
 template <class Cfg>
 int max_cluster_pairs(int device) {
-  static std::atomic<int> cached[64];
-  if (device >= 0 && device < 64 && cached[device].load() > 0) return cached[device].load();
-  const PairLaunch<Cfg> launch(2, nullptr);
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, fwd_kernel<Cfg, 2>, &launch.cfg) != cudaSuccess) {
-    cudaGetLastError();
-    n = 0;
-  }
-  if (device >= 0 && device < 64 && n > 0) cached[device].store(n);
-  return n;
+  static PerDevice pairs;
+  return pairs.get(device, [] {
+    const PairLaunch<Cfg> launch(2, nullptr);
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, fwd_kernel<Cfg, 2>, &launch.cfg) != cudaSuccess) {
+      cudaGetLastError();
+      n = 0;
+    }
+    return n;
+  });
 }
 
 template <class Cfg>
@@ -165,12 +182,12 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   auto kernel = fwd_kernel<Cfg, 1>;
   auto kernel_pairs = fwd_kernel<Cfg, 2>;
   const cudaError_t attr = allow_smem<Cfg, 1>(device);
-  const cudaError_t attr_pairs = allow_smem<Cfg, 2>(device);
   if (attr != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr)};
 
   const int64_t m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   // Clusters of two where the problem suits them and the device runs them.
-  const int pair_clusters = attr_pairs == cudaSuccess && use_cluster_pairs(a, m_blocks) ? max_cluster_pairs<Cfg>(device) : 0;
+  const int pair_clusters =
+      use_cluster_pairs(a, m_blocks) && allow_smem<Cfg, 2>(device) == cudaSuccess ? max_cluster_pairs<Cfg>(device) : 0;
   const int cluster = pair_clusters > 0 ? 2 : 1;
   const int kv_box = Cfg::kBlockN / cluster;  // with clusters each CTA loads half of a block
 
@@ -203,7 +220,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // schedule 2 (ablation): one CTA per tile; schedule 3 (ablation, the earlier order): static
   // rounds, and one section of every head where lengths vary; schedule 4 (ablation): the dynamic
   // grid over one such section.
-  const bool uniform = a.window_right < 0 && a.window_left < 0;
+  const bool uniform = tiles_of_one_length(a);
   k.tiles = make_tile_order(a, m_blocks, cluster, (a.schedule == 3 || a.schedule == 4) && !uniform);
   const int grid = int(a.schedule == 2 ? tiles : cluster * std::min<int64_t>(tiles, cluster > 1 ? pair_clusters : sms));
   TileCounter counter;
