@@ -28,17 +28,7 @@ using fa4::StatusCode;
 using fa4::TensorRef;
 
 using fa4::test::fake;
-
-Problem problem(int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d) {
-  Problem p;
-  p.batch = b;
-  p.seqlen_q = sq;
-  p.seqlen_k = sk;
-  p.heads_q = hq;
-  p.heads_kv = hkv;
-  p.head_dim = d;
-  return p;
-}
+using fa4::test::make_problem;
 
 ForwardArgs fake_forward(const Problem& p) {
   ForwardArgs a;
@@ -132,17 +122,17 @@ TEST(Api, BhsdStrides) {
 
 TEST(Api, EffectiveScale) {
   for (int d : fa4::kSupportedHeadDims) {
-    Problem p = problem(1, 1, 1, 1, 1, d);
+    Problem p = make_problem(1, 1, 1, 1, 1, d);
     EXPECT_FLOAT_EQ(fa4::effective_scale(p), 1.0f / std::sqrt(float(d))) << "d" << d;
     p.softmax_scale = 0.3f;
     EXPECT_EQ(fa4::effective_scale(p), 0.3f);
   }
-  EXPECT_EQ(fa4::effective_scale(problem(1, 1, 1, 1, 1, 64)), 0.125f);
+  EXPECT_EQ(fa4::effective_scale(make_problem(1, 1, 1, 1, 1, 64)), 0.125f);
 }
 
 TEST(Api, WorkspaceSizes) {
   ForwardArgs f;  // tensors need not exist yet
-  f.problem = problem(2, 200, 300, 8, 2, 128);
+  f.problem = make_problem(2, 200, 300, 8, 2, 128);
   size_t bytes = 123;
   Status s = fa4::forward_workspace_size(f, &bytes);
   ASSERT_TRUE(s.ok()) << s.message;
@@ -204,7 +194,7 @@ TEST(Api, ComputeCapabilityAfterHopperRefused) {
 // What dispatch hands the kernel.
 
 TEST(Api, FwdParamsCarryResolvedArguments) {
-  ForwardArgs a = fake_forward(problem(3, 100, 200, 8, 2, 64));
+  ForwardArgs a = fake_forward(make_problem(3, 100, 200, 8, 2, 64));
   a.problem.dtype = DType::kFP16;
   a.q = fa4::bhsd(fake(0), 100, 8, 64);
   const fa4::detail::FwdParams f = fa4::detail::make_fwd_params(a);
@@ -233,7 +223,7 @@ TEST(Api, FwdParamsCarryResolvedArguments) {
 }
 
 TEST(Api, CausalFoldsIntoWindowRight) {
-  Problem p = problem(1, 64, 64, 1, 1, 64);
+  Problem p = make_problem(1, 64, 64, 1, 1, 64);
   int64_t l = 0, r = 0;
   p.causal = true;
   fa4::detail::resolve_window(p, &l, &r);
@@ -253,7 +243,7 @@ TEST(Api, CausalFoldsIntoWindowRight) {
 }
 
 TEST(Api, WindowsThatCannotBindBecomeUnbounded) {
-  Problem p = problem(1, 100, 300, 1, 1, 64);
+  Problem p = make_problem(1, 100, 300, 1, 1, 64);
   int64_t l = 0, r = 0;
   p.window_left = 300;  // >= seqlen_k
   p.window_right = 100;  // >= seqlen_q
@@ -287,7 +277,7 @@ TEST(Api, ResolvedWindowKeepsEveryVisibility) {
       for (bool causal : {false, true})
         for (int64_t left = -1; left <= 8; ++left)
           for (int64_t right = -1; right <= 8; ++right) {
-            Problem p = problem(1, sq, sk, 1, 1, 64);
+            Problem p = make_problem(1, sq, sk, 1, 1, 64);
             p.causal = causal;
             p.window_left = left;
             p.window_right = right;
@@ -307,26 +297,26 @@ TEST(Api, ResolvedWindowKeepsEveryVisibility) {
 
 TEST(Api, EmptyBatchOrQueryIsANoOpEverywhere) {
   ForwardArgs f;  // no tensors at all, null stream
-  f.problem = problem(0, 128, 128, 4, 4, 128);
+  f.problem = make_problem(0, 128, 128, 4, 4, 128);
   Status s = fa4::forward(f, nullptr);
   EXPECT_TRUE(s.ok()) << s.message;
-  f.problem = problem(2, 0, 128, 4, 4, 128);
+  f.problem = make_problem(2, 0, 128, 4, 4, 128);
   f.k = fa4::bshd(fake(1), 128, 4, 128);
   f.v = fa4::bshd(fake(2), 128, 4, 128);
   s = fa4::forward(f, nullptr);
   EXPECT_TRUE(s.ok()) << s.message;
 
   BackwardArgs b;
-  b.problem = problem(0, 128, 128, 4, 4, 128);
+  b.problem = make_problem(0, 128, 128, 4, 4, 128);
   s = fa4::backward(b, nullptr);
   EXPECT_TRUE(s.ok()) << s.message;
-  b.problem = problem(3, 0, 0, 4, 4, 128);
+  b.problem = make_problem(3, 0, 0, 4, 4, 128);
   s = fa4::backward(b, nullptr);
   EXPECT_TRUE(s.ok()) << s.message;
 }
 
 TEST(Api, BackwardNotBuiltYet) {
-  const Status s = fa4::backward(fake_backward(problem(2, 128, 128, 4, 2, 128)), nullptr);
+  const Status s = fa4::backward(fake_backward(make_problem(2, 128, 128, 4, 2, 128)), nullptr);
   EXPECT_EQ(s.code, StatusCode::kNotSupported);
   EXPECT_EQ(s.message, "backward kernel not built yet");
 }
@@ -336,7 +326,7 @@ TEST(Api, BackwardNotBuiltYet) {
 // CUDA error behind.
 TEST(Api, ForwardChecksTheDevice) {
   const std::string missing = fa4_test::gpu_missing_reason();
-  const Problem p = problem(2, 128, 256, 4, 2, 128);
+  const Problem p = make_problem(2, 128, 256, 4, 2, 128);
   if (!missing.empty()) {
     const Status s = fa4::forward(fake_forward(p), nullptr);
     EXPECT_EQ(s.code, StatusCode::kNoDevice) << s.message;
@@ -375,7 +365,7 @@ TEST(Api, ForwardChecksTheDevice) {
 // The C ABI carries the same codes and messages.
 
 TEST(CApi, ErrorsComeBackWithCodeAndMessage) {
-  ForwardArgs a = fake_forward(problem(2, 128, 128, 4, 2, 96));
+  ForwardArgs a = fake_forward(make_problem(2, 128, 128, 4, 2, 96));
   const Status expected = fa4::validate(a);
   ASSERT_EQ(expected.code, StatusCode::kInvalidArgument);
 
@@ -393,7 +383,7 @@ TEST(CApi, ErrorsComeBackWithCodeAndMessage) {
   EXPECT_EQ(c_forward(a, msg, 0), int(StatusCode::kInvalidArgument));
   EXPECT_EQ(msg[0], expected.message[0]);  // untouched by a zero-length buffer
 
-  BackwardArgs b = fake_backward(problem(2, 128, 128, 4, 2, 128));
+  BackwardArgs b = fake_backward(make_problem(2, 128, 128, 4, 2, 128));
   b.dk.head_stride = 3;
   const Status bexp = fa4::validate(b);
   ASSERT_EQ(bexp.code, StatusCode::kInvalidArgument);
@@ -405,11 +395,11 @@ TEST(CApi, ErrorsComeBackWithCodeAndMessage) {
 TEST(CApi, SuccessAndNotSupportedRoundTrip) {
   char msg[64];
   std::memset(msg, 'x', sizeof msg);
-  ForwardArgs f = fake_forward(problem(0, 128, 128, 4, 2, 128));  // no-op
+  ForwardArgs f = fake_forward(make_problem(0, 128, 128, 4, 2, 128));  // no-op
   EXPECT_EQ(c_forward(f, msg, sizeof msg), int(StatusCode::kOk));
   EXPECT_STREQ(msg, "");
 
-  BackwardArgs b = fake_backward(problem(2, 128, 128, 4, 2, 128));
+  BackwardArgs b = fake_backward(make_problem(2, 128, 128, 4, 2, 128));
   b.deterministic = true;
   EXPECT_EQ(c_backward(b, msg, sizeof msg), int(StatusCode::kNotSupported));
   EXPECT_STREQ(msg, "backward kernel not built yet");
@@ -417,7 +407,7 @@ TEST(CApi, SuccessAndNotSupportedRoundTrip) {
 
 TEST(CApi, FieldsArriveIntact) {
   // Each field of fa4_problem reaches validation: break one at a time through the C ABI.
-  const ForwardArgs good = fake_forward(problem(2, 128, 128, 4, 2, 128));
+  const ForwardArgs good = fake_forward(make_problem(2, 128, 128, 4, 2, 128));
   const fa4_problem base = to_c(good.problem);
   char msg[256];
   const struct {
@@ -509,7 +499,7 @@ TEST(ApiGpu, NoKeysGiveZeroOutputAndMinusInfLse) {
     DeviceBuffer o(size_t(b * o_shape.batch_stride) * 2);
     DeviceBuffer lse(size_t(b * hq * sq) * sizeof(float) + 64);  // + a poisoned tail
     ForwardArgs a;
-    a.problem = problem(b, sq, 0, hq, hkv, d);
+    a.problem = make_problem(b, sq, 0, hq, hkv, d);
     a.problem.causal = true;
     a.o = o_shape;
     a.o.data = o.ptr;
@@ -537,7 +527,7 @@ TEST(ApiGpu, BackwardWithAnEmptySideZeroesTheOtherGradients) {
     DeviceBuffer dk(size_t(b * shape.batch_stride) * 2), dv(size_t(b * shape.batch_stride) * 2);
     DeviceBuffer kv(size_t(b * s * hkv * d) * 2);
     BackwardArgs a;
-    a.problem = problem(b, 0, s, hq, hkv, d);
+    a.problem = make_problem(b, 0, s, hq, hkv, d);
     a.k = a.v = fa4::bshd(kv.ptr, s, hkv, d);
     a.dk = shape;
     a.dk.data = dk.ptr;
@@ -554,7 +544,7 @@ TEST(ApiGpu, BackwardWithAnEmptySideZeroesTheOtherGradients) {
     DeviceBuffer dq(size_t(b * shape.batch_stride) * 2), qs(size_t(b * s * hq * d) * 2);
     DeviceBuffer lse(size_t(b * hq * s) * sizeof(float));
     BackwardArgs a;
-    a.problem = problem(b, s, 0, hq, hkv, d);
+    a.problem = make_problem(b, s, 0, hq, hkv, d);
     a.q = a.o = a.dout = fa4::bshd(qs.ptr, s, hq, d);
     a.dq = shape;
     a.dq.data = dq.ptr;

@@ -31,17 +31,7 @@ using fa4::test::fake;
 
 void* offset_bytes(void* p, int bytes) { return static_cast<char*>(p) + bytes; }
 
-Problem valid_problem() {
-  Problem p;
-  p.dtype = DType::kBF16;
-  p.batch = kB;
-  p.seqlen_q = kSq;
-  p.seqlen_k = kSk;
-  p.heads_q = kHq;
-  p.heads_kv = kHkv;
-  p.head_dim = kD;
-  return p;
-}
+Problem valid_problem() { return fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, kD, DType::kBF16); }
 
 ForwardArgs valid_forward() {
   ForwardArgs a;
