@@ -3,6 +3,8 @@
 // (reference_gpu.h) a plain CUDA oracle (fp32 accumulation) for shapes too large for the CPU.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -38,6 +40,37 @@ inline int64_t lse_elems(const Problem& p) { return p.batch * p.heads_q * p.seql
 
 Forward64 forward(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
                   const std::vector<double>& v);
+
+// One query row of forward() for problems too large to take whole (checks of sampled rows):
+// float64 attention of query i of batch b, head h, under p's rules, from element readers
+// q(b, s, h, d), k(b, s, kv_head, d), v(b, s, kv_head, d) of any layout and type. Writes head_dim
+// outputs to o and returns the row's natural-log LSE; -inf (o all 0) when no key is visible.
+template <class Q, class K, class V>
+double forward_row(const Problem& p, const Q& q, const K& k, const V& v, int64_t b, int64_t h, int64_t i,
+                   double* o) {
+  const int64_t hk = kv_head(p, h), dim = p.head_dim;
+  const double scale = softmax_scale(p);
+  std::vector<double> s(size_t(p.seqlen_k), -INFINITY);
+  double m = -INFINITY;
+  for (int64_t j = 0; j < p.seqlen_k; ++j) {
+    if (!visible(p, i, j)) continue;
+    double acc = 0;
+    for (int64_t d = 0; d < dim; ++d) acc += double(q(b, i, h, d)) * double(k(b, j, hk, d));
+    s[size_t(j)] = acc * scale;
+    m = std::max(m, s[size_t(j)]);
+  }
+  std::fill(o, o + dim, 0.0);
+  if (m == -INFINITY) return -INFINITY;
+  double sum = 0;
+  for (int64_t j = 0; j < p.seqlen_k; ++j) {
+    if (s[size_t(j)] == -INFINITY) continue;
+    const double e = std::exp(s[size_t(j)] - m);
+    sum += e;
+    for (int64_t d = 0; d < dim; ++d) o[d] += e * double(v(b, j, hk, d));
+  }
+  for (int64_t d = 0; d < dim; ++d) o[d] /= sum;
+  return m + std::log(sum);
+}
 
 // dout is shaped like o. The LSE is recomputed, not taken from a caller.
 Backward64 backward(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,

@@ -360,7 +360,7 @@ std::string describe(const Problem& p, bool bwd, Layout l) {
 
 // ------------------------------------------------------------------------------------------
 // CPU attention of one query row, in three flavours, all on the same 16-bit inputs:
-//   row_f64      float64 (the sampled-row check of large problems; same rule as fa4::ref)
+//   row_f64      float64 (the sampled-row check of large problems): fa4::ref::forward_row
 //   row_lowprec  the plain 16-bit attention of fa4::ref::forward_lowp (fp32 S and softmax, P and
 //                O rounded to the input type): the bound of DESIGN.md §3's criterion
 //   row_emulated the kernel's algorithm: 128-key blocks, online softmax with conditional
@@ -374,28 +374,8 @@ struct RowInputs {
 };
 
 double row_f64(const RowInputs& in, int64_t b, int64_t h, int64_t i, double* o) {
-  const Problem& p = *in.p;
-  const int64_t hk = h / (p.heads_q / p.heads_kv), D = p.head_dim;
-  std::vector<double> s(size_t(p.seqlen_k), -INFINITY);
-  double m = -INFINITY;
-  for (int64_t j = 0; j < p.seqlen_k; ++j) {
-    if (!fa4::ref::visible(p, i, j)) continue;
-    double acc = 0;
-    for (int64_t d = 0; d < D; ++d) acc += double(in.q.at(b, i, h, d)) * double(in.k.at(b, j, hk, d));
-    s[size_t(j)] = acc * fa4::ref::softmax_scale(p);
-    m = std::max(m, s[size_t(j)]);
-  }
-  std::fill(o, o + D, 0.0);
-  if (m == -INFINITY) return -INFINITY;
-  double sum = 0;
-  for (int64_t j = 0; j < p.seqlen_k; ++j) {
-    if (s[size_t(j)] == -INFINITY) continue;
-    double e = std::exp(s[size_t(j)] - m);
-    sum += e;
-    for (int64_t d = 0; d < D; ++d) o[d] += e * double(in.v.at(b, j, hk, d));
-  }
-  for (int64_t d = 0; d < D; ++d) o[d] /= sum;
-  return m + std::log(sum);
+  auto reader = [](const HostView& x) { return [&x](int64_t b, int64_t s, int64_t h, int64_t d) { return x.at(b, s, h, d); }; };
+  return fa4::ref::forward_row(*in.p, reader(in.q), reader(in.k), reader(in.v), b, h, i, o);
 }
 
 float row_lowprec(const RowInputs& in, int64_t b, int64_t h, int64_t i, float* o) {

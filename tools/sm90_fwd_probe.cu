@@ -99,36 +99,26 @@ static bool check(const Shape& s, int row_step = 1) {
       for (int i = (b * 7 + h * 3) % row_step; i < s.sq; i += row_step) work.push_back({b, h, i});
   const unsigned n_threads = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), 64));
   std::vector<Acc> acc(n_threads);
+  // Element readers of the host copies (BSHD bf16) for fa4::ref::forward_row.
+  auto reader = [&s](const std::vector<__nv_bfloat16>& x, int seq, int heads) {
+    return [&x, &s, seq, heads](int64_t b, int64_t j, int64_t h, int64_t d) {
+      return __bfloat162float(x[((size_t(b) * seq + j) * heads + h) * s.d + d]);
+    };
+  };
+  const auto q_at = reader(hq, s.sq, s.hq);
+  const auto k_at = reader(hk, s.sk, s.hkv);
+  const auto v_at = reader(hv, s.sk, s.hkv);
   auto check_rows = [&](unsigned t) {
     Acc& a = acc[t];
-    std::vector<double> sc(s.sk);
+    std::vector<double> ref_o(s.d);
     for (size_t w = t; w < work.size(); w += n_threads) {
       const int b = work[w][0], h = work[w][1], i = work[w][2];
-      const int hk_ = h / (s.hq / s.hkv);
-      double mx = -INFINITY;
-      for (int j = 0; j < s.sk; ++j) {
-        if (!fa4::ref::visible(prob, i, j)) { sc[j] = -INFINITY; continue; }
-        double dot = 0;
-        for (int t2 = 0; t2 < s.d; ++t2)
-          dot += double(__bfloat162float(hq[((size_t(b) * s.sq + i) * s.hq + h) * s.d + t2])) *
-                 double(__bfloat162float(hk[((size_t(b) * s.sk + j) * s.hkv + hk_) * s.d + t2]));
-        sc[j] = dot / std::sqrt(double(s.d));
-        mx = std::max(mx, sc[j]);
-      }
-      double sum = 0;
-      for (int j = 0; j < s.sk; ++j) {
-        sc[j] = (sc[j] == -INFINITY) ? 0.0 : std::exp(sc[j] - mx);  // from here on: the weights
-        sum += sc[j];
-      }
-      const double lse = sum > 0 ? mx + std::log(sum) : -INFINITY;
+      const double lse = fa4::ref::forward_row(prob, q_at, k_at, v_at, b, h, i, ref_o.data());
       const float glse = hlse[(size_t(b) * s.hq + h) * s.sq + i];
       if (std::isinf(lse)) { if (!(std::isinf(glse) && glse < 0)) a.max_lse_err = INFINITY; }
       else a.max_lse_err = std::max(a.max_lse_err, std::fabs(glse - lse));
       for (int t2 = 0; t2 < s.d; ++t2) {
-        double o = 0;
-        for (int j = 0; j < s.sk; ++j)
-          o += sc[j] * double(__bfloat162float(hv[((size_t(b) * s.sk + j) * s.hkv + hk_) * s.d + t2]));
-        const double ref = sum > 0 ? o / sum : 0.0;
+        const double ref = ref_o[t2];
         const double got = __bfloat162float(ho[((size_t(b) * s.sq + i) * s.hq + h) * s.d + t2]);
         a.max_err = std::max(a.max_err, std::isnan(got) ? INFINITY : std::fabs(got - ref));
         a.ref_norm += ref * ref;
