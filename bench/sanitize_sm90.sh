@@ -5,16 +5,20 @@
 # Shapes: causal d128; GQA d64 with tails; causal d256, short queries; more tiles than SMs
 # (static rounds, clusters of two sharing K/V); the same causal (the dynamic tile counter);
 # clusters with an odd query-block count (d64, 17 blocks) and at d256; d64 on 128-row tiles
-# (two consumers: short causal).
+# (two consumers: short causal); stream-K pieces merged (fewer tiles than SMs: every tile's keys
+# cut across the grid) at d128, d64 and d256 in clusters of two.
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:$LD_LIBRARY_PATH
 B=${1:-build/fa4-bench}
 OUTDIR=${2:-${OUT:-.}}
+mkdir -p "$OUTDIR"
 R=$OUTDIR/sanitizer.txt
 for tool in memcheck racecheck synccheck; do
   for args in "--b 1 --h 2 --sq 300 --sk 300 --d 128 --causal" "--b 2 --h 4 --hkv 1 --sq 129 --sk 257 --d 64" \
               "--b 1 --h 2 --sq 70 --sk 333 --d 256 --causal" "--b 2 --h 16 --hkv 4 --sq 700 --sk 650 --d 128" \
               "--b 2 --h 16 --hkv 4 --sq 700 --sk 650 --d 128 --causal" "--b 1 --h 2 --sq 3259 --sk 400 --d 64" \
-              "--b 1 --h 4 --hkv 2 --sq 500 --sk 333 --d 256" "--b 4 --h 16 --hkv 4 --sq 500 --sk 520 --d 64 --causal"; do
+              "--b 1 --h 4 --hkv 2 --sq 500 --sk 333 --d 256" "--b 4 --h 16 --hkv 4 --sq 500 --sk 520 --d 64 --causal" \
+              "--b 1 --h 4 --sq 100 --sk 5000 --d 128" "--b 1 --h 2 --hkv 1 --sq 700 --sk 3001 --d 64" \
+              "--b 1 --h 4 --sq 500 --sk 2000 --d 256"; do
     out=$(timeout 120 compute-sanitizer --tool $tool $B $args --check --iters 0 --warmup 0 2>&1)
     rc=$?
     echo "sanitizer $tool [$args] rc=$rc $(echo "$out" | grep -E 'SUMMARY' | tail -1) $(echo "$out" | grep -E '^check' | tail -1)" | tee -a $R

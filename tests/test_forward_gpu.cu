@@ -35,6 +35,10 @@ struct Case {
   // 0: through the public API; 1 or 2: the sm90 launch with FwdParams::cluster set (1: one CTA a
   // tile, 2: clusters of two sharing K/V wherever the tiles allow).
   int cluster = 0;
+  // With either set, also through the sm90 launch: FwdParams::split (1 never, 2 whenever the last
+  // round is partial) and FwdParams::max_ctas (a small grid, so small problems take rounds).
+  int split = 0;
+  int max_ctas = 0;
 
   std::string name() const {
     static const char* kLayouts[] = {"bshd", "bhsd", "padded"};
@@ -43,7 +47,8 @@ struct Case {
            " d" + std::to_string(head_dim) + (causal ? " causal" : "") + " win(" + std::to_string(left) + "," +
            std::to_string(right) + ") " + kLayouts[int(layout)] +
            (key_ramp > 0 ? " key_ramp " + std::to_string(key_ramp) : "") +
-           (cluster > 0 ? " cluster " + std::to_string(cluster) : "");
+           (cluster > 0 ? " cluster " + std::to_string(cluster) : "") +
+           (split > 0 ? " split " + std::to_string(split) : "") + (max_ctas > 0 ? " ctas " + std::to_string(max_ctas) : "");
   }
 };
 
@@ -147,13 +152,15 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
   args.o = dout.ref;
   args.lse = lse;
   fa4::Status st;
-  if (c.cluster == 0) {
+  if (c.cluster == 0 && c.split == 0 && c.max_ctas == 0) {
     st = fa4::forward(args, nullptr);
   } else {
     st = fa4::validate(args);
     ASSERT_TRUE(st.ok()) << st.message;
     fa4::detail::FwdParams fp = fa4::detail::make_fwd_params(args);
     fp.cluster = c.cluster;
+    fp.split = c.split;
+    fp.max_ctas = c.max_ctas;
     st = fa4::detail::sm90_forward(fp, nullptr);
   }
   ASSERT_TRUE(st.ok()) << st.message;
@@ -292,6 +299,7 @@ TEST(ForwardGpu, ClusterPairsMatchOneCtaBitForBit) {
   for (Case c : cases) {
     std::vector<double> o1, o2;
     std::vector<float> l1, l2;
+    c.split = 1;  // whole tiles: a stream-K tail cuts pairs and single tiles differently
     c.cluster = 1;
     ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o1, &l1));
     c.cluster = 2;
@@ -303,6 +311,44 @@ TEST(ForwardGpu, ClusterPairsMatchOneCtaBitForBit) {
     ASSERT_EQ(l1.size(), l2.size());
     EXPECT_EQ(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)), 0) << "LSE differs";
   }
+}
+
+TEST(ForwardGpu, StreamKTailMatchesTheReference) {
+  FA4_REQUIRE_GPU();
+  // The last partial round's tiles cut into equal runs of key blocks, pieces merged by the last to
+  // finish. A small grid (max_ctas) makes small problems take rounds; split 2 cuts whenever the
+  // last round is partial. Every head dim and tile height, clusters, GQA, key tails inside a piece,
+  // fp16, BHSD; the same inputs with whole tiles must pass too, and a second run must give the
+  // same bits (the merge is in piece order, whoever finishes last).
+  const Case cases[] = {
+      {BF16, 2, 1000, 1000, 3, 3, 128, false},             // 8 blocks a tile
+      {BF16, 1, 700, 2049, 4, 2, 64, false},               // 192-row tiles, 17 blocks (last 1 key)
+      {BF16, 2, 200, 1500, 4, 1, 64, false},               // d64 on 128-row tiles, MQA
+      {FP16, 1, 300, 777, 4, 2, 256, false},               // 80-wide blocks
+      {BF16, 2, 500, 900, 6, 3, 128, false, -1, -1, Layout::kBHSD},
+      {FP16, 1, 333, 4097, 2, 2, 128, false},
+      {BF16, 1, 64, 3000, 8, 8, 128, false},               // fewer tiles than CTAs: every tile cut
+  };
+  uint32_t seed = 1300;
+  for (Case c : cases)
+    for (auto [cluster, ctas] : {std::pair<int, int>{1, 5}, {2, 14}}) {
+      c.cluster = cluster;
+      c.max_ctas = ctas;
+      c.split = 2;
+      std::vector<double> o1, o2;
+      std::vector<float> l1, l2;
+      ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o1, &l1));
+      ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o2, &l2));
+      SCOPED_TRACE(c.name());
+      EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(double)), 0) << "O differs between runs";
+      EXPECT_EQ(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)), 0) << "LSE differs between runs";
+      c.split = 1;
+      ASSERT_NO_FATAL_FAILURE(run_case(c, seed));
+      ++seed;
+    }
+  // Through the public API: a short query against many keys takes every SM with the keys cut.
+  run_case({BF16, 1, 100, 16384, 4, 4, 128, false}, 1400);
+  run_case({BF16, 2, 150, 8000, 2, 1, 64, false}, 1401);
 }
 
 // n bf16 values drawn from N(0, 1) by rng, in a new device buffer (the caller frees it).

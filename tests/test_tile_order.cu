@@ -169,4 +169,97 @@ TEST(TileOrder, D64TileHeightFollowsTheComputedScores) {
   EXPECT_EQ((fa4::sm90::computed_scores<128, 128>(a)), 8192.0 * 8192 * 128 * 128);
 }
 
+
+// The stream-K tail: whole rounds, then the last partial round's tiles cut into one equal run of
+// key blocks a unit. Walked as the kernel walks it (item, decode_valid), every whole tile comes
+// once, every key block of every tail tile once, each tail tile's pieces are numbered 0..pieces-1
+// in key order with the count they all agree on, and no unit's run is a block longer than another's.
+TEST(TileOrder, TailSplitCoversEveryKeyBlockOnce) {
+  using fa4::sm90::Tile;
+  for (auto [count, units, blocks] : std::vector<std::array<int, 3>>{
+           {2048, 132, 32}, {2048, 132, 4}, {2816, 132, 22}, {1024, 66, 64}, {13, 5, 7}, {12, 5, 2}, {7, 3, 100},
+           {100, 99, 2}, {101, 50, 3}, {257, 128, 1000}, {9, 8, 16}}) {
+    TileOrder order{count, count, 1, 1, 1};
+    if (!fa4::sm90::plan_tail_split(order, units, blocks, true)) {
+      // Only when the last round is full or the tail has under two key blocks a unit.
+      EXPECT_TRUE(count % units == 0 || int64_t(count % units) * blocks < 2 * units) << count << " " << units;
+      continue;
+    }
+    SCOPED_TRACE(std::to_string(count) + " tiles, " + std::to_string(units) + " units, " + std::to_string(blocks) + " blocks");
+    ASSERT_EQ(order.full, count / units * units);
+    const int tails = count - order.full;
+    std::vector<int> whole(count, 0), covered(size_t(tails) * blocks, 0);
+    std::vector<std::vector<std::array<int, 3>>> pieces(tails);  // (lo, piece, pieces) per tail tile
+    int shortest = INT32_MAX, longest = 0;
+    for (int unit = 0; unit < units; ++unit) {
+      int run = 0;
+      for (int round = 0;; ++round) {
+        Tile tl;
+        if (!order.decode_valid(order.item(round, unit, units), 0, tl)) break;
+        const int t = order.item(round, unit, units);
+        if (t < order.full) {
+          ASSERT_EQ(tl.pieces, 1);
+          ASSERT_LT(tl.hi, 0);
+          ++whole[t];
+          continue;
+        }
+        ASSERT_GE(tl.tail, 0);
+        ASSERT_LT(tl.tail, tails);
+        ASSERT_LE(0, tl.lo);
+        ASSERT_LT(tl.lo, tl.hi);
+        ASSERT_LE(tl.hi, blocks);
+        // The tile it belongs to, as the kernel finds its rows.
+        const Tile base = order.decode_tile(order.full + tl.tail);
+        ASSERT_EQ(tl.m_block, base.m_block);
+        for (int b = tl.lo; b < tl.hi; ++b) ++covered[size_t(tl.tail) * blocks + b];
+        pieces[tl.tail].push_back({tl.lo, tl.piece, tl.pieces});
+        run += tl.hi - tl.lo;
+      }
+      shortest = std::min(shortest, run);
+      longest = std::max(longest, run);
+    }
+    for (int t = 0; t < order.full; ++t) EXPECT_EQ(whole[t], 1) << "tile " << t;
+    for (int c : covered) ASSERT_EQ(c, 1);
+    EXPECT_LE(longest - shortest, 1);
+    for (auto& list : pieces) {
+      std::sort(list.begin(), list.end());
+      for (size_t i = 0; i < list.size(); ++i) {
+        EXPECT_EQ(list[i][1], int(i));
+        EXPECT_EQ(list[i][2], int(list.size()));
+      }
+      EXPECT_LE(int(list.size()), order.max_pieces);
+    }
+  }
+}
+
+// Where the launch cuts the tail: when the idle part of the last round, less the pieces' cost of
+// three key blocks a unit, is at least 7 % of the run (the stream-K kernel is slower on whole
+// tiles); never when the last round is full, and not where units would get under two key blocks.
+TEST(TileOrder, TailSplitWhereTheLastRoundIsMostlyIdle) {
+  using fa4::sm90::plan_tail_split;
+  auto split = [](int count, int units, int blocks) {
+    TileOrder order{count, count, 1, 1, 1};
+    return plan_tail_split(order, units, blocks, false);
+  };
+  EXPECT_FALSE(split(2048, 132, 32));  // d128 non-causal 4k: 15 rounds and 68 tiles, 2.4 %
+  EXPECT_FALSE(split(1024, 66, 32));   // the same in clusters of two
+  EXPECT_FALSE(split(2816, 132, 32));  // d64 4k: 21 rounds and 44 tiles, 2.6 %
+  EXPECT_TRUE(split(200, 132, 64));    // one round and 68 tiles: 23 %
+  EXPECT_FALSE(split(2752, 132, 64));  // d64 8k: 20 rounds and 112 tiles, 0.5 %
+  EXPECT_FALSE(split(1320, 132, 32));  // every round full
+  EXPECT_FALSE(split(133, 132, 1));    // one tile left, one block: under two blocks a unit
+  EXPECT_TRUE(split(100, 132, 32));    // fewer tiles than units: all cut (keys over every SM)
+  EXPECT_TRUE(split(16, 132, 256));    // 16 heads of a short query against 32k keys
+  // The scratch: a counter and max_pieces partials (O and two row stats a thread) per tail tile,
+  // rank and consumer.
+  TileOrder order{2048, 2048, 1, 1, 1};
+  ASSERT_TRUE(plan_tail_split(order, 132, 32, true));
+  using Cfg = fa4::sm90::FwdConfig<128, 128, 2, true, 0>;
+  const auto layout = fa4::sm90::tail_scratch_layout<Cfg>(order);
+  EXPECT_EQ(layout.counter_bytes, size_t(68 * 2 * 4));
+  EXPECT_EQ(layout.partial_bytes, size_t(68) * 2 * order.max_pieces * 128 * (64 + 4) * 4);
+  EXPECT_EQ(layout.partial_offset() % 256, 0u);
+  EXPECT_GE(layout.partial_offset(), layout.counter_bytes);
+}
+
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <cuda/atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -81,6 +82,69 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
             pack2<Cfg::kBF16>(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
     }
   }
+}
+
+// A stream-K piece (tile_order.cuh) leaves its unnormalised O and row stats as partials; the
+// consumer whose piece arrives last at its tile's counter merges every piece's, in piece order, into
+// o and rows (returns true in all its threads: it then stores them as a whole tile does); the
+// others return false. Each thread writes and reads only its own accumulator slots, in float4
+// columns across the consumer's 128 threads. Uses the consumer's epilogue barrier.
+template <class Cfg, int kCluster, class Params>
+__device__ __forceinline__ bool merge_pieces(const Params& p, const Tile& tl, float (&o)[Cfg::kHeadDim / 2],
+                                             numerics::RowState (&rows)[2], int consumer, int t, int rank) {
+  constexpr int kVec = Cfg::kHeadDim / 8 + 1;  // float4s a thread: O, then max0, max1, sum0, sum1
+  const uint32_t bar_id = 1 + Cfg::kConsumers + consumer;  // after the turn barriers
+  const int64_t slot = (int64_t(tl.tail) * kCluster + rank) * Cfg::kConsumers + consumer;
+  auto partial = [&](int piece) {
+    const int64_t block = (int64_t(tl.tail) * p.tiles.max_pieces + piece) * kCluster * Cfg::kConsumers +
+                          int64_t(rank) * Cfg::kConsumers + consumer;
+    return reinterpret_cast<float4*>(p.partials) + block * kVec * 128 + t;
+  };
+  float4* mine = partial(tl.piece);
+#pragma unroll
+  for (int j = 0; j < Cfg::kHeadDim / 8; ++j)
+    __stcg(mine + 128 * j, make_float4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]));
+  __stcg(mine + 128 * (kVec - 1), make_float4(rows[0].max, rows[1].max, rows[0].sum, rows[1].sum));
+  // Each thread's partials are released (fence) before the barrier that precedes thread 0's
+  // arrival; the last arrival acquires the other pieces', and every thread fences after the
+  // barrier's reduction that tells it so.
+  cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
+  ptx::named_bar_sync(bar_id, 128);
+  bool last = false;
+  if (t == 0)
+    last = cuda::atomic_ref<int, cuda::thread_scope_device>(p.piece_counters[slot]).fetch_add(1, cuda::memory_order_acq_rel) ==
+           tl.pieces - 1;
+  if (!ptx::named_bar_any(bar_id, 128, last)) return false;
+  cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+
+  float mx[2] = {-INFINITY, -INFINITY};
+  for (int i = 0; i < tl.pieces; ++i) {
+    const float4 st = __ldcg(partial(i) + 128 * (kVec - 1));
+    mx[0] = fmaxf(mx[0], st.x);
+    mx[1] = fmaxf(mx[1], st.y);
+  }
+  float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < Cfg::kHeadDim / 2; ++j) o[j] = 0.0f;
+  for (int i = 0; i < tl.pieces; ++i) {
+    const float4* src = partial(i);
+    const float4 st = __ldcg(src + 128 * (kVec - 1));
+    // A piece whose rows saw no key (max -inf) adds nothing.
+    const float w0 = st.x == -INFINITY ? 0.0f : exp2f(st.x - mx[0]);
+    const float w1 = st.y == -INFINITY ? 0.0f : exp2f(st.y - mx[1]);
+    sum[0] += w0 * st.z;
+    sum[1] += w1 * st.w;
+#pragma unroll
+    for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
+      const float4 v = __ldcg(src + 128 * j);
+      o[4 * j] += w0 * v.x;
+      o[4 * j + 1] += w0 * v.y;
+      o[4 * j + 2] += w1 * v.z;
+      o[4 * j + 3] += w1 * v.w;
+    }
+  }
+  for (int i = 0; i < 2; ++i) rows[i] = {mx[i], sum[i]};
+  return true;
 }
 
 }  // namespace fa4::sm90

@@ -55,6 +55,21 @@ __device__ __forceinline__ bool sched_pv_first(int consumer) {
   return consumer % 2 == 0 ? kSchedPvFirst0 : kSchedPvFirst1;
 }
 
+// A stream-K piece's place in one word: piece and pieces (10 bits each), tail tile (12 bits).
+__device__ __forceinline__ uint32_t pack_place(const Tile& tl) {
+  return uint32_t(tl.piece) | uint32_t(tl.pieces) << 10 | uint32_t(tl.tail) << 20;
+}
+__device__ __forceinline__ void unpack_place(uint32_t w, Tile& tl) {
+  tl.piece = int(w & 1023u);
+  tl.pieces = int(w >> 10 & 1023u);
+  tl.tail = int(w >> 20);
+}
+
+// The key blocks a work item covers: its tile's range, or a stream-K piece's part of it.
+__host__ __device__ __forceinline__ BlockRange piece_range(BlockRange r, const Tile& tl) {
+  return tl.hi < 0 ? r : BlockRange{r.lo + tl.lo, r.lo + tl.hi};
+}
+
 // Tile shape and shared-memory layout of one forward configuration.
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2,
           bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true, bool kSpeculate_ = false,
@@ -99,10 +114,18 @@ struct FwdConfig {
   // Every kPolyEvery-th 8-column chunk of S takes its exp2 on the FMA pipe (0: none).
   static constexpr int kPolyEvery = kPolyEvery_;
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  // setmaxnreg: the producer gives its registers to the consumers (65536 a CTA at most).
-  static constexpr int kProducerRegs = 24;
+  // setmaxnreg: the producer gives its registers to the consumers. The pool is what the CTA got at
+  // launch, kThreads x kLaunchRegs (65536 / kThreads rounded down to 8: 168 for two consumers, 128
+  // for three), not the register file: asking for more than it holds blocks setmaxnreg.inc for
+  // ever.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
-  static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536, "register file");
+  static constexpr int kProducerRegs = 24;
+  // The stream-K kernel's producer walks pieces too: with three consumers it takes the 8 the pool
+  // has to spare.
+  static constexpr int kProducerRegsSplit = kConsumers == 2 ? 24 : 32;
+  static_assert(kProducerRegsSplit + kConsumers * kConsumerRegs <= (1 + kConsumers) * kLaunchRegs,
+                "setmaxnreg would ask for more registers than the CTA's pool");
   static constexpr int kAtomCols = 64;  // a 128-byte swizzle atom holds 64 16-bit columns
   static constexpr int kChunks = kHeadDim / kAtomCols;
 
@@ -149,6 +172,10 @@ struct FwdKernelParams {
   // lengths vary (causal, windows), so a CTA that finishes early takes the next; null: the static
   // rounds of TileOrder::nth (equal lengths).
   int* tile_counter;
+  // Stream-K tail (TileOrder::split): each piece's unnormalised O and row stats, per consumer in
+  // the accumulator layout, and a counter per (tail tile, rank, consumer), zero at launch.
+  float* partials;
+  int* piece_counters;
   uint64_t* trace;  // development timeline (a config with kTrace = true); null otherwise
 };
 
@@ -184,9 +211,43 @@ struct alignas(8) FwdBarriers {
   uint64_t q_full[2], q_empty[2];
   uint64_t k_full[8], k_empty[8];
   uint64_t v_full[8], v_empty[8];
-  int tile[2];  // per Q buffer: its tile, or >= TileOrder::count when the CTA has no more
+  int tile[2];  // per Q buffer: its work item, or TileOrder::kEnd when the CTA has no more
+  // This CTA's (cluster's) stream-K pieces, k = 0 and 1 (pieces == 0: none), found once at the start
+  // where registers are plentiful, so the loaders' and consumers' decode is a look-up.
+  Tile unit_pieces[2];
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
+
+// A ring position as one count of the slots taken (stage and phase derived from it): one register
+// where that matters (the consumers' Q ring, held through the main loop).
+template <int kStages>
+struct RingCount {
+  static_assert(kStages == 1 || kStages == 2, "derived by shifts");
+  uint32_t n = 0;
+  __device__ int stage() const { return kStages == 1 ? 0 : int(n & 1u); }
+  __device__ uint32_t phase() const { return kStages == 1 ? n & 1u : (n >> 1) & 1u; }
+  __device__ void advance() { ++n; }
+};
+
+// Work item t of this CTA (valid or not; decoded into tl when valid): a whole tile, or one of
+// the unit's stream-K pieces from the table in shared memory (FwdBarriers::unit_pieces).
+__device__ __forceinline__ bool decode_item(const TileOrder& order, const FwdBarriers& bar, int t, int rank, Tile& tl) {
+  if (t < 0 || t == TileOrder::kEnd) return false;
+  if (order.split.total > 0 && t >= order.full) {
+    const Tile pc = bar.unit_pieces[(t - order.full) & 1];
+    if (pc.pieces == 0) return false;
+    tl = order.decode_tile(order.full + pc.tail, rank);
+    tl.lo = pc.lo;
+    tl.hi = pc.hi;
+    tl.piece = pc.piece;
+    tl.pieces = pc.pieces;
+    tl.tail = pc.tail;
+    return true;
+  }
+  if (t >= order.count) return false;
+  tl = order.decode_tile(t, rank);
+  return true;
+}
 
 // Ring position shared by producer and consumers.
 template <int kStages>
@@ -219,7 +280,10 @@ __device__ __forceinline__ void pass_softmax_turn(int consumer) {
   ptx::named_bar_arrive(1 + 2 * kConsumers + (consumer + 1) % kConsumers, 256);
 }
 
-template <class Cfg, int kCluster = 1>
+// kSplit: the kernel for a stream-K tail (TileOrder::split): work items are whole tiles or
+// pieces, and pieces merge (epilogue.cuh). Without it the kernel walks whole tiles only: a separate
+// instantiation, so the pieces' bookkeeping costs the other launches nothing.
+template <class Cfg, int kCluster = 1, bool kSplit = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_kernel(const __grid_constant__ FwdKernelParams p) {
   static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
@@ -254,6 +318,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_init(&bar.v_empty[s], Cfg::kConsumers * kCluster);
     }
     fence_barrier_init();
+    if constexpr (kSplit)
+      for (int k = 0; k < 2; ++k) {
+        Tile pc;
+        if (p.tiles.split.total == 0 || !p.tiles.split.piece(unit, k, pc)) pc.pieces = 0;
+        bar.unit_pieces[k] = pc;
+      }
   }
   if constexpr (Cfg::kTensorRowSum) {
     if (threadIdx.x < 256)  // 1.0 in both halves, bf16 or fp16
@@ -267,7 +337,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    regs_decrease<Cfg::kProducerRegs>();
+    regs_decrease<kSplit ? Cfg::kProducerRegsSplit : Cfg::kProducerRegs>();
     // One thread of warp 0 loads Q and K, one of warp 1 loads V: K_{j+1} never waits behind the
     // slot of V_j (freed only when both consumers' P V of two blocks back are done).
     const bool loads_k = threadIdx.x == 0, loads_v = Cfg::kSplitLoads ? threadIdx.x == 32 : threadIdx.x == 0;
@@ -309,32 +379,44 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       };
       RingPos<Cfg::kStages> w;
       RingPos<Cfg::kQStages> qw;
-      int next = unit;  // the Q loader's next tile: the first is the CTA's (or cluster's) own
+      // The Q loader's next work item: the first is the CTA's (or cluster's) own.
+      int next = kSplit ? p.tiles.item(0, unit, units) : unit;
+      // Whether the CTA has no more work (a tile index >= count, or no such piece).
+      auto done = [&](int t) { return kSplit ? t == TileOrder::kEnd : t >= p.tiles.count; };
       for (int round = 0;; ++round) {
         int tile;
+        Tile tl;
         if (loads_k) {  // takes the tile, publishes it beside its Q buffer, loads Q
-          tile = next;
+          if constexpr (kSplit)
+            tile = decode_item(p.tiles, bar, next, rank, tl) ? next : TileOrder::kEnd;
+          else
+            tile = next;
           mbar_wait(&bar.q_empty[qw.stage], qw.phase ^ 1);
           bar.tile[qw.stage] = tile;
-          if (tile >= p.tiles.count) {
+          if (done(tile)) {
             mbar_arrive(&bar.q_full[qw.stage]);  // no Q: the phase completes on the arrive alone
             break;
           }
-          const Tile tl = p.tiles.decode(tile, rank);
+          if constexpr (!kSplit) tl = p.tiles.decode_tile(tile, rank);
           load_tile(sQ + qw.stage * Cfg::kQBytes, &p.tm_q, &bar.q_full[qw.stage], Cfg::kQBytes, kBlockM,
                     tl.m_block * kBlockM, tl.head, tl.batch);
           // The next tile now, so the atomic's latency passes under this tile's K/V loads.
           next = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
-                                : p.tiles.nth(round + 1, unit, units);
+                      : kSplit ? p.tiles.item(round + 1, unit, units)
+                               : p.tiles.nth(round + 1, unit, units);
         } else {  // the V loader: the tile the Q loader published, then frees its slot
           mbar_wait(&bar.q_full[qw.stage], qw.phase);
           tile = ld_shared(&bar.tile[qw.stage]);
-          if (tile >= p.tiles.count) break;
+          if (done(tile)) break;
           mbar_arrive(&bar.q_empty[qw.stage]);
+          if constexpr (kSplit)
+            decode_item(p.tiles, bar, tile, rank, tl);
+          else
+            tl = p.tiles.decode_tile(tile, rank);
         }
         qw.advance();
-        const Tile tl = p.tiles.decode(tile, rank);
-        const BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
+        BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
+        if constexpr (kSplit) range = piece_range(range, tl);
         const int h_kv = tl.head / p.head_ratio;
         // Trace events of a load: 0/1 before/after K's empty wait, 2/3 the same for V.
         for (int n = range.hi - 1; n >= range.lo; --n) {
@@ -458,23 +540,56 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     softmax_turn_end();
   }
   RingPos<Cfg::kStages> r;
-  RingPos<Cfg::kQStages> qr;
+  // The Q ring: in the stream-K kernel one counter (one register fewer through the main loop).
+  std::conditional_t<kSplit, RingCount<Cfg::kQStages>, RingPos<Cfg::kQStages>> qr;
+  auto q_stage = [&] {
+    if constexpr (kSplit)
+      return qr.stage();
+    else
+      return qr.stage;
+  };
+  auto q_phase = [&] {
+    if constexpr (kSplit)
+      return qr.phase();
+    else
+      return qr.phase;
+  };
   for (;;) {
-    mbar_wait(&bar.q_full[qr.stage], qr.phase);  // Q, and the tile index beside it
+    mbar_wait(&bar.q_full[q_stage()], q_phase());  // Q, and the tile index beside it
     // Read by lane 0 (the lane that later frees this Q buffer for the warp) and shuffled to the
     // warp: warp-uniform to the compiler, so what derives from it (tile, key range, masks) stays
     // in uniform registers and the wgmma around it in straight-line code.
-    const int tile = __shfl_sync(0xffffffff, lane == 0 ? ld_shared(&bar.tile[qr.stage]) : 0, 0);
-    if (tile >= p.tiles.count) break;
-    const Tile tl = p.tiles.decode(tile, rank);
+    const int tile = __shfl_sync(0xffffffff, lane == 0 ? ld_shared(&bar.tile[q_stage()]) : 0, 0);
+    Tile tl;
+    uint32_t place = 0;
+    if constexpr (kSplit) {
+      if (tile == TileOrder::kEnd) break;
+      decode_item(p.tiles, bar, tile, rank, tl);
+      // Shuffled from lane 0 like the tile index: a piece's fields come from shared memory, and
+      // the compiler keeps what it knows to be warp-uniform (key range, masks, descriptors) in
+      // uniform registers.
+      const auto uniform = [&](int x) { return __shfl_sync(0xffffffff, x, 0); };
+      tl.batch = uniform(tl.batch);
+      tl.head = uniform(tl.head);
+      tl.m_block = uniform(tl.m_block);
+      tl.lo = uniform(tl.lo);
+      tl.hi = uniform(tl.hi);
+      // The piece's place (piece, pieces, tail tile) held through the main loop in one register
+      // (each well under 2^10 and 2^12: the launch's limits).
+      place = uniform(int(pack_place(tl)));
+    } else {
+      if (tile >= p.tiles.count) break;
+      tl = p.tiles.decode_tile(tile, rank);
+    }
     const int m_block = tl.m_block;
-    const BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, m_block, p.seqlen_q, p.seqlen_k);
+    BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, m_block, p.seqlen_q, p.seqlen_k);
+    if constexpr (kSplit) range = piece_range(range, tl);
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) lsum[i] = 0.0f;
     rows[0] = rows[1] = numerics::row_state_init();
-    q_desc = wgmma::desc_sw128(smem_addr(sQ + qr.stage * Cfg::kQBytes) + consumer * 64 * 128, 16, 1024);
+    q_desc = wgmma::desc_sw128(smem_addr(sQ + q_stage() * Cfg::kQBytes) + consumer * 64 * 128, 16, 1024);
 
     if (range.hi > range.lo) {
       int n = range.hi - 1;
@@ -604,7 +719,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       } else {
         for (--n; n >= range.lo; --n) step(n, pf, pf);
       }
-      release_q(&bar.q_empty[qr.stage]);  // every S of this tile is done: its Q buffer is free
+      release_q(&bar.q_empty[q_stage()]);  // every S of this tile is done: its Q buffer is free
       // Last P V.
       mbar_wait(&bar.v_full[prev], prev_phase);
       wait_my_turn(consumer);
@@ -623,11 +738,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       pin_o();
       release(&bar.v_empty[prev]);
     } else {
-      release_q(&bar.q_empty[qr.stage]);
+      release_q(&bar.q_empty[q_stage()]);
     }
     if constexpr (Cfg::kTensorRowSum)
       for (int i = 0; i < 2; ++i) rows[i].sum = lsum[2 * i];  // the whole row's sum in every thread
-    store_output<Cfg>(p, tl, o, rows, consumer, t, smem + Cfg::kOOffset);
+    if constexpr (kSplit) {
+      unpack_place(place, tl);
+      // A stream-K piece stores only when it is its tile's last and has merged the others.
+      if (tl.pieces == 1 || merge_pieces<Cfg, kCluster>(p, tl, o, rows, consumer, t, rank))
+        store_output<Cfg>(p, tl, o, rows, consumer, t, smem + Cfg::kOOffset);
+    } else {
+      store_output<Cfg>(p, tl, o, rows, consumer, t, smem + Cfg::kOOffset);
+    }
     qr.advance();
   }
   if (Cfg::kStageO && t == 0) tma_store_wait();  // shared memory must outlive the last store

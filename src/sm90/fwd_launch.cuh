@@ -36,21 +36,78 @@ inline int64_t section_heads(int64_t batch_heads, int64_t kv_bytes_per_q_head, i
   return 1;
 }
 
-// Zeroed launch-private tile counter for the dynamic grid: stream-ordered allocation, so
-// concurrent launches on other streams and graph capture each get their own.
-struct TileCounter {
-  int* ptr = nullptr;
+// The least share of the run time a stream-K tail must save (plan_tail_split), and what its
+// pieces cost a unit in key blocks' time. The share is high because the stream-K kernel runs the
+// whole rounds too and measured up to 5 % slower on them than the whole-tile kernel (FA3 shapes,
+// where the tail is a sixteenth of the work, lost 2-5 %; short queries against long keys, where
+// the grid had idle SMs, ran 1.2-3x faster: docs/perf-notes.md, "Stream-K tail").
+inline constexpr double kTailSplitGain = 0.07;
+inline constexpr double kTailSplitCostBlocks = 3.0;
+
+// Launch-private device memory whose first `zeroed` bytes are zero at the kernel's start (the
+// dynamic grid's tile counter; the stream-K tail's counters and partials): stream-ordered
+// allocation, so concurrent launches on other streams and graph capture each get their own.
+struct LaunchScratch {
+  uint8_t* ptr = nullptr;
   cudaStream_t stream{};
-  cudaError_t make(cudaStream_t s) {
+  cudaError_t make(cudaStream_t s, size_t bytes, size_t zeroed) {
     stream = s;
-    cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&ptr), sizeof(int), s);
-    if (e == cudaSuccess) e = cudaMemsetAsync(ptr, 0, sizeof(int), s);
-    return e;
+    cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&ptr), bytes, s);
+    if (e != cudaSuccess) {
+      ptr = nullptr;
+      return e;
+    }
+    return zeroed > 0 ? cudaMemsetAsync(ptr, 0, zeroed, s) : cudaSuccess;
   }
-  ~TileCounter() {
+  ~LaunchScratch() {
     if (ptr != nullptr) cudaFreeAsync(ptr, stream);  // after the kernel, in stream order
   }
 };
+
+// The stream-K tail for `units` CTAs (or clusters) in static rounds over `order` (tiles of one
+// length, `blocks` key blocks each): whole rounds, then the last partial round's tiles cut into
+// one equal run of key blocks a unit. Without one (returns false) the order stays as it is.
+// `force`: whenever the last round is partial; otherwise where it pays (below).
+inline bool plan_tail_split(TileOrder& order, int units, int blocks, bool force) {
+  // Tail tiles < units: 12 bits (pack_place); items up to full + 2 units (TileOrder::item).
+  if (units < 2 || units > 4096 || blocks < 1 || order.count > INT_MAX - 2 * units) return false;
+  const int rounds = order.count / units, tails = order.count - rounds * units;
+  const int64_t total = int64_t(tails) * blocks;
+  // Each unit at least two key blocks (a piece's pipeline fill and drain cost about one).
+  if (tails == 0 || total < 2ll * units || uint64_t(units + 1) * uint64_t(total + 1) > TailSplit::kMaxProduct) return false;
+  // What it saves: the idle part of the last round, (1 - tails / units) of a tile's blocks, less
+  // what the pieces cost (kTailSplitCostBlocks: a unit's one or two pieces each fill and drain
+  // the pipeline once, and the last merges), out of the rounds + 1 tiles a unit ran before.
+  const double saved = double(blocks) * (1.0 - double(tails) / units) - kTailSplitCostBlocks;
+  const double gain = saved / (double(rounds + 1) * blocks);
+  if (!force && gain < kTailSplitGain) return false;
+  order.full = rounds * units;
+  order.split = TailSplit{units, blocks, int(total)};
+  int most = 1;
+  Tile tl;
+  for (int c = 0; c < units; ++c)
+    for (int k = 0; order.split.piece(c, k, tl); ++k) most = std::max(most, tl.pieces);
+  if (most >= 1024) {  // the kernel holds piece and pieces in 10 bits each (pack_place)
+    order = TileOrder{order.count, order.m_blocks, order.batch_heads, order.heads_q, order.section, order.cluster};
+    return false;
+  }
+  order.max_pieces = most;
+  return true;
+}
+
+// Bytes of the stream-K scratch: counters (zeroed), then the partials (16-byte aligned).
+struct TailScratchLayout {
+  size_t counter_bytes, partial_bytes;
+  size_t partial_offset() const { return (counter_bytes + 255) / 256 * 256; }
+  size_t total() const { return partial_offset() + partial_bytes; }
+};
+template <class Cfg>
+TailScratchLayout tail_scratch_layout(const TileOrder& order) {
+  const int64_t tails = order.count - order.full;
+  const int64_t consumers = tails * order.cluster * Cfg::kConsumers;
+  return {size_t(consumers) * sizeof(int),
+          size_t(consumers) * order.max_pieces * 128 * (Cfg::kHeadDim / 2 + 4) * sizeof(float)};
+}
 
 // Whether every query tile sees the same key blocks (no causal or window bound): such tiles go in
 // static rounds and may go to clusters; tiles whose lengths vary take the tile counter.
@@ -120,15 +177,16 @@ struct PerDevice {
   }
 };
 
-// Lets fwd_kernel<Cfg, kCluster> use Cfg::kSmemBytes of dynamic shared memory on `device`. The
+// Lets fwd_kernel<Cfg, kCluster, kSplit> use Cfg::kSmemBytes of dynamic shared memory on `device`. The
 // attribute belongs to the device's context, so it is set once a device, not once a process: a
 // second GPU would otherwise refuse the launch.
-template <class Cfg, int kCluster>
+template <class Cfg, int kCluster, bool kSplit = false>
 cudaError_t allow_smem(int device) {
   static PerDevice set;
   cudaError_t e = cudaSuccess;
   set.get(device, [&] {
-    e = cudaFuncSetAttribute(fwd_kernel<Cfg, kCluster>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    e = cudaFuncSetAttribute(fwd_kernel<Cfg, kCluster, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             Cfg::kSmemBytes);
     if (e != cudaSuccess) cudaGetLastError();  // not sticky: the caller reports it
     return e == cudaSuccess ? 1 : 0;
   });
@@ -179,8 +237,6 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   cudaError_t e = cudaGetDevice(&device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("device query: ") + cudaGetErrorString(e)};
-  auto kernel = fwd_kernel<Cfg, 1>;
-  auto kernel_pairs = fwd_kernel<Cfg, 2>;
   const cudaError_t attr = allow_smem<Cfg, 1>(device);
   if (attr != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr)};
 
@@ -222,28 +278,50 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // grid over one such section.
   const bool uniform = tiles_of_one_length(a);
   k.tiles = make_tile_order(a, m_blocks, cluster, (a.schedule == 3 || a.schedule == 4) && !uniform);
-  const int grid = int(a.schedule == 2 ? tiles : cluster * std::min<int64_t>(tiles, cluster > 1 ? pair_clusters : sms));
-  TileCounter counter;
+  int64_t slots = cluster > 1 ? pair_clusters : sms;  // units (CTAs or clusters) at once
+  if (a.max_ctas > 0) slots = std::max<int64_t>(1, std::min<int64_t>(slots, a.max_ctas / cluster));
+  int grid = int(a.schedule == 2 ? tiles : cluster * std::min<int64_t>(tiles, slots));
+  LaunchScratch scratch;
+  if (uniform && a.schedule != 2 && a.split != 1) {
+    // Every unit takes part, also when there are fewer tiles than units (then every tile is cut).
+    const BlockRange kr = key_block_range<Cfg::kBlockM, Cfg::kBlockN>(k.window, 0, a.seqlen_q, a.seqlen_k);
+    TileOrder order = k.tiles;
+    if (plan_tail_split(order, int(slots), kr.hi - kr.lo, a.split == 2) &&
+        (cluster == 1 ? allow_smem<Cfg, 1, true>(device) : allow_smem<Cfg, 2, true>(device)) == cudaSuccess) {
+      const TailScratchLayout layout = tail_scratch_layout<Cfg>(order);
+      e = scratch.make(stream, layout.total(), layout.counter_bytes);
+      if (e == cudaSuccess) {
+        k.tiles = order;
+        grid = int(slots) * cluster;
+        k.piece_counters = reinterpret_cast<int*>(scratch.ptr);
+        k.partials = reinterpret_cast<float*>(scratch.ptr + layout.partial_offset());
+      } else if (e == cudaErrorNotSupported) {
+        cudaGetLastError();  // no stream-ordered allocation here: whole tiles only
+      } else {
+        return {StatusCode::kCudaError, std::string("stream-K scratch: ") + cudaGetErrorString(e)};
+      }
+    }
+  }
   if (!uniform && a.schedule != 2 && a.schedule != 3 && grid < tiles) {
-    e = counter.make(stream);
+    e = scratch.make(stream, sizeof(int), sizeof(int));
     if (e == cudaSuccess) {
-      k.tile_counter = counter.ptr;
+      k.tile_counter = reinterpret_cast<int*>(scratch.ptr);
     } else if (e == cudaErrorNotSupported) {
       // No stream-ordered allocation here (memory pools unsupported): the static rounds, over one
       // section of every head so their longest-first order keeps the grid even.
       cudaGetLastError();
-      counter.ptr = nullptr;
       k.tiles = make_tile_order(a, m_blocks, cluster, true);
     } else {
       return {StatusCode::kCudaError, std::string("tile counter: ") + cudaGetErrorString(e)};
     }
   }
+  const bool split = k.tiles.has_tail();
   if (cluster == 1) {
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
+    (split ? fwd_kernel<Cfg, 1, true> : fwd_kernel<Cfg, 1, false>)<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
     e = cudaGetLastError();
   } else {
     const PairLaunch<Cfg> launch(grid, stream);
-    e = cudaLaunchKernelEx(&launch.cfg, kernel_pairs, k);
+    e = cudaLaunchKernelEx(&launch.cfg, split ? fwd_kernel<Cfg, 2, true> : fwd_kernel<Cfg, 2, false>, k);
   }
   if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("sm90 forward launch: ") + cudaGetErrorString(e)};
   return Status::Ok();

@@ -13,12 +13,63 @@
 // 2m + r of pair m. When a head has an odd number of query blocks its last pair's rank 1 gets
 // block m_blocks (past seqlen_q): it loads and computes nothing that is stored, but it loads its
 // half of every K/V block for its partner.
+//
+// Stream-K tail (tiles of one length, static rounds): when the last round would leave many CTAs
+// idle, only `full` tiles (whole rounds) go as tiles; the key blocks of the remaining ones are laid
+// end to end and cut into one equal run a CTA (a unit), so every CTA ends at the same time. A run
+// crosses tile borders, so a CTA takes up to a few pieces (tile, key-block sub-range); each piece
+// leaves its unnormalised O, row max and row sum as partials, and the last piece of a tile to finish
+// merges them in piece order (deterministic) and stores O and LSE (epilogue.cuh).
 #pragma once
+
+#include <climits>
+#include <cstdint>
 
 namespace fa4::sm90 {
 
 struct Tile {
   int batch, head, m_block;
+  // A piece of a stream-K tail tile: key blocks [lo, hi) of the tile's range, counted from its
+  // first; hi < 0 for a whole tile. `piece` of `pieces` in key order; `tail` the tail tile's index.
+  int lo = 0, hi = -1;
+  int piece = 0, pieces = 1;
+  int tail = 0;
+};
+
+// The pieces of the stream-K tail: `tails` tiles of `blocks` key blocks each, laid end to end
+// (L = tails * blocks) and cut at b_c = c * L / units, unit c taking [b_c, b_{c+1}). In 32-bit
+// unsigned arithmetic (a 64-bit division is a call on the GPU): the launch splits only where
+// (units + 1) * (L + 1) < 2^32 (kMaxProduct).
+struct TailSplit {
+  static constexpr uint64_t kMaxProduct = 0xFFFFFFFFull;
+  int units = 1;
+  int blocks = 0;  // key blocks a tile
+  int total = 0;   // L; 0 = no tail split
+
+  // Cuts b_c (c >= 0) at or below x, for 0 <= x < L.
+  __host__ __device__ int cuts_at_or_below(int x) const {
+    return int((unsigned(units) * unsigned(x + 1) + unsigned(total) - 1) / unsigned(total));
+  }
+  __host__ __device__ int cut(int c) const { return int(unsigned(c) * unsigned(total) / unsigned(units)); }
+  // The k-th piece of unit c: its tail tile and key blocks (tail, lo, hi); false when the unit has
+  // fewer. With `numbered` also its place among the tile's pieces (piece, pieces), which only the
+  // epilogue needs (the loaders skip those divisions).
+  __host__ __device__ bool piece(int c, int k, Tile& out, bool numbered = true) const {
+    if (unsigned(c) >= unsigned(units)) return false;
+    const unsigned nb = unsigned(blocks), b0 = unsigned(cut(c)), b1 = unsigned(cut(c + 1));
+    const unsigned u = b0 / nb + unsigned(k);
+    const unsigned first = u * nb;
+    if (b0 >= b1 || first >= b1) return false;
+    const unsigned s = b0 > first ? b0 : first, e = b1 < first + nb ? b1 : first + nb;
+    out.tail = int(u);
+    out.lo = int(s - first);
+    out.hi = int(e - first);
+    if (numbered) {
+      out.piece = cuts_at_or_below(int(s)) - cuts_at_or_below(int(first));
+      out.pieces = cuts_at_or_below(int(first + nb - 1)) - cuts_at_or_below(int(first)) + 1;
+    }
+    return true;
+  }
 };
 
 struct TileOrder {
@@ -28,14 +79,68 @@ struct TileOrder {
   int heads_q;
   int section;      // heads per section
   int cluster = 1;  // CTAs a tile (1, or 2: a pair of query blocks)
+  // Stream-K tail: tiles [0, full) go whole in rounds 0..full/units-1 (full is a multiple of the
+  // units, or count without a split); tiles [full, count) as pieces (TailSplit), item
+  // full + 2 c + k being unit c's k-th piece (a unit's run is shorter than a tile, as there are
+  // fewer tail tiles than units, so it spans two tiles at most). max_pieces bounds the pieces of
+  // one tail tile.
+  int full = INT_MAX;
+  TailSplit split{};
+  int max_pieces = 1;
+
+  static constexpr int kEnd = INT_MAX;  // no more work for this CTA
+
+  bool has_tail() const { return split.total > 0; }
 
   // The tile CTA `cta` of `grid` takes in round `round`; >= count when it has no more.
   __host__ __device__ int nth(int round, int cta, int grid) const {
     return round * grid + ((round & 1) ? grid - 1 - cta : cta);
   }
 
-  // Tile t as seen by cluster rank `rank` (0 without clusters).
-  __host__ __device__ Tile decode(int t, int rank = 0) const {
+  // The work item unit `unit` of `units` takes in round `round`: a tile of the static rounds, or
+  // with a tail split its pieces after them. May be invalid (past the end): see valid().
+  __host__ __device__ int item(int round, int unit, int units) const {
+    if (split.total == 0) return nth(round, unit, units);
+    const int whole_rounds = full / units;
+    if (round < whole_rounds) return nth(round, unit, units);
+    return round - whole_rounds < 2 ? full + 2 * unit + (round - whole_rounds) : kEnd;
+  }
+  __host__ __device__ bool valid(int t) const {
+    if (t < 0 || t == kEnd) return false;
+    if (split.total == 0 || t < full) return t < count;
+    Tile unused;
+    return split.piece(int(unsigned(t - full) >> 1), (t - full) & 1, unused, false);
+  }
+
+  // Item t (valid) as seen by cluster rank `rank` (0 without clusters). `numbered`: see
+  // TailSplit::piece.
+  __host__ __device__ Tile decode(int t, int rank = 0, bool numbered = true) const {
+    Tile tl;
+    decode_valid(t, rank, tl, numbered);
+    return tl;
+  }
+  // valid(t), and when it is, decode(t) into tl (one computation of the piece).
+  __host__ __device__ bool decode_valid(int t, int rank, Tile& tl, bool numbered = true) const {
+    if (t < 0 || t == kEnd) return false;
+    if (split.total > 0 && t >= full) {
+      Tile piece;
+      if (!split.piece(int(unsigned(t - full) >> 1), (t - full) & 1, piece, numbered)) return false;
+      Tile whole = decode_tile(full + piece.tail, rank);
+      whole.lo = piece.lo;
+      whole.hi = piece.hi;
+      whole.piece = piece.piece;
+      whole.pieces = piece.pieces;
+      whole.tail = piece.tail;
+      tl = whole;
+      return true;
+    }
+    if (t >= count) return false;
+    tl = decode_tile(t, rank);
+    return true;
+  }
+
+  // Tile t (< count) as seen by cluster rank `rank`.
+  __host__ __device__ Tile decode_tile(int t, int rank = 0) const {
     const int per_section = section * m_blocks;
     const int sec = t / per_section;
     const int r = t - sec * per_section;
@@ -43,7 +148,11 @@ struct TileOrder {
     const int width = min(section, batch_heads - first);
     const int m_idx = r / width;
     const int bh = first + (r - m_idx * width);
-    return {bh / heads_q, bh % heads_q, (m_blocks - 1 - m_idx) * cluster + rank};
+    Tile tl;
+    tl.batch = bh / heads_q;
+    tl.head = bh % heads_q;
+    tl.m_block = (m_blocks - 1 - m_idx) * cluster + rank;
+    return tl;
   }
 };
 
