@@ -90,6 +90,9 @@ def parse_args(argv=None):
     ap.add_argument("--flex-seqlens", type=int_list, default=None,
                     help="seqlens at which flex runs (default 16384; 'all' via --flex-all)")
     ap.add_argument("--flex-all", action="store_true", help="run flex at every seqlen")
+    ap.add_argument("--seqlen-q", type=int, default=None,
+                    help="queries a sequence (keys: --seqlens, batch = 16384 / seqlen_k); "
+                         "non-causal only: short queries against long keys")
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     ap.add_argument("--no-check", action="store_true", help="skip fa4's correctness check")
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms (default 25)")
@@ -113,6 +116,11 @@ def parse_args(argv=None):
         a.flex_seqlens = list(a.seqlens)
     elif a.flex_seqlens is None:
         a.flex_seqlens = [max(a.seqlens)]
+    if a.seqlen_q is not None:
+        if a.seqlen_q < 1:
+            ap.error(f"--seqlen-q {a.seqlen_q}: expected >= 1")
+        if a.causal != "no" or a.ops != ["fwd"]:
+            ap.error("--seqlen-q: forward, non-causal only (use --causal no)")
     for d in a.hdims:
         if HIDDEN % d:
             ap.error(f"--hdims: {d} does not divide hidden {HIDDEN}")
@@ -162,8 +170,8 @@ def shape(seqlen: int, hdim: int):
     return max(1, TOKENS // seqlen), HIDDEN // hdim
 
 
-def tflops(b, h, s, d, causal, op, ms):
-    f = 4.0 * b * h * s * s * d
+def tflops(b, h, s, d, causal, op, ms, sq=None):
+    f = 4.0 * b * h * (s if sq is None else sq) * s * d
     if causal:
         f *= 0.5
     if op == "bwd":
@@ -187,18 +195,19 @@ def short(e: BaseException) -> str:
 def check_fa4(q, k, v, out, causal):
     """q, k, v, out: [b, s, h, d]. Returns a dict with the criterion's numbers and 'pass'."""
     s, h, d = q.shape[1], q.shape[2], q.shape[3]
+    sk = k.shape[1]
     scale = 1.0 / math.sqrt(d)
     heads = sorted({0, h - 1})
     err = err_lp = sq_err = sq_ref = 0.0
     finite = True
-    chunk = max(1, min(s, (256 << 20) // (8 * s)))
+    chunk = max(1, min(s, (256 << 20) // (8 * sk)))
     for hh in heads:
         k64, v64 = k[0, :, hh].double(), v[0, :, hh].double()
         k32, v32 = k[0, :, hh].float(), v[0, :, hh].float()
         for i0 in range(0, s, chunk):
             i1 = min(s, i0 + chunk)
             rows = torch.arange(i0, i1, device=q.device)[:, None]
-            cols = torch.arange(s, device=q.device)[None, :]
+            cols = torch.arange(sk, device=q.device)[None, :]
             masked = (cols > rows) if causal else None
             # float64
             s64 = (q[0, i0:i1, hh].double() @ k64.T) * scale
@@ -284,12 +293,13 @@ def make_fn(provider, op, tensors, causal):
     return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
 
-def make_tensors(b, h, s, d, dtype, op, seed):
+def make_tensors(b, h, s, d, dtype, op, seed, sq=None):
     g = torch.Generator(device="cuda").manual_seed(seed)
     grad = op == "bwd"
     t = {}
     for name in ("q", "k", "v") + (("dout",) if grad else ()):
-        x = torch.randn(b, s, h, d, device="cuda", dtype=dtype, generator=g)
+        rows = sq if sq is not None and name in ("q", "dout") else s
+        x = torch.randn(b, rows, h, d, device="cuda", dtype=dtype, generator=g)
         t[name] = x.requires_grad_(grad and name != "dout")
         xh = x.detach().transpose(1, 2).contiguous()  # BHSD for the SDPA/flex peers
         t[name + "h"] = xh.requires_grad_(grad and name != "dout")
@@ -307,7 +317,7 @@ def fmt(x, width, prec=1):
 def print_table(records, providers, ops):
     rows = {}
     for r in records:
-        key = (r["op"], r["head_dim"], r["causal"], r["seqlen_q"])
+        key = (r["op"], r["head_dim"], r["causal"], r["seqlen_k"])
         rows.setdefault(key, {})[r["provider"]] = r
     peers = [p for p in providers if p != "fa4"]
     head = f"{'op':<4}{'d':>5}{'causal':>8}{'seqlen':>8}" + "".join(f"{p:>9}" for p in providers)
@@ -376,12 +386,13 @@ def main(argv=None) -> int:
         b, h = shape(s, d)
         log(f"[{n}/{len(shapes)}] {op} d={d} causal={int(causal)} seqlen={s} batch={b} heads={h} "
             f"({time.time() - t_start:.0f} s)")
-        tensors = make_tensors(b, h, s, d, dtype, op, seed=n)
+        sq = a.seqlen_q if a.seqlen_q is not None else s
+        tensors = make_tensors(b, h, s, d, dtype, op, seed=n, sq=sq)
         for p in providers:
             if p == "flex" and s not in a.flex_seqlens:
                 continue
             rec = {"op": op, "provider": p, "dtype": a.dtype, "batch": b, "heads_q": h,
-                   "heads_kv": h, "seqlen_q": s, "seqlen_k": s, "head_dim": d, "causal": causal,
+                   "heads_kv": h, "seqlen_q": sq, "seqlen_k": s, "head_dim": d, "causal": causal,
                    "ms": None, "tflops": None, **meta}
             try:
                 if p == "fa4" and fa4_import_error:
@@ -403,7 +414,7 @@ def main(argv=None) -> int:
                     ms = bench_ms(fn, a.warmup, a.rep)
                     rec["sm_clock_mhz"], rec["power_w"] = sampler.window(t0, time.time())
                 rec["ms"] = ms
-                rec["tflops"] = tflops(b, h, s, d, causal, op, ms)
+                rec["tflops"] = tflops(b, h, s, d, causal, op, ms, sq)
             except Exception as e:  # a provider that cannot run this shape: record why
                 rec["error"] = short(e)
                 if os.environ.get("FA4_BENCH_TRACE"):
