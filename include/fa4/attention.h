@@ -93,7 +93,10 @@ Status validate(const BackwardArgs& args);
 float effective_scale(const Problem& p);
 
 // Workspace bytes that forward / backward need for these arguments (0 if none). Only
-// args.problem is read, so they may be asked before the tensors exist. Forward needs none;
+// args.problem is read, so they may be asked before the tensors exist. Forward needs none (where
+// it needs scratch, a tile counter for causal tiles or the fp32 partials of the key-split pieces
+// when there are fewer query tiles than SMs, it takes it from the stream-ordered allocator,
+// cudaMallocAsync, on the call's stream: safe across streams and inside CUDA graph capture);
 // backward needs an fp32 dQ accumulator of batch * round_up(seqlen_q, 128) * heads_q * head_dim * 4
 // bytes, 16-byte aligned, passed as args.workspace / args.workspace_bytes.
 Status forward_workspace_size(const ForwardArgs& args, size_t* bytes);
