@@ -219,6 +219,12 @@ TEST(TileOrder, TailSplitCoversEveryKeyBlockOnce) {
       longest = std::max(longest, run);
     }
     for (int t = 0; t < order.full; ++t) EXPECT_EQ(whole[t], 1) << "tile " << t;
+    // The tail's own launch (tail_only) starts at the pieces: the same ones, in round order.
+    TileOrder tail = order;
+    tail.tail_only = true;
+    for (int unit = 0; unit < units; ++unit)
+      for (int k = 0; k < 2; ++k)
+        EXPECT_EQ(tail.item(k, unit, units), order.item(order.full / units + k, unit, units));
     for (int c : covered) ASSERT_EQ(c, 1);
     EXPECT_LE(longest - shortest, 1);
     for (auto& list : pieces) {
@@ -233,8 +239,8 @@ TEST(TileOrder, TailSplitCoversEveryKeyBlockOnce) {
 }
 
 // Where the launch cuts the tail: when the idle part of the last round, less the pieces' cost of
-// three key blocks a unit, is at least 7 % of the run (the stream-K kernel is slower on whole
-// tiles); never when the last round is full, and not where units would get under two key blocks.
+// three key blocks a unit, is at least 5 % of the run; never when the last round is full, and
+// not where units would get under two key blocks.
 TEST(TileOrder, TailSplitWhereTheLastRoundIsMostlyIdle) {
   using fa4::sm90::plan_tail_split;
   auto split = [](int count, int units, int blocks) {
@@ -244,6 +250,8 @@ TEST(TileOrder, TailSplitWhereTheLastRoundIsMostlyIdle) {
   EXPECT_FALSE(split(2048, 132, 32));  // d128 non-causal 4k: 15 rounds and 68 tiles, 2.4 %
   EXPECT_FALSE(split(1024, 66, 32));   // the same in clusters of two
   EXPECT_FALSE(split(2816, 132, 32));  // d64 4k: 21 rounds and 44 tiles, 2.6 %
+  EXPECT_TRUE(split(300, 132, 64));    // two rounds and 36 tiles: 23 %
+  EXPECT_FALSE(split(500, 132, 64));   // three rounds and 104 tiles: 4.1 %
   EXPECT_TRUE(split(200, 132, 64));    // one round and 68 tiles: 23 %
   EXPECT_FALSE(split(2752, 132, 64));  // d64 8k: 20 rounds and 112 tiles, 0.5 %
   EXPECT_FALSE(split(1320, 132, 32));  // every round full

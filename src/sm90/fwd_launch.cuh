@@ -37,11 +37,10 @@ inline int64_t section_heads(int64_t batch_heads, int64_t kv_bytes_per_q_head, i
 }
 
 // The least share of the run time a stream-K tail must save (plan_tail_split), and what its
-// pieces cost a unit in key blocks' time. The share is high because the stream-K kernel runs the
-// whole rounds too and measured up to 5 % slower on them than the whole-tile kernel (FA3 shapes,
-// where the tail is a sixteenth of the work, lost 2-5 %; short queries against long keys, where
-// the grid had idle SMs, ran 1.2-3x faster: docs/perf-notes.md, "Stream-K tail").
-inline constexpr double kTailSplitGain = 0.07;
+// pieces cost a unit in key blocks' time. At the FA3 shapes (a tail of 2-3 % of the run) the cut
+// measured within the A/B's noise (-4...+4 %), so only tails that idle a large share of the GPU
+// are cut: fewer tiles than SMs, or one to a few rounds (docs/perf-notes.md, "Stream-K tail").
+inline constexpr double kTailSplitGain = 0.05;
 inline constexpr double kTailSplitCostBlocks = 3.0;
 
 // Launch-private device memory whose first `zeroed` bytes are zero at the kernel's start (the
@@ -315,14 +314,28 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
       return {StatusCode::kCudaError, std::string("tile counter: ") + cudaGetErrorString(e)};
     }
   }
+  auto launch = [&](const FwdKernelParams& kp, bool split) {
+    if (cluster == 1) {
+      (split ? fwd_kernel<Cfg, 1, true> : fwd_kernel<Cfg, 1, false>)<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
+      return cudaGetLastError();
+    }
+    const PairLaunch<Cfg> pairs(grid, stream);
+    return cudaLaunchKernelEx(&pairs.cfg, split ? fwd_kernel<Cfg, 2, true> : fwd_kernel<Cfg, 2, false>, kp);
+  };
   const bool split = k.tiles.has_tail();
-  if (cluster == 1) {
-    (split ? fwd_kernel<Cfg, 1, true> : fwd_kernel<Cfg, 1, false>)<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(k);
-    e = cudaGetLastError();
-  } else {
-    const PairLaunch<Cfg> launch(grid, stream);
-    e = cudaLaunchKernelEx(&launch.cfg, split ? fwd_kernel<Cfg, 2, true> : fwd_kernel<Cfg, 2, false>, k);
+  if (split && k.tiles.full > 0) {
+    // The whole rounds by the whole-tile kernel (its code, not the stream-K kernel's, runs them),
+    // then the tail alone, spread over every unit, on the same stream.
+    FwdKernelParams whole = k;
+    const TileOrder& t = k.tiles;
+    whole.tiles = TileOrder{t.full, t.m_blocks, t.batch_heads, t.heads_q, t.section, t.cluster};
+    whole.piece_counters = nullptr;
+    whole.partials = nullptr;
+    e = launch(whole, false);
+    if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("sm90 forward launch: ") + cudaGetErrorString(e)};
+    k.tiles.tail_only = true;
   }
+  e = launch(k, split);
   if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("sm90 forward launch: ") + cudaGetErrorString(e)};
   return Status::Ok();
 }

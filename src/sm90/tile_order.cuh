@@ -87,6 +87,9 @@ struct TileOrder {
   int full = INT_MAX;
   TailSplit split{};
   int max_pieces = 1;
+  // The launch of the tail alone (the whole rounds went to a launch of their own): items start at
+  // the pieces.
+  bool tail_only = false;
 
   static constexpr int kEnd = INT_MAX;  // no more work for this CTA
 
@@ -101,7 +104,7 @@ struct TileOrder {
   // with a tail split its pieces after them. May be invalid (past the end): see valid().
   __host__ __device__ int item(int round, int unit, int units) const {
     if (split.total == 0) return nth(round, unit, units);
-    const int whole_rounds = full / units;
+    const int whole_rounds = tail_only ? 0 : full / units;
     if (round < whole_rounds) return nth(round, unit, units);
     return round - whole_rounds < 2 ? full + 2 * unit + (round - whole_rounds) : kEnd;
   }
