@@ -17,9 +17,10 @@
 // Stream-K tail (tiles of one length, static rounds): when the last round would leave many CTAs
 // idle, only `full` tiles (whole rounds) go as tiles; the key blocks of the remaining ones are laid
 // end to end and cut into one equal run a CTA (a unit), so every CTA ends at the same time. A run
-// crosses tile borders, so a CTA takes up to a few pieces (tile, key-block sub-range); each piece
-// leaves its unnormalised O, row max and row sum as partials, and the last piece of a tile to finish
-// merges them in piece order (deterministic) and stores O and LSE (epilogue.cuh).
+// is shorter than a tile and may cross a tile border, so a unit takes one or two pieces (tile,
+// key-block sub-range); each piece leaves its unnormalised O, row max and row sum as partials, and
+// the last piece of a tile to finish merges them in piece order (deterministic) and stores O and
+// LSE (epilogue.cuh). The launch runs the whole rounds and the tail as two kernels (fwd_launch.cuh).
 #pragma once
 
 #include <climits>
@@ -51,10 +52,9 @@ struct TailSplit {
     return int((unsigned(units) * unsigned(x + 1) + unsigned(total) - 1) / unsigned(total));
   }
   __host__ __device__ int cut(int c) const { return int(unsigned(c) * unsigned(total) / unsigned(units)); }
-  // The k-th piece of unit c: its tail tile and key blocks (tail, lo, hi); false when the unit has
-  // fewer. With `numbered` also its place among the tile's pieces (piece, pieces), which only the
-  // epilogue needs (the loaders skip those divisions).
-  __host__ __device__ bool piece(int c, int k, Tile& out, bool numbered = true) const {
+  // The k-th piece of unit c (k < 2): its tail tile, key blocks and place among the tile's pieces;
+  // false when the unit has fewer.
+  __host__ __device__ bool piece(int c, int k, Tile& out) const {
     if (unsigned(c) >= unsigned(units)) return false;
     const unsigned nb = unsigned(blocks), b0 = unsigned(cut(c)), b1 = unsigned(cut(c + 1));
     const unsigned u = b0 / nb + unsigned(k);
@@ -64,10 +64,8 @@ struct TailSplit {
     out.tail = int(u);
     out.lo = int(s - first);
     out.hi = int(e - first);
-    if (numbered) {
-      out.piece = cuts_at_or_below(int(s)) - cuts_at_or_below(int(first));
-      out.pieces = cuts_at_or_below(int(first + nb - 1)) - cuts_at_or_below(int(first)) + 1;
-    }
+    out.piece = cuts_at_or_below(int(s)) - cuts_at_or_below(int(first));
+    out.pieces = cuts_at_or_below(int(first + nb - 1)) - cuts_at_or_below(int(first)) + 1;
     return true;
   }
 };
@@ -101,33 +99,26 @@ struct TileOrder {
   }
 
   // The work item unit `unit` of `units` takes in round `round`: a tile of the static rounds, or
-  // with a tail split its pieces after them. May be invalid (past the end): see valid().
+  // with a tail split its pieces after them. May be past the end: see decode_valid.
   __host__ __device__ int item(int round, int unit, int units) const {
     if (split.total == 0) return nth(round, unit, units);
     const int whole_rounds = tail_only ? 0 : full / units;
     if (round < whole_rounds) return nth(round, unit, units);
     return round - whole_rounds < 2 ? full + 2 * unit + (round - whole_rounds) : kEnd;
   }
-  __host__ __device__ bool valid(int t) const {
-    if (t < 0 || t == kEnd) return false;
-    if (split.total == 0 || t < full) return t < count;
-    Tile unused;
-    return split.piece(int(unsigned(t - full) >> 1), (t - full) & 1, unused, false);
-  }
-
-  // Item t (valid) as seen by cluster rank `rank` (0 without clusters). `numbered`: see
-  // TailSplit::piece.
-  __host__ __device__ Tile decode(int t, int rank = 0, bool numbered = true) const {
+  // Item t (valid) as seen by cluster rank `rank` (0 without clusters).
+  __host__ __device__ Tile decode(int t, int rank = 0) const {
     Tile tl;
-    decode_valid(t, rank, tl, numbered);
+    decode_valid(t, rank, tl);
     return tl;
   }
-  // valid(t), and when it is, decode(t) into tl (one computation of the piece).
-  __host__ __device__ bool decode_valid(int t, int rank, Tile& tl, bool numbered = true) const {
+  // Whether item t exists, and if so decode(t) into tl. (The kernel finds its unit's pieces once
+  // and looks them up: fwd_kernel.cuh, decode_item.)
+  __host__ __device__ bool decode_valid(int t, int rank, Tile& tl) const {
     if (t < 0 || t == kEnd) return false;
     if (split.total > 0 && t >= full) {
       Tile piece;
-      if (!split.piece(int(unsigned(t - full) >> 1), (t - full) & 1, piece, numbered)) return false;
+      if (!split.piece(int(unsigned(t - full) >> 1), (t - full) & 1, piece)) return false;
       Tile whole = decode_tile(full + piece.tail, rank);
       whole.lo = piece.lo;
       whole.hi = piece.hi;
