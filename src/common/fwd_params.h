@@ -36,7 +36,7 @@ struct FwdParams {
   int64_t l2_section_bytes = 0;
   // Stream-K tail (sm90, tiles of one length in static rounds): the last partial round's tiles cut
   // along their keys so every CTA ends together (sm90/tile_order.cuh). 0 = where it pays
-  // (sm90/fwd_launch.cuh, tail_split_pays), 1 = never, 2 = whenever the last round is partial.
+  // (sm90/fwd_launch.cuh, plan_tail_split), 1 = never, 2 = whenever the last round is partial.
   int split = 0;
   // At most this many CTAs in the persistent grid (0 = one a multiprocessor). For tests and
   // measurements: small problems then take several rounds.
