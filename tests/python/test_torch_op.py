@@ -149,6 +149,10 @@ FWD_CASES = [
     (2, 200, 300, 4, 2, 128, True, (-1, -1), "bhsd", torch.bfloat16),  # BHSD views
     (1, 1024, 1024, 4, 4, 64, True, (-1, -1), "bhsd", torch.float16),
     (1, 77, 77, 2, 1, 256, False, (-1, -1), "bhsd", torch.float16),
+    # Fewer query tiles than SMs against many keys: the keys are cut across the grid (stream-K)
+    (1, 64, 8192, 8, 8, 128, False, (-1, -1), "bshd", torch.bfloat16),
+    (2, 100, 6000, 8, 2, 64, False, (-1, -1), "bhsd", torch.float16),  # GQA, key tail
+    (1, 200, 4096, 4, 4, 256, False, (-1, -1), "bshd", torch.bfloat16),  # in clusters of two
 ]
 
 
