@@ -294,8 +294,8 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
         grid = int(slots) * cluster;
         k.piece_counters = reinterpret_cast<int*>(scratch.ptr);
         k.partials = reinterpret_cast<float*>(scratch.ptr + layout.partial_offset());
-      } else if (e == cudaErrorNotSupported) {
-        cudaGetLastError();  // no stream-ordered allocation here: whole tiles only
+      } else if (e == cudaErrorNotSupported || e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();  // no stream-ordered allocation here, or no room: whole tiles only
       } else {
         return {StatusCode::kCudaError, std::string("stream-K scratch: ") + cudaGetErrorString(e)};
       }
