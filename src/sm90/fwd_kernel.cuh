@@ -12,6 +12,13 @@
 // both; a slot is free when the consumers of both CTAs have released it (their arrives go to both
 // CTAs' empty barriers). Halves the K/V traffic from L2 to the SMs.
 //
+// Stream-K pieces (kSplit, tiles of one length): where the last round would leave much of the
+// grid idle, the launch cuts the remaining tiles' key blocks into one equal run a unit
+// (tile_order.cuh); a piece runs the same pipeline over its sub-range of key blocks and, unless it
+// is its tile's only piece, hands its unnormalised O and row stats to the tile's last piece, which
+// merges them (epilogue.cuh, merge_pieces). A separate instantiation: whole-tile launches keep
+// their code.
+//
 // Each consumer, per K/V block j (intra-warpgroup overlap; order from the generated schedule):
 //   issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}  ->  wait S_j, free K_j  ->  softmax(S_j) while
 //   P V runs  ->  pack P_j (second register buffer)  ->  wait P V, free V_{j-1}  ->  rescale O
@@ -20,7 +27,8 @@
 //   built once and moved by constant offsets.
 //
 // Where each idea lives: softmax.cuh (conditional rescaling, software exp2 share), mask.cuh
-// (causal / window / tails), tile_order.cuh (persistent tile walk), epilogue.cuh (O and LSE out),
+// (causal / window / tails), tile_order.cuh (persistent tile walk, stream-K pieces), epilogue.cuh
+// (O and LSE out, the pieces' merge),
 // scheduler/generated/sm90_fwd_schedule.h (ring depth, GEMM order), ptx/ (the instructions).
 #pragma once
 
