@@ -238,23 +238,13 @@ struct RingCount {
 };
 
 // Work item t of this CTA (valid or not; decoded into tl when valid): a whole tile, or one of
-// the unit's stream-K pieces from the table in shared memory (FwdBarriers::unit_pieces).
+// the unit's stream-K pieces from the table in shared memory (FwdBarriers::unit_pieces; there,
+// pieces == 0 marks none).
 __device__ __forceinline__ bool decode_item(const TileOrder& order, const FwdBarriers& bar, int t, int rank, Tile& tl) {
-  if (t < 0 || t == TileOrder::kEnd) return false;
-  if (order.split.total > 0 && t >= order.full) {
-    const Tile pc = bar.unit_pieces[(t - order.full) & 1];
-    if (pc.pieces == 0) return false;
-    tl = order.decode_tile(order.full + pc.tail, rank);
-    tl.lo = pc.lo;
-    tl.hi = pc.hi;
-    tl.piece = pc.piece;
-    tl.pieces = pc.pieces;
-    tl.tail = pc.tail;
-    return true;
-  }
-  if (t >= order.count) return false;
-  tl = order.decode_tile(t, rank);
-  return true;
+  return order.decode_with(t, rank, tl, [&](int, int k, Tile& piece) {
+    piece = bar.unit_pieces[k];
+    return piece.pieces != 0;
+  });
 }
 
 // Ring position shared by producer and consumers.

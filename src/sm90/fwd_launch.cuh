@@ -80,16 +80,14 @@ inline bool plan_tail_split(TileOrder& order, int units, int blocks, bool force)
   const double saved = double(blocks) * (1.0 - double(tails) / units) - kTailSplitCostBlocks;
   const double gain = saved / (double(rounds + 1) * blocks);
   if (!force && gain < kTailSplitGain) return false;
-  order.full = rounds * units;
-  order.split = TailSplit{units, blocks, int(total)};
+  const TailSplit split{units, blocks, int(total)};
   int most = 1;
   Tile tl;
   for (int c = 0; c < units; ++c)
-    for (int k = 0; order.split.piece(c, k, tl); ++k) most = std::max(most, tl.pieces);
-  if (most >= 1024) {  // the kernel holds piece and pieces in 10 bits each (pack_place)
-    order = TileOrder{order.count, order.m_blocks, order.batch_heads, order.heads_q, order.section, order.cluster};
-    return false;
-  }
+    for (int k = 0; split.piece(c, k, tl); ++k) most = std::max(most, tl.pieces);
+  if (most >= 1024) return false;  // the kernel holds piece and pieces in 10 bits each (pack_place)
+  order.full = rounds * units;
+  order.split = split;
   order.max_pieces = most;
   return true;
 }

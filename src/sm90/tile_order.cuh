@@ -112,20 +112,24 @@ struct TileOrder {
     decode_valid(t, rank, tl);
     return tl;
   }
-  // Whether item t exists, and if so decode(t) into tl. (The kernel finds its unit's pieces once
-  // and looks them up: fwd_kernel.cuh, decode_item.)
+  // Whether item t exists, and if so decode(t) into tl.
   __host__ __device__ bool decode_valid(int t, int rank, Tile& tl) const {
+    return decode_with(t, rank, tl, [&](int c, int k, Tile& piece) { return split.piece(c, k, piece); });
+  }
+  // The same, with unit c's k-th piece from piece_of(c, k, Tile&) -> bool: the kernel looks its
+  // unit's pieces up in shared memory instead of computing them (fwd_kernel.cuh, decode_item).
+  template <class PieceOf>
+  __host__ __device__ bool decode_with(int t, int rank, Tile& tl, PieceOf piece_of) const {
     if (t < 0 || t == kEnd) return false;
     if (split.total > 0 && t >= full) {
       Tile piece;
-      if (!split.piece(int(unsigned(t - full) >> 1), (t - full) & 1, piece)) return false;
-      Tile whole = decode_tile(full + piece.tail, rank);
-      whole.lo = piece.lo;
-      whole.hi = piece.hi;
-      whole.piece = piece.piece;
-      whole.pieces = piece.pieces;
-      whole.tail = piece.tail;
-      tl = whole;
+      if (!piece_of(int(unsigned(t - full) >> 1), (t - full) & 1, piece)) return false;
+      tl = decode_tile(full + piece.tail, rank);
+      tl.lo = piece.lo;
+      tl.hi = piece.hi;
+      tl.piece = piece.piece;
+      tl.pieces = piece.pieces;
+      tl.tail = piece.tail;
       return true;
     }
     if (t >= count) return false;
