@@ -3,7 +3,7 @@
 first build. The way every kernel change in docs/perf-notes.md was judged: the GPU's clock and
 power state drift between runs, so builds are compared only inside one alternating session.
 
-  python3 bench/ab_sweep.py --out bench/results/DATE-what.json [--rounds 3] NAME=PATH NAME=PATH ...
+  python3 bench/ab_sweep.py --out bench/results/DATE-what.json [--rounds 3] [--dtype fp16] NAME=PATH NAME=PATH ...
 
 The first NAME is the base. Writes one JSON (every record with its build and round, the medians,
 GPU, driver, commit, date and this command) and prints a table. A build whose sweep fails or
@@ -29,7 +29,7 @@ def run_round(builds, rnd, args, records, failures):
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             out = f.name
         cmd = [path, "--sweep", "fa3", "--iters", str(args.iters), "--warmup", str(args.warmup), "--flush-l2",
-               "--json", out]
+               "--json", out] + (["--dtype", args.dtype] if args.dtype else [])
         try:
             done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                   timeout=args.timeout)
@@ -81,6 +81,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=60)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--dtype", choices=["bf16", "fp16"], help="the sweep's dtype (fa4-bench's default: bf16)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a sweep may take")
     p.add_argument("--self-test", action="store_true")
     args = p.parse_args(argv)

@@ -359,6 +359,11 @@ int main(int argc, char** argv) {
     trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 4096, true);
     trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 3>>>(dir, "d64", 64, 16384, false);
     trace_shape<Traced<FwdConfig<256, 80, 2, true, 0>>>(dir, "d256", 256, 16384, false);
+    // 4k non-causal: 32 key blocks a tile, so the tile boundaries show (the gap between a tile's
+    // last steady-state step and the next tile's first).
+    trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 4096, false);
+    trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 3>>>(dir, "d64", 64, 4096, false);
+    trace_shape<Traced<FwdConfig<256, 80, 2, true, 0>>>(dir, "d256", 256, 4096, false);
     if (argc > 3) {  // variants: software exp2 shares, two consumers at d64
       trace_shape<Traced<FwdConfig<128, 128, 2, true, 0, 2, true, true, false, true>>>(dir, "d128turns", 128, 16384, false);
       trace_shape<Traced<FwdConfig<128, 128, 3, true, 0>>>(dir, "d128s3", 128, 16384, false);
