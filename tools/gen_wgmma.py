@@ -15,10 +15,11 @@ OPS = [
     # O += P V: A (P) from registers, B (V) from shared memory.
     ("mma_rs", True, True, "D(64x{n}, f32) += A(64x16, registers) * B(16x{n}, smem desc, MN-major so transposed).",
      [64, 128, 256]),
-    # O += P V with P from shared memory too (V MN-major), and P from registers against a K-major B:
-    # the calibration's comparisons of the P V operand paths (bench/calibrate).
+    # O += P V with P from shared memory too (V MN-major; FwdConfig::kSmemP), and P from registers
+    # against a K-major B: also the calibration's comparisons of the P V operand paths (bench/calibrate).
     ("mma_ss_tb", False, True,
-     "D(64x{n}, f32) (+)= A(64x16, smem desc, K-major) * B(16x{n}, smem desc, MN-major so transposed).", [128]),
+     "D(64x{n}, f32) (+)= A(64x16, smem desc, K-major) * B(16x{n}, smem desc, MN-major so transposed).",
+     [64, 128, 256]),
     # N = 8: P times a tile of ones, the row sums of P on the tensor cores (FwdConfig::kTensorRowSum).
     ("mma_rs_kb", True, False, "D(64x{n}, f32) += A(64x16, registers) * B({n}x16, smem desc, K-major).", [8, 128]),
 ]

@@ -364,6 +364,10 @@ int main(int argc, char** argv) {
     trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 4096, false);
     trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 3>>>(dir, "d64", 64, 4096, false);
     trace_shape<Traced<FwdConfig<256, 80, 2, true, 0>>>(dir, "d256", 256, 4096, false);
+    // P through shared memory (FwdConfig::kSmemP) at d64.
+    using D64SmemP = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, false, true>;
+    trace_shape<Traced<D64SmemP>>(dir, "d64smemp", 64, 16384, false);
+    trace_shape<Traced<D64SmemP>>(dir, "d64smemp", 64, 4096, false);
     if (argc > 3) {  // variants: software exp2 shares, two consumers at d64
       trace_shape<Traced<FwdConfig<128, 128, 2, true, 0, 2, true, true, false, true>>>(dir, "d128turns", 128, 16384, false);
       trace_shape<Traced<FwdConfig<128, 128, 3, true, 0>>>(dir, "d128s3", 128, 16384, false);

@@ -81,8 +81,12 @@ __host__ __device__ __forceinline__ BlockRange piece_range(BlockRange r, const T
 // Tile shape and shared-memory layout of one forward configuration.
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2,
           bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true, bool kSpeculate_ = false,
-          bool kSoftmaxTurns_ = false, bool kTensorRowSum_ = false>
+          bool kSoftmaxTurns_ = false, bool kTensorRowSum_ = false, bool kSmemP_ = false>
 struct FwdConfig {
+  // P through shared memory: the softmax writes P_j by stmatrix into a swizzled tile beside K and V
+  // and P V reads it from there (SS wgmma) instead of from registers. Tried at d64 (FA3's operand
+  // path there): correct, 8-11 % slower, the issue no shorter (docs/perf-notes.md); off everywhere.
+  static constexpr bool kSmemP = kSmemP_;
   // The row sums of P taken on the tensor cores instead of in the softmax: each k-step of P V also
   // multiplies P by a 16 x 8 tile of ones in shared memory (m64n8k16), so the softmax drops its
   // FADD per element and the sums (of the 16-bit P that P V uses) rescale with O.
@@ -110,9 +114,10 @@ struct FwdConfig {
   // shipped d64, three consumers and 128-wide blocks, has one; d256 with 80-wide blocks would need
   // 208: ptxas spills).
   static constexpr bool kDoubleP =
-      kAllowDoubleP_ && kHeadDim_ / 2 + kBlockN_ <= (kConsumers_ == 2 ? 192 : 128);
+      kAllowDoubleP_ && !kSmemP_ && kHeadDim_ / 2 + kBlockN_ <= (kConsumers_ == 2 ? 192 : 128);
   static_assert(!kSpeculate || kDoubleP, "the speculative softmax writes P_j beside P_{j-1}");
   static_assert(!(kSpeculate && kTensorRowSum_), "the speculative softmax keeps its own sums");
+  static_assert(!(kSmemP_ && (kSpeculate_ || kTensorRowSum_)), "P in shared memory: one P, no register A operand");
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 query rows each
   static constexpr int kBlockM = 64 * kConsumers;
@@ -144,11 +149,14 @@ struct FwdConfig {
   static constexpr int kBarBytes = 512;      // FwdBarriers, rounded up
   static constexpr int kAlignSlack = 1024;   // the dynamic shared base is aligned up to 1024 bytes
   static constexpr int kSmemLimit = 227 * 1024;
-  static constexpr int kQStages = 2 * kQBytes + 2 * kStages * kKVBytes + kBarBytes + kAlignSlack <= kSmemLimit ? 2 : 1;
+  static constexpr int kPBytes = kSmemP ? kBlockM * kBlockN * 2 : 0;  // laid out as Q is: [chunk][row][64]
+  static constexpr int kQStages =
+      2 * kQBytes + 2 * kStages * kKVBytes + kPBytes + kBarBytes + kAlignSlack <= kSmemLimit ? 2 : 1;
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQStages * kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
-  static constexpr int kOOffset = kVOffset + kStages * kKVBytes;
+  static constexpr int kPOffset = kVOffset + kStages * kKVBytes;
+  static constexpr int kOOffset = kPOffset + kPBytes;
   // O leaves through a shared-memory tile and a TMA store where shared memory allows (not at d256)
   // and registers do (three consumers have 160 each, all taken by the d64 main loop).
   static constexpr bool kStageO = kOOffset + kQBytes + kBarBytes + kAlignSlack <= kSmemLimit && kConsumers == 2;
@@ -478,6 +486,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint64_t k_desc = wgmma::desc_sw128(smem_addr(sK), 16, 1024);
   const uint64_t v_desc = wgmma::desc_sw128(smem_addr(sV), kBlockN * 128, 1024);
   const uint64_t ones_desc = wgmma::desc_sw128(smem_addr(smem + Cfg::kOnesOffset), 16, 1024);
+  // With kSmemP: this consumer's rows of the P tile, the A operand of P V.
+  const uint64_t p_desc = wgmma::desc_sw128(smem_addr(smem + Cfg::kPOffset) + consumer * 64 * 128, 16, 1024);
 
   auto issue_s = [&](int stage) {
 #pragma unroll
@@ -490,9 +500,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto issue_pv = [&](int stage, const uint32_t(&pv)[kBlockN / 4]) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t a[4] = {pv[4 * kk], pv[4 * kk + 1], pv[4 * kk + 2], pv[4 * kk + 3]};
-      wgmma::mma_rs<kHeadDim, kType>(o, a, wgmma::desc_advance(v_desc, stage * Cfg::kKVBytes + kk * 16 * 128), 1);
-      if constexpr (Cfg::kTensorRowSum) wgmma::mma_rs_kb<8, kType>(lsum, a, ones_desc, 1);
+      const uint64_t b = wgmma::desc_advance(v_desc, stage * Cfg::kKVBytes + kk * 16 * 128);
+      if constexpr (Cfg::kSmemP) {
+        wgmma::mma_ss_tb<kHeadDim, kType>(o, wgmma::desc_advance(p_desc, (kk / 4) * kBlockM * 128 + (kk % 4) * 32), b, 1);
+      } else {
+        const uint32_t a[4] = {pv[4 * kk], pv[4 * kk + 1], pv[4 * kk + 2], pv[4 * kk + 3]};
+        wgmma::mma_rs<kHeadDim, kType>(o, a, b, 1);
+        if constexpr (Cfg::kTensorRowSum) wgmma::mma_rs_kb<8, kType>(lsum, a, ones_desc, 1);
+      }
     }
   };
   auto pin_o = [&] {  // O and, with kTensorRowSum, its row sums
@@ -509,7 +524,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     mask(n, m_block);
     softmax_step<kBlockN, Cfg::kPolyEvery, !Cfg::kTensorRowSum>(s, rows, p.scale_log2, p.rescale_threshold, corr);
   };
-  auto to_p = [&](uint32_t(&pv)[kBlockN / 4]) { pack_p<Cfg::kBF16>(s, pv); };
+  // P_j as 16-bit pairs: in registers, or with kSmemP into the shared P tile (stmatrix, the
+  // swizzle of Q's layout). Called only once P_{j-1} V_{j-1} has completed (no P buffer is read
+  // while it is written); each thread's fence orders its stores before the async proxy's reads,
+  // and the turn barrier before the next issue gathers the warpgroup's four warps.
+  auto to_p = [&](uint32_t(&pv)[kBlockN / 4]) {
+    if constexpr (Cfg::kSmemP) {
+      const int mi = lane / 8;
+      const int row = consumer * 64 + (t / 32) * 16 + (mi % 2) * 8 + lane % 8;
+      const uint32_t base = smem_addr(smem + Cfg::kPOffset);
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; j += 2) {  // stmatrix x4: rows 0-7 | 8-15 x columns 8j | 8j + 8
+        const int col = 8 * j + (mi / 2) * 8;
+        const uint32_t addr = base + (col / 64) * kBlockM * 128 + row * 128 + ((((col % 64) / 8) ^ (row % 8)) << 4);
+        ptx::stmatrix_x4(addr, pack2<Cfg::kBF16>(s[4 * j], s[4 * j + 1]), pack2<Cfg::kBF16>(s[4 * j + 2], s[4 * j + 3]),
+                         pack2<Cfg::kBF16>(s[4 * j + 4], s[4 * j + 5]), pack2<Cfg::kBF16>(s[4 * j + 6], s[4 * j + 7]));
+      }
+      fence_proxy_async_smem();
+    } else {
+      pack_p<Cfg::kBF16>(s, pv);
+    }
+  };
   auto softmax_turn_begin = [&] {
     if constexpr (Cfg::kSoftmaxTurns) wait_softmax_turn<Cfg::kConsumers>(consumer);
   };
