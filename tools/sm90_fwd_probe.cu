@@ -298,16 +298,16 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
   constexpr int kSlots = 1 + Cfg::kConsumers;
   const size_t words = size_t(kTraceCtas) * kSlots * kTraceSteps * kTraceEvents;
   uint64_t* tr;
-  CK(cudaMalloc(&tr, words * 8));
+  CK(cudaMalloc(&tr, 2 * words * 8));  // steady-state steps, then tile boundaries (fwd_kernel.cuh)
   FwdParams p = pr.params(pr.o);
   for (int it = 0; it < 4; ++it) {  // warm-up; the last run's timeline is kept
-    CK(cudaMemset(tr, 0, words * 8));
+    CK(cudaMemset(tr, 0, 2 * words * 8));
     fa4::Status st = fa4::sm90::launch_forward<Cfg>(p, 0, tr);
     if (!st.ok()) { std::printf("launch failed: %s\n", st.message.c_str()); std::exit(1); }
     CK(cudaDeviceSynchronize());
   }
-  std::vector<uint64_t> ht(words);
-  CK(cudaMemcpy(ht.data(), tr, words * 8, cudaMemcpyDeviceToHost));
+  std::vector<uint64_t> ht(2 * words);
+  CK(cudaMemcpy(ht.data(), tr, 2 * words * 8, cudaMemcpyDeviceToHost));
   char path[512];
   std::snprintf(path, sizeof path, "%s/trace-%s-d%d-s%d-c%d.csv", dir, name, d, seqlen, int(causal));
   if (FILE* f = std::fopen(path, "w")) {
@@ -338,6 +338,35 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
                 name, d, seqlen, int(causal), sl - 1, iv[7].size(), median(iv[0]), median(iv[1]), median(iv[2]),
                 median(iv[3]), median(iv[4]), median(iv[5]), median(iv[6]), median(iv[7]));
   }
+  // Tile boundaries (the second half of the buffer): a CSV beside the steps' and each consumer's
+  // medians over CTA 0's boundaries.
+  const uint64_t* hb = ht.data() + words;
+  std::snprintf(path, sizeof path, "%s/bounds-%s-d%d-s%d-c%d.csv", dir, name, d, seqlen, int(causal));
+  if (FILE* f = std::fopen(path, "w")) {
+    std::fprintf(f, "cta,slot,boundary,e0,e1,e2,e3,e4,e5,e6,e7\n");
+    for (int c = 0; c < kTraceCtas; ++c)
+      for (int sl = 1; sl < kSlots; ++sl)
+        for (int st = 0; st < kTraceSteps; ++st) {
+          const uint64_t* r = &hb[((size_t(c) * kSlots + sl) * kTraceSteps + st) * kTraceEvents];
+          if (r[4] == 0) continue;
+          std::fprintf(f, "%d,%d,%d", c, sl, st);
+          for (int e = 0; e < kTraceEvents; ++e) std::fprintf(f, ",%llu", (unsigned long long)r[e]);
+          std::fprintf(f, "\n");
+        }
+    std::fclose(f);
+  }
+  for (int sl = 1; sl < kSlots; ++sl) {
+    std::vector<double> iv[7];
+    for (int st = 1; st < kTraceSteps; ++st) {  // record 0 has no tile end before it
+      const uint64_t* r = &hb[((size_t(0) * kSlots + sl) * kTraceSteps + st) * kTraceEvents];
+      if (r[0] == 0 || r[7] == 0) break;
+      for (int e = 0; e < 7; ++e) iv[e].push_back(double(r[e + 1]) - double(r[e]));
+    }
+    std::printf("BOUNDS %s d=%d seqlen=%d causal=%d consumer %d (%zu boundaries, medians in cycles): last-PV-issue %.0f  "
+                "PV-wait %.0f  epilogue %.0f  Q-wait %.0f  S0-issue %.0f  S0-wait %.0f  softmax0 %.0f\n",
+                name, d, seqlen, int(causal), sl - 1, iv[0].size(), median(iv[0]), median(iv[1]), median(iv[2]),
+                median(iv[3]), median(iv[4]), median(iv[5]), median(iv[6]));
+  }
   cudaFree(tr);
 }
 
@@ -364,6 +393,13 @@ int main(int argc, char** argv) {
     trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 4096, false);
     trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 3>>>(dir, "d64", 64, 4096, false);
     trace_shape<Traced<FwdConfig<256, 80, 2, true, 0>>>(dir, "d256", 256, 4096, false);
+    // 512: four key blocks a tile (80-wide at d256: seven), where the boundaries are most of a tile.
+    trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 512, false);
+    trace_shape<Traced<FwdConfig<256, 80, 2, true, 0>>>(dir, "d256", 256, 512, false);
+    // d256 with O staged in the Q buffer (FwdConfig::kStageOInQ): the boundaries' epilogue.
+    using D256StageOInQ = FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, false, true>;
+    trace_shape<Traced<D256StageOInQ>>(dir, "d256stageoinq", 256, 4096, false);
+    trace_shape<Traced<D256StageOInQ>>(dir, "d256stageoinq", 256, 512, false);
     // P through shared memory (FwdConfig::kSmemP) at d64.
     using D64SmemP = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, false, true>;
     trace_shape<Traced<D64SmemP>>(dir, "d64smemp", 64, 16384, false);

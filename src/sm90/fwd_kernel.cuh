@@ -81,7 +81,8 @@ __host__ __device__ __forceinline__ BlockRange piece_range(BlockRange r, const T
 // Tile shape and shared-memory layout of one forward configuration.
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2,
           bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true, bool kSpeculate_ = false,
-          bool kSoftmaxTurns_ = false, bool kTensorRowSum_ = false, bool kSmemP_ = false>
+          bool kSoftmaxTurns_ = false, bool kTensorRowSum_ = false, bool kSmemP_ = false,
+          bool kStageOInQ_ = false>
 struct FwdConfig {
   // P through shared memory: the softmax writes P_j by stmatrix into a swizzled tile beside K and V
   // and P V reads it from there (SS wgmma) instead of from registers. Tried at d64 (FA3's operand
@@ -160,6 +161,14 @@ struct FwdConfig {
   // O leaves through a shared-memory tile and a TMA store where shared memory allows (not at d256)
   // and registers do (three consumers have 160 each, all taken by the d64 main loop).
   static constexpr bool kStageO = kOOffset + kQBytes + kBarBytes + kAlignSlack <= kSmemLimit && kConsumers == 2;
+  // Where no shared memory is left for O (d256: one Q buffer), O staged in the tile's own Q
+  // buffer: each consumer's rows of Q are free once its last S is done, and the Q buffer goes back
+  // to the producer only when the TMA store has read it. Storing 128 accumulators a thread straight
+  // to global memory takes 5300-8000 cycles a tile, staged 2800. Measured +1...+8 % at d256 on
+  // H100, but its kernels spill 8-16 bytes (two per-tile values around the epilogue's peak), so
+  // it is a knob, off in the shipped d256 (docs/perf-notes.md).
+  static constexpr bool kStageOInQ = kStageOInQ_ && !kStageO && kQStages == 1 && kConsumers == 2;
+  static constexpr bool kTmaStoreO = kStageO || kStageOInQ;
   // 1 KB of ones (eight 128-byte rows): the B operand of the row-sum wgmma.
   static constexpr int kOnesOffset = kOOffset + (kStageO ? kQBytes : 0);
   static constexpr int kBarOffset = kOnesOffset + (kTensorRowSum ? 1024 : 0);
@@ -198,6 +207,9 @@ struct FwdKernelParams {
 // Development timeline: a config that derives from FwdConfig and sets kTrace = true records clock64
 // stamps of its first kTraceCtas CTAs into FwdKernelParams::trace (tools/sm90_fwd_probe trace):
 // per warpgroup (slot 0 the producer, 1.. the consumers) kTraceSteps records of kTraceEvents.
+// After them, as many again: each consumer's tile boundaries, one record a boundary (events 0-3
+// the end of a tile: steady loop done, last P V issued, done, O stored; 4-7 the next tile's
+// start: Q landed, S_0 issued, done, softmax and P done).
 inline constexpr int kTraceCtas = 4, kTraceSteps = 512, kTraceEvents = 8;
 template <class Cfg>
 constexpr bool traced() {
@@ -353,7 +365,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (loads_k) {
         prefetch_tensor_map(&p.tm_q);
         prefetch_tensor_map(&p.tm_k);
-        if constexpr (Cfg::kStageO) prefetch_tensor_map(&p.tm_o);
+        if constexpr (Cfg::kTmaStoreO) prefetch_tensor_map(&p.tm_o);
       }
       if (loads_v) prefetch_tensor_map(&p.tm_v);
       // One tile by TMA: its 64-column chunks, `rows` rows each, from row `row` of (head, batch).
@@ -477,8 +489,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   [[maybe_unused]] TraceLog tr;
   if constexpr (traced<Cfg>())
     if (t == 0) tr.open(p.trace, 1 + Cfg::kConsumers, 1 + consumer);
+  [[maybe_unused]] TraceLog tb;  // tile boundaries
+  if constexpr (traced<Cfg>())
+    if (t == 0 && p.trace != nullptr)
+      tb.open(p.trace + int64_t(kTraceCtas) * (1 + Cfg::kConsumers) * kTraceSteps * kTraceEvents, 1 + Cfg::kConsumers,
+              1 + consumer);
   auto stamp = [&](int e) {
     if constexpr (traced<Cfg>()) tr.stamp(e);
+  };
+  auto stamp_b = [&](int e) {
+    if constexpr (traced<Cfg>()) {
+      tb.stamp(e);
+      if (e == 7) tb.next();
+    }
   };
 
   // wgmma descriptors: one base each, moved by constant offsets (stage, k step) at issue.
@@ -589,6 +612,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   for (;;) {
     mbar_wait(&bar.q_full[q_stage()], q_phase());  // Q, and the tile index beside it
+    stamp_b(4);
     // Read by lane 0 (the lane that later frees this Q buffer for the warp) and shuffled to the
     // warp: warp-uniform to the compiler, so what derives from it (tile, key range, masks) stays
     // in uniform registers and the wgmma around it in straight-line code.
@@ -634,13 +658,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       issue_s(r.stage);
       wgmma::commit_group();
       pass_turn<Cfg::kConsumers>(consumer);
+      stamp_b(5);
       wgmma::wait_group<0>();
       wgmma::pin(s);
+      stamp_b(6);
       release(&bar.k_empty[r.stage]);
       softmax_turn_begin();
       softmax(n, m_block, corr);
       softmax_turn_end();
       to_p(pf);
+      stamp_b(7);
       int prev = r.stage;
       uint32_t prev_phase = r.phase;
       r.advance();
@@ -752,7 +779,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       } else {
         for (--n; n >= range.lo; --n) step(n, pf, pf);
       }
-      release_q(&bar.q_empty[q_stage()]);  // every S of this tile is done: its Q buffer is free
+      stamp_b(0);
+      // Every S of this tile is done: its Q buffer is free (or, with O staged in it, once O is out).
+      if constexpr (!Cfg::kStageOInQ) release_q(&bar.q_empty[q_stage()]);
       // Last P V.
       mbar_wait(&bar.v_full[prev], prev_phase);
       wait_my_turn(consumer);
@@ -767,25 +796,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       wgmma::commit_group();
       pass_turn<Cfg::kConsumers>(consumer);
+      stamp_b(1);
       wgmma::wait_group<0>();
       pin_o();
+      stamp_b(2);
       release(&bar.v_empty[prev]);
     } else {
-      release_q(&bar.q_empty[q_stage()]);
+      if constexpr (!Cfg::kStageOInQ) release_q(&bar.q_empty[q_stage()]);
     }
     if constexpr (Cfg::kTensorRowSum)
       for (int i = 0; i < 2; ++i) rows[i].sum = lsum[2 * i];  // the whole row's sum in every thread
+    uint8_t* s_o = Cfg::kStageOInQ ? sQ + q_stage() * Cfg::kQBytes : smem + Cfg::kOOffset;
     if constexpr (kSplit) {
       unpack_place(place, tl);
       // A stream-K piece stores only when it is its tile's last and has merged the others.
       if (tl.pieces == 1 || merge_pieces<Cfg, kCluster>(p, tl, o, rows, consumer, t, rank))
-        store_output<Cfg>(p, tl, o, rows, consumer, t, smem + Cfg::kOOffset);
+        store_output<Cfg>(p, tl, o, rows, consumer, t, s_o);
     } else {
-      store_output<Cfg>(p, tl, o, rows, consumer, t, smem + Cfg::kOOffset);
+      store_output<Cfg>(p, tl, o, rows, consumer, t, s_o);
     }
+    if constexpr (Cfg::kStageOInQ) {
+      if (t == 0) tma_store_wait_read();  // the store that thread 0 issued has read the Q buffer
+      release_q(&bar.q_empty[q_stage()]);
+    }
+    stamp_b(3);
     qr.advance();
   }
-  if (Cfg::kStageO && t == 0) tma_store_wait();  // shared memory must outlive the last store
+  if (Cfg::kTmaStoreO && t == 0) tma_store_wait();  // shared memory must outlive the last store
 }
 
 }  // namespace fa4::sm90

@@ -247,7 +247,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   const int rq = map_tensor(&k.tm_q, a.q, a.q_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim, Cfg::kBlockM);
   const int rk = map_tensor(&k.tm_k, a.k, a.k_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, kv_box);
   const int rv = map_tensor(&k.tm_v, a.v, a.v_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, kv_box);
-  const int ro = Cfg::kStageO ? map_tensor(&k.tm_o, a.o, a.o_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 64) : 0;
+  const int ro = Cfg::kTmaStoreO ? map_tensor(&k.tm_o, a.o, a.o_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 64) : 0;
   if (rq || rk || rv || ro)
     return {StatusCode::kNotSupported, "cuTensorMapEncodeTiled refused a tensor (driver error " +
                                            std::to_string(rq ? rq : rk ? rk : rv ? rv : ro) + ")"};
