@@ -384,22 +384,23 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "trace") == 0) {
     const char* dir = argc > 2 ? argv[2] : ".";
     using namespace fa4::sm90;
+    using D256 = FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, false, true>;  // shipped
     trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 16384, false);
     trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 4096, true);
     trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 3>>>(dir, "d64", 64, 16384, false);
-    trace_shape<Traced<FwdConfig<256, 80, 2, true, 0>>>(dir, "d256", 256, 16384, false);
+    trace_shape<Traced<D256>>(dir, "d256", 256, 16384, false);
     // 4k non-causal: 32 key blocks a tile, so the tile boundaries show (the gap between a tile's
     // last steady-state step and the next tile's first).
     trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 4096, false);
     trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 3>>>(dir, "d64", 64, 4096, false);
-    trace_shape<Traced<FwdConfig<256, 80, 2, true, 0>>>(dir, "d256", 256, 4096, false);
+    trace_shape<Traced<D256>>(dir, "d256", 256, 4096, false);
     // 512: four key blocks a tile (80-wide at d256: seven), where the boundaries are most of a tile.
     trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 512, false);
-    trace_shape<Traced<FwdConfig<256, 80, 2, true, 0>>>(dir, "d256", 256, 512, false);
-    // d256 with O staged in the Q buffer (FwdConfig::kStageOInQ): the boundaries' epilogue.
-    using D256StageOInQ = FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, false, true>;
-    trace_shape<Traced<D256StageOInQ>>(dir, "d256stageoinq", 256, 4096, false);
-    trace_shape<Traced<D256StageOInQ>>(dir, "d256stageoinq", 256, 512, false);
+    trace_shape<Traced<D256>>(dir, "d256", 256, 512, false);
+    // d256 storing O from registers (before FwdConfig::kStageOInQ): the boundaries' epilogue.
+    using D256Direct = FwdConfig<256, 80, 2, true, 0>;
+    trace_shape<Traced<D256Direct>>(dir, "d256direct", 256, 4096, false);
+    trace_shape<Traced<D256Direct>>(dir, "d256direct", 256, 512, false);
     // P through shared memory (FwdConfig::kSmemP) at d64.
     using D64SmemP = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, false, true>;
     trace_shape<Traced<D64SmemP>>(dir, "d64smemp", 64, 16384, false);

@@ -16,11 +16,11 @@
 
 namespace fa4::sm90 {
 
-// Epilogue: O / l and LSE. With kTmaStoreO the consumer writes its 64 x d share of O into a swizzled
+// Epilogue: O / l and LSE. kStaged: the consumer writes its 64 x d share of O into a swizzled
 // shared tile (its own, or its rows of the tile's Q buffer) by stmatrix and one thread sends it
 // out by TMA (rows past seqlen_q are clipped);
 // otherwise each thread stores its pairs of O straight to global memory.
-template <class Cfg, class Params>
+template <class Cfg, bool kStaged = Cfg::kTmaStoreO, class Params>
 __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
                                              float (&o)[Cfg::kHeadDim / 2],
                                              numerics::RowState (&rows)[2], int consumer, int t,
@@ -43,7 +43,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
     if (p.lse != nullptr && lane % 4 == 0 && q < p.seqlen_q)
       p.lse[(int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q] = numerics::row_lse(rows[i]);
   }
-  if constexpr (Cfg::kTmaStoreO) {
+  if constexpr (kStaged) {
     const uint32_t bar_id = 1 + Cfg::kConsumers + consumer;  // after the turn barriers
     if (t == 0) ptx::tma_store_wait_read();  // the previous tile's store has left the buffer
     ptx::named_bar_sync(bar_id, 128);

@@ -162,11 +162,10 @@ struct FwdConfig {
   // and registers do (three consumers have 160 each, all taken by the d64 main loop).
   static constexpr bool kStageO = kOOffset + kQBytes + kBarBytes + kAlignSlack <= kSmemLimit && kConsumers == 2;
   // Where no shared memory is left for O (d256: one Q buffer), O staged in the tile's own Q
-  // buffer: each consumer's rows of Q are free once its last S is done, and the Q buffer goes back
-  // to the producer only when the TMA store has read it. Storing 128 accumulators a thread straight
-  // to global memory takes 5300-8000 cycles a tile, staged 2800. Measured +1...+8 % at d256 on
-  // H100, but its kernels spill 8-16 bytes (two per-tile values around the epilogue's peak), so
-  // it is a knob, off in the shipped d256 (docs/perf-notes.md).
+  // buffer: each consumer's rows of Q are free once its last S is done, and the Q loader refills
+  // the buffer only when the TMA store has read it (FwdBarriers::o_read). Storing 128 accumulators
+  // a thread straight to global memory takes 5300-8000 cycles a tile, staged 2800: +2...+9 % at
+  // d256 on an H100 (docs/perf-notes.md). Whole-tile kernels only (fwd_kernel's kOInQ).
   static constexpr bool kStageOInQ = kStageOInQ_ && !kStageO && kQStages == 1 && kConsumers == 2;
   static constexpr bool kTmaStoreO = kStageO || kStageOInQ;
   // 1 KB of ones (eight 128-byte rows): the B operand of the row-sum wgmma.
@@ -243,6 +242,9 @@ struct alignas(8) FwdBarriers {
   // This CTA's (cluster's) stream-K pieces, k = 0 and 1 (pieces == 0: none), found once at the start
   // where registers are plentiful, so the loaders' and consumers' decode is a look-up.
   Tile unit_pieces[2];
+  // With O staged in the Q buffer (FwdConfig::kStageOInQ): one arrive a consumer once its O store
+  // has read the buffer; the Q loader waits for it before loading the next tile's Q there.
+  uint64_t o_read;
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
 
@@ -284,9 +286,14 @@ struct RingPos {
 // Named barriers 1..kConsumers pass the right to issue GEMMs around the consumers in a ring, so
 // one's softmax runs while another's GEMMs use the tensor cores (0 is __syncthreads).
 __device__ __forceinline__ void wait_my_turn(int consumer) { ptx::named_bar_sync(1 + consumer, 256); }
-template <int kConsumers>
+template <int kConsumers, bool kTwoAsSub = false>
 __device__ __forceinline__ void pass_turn(int consumer) {
-  ptx::named_bar_arrive(1 + (consumer + 1) % kConsumers, 256);
+  // kTwoAsSub: two consumers' next id as 2 - consumer, which ptxas rebuilds at each use rather
+  // than holding (FwdConfig::kStageOInQ, whose epilogue peak otherwise spilled it).
+  if constexpr (kTwoAsSub && kConsumers == 2)
+    ptx::named_bar_arrive(2 - consumer, 256);
+  else
+    ptx::named_bar_arrive(1 + (consumer + 1) % kConsumers, 256);
 }
 // The softmax ring (FwdConfig::kSoftmaxTurns): barriers after the turn ring's and the epilogue's.
 template <int kConsumers>
@@ -308,6 +315,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   static_assert(kCluster == 1 || Cfg::kBlockN / 2 * 128 % 1024 == 0, "a K/V half must keep 1024-byte alignment");
   using namespace fa4::ptx;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
+  // O staged in the Q buffer (FwdConfig::kStageOInQ) in whole-tile kernels; stream-K pieces store
+  // from registers. With one CTA a unit the next turn's id is rebuilt at each use. Both keep ptxas
+  // from spilling around the epilogue's register peak (measured by ptxas -v, docs/perf-notes.md).
+  constexpr bool kOInQ = Cfg::kStageOInQ && !kSplit;
+  constexpr bool kTurnSub = kOInQ && kCluster == 1;
   constexpr auto kType = Cfg::kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
 
   extern __shared__ uint8_t smem_raw[];
@@ -335,6 +347,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_init(&bar.k_empty[s], Cfg::kConsumers * kCluster);  // every CTA's consumers
       mbar_init(&bar.v_empty[s], Cfg::kConsumers * kCluster);
     }
+    if constexpr (kOInQ) mbar_init(&bar.o_read, Cfg::kConsumers);
     fence_barrier_init();
     if constexpr (kSplit)
       for (int k = 0; k < 2; ++k) {
@@ -410,6 +423,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           else
             tile = next;
           mbar_wait(&bar.q_empty[qw.stage], qw.phase ^ 1);
+          // O of the tile before, staged in this Q buffer, has left it.
+          if constexpr (kOInQ)
+            if (round > 0) mbar_wait(&bar.o_read, uint32_t(round - 1) & 1u);
           bar.tile[qw.stage] = tile;
           if (done(tile)) {
             mbar_arrive(&bar.q_full[qw.stage]);  // no Q: the phase completes on the arrive alone
@@ -592,20 +608,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const bool pv_first = kAnyPvFirst && sched_pv_first(consumer);
   // Consumer 0 issues first; the token then circulates (both rings).
   if (consumer == Cfg::kConsumers - 1) {
-    pass_turn<Cfg::kConsumers>(consumer);
+    pass_turn<Cfg::kConsumers, kTurnSub>(consumer);
     softmax_turn_end();
   }
   RingPos<Cfg::kStages> r;
   // The Q ring: in the stream-K kernel one counter (one register fewer through the main loop).
-  std::conditional_t<kSplit, RingCount<Cfg::kQStages>, RingPos<Cfg::kQStages>> qr;
+  constexpr bool kQCount = kSplit;
+  std::conditional_t<kQCount, RingCount<Cfg::kQStages>, RingPos<Cfg::kQStages>> qr;
   auto q_stage = [&] {
-    if constexpr (kSplit)
+    if constexpr (kQCount)
       return qr.stage();
     else
       return qr.stage;
   };
   auto q_phase = [&] {
-    if constexpr (kSplit)
+    if constexpr (kQCount)
       return qr.phase();
     else
       return qr.phase;
@@ -657,7 +674,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma::fence();
       issue_s(r.stage);
       wgmma::commit_group();
-      pass_turn<Cfg::kConsumers>(consumer);
+      pass_turn<Cfg::kConsumers, kTurnSub>(consumer);
       stamp_b(5);
       wgmma::wait_group<0>();
       wgmma::pin(s);
@@ -691,7 +708,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           wgmma::commit_group();
           issue_s(r.stage);
           wgmma::commit_group();
-          pass_turn<Cfg::kConsumers>(consumer);
+          pass_turn<Cfg::kConsumers, kTurnSub>(consumer);
           wgmma::wait_group<0>();
           wgmma::pin(s);
           pin_o();
@@ -706,7 +723,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           wgmma::commit_group();
           issue_pv(prev, p_prev);
           wgmma::commit_group();
-          pass_turn<Cfg::kConsumers>(consumer);
+          pass_turn<Cfg::kConsumers, kTurnSub>(consumer);
           stamp(3);
           wgmma::wait_group<1>();
           wgmma::pin(s);
@@ -780,8 +797,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (--n; n >= range.lo; --n) step(n, pf, pf);
       }
       stamp_b(0);
-      // Every S of this tile is done: its Q buffer is free (or, with O staged in it, once O is out).
-      if constexpr (!Cfg::kStageOInQ) release_q(&bar.q_empty[q_stage()]);
+      // Every S of this tile is done: its Q buffer is free (with O staged in it, the Q loader also
+      // waits for o_read).
+      release_q(&bar.q_empty[q_stage()]);
       // Last P V.
       mbar_wait(&bar.v_full[prev], prev_phase);
       wait_my_turn(consumer);
@@ -795,34 +813,37 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         issue_pv(prev, pf);
       }
       wgmma::commit_group();
-      pass_turn<Cfg::kConsumers>(consumer);
+      pass_turn<Cfg::kConsumers, kTurnSub>(consumer);
       stamp_b(1);
       wgmma::wait_group<0>();
       pin_o();
       stamp_b(2);
       release(&bar.v_empty[prev]);
     } else {
-      if constexpr (!Cfg::kStageOInQ) release_q(&bar.q_empty[q_stage()]);
+      release_q(&bar.q_empty[q_stage()]);
     }
     if constexpr (Cfg::kTensorRowSum)
       for (int i = 0; i < 2; ++i) rows[i].sum = lsum[2 * i];  // the whole row's sum in every thread
-    uint8_t* s_o = Cfg::kStageOInQ ? sQ + q_stage() * Cfg::kQBytes : smem + Cfg::kOOffset;
+    uint8_t* s_o = kOInQ ? sQ + q_stage() * Cfg::kQBytes : smem + Cfg::kOOffset;
+    constexpr bool kStaged = Cfg::kStageO || kOInQ;
     if constexpr (kSplit) {
       unpack_place(place, tl);
       // A stream-K piece stores only when it is its tile's last and has merged the others.
       if (tl.pieces == 1 || merge_pieces<Cfg, kCluster>(p, tl, o, rows, consumer, t, rank))
-        store_output<Cfg>(p, tl, o, rows, consumer, t, s_o);
+        store_output<Cfg, kStaged>(p, tl, o, rows, consumer, t, s_o);
     } else {
-      store_output<Cfg>(p, tl, o, rows, consumer, t, s_o);
+      store_output<Cfg, kStaged>(p, tl, o, rows, consumer, t, s_o);
     }
-    if constexpr (Cfg::kStageOInQ) {
-      if (t == 0) tma_store_wait_read();  // the store that thread 0 issued has read the Q buffer
-      release_q(&bar.q_empty[q_stage()]);
+    if constexpr (kOInQ) {
+      if (t == 0) {  // the store that thread 0 issued has read the Q buffer
+        tma_store_wait_read();
+        mbar_arrive(&bar.o_read);
+      }
     }
     stamp_b(3);
     qr.advance();
   }
-  if (Cfg::kTmaStoreO && t == 0) tma_store_wait();  // shared memory must outlive the last store
+  if ((Cfg::kStageO || kOInQ) && t == 0) tma_store_wait();  // shared memory must outlive the last store
 }
 
 }  // namespace fa4::sm90
