@@ -158,8 +158,9 @@ struct FwdConfig {
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
   static constexpr int kPOffset = kVOffset + kStages * kKVBytes;
   static constexpr int kOOffset = kPOffset + kPBytes;
-  // O leaves through a shared-memory tile and a TMA store where shared memory allows (not at d256)
-  // and registers do (three consumers have 160 each, all taken by the d64 main loop).
+  // O leaves through a shared-memory tile of its own and a TMA store where shared memory allows
+  // (not at d256, which stages it in the Q buffer: kStageOInQ below) and registers do (three
+  // consumers have 160 each, all taken by the d64 main loop).
   static constexpr bool kStageO = kOOffset + kQBytes + kBarBytes + kAlignSlack <= kSmemLimit && kConsumers == 2;
   // Where no shared memory is left for O (d256: one Q buffer), O staged in the tile's own Q
   // buffer: each consumer's rows of Q are free once its last S is done, and the Q loader refills
