@@ -289,8 +289,32 @@ struct Traced : Base {
   static constexpr bool kTrace = true;
 };
 
+// One CSV of trace records (fwd_kernel.cuh, TraceLog): a row a record whose event `key` was
+// stamped, from slot `first_slot` on, in cycles since the CTA's first producer stamp (`origin`:
+// the steady-state log, whose slot 0 step 0 that is).
+static void write_trace_csv(const char* path, const char* unit, const uint64_t* log, const uint64_t* origin, int slots,
+                            int first_slot, int key) {
+  using fa4::sm90::kTraceCtas, fa4::sm90::kTraceSteps, fa4::sm90::kTraceEvents;
+  FILE* f = std::fopen(path, "w");
+  if (f == nullptr) return;
+  std::fprintf(f, "cta,slot,%s,e0,e1,e2,e3,e4,e5,e6,e7\n", unit);
+  for (int c = 0; c < kTraceCtas; ++c) {
+    const uint64_t t0 = origin[size_t(c) * slots * kTraceSteps * kTraceEvents];
+    for (int sl = first_slot; sl < slots; ++sl)
+      for (int st = 0; st < kTraceSteps; ++st) {
+        const uint64_t* r = &log[((size_t(c) * slots + sl) * kTraceSteps + st) * kTraceEvents];
+        if (r[key] == 0) continue;
+        std::fprintf(f, "%d,%d,%d", c, sl, st);
+        for (int e = 0; e < kTraceEvents; ++e) std::fprintf(f, ",%lld", (long long)(r[e] ? r[e] - t0 : 0));
+        std::fprintf(f, "\n");
+      }
+  }
+  std::fclose(f);
+}
+
 // Runs one FA3-sized shape with a traced kernel and prints, per consumer of CTA 0, the median of
-// each interval of a steady-state step (events in sm90/fwd_kernel.cuh) and of the step period.
+// each interval of a steady-state step (events in sm90/fwd_kernel.cuh) and of the step period,
+// then the same of its tile boundaries.
 template <class Cfg>
 static void trace_shape(const char* dir, const char* name, int d, int seqlen, bool causal) {
   const Fa3Problem pr(d, seqlen, causal, 1);
@@ -310,19 +334,7 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
   CK(cudaMemcpy(ht.data(), tr, 2 * words * 8, cudaMemcpyDeviceToHost));
   char path[512];
   std::snprintf(path, sizeof path, "%s/trace-%s-d%d-s%d-c%d.csv", dir, name, d, seqlen, int(causal));
-  if (FILE* f = std::fopen(path, "w")) {
-    std::fprintf(f, "cta,slot,step,e0,e1,e2,e3,e4,e5,e6,e7\n");
-    for (int c = 0; c < kTraceCtas; ++c)
-      for (int sl = 0; sl < kSlots; ++sl)
-        for (int st = 0; st < kTraceSteps; ++st) {
-          const uint64_t* r = &ht[((size_t(c) * kSlots + sl) * kTraceSteps + st) * kTraceEvents];
-          if (r[0] == 0) continue;
-          std::fprintf(f, "%d,%d,%d", c, sl, st);
-          for (int e = 0; e < kTraceEvents; ++e) std::fprintf(f, ",%lld", (long long)(r[e] ? r[e] - ht[((size_t(c) * kSlots) * kTraceSteps) * kTraceEvents] : 0));
-          std::fprintf(f, "\n");
-        }
-    std::fclose(f);
-  }
+  write_trace_csv(path, "step", ht.data(), ht.data(), kSlots, 0, 0);
   auto median = [](std::vector<double> x) { std::sort(x.begin(), x.end()); return x.empty() ? 0.0 : x[x.size() / 2]; };
   for (int sl = 1; sl < kSlots; ++sl) {
     std::vector<double> iv[8];
@@ -342,19 +354,7 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
   // medians over CTA 0's boundaries.
   const uint64_t* hb = ht.data() + words;
   std::snprintf(path, sizeof path, "%s/bounds-%s-d%d-s%d-c%d.csv", dir, name, d, seqlen, int(causal));
-  if (FILE* f = std::fopen(path, "w")) {
-    std::fprintf(f, "cta,slot,boundary,e0,e1,e2,e3,e4,e5,e6,e7\n");
-    for (int c = 0; c < kTraceCtas; ++c)
-      for (int sl = 1; sl < kSlots; ++sl)
-        for (int st = 0; st < kTraceSteps; ++st) {
-          const uint64_t* r = &hb[((size_t(c) * kSlots + sl) * kTraceSteps + st) * kTraceEvents];
-          if (r[4] == 0) continue;
-          std::fprintf(f, "%d,%d,%d", c, sl, st);
-          for (int e = 0; e < kTraceEvents; ++e) std::fprintf(f, ",%llu", (unsigned long long)r[e]);
-          std::fprintf(f, "\n");
-        }
-    std::fclose(f);
-  }
+  write_trace_csv(path, "boundary", hb, ht.data(), kSlots, 1, 4);
   for (int sl = 1; sl < kSlots; ++sl) {
     std::vector<double> iv[7];
     for (int st = 1; st < kTraceSteps; ++st) {  // record 0 has no tile end before it
