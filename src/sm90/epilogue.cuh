@@ -20,7 +20,7 @@ namespace fa4::sm90 {
 // shared tile (its own, or its rows of the tile's Q buffer) by stmatrix and one thread sends it
 // out by TMA (rows past seqlen_q are clipped);
 // otherwise each thread stores its pairs of O straight to global memory.
-template <class Cfg, bool kStaged = Cfg::kTmaStoreO, class Params>
+template <class Cfg, bool kStaged, class Params>
 __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
                                              float (&o)[Cfg::kHeadDim / 2],
                                              numerics::RowState (&rows)[2], int consumer, int t,

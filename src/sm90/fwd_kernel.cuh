@@ -321,6 +321,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // from spilling around the epilogue's register peak (measured by ptxas -v, docs/perf-notes.md).
   constexpr bool kOInQ = Cfg::kStageOInQ && !kSplit;
   constexpr bool kTurnSub = kOInQ && kCluster == 1;
+  constexpr bool kStaged = Cfg::kStageO || kOInQ;  // O out by stmatrix and TMA (epilogue.cuh)
   constexpr auto kType = Cfg::kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
 
   extern __shared__ uint8_t smem_raw[];
@@ -614,16 +615,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   RingPos<Cfg::kStages> r;
   // The Q ring: in the stream-K kernel one counter (one register fewer through the main loop).
-  constexpr bool kQCount = kSplit;
-  std::conditional_t<kQCount, RingCount<Cfg::kQStages>, RingPos<Cfg::kQStages>> qr;
+  std::conditional_t<kSplit, RingCount<Cfg::kQStages>, RingPos<Cfg::kQStages>> qr;
   auto q_stage = [&] {
-    if constexpr (kQCount)
+    if constexpr (kSplit)
       return qr.stage();
     else
       return qr.stage;
   };
   auto q_phase = [&] {
-    if constexpr (kQCount)
+    if constexpr (kSplit)
       return qr.phase();
     else
       return qr.phase;
@@ -826,7 +826,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (Cfg::kTensorRowSum)
       for (int i = 0; i < 2; ++i) rows[i].sum = lsum[2 * i];  // the whole row's sum in every thread
     uint8_t* s_o = kOInQ ? sQ + q_stage() * Cfg::kQBytes : smem + Cfg::kOOffset;
-    constexpr bool kStaged = Cfg::kStageO || kOInQ;
     if constexpr (kSplit) {
       unpack_place(place, tl);
       // A stream-K piece stores only when it is its tile's last and has merged the others.
@@ -844,7 +843,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     stamp_b(3);
     qr.advance();
   }
-  if ((Cfg::kStageO || kOInQ) && t == 0) tma_store_wait();  // shared memory must outlive the last store
+  if (kStaged && t == 0) tma_store_wait();  // shared memory must outlive the last store
 }
 
 }  // namespace fa4::sm90
