@@ -279,6 +279,28 @@ TEST(ForwardGpu, ManyTilesPersistentGrid) {
   run_case({BF16, 4, 600, 600, 16, 4, 128, false, 200, 0}, 705);
 }
 
+TEST(ForwardGpu, TilesWithoutKeysAmongTilesWithKeys) {
+  FA4_REQUIRE_GPU();
+  // Tiles that see no key (causal bottom-right with seqlen_q > seqlen_k, or a window: O = 0, LSE =
+  // -inf, no K/V block) between tiles that do, so the rings and the turn barriers must carry over
+  // such a tile. A small grid makes each CTA walk many tiles of both kinds, in clusters and one CTA
+  // a tile, at the head dims with two consumers and two Q buffers (d128, d64 on 128-row tiles).
+  const Case cases[] = {
+      {BF16, 2, 1000, 128, 3, 3, 128, true},  // 8 query blocks, the first 6 see no key
+      {BF16, 2, 700, 260, 4, 2, 64, true},
+      {FP16, 1, 900, 333, 4, 4, 128, false, 40, 0},  // window: the top rows see no key
+      {BF16, 3, 500, 200, 2, 1, 128, false},  // every tile has keys: one key block, many tiles
+  };
+  uint32_t seed = 1500;
+  for (Case c : cases)
+    for (auto [cluster, ctas] : {std::pair<int, int>{1, 3}, {2, 4}, {2, 0}}) {
+      c.cluster = cluster;
+      c.max_ctas = ctas;
+      c.split = 1;
+      ASSERT_NO_FATAL_FAILURE(run_case(c, seed++));
+    }
+}
+
 TEST(ForwardGpu, ClusterPairsMatchOneCtaBitForBit) {
   FA4_REQUIRE_GPU();
   // Two CTAs of a cluster share each K/V block (each loads half, multicast to both). Same inputs

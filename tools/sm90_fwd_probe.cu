@@ -324,14 +324,38 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
   uint64_t* tr;
   CK(cudaMalloc(&tr, 2 * words * 8));  // steady-state steps, then tile boundaries (fwd_kernel.cuh)
   FwdParams p = pr.params(pr.o);
+  cudaEvent_t ev[2];
+  CK(cudaEventCreate(&ev[0]));
+  CK(cudaEventCreate(&ev[1]));
   for (int it = 0; it < 4; ++it) {  // warm-up; the last run's timeline is kept
     CK(cudaMemset(tr, 0, 2 * words * 8));
+    CK(cudaEventRecord(ev[0]));
     fa4::Status st = fa4::sm90::launch_forward<Cfg>(p, 0, tr);
+    CK(cudaEventRecord(ev[1]));
     if (!st.ok()) { std::printf("launch failed: %s\n", st.message.c_str()); std::exit(1); }
     CK(cudaDeviceSynchronize());
   }
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
   std::vector<uint64_t> ht(2 * words);
   CK(cudaMemcpy(ht.data(), tr, 2 * words * 8, cudaMemcpyDeviceToHost));
+  {  // CTA 0 from its producer's first stamp to its last O stored, against the launch's time
+    const uint64_t* hb0 = ht.data() + words;
+    const uint64_t first = ht[0];
+    uint64_t last = 0;
+    int tiles = 0;
+    for (int sl = 1; sl < kSlots; ++sl)
+      for (int st = 1; st < kTraceSteps; ++st) {  // record st holds the end of tile st - 1
+        const uint64_t e3 = hb0[((size_t(sl)) * kTraceSteps + st) * kTraceEvents + 3];
+        if (e3 == 0) break;
+        last = std::max(last, e3);
+        if (sl == 1) ++tiles;
+      }
+    if (first != 0 && last > first)
+      std::printf("SPAN %s d=%d seqlen=%d causal=%d: CTA 0 %d tiles in %llu cycles; launch %.1f us (%.0f MHz if the "
+                  "CTA's cycles were all of it)\n", name, d, seqlen, int(causal), tiles,
+                  (unsigned long long)(last - first), ms * 1e3, double(last - first) / (ms * 1e3));
+  }
   char path[512];
   std::snprintf(path, sizeof path, "%s/trace-%s-d%d-s%d-c%d.csv", dir, name, d, seqlen, int(causal));
   write_trace_csv(path, "step", ht.data(), ht.data(), kSlots, 0, 0);
@@ -356,18 +380,25 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
   std::snprintf(path, sizeof path, "%s/bounds-%s-d%d-s%d-c%d.csv", dir, name, d, seqlen, int(causal));
   write_trace_csv(path, "boundary", hb, ht.data(), kSlots, 1, 4);
   for (int sl = 1; sl < kSlots; ++sl) {
-    std::vector<double> iv[7];
+    // `span`: from the tile's steady loop done to the later of O stored and the next tile's first
+    // softmax done (the whole boundary, whatever order its events come in).
+    // `tile`: from one tile's steady loop done to the next's (cycles a tile, all of it).
+    std::vector<double> iv[9];
     for (int st = 1; st < kTraceSteps; ++st) {  // record 0 has no tile end before it
       const uint64_t* r = &hb[((size_t(0) * kSlots + sl) * kTraceSteps + st) * kTraceEvents];
-      if (r[0] == 0 || r[7] == 0) break;
+      if (r[0] == 0 || r[3] == 0 || r[7] == 0) break;
       for (int e = 0; e < 7; ++e) iv[e].push_back(double(r[e + 1]) - double(r[e]));
+      iv[7].push_back(double(std::max(r[3], r[7])) - double(r[0]));
+      if (st + 1 < kTraceSteps && r[kTraceEvents] != 0) iv[8].push_back(double(r[kTraceEvents]) - double(r[0]));
     }
     std::printf("BOUNDS %s d=%d seqlen=%d causal=%d consumer %d (%zu boundaries, medians in cycles): last-PV-issue %.0f  "
-                "PV-wait %.0f  epilogue %.0f  Q-wait %.0f  S0-issue %.0f  S0-wait %.0f  softmax0 %.0f\n",
+                "PV-wait %.0f  epilogue %.0f  Q-wait %.0f  S0-issue %.0f  S0-wait %.0f  softmax0 %.0f  | span %.0f  tile %.0f\n",
                 name, d, seqlen, int(causal), sl - 1, iv[0].size(), median(iv[0]), median(iv[1]), median(iv[2]),
-                median(iv[3]), median(iv[4]), median(iv[5]), median(iv[6]));
+                median(iv[3]), median(iv[4]), median(iv[5]), median(iv[6]), median(iv[7]), median(iv[8]));
   }
   cudaFree(tr);
+  cudaEventDestroy(ev[0]);
+  cudaEventDestroy(ev[1]);
 }
 
 int main(int argc, char** argv) {
@@ -396,6 +427,19 @@ int main(int argc, char** argv) {
     trace_shape<Traced<D256>>(dir, "d256", 256, 4096, false);
     // 512: four key blocks a tile (80-wide at d256: seven), where the boundaries are most of a tile.
     trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 512, false);
+    // Turn modes (FwdConfig::kTurnMode): 1 the turn passes after S, 2 no turns.
+    using D128T1 = FwdConfig<128, 128, 2, true, 0, 2, true, true, false, false, false, false, false, 1>;
+    using D128T2 = FwdConfig<128, 128, 2, true, 0, 2, true, true, false, false, false, false, false, 2>;
+    using D64T1 = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, false, false, false, 1>;
+    using D64T2 = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, false, false, false, 2>;
+    using D256T1 = FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, false, true, 1>;
+    using D256T2 = FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, false, true, 2>;
+    trace_shape<Traced<D128T1>>(dir, "d128t1", 128, 4096, false);
+    trace_shape<Traced<D128T2>>(dir, "d128t2", 128, 4096, false);
+    trace_shape<Traced<D64T1>>(dir, "d64t1", 64, 4096, false);
+    trace_shape<Traced<D64T2>>(dir, "d64t2", 64, 4096, false);
+    trace_shape<Traced<D256T1>>(dir, "d256t1", 256, 4096, false);
+    trace_shape<Traced<D256T2>>(dir, "d256t2", 256, 4096, false);
     trace_shape<Traced<D256>>(dir, "d256", 256, 512, false);
     // d256 storing O from registers (before FwdConfig::kStageOInQ): the boundaries' epilogue.
     using D256Direct = FwdConfig<256, 80, 2, true, 0>;

@@ -82,8 +82,12 @@ __host__ __device__ __forceinline__ BlockRange piece_range(BlockRange r, const T
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2,
           bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true, bool kSpeculate_ = false,
           bool kSoftmaxTurns_ = false, bool kTensorRowSum_ = false, bool kSmemP_ = false,
-          bool kStageOInQ_ = false>
+          bool kStageOInQ_ = false, int kTurnMode_ = 0>
 struct FwdConfig {
+  // How consumers take turns at the tensor cores: 0 ping-pong (a consumer issues S_j and
+  // P_{j-1} V_{j-1}, then passes the turn); 1 the turn passes right after S_j, so the next
+  // consumer's S can go out beside this one's P V; 2 no turns (each consumer issues when ready).
+  static constexpr int kTurnMode = kTurnMode_;
   // P through shared memory: the softmax writes P_j by stmatrix into a swizzled tile beside K and V
   // and P V reads it from there (SS wgmma) instead of from registers. Tried at d64 (FA3's operand
   // path there): correct, 8-11 % slower, the issue no shorter (docs/perf-notes.md); off everywhere.
@@ -604,13 +608,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (lane == 0) mbar_arrive(empty);
   };
 
+  // The turn ring (FwdConfig::kTurnMode); without turns a consumer's own four warps still meet
+  // before each issue (every slot release follows a barrier over all of them).
+  auto turn_wait = [&] {
+    if constexpr (Cfg::kTurnMode == 2)
+      ptx::named_bar_sync(1 + consumer, 128);
+    else
+      wait_my_turn(consumer);
+  };
+  auto turn_pass = [&] {
+    if constexpr (Cfg::kTurnMode != 2) pass_turn<Cfg::kConsumers, kTurnSub>(consumer);
+  };
   // Steady-state issue order of this consumer's two GEMMs, from the generated modulo schedule.
   // (A constant false when the schedule puts S first everywhere: the other path folds away.)
   constexpr bool kAnyPvFirst = Cfg::kScheduledOrder && (kSchedPvFirst0 || kSchedPvFirst1);
   const bool pv_first = kAnyPvFirst && sched_pv_first(consumer);
   // Consumer 0 issues first; the token then circulates (both rings).
   if (consumer == Cfg::kConsumers - 1) {
-    pass_turn<Cfg::kConsumers, kTurnSub>(consumer);
+    turn_pass();
     softmax_turn_end();
   }
   RingPos<Cfg::kStages> r;
@@ -671,11 +686,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       float corr[2];
       // First block: S_0 alone.
       mbar_wait(&bar.k_full[r.stage], r.phase);
-      wait_my_turn(consumer);
+      turn_wait();
       wgmma::fence();
       issue_s(r.stage);
       wgmma::commit_group();
-      pass_turn<Cfg::kConsumers, kTurnSub>(consumer);
+      turn_pass();
       stamp_b(5);
       wgmma::wait_group<0>();
       wgmma::pin(s);
@@ -701,7 +716,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if (!k_landed) mbar_wait(&bar.k_full[r.stage], r.phase);
         if (!v_landed) mbar_wait(&bar.v_full[prev], prev_phase);
         stamp(1);
-        wait_my_turn(consumer);
+        turn_wait();
         stamp(2);
         wgmma::fence();
         if (pv_first) {  // P_{j-1} V_{j-1}, then S_j; softmax after both
@@ -709,7 +724,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           wgmma::commit_group();
           issue_s(r.stage);
           wgmma::commit_group();
-          pass_turn<Cfg::kConsumers, kTurnSub>(consumer);
+          turn_pass();
           wgmma::wait_group<0>();
           wgmma::pin(s);
           pin_o();
@@ -722,9 +737,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         } else {  // S_j first: its softmax runs while P_{j-1} V_{j-1} is on the tensor cores
           issue_s(r.stage);
           wgmma::commit_group();
+          if constexpr (Cfg::kTurnMode == 1) turn_pass();
           issue_pv(prev, p_prev);
           wgmma::commit_group();
-          pass_turn<Cfg::kConsumers, kTurnSub>(consumer);
+          if constexpr (Cfg::kTurnMode != 1) turn_pass();
           stamp(3);
           wgmma::wait_group<1>();
           wgmma::pin(s);
@@ -803,7 +819,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       release_q(&bar.q_empty[q_stage()]);
       // Last P V.
       mbar_wait(&bar.v_full[prev], prev_phase);
-      wait_my_turn(consumer);
+      turn_wait();
       wgmma::fence();
       if constexpr (Cfg::kDoubleP) {
         if (last_in_pf2)
@@ -814,7 +830,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         issue_pv(prev, pf);
       }
       wgmma::commit_group();
-      pass_turn<Cfg::kConsumers, kTurnSub>(consumer);
+      turn_pass();
       stamp_b(1);
       wgmma::wait_group<0>();
       pin_o();
