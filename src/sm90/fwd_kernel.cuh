@@ -167,8 +167,8 @@ struct FwdConfig {
   // consumers have 160 each, all taken by the d64 main loop).
   static constexpr bool kStageO = kOOffset + kQBytes + kBarBytes + kAlignSlack <= kSmemLimit && kConsumers == 2;
   // Where no shared memory is left for O (d256: one Q buffer), O staged in the tile's own Q
-  // buffer: each consumer's rows of Q are free once its last S is done, and the Q loader refills
-  // the buffer only when the TMA store has read it (FwdBarriers::o_read). Storing 128 accumulators
+  // buffer: each consumer's rows of Q are free once its last S is done, and that consumer's Q
+  // loader refills them only when the TMA store has read them (FwdBarriers::o_read). Storing 128 accumulators
   // a thread straight to global memory takes 5300-8000 cycles a tile, staged 2800: +2...+9 % at
   // d256 on an H100 (docs/perf-notes.md). Whole-tile kernels only (fwd_kernel's kOInQ).
   static constexpr bool kStageOInQ = kStageOInQ_ && !kStageO && kQStages == 1 && kConsumers == 2;
@@ -247,9 +247,13 @@ struct alignas(8) FwdBarriers {
   // This CTA's (cluster's) stream-K pieces, k = 0 and 1 (pieces == 0: none), found once at the start
   // where registers are plentiful, so the loaders' and consumers' decode is a look-up.
   Tile unit_pieces[2];
-  // With O staged in the Q buffer (FwdConfig::kStageOInQ): one arrive a consumer once its O store
-  // has read the buffer; the Q loader waits for it before loading the next tile's Q there.
-  uint64_t o_read;
+  // With O staged in the Q buffer (FwdConfig::kStageOInQ, whole tiles): consumer c's thread 0
+  // arrives on o_read[c] once its O store has read its rows of the buffer, and a loader of
+  // consumer c's rows of the next Q waits for it (q_full[c] then tells consumer c they landed).
+  // tile_pub: the K loader has published the next work item (tile[0]); the V and Q loaders wait
+  // for it, so neither K nor V waits behind an O store.
+  uint64_t o_read[2];
+  uint64_t tile_pub;
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
 
@@ -343,9 +347,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int s = 0; s < Cfg::kQStages; ++s) {
       mbar_init(&bar.q_full[s], 1);
       // Lane 0 of every consumer warp (each reads the tile index beside Q, then arrives itself, so
-      // its read is ordered before the index is rewritten), and the V loader when it is its own
-      // thread.
-      mbar_init(&bar.q_empty[s], 4 * Cfg::kConsumers + (Cfg::kSplitLoads ? 1 : 0));
+      // its read is ordered before the index is rewritten), the V loader when it is its own
+      // thread, and with kOInQ the two Q loaders.
+      mbar_init(&bar.q_empty[s], 4 * Cfg::kConsumers + (Cfg::kSplitLoads ? 1 : 0) + (kOInQ ? 2 : 0));
     }
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbar_init(&bar.k_full[s], 1);
@@ -353,7 +357,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_init(&bar.k_empty[s], Cfg::kConsumers * kCluster);  // every CTA's consumers
       mbar_init(&bar.v_empty[s], Cfg::kConsumers * kCluster);
     }
-    if constexpr (kOInQ) mbar_init(&bar.o_read, Cfg::kConsumers);
+    if constexpr (kOInQ) {  // one Q loader a consumer (rows 64c..64c+63); q_full[1] is free with one Q buffer
+      static_assert(Cfg::kQStages == 1 && Cfg::kConsumers == 2, "O staged in the Q buffer: one buffer, two consumers");
+      mbar_init(&bar.q_full[1], 1);
+      for (int c = 0; c < 2; ++c) mbar_init(&bar.o_read[c], 1);
+      mbar_init(&bar.tile_pub, 1);
+    }
     fence_barrier_init();
     if constexpr (kSplit)
       for (int k = 0; k < 2; ++k) {
@@ -375,6 +384,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (wg == 0) {
     // ---------------- producer ----------------
     regs_decrease<kSplit ? Cfg::kProducerRegsSplit : Cfg::kProducerRegs>();
+    if constexpr (kOInQ) {
+      // Consumer c's 64 rows of each tile's Q, loaded by a thread of warp 2 + c once that
+      // consumer's O (staged in those rows) has left, so one consumer's next tile never waits for
+      // the other's store, nor K and V for either.
+      if (threadIdx.x == 64 || threadIdx.x == 96) {
+        const int c = int(threadIdx.x) / 32 - 2;
+        for (int round = 0;; ++round) {
+          mbar_wait(&bar.tile_pub, uint32_t(round) & 1u);
+          const int tile = ld_shared(&bar.tile[0]);
+          mbar_arrive(&bar.q_empty[0]);  // the index is read
+          if (tile >= p.tiles.count) {
+            mbar_arrive(&bar.q_full[c]);  // no Q: the phase completes on the arrive alone
+            break;
+          }
+          const Tile tl = p.tiles.decode_tile(tile, rank);
+          if (round > 0) mbar_wait(&bar.o_read[c], uint32_t(round - 1) & 1u);
+          mbar_arrive_expect_tx(&bar.q_full[c], Cfg::kQBytes / 2);
+#pragma unroll
+          for (int k = 0; k < Cfg::kChunks; ++k)
+            tma_load_4d(sQ + k * kBlockM * 128 + c * 64 * 128, &p.tm_q, &bar.q_full[c], k * 64,
+                        tl.m_block * kBlockM + c * 64, tl.head, tl.batch);
+        }
+        return;
+      }
+    }
     // One thread of warp 0 loads Q and K, one of warp 1 loads V: K_{j+1} never waits behind the
     // slot of V_j (freed only when both consumers' P V of two blocks back are done).
     const bool loads_k = threadIdx.x == 0, loads_v = Cfg::kSplitLoads ? threadIdx.x == 32 : threadIdx.x == 0;
@@ -416,7 +450,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       };
       RingPos<Cfg::kStages> w;
       RingPos<Cfg::kQStages> qw;
-      // The Q loader's next work item: the first is the CTA's (or cluster's) own.
+      // The K loader's next work item (it also loads Q, unless kOInQ): the first is the CTA's (or
+      // cluster's) own.
       int next = kSplit ? p.tiles.item(0, unit, units) : unit;
       // Whether the CTA has no more work (a tile index >= count, or no such piece).
       auto done = [&](int t) { return kSplit ? t == TileOrder::kEnd : t >= p.tiles.count; };
@@ -429,23 +464,37 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           else
             tile = next;
           mbar_wait(&bar.q_empty[qw.stage], qw.phase ^ 1);
-          // O of the tile before, staged in this Q buffer, has left it.
-          if constexpr (kOInQ)
-            if (round > 0) mbar_wait(&bar.o_read, uint32_t(round - 1) & 1u);
           bar.tile[qw.stage] = tile;
+          if constexpr (kOInQ) mbar_arrive(&bar.tile_pub);  // the Q loaders take it from here
           if (done(tile)) {
-            mbar_arrive(&bar.q_full[qw.stage]);  // no Q: the phase completes on the arrive alone
+            if constexpr (!kOInQ) mbar_arrive(&bar.q_full[qw.stage]);  // no Q: the phase completes on the arrive alone
             break;
           }
           if constexpr (!kSplit) tl = p.tiles.decode_tile(tile, rank);
-          load_tile(sQ + qw.stage * Cfg::kQBytes, &p.tm_q, &bar.q_full[qw.stage], Cfg::kQBytes, kBlockM,
-                    tl.m_block * kBlockM, tl.head, tl.batch);
+          if constexpr (Cfg::kStageOInQ) {
+            // Q's map has 64-row boxes (the Q loaders' halves): the stream-K kernel loads both here.
+            if constexpr (!kOInQ) {
+              mbar_arrive_expect_tx(&bar.q_full[qw.stage], Cfg::kQBytes);
+#pragma unroll
+              for (int c = 0; c < 2; ++c)
+#pragma unroll
+                for (int k = 0; k < Cfg::kChunks; ++k)
+                  tma_load_4d(sQ + k * kBlockM * 128 + c * 64 * 128, &p.tm_q, &bar.q_full[qw.stage], k * 64,
+                              tl.m_block * kBlockM + c * 64, tl.head, tl.batch);
+            }
+          } else {
+            load_tile(sQ + qw.stage * Cfg::kQBytes, &p.tm_q, &bar.q_full[qw.stage], Cfg::kQBytes, kBlockM,
+                      tl.m_block * kBlockM, tl.head, tl.batch);
+          }
           // The next tile now, so the atomic's latency passes under this tile's K/V loads.
           next = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
                       : kSplit ? p.tiles.item(round + 1, unit, units)
                                : p.tiles.nth(round + 1, unit, units);
-        } else {  // the V loader: the tile the Q loader published, then frees its slot
-          mbar_wait(&bar.q_full[qw.stage], qw.phase);
+        } else {  // the V loader: the tile the K loader published, then frees its slot
+          if constexpr (kOInQ)
+            mbar_wait(&bar.tile_pub, qw.phase);
+          else
+            mbar_wait(&bar.q_full[qw.stage], qw.phase);
           tile = ld_shared(&bar.tile[qw.stage]);
           if (done(tile)) break;
           mbar_arrive(&bar.q_empty[qw.stage]);
@@ -644,7 +693,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       return qr.phase;
   };
   for (;;) {
-    mbar_wait(&bar.q_full[q_stage()], q_phase());  // Q, and the tile index beside it
+    // Q (with kOInQ this consumer's rows of it), and the tile index beside it.
+    mbar_wait(&bar.q_full[kOInQ ? consumer : q_stage()], q_phase());
     stamp_b(4);
     // Read by lane 0 (the lane that later frees this Q buffer for the warp) and shuffled to the
     // warp: warp-uniform to the compiler, so what derives from it (tile, key range, masks) stays
@@ -814,8 +864,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (--n; n >= range.lo; --n) step(n, pf, pf);
       }
       stamp_b(0);
-      // Every S of this tile is done: its Q buffer is free (with O staged in it, the Q loader also
-      // waits for o_read).
+      // Every S of this tile is done: its Q buffer is free (with O staged in it, this consumer's
+      // Q loader also waits for o_read).
       release_q(&bar.q_empty[q_stage()]);
       // Last P V.
       mbar_wait(&bar.v_full[prev], prev_phase);
@@ -853,7 +903,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (kOInQ) {
       if (t == 0) {  // the store that thread 0 issued has read the Q buffer
         tma_store_wait_read();
-        mbar_arrive(&bar.o_read);
+        mbar_arrive(&bar.o_read[consumer]);
       }
     }
     stamp_b(3);
