@@ -322,13 +322,16 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
   constexpr int kSlots = 1 + Cfg::kConsumers;
   const size_t words = size_t(kTraceCtas) * kSlots * kTraceSteps * kTraceEvents;
   uint64_t* tr;
-  CK(cudaMalloc(&tr, 2 * words * 8));  // steady-state steps, then tile boundaries (fwd_kernel.cuh)
+  constexpr int kMaxCtas = 4096;
+  const size_t all = 2 * words + size_t(kMaxCtas) * fa4::sm90::kCtaStamps;
+  // Steady-state steps, tile boundaries, then every CTA's entry and end (fwd_kernel.cuh).
+  CK(cudaMalloc(&tr, all * 8));
   FwdParams p = pr.params(pr.o);
   cudaEvent_t ev[2];
   CK(cudaEventCreate(&ev[0]));
   CK(cudaEventCreate(&ev[1]));
   for (int it = 0; it < 4; ++it) {  // warm-up; the last run's timeline is kept
-    CK(cudaMemset(tr, 0, 2 * words * 8));
+    CK(cudaMemset(tr, 0, all * 8));
     CK(cudaEventRecord(ev[0]));
     fa4::Status st = fa4::sm90::launch_forward<Cfg>(p, 0, tr);
     CK(cudaEventRecord(ev[1]));
@@ -337,8 +340,30 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
   }
   float ms = 0;
   CK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
-  std::vector<uint64_t> ht(2 * words);
-  CK(cudaMemcpy(ht.data(), tr, 2 * words * 8, cudaMemcpyDeviceToHost));
+  std::vector<uint64_t> ht(all);
+  CK(cudaMemcpy(ht.data(), tr, all * 8, cudaMemcpyDeviceToHost));
+  {  // every CTA's entry and end: when they start and finish within the launch, and the SM clock
+    const uint64_t* cs = ht.data() + 2 * words;
+    std::vector<double> start, end, mhz;
+    uint64_t t0 = ~uint64_t(0);
+    for (int c = 0; c < kMaxCtas && cs[c * 4] != 0; ++c) t0 = std::min(t0, cs[c * 4]);
+    for (int c = 0; c < kMaxCtas && cs[c * 4] != 0; ++c) {
+      if (cs[c * 4 + 1] == 0) continue;
+      start.push_back(double(cs[c * 4] - t0) * 1e-3);
+      end.push_back(double(cs[c * 4 + 1] - t0) * 1e-3);
+      mhz.push_back(double(cs[c * 4 + 3] - cs[c * 4 + 2]) / double(cs[c * 4 + 1] - cs[c * 4]) * 1e3);
+    }
+    if (!end.empty()) {
+      std::vector<double> e = end;
+      std::sort(e.begin(), e.end());
+      std::sort(start.begin(), start.end());
+      std::sort(mhz.begin(), mhz.end());
+      std::printf("CTAS %s d=%d seqlen=%d causal=%d: %zu CTAs; start spread %.1f us; end min / median / max %.1f / %.1f "
+                  "/ %.1f us after the first start; SM clock %.0f-%.0f MHz; launch %.1f us (event to event)\n",
+                  name, d, seqlen, int(causal), e.size(), start.back(), e.front(), e[e.size() / 2], e.back(),
+                  mhz.front(), mhz.back(), ms * 1e3);
+    }
+  }
   {  // CTA 0 from its producer's first stamp to its last O stored, against the launch's time
     const uint64_t* hb0 = ht.data() + words;
     const uint64_t first = ht[0];

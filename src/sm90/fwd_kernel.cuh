@@ -213,8 +213,16 @@ struct FwdKernelParams {
 // per warpgroup (slot 0 the producer, 1.. the consumers) kTraceSteps records of kTraceEvents.
 // After them, as many again: each consumer's tile boundaries, one record a boundary (events 0-3
 // the end of a tile: steady loop done, last P V issued, done, O stored; 4-7 the next tile's
-// start: Q landed, S_0 issued, done, softmax and P done).
-inline constexpr int kTraceCtas = 4, kTraceSteps = 512, kTraceEvents = 8;
+// start: Q landed, S_0 issued, done, softmax and P done). Last, every CTA's entry and end (its
+// first consumer's last store issued): %globaltimer and clock64 of each, kCtaStamps words a CTA.
+inline constexpr int kTraceCtas = 4, kTraceSteps = 512, kTraceEvents = 8, kCtaStamps = 4;
+template <int kConsumers>
+inline constexpr int64_t kCtaStampOffset = int64_t(2) * kTraceCtas * (1 + kConsumers) * kTraceSteps * kTraceEvents;
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 template <class Cfg>
 constexpr bool traced() {
   if constexpr (requires { Cfg::kTrace; })
@@ -340,6 +348,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   uint8_t* sV = smem + Cfg::kVOffset;
 
   const int wg = threadIdx.x / 128;
+  if constexpr (traced<Cfg>())
+    if (threadIdx.x == 0 && p.trace != nullptr) {
+      uint64_t* cs = p.trace + kCtaStampOffset<Cfg::kConsumers> + int64_t(blockIdx.x) * kCtaStamps;
+      cs[0] = global_ns();
+      cs[2] = clock64();
+    }
   // Cluster rank and the cluster's index in the grid (the CTA's own without clusters).
   const int rank = kCluster == 1 ? 0 : int(cluster_rank());
   const int unit = int(blockIdx.x) / kCluster, units = int(gridDim.x) / kCluster;
@@ -910,6 +924,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     qr.advance();
   }
   if (kStaged && t == 0) tma_store_wait();  // shared memory must outlive the last store
+  if constexpr (traced<Cfg>())
+    if (threadIdx.x == 128 && p.trace != nullptr) {
+      uint64_t* cs = p.trace + kCtaStampOffset<Cfg::kConsumers> + int64_t(blockIdx.x) * kCtaStamps;
+      cs[1] = global_ns();
+      cs[3] = clock64();
+    }
 }
 
 }  // namespace fa4::sm90
