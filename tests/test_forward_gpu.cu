@@ -301,6 +301,54 @@ TEST(ForwardGpu, TilesWithoutKeysAmongTilesWithKeys) {
     }
 }
 
+TEST(ForwardGpu, NoRoomForLaunchScratchFallsBackToWholeTiles) {
+  FA4_REQUIRE_GPU();
+  // A launch's stream-ordered scratch (the stream-K tail's counters and partials, the tile counter
+  // where tile lengths vary) comes from the device's current memory pool. With that pool full the
+  // launch runs whole tiles in static rounds instead, and its answer passes the same check.
+  int dev = 0;
+  CUDA_OK(cudaGetDevice(&dev));
+  cudaMemPool_t original;
+  CUDA_OK(cudaDeviceGetMemPool(&original, dev));
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = dev;
+  props.maxSize = size_t(8) << 20;
+  cudaMemPool_t small;
+  if (cudaMemPoolCreate(&small, &props) != cudaSuccess) {
+    cudaGetLastError();
+    GTEST_SKIP() << "cudaMemPoolCreate with maxSize is not available here";
+  }
+  struct Restore {  // the device's own pool back, whatever happens below
+    int dev;
+    cudaMemPool_t original, small;
+    std::vector<void*> held;
+    ~Restore() {
+      for (void* ptr : held) cudaFreeAsync(ptr, nullptr);
+      cudaStreamSynchronize(nullptr);
+      cudaDeviceSetMemPool(dev, original);
+      cudaMemPoolDestroy(small);
+    }
+  } restore{dev, original, small, {}};
+  CUDA_OK(cudaDeviceSetMemPool(dev, small));
+  // Fill the pool, down to its smallest fragments.
+  for (size_t bytes : {size_t(1) << 20, size_t(1) << 14, size_t(1) << 8, size_t(1)})
+    for (int i = 0; i < 100000; ++i) {
+      void* ptr = nullptr;
+      if (cudaMallocAsync(&ptr, bytes, nullptr) != cudaSuccess) break;
+      restore.held.push_back(ptr);
+    }
+  cudaGetLastError();
+  void* probe = nullptr;
+  ASSERT_NE(cudaMallocAsync(&probe, sizeof(int), nullptr), cudaSuccess) << "the pool still has room";
+  cudaGetLastError();
+  run_case({BF16, 1, 256, 8192, 16, 16, 128, false}, 1600);  // 32 tiles: every tile would be cut
+  run_case({BF16, 2, 150, 8000, 2, 1, 64, false}, 1601);
+  run_case({BF16, 4, 600, 600, 16, 4, 64, true}, 1602);  // causal, more tiles than SMs: the counter
+  run_case({BF16, 3, 700, 500, 12, 12, 128, true}, 1603);
+}
+
 TEST(ForwardGpu, ClusterPairsMatchOneCtaBitForBit) {
   FA4_REQUIRE_GPU();
   // Two CTAs of a cluster share each K/V block (each loads half, multicast to both). Same inputs

@@ -305,9 +305,10 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     e = scratch.make(stream, sizeof(int), sizeof(int));
     if (e == cudaSuccess) {
       k.tile_counter = reinterpret_cast<int*>(scratch.ptr);
-    } else if (e == cudaErrorNotSupported) {
-      // No stream-ordered allocation here (memory pools unsupported): the static rounds, over one
-      // section of every head so their longest-first order keeps the grid even.
+    } else if (e == cudaErrorNotSupported || e == cudaErrorMemoryAllocation) {
+      // No stream-ordered allocation here (memory pools unsupported), or no room in the pool: the
+      // static rounds, over one section of every head so their longest-first order keeps the grid
+      // even.
       cudaGetLastError();
       k.tiles = make_tile_order(a, m_blocks, cluster, true);
     } else {
