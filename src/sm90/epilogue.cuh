@@ -16,6 +16,27 @@
 
 namespace fa4::sm90 {
 
+// A consumer's 64 x kCols accumulator tile (fp32 in the wgmma layout), each row times its
+// factor (rows r and r + 8 of the thread: scale[0], scale[1]; kScaled false: as is), as 16-bit
+// values into a shared tile laid out as Q is: [kCols / 64 atoms][kRows][64 columns], rows of
+// 128 bytes with the 128-byte swizzle, the consumer's rows from consumer * 64. stmatrix x4 covers
+// 16 rows x 16 columns a step: matrices (rows 0-7 | 8-15) x (columns c | c + 8).
+template <int kCols, int kRows, bool kBF16, bool kScaled>
+__device__ __forceinline__ void stmatrix_tile(uint32_t base, int consumer, int t, const float (&acc)[kCols / 2],
+                                              const float (&scale)[2]) {
+  const int lane = t % 32, mi = lane / 8;
+  const int row = consumer * 64 + (t / 32) * 16 + (mi % 2) * 8 + lane % 8;
+  auto v = [&](int i, int half) { return kScaled ? acc[i] * scale[half] : acc[i]; };
+#pragma unroll
+  for (int j = 0; j < kCols / 8; j += 2) {
+    const int col = 8 * j + (mi / 2) * 8;
+    const int atom = col / 64, chunk = (col % 64) / 8;
+    const uint32_t addr = base + atom * kRows * 128 + row * 128 + ((chunk ^ (row % 8)) << 4);
+    ptx::stmatrix_x4(addr, pack2<kBF16>(v(4 * j, 0), v(4 * j + 1, 0)), pack2<kBF16>(v(4 * j + 2, 1), v(4 * j + 3, 1)),
+                     pack2<kBF16>(v(4 * j + 4, 0), v(4 * j + 5, 0)), pack2<kBF16>(v(4 * j + 6, 1), v(4 * j + 7, 1)));
+  }
+}
+
 // Epilogue: O / l and LSE. kStaged: the consumer writes its 64 x d share of O into a swizzled
 // shared tile (its own, or its rows of the tile's Q buffer) by stmatrix and one thread sends it
 // out by TMA (rows past seqlen_q are clipped);
@@ -47,20 +68,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
     const uint32_t bar_id = 1 + Cfg::kConsumers + consumer;  // after the turn barriers
     if (t == 0) ptx::tma_store_wait_read();  // the previous tile's store has left the buffer
     ptx::named_bar_sync(bar_id, 128);
-    // stmatrix x4 covers 16 rows x 16 columns: matrices (rows 0-7 | 8-15) x (cols c | c+8).
-    const int mi = lane / 8;
-    const int row = consumer * 64 + (t / 32) * 16 + (mi % 2) * 8 + lane % 8;
-    const uint32_t base = ptx::smem_addr(s_o);
-#pragma unroll
-    for (int j = 0; j < Cfg::kHeadDim / 8; j += 2) {
-      const int col = 8 * j + (mi / 2) * 8;
-      const int atom = col / 64, chunk = (col % 64) / 8;
-      const uint32_t addr = base + atom * Cfg::kBlockM * 128 + row * 128 + ((chunk ^ (row % 8)) << 4);
-      ptx::stmatrix_x4(addr, pack2<Cfg::kBF16>(o[4 * j] * inv[0], o[4 * j + 1] * inv[0]),
-                       pack2<Cfg::kBF16>(o[4 * j + 2] * inv[1], o[4 * j + 3] * inv[1]),
-                       pack2<Cfg::kBF16>(o[4 * j + 4] * inv[0], o[4 * j + 5] * inv[0]),
-                       pack2<Cfg::kBF16>(o[4 * j + 6] * inv[1], o[4 * j + 7] * inv[1]));
-    }
+    stmatrix_tile<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBF16, true>(ptx::smem_addr(s_o), consumer, t, o, inv);
     ptx::fence_proxy_async_smem();
     ptx::named_bar_sync(bar_id, 128);
     if (t == 0) {

@@ -638,16 +638,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // and the turn barrier before the next issue gathers the warpgroup's four warps.
   auto to_p = [&](uint32_t(&pv)[kBlockN / 4]) {
     if constexpr (Cfg::kSmemP) {
-      const int mi = lane / 8;
-      const int row = consumer * 64 + (t / 32) * 16 + (mi % 2) * 8 + lane % 8;
-      const uint32_t base = smem_addr(smem + Cfg::kPOffset);
-#pragma unroll
-      for (int j = 0; j < kBlockN / 8; j += 2) {  // stmatrix x4: rows 0-7 | 8-15 x columns 8j | 8j + 8
-        const int col = 8 * j + (mi / 2) * 8;
-        const uint32_t addr = base + (col / 64) * kBlockM * 128 + row * 128 + ((((col % 64) / 8) ^ (row % 8)) << 4);
-        ptx::stmatrix_x4(addr, pack2<Cfg::kBF16>(s[4 * j], s[4 * j + 1]), pack2<Cfg::kBF16>(s[4 * j + 2], s[4 * j + 3]),
-                         pack2<Cfg::kBF16>(s[4 * j + 4], s[4 * j + 5]), pack2<Cfg::kBF16>(s[4 * j + 6], s[4 * j + 7]));
-      }
+      const float unscaled[2] = {1.0f, 1.0f};
+      stmatrix_tile<kBlockN, kBlockM, Cfg::kBF16, false>(smem_addr(smem + Cfg::kPOffset), consumer, t, s, unscaled);
       fence_proxy_async_smem();
     } else {
       pack_p<Cfg::kBF16>(s, pv);
