@@ -2,7 +2,9 @@
 //
 //   warpgroup 0     producer   TMA: each tile's Q (a ring of 1-2 buffers), then K_j and V_j into
 //                              rings of stages with full/empty mbarriers; with two consumers one
-//                              thread loads Q and K and a thread of another warp V
+//                              thread loads Q and K and a thread of another warp V (with O staged
+//                              in the Q buffer, d256: a thread a consumer loads that consumer's
+//                              rows of Q once its O has left them)
 //   warpgroups 1..  consumers  64 query rows each (two, or three at d64); named barriers pass the
 //                              right to issue GEMMs around them (ping-pong), so one's softmax runs
 //                              while another's GEMMs hold the tensor cores
