@@ -341,7 +341,9 @@ TEST(ForwardGpu, NoRoomForLaunchScratchFallsBackToWholeTiles) {
     }
   cudaGetLastError();
   void* probe = nullptr;
-  ASSERT_NE(cudaMallocAsync(&probe, sizeof(int), nullptr), cudaSuccess) << "the pool still has room";
+  const cudaError_t room = cudaMallocAsync(&probe, sizeof(int), nullptr);
+  if (room == cudaSuccess) restore.held.push_back(probe);
+  ASSERT_NE(room, cudaSuccess) << "the pool still has room";
   cudaGetLastError();
   run_case({BF16, 1, 256, 8192, 16, 16, 128, false}, 1600);  // 32 tiles: every tile would be cut
   run_case({BF16, 2, 150, 8000, 2, 1, 64, false}, 1601);

@@ -320,7 +320,7 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
   const Fa3Problem pr(d, seqlen, causal, 1);
   using fa4::sm90::kTraceCtas, fa4::sm90::kTraceSteps, fa4::sm90::kTraceEvents;
   constexpr int kSlots = 1 + Cfg::kConsumers;
-  const size_t words = size_t(kTraceCtas) * kSlots * kTraceSteps * kTraceEvents;
+  const size_t words = size_t(fa4::sm90::kTraceRegionWords<Cfg::kConsumers>);
   uint64_t* tr;
   constexpr int kMaxCtas = 4096;
   const size_t all = 2 * words + size_t(kMaxCtas) * fa4::sm90::kCtaStamps;
@@ -343,15 +343,17 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
   std::vector<uint64_t> ht(all);
   CK(cudaMemcpy(ht.data(), tr, all * 8, cudaMemcpyDeviceToHost));
   {  // every CTA's entry and end: when they start and finish within the launch, and the SM clock
+    constexpr int kW = fa4::sm90::kCtaStamps;  // entry ns, end ns, entry clock, end clock
     const uint64_t* cs = ht.data() + 2 * words;
     std::vector<double> start, end, mhz;
     uint64_t t0 = ~uint64_t(0);
-    for (int c = 0; c < kMaxCtas && cs[c * 4] != 0; ++c) t0 = std::min(t0, cs[c * 4]);
-    for (int c = 0; c < kMaxCtas && cs[c * 4] != 0; ++c) {
-      if (cs[c * 4 + 1] == 0) continue;
-      start.push_back(double(cs[c * 4] - t0) * 1e-3);
-      end.push_back(double(cs[c * 4 + 1] - t0) * 1e-3);
-      mhz.push_back(double(cs[c * 4 + 3] - cs[c * 4 + 2]) / double(cs[c * 4 + 1] - cs[c * 4]) * 1e3);
+    for (int c = 0; c < kMaxCtas && cs[c * kW] != 0; ++c) t0 = std::min(t0, cs[c * kW]);
+    for (int c = 0; c < kMaxCtas && cs[c * kW] != 0; ++c) {
+      const uint64_t* x = cs + c * kW;
+      if (x[1] == 0) continue;
+      start.push_back(double(x[0] - t0) * 1e-3);
+      end.push_back(double(x[1] - t0) * 1e-3);
+      mhz.push_back(double(x[3] - x[2]) / double(x[1] - x[0]) * 1e3);
     }
     if (!end.empty()) {
       std::vector<double> e = end;

@@ -218,12 +218,17 @@ struct FwdKernelParams {
 // start: Q landed, S_0 issued, done, softmax and P done). Last, every CTA's entry and end (its
 // first consumer's last store issued): %globaltimer and clock64 of each, kCtaStamps words a CTA.
 inline constexpr int kTraceCtas = 4, kTraceSteps = 512, kTraceEvents = 8, kCtaStamps = 4;
+// Words of one of the first two regions (steps, boundaries) with kConsumers consumers.
 template <int kConsumers>
-inline constexpr int64_t kCtaStampOffset = int64_t(2) * kTraceCtas * (1 + kConsumers) * kTraceSteps * kTraceEvents;
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
+inline constexpr int64_t kTraceRegionWords = int64_t(kTraceCtas) * (1 + kConsumers) * kTraceSteps * kTraceEvents;
+// This CTA's entry (end = 0) or end (1) into the last region: %globaltimer, then clock64.
+template <int kConsumers>
+__device__ __forceinline__ void stamp_cta(uint64_t* trace, int end) {
+  uint64_t* cs = trace + 2 * kTraceRegionWords<kConsumers> + int64_t(blockIdx.x) * kCtaStamps;
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  cs[end] = ns;
+  cs[2 + end] = clock64();
 }
 template <class Cfg>
 constexpr bool traced() {
@@ -351,11 +356,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int wg = threadIdx.x / 128;
   if constexpr (traced<Cfg>())
-    if (threadIdx.x == 0 && p.trace != nullptr) {
-      uint64_t* cs = p.trace + kCtaStampOffset<Cfg::kConsumers> + int64_t(blockIdx.x) * kCtaStamps;
-      cs[0] = global_ns();
-      cs[2] = clock64();
-    }
+    if (threadIdx.x == 0 && p.trace != nullptr) stamp_cta<Cfg::kConsumers>(p.trace, 0);
   // Cluster rank and the cluster's index in the grid (the CTA's own without clusters).
   const int rank = kCluster == 1 ? 0 : int(cluster_rank());
   const int unit = int(blockIdx.x) / kCluster, units = int(gridDim.x) / kCluster;
@@ -400,6 +401,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (wg == 0) {
     // ---------------- producer ----------------
     regs_decrease<kSplit ? Cfg::kProducerRegsSplit : Cfg::kProducerRegs>();
+    // Consumer c's 64 rows of tile tl's Q (Q's map has 64-row boxes with FwdConfig::kStageOInQ):
+    // one TMA a 64-column chunk, signalling `full`, whose expected bytes the caller has set.
+    [[maybe_unused]] auto load_q_rows = [&](int c, const Tile& tl, uint64_t* full) {
+#pragma unroll
+      for (int k = 0; k < Cfg::kChunks; ++k)
+        tma_load_4d(sQ + k * kBlockM * 128 + c * 64 * 128, &p.tm_q, full, k * 64, tl.m_block * kBlockM + c * 64,
+                    tl.head, tl.batch);
+    };
     if constexpr (kOInQ) {
       // Consumer c's 64 rows of each tile's Q, loaded by a thread of warp 2 + c once that
       // consumer's O (staged in those rows) has left, so one consumer's next tile never waits for
@@ -417,10 +426,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const Tile tl = p.tiles.decode_tile(tile, rank);
           if (round > 0) mbar_wait(&bar.o_read[c], uint32_t(round - 1) & 1u);
           mbar_arrive_expect_tx(&bar.q_full[c], Cfg::kQBytes / 2);
-#pragma unroll
-          for (int k = 0; k < Cfg::kChunks; ++k)
-            tma_load_4d(sQ + k * kBlockM * 128 + c * 64 * 128, &p.tm_q, &bar.q_full[c], k * 64,
-                        tl.m_block * kBlockM + c * 64, tl.head, tl.batch);
+          load_q_rows(c, tl, &bar.q_full[c]);
         }
         return;
       }
@@ -487,17 +493,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             break;
           }
           if constexpr (!kSplit) tl = p.tiles.decode_tile(tile, rank);
-          if constexpr (Cfg::kStageOInQ) {
-            // Q's map has 64-row boxes (the Q loaders' halves): the stream-K kernel loads both here.
-            if constexpr (!kOInQ) {
-              mbar_arrive_expect_tx(&bar.q_full[qw.stage], Cfg::kQBytes);
-#pragma unroll
-              for (int c = 0; c < 2; ++c)
-#pragma unroll
-                for (int k = 0; k < Cfg::kChunks; ++k)
-                  tma_load_4d(sQ + k * kBlockM * 128 + c * 64 * 128, &p.tm_q, &bar.q_full[qw.stage], k * 64,
-                              tl.m_block * kBlockM + c * 64, tl.head, tl.batch);
-            }
+          if constexpr (kOInQ) {
+            // The Q loaders take Q.
+          } else if constexpr (Cfg::kStageOInQ) {  // the stream-K kernel of such a config: both halves here
+            mbar_arrive_expect_tx(&bar.q_full[qw.stage], Cfg::kQBytes);
+            for (int c = 0; c < 2; ++c) load_q_rows(c, tl, &bar.q_full[qw.stage]);
           } else {
             load_tile(sQ + qw.stage * Cfg::kQBytes, &p.tm_q, &bar.q_full[qw.stage], Cfg::kQBytes, kBlockM,
                       tl.m_block * kBlockM, tl.head, tl.batch);
@@ -579,8 +579,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   [[maybe_unused]] TraceLog tb;  // tile boundaries
   if constexpr (traced<Cfg>())
     if (t == 0 && p.trace != nullptr)
-      tb.open(p.trace + int64_t(kTraceCtas) * (1 + Cfg::kConsumers) * kTraceSteps * kTraceEvents, 1 + Cfg::kConsumers,
-              1 + consumer);
+      tb.open(p.trace + kTraceRegionWords<Cfg::kConsumers>, 1 + Cfg::kConsumers, 1 + consumer);
   auto stamp = [&](int e) {
     if constexpr (traced<Cfg>()) tr.stamp(e);
   };
@@ -919,11 +918,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   if (kStaged && t == 0) tma_store_wait();  // shared memory must outlive the last store
   if constexpr (traced<Cfg>())
-    if (threadIdx.x == 128 && p.trace != nullptr) {
-      uint64_t* cs = p.trace + kCtaStampOffset<Cfg::kConsumers> + int64_t(blockIdx.x) * kCtaStamps;
-      cs[1] = global_ns();
-      cs[3] = clock64();
-    }
+    if (threadIdx.x == 128 && p.trace != nullptr) stamp_cta<Cfg::kConsumers>(p.trace, 1);
 }
 
 }  // namespace fa4::sm90

@@ -58,6 +58,13 @@ struct LaunchScratch {
     }
     return zeroed > 0 ? cudaMemsetAsync(ptr, 0, zeroed, s) : cudaSuccess;
   }
+  // Whether make()'s error means only that no scratch can be had here (memory pools unsupported,
+  // or the pool full), so the launch goes on without it; clears the error when it does.
+  static bool unavailable(cudaError_t e) {
+    if (e != cudaErrorNotSupported && e != cudaErrorMemoryAllocation) return false;
+    cudaGetLastError();
+    return true;
+  }
   ~LaunchScratch() {
     if (ptr != nullptr) cudaFreeAsync(ptr, stream);  // after the kernel, in stream order
   }
@@ -294,9 +301,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
         grid = int(slots) * cluster;
         k.piece_counters = reinterpret_cast<int*>(scratch.ptr);
         k.partials = reinterpret_cast<float*>(scratch.ptr + layout.partial_offset());
-      } else if (e == cudaErrorNotSupported || e == cudaErrorMemoryAllocation) {
-        cudaGetLastError();  // no stream-ordered allocation here, or no room: whole tiles only
-      } else {
+      } else if (!LaunchScratch::unavailable(e)) {  // (when unavailable: whole tiles only)
         return {StatusCode::kCudaError, std::string("stream-K scratch: ") + cudaGetErrorString(e)};
       }
     }
@@ -305,11 +310,9 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     e = scratch.make(stream, sizeof(int), sizeof(int));
     if (e == cudaSuccess) {
       k.tile_counter = reinterpret_cast<int*>(scratch.ptr);
-    } else if (e == cudaErrorNotSupported || e == cudaErrorMemoryAllocation) {
-      // No stream-ordered allocation here (memory pools unsupported), or no room in the pool: the
-      // static rounds, over one section of every head so their longest-first order keeps the grid
-      // even.
-      cudaGetLastError();
+    } else if (LaunchScratch::unavailable(e)) {
+      // The static rounds, over one section of every head so their longest-first order keeps the
+      // grid even.
       k.tiles = make_tile_order(a, m_blocks, cluster, true);
     } else {
       return {StatusCode::kCudaError, std::string("tile counter: ") + cudaGetErrorString(e)};
