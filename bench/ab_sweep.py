@@ -4,6 +4,11 @@ first build. The way every kernel change in docs/perf-notes.md was judged: the G
 power state drift between runs, so builds are compared only inside one alternating session.
 
   python3 bench/ab_sweep.py --out bench/results/DATE-what.json [--rounds 3] [--dtype fp16] NAME=PATH NAME=PATH ...
+  python3 bench/ab_sweep.py --out ... --shapes "--b 4 --h 16 --s 4096 --d 128; --b 1 --h 16 --s 16384 --d 128" ...
+
+With --shapes, each round times the listed fa4-bench shapes one by one instead of the sweep, every
+build back to back on a shape (the builds' order rotating by round), so the builds of one shape
+meet the same clock and power state: the finer A/B (per-round ranges within about a per cent).
 
 The first NAME is the base. Writes one JSON (every record with its build and round, the medians,
 GPU, driver, commit, date and this command) and prints a table. A build whose sweep fails or
@@ -25,10 +30,20 @@ import tempfile
 
 
 def run_round(builds, rnd, args, records, failures):
+    if args.shapes:
+        shift = (rnd - 1) % len(builds)
+        turn = builds[shift:] + builds[:shift]
+        for shape in [s.split() for s in args.shapes.split(";") if s.strip()]:
+            run_builds(turn, rnd, args, records, failures, shape)
+    else:
+        run_builds(builds, rnd, args, records, failures, ["--sweep", "fa3"])
+
+
+def run_builds(builds, rnd, args, records, failures, what):
     for name, path in builds:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             out = f.name
-        cmd = [path, "--sweep", "fa3", "--iters", str(args.iters), "--warmup", str(args.warmup), "--flush-l2",
+        cmd = [path] + what + ["--iters", str(args.iters), "--warmup", str(args.warmup), "--flush-l2",
                "--json", out] + (["--dtype", args.dtype] if args.dtype else [])
         try:
             done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -38,6 +53,8 @@ def run_round(builds, rnd, args, records, failures):
                 continue
             for r in json.load(open(out)):
                 r["build"], r["round"] = name, rnd
+                if what[0] != "--sweep":
+                    r["shape"] = " ".join(what)
                 records.append(r)
         except subprocess.TimeoutExpired:
             failures.append(f"{name} round {rnd}: no result in {args.timeout} s (a hang?)")
@@ -48,29 +65,44 @@ def run_round(builds, rnd, args, records, failures):
                 os.unlink(out)
 
 
+def key(r):
+    return (r["head_dim"], r["causal"], r["seqlen_q"], r.get("shape", ""))
+
+
 def medians(records):
-    """{(head_dim, causal, seqlen_q): {build: median TFLOP/s}}"""
+    """{(head_dim, causal, seqlen_q, shape): {build: median TFLOP/s}}"""
     runs = collections.defaultdict(lambda: collections.defaultdict(list))
     for r in records:
         if r.get("tflops") is not None:
-            runs[(r["head_dim"], r["causal"], r["seqlen_q"])][r["build"]].append(r["tflops"])
+            runs[key(r)][r["build"]].append(r["tflops"])
     return {k: {b: statistics.median(v) for b, v in per.items()} for k, per in runs.items()}
 
 
-def table(med, names):
+def ranges(records):
+    """{(key, build): (least, most) TFLOP/s over the rounds}"""
+    runs = collections.defaultdict(list)
+    for r in records:
+        if r.get("tflops") is not None:
+            runs[(key(r), r["build"])].append(r["tflops"])
+    return {k: (min(v), max(v)) for k, v in runs.items()}
+
+
+def table(med, names, rng=None):
     base = names[0]
     lines = ["d    causal  seqlen  " + "  ".join(f"{n:>14}" for n in names)]
-    for (d, causal, s) in sorted(med):
-        row = med[(d, causal, s)]
+    for k in sorted(med):
+        d, causal, s, shape = k
+        row = med[k]
         cells = []
         for n in names:
             if n not in row:
                 cells.append(f"{'-':>14}")
-            elif n == base or base not in row:
-                cells.append(f"{row[n]:14.1f}")
-            else:
-                cells.append(f"{row[n]:7.1f} ({row[n] / row[base]:.3f})")
-        lines.append(f"{d:<4} {'yes' if causal else 'no':<7} {s:6d}  " + "  ".join(cells))
+                continue
+            cell = f"{row[n]:14.1f}" if n == base or base not in row else f"{row[n]:7.1f} ({row[n] / row[base]:.3f})"
+            if rng and (k, n) in rng:
+                cell += f" [{rng[(k, n)][0]:.0f}-{rng[(k, n)][1]:.0f}]"
+            cells.append(cell)
+        lines.append(f"{d:<4} {'yes' if causal else 'no':<7} {s:6d}  " + "  ".join(cells) + (f"  ({shape})" if shape else ""))
     return "\n".join(lines)
 
 
@@ -83,6 +115,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--dtype", choices=["bf16", "fp16"], help="the sweep's dtype (fa4-bench's default: bf16)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a sweep may take")
+    p.add_argument("--shapes", help="fa4-bench shape flags separated by ';' (instead of --sweep fa3)")
     p.add_argument("--self-test", action="store_true")
     args = p.parse_args(argv)
     if args.self_test:
@@ -104,17 +137,18 @@ def main(argv=None):
     med = medians(records)
     first = records[0] if records else {}
     result = {
-        "what": "fa4-bench --sweep fa3 of each build in turn, " + str(args.rounds) + " rounds; medians a row",
+        "what": ("fa4-bench shapes " + args.shapes if args.shapes else "fa4-bench --sweep fa3") + " of each build in turn, "
+                + str(args.rounds) + " rounds; medians a row",
         "builds": dict(builds), "gpu": first.get("gpu"), "driver": first.get("driver"),
         "commit": os.environ.get("FA4_COMMIT", first.get("commit")),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": "python3 " + " ".join(sys.argv), "failures": failures,
-        "medians": [{"head_dim": k[0], "causal": k[1], "seqlen_q": k[2], **v} for k, v in sorted(med.items())],
+        "medians": [{"head_dim": k[0], "causal": k[1], "seqlen_q": k[2], "shape": k[3], **v} for k, v in sorted(med.items())],
         "records": records,
     }
     with open(args.out, "w") as f:
         json.dump(result, f, indent=0)
-    print(table(med, names))
+    print(table(med, names, ranges(records)))
     for line in failures:
         print("failed:", line)
     return 1 if failures else 0
@@ -142,6 +176,14 @@ def self_test():
         ok &= m["base"] == 500.0 and m["new"] == 550.0 and "broken" not in m
         ok &= len(res["records"]) == 6 and len(res["failures"]) == 3
         ok &= [r["round"] for r in res["records"] if r["build"] == "new"] == [1, 2, 3]
+        rc = main(["--out", out, "--rounds", "2", "--shapes", "--s 512; --s 1024", "base=" + stand_in("a", 500.0),
+                   "new=" + stand_in("b", 450.0)])
+        res = json.load(open(out))
+        ok &= rc == 0 and len(res["records"]) == 8
+        ok &= sorted({m["shape"] for m in res["medians"]}) == ["--s 1024", "--s 512"]
+        ok &= all(m["new"] == 450.0 for m in res["medians"])
+        # round 2 runs "new" before "base" on each shape
+        ok &= [r["build"] for r in res["records"] if r["round"] == 2][:2] == ["new", "base"]
     print("ab_sweep self-test:", "ok" if ok else "FAILED")
     return 0 if ok else 1
 
