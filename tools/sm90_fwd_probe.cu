@@ -3,7 +3,9 @@
 // side by side. For kernel development (cmake -DFA4_BUILD_PROBE=ON):
 //   sm90_fwd_probe [check|time|ablate|all]
 //   sm90_fwd_probe variants    candidate configurations against the shipped one, same run
-//   sm90_fwd_probe trace DIR   clock64 timeline of the first CTAs (csv in DIR, medians printed)
+//   sm90_fwd_probe trace DIR [variants]
+//                              clock64 timeline of the first CTAs (csv in DIR, medians printed);
+//                              with `variants` also the configurations measured and not shipped
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -454,29 +456,29 @@ int main(int argc, char** argv) {
     trace_shape<Traced<D256>>(dir, "d256", 256, 4096, false);
     // 512: four key blocks a tile (80-wide at d256: seven), where the boundaries are most of a tile.
     trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 512, false);
-    // Turn modes (FwdConfig::kTurnMode): 1 the turn passes after S, 2 no turns.
-    using D128T1 = FwdConfig<128, 128, 2, true, 0, 2, true, true, false, false, false, false, false, 1>;
-    using D128T2 = FwdConfig<128, 128, 2, true, 0, 2, true, true, false, false, false, false, false, 2>;
-    using D64T1 = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, false, false, false, 1>;
-    using D64T2 = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, false, false, false, 2>;
-    using D256T1 = FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, false, true, 1>;
-    using D256T2 = FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, false, true, 2>;
-    trace_shape<Traced<D128T1>>(dir, "d128t1", 128, 4096, false);
-    trace_shape<Traced<D128T2>>(dir, "d128t2", 128, 4096, false);
-    trace_shape<Traced<D64T1>>(dir, "d64t1", 64, 4096, false);
-    trace_shape<Traced<D64T2>>(dir, "d64t2", 64, 4096, false);
-    trace_shape<Traced<D256T1>>(dir, "d256t1", 256, 4096, false);
-    trace_shape<Traced<D256T2>>(dir, "d256t2", 256, 4096, false);
     trace_shape<Traced<D256>>(dir, "d256", 256, 512, false);
-    // d256 storing O from registers (before FwdConfig::kStageOInQ): the boundaries' epilogue.
-    using D256Direct = FwdConfig<256, 80, 2, true, 0>;
-    trace_shape<Traced<D256Direct>>(dir, "d256direct", 256, 4096, false);
-    trace_shape<Traced<D256Direct>>(dir, "d256direct", 256, 512, false);
-    // P through shared memory (FwdConfig::kSmemP) at d64.
-    using D64SmemP = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, false, true>;
-    trace_shape<Traced<D64SmemP>>(dir, "d64smemp", 64, 16384, false);
-    trace_shape<Traced<D64SmemP>>(dir, "d64smemp", 64, 4096, false);
-    if (argc > 3) {  // variants: software exp2 shares, two consumers at d64
+    if (argc > 3) {  // variants (`trace DIR variants`): configurations measured and not shipped
+      // Turn modes (FwdConfig::kTurnMode): 1 the turn passes after S, 2 no turns.
+      using D128T1 = FwdConfig<128, 128, 2, true, 0, 2, true, true, false, false, false, false, false, 1>;
+      using D128T2 = FwdConfig<128, 128, 2, true, 0, 2, true, true, false, false, false, false, false, 2>;
+      using D64T1 = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, false, false, false, 1>;
+      using D64T2 = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, false, false, false, 2>;
+      using D256T1 = FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, false, true, 1>;
+      using D256T2 = FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, false, true, 2>;
+      trace_shape<Traced<D128T1>>(dir, "d128t1", 128, 4096, false);
+      trace_shape<Traced<D128T2>>(dir, "d128t2", 128, 4096, false);
+      trace_shape<Traced<D64T1>>(dir, "d64t1", 64, 4096, false);
+      trace_shape<Traced<D64T2>>(dir, "d64t2", 64, 4096, false);
+      trace_shape<Traced<D256T1>>(dir, "d256t1", 256, 4096, false);
+      trace_shape<Traced<D256T2>>(dir, "d256t2", 256, 4096, false);
+      // d256 storing O from registers (before FwdConfig::kStageOInQ): the boundaries' epilogue.
+      using D256Direct = FwdConfig<256, 80, 2, true, 0>;
+      trace_shape<Traced<D256Direct>>(dir, "d256direct", 256, 4096, false);
+      trace_shape<Traced<D256Direct>>(dir, "d256direct", 256, 512, false);
+      // P through shared memory (FwdConfig::kSmemP) at d64.
+      using D64SmemP = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, false, true>;
+      trace_shape<Traced<D64SmemP>>(dir, "d64smemp", 64, 16384, false);
+      trace_shape<Traced<D64SmemP>>(dir, "d64smemp", 64, 4096, false);
       trace_shape<Traced<FwdConfig<128, 128, 2, true, 0, 2, true, true, false, true>>>(dir, "d128turns", 128, 16384, false);
       trace_shape<Traced<FwdConfig<128, 128, 3, true, 0>>>(dir, "d128s3", 128, 16384, false);
       trace_shape<Traced<FwdConfig<128, 176, 2, true, 0>>>(dir, "d128n176", 128, 16384, false);
