@@ -21,15 +21,13 @@ inline int map_tensor(CUtensorMap* map, const void* base, const int64_t stride[3
 // K and V of this many bytes per section of heads are meant to stay in L2 (H100/H200: 50 MB).
 // Tiles of one length: 6 MB. With 24 MB (a round in flight over 12 heads at d128 4k) ncu counted
 // 2.5 times the compulsory DRAM reads (L2 hit rate 69 %); at 6 MB they are the compulsory ones and
-// every FA3 shape measured 0-5 % faster (docs/perf-notes.md, "What the DRAM reads said").
+// every non-causal FA3 shape measured 0-4 % faster (docs/perf-notes.md, "fa4 and cuDNN under the
+// profiler, and what the DRAM reads said").
 // Tiles whose lengths vary (causal) read on average half of their section's K and V, and measure
-// best with a larger budget (docs/perf-notes.md, "L2 sections for causal").
+// best with a larger budget: 12 and 24 MB read less from DRAM but lost 2-9 % against 48 MB
+// (docs/perf-notes.md, "L2 sections for causal" and the section above).
 inline constexpr int64_t kL2SectionBytes = 6ll << 20;
-#if defined(FA4_EXP_L2V_MB)
-inline constexpr int64_t kL2SectionBytesVarying = int64_t(FA4_EXP_L2V_MB) << 20;
-#else
 inline constexpr int64_t kL2SectionBytesVarying = 48ll << 20;
-#endif
 
 // Heads per section: as many as fit `budget` (at least 1). For the dynamic grid (`divisor`) the
 // largest divisor of batch_heads that fits, so the last section is as long as the others and the
