@@ -291,6 +291,13 @@ struct Traced : Base {
   static constexpr bool kTrace = true;
 };
 
+// Record `step` of warpgroup slot `slot` of traced CTA `cta` in one region of the trace (steps or
+// boundaries; fwd_kernel.cuh, TraceLog): kTraceEvents stamps.
+static const uint64_t* trace_record(const uint64_t* log, int slots, int cta, int slot, int step) {
+  using fa4::sm90::kTraceSteps, fa4::sm90::kTraceEvents;
+  return log + ((size_t(cta) * slots + slot) * kTraceSteps + step) * kTraceEvents;
+}
+
 // One CSV of trace records (fwd_kernel.cuh, TraceLog): a row a record whose event `key` was
 // stamped, from slot `first_slot` on, in cycles since the CTA's first producer stamp (`origin`:
 // the steady-state log, whose slot 0 step 0 that is).
@@ -301,10 +308,10 @@ static void write_trace_csv(const char* path, const char* unit, const uint64_t* 
   if (f == nullptr) return;
   std::fprintf(f, "cta,slot,%s,e0,e1,e2,e3,e4,e5,e6,e7\n", unit);
   for (int c = 0; c < kTraceCtas; ++c) {
-    const uint64_t t0 = origin[size_t(c) * slots * kTraceSteps * kTraceEvents];
+    const uint64_t t0 = trace_record(origin, slots, c, 0, 0)[0];
     for (int sl = first_slot; sl < slots; ++sl)
       for (int st = 0; st < kTraceSteps; ++st) {
-        const uint64_t* r = &log[((size_t(c) * slots + sl) * kTraceSteps + st) * kTraceEvents];
+        const uint64_t* r = trace_record(log, slots, c, sl, st);
         if (r[key] == 0) continue;
         std::fprintf(f, "%d,%d,%d", c, sl, st);
         for (int e = 0; e < kTraceEvents; ++e) std::fprintf(f, ",%lld", (long long)(r[e] ? r[e] - t0 : 0));
@@ -375,7 +382,7 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
     int tiles = 0;
     for (int sl = 1; sl < kSlots; ++sl)
       for (int st = 1; st < kTraceSteps; ++st) {  // record st holds the end of tile st - 1
-        const uint64_t e3 = hb0[((size_t(sl)) * kTraceSteps + st) * kTraceEvents + 3];
+        const uint64_t e3 = trace_record(hb0, kSlots, 0, sl, st)[3];
         if (e3 == 0) break;
         last = std::max(last, e3);
         if (sl == 1) ++tiles;
@@ -392,7 +399,7 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
   for (int sl = 1; sl < kSlots; ++sl) {
     std::vector<double> iv[8];
     for (int st = 0; st + 1 < kTraceSteps; ++st) {
-      const uint64_t* r = &ht[((size_t(0) * kSlots + sl) * kTraceSteps + st) * kTraceEvents];
+      const uint64_t* r = trace_record(ht.data(), kSlots, 0, sl, st);
       const uint64_t* rn = r + kTraceEvents;
       if (r[0] == 0 || rn[0] == 0) break;
       for (int e = 0; e < 7; ++e) iv[e].push_back(double(r[e + 1]) - double(r[e]));
@@ -414,7 +421,7 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
     // `tile`: from one tile's steady loop done to the next's (cycles a tile, all of it).
     std::vector<double> iv[9];
     for (int st = 1; st < kTraceSteps; ++st) {  // record 0 has no tile end before it
-      const uint64_t* r = &hb[((size_t(0) * kSlots + sl) * kTraceSteps + st) * kTraceEvents];
+      const uint64_t* r = trace_record(hb, kSlots, 0, sl, st);
       if (r[0] == 0 || r[3] == 0 || r[7] == 0) break;
       for (int e = 0; e < 7; ++e) iv[e].push_back(double(r[e + 1]) - double(r[e]));
       iv[7].push_back(double(std::max(r[3], r[7])) - double(r[0]));
