@@ -6,7 +6,9 @@
 //   TMA 2D tile loads (64x64 and 128x64 bf16, 128B swizzle): latency from L2 and from DRAM, and
 //     bytes per clock for one SM alone and per SM with every SM loading the same (L2-resident) data;
 //   exp2 throughput per SM per clock: MUFU ex2.approx, fa4's polynomial (include/fa4/numerics/
-//     exp2.h), and mixes, each with one FADD per element as in DESIGN.md §3;
+//     exp2.h), and mixes, each with one FADD per element as in DESIGN.md §3; the packed forms
+//     ex2.approx.f16x2 and ex2.approx.ftz.bf16x2 (elements per clock) and their largest relative
+//     error over every 16-bit argument in [-24, 0];
 //   the latency of one warpgroup's online softmax of a 64x128 block of S held in registers (the
 //     forward kernel's: row max, rescale decision, 2^x on MUFU, row sums, P packed to bf16);
 //   hand-off latency between two warps: mbarrier arrive -> try_wait, and named barrier
@@ -16,7 +18,7 @@
 //
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc \
 //          bench/calibrate/calibrate_sm90.cu -o calibrate_sm90
-// Run:   ./calibrate_sm90 > bench/results/calibrate_sm90_<gpu>.json
+// Run:   ./calibrate_sm90 > bench/results/calibrate_sm90_<gpu>.json   (`./calibrate_sm90 exp2`: exp2 only)
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -25,6 +27,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <cuda/ptx>
 #include <string>
 #include <utility>
@@ -368,6 +371,86 @@ __global__ void __launch_bounds__(1024, 1) exp2_throughput(long long* out, float
   sink[blockIdx.x * blockDim.x + threadIdx.x] = s;
 }
 
+// The packed forms: 8 chains of two 16-bit elements, x <- 2^x - 1.5 in packed arithmetic (one
+// HADD2 / HFMA2 per pair beside the exponential). kBF16 picks ex2.approx.ftz.bf16x2 over
+// ex2.approx.f16x2. Elements (two per instruction) per clock come out of the host side.
+template <bool kBF16>
+__device__ __forceinline__ uint32_t ex2_packed(uint32_t x) {
+  uint32_t y;
+  if constexpr (kBF16) {
+    asm volatile("ex2.approx.ftz.bf16x2 %0, %1;\n" : "=r"(y) : "r"(x));
+  } else {
+    asm volatile("ex2.approx.f16x2 %0, %1;\n" : "=r"(y) : "r"(x));
+  }
+  return y;
+}
+template <bool kBF16>
+__global__ void __launch_bounds__(1024, 1) exp2_packed_throughput(long long* out, float* sink, int iters) {
+  uint32_t v[8];
+  const uint32_t minus_1_5 = kBF16 ? 0xbfc0bfc0u : 0xbe00be00u;  // -1.5 in both halves
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float a = -0.5f - 0.06f * k - 1e-6f * threadIdx.x;
+    if constexpr (kBF16) {
+      __nv_bfloat162 h = __floats2bfloat162_rn(a, a - 0.01f);
+      v[k] = *reinterpret_cast<uint32_t*>(&h);
+    } else {
+      __half2 h = __floats2half2_rn(a, a - 0.01f);
+      v[k] = *reinterpret_cast<uint32_t*>(&h);
+    }
+  }
+  __syncthreads();
+  const long long t0 = clock64();
+  for (int i = 0; i < iters; ++i) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t e = ex2_packed<kBF16>(v[k]);
+      if constexpr (kBF16) {
+        asm volatile("add.rn.bf16x2 %0, %1, %2;\n" : "=r"(v[k]) : "r"(e), "r"(minus_1_5));
+      } else {
+        asm volatile("add.rn.f16x2 %0, %1, %2;\n" : "=r"(v[k]) : "r"(e), "r"(minus_1_5));
+      }
+    }
+  }
+  __syncthreads();
+  const long long t1 = clock64();
+  if (threadIdx.x == 0) out[blockIdx.x] = t1 - t0;
+  uint32_t s = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) s ^= v[k];
+  sink[blockIdx.x * blockDim.x + threadIdx.x] = __uint_as_float(s);
+}
+
+// Accuracy of the packed exponentials over every 16-bit argument in [-24, 0] (both halves of a
+// word hold the same argument): the largest relative error against 2^x of the argument as given
+// (the argument's own rounding is the caller's), in units of 2^-k. out: [max rel err f16x2,
+// max rel err bf16x2] as floats (atomicMax on the bits of non-negative floats).
+__global__ void exp2_packed_accuracy(unsigned* out) {
+  const unsigned code = blockIdx.x * blockDim.x + threadIdx.x;  // 0 .. 65535
+  if (code >= 65536) return;
+  const unsigned short c = static_cast<unsigned short>(code);
+  {
+    const float x = __half2float(__ushort_as_half(c));
+    if (x <= 0.0f && x >= -24.0f) {
+      const uint32_t y = ex2_packed<false>(uint32_t(c) | uint32_t(c) << 16);
+      const float r = __half2float(__ushort_as_half(static_cast<unsigned short>(y & 0xffffu)));
+      const double ref = exp2(static_cast<double>(x));
+      const float err = static_cast<float>(fabs(r - ref) / ref);
+      atomicMax(&out[0], __float_as_uint(err));
+    }
+  }
+  {
+    const float x = __bfloat162float(__ushort_as_bfloat16(c));
+    if (x <= 0.0f && x >= -24.0f) {
+      const uint32_t y = ex2_packed<true>(uint32_t(c) | uint32_t(c) << 16);
+      const float r = __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(y & 0xffffu)));
+      const double ref = exp2(static_cast<double>(x));
+      const float err = static_cast<float>(fabs(r - ref) / ref);
+      atomicMax(&out[1], __float_as_uint(err));
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // Softmax latency
 // ------------------------------------------------------------------------------------------------
@@ -684,6 +767,15 @@ double exp2_rate(long long* d_out, float* d_sink, int iters) {
   return 1024.0 * 8 * iters / median(cyc);
 }
 
+template <bool kBF16>
+double exp2_packed_rate(long long* d_out, float* d_sink, int iters) {
+  exp2_packed_throughput<kBF16><<<g_sms, 1024>>>(d_out, d_sink, iters);
+  CHECK(cudaGetLastError());
+  std::vector<long long> cyc(g_sms);
+  CHECK(cudaMemcpy(cyc.data(), d_out, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
+  return 1024.0 * 16 * iters / median(cyc);
+}
+
 void bench_exp2(Json& j) {
   const int iters = 2048;
   long long* d_out;
@@ -697,7 +789,23 @@ void bench_exp2(Json& j) {
   j.num("poly_12_5_percent", exp2_rate<1>(d_out, d_sink, iters));
   j.num("poly_25_percent", exp2_rate<2>(d_out, d_sink, iters));
   j.num("poly_50_percent", exp2_rate<4>(d_out, d_sink, iters));
+  j.num("mufu_f16x2", exp2_packed_rate<false>(d_out, d_sink, iters));
+  j.num("mufu_bf16x2", exp2_packed_rate<true>(d_out, d_sink, iters));
   j.close();
+  unsigned* d_err;
+  CHECK(cudaMalloc(&d_err, 2 * sizeof(unsigned)));
+  CHECK(cudaMemset(d_err, 0, 2 * sizeof(unsigned)));
+  exp2_packed_accuracy<<<256, 256>>>(d_err);
+  CHECK(cudaGetLastError());
+  unsigned err[2];
+  CHECK(cudaMemcpy(err, d_err, sizeof err, cudaMemcpyDeviceToHost));
+  float e[2];
+  std::memcpy(e, err, sizeof e);
+  j.open("exp2_packed_max_rel_err_args_in_minus24_0");
+  j.num("f16x2", e[0]);
+  j.num("bf16x2", e[1]);
+  j.close();
+  CHECK(cudaFree(d_err));
   CHECK(cudaFree(d_out));
   CHECK(cudaFree(d_sink));
 }
@@ -845,7 +953,9 @@ void bench_handoff(Json& j) {
   CHECK(cudaFree(d_out));
 }
 
-int main() {
+int main(int argc, char** argv) {
+  // `calibrate_sm90 exp2`: the exponential section only.
+  const bool only_exp2 = argc > 1 && std::strcmp(argv[1], "exp2") == 0;
   int dev = 0, clock_khz = 0;
   CHECK(cudaGetDevice(&dev));
   cudaDeviceProp prop;
@@ -862,6 +972,12 @@ int main() {
   j.num("sms", g_sms);
   j.num("max_clock_khz", clock_khz);
   j.str("unit", "SM clock cycles (clock64)");
+  if (only_exp2) {
+    bench_exp2(j);
+    j.close();
+    std::printf("%s\n", j.s.c_str());
+    return 0;
+  }
   j.open("wgmma_bf16");
   bench_wgmma<64>(j);
   bench_wgmma<128>(j);
