@@ -239,7 +239,7 @@ TEST(TileOrder, TailSplitCoversEveryKeyBlockOnce) {
 }
 
 // Where the launch cuts the tail: when the idle part of the last round, less the pieces' cost of
-// three key blocks a unit, is at least 5 % of the run; never when the last round is full, and
+// three key blocks a unit, is at least 2.5 % of the run; never when the last round is full, and
 // not where units would get under two key blocks.
 TEST(TileOrder, TailSplitWhereTheLastRoundIsMostlyIdle) {
   using fa4::sm90::plan_tail_split;
@@ -249,9 +249,14 @@ TEST(TileOrder, TailSplitWhereTheLastRoundIsMostlyIdle) {
   };
   EXPECT_FALSE(split(2048, 132, 32));  // d128 non-causal 4k: 15 rounds and 68 tiles, 2.4 %
   EXPECT_FALSE(split(1024, 66, 32));   // the same in clusters of two
-  EXPECT_FALSE(split(2816, 132, 32));  // d64 4k: 21 rounds and 44 tiles, 2.6 %
+  EXPECT_TRUE(split(1024, 66, 64));    // d128 8k in clusters: 2.7 %
+  EXPECT_TRUE(split(1024, 66, 128));   // d128 16k in clusters: 2.9 %
+  EXPECT_FALSE(split(512, 66, 52));    // d256 4k in clusters: 7 rounds and 50 pairs, 2.3 %
+  EXPECT_TRUE(split(2816, 132, 32));   // d64 4k: 21 rounds and 44 tiles, 2.6 %
+  EXPECT_FALSE(split(2816, 132, 16));  // d64 2k: 2.2 %
   EXPECT_TRUE(split(300, 132, 64));    // two rounds and 36 tiles: 23 %
-  EXPECT_FALSE(split(500, 132, 64));   // three rounds and 104 tiles: 4.1 %
+  EXPECT_TRUE(split(500, 132, 64));    // three rounds and 104 tiles: 4.1 %
+  EXPECT_FALSE(split(510, 132, 64));   // three rounds and 114 tiles: 2.2 %
   EXPECT_TRUE(split(200, 132, 64));    // one round and 68 tiles: 23 %
   EXPECT_FALSE(split(2752, 132, 64));  // d64 8k: 20 rounds and 112 tiles, 0.5 %
   EXPECT_FALSE(split(1320, 132, 32));  // every round full

@@ -42,10 +42,12 @@ inline int64_t section_heads(int64_t batch_heads, int64_t kv_bytes_per_q_head, i
 }
 
 // The least share of the run time a stream-K tail must save (plan_tail_split), and what its
-// pieces cost a unit in key blocks' time. At the FA3 shapes (a tail of 2-3 % of the run) the cut
-// measured within the A/B's noise (-4...+4 %), so only tails that idle a large share of the GPU
-// are cut: fewer tiles than SMs, or one to a few rounds (docs/perf-notes.md, "Stream-K tail").
-inline constexpr double kTailSplitGain = 0.05;
+// pieces cost a unit in key blocks' time. At the FA3 shapes the model's 2.2-2.9 % tails sit near
+// the threshold; three A/Bs on an H100 found the cut paying where the model says >= 2.5 % (d128
+// 8k / 16k +1.5...+3.3 %, d64 4k +0.5...+1.7 %, d256 8k / 16k within noise) and losing below it
+// (d128 4k, d256 4k -0.7...-1.4 %): the pieces cost more than the model's three blocks
+// (docs/perf-notes.md, "Stream-K tail" and "The stream-K tail, measured again").
+inline constexpr double kTailSplitGain = 0.025;
 inline constexpr double kTailSplitCostBlocks = 3.0;
 
 // Launch-private device memory whose first `zeroed` bytes are zero at the kernel's start (the
