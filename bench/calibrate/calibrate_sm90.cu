@@ -421,34 +421,31 @@ __global__ void __launch_bounds__(1024, 1) exp2_packed_throughput(long long* out
   sink[blockIdx.x * blockDim.x + threadIdx.x] = __uint_as_float(s);
 }
 
-// Accuracy of the packed exponentials over every 16-bit argument in [-24, 0] (both halves of a
-// word hold the same argument): the largest relative error against 2^x of the argument as given
-// (the argument's own rounding is the caller's), in units of 2^-k. out: [max rel err f16x2,
-// max rel err bf16x2] as floats (atomicMax on the bits of non-negative floats).
+// Accuracy of the packed exponentials: for every 16-bit code whose value x lies in [lo, hi] (both
+// halves of a word hold it), the relative error of the packed 2^x against 2^x in double, the
+// argument taken as given (its own rounding is the caller's). atomicMax on the bits of
+// non-negative floats; *out must start at zero.
+template <bool kBF16>
+__device__ __forceinline__ void packed_err(unsigned short c, float lo, float hi, unsigned* out) {
+  auto value = [](unsigned short h) {
+    return kBF16 ? __bfloat162float(__ushort_as_bfloat16(h)) : __half2float(__ushort_as_half(h));
+  };
+  const float x = value(c);
+  if (!(x >= lo && x <= hi)) return;
+  const uint32_t y = ex2_packed<kBF16>(uint32_t(c) | uint32_t(c) << 16);
+  const double ref = exp2(static_cast<double>(x));
+  const float err = static_cast<float>(fabs(value(static_cast<unsigned short>(y & 0xffffu)) - ref) / ref);
+  atomicMax(out, __float_as_uint(err));
+}
+// out: f16x2 on [-14, 0] (results normal in f16) and on [-24, -14) (subnormal results), bf16x2 on
+// [-24, 0].
 __global__ void exp2_packed_accuracy(unsigned* out) {
   const unsigned code = blockIdx.x * blockDim.x + threadIdx.x;  // 0 .. 65535
   if (code >= 65536) return;
   const unsigned short c = static_cast<unsigned short>(code);
-  {
-    const float x = __half2float(__ushort_as_half(c));
-    if (x <= 0.0f && x >= -24.0f) {
-      const uint32_t y = ex2_packed<false>(uint32_t(c) | uint32_t(c) << 16);
-      const float r = __half2float(__ushort_as_half(static_cast<unsigned short>(y & 0xffffu)));
-      const double ref = exp2(static_cast<double>(x));
-      const float err = static_cast<float>(fabs(r - ref) / ref);
-      atomicMax(&out[0], __float_as_uint(err));
-    }
-  }
-  {
-    const float x = __bfloat162float(__ushort_as_bfloat16(c));
-    if (x <= 0.0f && x >= -24.0f) {
-      const uint32_t y = ex2_packed<true>(uint32_t(c) | uint32_t(c) << 16);
-      const float r = __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(y & 0xffffu)));
-      const double ref = exp2(static_cast<double>(x));
-      const float err = static_cast<float>(fabs(r - ref) / ref);
-      atomicMax(&out[1], __float_as_uint(err));
-    }
-  }
+  packed_err<false>(c, -14.0f, 0.0f, &out[0]);
+  packed_err<false>(c, -24.0f, -14.000001f, &out[1]);
+  packed_err<true>(c, -24.0f, 0.0f, &out[2]);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -758,22 +755,15 @@ void bench_tma(Json& j, void* big, uint64_t big_rows, int box_rows) {
   CHECK(cudaFree(d_out));
 }
 
-template <int kPoly>
-double exp2_rate(long long* d_out, float* d_sink, int iters) {
-  exp2_throughput<kPoly><<<g_sms, 1024>>>(d_out, d_sink, iters);
+// Exponentials per clock per SM of one exp2 throughput kernel (one CTA of 1024 threads an SM),
+// `per_iter` elements a thread an iteration.
+template <class Kernel>
+double exp2_rate(Kernel kernel, int per_iter, long long* d_out, float* d_sink, int iters) {
+  kernel<<<g_sms, 1024>>>(d_out, d_sink, iters);
   CHECK(cudaGetLastError());
   std::vector<long long> cyc(g_sms);
   CHECK(cudaMemcpy(cyc.data(), d_out, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
-  return 1024.0 * 8 * iters / median(cyc);
-}
-
-template <bool kBF16>
-double exp2_packed_rate(long long* d_out, float* d_sink, int iters) {
-  exp2_packed_throughput<kBF16><<<g_sms, 1024>>>(d_out, d_sink, iters);
-  CHECK(cudaGetLastError());
-  std::vector<long long> cyc(g_sms);
-  CHECK(cudaMemcpy(cyc.data(), d_out, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
-  return 1024.0 * 16 * iters / median(cyc);
+  return 1024.0 * per_iter * iters / median(cyc);
 }
 
 void bench_exp2(Json& j) {
@@ -782,28 +772,30 @@ void bench_exp2(Json& j) {
   float* d_sink;
   CHECK(cudaMalloc(&d_out, sizeof(long long) * g_sms));
   CHECK(cudaMalloc(&d_sink, sizeof(float) * g_sms * 1024));
-  exp2_rate<0>(d_out, d_sink, iters);  // warm-up
+  exp2_rate(exp2_throughput<0>, 8, d_out, d_sink, iters);  // warm-up
   j.open("exp2_per_clk_per_sm");
-  j.num("mufu", exp2_rate<0>(d_out, d_sink, iters));
-  j.num("poly", exp2_rate<8>(d_out, d_sink, iters));
-  j.num("poly_12_5_percent", exp2_rate<1>(d_out, d_sink, iters));
-  j.num("poly_25_percent", exp2_rate<2>(d_out, d_sink, iters));
-  j.num("poly_50_percent", exp2_rate<4>(d_out, d_sink, iters));
-  j.num("mufu_f16x2", exp2_packed_rate<false>(d_out, d_sink, iters));
-  j.num("mufu_bf16x2", exp2_packed_rate<true>(d_out, d_sink, iters));
+  j.num("mufu", exp2_rate(exp2_throughput<0>, 8, d_out, d_sink, iters));
+  j.num("poly", exp2_rate(exp2_throughput<8>, 8, d_out, d_sink, iters));
+  j.num("poly_12_5_percent", exp2_rate(exp2_throughput<1>, 8, d_out, d_sink, iters));
+  j.num("poly_25_percent", exp2_rate(exp2_throughput<2>, 8, d_out, d_sink, iters));
+  j.num("poly_50_percent", exp2_rate(exp2_throughput<4>, 8, d_out, d_sink, iters));
+  // Eight chains of two elements a word.
+  j.num("mufu_f16x2", exp2_rate(exp2_packed_throughput<false>, 16, d_out, d_sink, iters));
+  j.num("mufu_bf16x2", exp2_rate(exp2_packed_throughput<true>, 16, d_out, d_sink, iters));
   j.close();
   unsigned* d_err;
-  CHECK(cudaMalloc(&d_err, 2 * sizeof(unsigned)));
-  CHECK(cudaMemset(d_err, 0, 2 * sizeof(unsigned)));
+  CHECK(cudaMalloc(&d_err, 3 * sizeof(unsigned)));
+  CHECK(cudaMemset(d_err, 0, 3 * sizeof(unsigned)));
   exp2_packed_accuracy<<<256, 256>>>(d_err);
   CHECK(cudaGetLastError());
-  unsigned err[2];
+  unsigned err[3];
   CHECK(cudaMemcpy(err, d_err, sizeof err, cudaMemcpyDeviceToHost));
-  float e[2];
+  float e[3];
   std::memcpy(e, err, sizeof e);
-  j.open("exp2_packed_max_rel_err_args_in_minus24_0");
-  j.num("f16x2", e[0]);
-  j.num("bf16x2", e[1]);
+  j.open("exp2_packed_max_rel_err");
+  j.num("f16x2_args_minus14_0", e[0]);
+  j.num("f16x2_args_minus24_minus14", e[1]);
+  j.num("bf16x2_args_minus24_0", e[2]);
   j.close();
   CHECK(cudaFree(d_err));
   CHECK(cudaFree(d_out));
