@@ -44,8 +44,8 @@ inline int64_t section_heads(int64_t batch_heads, int64_t kv_bytes_per_q_head, i
 // The least share of the run time a stream-K tail must save (plan_tail_split), and what its
 // pieces cost a unit in key blocks' time. At the FA3 shapes the model's 2.2-2.9 % tails sit near
 // the threshold; three A/Bs on an H100 found the cut paying where the model says >= 2.5 % (d128
-// 8k / 16k +1.5...+3.3 %, d64 4k +0.5...+1.7 %, d256 8k / 16k within noise) and losing below it
-// (d128 4k, d256 4k -0.7...-1.4 %): the pieces cost more than the model's three blocks
+// 8k / 16k +1.5...+3.3 %, d64 4k +0.5...+1.7 %, d256 8k / 16k within noise) and not below it
+// (d128 4k +0.6 / -1.2 %, d256 4k -0.7 / -1.3 %): the pieces cost more than the model's three blocks
 // (docs/perf-notes.md, "Stream-K tail" and "The stream-K tail, measured again").
 inline constexpr double kTailSplitGain = 0.025;
 inline constexpr double kTailSplitCostBlocks = 3.0;
