@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(1024, 1) exp2_throughput(long long* out, float
 }
 
 // The packed forms: 8 chains of two 16-bit elements, x <- 2^x - 1.5 in packed arithmetic (one
-// HADD2 / HFMA2 per pair beside the exponential). kBF16 picks ex2.approx.ftz.bf16x2 over
+// packed add per pair beside the exponential). kBF16 picks ex2.approx.ftz.bf16x2 over
 // ex2.approx.f16x2. Elements (two per instruction) per clock come out of the host side.
 template <bool kBF16>
 __device__ __forceinline__ uint32_t ex2_packed(uint32_t x) {
@@ -391,13 +391,7 @@ __global__ void __launch_bounds__(1024, 1) exp2_packed_throughput(long long* out
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const float a = -0.5f - 0.06f * k - 1e-6f * threadIdx.x;
-    if constexpr (kBF16) {
-      __nv_bfloat162 h = __floats2bfloat162_rn(a, a - 0.01f);
-      v[k] = *reinterpret_cast<uint32_t*>(&h);
-    } else {
-      __half2 h = __floats2half2_rn(a, a - 0.01f);
-      v[k] = *reinterpret_cast<uint32_t*>(&h);
-    }
+    v[k] = fa4::sm90::pack2<kBF16>(a, a - 0.01f);
   }
   __syncthreads();
   const long long t0 = clock64();
