@@ -10,9 +10,16 @@ With --shapes, each round times the listed fa4-bench shapes one by one instead o
 build back to back on a shape (the builds' order rotating by round), so the builds of one shape
 meet the same clock and power state: the finer A/B (per-round ranges within about a per cent).
 
-The first NAME is the base. Writes one JSON (every record with its build and round, the medians,
-GPU, driver, commit, date and this command) and prints a table. A build whose sweep fails or
-times out is reported and left out of its round (a hang shows as a timeout, not a stall).
+Before any timing, every build runs `--check` (float64 reference) on CHECK_SHAPES, shapes that
+reach every kernel the dispatch has (d64 on three and on two consumers, d128 in clusters and
+alone, stream-K tails, d256, causal and not, fp16, GQA, odd lengths, BHSD), and on each --shapes
+entry. A build that fails a check, crashes or hangs there is reported and not timed: a variant's
+timing counts only if the variant is right on every kernel it changes (`--checks` replaces the
+list, `--checks none` skips them).
+
+The first NAME is the base. Writes one JSON (every record with its build and round, the checks,
+the medians, GPU, driver, commit, date and this command) and prints a table. A build whose sweep
+fails or times out is reported and left out of its round (a hang shows as a timeout, not a stall).
 `python3 bench/ab_sweep.py --self-test` checks the bookkeeping with stand-in builds (no GPU).
 """
 
@@ -27,6 +34,50 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+
+# One shape a kernel family: which kernel a shape reaches follows src/sm90/sm90_fwd.cu and
+# fwd_launch.cuh (d64's tile height, clusters for non-causal d128/d256, the stream-K rule).
+CHECK_SHAPES = [
+    "--b 4 --h 32 --s 4096 --d 64",                               # d64, three consumers
+    "--b 16 --h 32 --s 1024 --d 64 --causal",                     # d64, two consumers, tile counter
+    "--b 2 --h 7 --sq 1000 --sk 4097 --d 64 --causal",            # tails, causal bottom-right
+    "--b 3 --h 8 --hkv 2 --sq 4097 --sk 239 --d 64",              # GQA, seqlen_q > seqlen_k
+    "--b 4 --h 16 --s 4096 --d 128",                              # d128 in clusters of two
+    "--b 2 --h 16 --s 8192 --d 128",                              # d128 with a stream-K tail
+    "--b 32 --h 16 --s 512 --d 128",                              # short tiles
+    "--b 3 --h 5 --sq 239 --sk 1000 --d 128 --layout bhsd",       # one CTA a unit, BHSD
+    "--b 2 --h 4 --s 2048 --d 128 --causal --dtype fp16",         # fp16
+    "--b 2 --h 8 --s 4096 --d 256",                               # d256 in clusters
+    "--b 2 --h 8 --sq 333 --sk 2048 --d 256 --causal",            # d256 causal, short queries
+]
+
+
+def run_checks(builds, shapes, args, failures):
+    """Each build against the float64 reference on every shape; returns {build: [results]} and
+    the builds that passed all."""
+    results, passed = {}, []
+    for name, path in builds:
+        ok, rows = True, []
+        for shape in shapes:
+            cmd = [path] + shape.split() + ["--check", "--iters", "0"]
+            try:
+                done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      timeout=args.timeout)
+                good = done.returncode == 0
+                tail = " | ".join(done.stdout.strip().splitlines()[-2:])
+            except subprocess.TimeoutExpired:
+                good, tail = False, f"no result in {args.timeout} s (a hang?)"
+            except OSError as e:
+                good, tail = False, str(e)
+            rows.append({"shape": shape, "pass": good})
+            if not good:
+                ok = False
+                failures.append(f"{name} check {shape}: {tail}")
+        results[name] = rows
+        if ok:
+            passed.append((name, path))
+    return results, passed
 
 
 def run_round(builds, rnd, args, records, failures):
@@ -116,6 +167,8 @@ def main(argv=None):
     p.add_argument("--dtype", choices=["bf16", "fp16"], help="the sweep's dtype (fa4-bench's default: bf16)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a sweep may take")
     p.add_argument("--shapes", help="fa4-bench shape flags separated by ';' (instead of --sweep fa3)")
+    p.add_argument("--checks", help="shapes each build is checked on before timing, ';'-separated "
+                   "(default: CHECK_SHAPES and the --shapes; 'none': no checks)")
     p.add_argument("--self-test", action="store_true")
     args = p.parse_args(argv)
     if args.self_test:
@@ -132,8 +185,17 @@ def main(argv=None):
     if len(set(names)) != len(names):
         p.error(f"build names must differ: {names}")
     records, failures = [], []
+    if args.checks == "none":
+        check_shapes = []
+    elif args.checks:
+        check_shapes = [c.strip() for c in args.checks.split(";") if c.strip()]
+    else:
+        timed = [c.strip() for c in (args.shapes or "").split(";") if c.strip()]
+        check_shapes = CHECK_SHAPES + [c for c in timed if c not in CHECK_SHAPES]
+    checks, timed_builds = run_checks(builds, check_shapes, args, failures)
     for rnd in range(1, args.rounds + 1):
-        run_round(builds, rnd, args, records, failures)
+        if timed_builds:
+            run_round(timed_builds, rnd, args, records, failures)
     med = medians(records)
     first = records[0] if records else {}
     result = {
@@ -142,7 +204,7 @@ def main(argv=None):
         "builds": dict(builds), "gpu": first.get("gpu"), "driver": first.get("driver"),
         "commit": os.environ.get("FA4_COMMIT", first.get("commit")),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": "python3 " + " ".join(sys.argv), "failures": failures,
+        "command": "python3 " + " ".join(sys.argv), "checks": checks, "failures": failures,
         "medians": [{"head_dim": k[0], "causal": k[1], "seqlen_q": k[2], "shape": k[3], **v} for k, v in sorted(med.items())],
         "records": records,
     }
@@ -158,12 +220,15 @@ def self_test():
     """Stand-in builds (shell scripts writing sweep JSON): medians, ratios, a failing build."""
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
-        def stand_in(name, tflops, rc=0):
+        def stand_in(name, tflops, rc=0, check_rc=0, fail_shape="none"):
+            # Exits check_rc on a --check run whose flags contain fail_shape's, 0 on other checks,
+            # rc on a timed run (after writing its record).
             path = os.path.join(tmp, name)
             recs = [{"head_dim": 128, "causal": False, "seqlen_q": 4096, "tflops": tflops, "gpu": "stand-in",
                      "driver": "0.0", "commit": "x"}]
             with open(path, "w") as f:
-                f.write("#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = --json ] && out=$2; shift; done\n"
+                f.write(f"#!/bin/sh\nall=\"$*\"\ncase \"$all\" in *--check*) case \"$all\" in *\"{fail_shape}\"*) exit {check_rc};; esac; exit 0;; esac\n"
+                        "while [ $# -gt 0 ]; do [ \"$1\" = --json ] && out=$2; shift; done\n"
                         f"echo '{json.dumps(recs)}' > \"$out\"\nexit {rc}\n")
             os.chmod(path, 0o755)
             return path
@@ -176,10 +241,20 @@ def self_test():
         ok &= m["base"] == 500.0 and m["new"] == 550.0 and "broken" not in m
         ok &= len(res["records"]) == 6 and len(res["failures"]) == 3
         ok &= [r["round"] for r in res["records"] if r["build"] == "new"] == [1, 2, 3]
+        ok &= all(c["pass"] for b in ("base", "new", "broken") for c in res["checks"][b])
+        ok &= len(res["checks"]["base"]) == len(CHECK_SHAPES)
+        # A build that fails one check (here the d64 two-consumer shape) is never timed.
+        rc = main(["--out", out, "--rounds", "2", "base=" + stand_in("a", 500.0),
+                   "wrong=" + stand_in("w", 900.0, check_rc=1, fail_shape="--s 1024 --d 64 --causal")])
+        res = json.load(open(out))
+        ok &= rc == 1 and all(r["build"] == "base" for r in res["records"]) and len(res["records"]) == 2
+        ok &= [c["pass"] for c in res["checks"]["wrong"]].count(False) == 1
+        ok &= len(res["failures"]) == 1 and res["failures"][0].startswith("wrong check --b 16 --h 32 --s 1024")
         rc = main(["--out", out, "--rounds", "2", "--shapes", "--s 512; --s 1024", "base=" + stand_in("a", 500.0),
                    "new=" + stand_in("b", 450.0)])
         res = json.load(open(out))
         ok &= rc == 0 and len(res["records"]) == 8
+        ok &= [c["shape"] for c in res["checks"]["new"]][-2:] == ["--s 512", "--s 1024"]  # the timed shapes too
         ok &= sorted({m["shape"] for m in res["medians"]}) == ["--s 1024", "--s 512"]
         ok &= all(m["new"] == 450.0 for m in res["medians"])
         # round 2 runs "new" before "base" on each shape
