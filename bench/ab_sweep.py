@@ -36,7 +36,7 @@ import sys
 import tempfile
 
 
-# One shape a kernel family: which kernel a shape reaches follows src/sm90/sm90_fwd.cu and
+# One shape for each kernel family: which kernel a shape reaches follows src/sm90/sm90_fwd.cu and
 # fwd_launch.cuh (d64's tile height, clusters for non-causal d128/d256, the stream-K rule).
 CHECK_SHAPES = [
     "--b 4 --h 32 --s 4096 --d 64",                               # d64, three consumers
@@ -60,7 +60,10 @@ def run_checks(builds, shapes, args, failures):
     for name, path in builds:
         ok, rows = True, []
         for shape in shapes:
-            cmd = [path] + shape.split() + ["--check", "--iters", "0"]
+            flags = shape.split()
+            if args.dtype and "--dtype" not in flags:  # checked in the dtype that is timed
+                flags += ["--dtype", args.dtype]
+            cmd = [path] + flags + ["--check", "--iters", "0"]
             try:
                 done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       timeout=args.timeout)
