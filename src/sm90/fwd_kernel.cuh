@@ -220,7 +220,9 @@ struct FwdKernelParams {
 // The stamps are not free of the schedule: ptxas does not move the wait for P_{j-1} V_{j-1} above
 // the "softmax done" clock read, so a traced kernel waits after all its exponentials, where the
 // shipped one waits after ~10 (d64), ~39 (d128) or ~22 (d256) of them; at d64 every later placement
-// measured 3-7 % slower (docs/perf-notes.md, "Where the single-P kernels wait for P V").
+// measured 3-7 % slower (docs/perf-notes.md, "Where the single-P kernels wait for P V"). Without
+// that stamp ptxas places the wait elsewhere again (d64 after 34, d128 after 2): traces show a
+// neighbouring schedule, and decisions rest on A/Bs of untraced builds.
 inline constexpr int kTraceCtas = 4, kTraceSteps = 512, kTraceEvents = 8, kCtaStamps = 4;
 // Words of one of the first two regions (steps, boundaries) with kConsumers consumers.
 template <int kConsumers>
