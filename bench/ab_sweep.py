@@ -53,6 +53,11 @@ CHECK_SHAPES = [
 ]
 
 
+def shape_list(text):
+    """The fa4-bench shapes of a ';'-separated option, each as its flag string."""
+    return [s.strip() for s in (text or "").split(";") if s.strip()]
+
+
 def run_checks(builds, shapes, args, failures):
     """Each build against the float64 reference on every shape; returns {build: [results]} and
     the builds that passed all."""
@@ -87,7 +92,7 @@ def run_round(builds, rnd, args, records, failures):
     if args.shapes:
         shift = (rnd - 1) % len(builds)
         turn = builds[shift:] + builds[:shift]
-        for shape in [s.split() for s in args.shapes.split(";") if s.strip()]:
+        for shape in [s.split() for s in shape_list(args.shapes)]:
             run_builds(turn, rnd, args, records, failures, shape)
     else:
         run_builds(builds, rnd, args, records, failures, ["--sweep", "fa3"])
@@ -191,10 +196,9 @@ def main(argv=None):
     if args.checks == "none":
         check_shapes = []
     elif args.checks:
-        check_shapes = [c.strip() for c in args.checks.split(";") if c.strip()]
+        check_shapes = shape_list(args.checks)
     else:
-        timed = [c.strip() for c in (args.shapes or "").split(";") if c.strip()]
-        check_shapes = CHECK_SHAPES + [c for c in timed if c not in CHECK_SHAPES]
+        check_shapes = CHECK_SHAPES + [c for c in shape_list(args.shapes) if c not in CHECK_SHAPES]
     checks, timed_builds = run_checks(builds, check_shapes, args, failures)
     for rnd in range(1, args.rounds + 1):
         if timed_builds:
