@@ -248,17 +248,20 @@ TEST(ForwardGpu, LocalWindow) {
 
 TEST(ForwardGpu, RunningMaxRisesPastTheRescaleThreshold) {
   FA4_REQUIRE_GPU();
-  // The steady-state softmax takes its exponentials against the running max before it knows the
-  // block's max; when a max rises past the threshold it must fall back to the exact step. Scores
-  // here grow block after block (key_ramp), for every head dim, both dtypes, masked and not.
+  // Steady-state steps on unmasked blocks take their exponentials against the running max without
+  // the block's max (d64, d128); a score far above it must send the warpgroup back for S and the
+  // exact step. Scores here grow block after block (key_ramp), for every head dim, both dtypes,
+  // masked and not: by a few log2 units a block (6), so the running max falls behind by steps, and
+  // by tens (60), so every block goes back.
   uint32_t seed = 800;
-  for (int64_t d : {64, 128, 256})
-    for (DType t : {BF16, FP16})
-      for (bool causal : {false, true}) {
-        Case c{t, 1, 333, 1111, 2, 1, d, causal};
-        c.key_ramp = 6.0;
-        run_case(c, seed++);
-      }
+  for (double ramp : {6.0, 60.0})
+    for (int64_t d : {64, 128, 256})
+      for (DType t : {BF16, FP16})
+        for (bool causal : {false, true}) {
+          Case c{t, 1, 333, 1111, 2, 1, d, causal};
+          c.key_ramp = ramp;
+          run_case(c, seed++);
+        }
 }
 
 TEST(ForwardGpu, LongSequences) {

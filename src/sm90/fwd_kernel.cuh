@@ -57,6 +57,7 @@ namespace fa4::sm90 {
 // (scheduler/graphs/sm90_fwd.graph): op a of iteration i starts at kStart[a] + i * kII, so P V of
 // j-1 comes first when kStart[O_h] - kII < kStart[S_h]. Consumers beyond two repeat them.
 namespace sched_fwd = sched::sm90_fwd;
+
 inline constexpr bool kSchedPvFirst0 =
     sched_fwd::kStart[int(sched_fwd::Op::O0)] - sched_fwd::kII < sched_fwd::kStart[int(sched_fwd::Op::S0)];
 inline constexpr bool kSchedPvFirst1 =
@@ -84,8 +85,14 @@ __host__ __device__ __forceinline__ BlockRange piece_range(BlockRange r, const T
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2,
           bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true, bool kSpeculate_ = false,
           bool kSoftmaxTurns_ = false, bool kTensorRowSum_ = false, bool kSmemP_ = false,
-          bool kStageOInQ_ = false, int kTurnMode_ = 0>
+          bool kStageOInQ_ = false, int kTurnMode_ = 0, bool kNoBlockMax_ = (kHeadDim_ <= 128)>
 struct FwdConfig {
+  // Steady-state steps on unmasked key blocks take no row max (softmax.cuh, softmax_step_no_max):
+  // the exponentials run against the running max as it stands and each thread's partial row sums
+  // bound them; a warpgroup whose check fails computes S again and takes the exact step. On an
+  // H100 +8...+13 % at d64, +1...+5 % at d128 (docs/perf-notes.md). Not at d256, where ptxas
+  // spills 84-136 bytes with it.
+  static constexpr bool kNoBlockMax = kNoBlockMax_ && !kSpeculate_ && !kTensorRowSum_ && !kSmemP_;
   // How consumers take turns at the tensor cores: 0 ping-pong (a consumer issues S_j and
   // P_{j-1} V_{j-1}, then passes the turn); 1 the turn passes right after S_j, so the next
   // consumer's S can go out beside this one's P V; 2 no turns (each consumer issues when ready).
@@ -349,6 +356,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // from registers. With one CTA a unit the next turn's id is rebuilt at each use. Both keep ptxas
   // from spilling around the epilogue's register peak (measured by ptxas -v, docs/perf-notes.md).
   constexpr bool kOInQ = Cfg::kStageOInQ && !kSplit;
+  // The row-max-free steps (FwdConfig::kNoBlockMax) in whole-tile kernels: in the stream-K ones
+  // ptxas spills (d64 72 bytes).
+  constexpr bool kNoMaxHere = Cfg::kNoBlockMax && !kSplit;
   constexpr bool kTurnSub = kOInQ && kCluster == 1;
   constexpr bool kStaged = Cfg::kStageO || kOInQ;  // O out by stmatrix and TMA (epilogue.cuh)
   constexpr auto kType = Cfg::kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
@@ -809,7 +819,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           wgmma::pin(s);
           stamp(4);
           // With speculation K_j is held until the speculative softmax has stood (below).
-          if constexpr (!Cfg::kSpeculate) release(&bar.k_empty[r.stage]);
+          if constexpr (!Cfg::kSpeculate && !kNoMaxHere) release(&bar.k_empty[r.stage]);
           {
             RingPos<Cfg::kStages> nx = r;
             nx.advance();
@@ -836,6 +846,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               to_p(p_next);
             }
             release(&bar.k_empty[r.stage]);
+          } else if constexpr (kNoMaxHere) {
+            // An unmasked block takes the step without the row max (softmax.cuh); when any
+            // thread's check fails, the warpgroup computes S again from K_j, still held, and takes
+            // the exact step. (Decided here, before P V's wait: ptxas then keeps that wait among the
+            // exponentials, where it measured best.)
+            bool exact = block_needs_mask<kBlockM, kBlockN>(n, p.window, m_block, p.seqlen_q, p.seqlen_k);
+            if (!exact) {
+              float bsum[2];
+              const bool ok = softmax_step_no_max<kBlockN, Cfg::kPolyEvery>(s, bsum, rows, p.scale_log2,
+                                                                          kNoMaxSumLimit);
+              if (named_bar_any(1 + Cfg::kConsumers + consumer, 128, !ok)) {
+                wgmma::fence();
+                issue_s(r.stage);
+                wgmma::commit_group();
+                wgmma::wait_group<0>();
+                wgmma::pin(s);
+                exact = true;
+              } else {
+                corr[0] = corr[1] = 1.0f;
+                rows[0].sum += bsum[0];
+                rows[1].sum += bsum[1];
+              }
+            }
+            if (exact) softmax(n, m_block, corr);
+            release(&bar.k_empty[r.stage]);
+            if constexpr (Cfg::kDoubleP) to_p(p_next);
           } else {
             softmax(n, m_block, corr);
             if constexpr (Cfg::kDoubleP) to_p(p_next);
