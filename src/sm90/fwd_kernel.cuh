@@ -57,7 +57,6 @@ namespace fa4::sm90 {
 // (scheduler/graphs/sm90_fwd.graph): op a of iteration i starts at kStart[a] + i * kII, so P V of
 // j-1 comes first when kStart[O_h] - kII < kStart[S_h]. Consumers beyond two repeat them.
 namespace sched_fwd = sched::sm90_fwd;
-
 inline constexpr bool kSchedPvFirst0 =
     sched_fwd::kStart[int(sched_fwd::Op::O0)] - sched_fwd::kII < sched_fwd::kStart[int(sched_fwd::Op::S0)];
 inline constexpr bool kSchedPvFirst1 =
@@ -90,7 +89,7 @@ struct FwdConfig {
   // Steady-state steps on unmasked key blocks take no row max (softmax.cuh, softmax_step_no_max):
   // the exponentials run against the running max as it stands and each thread's partial row sums
   // bound them; a warpgroup whose check fails computes S again and takes the exact step. On an
-  // H100 +8...+13 % at d64, +1...+5 % at d128 (docs/perf-notes.md). Not at d256, where ptxas
+  // H100 +7.5...+12 % at d64, +3...+5 % at d128 (docs/perf-notes.md). Not at d256, where ptxas
   // spills 84-136 bytes with it.
   static constexpr bool kNoBlockMax = kNoBlockMax_ && !kSpeculate_ && !kTensorRowSum_ && !kSmemP_;
   // How consumers take turns at the tensor cores: 0 ping-pong (a consumer issues S_j and

@@ -131,8 +131,9 @@ inline constexpr float kNoMaxSumLimit = 32768.0f;
 
 // The step without the block's row max: exponentials against the running max as it stands, and
 // the row sums. Each thread's partial sum of a row bounds every one of its exponentials, so when
-// both partial sums are at most `limit` no element exceeded it and the values stand exactly as
-// conditional rescaling would have them with the max kept (correction 1). Returns false
+// both partial sums are at most `limit` no element exceeded it, and the max may stay: the values
+// are exact against it for the reason conditional rescaling's are (O / l divides by a sum taken
+// against the same max), with the bound on P at 2^15 instead of 2^threshold. Returns false
 // otherwise (a score far above the running max, a row still at -inf, which makes every
 // exponential +inf, or a NaN): S is gone then, and the caller computes it again and runs
 // softmax_step. bsum gets the partial sums, for the caller to add once its warpgroup agrees.
@@ -152,7 +153,11 @@ __device__ __forceinline__ bool softmax_step_no_max(float (&s)[kBlockN / 2], flo
     for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const float e = exp2_share<kPolyEvery>(j, fmaf(s[4 * j + 2 * i + c], scale_log2, -offset));
+        const float x = fmaf(s[4 * j + 2 * i + c], scale_log2, -offset);
+        // The polynomial's domain ends below 128 (numerics/exp2.h): clamped there, a score far
+        // above the max (or a NaN, which fminf drops) still gives 2^127 and fails the check.
+        const bool poly = kPolyEvery > 0 && j % (kPolyEvery > 0 ? kPolyEvery : 1) == kPolyEvery - 1;
+        const float e = exp2_share<kPolyEvery>(j, poly ? fminf(x, 127.0f) : x);
         s[4 * j + 2 * i + c] = e;
         sum4[j % 4] += e;
       }
