@@ -174,10 +174,10 @@ struct Variant {
   float threshold;
 };
 
-template <int D, int N, int S, int Poly, int C = 2, bool Sched = true, bool DoubleP = true, bool Spec = false,
+template <int D, int N, int S, int Poly, int C = 2, bool Sched = true, bool DoubleP = true,
           bool SoftmaxTurns = false, bool TensorRowSum = false>
 fa4::Status run_cfg(const FwdParams& p, cudaStream_t s) {
-  return fa4::sm90::launch_forward<fa4::sm90::FwdConfig<D, N, S, true, Poly, C, Sched, DoubleP, Spec, SoftmaxTurns, TensorRowSum>>(p, s);
+  return fa4::sm90::launch_forward<fa4::sm90::FwdConfig<D, N, S, true, Poly, C, Sched, DoubleP, SoftmaxTurns, TensorRowSum>>(p, s);
 }
 
 // An FA3-sized problem (16k tokens, hidden 2048) on the device: independent random q, k and v
@@ -451,7 +451,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "trace") == 0) {
     const char* dir = argc > 2 ? argv[2] : ".";
     using namespace fa4::sm90;
-    using D256 = FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, false, true>;  // shipped
+    using D256 = FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, true>;  // shipped
     trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 16384, false);
     trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 4096, true);
     trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 3>>>(dir, "d64", 64, 16384, false);
@@ -470,12 +470,12 @@ int main(int argc, char** argv) {
     trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 2>>>(dir, "d64c2", 64, 4096, false);
     if (argc > 3) {  // variants (`trace DIR variants`): configurations measured and not shipped
       // Turn modes (FwdConfig::kTurnMode): 1 the turn passes after S, 2 no turns.
-      using D128T1 = FwdConfig<128, 128, 2, true, 0, 2, true, true, false, false, false, false, false, 1>;
-      using D128T2 = FwdConfig<128, 128, 2, true, 0, 2, true, true, false, false, false, false, false, 2>;
-      using D64T1 = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, false, false, false, 1>;
-      using D64T2 = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, false, false, false, 2>;
-      using D256T1 = FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, false, true, 1>;
-      using D256T2 = FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, false, true, 2>;
+      using D128T1 = FwdConfig<128, 128, 2, true, 0, 2, true, true, false, false, false, false, 1>;
+      using D128T2 = FwdConfig<128, 128, 2, true, 0, 2, true, true, false, false, false, false, 2>;
+      using D64T1 = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, false, false, 1>;
+      using D64T2 = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, false, false, 2>;
+      using D256T1 = FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, true, 1>;
+      using D256T2 = FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, true, 2>;
       trace_shape<Traced<D128T1>>(dir, "d128t1", 128, 4096, false);
       trace_shape<Traced<D128T2>>(dir, "d128t2", 128, 4096, false);
       trace_shape<Traced<D64T1>>(dir, "d64t1", 64, 4096, false);
@@ -487,10 +487,10 @@ int main(int argc, char** argv) {
       trace_shape<Traced<D256Direct>>(dir, "d256direct", 256, 4096, false);
       trace_shape<Traced<D256Direct>>(dir, "d256direct", 256, 512, false);
       // P through shared memory (FwdConfig::kSmemP) at d64.
-      using D64SmemP = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, false, true>;
+      using D64SmemP = FwdConfig<64, 128, 4, true, 0, 3, true, true, false, false, true>;
       trace_shape<Traced<D64SmemP>>(dir, "d64smemp", 64, 16384, false);
       trace_shape<Traced<D64SmemP>>(dir, "d64smemp", 64, 4096, false);
-      trace_shape<Traced<FwdConfig<128, 128, 2, true, 0, 2, true, true, false, true>>>(dir, "d128turns", 128, 16384, false);
+      trace_shape<Traced<FwdConfig<128, 128, 2, true, 0, 2, true, true, true>>>(dir, "d128turns", 128, 16384, false);
       trace_shape<Traced<FwdConfig<128, 128, 3, true, 0>>>(dir, "d128s3", 128, 16384, false);
       trace_shape<Traced<FwdConfig<128, 176, 2, true, 0>>>(dir, "d128n176", 128, 16384, false);
     }
@@ -520,7 +520,7 @@ int main(int argc, char** argv) {
     static const Variant variants[] = {
         // Row sums of P on the tensor cores (FwdConfig::kTensorRowSum), d64: +1...+5 % in fa4-bench
         // A/B, LSE from 16-bit P sums (docs/perf-notes.md).
-        {0, "d64_tensor_row_sum", 64, run_cfg<64, 128, 4, 0, 3, true, true, false, false, true>, 8.0f},
+        {0, "d64_tensor_row_sum", 64, run_cfg<64, 128, 4, 0, 3, true, true, false, true>, 8.0f},
         {3, "d128_old_order", 128, fa4::detail::sm90_forward, 8.0f},
         {4, "d128_dynamic_one_section", 128, fa4::detail::sm90_forward, 8.0f},
         {3, "d256_old_order", 256, fa4::detail::sm90_forward, 8.0f},

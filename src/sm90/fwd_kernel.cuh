@@ -82,16 +82,16 @@ __host__ __device__ __forceinline__ BlockRange piece_range(BlockRange r, const T
 
 // Tile shape and shared-memory layout of one forward configuration.
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2,
-          bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true, bool kSpeculate_ = false,
-          bool kSoftmaxTurns_ = false, bool kTensorRowSum_ = false, bool kSmemP_ = false,
-          bool kStageOInQ_ = false, int kTurnMode_ = 0, bool kNoBlockMax_ = (kHeadDim_ <= 128)>
+          bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true, bool kSoftmaxTurns_ = false,
+          bool kTensorRowSum_ = false, bool kSmemP_ = false, bool kStageOInQ_ = false, int kTurnMode_ = 0,
+          bool kNoBlockMax_ = (kHeadDim_ <= 128)>
 struct FwdConfig {
   // Steady-state steps on unmasked key blocks take no row max (softmax.cuh, softmax_step_no_max):
   // the exponentials run against the running max as it stands and each thread's partial row sums
   // bound them; a warpgroup whose check fails computes S again and takes the exact step. On an
   // H100 +7.5...+12 % at d64, +3...+5 % at d128 (docs/perf-notes.md). Not at d256, where ptxas
   // spills 84-136 bytes with it.
-  static constexpr bool kNoBlockMax = kNoBlockMax_ && !kSpeculate_ && !kTensorRowSum_ && !kSmemP_;
+  static constexpr bool kNoBlockMax = kNoBlockMax_ && !kTensorRowSum_ && !kSmemP_;
   // How consumers take turns at the tensor cores: 0 ping-pong (a consumer issues S_j and
   // P_{j-1} V_{j-1}, then passes the turn); 1 the turn passes right after S_j, so the next
   // consumer's S can go out beside this one's P V; 2 no turns (each consumer issues when ready).
@@ -108,10 +108,6 @@ struct FwdConfig {
   // share a sub-partition's issue slots and exp unit. Measured: no shorter softmax, the period
   // 1-2 % longer at d128 (docs/perf-notes.md); off everywhere.
   static constexpr bool kSoftmaxTurns = kSoftmaxTurns_;
-  // Steady-state softmax taking its exponentials against the running max before the block's max
-  // is known (softmax.cuh, softmax_step_speculative); needs two P buffers. Measured slower on H200
-  // (docs/perf-notes.md), so off in every shipped configuration.
-  static constexpr bool kSpeculate = kSpeculate_;
   // Q and K from one producer thread, V from a thread of another warp, so K_{j+1} never waits
   // behind V_j's slot. With three consumers the second spinning producer warp costs issue slots
   // the softmax needs, and one thread loads everything.
@@ -128,9 +124,7 @@ struct FwdConfig {
   // 208: ptxas spills).
   static constexpr bool kDoubleP =
       kAllowDoubleP_ && !kSmemP_ && kHeadDim_ / 2 + kBlockN_ <= (kConsumers_ == 2 ? 192 : 128);
-  static_assert(!kSpeculate || kDoubleP, "the speculative softmax writes P_j beside P_{j-1}");
-  static_assert(!(kSpeculate && kTensorRowSum_), "the speculative softmax keeps its own sums");
-  static_assert(!(kSmemP_ && (kSpeculate_ || kTensorRowSum_)), "P in shared memory: one P, no register A operand");
+  static_assert(!(kSmemP_ && kTensorRowSum_), "P in shared memory: no register A operand");
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 query rows each
   static constexpr int kBlockM = 64 * kConsumers;
@@ -817,8 +811,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           wgmma::wait_group<1>();
           wgmma::pin(s);
           stamp(4);
-          // With speculation K_j is held until the speculative softmax has stood (below).
-          if constexpr (!Cfg::kSpeculate && !kNoMaxHere) release(&bar.k_empty[r.stage]);
+          // With the row-max-free step K_j is held until its check has stood (below).
+          if constexpr (!kNoMaxHere) release(&bar.k_empty[r.stage]);
           {
             RingPos<Cfg::kStages> nx = r;
             nx.advance();
@@ -826,29 +820,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             v_landed = mbar_test(&bar.v_full[r.stage], r.phase);
           }
           softmax_turn_begin();
-          if constexpr (Cfg::kSpeculate) {
-            // Speculative softmax (softmax.cuh) into P_j's own buffer; when a row's max moved past
-            // the threshold (rare after the first block), S_j is computed again from K_j, still
-            // held, and the exact step runs.
-            mask(n, m_block);
-            // The fallback issues wgmma, so the whole warpgroup decides together (bar.red.or on
-            // this consumer's barrier, the one its epilogue uses).
-            auto any_in_warpgroup = [&](bool pred) { return named_bar_any(1 + Cfg::kConsumers + consumer, 128, pred); };
-            if (!softmax_step_speculative<Cfg::kBF16, kBlockN, Cfg::kPolyEvery>(
-                    s, rows, p_next, p.scale_log2, p.rescale_threshold, corr, any_in_warpgroup)) {
-              wgmma::fence();
-              issue_s(r.stage);
-              wgmma::commit_group();
-              wgmma::wait_group<0>();
-              wgmma::pin(s);
-              softmax(n, m_block, corr);
-              to_p(p_next);
-            }
-            release(&bar.k_empty[r.stage]);
-          } else if constexpr (kNoMaxHere) {
+          if constexpr (kNoMaxHere) {
             // An unmasked block takes the step without the row max (softmax.cuh); when any
             // thread's check fails, the warpgroup computes S again from K_j, still held, and takes
-            // the exact step. (Decided here, before P V's wait: ptxas then keeps that wait among the
+            // the exact step (decided together: bar.red.or on this consumer's barrier, the one its
+            // epilogue uses). (Decided here, before P V's wait: ptxas then keeps that wait among the
             // exponentials, where it measured best.)
             bool exact = block_needs_mask<kBlockM, kBlockN>(n, p.window, m_block, p.seqlen_q, p.seqlen_k);
             if (!exact) {

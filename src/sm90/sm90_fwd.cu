@@ -20,7 +20,7 @@ Status dispatch_head_dim(const FwdParams& a, cudaStream_t stream) {
     case 128: return sm90::launch_forward<FwdConfig<128, 128, sched::sm90_fwd::kKVStages, kBF16, 0>>(a, stream);
     // d256 stages O in each tile's Q buffer (no other shared memory is left for it).
     case 256:
-      return sm90::launch_forward<FwdConfig<256, 80, 2, kBF16, 0, 2, true, true, false, false, false, false, true>>(a, stream);
+      return sm90::launch_forward<FwdConfig<256, 80, 2, kBF16, 0, 2, true, true, false, false, false, true>>(a, stream);
     default:
       return {StatusCode::kNotSupported, "head_dim = " + std::to_string(a.head_dim) + " has no sm90 kernel"};
   }

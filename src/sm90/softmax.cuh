@@ -80,51 +80,6 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], numerics::
   }
 }
 
-// The same step, speculating on conditional rescaling: exponentials are taken against the running
-// max before this block's max is known, so the exp unit starts at once and the max (on the ALU)
-// runs beside it. Whenever conditional rescaling would keep the running max -- the block's max
-// exceeds it by at most the threshold, and the row has seen a score before -- these are exactly
-// the exact step's values (correction 1). Otherwise nothing is committed and it returns false: the
-// caller computes S again and runs softmax_step (S's registers are free for the exponentials, which
-// keeps this step inside the register budget). `any` reduces the decision over the threads that
-// must take the same path (a warpgroup, when the fallback issues wgmma). P is written to `pv`.
-template <bool kBF16, int kBlockN, int kPolyEvery, class Any>
-__device__ __forceinline__ bool softmax_step_speculative(const float (&s)[kBlockN / 2],
-                                                         numerics::RowState (&rows)[2],
-                                                         uint32_t (&pv)[kBlockN / 4], float scale_log2,
-                                                         float threshold, float (&corr)[2], Any any) {
-  constexpr int kPairs = kBlockN / 8;
-  // Four partial maxima and sums a row: the max is off the exp unit's path here, so chains are fine
-  // and keep registers low.
-  float mx4[2][4] = {{-INFINITY, -INFINITY, -INFINITY, -INFINITY}, {-INFINITY, -INFINITY, -INFINITY, -INFINITY}};
-  float sum4[2][4] = {};
-  const float offset[2] = {numerics::exp_offset(rows[0].max), numerics::exp_offset(rows[1].max)};
-#pragma unroll
-  for (int j = 0; j < kPairs; ++j)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float a = s[4 * j + 2 * i], b = s[4 * j + 2 * i + 1];
-      mx4[i][j % 4] = fmaxf(mx4[i][j % 4], fmaxf(a, b));
-      const float ea = exp2_share<kPolyEvery>(j, fmaf(a, scale_log2, -offset[i]));
-      const float eb = exp2_share<kPolyEvery>(j, fmaf(b, scale_log2, -offset[i]));
-      sum4[i][j % 4] += ea + eb;
-      pv[2 * j + i] = pack2<kBF16>(ea, eb);
-    }
-  bool redo = false;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float mx = quad_max(fmaxf(fmaxf(mx4[i][0], mx4[i][1]), fmaxf(mx4[i][2], mx4[i][3])));
-    redo |= numerics::rescale_step(rows[i].max, mx * scale_log2, threshold).rescaled;
-  }
-  if (any(redo)) return false;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    corr[i] = 1.0f;
-    rows[i].sum += (sum4[i][0] + sum4[i][1]) + (sum4[i][2] + sum4[i][3]);
-  }
-  return true;
-}
-
 // The largest partial row sum softmax_step_no_max accepts: 2^15, so every exponential it lets
 // through fits fp16 P (largest finite 65504) as well as bf16.
 inline constexpr float kNoMaxSumLimit = 32768.0f;
