@@ -175,9 +175,10 @@ struct Variant {
 };
 
 template <int D, int N, int S, int Poly, int C = 2, bool Sched = true, bool DoubleP = true,
-          bool SoftmaxTurns = false, bool TensorRowSum = false>
+          bool SoftmaxTurns = false, bool TensorRowSum = false, bool NoBlockMax = (D <= 128)>
 fa4::Status run_cfg(const FwdParams& p, cudaStream_t s) {
-  return fa4::sm90::launch_forward<fa4::sm90::FwdConfig<D, N, S, true, Poly, C, Sched, DoubleP, SoftmaxTurns, TensorRowSum>>(p, s);
+  return fa4::sm90::launch_forward<fa4::sm90::FwdConfig<D, N, S, true, Poly, C, Sched, DoubleP, SoftmaxTurns,
+                                                        TensorRowSum, false, false, 0, NoBlockMax>>(p, s);
 }
 
 // An FA3-sized problem (16k tokens, hidden 2048) on the device: independent random q, k and v
@@ -521,6 +522,10 @@ int main(int argc, char** argv) {
         // Row sums of P on the tensor cores (FwdConfig::kTensorRowSum), d64: +1...+5 % in fa4-bench
         // A/B, LSE from 16-bit P sums (docs/perf-notes.md).
         {0, "d64_tensor_row_sum", 64, run_cfg<64, 128, 4, 0, 3, true, true, false, true>, 8.0f},
+        // The exact step on every block (FwdConfig::kNoBlockMax off): the shipped kernels before
+        // the row-max-free step, d64 -7...-11 % and d128 -3...-5 % in fa4-bench A/B.
+        {0, "d64_exact_step", 64, run_cfg<64, 128, 4, 0, 3, true, true, false, false, false>, 8.0f},
+        {0, "d128_exact_step", 128, run_cfg<128, 128, 2, 0, 2, true, true, false, false, false>, 8.0f},
         {3, "d128_old_order", 128, fa4::detail::sm90_forward, 8.0f},
         {4, "d128_dynamic_one_section", 128, fa4::detail::sm90_forward, 8.0f},
         {3, "d256_old_order", 256, fa4::detail::sm90_forward, 8.0f},

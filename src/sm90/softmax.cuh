@@ -83,6 +83,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], numerics::
 // The largest partial row sum softmax_step_no_max accepts: 2^15, so every exponential it lets
 // through fits fp16 P (largest finite 65504) as well as bf16.
 inline constexpr float kNoMaxSumLimit = 32768.0f;
+static_assert(kNoMaxSumLimit < 65504.0f, "every P the row-max-free step lets through must fit fp16");
 
 // The step without the block's row max: exponentials against the running max as it stands, and
 // the row sums. Each thread's partial sum of a row bounds every one of its exponentials, so when
