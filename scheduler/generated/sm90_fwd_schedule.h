@@ -6,14 +6,14 @@
 namespace fa4::sched::sm90_fwd {
 
 enum class Unit : int { tma, tc, mufu, fma };
-enum class Op : int { LoadK, LoadV, S0, S1, Max0, Max1, Exp0, Exp1, Fin0, Fin1, O0, O1 };
+enum class Op : int { LoadK, LoadV, S0, S1, Exp0, Exp1, Fin0, Fin1, O0, O1 };
 
 inline constexpr int kII = 2048;  // cycles
 inline constexpr int kStages = 3;
 inline constexpr int kQStages = 2;  // buffer Q: slots in the ring
 inline constexpr int kOStages = 1;  // buffer O: slots in the ring
 inline constexpr int kKVStages = 2;  // buffer KV: slots in the ring
-inline constexpr int kNumOps = 12;
+inline constexpr int kNumOps = 10;
 
 struct Step {
   Op op;
@@ -25,24 +25,22 @@ struct Step {
 // The steady state in issue order.
 inline constexpr Step kSteadyState[kNumOps] = {
     {Op::LoadK, Unit::tma, 0, 0},
-    {Op::Exp1, Unit::mufu, 1, 68},
-    {Op::Fin0, Unit::fma, 1, 95},
     {Op::O1, Unit::tc, 2, 423},
-    {Op::Fin1, Unit::fma, 1, 581},
+    {Op::Fin1, Unit::fma, 1, 481},
     {Op::S0, Unit::tc, 0, 935},
     {Op::LoadV, Unit::tma, 0, 1077},
     {Op::S1, Unit::tc, 0, 1447},
-    {Op::Max0, Unit::fma, 0, 1503},
-    {Op::Exp0, Unit::mufu, 0, 1603},
+    {Op::Exp0, Unit::mufu, 0, 1503},
     {Op::O0, Unit::tc, 1, 1959},
-    {Op::Max1, Unit::fma, 0, 2015},
+    {Op::Exp1, Unit::mufu, 0, 2016},
+    {Op::Fin0, Unit::fma, 0, 2016},
 };
 
 // Stage of each op, indexed by Op.
-inline constexpr int kStageOf[kNumOps] = {0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2};
+inline constexpr int kStageOf[kNumOps] = {0, 0, 0, 0, 0, 0, 0, 1, 1, 2};
 
 // Start of each op in iteration 0, indexed by Op; iteration i adds i * kII. (Op a of
 // iteration i starts before op b of iteration k when kStart[a] + i * kII < kStart[b] + k * kII.)
-inline constexpr int kStart[kNumOps] = {0, 1077, 935, 1447, 1503, 2015, 1603, 2116, 2143, 2629, 4007, 4519};
+inline constexpr int kStart[kNumOps] = {0, 1077, 935, 1447, 1503, 2016, 2016, 2529, 4007, 4519};
 
 }  // namespace fa4::sched::sm90_fwd
