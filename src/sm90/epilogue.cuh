@@ -16,6 +16,13 @@
 
 namespace fa4::sm90 {
 
+// A consumer warpgroup's own named barrier (its 128 threads), after the turn barriers 1..kConsumers:
+// the epilogue's syncs and the row-max-free step's vote.
+template <class Cfg>
+__device__ __forceinline__ uint32_t own_barrier(int consumer) {
+  return 1 + Cfg::kConsumers + consumer;
+}
+
 // A consumer's 64 x kCols accumulator tile (fp32 in the wgmma layout), each row times its
 // factor (rows r and r + 8 of the thread: scale[0], scale[1]; kScaled false: as is), as 16-bit
 // values into a shared tile laid out as Q is: [kCols / 64 atoms][kRows][64 columns], rows of
@@ -65,7 +72,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
       p.lse[(int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q] = numerics::row_lse(rows[i]);
   }
   if constexpr (kStaged) {
-    const uint32_t bar_id = 1 + Cfg::kConsumers + consumer;  // after the turn barriers
+    const uint32_t bar_id = own_barrier<Cfg>(consumer);
     if (t == 0) ptx::tma_store_wait_read();  // the previous tile's store has left the buffer
     ptx::named_bar_sync(bar_id, 128);
     stmatrix_tile<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBF16, true>(ptx::smem_addr(s_o), consumer, t, o, inv);
@@ -102,7 +109,7 @@ template <class Cfg, int kCluster, class Params>
 __device__ __forceinline__ bool merge_pieces(const Params& p, const Tile& tl, float (&o)[Cfg::kHeadDim / 2],
                                              numerics::RowState (&rows)[2], int consumer, int t, int rank) {
   constexpr int kVec = Cfg::kHeadDim / 8 + 1;  // float4s a thread: O, then max0, max1, sum0, sum1
-  const uint32_t bar_id = 1 + Cfg::kConsumers + consumer;  // after the turn barriers
+  const uint32_t bar_id = own_barrier<Cfg>(consumer);
   const int64_t slot = (int64_t(tl.tail) * kCluster + rank) * Cfg::kConsumers + consumer;
   auto partial = [&](int piece) {
     const int64_t block = (int64_t(tl.tail) * p.tiles.max_pieces + piece) * kCluster * Cfg::kConsumers +

@@ -823,15 +823,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if constexpr (kNoMaxHere) {
             // An unmasked block takes the step without the row max (softmax.cuh); when any
             // thread's check fails, the warpgroup computes S again from K_j, still held, and takes
-            // the exact step (decided together: bar.red.or on this consumer's barrier, the one its
-            // epilogue uses). (Decided here, before P V's wait: ptxas then keeps that wait among the
-            // exponentials, where it measured best.)
+            // the exact step (decided together: bar.red.or on this consumer's own barrier). Decided
+            // here, before P V's wait: ptxas then keeps that wait among the exponentials, where it
+            // measured best.
             bool exact = block_needs_mask<kBlockM, kBlockN>(n, p.window, m_block, p.seqlen_q, p.seqlen_k);
             if (!exact) {
               float bsum[2];
               const bool ok = softmax_step_no_max<kBlockN, Cfg::kPolyEvery>(s, bsum, rows, p.scale_log2,
                                                                           kNoMaxSumLimit);
-              if (named_bar_any(1 + Cfg::kConsumers + consumer, 128, !ok)) {
+              if (named_bar_any(own_barrier<Cfg>(consumer), 128, !ok)) {
                 wgmma::fence();
                 issue_s(r.stage);
                 wgmma::commit_group();

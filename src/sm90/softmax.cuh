@@ -43,6 +43,28 @@ __device__ __forceinline__ float quad_max(float x) {
   return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
 }
 
+// Row i of S exponentiated in place against `offset` (2^(s * scale - offset), scores in log2
+// units); returns its sum, taken in four partial chains (short dependency chains instead of one of
+// kBlockN / 4). kClampPoly: the inputs of the polynomial's share are clamped below 128, the end of
+// its domain (numerics/exp2.h), for callers whose inputs are not bounded by a threshold; a score far
+// above the offset (or a NaN, which fminf drops) then still gives 2^127.
+template <int kBlockN, int kPolyEvery, bool kClampPoly = false>
+__device__ __forceinline__ float exp_row(float (&s)[kBlockN / 2], int i, float scale_log2, float offset) {
+  float sum4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const float x = fmaf(s[4 * j + 2 * i + c], scale_log2, -offset);
+      const bool poly = kPolyEvery > 0 && j % (kPolyEvery > 0 ? kPolyEvery : 1) == kPolyEvery - 1;
+      const float e = exp2_share<kPolyEvery>(j, kClampPoly && poly ? fminf(x, 127.0f) : x);
+      s[4 * j + 2 * i + c] = e;
+      sum4[j % 4] += e;
+    }
+  }
+  return (sum4[0] + sum4[1]) + (sum4[2] + sum4[3]);
+}
+
 // One block: takes each row's max, decides the rescale, exponentiates S in place (2^(s * scale -
 // max), scores in log2 units) and adds the row sums (unless kSums is false: the caller takes them
 // elsewhere). corr gets each row's factor for O.
@@ -64,19 +86,8 @@ __device__ __forceinline__ void softmax_step(float (&s)[kBlockN / 2], numerics::
     const numerics::RescaleStep step = numerics::rescale_step(rows[i].max, mx * scale_log2, threshold);
     rows[i].max = step.max;
     corr[i] = step.correction;
-    const float offset = numerics::exp_offset(step.max);
-    // Four partial sums: short dependency chains instead of one of kBlockN / 4.
-    float sum4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float e = exp2_share<kPolyEvery>(j, fmaf(s[4 * j + 2 * i + c], scale_log2, -offset));
-        s[4 * j + 2 * i + c] = e;
-        if constexpr (kSums) sum4[j % 4] += e;
-      }
-    }
-    if constexpr (kSums) rows[i].sum = rows[i].sum * step.correction + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
+    const float sum = exp_row<kBlockN, kPolyEvery>(s, i, scale_log2, numerics::exp_offset(step.max));
+    if constexpr (kSums) rows[i].sum = rows[i].sum * step.correction + sum;
   }
 }
 
@@ -101,25 +112,10 @@ template <int kBlockN, int kPolyEvery>
 __device__ __forceinline__ bool softmax_step_no_max(float (&s)[kBlockN / 2], float (&bsum)[2],
                                                     const numerics::RowState (&rows)[2], float scale_log2,
                                                     float limit) {
+  // The raw max as the offset (not exp_offset): a row still at -inf gives +inf, which fails the
+  // check. The polynomial's inputs are clamped, so a score far above the max fails it too.
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float offset = rows[i].max;
-    float sum4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float x = fmaf(s[4 * j + 2 * i + c], scale_log2, -offset);
-        // The polynomial's domain ends below 128 (numerics/exp2.h): clamped there, a score far
-        // above the max (or a NaN, which fminf drops) still gives 2^127 and fails the check.
-        const bool poly = kPolyEvery > 0 && j % (kPolyEvery > 0 ? kPolyEvery : 1) == kPolyEvery - 1;
-        const float e = exp2_share<kPolyEvery>(j, poly ? fminf(x, 127.0f) : x);
-        s[4 * j + 2 * i + c] = e;
-        sum4[j % 4] += e;
-      }
-    }
-    bsum[i] = (sum4[0] + sum4[1]) + (sum4[2] + sum4[3]);
-  }
+  for (int i = 0; i < 2; ++i) bsum[i] = exp_row<kBlockN, kPolyEvery, true>(s, i, scale_log2, rows[i].max);
   return bsum[0] <= limit && bsum[1] <= limit;
 }
 
