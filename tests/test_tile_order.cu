@@ -152,16 +152,24 @@ TEST(TileOrder, D64TileHeightFollowsTheComputedScores) {
   EXPECT_EQ((fa4::sm90::computed_scores<128, 128>(a)), 4.0 * 4 * 128 * 128);  // 4 tiles x 4 blocks
   EXPECT_EQ((fa4::sm90::computed_scores<192, 128>(a)), 3.0 * 4 * 192 * 128);  // 3 tiles, the last padded
   EXPECT_FALSE(fa4::sm90::d64_two_consumers(a));  // 1.125
-  a.window_right = 0;                             // causal: 1 + 2 + 3 + 4 blocks against 2 + 3 + 4
+  // Causal: 1 + 2 + 3 + 4 blocks against 1 + 3 + 4 (192-row tiles from row -64: row_shift).
+  a.window_right = 0;
+  EXPECT_EQ(fa4::sm90::row_shift<128>(a), 0);
+  EXPECT_EQ(fa4::sm90::row_shift<192>(a), 64);
   EXPECT_EQ((fa4::sm90::computed_scores<128, 128>(a)), 10.0 * 128 * 128);
-  EXPECT_EQ((fa4::sm90::computed_scores<192, 128>(a)), 9.0 * 192 * 128);
-  EXPECT_TRUE(fa4::sm90::d64_two_consumers(a));   // 1.35
+  EXPECT_EQ((fa4::sm90::computed_scores<192, 128>(a)), 8.0 * 192 * 128);
+  EXPECT_TRUE(fa4::sm90::d64_two_consumers(a));  // 1.2
   for (int s : {1024, 2048, 4096, 16384}) {
     a = fwd_params(1, 1, 1, s, s, 64);
     EXPECT_FALSE(fa4::sm90::d64_two_consumers(a)) << s;
     a.window_right = 0;
-    EXPECT_EQ(fa4::sm90::d64_two_consumers(a), s == 1024) << s << " causal";
+    EXPECT_FALSE(fa4::sm90::d64_two_consumers(a)) << s << " causal";  // 1k: 1.125
   }
+  // Causal 4k in 192-row tiles: the padding in the first tile, 363 key-block steps, not 384.
+  a = fwd_params(1, 1, 1, 4096, 4096, 64);
+  a.window_right = 0;
+  EXPECT_EQ(fa4::sm90::row_shift<192>(a), 128);
+  EXPECT_EQ((fa4::sm90::computed_scores<192, 128>(a)), 363.0 * 192 * 128);
   a = fwd_params(2, 4, 4, 17, 239, 64);  // one tile either way: 192 rows against 128
   EXPECT_TRUE(fa4::sm90::d64_two_consumers(a));
   // A long sequence counts a sample of its blocks and still gives the exact count when all are alike.
@@ -169,6 +177,59 @@ TEST(TileOrder, D64TileHeightFollowsTheComputedScores) {
   EXPECT_EQ((fa4::sm90::computed_scores<128, 128>(a)), 8192.0 * 8192 * 128 * 128);
 }
 
+
+// Query tiles placed by row_shift (Window::shift): the tiles' real rows cover [0, seqlen_q) once,
+// the shift is a multiple of 64 below the tile height, no tile is padding alone, and each tile's
+// key blocks are exactly those its real rows see (brute force over rows and keys).
+template <int kBlockM>
+void check_shifted_tiles(int seqlen_q, int seqlen_k, int left, int right) {
+  constexpr int kBlockN = 128;
+  fa4::detail::FwdParams a = fwd_params(1, 1, 1, seqlen_q, seqlen_k, 64);
+  a.window_left = left;
+  a.window_right = right;
+  const fa4::sm90::Window w{left, right, fa4::sm90::row_shift<kBlockM>(a)};
+  SCOPED_TRACE(std::to_string(kBlockM) + " rows, sq " + std::to_string(seqlen_q) + ", sk " + std::to_string(seqlen_k) +
+               ", window " + std::to_string(left) + "," + std::to_string(right) + ", shift " + std::to_string(w.shift));
+  EXPECT_EQ(w.shift % 64, 0);
+  EXPECT_GE(w.shift, 0);
+  EXPECT_LT(w.shift, kBlockM);
+  if (right < 0) EXPECT_EQ(w.shift, 0);
+  const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;
+  std::vector<int> seen(seqlen_q, 0);
+  const int offset = seqlen_k - seqlen_q;
+  for (int m = 0; m < m_blocks; ++m) {
+    const int first = fa4::sm90::tile_first_row<kBlockM>(w, m);
+    int real = 0, lo_key = INT32_MAX, hi_key = -1;
+    for (int q = std::max(first, 0); q < std::min(first + kBlockM, seqlen_q); ++q) {
+      ++seen[q];
+      ++real;
+      for (int k = 0; k < seqlen_k; ++k) {
+        if ((right >= 0 && k > q + offset + right) || (left >= 0 && k < q + offset - left)) continue;
+        lo_key = std::min(lo_key, k);
+        hi_key = std::max(hi_key, k);
+      }
+    }
+    EXPECT_GT(real, 0) << "tile " << m << " holds no row";
+    const fa4::sm90::BlockRange r = fa4::sm90::key_block_range<kBlockM, kBlockN>(w, m, seqlen_q, seqlen_k);
+    if (hi_key < 0) {
+      EXPECT_EQ(r.hi, r.lo) << "tile " << m;
+    } else {
+      EXPECT_EQ(r.lo, lo_key / kBlockN) << "tile " << m;
+      EXPECT_EQ(r.hi, hi_key / kBlockN + 1) << "tile " << m;
+    }
+  }
+  EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+}
+
+TEST(TileOrder, ShiftedTilesCoverEveryRowOnceAndSeeTheirKeys) {
+  for (auto [sq, sk] : std::vector<std::array<int, 2>>{{512, 512}, {1000, 4097}, {4096, 4096}, {777, 300}, {300, 300},
+                                                       {1, 1}, {17, 239}, {4097, 3000}, {129, 129}, {191, 1000}}) {
+    for (auto [left, right] : std::vector<std::array<int, 2>>{{-1, 0}, {-1, -1}, {100, 20}, {64, 0}, {-1, 5}}) {
+      check_shifted_tiles<192>(sq, sk, left, right);
+      check_shifted_tiles<128>(sq, sk, left, right);
+    }
+  }
+}
 
 // The stream-K tail: whole rounds, then the last partial round's tiles cut into one equal run of
 // key blocks a unit. Walked as the kernel walks it (item, decode_valid), every whole tile comes

@@ -57,6 +57,9 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
   const int lane = t % 32;
   const int row0 = consumer * 64 + (t / 32) * 16 + lane / 4;
   const int col0 = 2 * (lane % 4);
+  // The tile's first row: negative in a first tile that starts before row 0 (Window::shift, a
+  // multiple of 64: a consumer's 64 rows lie all before row 0 or none).
+  const int first = tile_first_row<Cfg::kBlockM>(p.window, tl.m_block);
   float inv[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -67,8 +70,8 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
     }
     rows[i].sum = l;
     inv[i] = l > 0.0f ? 1.0f / l : 0.0f;
-    const int q = tl.m_block * Cfg::kBlockM + row0 + 8 * i;
-    if (p.lse != nullptr && lane % 4 == 0 && q < p.seqlen_q)
+    const int q = first + row0 + 8 * i;
+    if (p.lse != nullptr && lane % 4 == 0 && q >= 0 && q < p.seqlen_q)
       p.lse[(int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q] = numerics::row_lse(rows[i]);
   }
   if constexpr (kStaged) {
@@ -78,18 +81,18 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
     stmatrix_tile<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBF16, true>(ptx::smem_addr(s_o), consumer, t, o, inv);
     ptx::fence_proxy_async_smem();
     ptx::named_bar_sync(bar_id, 128);
-    if (t == 0) {
+    if (t == 0 && first + consumer * 64 >= 0) {
 #pragma unroll
       for (int c = 0; c < Cfg::kChunks; ++c)
         ptx::tma_store_4d(&p.tm_o, s_o + c * Cfg::kBlockM * 128 + consumer * 64 * 128, c * 64,
-                          tl.m_block * Cfg::kBlockM + consumer * 64, tl.head, tl.batch);
+                          first + consumer * 64, tl.head, tl.batch);
       ptx::tma_store_commit();
     }
   } else {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int q = tl.m_block * Cfg::kBlockM + row0 + 8 * i;
-      if (q >= p.seqlen_q) continue;
+      const int q = first + row0 + 8 * i;
+      if (q < 0 || q >= p.seqlen_q) continue;
       Elem* out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] +
                   tl.head * p.o_stride[2];
 #pragma unroll

@@ -415,7 +415,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     [[maybe_unused]] auto load_q_rows = [&](int c, const Tile& tl, uint64_t* full) {
 #pragma unroll
       for (int k = 0; k < Cfg::kChunks; ++k)
-        tma_load_4d(sQ + k * kBlockM * 128 + c * 64 * 128, &p.tm_q, full, k * 64, tl.m_block * kBlockM + c * 64,
+        tma_load_4d(sQ + k * kBlockM * 128 + c * 64 * 128, &p.tm_q, full, k * 64,
+                    tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64,
                     tl.head, tl.batch);
     };
     if constexpr (kOInQ) {
@@ -508,8 +509,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             mbar_arrive_expect_tx(&bar.q_full[qw.stage], Cfg::kQBytes);
             for (int c = 0; c < 2; ++c) load_q_rows(c, tl, &bar.q_full[qw.stage]);
           } else {
+            // Rows before row 0 (a first tile with Window::shift) land as zeros (TMA's out-of-bounds fill).
             load_tile(sQ + qw.stage * Cfg::kQBytes, &p.tm_q, &bar.q_full[qw.stage], Cfg::kQBytes, kBlockM,
-                      tl.m_block * kBlockM, tl.head, tl.batch);
+                      tile_first_row<kBlockM>(p.window, tl.m_block), tl.head, tl.batch);
           }
           // The next tile now, so the atomic's latency passes under this tile's K/V loads.
           next = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
@@ -632,14 +634,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     wgmma::pin(o);
     if constexpr (Cfg::kTensorRowSum) wgmma::pin(lsum);
   };
-  // Masks S of key block n where the block needs it (mask.cuh).
-  auto mask = [&](int n, int m_block) {
-    if (block_needs_mask<kBlockM, kBlockN>(n, p.window, m_block, p.seqlen_q, p.seqlen_k))
-      apply_mask<kBlockN>(s, p.window, m_block * kBlockM + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
+  // Masks S of key block n where the block needs it (mask.cuh); first_row: the tile's first row.
+  auto mask = [&](int n, int first_row) {
+    if (block_needs_mask<kBlockM, kBlockN>(n, p.window, first_row, p.seqlen_q, p.seqlen_k))
+      apply_mask<kBlockN>(s, p.window, first_row + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
   };
   // The mask, then the online-softmax step (sm90/softmax.cuh).
-  auto softmax = [&](int n, int m_block, float (&corr)[2]) {
-    mask(n, m_block);
+  auto softmax = [&](int n, int first_row, float (&corr)[2]) {
+    mask(n, first_row);
     softmax_step<kBlockN, Cfg::kPolyEvery, !Cfg::kTensorRowSum>(s, rows, p.scale_log2, p.rescale_threshold, corr);
   };
   // P_j as 16-bit pairs: in registers, or with kSmemP into the shared P tile (stmatrix, the
@@ -737,8 +739,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (tile >= p.tiles.count) break;
       tl = p.tiles.decode_tile(tile, rank);
     }
-    const int m_block = tl.m_block;
-    BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, m_block, p.seqlen_q, p.seqlen_k);
+    const int first_row = tile_first_row<kBlockM>(p.window, tl.m_block);
+    BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
     if constexpr (kSplit) range = piece_range(range, tl);
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
@@ -763,7 +765,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       stamp_b(6);
       release(&bar.k_empty[r.stage]);
       softmax_turn_begin();
-      softmax(n, m_block, corr);
+      softmax(n, first_row, corr);
       softmax_turn_end();
       to_p(pf);
       stamp_b(7);
@@ -798,7 +800,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           release(&bar.k_empty[r.stage]);
           release(&bar.v_empty[prev]);
           softmax_turn_begin();
-          softmax(n, m_block, corr);
+          softmax(n, first_row, corr);
           softmax_turn_end();
         } else {  // S_j first: its softmax runs while P_{j-1} V_{j-1} is on the tensor cores
           issue_s(r.stage);
@@ -826,7 +828,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // the exact step (decided together: bar.red.or on this consumer's own barrier). Decided
             // here, before P V's wait: ptxas then keeps that wait among the exponentials, where it
             // measured best.
-            bool exact = block_needs_mask<kBlockM, kBlockN>(n, p.window, m_block, p.seqlen_q, p.seqlen_k);
+            bool exact = block_needs_mask<kBlockM, kBlockN>(n, p.window, first_row, p.seqlen_q, p.seqlen_k);
             if (!exact) {
               float bsum[2];
               const bool ok = softmax_step_no_max<kBlockN, Cfg::kPolyEvery>(s, bsum, rows, p.scale_log2,
@@ -844,11 +846,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 rows[1].sum += bsum[1];
               }
             }
-            if (exact) softmax(n, m_block, corr);
+            if (exact) softmax(n, first_row, corr);
             release(&bar.k_empty[r.stage]);
             if constexpr (Cfg::kDoubleP) to_p(p_next);
           } else {
-            softmax(n, m_block, corr);
+            softmax(n, first_row, corr);
             if constexpr (Cfg::kDoubleP) to_p(p_next);
           }
           softmax_turn_end();

@@ -152,9 +152,20 @@ inline TileOrder make_tile_order(const detail::FwdParams& a, int64_t m_blocks, i
 // Score elements a head's tiles of kBlockM x kBlockN compute (padding rows and masked keys of
 // partial blocks included): what the tile height costs a problem. Beyond 2048 query blocks every
 // stride-th is counted and the sum scaled (a heuristic's input; the loop stays short).
+// Window::shift for tiles of kBlockM rows: with a right bound (causal, or a window), tiles later in
+// the sequence see more keys, and a partial tile is cheapest first. The shift is a multiple of 64
+// (a consumer's rows are all before row 0 or none: O's stores skip the former whole), the most
+// that leaves no tile of padding alone. d64 causal 4k, 192-row tiles: 363 key-block steps a head
+// instead of 384.
+template <int kBlockM>
+int row_shift(const detail::FwdParams& a) {
+  if (a.window_right < 0) return 0;
+  return (kBlockM - a.seqlen_q % kBlockM) % kBlockM / 64 * 64;
+}
+
 template <int kBlockM, int kBlockN>
 double computed_scores(const detail::FwdParams& a) {
-  const Window w{a.window_left, a.window_right};
+  const Window w{a.window_left, a.window_right, row_shift<kBlockM>(a)};
   const int m_blocks = int((int64_t(a.seqlen_q) + kBlockM - 1) / kBlockM);
   const int stride = m_blocks > 2048 ? m_blocks / 2048 : 1;
   double blocks = 0;
@@ -168,9 +179,9 @@ double computed_scores(const detail::FwdParams& a) {
 // d64 has two tile heights: three consumers (192 query rows) do 16-25 % more a computed score
 // than two (128 rows), but compute more padding where queries are few or causal tiles short. Two
 // when the 192-row tiles would compute more than kD64TallTilesWorse times the 128-row ones' scores
-// (measured, FA3 shapes: two consumers run at 0.80-0.86 of three a computed score; causal 512 and
-// 1k, 1.33-1.35 times the scores with 192 rows, +7..+9 % with two; docs/perf-notes.md).
-inline constexpr double kD64TallTilesWorse = 1.2;
+// (measured on an H100 with tiles placed by row_shift: causal 1k, 1.125 times the scores with 192
+// rows, three consumers +1.6 %; causal 512, 1.2 times, two +3.4 %; docs/perf-notes.md).
+inline constexpr double kD64TallTilesWorse = 1.15;
 inline bool d64_two_consumers(const detail::FwdParams& a) {
   return computed_scores<192, 128>(a) > kD64TallTilesWorse * computed_scores<128, 128>(a);
 }
@@ -277,7 +288,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   k.head_ratio = a.heads_q / a.heads_kv;
   k.scale_log2 = a.scale_log2;
   k.rescale_threshold = a.rescale_threshold;
-  k.window = {a.window_left, a.window_right};
+  k.window = {a.window_left, a.window_right, row_shift<Cfg::kBlockM>(a)};
 
   const int64_t batch_heads = int64_t(a.batch) * a.heads_q;
   const int64_t tiles = (m_blocks + cluster - 1) / cluster * batch_heads;

@@ -7,24 +7,36 @@
 namespace fa4::sm90 {
 
 // Query i sees keys [i + offset - left, i + offset + right], offset = seqlen_k - seqlen_q;
-// -1 = unbounded on that side (causal is right = 0).
+// -1 = unbounded on that side (causal is right = 0). Query tile m holds rows
+// [m * kBlockM - shift, (m + 1) * kBlockM - shift): with a right bound a tile's keys grow with
+// its rows, and the launch (row_shift) sets shift so a partial tile's padding rows lie before
+// row 0, in the first and shortest tile, not past the last row in the longest.
 struct Window {
   int left, right;
+  int shift = 0;
 };
+
+// The first query row of tile m_block (negative in a first tile that starts before row 0).
+template <int kBlockM>
+__host__ __device__ __forceinline__ int tile_first_row(Window w, int m_block) {
+  return m_block * kBlockM - w.shift;
+}
 
 // Key blocks [lo, hi) that a query tile touches.
 struct BlockRange {
   int lo, hi;
 };
 
-// True when key block n holds a key some row of query tile m_block must not see: the sequence
-// tail, or the window's edge passing through the block.
+// True when key block n holds a key some row of the query tile from first_row (tile_first_row)
+// must not see: the sequence tail, or the window's edge passing through the block. A first tile's
+// rows before row 0 count too: their scores are masked as the real rows' are, so they never take
+// the row-max-free step (softmax.cuh) against keys past their bound.
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ bool block_needs_mask(int n, Window w, int m_block, int seqlen_q,
+__device__ __forceinline__ bool block_needs_mask(int n, Window w, int first_row, int seqlen_q,
                                                  int seqlen_k) {
   const int offset = seqlen_k - seqlen_q;
   const int first_key = n * kBlockN, last_key = n * kBlockN + kBlockN - 1;
-  const int first_row = m_block * kBlockM, last_row = m_block * kBlockM + kBlockM - 1;
+  const int last_row = first_row + kBlockM - 1;
   if (last_key >= seqlen_k) return true;
   if (w.right >= 0 && last_key > first_row + offset + w.right) return true;
   if (w.left >= 0 && first_key < last_row + offset - w.left) return true;
@@ -36,8 +48,9 @@ template <int kBlockM, int kBlockN>
 __host__ __device__ __forceinline__ BlockRange key_block_range(Window w, int m_block, int seqlen_q,
                                                                int seqlen_k) {
   const int offset = seqlen_k - seqlen_q;
-  const int first_row = m_block * kBlockM;
-  const int last_row = (seqlen_q < first_row + kBlockM ? seqlen_q : first_row + kBlockM) - 1;
+  // The tile's real rows: from row 0 at the earliest (tile_first_row), to seqlen_q - 1 at the latest.
+  const int start = tile_first_row<kBlockM>(w, m_block), first_row = start > 0 ? start : 0;
+  const int last_row = (seqlen_q < start + kBlockM ? seqlen_q : start + kBlockM) - 1;
   // Keys [lo_key, hi_key) are seen by at least one row of the tile.
   const int lo_key = w.left >= 0 && first_row + offset - w.left > 0 ? first_row + offset - w.left : 0;
   const int hi_key = w.right >= 0 && last_row + offset + w.right + 1 < seqlen_k ? last_row + offset + w.right + 1 : seqlen_k;
