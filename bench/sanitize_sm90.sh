@@ -10,7 +10,9 @@
 # cut tail (two launches, clusters: 70 pairs on 66). That last shape replaced a larger one (208
 # tiles x 16 blocks) whose racecheck ran past 100 s; bench/results/2026-11-22-final-check-e87568b.txt.
 # Last, d256 on one CTA a unit (three query blocks: no clusters), its O staged in the Q buffer
-# (FwdConfig::kStageOInQ) and the Q loader waiting on FwdBarriers::o_read.
+# (FwdConfig::kStageOInQ) and the Q loader waiting on FwdBarriers::o_read. Causal tiles start
+# before row 0 where seqlen_q leaves a partial tile (Window::shift): d128 causal 300 and 700 (64
+# rows), d64 causal 1000 on 192-row tiles (128 rows), d256 causal 300 (64 rows, O in the Q buffer).
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:$LD_LIBRARY_PATH
 B=${1:-build/fa4-bench}
 OUTDIR=${2:-${OUT:-.}}
@@ -23,7 +25,8 @@ for tool in memcheck racecheck synccheck; do
               "--b 1 --h 4 --hkv 2 --sq 500 --sk 333 --d 256" "--b 4 --h 16 --hkv 4 --sq 500 --sk 520 --d 64 --causal" \
               "--b 1 --h 4 --sq 100 --sk 5000 --d 128" "--b 1 --h 2 --hkv 1 --sq 700 --sk 3001 --d 64" \
               "--b 1 --h 4 --sq 500 --sk 2000 --d 256" "--b 1 --h 10 --sq 1792 --sk 1024 --d 128" \
-              "--b 1 --h 3 --sq 300 --sk 500 --d 256"; do
+              "--b 1 --h 3 --sq 300 --sk 500 --d 256" "--b 1 --h 2 --sq 1000 --sk 1000 --d 64 --causal" \
+              "--b 1 --h 2 --sq 300 --sk 300 --d 256 --causal"; do
     out=$(timeout 120 compute-sanitizer --tool $tool $B $args --check --iters 0 --warmup 0 2>&1)
     rc=$?
     echo "sanitizer $tool [$args] rc=$rc $(echo "$out" | grep -E 'SUMMARY' | tail -1) $(echo "$out" | grep -E '^check' | tail -1)" | tee -a $R
