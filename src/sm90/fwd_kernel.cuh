@@ -353,10 +353,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // ptxas spills (d64 72 bytes).
   constexpr bool kNoMaxHere = Cfg::kNoBlockMax && !kSplit;
   constexpr bool kTurnSub = kOInQ && kCluster == 1;
-  // Consumers with no row of the sequence skip a tile's work (whole tiles; the stream-K pieces
-  // keep every consumer's partials for the merge). d64 on 192-row tiles, H100: non-causal 512
-  // +4.7 %, 1k +3.2 %, longer rows and causal unchanged (docs/perf-notes.md).
-  constexpr bool kSkipIdle = !kSplit;
+  // Consumers with no row of the sequence skip a tile's work. d64 on 192-row tiles, H100:
+  // non-causal 512 +4.7 %, 1k +3.2 %, longer rows and causal unchanged (docs/perf-notes.md).
+  // Whole tiles on one CTA with the turn ring only: the stream-K pieces keep every consumer's
+  // partials for the merge; with clusters the partner's consumers, which no turn of this CTA
+  // orders, release the same slots (an idle consumer there once arrived a ring ahead of them: a
+  // launch failure); without turns nothing holds an idle consumer back at all.
+  constexpr bool kSkipIdle = !kSplit && kCluster == 1 && Cfg::kTurnMode != 2;
   constexpr bool kStaged = Cfg::kStageO || kOInQ;  // O out by stmatrix and TMA (epilogue.cuh)
   constexpr auto kType = Cfg::kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
 
@@ -754,21 +757,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     q_desc = wgmma::desc_sw128(smem_addr(sQ + q_stage() * Cfg::kQBytes) + consumer * 64 * 128, 16, 1024);
     // A consumer whose 64 rows all lie outside the sequence (a partial last tile's padding, or a
     // first tile's rows before row 0) computes nothing: it takes its turns at the tensor cores and
-    // frees each K/V slot as the others do, so the ring runs at the working consumers' pace.
+    // frees each K/V slot once it has landed, as the others do, so the ring runs at the working
+    // consumers' pace.
     const int my_first = first_row + consumer * 64;
     const bool idle = kSkipIdle && (my_first >= p.seqlen_q || my_first + 64 <= 0);
 
     if (idle && range.hi > range.lo) {
       int prev = 0;
+      uint32_t prev_phase = 0;
       for (int n = range.hi - 1; n >= range.lo; --n) {
+        mbar_wait(&bar.k_full[r.stage], r.phase);
+        if (n < range.hi - 1) mbar_wait(&bar.v_full[prev], prev_phase);
         turn_wait();
         turn_pass();
         release(&bar.k_empty[r.stage]);
         if (n < range.hi - 1) release(&bar.v_empty[prev]);
         prev = r.stage;
+        prev_phase = r.phase;
         r.advance();
       }
       release_q(&bar.q_empty[q_stage()]);
+      mbar_wait(&bar.v_full[prev], prev_phase);
       turn_wait();
       turn_pass();
       release(&bar.v_empty[prev]);
