@@ -149,9 +149,6 @@ inline TileOrder make_tile_order(const detail::FwdParams& a, int64_t m_blocks, i
   return TileOrder{int(units * batch_heads), int(units), int(batch_heads), a.heads_q, int(section), cluster};
 }
 
-// Score elements a head's tiles of kBlockM x kBlockN compute (padding rows and masked keys of
-// partial blocks included): what the tile height costs a problem. Beyond 2048 query blocks every
-// stride-th is counted and the sum scaled (a heuristic's input; the loop stays short).
 // Window::shift for tiles of kBlockM rows: with a right bound (causal, or a window), tiles later in
 // the sequence see more keys, and a partial tile is cheapest first. The shift is a multiple of 64
 // (a consumer's rows are all before row 0 or none: O's stores skip the former whole), the most
@@ -163,6 +160,9 @@ int row_shift(const detail::FwdParams& a) {
   return (kBlockM - a.seqlen_q % kBlockM) % kBlockM / 64 * 64;
 }
 
+// Score elements a head's tiles of kBlockM x kBlockN compute (padding rows and masked keys of
+// partial blocks included): what the tile height costs a problem. Beyond 2048 query blocks every
+// stride-th is counted and the sum scaled (a heuristic's input; the loop stays short).
 template <int kBlockM, int kBlockN>
 double computed_scores(const detail::FwdParams& a) {
   const Window w{a.window_left, a.window_right, row_shift<kBlockM>(a)};
