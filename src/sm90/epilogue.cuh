@@ -47,8 +47,10 @@ __device__ __forceinline__ void stmatrix_tile(uint32_t base, int consumer, int t
 // Epilogue: O / l and LSE. kStaged: the consumer writes its 64 x d share of O into a swizzled
 // shared tile (its own, or its rows of the tile's Q buffer) by stmatrix and one thread sends it
 // out by TMA (rows past seqlen_q are clipped);
-// otherwise each thread stores its pairs of O straight to global memory.
-template <class Cfg, bool kStaged, class Params>
+// otherwise each thread stores its pairs of O straight to global memory: with kWide as 16-byte
+// stores after a transpose inside each quad (H100, d64 three consumers: 512 +1.3 %, 1k +0.6 %,
+// causal 1k +1.7 %, 4k unchanged; docs/perf-notes.md), else as the 4-byte pairs themselves.
+template <class Cfg, bool kStaged, class Params, bool kWide = false>
 __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
                                              float (&o)[Cfg::kHeadDim / 2],
                                              numerics::RowState (&rows)[2], int consumer, int t,
@@ -89,6 +91,46 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
       ptx::tma_store_commit();
     }
   } else {
+    if constexpr (kWide && Cfg::kHeadDim % 32 == 0) {
+      // A quad holds a row's 64-column chunk as 4-byte pairs, lane k columns 8j + 2k: transposed
+      // within the quad (two shuffle rounds), lane k holds columns 8(4g + k) .. + 7 of each group
+      // g of four chunks and stores them as 16 bytes.
+      const int k = lane & 3;
+      const bool b0 = k & 1, b1 = k & 2;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int q = first + row0 + 8 * i;
+        const bool store = q >= 0 && q < p.seqlen_q;
+        Elem* out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(store ? q : 0) * p.o_stride[1] +
+                    tl.head * p.o_stride[2];
+#pragma unroll
+        for (int g = 0; g < Cfg::kHeadDim / 32; ++g) {
+          uint32_t a[4];
+#pragma unroll
+          for (int m = 0; m < 4; ++m)
+            a[m] = pack2<Cfg::kBF16>(o[4 * (4 * g + m) + 2 * i] * inv[i], o[4 * (4 * g + m) + 2 * i + 1] * inv[i]);
+          // Round 1 (lanes k, k ^ 1): keep the chunks whose index has k's bit 0, send the others.
+          const uint32_t keep0 = b0 ? a[1] : a[0], keep2 = b0 ? a[3] : a[2];
+          const uint32_t r0 = __shfl_xor_sync(0xffffffff, b0 ? a[0] : a[1], 1);
+          const uint32_t r2 = __shfl_xor_sync(0xffffffff, b0 ? a[2] : a[3], 1);
+          // Now chunk (k & 1) + {0, 2} from lanes k (keep) and k ^ 1 (r). Round 2 (lanes k, k ^ 2):
+          // keep chunk k's, send chunk (k ^ 2)'s.
+          const uint32_t u0 = __shfl_xor_sync(0xffffffff, b1 ? keep0 : keep2, 2);
+          const uint32_t u1 = __shfl_xor_sync(0xffffffff, b1 ? r0 : r2, 2);
+          const uint32_t own = b1 ? keep2 : keep0, nb = b1 ? r2 : r0;
+          // Chunk 4g + k from lanes k, k ^ 1, k ^ 2, k ^ 3: in lane order 0..3.
+          // By source lane ^ k: own (0), nb (1), u0 (2), u1 (3); selects, not an indexed array.
+          const uint32_t lo0 = b0 ? nb : own, lo1 = b0 ? own : nb, hi0 = b0 ? u1 : u0, hi1 = b0 ? u0 : u1;
+          uint4 w;
+          w.x = b1 ? hi0 : lo0;
+          w.y = b1 ? hi1 : lo1;
+          w.z = b1 ? lo0 : hi0;
+          w.w = b1 ? lo1 : hi1;
+          if (store) *reinterpret_cast<uint4*>(out + 8 * (4 * g + k)) = w;
+        }
+      }
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int q = first + row0 + 8 * i;

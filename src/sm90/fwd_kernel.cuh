@@ -361,6 +361,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // launch failure); without turns nothing holds an idle consumer back at all.
   constexpr bool kSkipIdle = !kSplit && kCluster == 1 && Cfg::kTurnMode != 2;
   constexpr bool kStaged = Cfg::kStageO || kOInQ;  // O out by stmatrix and TMA (epilogue.cuh)
+  // Otherwise O in 16-byte stores, on one CTA (in clusters of two ptxas spilled 4 bytes at d64).
+  constexpr bool kWideO = kCluster == 1;
   constexpr auto kType = Cfg::kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
 
   extern __shared__ uint8_t smem_raw[];
@@ -954,9 +956,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       unpack_place(place, tl);
       // A stream-K piece stores only when it is its tile's last and has merged the others.
       if (tl.pieces == 1 || merge_pieces<Cfg, kCluster>(p, tl, o, rows, consumer, t, rank))
-        store_output<Cfg, kStaged>(p, tl, o, rows, consumer, t, s_o);
+        store_output<Cfg, kStaged, FwdKernelParams, kWideO>(p, tl, o, rows, consumer, t, s_o);
     } else {
-      store_output<Cfg, kStaged>(p, tl, o, rows, consumer, t, s_o);
+      store_output<Cfg, kStaged, FwdKernelParams, kWideO>(p, tl, o, rows, consumer, t, s_o);
     }
     if constexpr (kOInQ) {
       if (t == 0) {  // the store that thread 0 issued has read the Q buffer
