@@ -92,9 +92,9 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
     }
   } else {
     if constexpr (kWide && Cfg::kHeadDim % 32 == 0) {
-      // A quad holds a row's 64-column chunk as 4-byte pairs, lane k columns 8j + 2k: transposed
-      // within the quad (two shuffle rounds), lane k holds columns 8(4g + k) .. + 7 of each group
-      // g of four chunks and stores them as 16 bytes.
+      // A quad holds one row: lane k the pair at columns 8j + 2k of every 8-column chunk j.
+      // Transposed within the quad (two shuffle rounds), lane k holds all of chunk 4g + k of each
+      // group g of four chunks and stores it as 16 bytes.
       const int k = lane & 3;
       const bool b0 = k & 1, b1 = k & 2;
 #pragma unroll
@@ -118,8 +118,8 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
           const uint32_t u0 = __shfl_xor_sync(0xffffffff, b1 ? keep0 : keep2, 2);
           const uint32_t u1 = __shfl_xor_sync(0xffffffff, b1 ? r0 : r2, 2);
           const uint32_t own = b1 ? keep2 : keep0, nb = b1 ? r2 : r0;
-          // Chunk 4g + k from lanes k, k ^ 1, k ^ 2, k ^ 3: in lane order 0..3.
-          // By source lane ^ k: own (0), nb (1), u0 (2), u1 (3); selects, not an indexed array.
+          // Chunk 4g + k's pairs from lanes k, k ^ 1, k ^ 2, k ^ 3 (own, nb, u0, u1), put in lane
+          // order 0..3 by selects (an array indexed by lane would go to local memory).
           const uint32_t lo0 = b0 ? nb : own, lo1 = b0 ? own : nb, hi0 = b0 ? u1 : u0, hi1 = b0 ? u0 : u1;
           uint4 w;
           w.x = b1 ? hi0 : lo0;
