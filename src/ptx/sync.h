@@ -71,6 +71,16 @@ __device__ __forceinline__ int ld_shared(const int* p) {
   return v;
 }
 
+// The same for four 32-bit words at a 16-byte aligned address (one load).
+__device__ __forceinline__ int4 ld_shared_v4(const int4* p) {
+  int4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(smem_addr(p))
+               : "memory");
+  return v;
+}
+
 // --- named barriers (PTX ISA 9.7.13.1, bar.sync / bar.arrive) ---
 // bar.red.or over the `threads` threads of barrier `id`: a barrier that also tells each thread
 // whether any of them passed true (PTX ISA 9.7.13.1).

@@ -23,6 +23,12 @@ __device__ __forceinline__ uint32_t own_barrier(int consumer) {
   return 1 + Cfg::kConsumers + consumer;
 }
 
+// numerics::row_lse with MUFU's log2 (absolute error about 2^-22 in log2 units).
+__device__ __forceinline__ float row_lse_fast(numerics::RowState s) {
+  constexpr float kLn2 = 0.693147180559945309f;
+  return (s.sum == 0.0f || s.max == -INFINITY) ? -INFINITY : (s.max + __log2f(s.sum)) * kLn2;
+}
+
 // A consumer's 64 x kCols accumulator tile (fp32 in the wgmma layout), each row times its
 // factor (rows r and r + 8 of the thread: scale[0], scale[1]; kScaled false: as is), as 16-bit
 // values into a shared tile laid out as Q is: [kCols / 64 atoms][kRows][64 columns], rows of
@@ -71,10 +77,13 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
       l += __shfl_xor_sync(0xffffffff, l, 2);
     }
     rows[i].sum = l;
-    inv[i] = l > 0.0f ? 1.0f / l : 0.0f;
+    // MUFU's reciprocal and log2 (a few ulp, far under the 16-bit O's rounding and LSE's
+    // tolerance) rather than the IEEE division and log2f, whose range checks and branches sat on
+    // each tile's path to the next.
+    inv[i] = l > 0.0f ? __fdividef(1.0f, l) : 0.0f;
     const int q = first + row0 + 8 * i;
     if (p.lse != nullptr && lane % 4 == 0 && q >= 0 && q < p.seqlen_q)
-      p.lse[(int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q] = numerics::row_lse(rows[i]);
+      p.lse[(int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q] = row_lse_fast(rows[i]);
   }
   if constexpr (kStaged) {
     const uint32_t bar_id = own_barrier<Cfg>(consumer);
