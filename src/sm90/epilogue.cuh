@@ -23,10 +23,22 @@ __device__ __forceinline__ uint32_t own_barrier(int consumer) {
   return 1 + Cfg::kConsumers + consumer;
 }
 
+// MUFU's reciprocal and log2 alone: a finished row's sum is 0 (no key) or at least 1 (its max
+// term), never subnormal, so the range scaling of __fdividef / __log2f is not needed.
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float lg2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 // numerics::row_lse with MUFU's log2 (absolute error about 2^-22 in log2 units).
 __device__ __forceinline__ float row_lse_fast(numerics::RowState s) {
   constexpr float kLn2 = 0.693147180559945309f;
-  return (s.sum == 0.0f || s.max == -INFINITY) ? -INFINITY : (s.max + __log2f(s.sum)) * kLn2;
+  return (s.sum == 0.0f || s.max == -INFINITY) ? -INFINITY : (s.max + lg2_approx(s.sum)) * kLn2;
 }
 
 // A consumer's 64 x kCols accumulator tile (fp32 in the wgmma layout), each row times its
@@ -80,7 +92,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
     // MUFU's reciprocal and log2 (a few ulp, far under the 16-bit O's rounding and LSE's
     // tolerance) rather than the IEEE division and log2f, whose range checks and branches sat on
     // each tile's path to the next.
-    inv[i] = l > 0.0f ? __fdividef(1.0f, l) : 0.0f;
+    inv[i] = l > 0.0f ? rcp_approx(l) : 0.0f;
     const int q = first + row0 + 8 * i;
     if (p.lse != nullptr && lane % 4 == 0 && q >= 0 && q < p.seqlen_q)
       p.lse[(int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q] = row_lse_fast(rows[i]);
