@@ -30,16 +30,14 @@ __device__ __forceinline__ float rcp_approx(float x) {
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-__device__ __forceinline__ float lg2_approx(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-// numerics::row_lse with MUFU's log2 (absolute error about 2^-22 in log2 units).
-__device__ __forceinline__ float row_lse_fast(numerics::RowState s) {
-  constexpr float kLn2 = 0.693147180559945309f;
-  return (s.sum == 0.0f || s.max == -INFINITY) ? -INFINITY : (s.max + lg2_approx(s.sum)) * kLn2;
-}
+// MUFU's log2 (absolute error about 2^-22 in log2 units), for numerics::row_lse.
+struct Lg2Approx {
+  __device__ __forceinline__ float operator()(float x) const {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+  }
+};
 
 // A consumer's 64 x kCols accumulator tile (fp32 in the wgmma layout), each row times its
 // factor (rows r and r + 8 of the thread: scale[0], scale[1]; kScaled false: as is), as 16-bit
@@ -89,13 +87,12 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
       l += __shfl_xor_sync(0xffffffff, l, 2);
     }
     rows[i].sum = l;
-    // MUFU's reciprocal and log2 (a few ulp, far under the 16-bit O's rounding and LSE's
-    // tolerance) rather than the IEEE division and log2f, whose range checks and branches sat on
-    // each tile's path to the next.
+    // MUFU's reciprocal and log2 (above): the IEEE division and log2f carried range checks and
+    // branches on each tile's path to the next.
     inv[i] = l > 0.0f ? rcp_approx(l) : 0.0f;
     const int q = first + row0 + 8 * i;
     if (p.lse != nullptr && lane % 4 == 0 && q >= 0 && q < p.seqlen_q)
-      p.lse[(int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q] = row_lse_fast(rows[i]);
+      p.lse[(int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q] = numerics::row_lse(rows[i], Lg2Approx{});
   }
   if constexpr (kStaged) {
     const uint32_t bar_id = own_barrier<Cfg>(consumer);

@@ -52,10 +52,16 @@ FA4_HD RescaleStep rescale_step(float running_max, float block_max, float thresh
 // subtracting 0 keeps 2^-inf = 0 instead of NaN.
 FA4_HD float exp_offset(float max) { return max == -INFINITY ? 0.0f : max; }
 
-// Natural-log LSE of a finished row; -inf for a row that saw no key.
-FA4_HD float row_lse(RowState s) {
+struct Log2Std {
+  FA4_HD float operator()(float x) const { return log2f(x); }
+};
+
+// Natural-log LSE of a finished row; -inf for a row that saw no key. `log2_fn` takes the log2 of
+// the row's sum (log2f by default; the sm90 epilogue passes MUFU's).
+template <class Log2Fn = Log2Std>
+FA4_HD float row_lse(RowState s, Log2Fn log2_fn = {}) {
   constexpr float kLn2 = 0.693147180559945309f;
-  return (s.sum == 0.0f || s.max == -INFINITY) ? -INFINITY : (s.max + log2f(s.sum)) * kLn2;
+  return (s.sum == 0.0f || s.max == -INFINITY) ? -INFINITY : (s.max + log2_fn(s.sum)) * kLn2;
 }
 
 }  // namespace fa4::numerics
