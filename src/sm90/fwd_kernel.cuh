@@ -343,10 +343,16 @@ __device__ __forceinline__ void pass_softmax_turn(int consumer) {
 // kSplit: the kernel for a stream-K tail (TileOrder::split): work items are whole tiles or
 // pieces, and pieces merge (epilogue.cuh). Without it the kernel walks whole tiles only: a separate
 // instantiation, so the pieces' bookkeeping costs the other launches nothing.
-template <class Cfg, int kCluster = 1, bool kSplit = false>
+// kBounded: the launch has a causal or window bound (FwdKernelParams::window). Only such launches
+// run the mask's finer cuts (kConsumerMask, kHalfFirst, kSkipFirst), in their own instantiation,
+// so the kernels without a bound carry none of that code: ptxas schedules them as before
+// (d64's three-consumer kernel instruction for instruction). Clusters and stream-K pieces run
+// tiles of one length only (fwd_launch.cuh), so they never have a bound.
+template <class Cfg, int kCluster = 1, bool kSplit = false, bool kBounded = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_kernel(const __grid_constant__ FwdKernelParams p) {
   static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
+  static_assert(!kBounded || (kCluster == 1 && !kSplit), "bounds run on whole tiles, one CTA a unit");
   static_assert(kCluster == 1 || Cfg::kBlockN / 2 * 128 % 1024 == 0, "a K/V half must keep 1024-byte alignment");
   using namespace fa4::ptx;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
@@ -365,6 +371,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // orders, release the same slots (an idle consumer there once arrived a ring ahead of them: a
   // launch failure); without turns nothing holds an idle consumer back at all.
   constexpr bool kSkipIdle = !kSplit && kCluster == 1 && Cfg::kTurnMode != 2;
+  // A tile's first key block with a right bound (the causal diagonal), cut to what each consumer's
+  // rows see (the consumer loop): the lower half alone (kHalfFirst), or nothing (kSkipFirst: three
+  // consumers, where 192-row tiles over 128-key blocks leave a consumer without a key in the
+  // block). d64 causal 512 / 1k / 2k / 4k +4.4 / +6.3 / +5.1 / +3.4 % with kConsumerMask below,
+  // H100 (docs/perf-notes.md, "The causal diagonal cut to each consumer's rows"). Not at d256
+  // (80-key blocks), nor skipping with two consumers, where ptxas spilled.
+  constexpr bool kHalfFirst = kBounded && kBlockN == 128;
+  constexpr bool kSkipFirst = kBounded && Cfg::kConsumers == 3 && kBlockN == 128;
+  // The mask's one-compare path for a launch without a left bound (mask.cuh): where ptxas keeps
+  // it without spilling, which is not d64's three-consumer kernel or d256's.
+  constexpr bool kOneSidedMask = Cfg::kConsumers == 2 && kHeadDim <= 128;
   constexpr bool kStaged = Cfg::kStageO || kOInQ;  // O out by stmatrix and TMA (epilogue.cuh)
   // Otherwise O in 16-byte stores, on one CTA (in clusters of two ptxas spilled 4 bytes at d64).
   constexpr bool kWideO = kCluster == 1;
@@ -591,6 +608,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // This thread's two rows of the tile (wgmma accumulator layout, PTX ISA 9.7.15.5.1.1).
   const int row0 = consumer * 64 + (t / 32) * 16 + lane / 4;
   const int col0 = 2 * (lane % 4);  // + 8 * chunk + {0, 1}
+  // Which rows decide whether a key block needs the mask: with kConsumerMask this consumer's 64
+  // (a block that the tile's diagonal crosses but these rows see whole takes the unmasked,
+  // row-max-free step), otherwise the tile's. Not at d256, where ptxas spilled (8-12 bytes).
+  constexpr bool kConsumerMask = kBounded && kHeadDim <= 128;
+  constexpr int kMaskRows = kConsumerMask ? 64 : kBlockM;
+  const int mask_rows_at = kConsumerMask ? consumer * 64 : 0;
 
   float o[kHeadDim / 2];
   float s[kBlockN / 2];
@@ -653,8 +676,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   // Masks S of key block n where the block needs it (mask.cuh); first_row: the tile's first row.
   auto mask = [&](int n, int first_row) {
-    if (block_needs_mask<kBlockM, kBlockN>(n, p.window, first_row, p.seqlen_q, p.seqlen_k))
-      apply_mask<kBlockN>(s, p.window, first_row + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
+    if (block_needs_mask<kMaskRows, kBlockN>(n, p.window, first_row + mask_rows_at, p.seqlen_q, p.seqlen_k))
+      apply_mask<kBlockN, kOneSidedMask>(s, p.window, first_row + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
   };
   // The mask, then the online-softmax step (sm90/softmax.cuh).
   auto softmax = [&](int n, int first_row, float (&corr)[2]) {
@@ -810,7 +833,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       stamp_b(6);
       release(&bar.k_empty[r.stage]);
       softmax_turn_begin();
-      softmax(n, first_row, corr);
+      // With a right bound (causal), how much of the first block this consumer's rows see: none
+      // (their keys all lie in lower blocks; P is zero and the rows stay as they were, as the
+      // whole step would leave them), the lower half (the step on it, the upper half's P zero;
+      // its mask takes the one-compare path where there is no left bound), or more (the whole
+      // step).
+      const int seen_end = my_first + 64 + p.seqlen_k - p.seqlen_q + p.window.right;  // past the last row's last key
+      if (kSkipFirst && p.window.right >= 0 && seen_end <= n * kBlockN) {
+#pragma unroll
+        for (int i = 0; i < kBlockN / 2; ++i) s[i] = 0.0f;
+        corr[0] = corr[1] = 1.0f;
+      } else if (kHalfFirst && p.window.right >= 0 && seen_end <= n * kBlockN + kBlockN / 2) {
+        float(&lower)[kBlockN / 4] = reinterpret_cast<float(&)[kBlockN / 4]>(s);
+        apply_mask<kBlockN / 2>(lower, p.window, first_row + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
+        softmax_step<kBlockN / 2, Cfg::kPolyEvery, !Cfg::kTensorRowSum>(lower, rows, p.scale_log2,
+                                                                      p.rescale_threshold, corr);
+#pragma unroll
+        for (int i = kBlockN / 4; i < kBlockN / 2; ++i) s[i] = 0.0f;
+      } else {
+        softmax(n, first_row, corr);
+      }
       softmax_turn_end();
       to_p(pf);
       stamp_b(7);
@@ -873,7 +915,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // the exact step (decided together: bar.red.or on this consumer's own barrier). Decided
             // here, before P V's wait: ptxas then keeps that wait among the exponentials, where it
             // measured best.
-            bool exact = block_needs_mask<kBlockM, kBlockN>(n, p.window, first_row, p.seqlen_q, p.seqlen_k);
+            bool exact = block_needs_mask<kMaskRows, kBlockN>(n, p.window, first_row + mask_rows_at, p.seqlen_q, p.seqlen_k);
             if (!exact) {
               float bsum[2];
               const bool ok = softmax_step_no_max<kBlockN, Cfg::kPolyEvery>(s, bsum, rows, p.scale_log2,

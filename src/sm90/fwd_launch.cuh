@@ -199,15 +199,15 @@ struct PerDevice {
   }
 };
 
-// Lets fwd_kernel<Cfg, kCluster, kSplit> use Cfg::kSmemBytes of dynamic shared memory on `device`. The
+// Lets fwd_kernel<Cfg, kCluster, kSplit, kBounded> use Cfg::kSmemBytes of dynamic shared memory on `device`. The
 // attribute belongs to the device's context, so it is set once a device, not once a process: a
 // second GPU would otherwise refuse the launch.
-template <class Cfg, int kCluster, bool kSplit = false>
+template <class Cfg, int kCluster, bool kSplit = false, bool kBounded = false>
 cudaError_t allow_smem(int device) {
   static PerDevice set;
   cudaError_t e = cudaSuccess;
   set.get(device, [&] {
-    e = cudaFuncSetAttribute(fwd_kernel<Cfg, kCluster, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    e = cudaFuncSetAttribute(fwd_kernel<Cfg, kCluster, kSplit, kBounded>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              Cfg::kSmemBytes);
     if (e != cudaSuccess) cudaGetLastError();  // not sticky: the caller reports it
     return e == cudaSuccess ? 1 : 0;
@@ -259,7 +259,9 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   cudaError_t e = cudaGetDevice(&device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("device query: ") + cudaGetErrorString(e)};
-  const cudaError_t attr = allow_smem<Cfg, 1>(device);
+  // With a causal or window bound the whole-tile kernel that carries it (fwd_kernel's kBounded).
+  const bool uniform = tiles_of_one_length(a);
+  const cudaError_t attr = uniform ? allow_smem<Cfg, 1>(device) : allow_smem<Cfg, 1, false, true>(device);
   if (attr != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr)};
 
   const int64_t m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
@@ -300,7 +302,6 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // schedule 2 (ablation): one CTA per tile; schedule 3 (ablation, the earlier order): static
   // rounds, and one section of every head where lengths vary; schedule 4 (ablation): the dynamic
   // grid over one such section.
-  const bool uniform = tiles_of_one_length(a);
   k.tiles = make_tile_order(a, m_blocks, cluster, (a.schedule == 3 || a.schedule == 4) && !uniform);
   int64_t slots = cluster > 1 ? pair_clusters : sms;  // units (CTAs or clusters) at once
   if (a.max_ctas > 0) slots = std::max<int64_t>(1, std::min<int64_t>(slots, a.max_ctas / cluster));
@@ -338,7 +339,8 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   }
   auto launch = [&](const FwdKernelParams& kp, bool split) {
     if (cluster == 1) {
-      (split ? fwd_kernel<Cfg, 1, true> : fwd_kernel<Cfg, 1, false>)<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
+      (split ? fwd_kernel<Cfg, 1, true> : uniform ? fwd_kernel<Cfg, 1, false> : fwd_kernel<Cfg, 1, false, true>)<<<
+          grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
       return cudaGetLastError();
     }
     const PairLaunch<Cfg> pairs(grid, stream);

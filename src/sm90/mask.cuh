@@ -60,10 +60,28 @@ __host__ __device__ __forceinline__ BlockRange key_block_range(Window w, int m_b
 
 // Sets S to -inf where this thread's (row, key) pairs are not visible. `row` is the first of the
 // thread's two rows (the second is row + 8); `key` its first key (then + 8 * chunk + {0, 1}).
-template <int kBlockN>
+//
+// kOneSided: a launch without a left bound (causal, or a window open to the left) takes a branch,
+// uniform over the launch, where each row's right bound is taken relative to `key`, so that an
+// element costs one ISETP against its column's constant offset and the FSEL, not an add and two
+// compares. (In d64's three-consumer kernel that branch makes ptxas spill; it keeps one path.)
+template <int kBlockN, bool kOneSided = true>
 __device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], Window w, int row, int key,
                                            int seqlen_q, int seqlen_k) {
   const int offset = seqlen_k - seqlen_q;
+  if (kOneSided && w.left < 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int diag = row + 8 * i + offset - key;  // row i's own key, relative to key
+      const int hi = w.right >= 0 ? min(seqlen_k - key, diag + w.right + 1) : seqlen_k - key;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          if (8 * j + c >= hi) s[4 * j + 2 * i + c] = -INFINITY;
+    }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int q = row + 8 * i;
