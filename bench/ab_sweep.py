@@ -40,7 +40,7 @@ import tempfile
 # fwd_launch.cuh (d64's tile height, clusters for non-causal d128/d256, the stream-K rule).
 CHECK_SHAPES = [
     "--b 4 --h 32 --s 4096 --d 64",                               # d64, three consumers
-    "--b 32 --h 32 --s 512 --d 64 --causal",                      # d64, two consumers, tile counter
+    "--b 64 --h 32 --s 256 --d 64 --causal",                      # d64, two consumers, tile counter
     "--b 2 --h 7 --sq 1000 --sk 4097 --d 64 --causal",            # tails, causal bottom-right
     "--b 3 --h 8 --hkv 2 --sq 4097 --sk 239 --d 64",              # GQA, seqlen_q > seqlen_k
     "--b 4 --h 16 --s 4096 --d 128",                              # d128 in clusters of two
@@ -252,11 +252,11 @@ def self_test():
         ok &= len(res["checks"]["base"]) == len(CHECK_SHAPES)
         # A build that fails one check (here the d64 two-consumer shape) is never timed.
         rc = main(["--out", out, "--rounds", "2", "base=" + stand_in("a", 500.0),
-                   "wrong=" + stand_in("w", 900.0, check_rc=1, fail_shape="--s 512 --d 64 --causal")])
+                   "wrong=" + stand_in("w", 900.0, check_rc=1, fail_shape="--s 256 --d 64 --causal")])
         res = json.load(open(out))
         ok &= rc == 1 and all(r["build"] == "base" for r in res["records"]) and len(res["records"]) == 2
         ok &= [c["pass"] for c in res["checks"]["wrong"]].count(False) == 1
-        ok &= len(res["failures"]) == 1 and res["failures"][0].startswith("wrong check --b 32 --h 32 --s 512 --d 64")
+        ok &= len(res["failures"]) == 1 and res["failures"][0].startswith("wrong check --b 64 --h 32 --s 256 --d 64")
         rc = main(["--out", out, "--rounds", "2", "--shapes", "--s 512; --s 1024", "base=" + stand_in("a", 500.0),
                    "new=" + stand_in("b", 450.0)])
         res = json.load(open(out))

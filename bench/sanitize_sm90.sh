@@ -5,7 +5,7 @@
 # Shapes: causal d128; GQA d64 with tails; causal d256, short queries; more tiles than SMs
 # (static rounds, clusters of two sharing K/V); the same causal (the dynamic tile counter);
 # clusters with an odd query-block count (d64, 17 blocks) and at d256; d64 on 128-row tiles
-# (two consumers: causal 512, the d64 rule's 1.2; the shape before it, 500 x 520, now runs three); stream-K pieces merged (fewer tiles than SMs: every tile's keys
+# (two consumers: causal 256, 1.5 times the scores on 192-row tiles; causal 512, the shape before it, now runs three); stream-K pieces merged (fewer tiles than SMs: every tile's keys
 # cut across the grid) at d128, d64 and d256 in clusters of two; one round of whole tiles and a
 # cut tail (two launches, clusters: 70 pairs on 66). That last shape replaced a larger one (208
 # tiles x 16 blocks) whose racecheck ran past 100 s; bench/results/2026-11-22-final-check-e87568b.txt.
@@ -13,6 +13,8 @@
 # (FwdConfig::kStageOInQ) and the Q loader waiting on FwdBarriers::o_read. Causal tiles start
 # before row 0 where seqlen_q leaves a partial tile (Window::shift): d128 causal 300 and 700 (64
 # rows), d64 causal 1000 on 192-row tiles (128 rows), d256 causal 300 (64 rows, O in the Q buffer).
+# The bounded kernels' mask paths: a window with both bounds (d64, three consumers) and one open on
+# the left (d128: the one-compare mask, first blocks cut to a consumer's rows).
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:$LD_LIBRARY_PATH
 B=${1:-build/fa4-bench}
 OUTDIR=${2:-${OUT:-.}}
@@ -22,11 +24,12 @@ for tool in memcheck racecheck synccheck; do
   for args in "--b 1 --h 2 --sq 300 --sk 300 --d 128 --causal" "--b 2 --h 4 --hkv 1 --sq 129 --sk 257 --d 64" \
               "--b 1 --h 2 --sq 70 --sk 333 --d 256 --causal" "--b 2 --h 16 --hkv 4 --sq 700 --sk 650 --d 128" \
               "--b 2 --h 16 --hkv 4 --sq 700 --sk 650 --d 128 --causal" "--b 1 --h 2 --sq 3259 --sk 400 --d 64" \
-              "--b 1 --h 4 --hkv 2 --sq 500 --sk 333 --d 256" "--b 4 --h 16 --hkv 4 --sq 512 --sk 512 --d 64 --causal" \
+              "--b 1 --h 4 --hkv 2 --sq 500 --sk 333 --d 256" "--b 4 --h 16 --hkv 4 --sq 256 --sk 256 --d 64 --causal" \
               "--b 1 --h 4 --sq 100 --sk 5000 --d 128" "--b 1 --h 2 --hkv 1 --sq 700 --sk 3001 --d 64" \
               "--b 1 --h 4 --sq 500 --sk 2000 --d 256" "--b 1 --h 10 --sq 1792 --sk 1024 --d 128" \
               "--b 1 --h 3 --sq 300 --sk 500 --d 256" "--b 1 --h 2 --sq 1000 --sk 1000 --d 64 --causal" \
-              "--b 1 --h 2 --sq 300 --sk 300 --d 256 --causal"; do
+              "--b 1 --h 2 --sq 300 --sk 300 --d 256 --causal" "--b 1 --h 2 --sq 600 --sk 600 --d 64 --window 100,20" \
+              "--b 1 --h 2 --sq 300 --sk 500 --d 128 --window -1,30"; do
     out=$(timeout 120 compute-sanitizer --tool $tool $B $args --check --iters 0 --warmup 0 2>&1)
     rc=$?
     echo "sanitizer $tool [$args] rc=$rc $(echo "$out" | grep -E 'SUMMARY' | tail -1) $(echo "$out" | grep -E '^check' | tail -1)" | tee -a $R

@@ -146,7 +146,8 @@ TEST(TileOrder, ClusterPairsOnlyForTilesOfOneLength) {
 }
 
 // The d64 tile height: scores each height computes (padding and partial blocks included), and the
-// rule that takes 128-row tiles where 192-row ones would compute over 1.2 times as many.
+// rule that takes 128-row tiles where 192-row ones would compute over 1.15 times as many (1.25
+// with a causal or window bound).
 TEST(TileOrder, D64TileHeightFollowsTheComputedScores) {
   fa4::detail::FwdParams a = fwd_params(1, 1, 1, 512, 512, 64);
   EXPECT_EQ((fa4::sm90::computed_scores<128, 128>(a)), 4.0 * 4 * 128 * 128);  // 4 tiles x 4 blocks
@@ -158,7 +159,17 @@ TEST(TileOrder, D64TileHeightFollowsTheComputedScores) {
   EXPECT_EQ(fa4::sm90::row_shift<192>(a), 64);
   EXPECT_EQ((fa4::sm90::computed_scores<128, 128>(a)), 10.0 * 128 * 128);
   EXPECT_EQ((fa4::sm90::computed_scores<192, 128>(a)), 8.0 * 192 * 128);
-  EXPECT_TRUE(fa4::sm90::d64_two_consumers(a));  // 1.2
+  EXPECT_FALSE(fa4::sm90::d64_two_consumers(a));  // 1.2: three with a bound
+  a.window_right = -1;
+  a.seqlen_q = a.seqlen_k = 640;  // 768 rows against 640: 1.2, two without a bound
+  EXPECT_TRUE(fa4::sm90::d64_two_consumers(a));
+  a.window_right = 0;
+  EXPECT_FALSE(fa4::sm90::d64_two_consumers(a));
+  a.seqlen_q = a.seqlen_k = 384;  // causal 2 + 3 blocks of 192 rows against 1 + 2 + 3 of 128: 1.25
+  EXPECT_EQ((fa4::sm90::computed_scores<192, 128>(a)), 5.0 * 192 * 128);
+  EXPECT_FALSE(fa4::sm90::d64_two_consumers(a));
+  a.seqlen_q = a.seqlen_k = 256;  // causal 1 + 2 blocks of 192 rows (from row -128) against 1 + 2: 1.5
+  EXPECT_TRUE(fa4::sm90::d64_two_consumers(a));
   for (int s : {1024, 2048, 4096, 16384}) {
     a = fwd_params(1, 1, 1, s, s, 64);
     EXPECT_FALSE(fa4::sm90::d64_two_consumers(a)) << s;

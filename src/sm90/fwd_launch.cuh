@@ -180,10 +180,16 @@ double computed_scores(const detail::FwdParams& a) {
 // than two (128 rows), but compute more padding where queries are few or causal tiles short. Two
 // when the 192-row tiles would compute more than kD64TallTilesWorse times the 128-row ones' scores
 // (measured on an H100 with tiles placed by row_shift: causal 1k, 1.125 times the scores with 192
-// rows, three consumers +1.6 %; causal 512, 1.2 times, two +3.4 %; docs/perf-notes.md).
+// rows, three consumers +1.6 %; causal 512, 1.2 times, two +3.4 %; docs/perf-notes.md). With a
+// causal or window bound three consumers cut each block to their own rows (fwd_kernel's
+// kConsumerMask, kSkipFirst), which the count does not see: there the bar is 1.25 (H100, 4fa857c:
+// causal 384 at 1.25 three +7.2 %, 512 at 1.2 +1.2…1.9 %, 640 at 1.2 −1.3 %; 256 at 1.5 two
+// +6.3 %, 256 x 2048 +12 %; docs/perf-notes.md).
 inline constexpr double kD64TallTilesWorse = 1.15;
+inline constexpr double kD64TallTilesWorseBounded = 1.25;
 inline bool d64_two_consumers(const detail::FwdParams& a) {
-  return computed_scores<192, 128>(a) > kD64TallTilesWorse * computed_scores<128, 128>(a);
+  const double worse = tiles_of_one_length(a) ? kD64TallTilesWorse : kD64TallTilesWorseBounded;
+  return computed_scores<192, 128>(a) > worse * computed_scores<128, 128>(a);
 }
 
 // A value found once a device: kept for devices 0..63 once `make` has given a nonzero one
