@@ -246,6 +246,25 @@ TEST(ForwardGpu, LocalWindow) {
   run_case({BF16, 1, 400, 100, 2, 2, 64, false, 10, 0}, seed++);
 }
 
+TEST(ForwardGpu, DiagonalBlocksCutToEachConsumersRows) {
+  FA4_REQUIRE_GPU();
+  // With a right bound each consumer decides masking on its own 64 rows and takes a tile's first
+  // block on what its rows see: none of it (skipped), its lower half, or all. Causal d64 384 on
+  // three consumers: a 192-row tile from row 0 against keys 128..255 leaves consumers 0 and 1
+  // without a key there and consumer 2 with the lower half; causal d128 512: consumer 0 sees the
+  // diagonal block's lower half. Windows open on the left (the one-compare mask) and with both
+  // bounds, right bounds past the diagonal, seqlen_q against seqlen_k both ways.
+  uint32_t seed = 550;
+  run_case({BF16, 2, 384, 384, 3, 3, 64, true}, seed++);
+  run_case({BF16, 2, 512, 512, 2, 2, 128, true}, seed++);
+  run_case({FP16, 1, 640, 640, 2, 1, 64, true}, seed++);
+  run_case({BF16, 1, 600, 900, 2, 2, 64, false, -1, 70}, seed++);
+  run_case({BF16, 1, 700, 500, 2, 2, 128, false, -1, 40}, seed++);
+  run_case({BF16, 1, 777, 777, 2, 2, 64, false, 150, 30}, seed++);
+  run_case({FP16, 1, 500, 800, 2, 2, 128, false, 90, 0}, seed++);
+  run_case({BF16, 1, 256, 256, 4, 2, 64, true}, seed++);  // two consumers (1.5 times the scores on 192 rows)
+}
+
 TEST(ForwardGpu, RunningMaxRisesPastTheRescaleThreshold) {
   FA4_REQUIRE_GPU();
   // Steady-state steps on unmasked blocks take their exponentials against the running max without
