@@ -30,9 +30,10 @@ struct BlockRange {
 // True when key block n holds a key some row of the query tile from first_row (tile_first_row)
 // must not see: the sequence tail, or the window's edge passing through the block. A first tile's
 // rows before row 0 count too: their scores are masked as the real rows' are, so they never take
-// the row-max-free step (softmax.cuh) against keys past their bound.
+// the row-max-free step (softmax.cuh) against keys past their bound. (Also on the host, for the
+// tests.)
 template <int kBlockM, int kBlockN>
-__device__ __forceinline__ bool block_needs_mask(int n, Window w, int first_row, int seqlen_q,
+__host__ __device__ __forceinline__ bool block_needs_mask(int n, Window w, int first_row, int seqlen_q,
                                                  int seqlen_k) {
   const int offset = seqlen_k - seqlen_q;
   const int first_key = n * kBlockN, last_key = n * kBlockN + kBlockN - 1;
@@ -65,8 +66,9 @@ __host__ __device__ __forceinline__ BlockRange key_block_range(Window w, int m_b
 // uniform over the launch, where each row's right bound is taken relative to `key`, so that an
 // element costs one ISETP against its column's constant offset and the FSEL, not an add and two
 // compares. (In d64's three-consumer kernel that branch makes ptxas spill; it keeps one path.)
+// Also on the host, for the tests.
 template <int kBlockN, bool kOneSided = true>
-__device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], Window w, int row, int key,
+__host__ __device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], Window w, int row, int key,
                                            int seqlen_q, int seqlen_k) {
   const int offset = seqlen_k - seqlen_q;
   if (kOneSided && w.left < 0) {
