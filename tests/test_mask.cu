@@ -1,6 +1,5 @@
-// The sm90 forward's masks (src/sm90/mask.cuh) on the host, against the visibility rule itself:
-// query i sees key j when j < seqlen_k and i + off - left <= j <= i + off + right (off =
-// seqlen_k - seqlen_q, -1 = unbounded). Both mask paths (one compare without a left bound, two
+// The sm90 forward's masks (src/sm90/mask.cuh) on the host, against the float64 reference's
+// visibility rule (fa4::ref::visible) for keys inside the sequence. Both mask paths (one compare without a left bound, two
 // otherwise), a block's lower half as the first-block cut takes it, and which blocks need a mask
 // for a consumer's 64 rows and for a tile's.
 #include <cmath>
@@ -9,18 +8,21 @@
 
 #include <gtest/gtest.h>
 
+#include "reference.h"
 #include "sm90/mask.cuh"
 
 namespace {
 
 using fa4::sm90::Window;
 
+// Query q sees key k: k in the sequence and visible by the reference's rule under window w.
 bool visible(int64_t q, int64_t k, Window w, int seqlen_q, int seqlen_k) {
-  const int64_t off = int64_t(seqlen_k) - seqlen_q;
-  if (k < 0 || k >= seqlen_k) return false;
-  if (w.right >= 0 && k > q + off + w.right) return false;
-  if (w.left >= 0 && k < q + off - w.left) return false;
-  return true;
+  fa4::Problem p;
+  p.seqlen_q = seqlen_q;
+  p.seqlen_k = seqlen_k;
+  p.window_left = w.left;
+  p.window_right = w.right;
+  return k >= 0 && k < seqlen_k && fa4::ref::visible(p, q, k);
 }
 
 // One thread's slice of S (accumulator layout: rows row and row + 8, keys key + 8 * chunk + {0, 1})
