@@ -39,12 +39,14 @@ TEST(TileOrder, SectionsFitTheBudgetAndDivideTheHeadsForTheDynamicGrid) {
 }
 
 // Taken in index order (the dynamic grid's order), the tiles cover every (batch, head, query
-// block) once, and inside a section the query blocks never rise (causal: longest first).
+// block) once, and inside a section the query blocks never rise (causal: longest first), or with
+// `rising` (tiles of one length) never fall.
 TEST(TileOrder, EveryTileOnceLongestFirstInEachSection) {
+  for (bool rising : {false, true})
   for (auto [batch, heads, m_blocks, section] :
        std::vector<std::array<int, 4>>{{1, 1, 1, 1}, {2, 3, 5, 2}, {2, 3, 5, 3}, {4, 16, 32, 8}, {1, 7, 40, 7}, {3, 4, 9, 12}, {4, 5, 6, 3}}) {
     const int bh = batch * heads;
-    const TileOrder order{bh * m_blocks, m_blocks, bh, heads, std::min(section, bh)};
+    const TileOrder order{bh * m_blocks, m_blocks, bh, heads, std::min(section, bh), 1, rising};
     std::vector<int> seen(size_t(bh) * m_blocks, 0);
     int last_section = -1, last_m = 0;
     for (int t = 0; t < order.count; ++t) {
@@ -54,7 +56,8 @@ TEST(TileOrder, EveryTileOnceLongestFirstInEachSection) {
       ASSERT_GE(tl.m_block, 0); ASSERT_LT(tl.m_block, m_blocks);
       ++seen[(size_t(tl.batch) * heads + tl.head) * m_blocks + tl.m_block];
       const int sec = (tl.batch * heads + tl.head) / order.section;
-      if (sec == last_section) EXPECT_LE(tl.m_block, last_m) << "tile " << t;
+      if (sec == last_section && !rising) EXPECT_LE(tl.m_block, last_m) << "tile " << t;
+      if (sec == last_section && rising) EXPECT_GE(tl.m_block, last_m) << "tile " << t;
       last_section = sec;
       last_m = tl.m_block;
     }
@@ -78,6 +81,35 @@ fa4::detail::FwdParams fwd_params(int batch, int heads_q, int heads_kv, int seql
   fa4::ForwardArgs args;
   args.problem = fa4::test::make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim);
   return fa4::detail::make_fwd_params(args);
+}
+
+// Tiles of one length rise (a head's partial last block last in each section), tiles under a
+// bound fall (longest first). In static rounds on 132 CTAs, rising gives the busiest CTA fewer
+// whole tiles at the d64 FA3 shapes whose 192-row tiles end partial (512: 3 blocks a head, the
+// last of 128 rows; 1k: 6, the last of 64), the count tile_order.cuh states.
+TEST(TileOrder, TilesOfOneLengthRiseAndSpreadTheirPartialBlocks) {
+  auto busiest_whole = [](const TileOrder& order, int seqlen_q, int grid) {
+    int most = 0;
+    for (int cta = 0; cta < grid; ++cta) {
+      int whole = 0;
+      for (int round = 0, t; (t = order.nth(round, cta, grid)) < order.count; ++round)
+        whole += (order.decode(t).m_block + 1) * 192 <= seqlen_q ? 1 : 0;
+      most = std::max(most, whole);
+    }
+    return most;
+  };
+  for (auto [batch, seqlen, rising_most, falling_most] :
+       std::vector<std::array<int, 4>>{{32, 512, 16, 17}, {16, 1024, 20, 22}}) {
+    fa4::detail::FwdParams a = fwd_params(batch, 32, 32, seqlen, seqlen, 64);
+    const int m_blocks = (seqlen + 191) / 192;
+    TileOrder order = fa4::sm90::make_tile_order(a, m_blocks, 1, false);
+    EXPECT_TRUE(order.rising);
+    EXPECT_EQ(busiest_whole(order, seqlen, 132), rising_most) << seqlen;
+    order.rising = false;
+    EXPECT_EQ(busiest_whole(order, seqlen, 132), falling_most) << seqlen;
+    a.window_right = 0;  // causal: longest first
+    EXPECT_FALSE(fa4::sm90::make_tile_order(a, m_blocks, 1, false).rising);
+  }
 }
 
 // With clusters each tile is a pair: over every tile and both ranks, each (batch, head, query

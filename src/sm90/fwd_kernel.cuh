@@ -199,9 +199,9 @@ struct FwdKernelParams {
   float rescale_threshold;  // log2 units; 0 = always rescale
   Window window;
   TileOrder tiles;
-  // Tiles past each CTA's first come from this counter (atomicAdd; zero at launch) where tile
-  // lengths vary (causal, windows), so a CTA that finishes early takes the next; null: the static
-  // rounds of TileOrder::nth (equal lengths).
+  // Tiles past each CTA's first come from this counter (atomicAdd; zero at launch), so a CTA that
+  // finishes early takes the next (whole tiles on single CTAs); null: the static rounds of
+  // TileOrder::nth (clusters, stream-K tails).
   int* tile_counter;
   // Stream-K tail (TileOrder::split): each piece's unnormalised O and row stats, per consumer in
   // the accumulator layout, and a counter per (tail tile, rank, consumer), zero at launch.

@@ -120,8 +120,8 @@ TailScratchLayout tail_scratch_layout(const TileOrder& order) {
           size_t(consumers) * order.max_pieces * 128 * (Cfg::kHeadDim / 2 + 4) * sizeof(float)};
 }
 
-// Whether every query tile sees the same key blocks (no causal or window bound): such tiles go in
-// static rounds and may go to clusters; tiles whose lengths vary take the tile counter.
+// Whether every query tile sees the same key blocks (no causal or window bound): only such tiles
+// may go to clusters (in static rounds) or take a stream-K tail.
 inline bool tiles_of_one_length(const detail::FwdParams& a) { return a.window_right < 0 && a.window_left < 0; }
 
 // Whether a problem's tiles go to clusters of two CTAs sharing K and V (fwd_kernel.cuh): tiles of
@@ -146,7 +146,7 @@ inline TileOrder make_tile_order(const detail::FwdParams& a, int64_t m_blocks, i
   const int64_t section = one_section || a.l2_section_bytes < 0
                               ? batch_heads
                               : section_heads(batch_heads, kv_bytes_per_q_head, budget, !uniform);
-  return TileOrder{int(units * batch_heads), int(units), int(batch_heads), a.heads_q, int(section), cluster};
+  return TileOrder{int(units * batch_heads), int(units), int(batch_heads), a.heads_q, int(section), cluster, uniform};
 }
 
 // Window::shift for tiles of kBlockM rows: with a right bound (causal, or a window), tiles later in
@@ -303,11 +303,13 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   if (tiles > INT32_MAX)
     return {StatusCode::kNotSupported, "batch * heads_q * ceil(seqlen_q / " + std::to_string(Cfg::kBlockM) +
                                            ") = " + std::to_string(tiles) + " tiles: at most 2^31 - 1"};
-  // Tiles of one length (no causal or window bound) go to the persistent grid in static rounds;
-  // tiles whose length varies are taken from a counter, each CTA its next when it finishes one.
-  // schedule 2 (ablation): one CTA per tile; schedule 3 (ablation, the earlier order): static
-  // rounds, and one section of every head where lengths vary; schedule 4 (ablation): the dynamic
-  // grid over one such section.
+  // Past its first tile a CTA takes its next from a counter when it finishes one: tiles whose
+  // length varies, and tiles of one length on single CTAs without a stream-K tail, where a head's
+  // last block is cheaper when partial (idle consumers; d64 on an H100 +1.2...+2.2 % over static
+  // rounds of the same rising order, docs/perf-notes.md). Clusters and stream-K tails go in static
+  // rounds. schedule 2 (ablation): one CTA per tile; schedule 3 (ablation, the earlier order):
+  // static rounds, and one section of every head where lengths vary; schedule 4 (ablation): the
+  // dynamic grid over one such section.
   k.tiles = make_tile_order(a, m_blocks, cluster, (a.schedule == 3 || a.schedule == 4) && !uniform);
   int64_t slots = cluster > 1 ? pair_clusters : sms;  // units (CTAs or clusters) at once
   if (a.max_ctas > 0) slots = std::max<int64_t>(1, std::min<int64_t>(slots, a.max_ctas / cluster));
@@ -331,14 +333,14 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
       }
     }
   }
-  if (!uniform && a.schedule != 2 && a.schedule != 3 && grid < tiles) {
+  if ((!uniform || (cluster == 1 && !k.tiles.has_tail())) && a.schedule != 2 && a.schedule != 3 && grid < tiles) {
     e = scratch.make(stream, sizeof(int), sizeof(int));
     if (e == cudaSuccess) {
       k.tile_counter = reinterpret_cast<int*>(scratch.ptr);
     } else if (LaunchScratch::unavailable(e)) {
-      // The static rounds, over one section of every head so their longest-first order keeps the
-      // grid even.
-      k.tiles = make_tile_order(a, m_blocks, cluster, true);
+      // The static rounds; where lengths vary, over one section of every head so their
+      // longest-first order keeps the grid even.
+      if (!uniform) k.tiles = make_tile_order(a, m_blocks, cluster, true);
     } else {
       return {StatusCode::kCudaError, std::string("tile counter: ") + cudaGetErrorString(e)};
     }
@@ -358,7 +360,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     // then the tail alone, spread over every unit, on the same stream.
     FwdKernelParams whole = k;
     const TileOrder& t = k.tiles;
-    whole.tiles = TileOrder{t.full, t.m_blocks, t.batch_heads, t.heads_q, t.section, t.cluster};
+    whole.tiles = TileOrder{t.full, t.m_blocks, t.batch_heads, t.heads_q, t.section, t.cluster, t.rising};
     whole.piece_counters = nullptr;
     whole.partials = nullptr;
     e = launch(whole, false);

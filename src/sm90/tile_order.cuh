@@ -2,11 +2,17 @@
 //
 // Heads are taken in sections small enough that their K and V stay in L2; inside a section the
 // query blocks go from the last to the first (with a causal mask the last see the most keys, so the
-// longest tiles start first) and the heads of the section alternate fastest. A persistent grid of G
-// CTAs starts on tiles 0..G-1. Tiles of one length then go in static rounds of G: CTA i takes the
-// i-th of even rounds and the (G-1-i)-th of odd ones (a snake). Tiles whose lengths vary go
-// dynamically instead (FwdKernelParams::tile_counter): a CTA that finishes takes the next, so the
-// longest-first order inside each section keeps the grid even to the end.
+// longest tiles start first) and the heads of the section alternate fastest. Tiles of one length
+// go from the first block to the last (`rising`): a head's last block, partial where seqlen_q is
+// not a multiple of the tile height, is the cheapest (idle consumers skip it), and taken last in
+// each section it evens the grid out, from the counter or in static rounds (d64 on 192-row tiles,
+// 132 CTAs in static rounds: the busiest CTA has 20 whole tiles at 1k against 22 last to first,
+// 16 against 17 at 512).
+//
+// A persistent grid of G CTAs starts on tiles 0..G-1. Past those, a CTA that finishes takes the
+// next tile from a counter (FwdKernelParams::tile_counter), so the cheapest tiles of each section
+// come last and keep the grid even to the end. Clusters and stream-K tails (tiles of one length) go in static rounds of
+// G instead: CTA i takes the i-th of even rounds and the (G-1-i)-th of odd ones (a snake).
 //
 // With clusters of two CTAs (uniform tiles) a tile is a pair of neighbouring query blocks of one
 // head, whose K and V the two CTAs share by TMA multicast: cluster rank r takes query block
@@ -77,6 +83,9 @@ struct TileOrder {
   int heads_q;
   int section;      // heads per section
   int cluster = 1;  // CTAs a tile (1, or 2: a pair of query blocks)
+  // Query blocks first to last inside a section (tiles of one length), or last to first (false:
+  // longest first under a causal or window bound).
+  bool rising = false;
   // Stream-K tail: tiles [0, full) go whole in rounds 0..full/units-1 (full is a multiple of the
   // units, or count without a split); tiles [full, count) as pieces (TailSplit), item
   // full + 2 c + k being unit c's k-th piece (a unit's run is shorter than a tile, as there are
@@ -149,7 +158,7 @@ struct TileOrder {
     Tile tl;
     tl.batch = bh / heads_q;
     tl.head = bh % heads_q;
-    tl.m_block = (m_blocks - 1 - m_idx) * cluster + rank;
+    tl.m_block = (rising ? m_idx : m_blocks - 1 - m_idx) * cluster + rank;
     return tl;
   }
 };
