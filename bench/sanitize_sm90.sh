@@ -14,7 +14,9 @@
 # before row 0 where seqlen_q leaves a partial tile (Window::shift): d128 causal 300 and 700 (64
 # rows), d64 causal 1000 on 192-row tiles (128 rows), d256 causal 300 (64 rows, O in the Q buffer).
 # The bounded kernels' mask paths: a window with both bounds (d64, three consumers) and one open on
-# the left (d128: the one-compare mask, first blocks cut to a consumer's rows).
+# the left (d128: the one-compare mask, first blocks cut to a consumer's rows). Tiles of one length
+# from the tile counter, partial last query blocks: d64 on 192-row tiles (1000 rows) and d256 with
+# O in the Q buffer (333 rows, no clusters).
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:$LD_LIBRARY_PATH
 B=${1:-build/fa4-bench}
 OUTDIR=${2:-${OUT:-.}}
@@ -29,7 +31,8 @@ for tool in memcheck racecheck synccheck; do
               "--b 1 --h 4 --sq 500 --sk 2000 --d 256" "--b 1 --h 10 --sq 1792 --sk 1024 --d 128" \
               "--b 1 --h 3 --sq 300 --sk 500 --d 256" "--b 1 --h 2 --sq 1000 --sk 1000 --d 64 --causal" \
               "--b 1 --h 2 --sq 300 --sk 300 --d 256 --causal" "--b 1 --h 2 --sq 600 --sk 600 --d 64 --window 100,20" \
-              "--b 1 --h 2 --sq 300 --sk 500 --d 128 --window -1,30"; do
+              "--b 1 --h 2 --sq 300 --sk 500 --d 128 --window -1,30" "--b 4 --h 16 --sq 1000 --sk 300 --d 64" \
+              "--b 4 --h 16 --hkv 8 --sq 333 --sk 256 --d 256"; do
     out=$(timeout 120 compute-sanitizer --tool $tool $B $args --check --iters 0 --warmup 0 2>&1)
     rc=$?
     echo "sanitizer $tool [$args] rc=$rc $(echo "$out" | grep -E 'SUMMARY' | tail -1) $(echo "$out" | grep -E '^check' | tail -1)" | tee -a $R

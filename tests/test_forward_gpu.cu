@@ -291,14 +291,19 @@ TEST(ForwardGpu, LongSequences) {
 
 TEST(ForwardGpu, ManyTilesPersistentGrid) {
   FA4_REQUIRE_GPU();
-  // More tiles than SMs, so each CTA of the persistent grid walks several: in static rounds where
-  // tiles are of one length, from the tile counter where they vary (causal, windows).
+  // More tiles than SMs, so each CTA of the persistent grid walks several: from the tile counter
+  // on single CTAs (d64, causal, windows, d256 with an odd query-block count), in static rounds in
+  // clusters (d128 non-causal).
   run_case({BF16, 4, 600, 600, 16, 4, 64, false}, 700);
   run_case({BF16, 3, 700, 500, 12, 12, 128, false}, 701);
   run_case({BF16, 4, 600, 600, 16, 4, 64, true}, 702);
   run_case({BF16, 3, 700, 500, 12, 12, 128, true}, 703);
   run_case({FP16, 2, 600, 650, 16, 8, 256, true}, 704);
   run_case({BF16, 4, 600, 600, 16, 4, 128, false, 200, 0}, 705);
+  // Tiles of one length from the counter with a partial last query block: d64 on 192-row tiles
+  // (1000 rows: the sixth tile's last two consumers idle), d256 with O staged in the Q buffer.
+  run_case({BF16, 8, 1000, 300, 16, 16, 64, false}, 706);
+  run_case({BF16, 4, 333, 256, 16, 8, 256, false}, 707);
 }
 
 TEST(ForwardGpu, TilesWithoutKeysAmongTilesWithKeys) {
