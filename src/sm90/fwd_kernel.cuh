@@ -165,9 +165,11 @@ struct FwdConfig {
   static constexpr int kPOffset = kVOffset + kStages * kKVBytes;
   static constexpr int kOOffset = kPOffset + kPBytes;
   // O leaves through a shared-memory tile of its own and a TMA store where shared memory allows
-  // (not at d256, which stages it in the Q buffer: kStageOInQ below) and registers do (three
-  // consumers have 160 each, all taken by the d64 main loop).
-  static constexpr bool kStageO = kOOffset + kQBytes + kBarBytes + kAlignSlack <= kSmemLimit && kConsumers == 2;
+  // (not at d256, which stages it in the Q buffer: kStageOInQ below). With three consumers (160
+  // registers each) only the whole-tile kernels without a bound stage it (fwd_kernel's kStaged:
+  // the bounded and stream-K ones spilled 148-168 bytes); there H100 d64 512 +4.8 %, 1k +1.8 %
+  // (docs/perf-notes.md, "O staged at three consumers").
+  static constexpr bool kStageO = kOOffset + kQBytes + kBarBytes + kAlignSlack <= kSmemLimit;
   // Where no shared memory is left for O (d256: one Q buffer), O staged in the tile's own Q
   // buffer: each consumer's rows of Q are free once its last S is done, and that consumer's Q
   // loader refills them only when the TMA store has read them (FwdBarriers::o_read). Storing 128 accumulators
@@ -382,7 +384,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // The mask's one-compare path for a launch without a left bound (mask.cuh): where ptxas keeps
   // it without spilling, which is not d64's three-consumer kernel or d256's.
   constexpr bool kOneSidedMask = Cfg::kConsumers == 2 && kHeadDim <= 128;
-  constexpr bool kStaged = Cfg::kStageO || kOInQ;  // O out by stmatrix and TMA (epilogue.cuh)
+  // O out by stmatrix and TMA (epilogue.cuh); with three consumers in whole-tile kernels without a
+  // bound only (FwdConfig::kStageO).
+  constexpr bool kStaged = (Cfg::kStageO && (Cfg::kConsumers == 2 || (!kSplit && !kBounded))) || kOInQ;
   // Otherwise O in 16-byte stores, on one CTA (in clusters of two ptxas spilled 4 bytes at d64).
   constexpr bool kWideO = kCluster == 1;
   constexpr auto kType = Cfg::kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
@@ -736,16 +740,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     softmax_turn_end();
   }
   RingPos<Cfg::kStages> r;
-  // The Q ring: in the stream-K kernel one counter (one register fewer through the main loop).
-  std::conditional_t<kSplit, RingCount<Cfg::kQStages>, RingPos<Cfg::kQStages>> qr;
+  // The Q ring: one counter (one register fewer through the main loop) in the stream-K kernel, and
+  // where three consumers stage O (with stage and phase apart ptxas spilled the phase, 8 bytes).
+  constexpr bool kQCount = kSplit || (Cfg::kConsumers == 3 && kStaged);
+  std::conditional_t<kQCount, RingCount<Cfg::kQStages>, RingPos<Cfg::kQStages>> qr;
   auto q_stage = [&] {
-    if constexpr (kSplit)
+    if constexpr (kQCount)
       return qr.stage();
     else
       return qr.stage;
   };
   auto q_phase = [&] {
-    if constexpr (kSplit)
+    if constexpr (kQCount)
       return qr.phase();
     else
       return qr.phase;
