@@ -167,7 +167,7 @@ struct FwdConfig {
   // O leaves through a shared-memory tile of its own and a TMA store where shared memory allows
   // (not at d256, which stages it in the Q buffer: kStageOInQ below). With three consumers (160
   // registers each) only the whole-tile kernels without a bound stage it (fwd_kernel's kStaged:
-  // the bounded and stream-K ones spilled 148-168 bytes); there H100 d64 512 +4.8 %, 1k +1.8 %
+  // the bounded and stream-K ones spilled 148-168 bytes); there H100 d64 512 +4.9 %, 1k +1.0 %
   // (docs/perf-notes.md, "O staged at three consumers").
   static constexpr bool kStageO = kOOffset + kQBytes + kBarBytes + kAlignSlack <= kSmemLimit;
   // Where no shared memory is left for O (d256: one Q buffer), O staged in the tile's own Q

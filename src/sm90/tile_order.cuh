@@ -11,8 +11,9 @@
 //
 // A persistent grid of G CTAs starts on tiles 0..G-1. Past those, a CTA that finishes takes the
 // next tile from a counter (FwdKernelParams::tile_counter), so the cheapest tiles of each section
-// come last and keep the grid even to the end. Clusters and stream-K tails (tiles of one length) go in static rounds of
-// G instead: CTA i takes the i-th of even rounds and the (G-1-i)-th of odd ones (a snake).
+// come last and keep the grid even to the end. Clusters and stream-K tails (tiles of one length)
+// go in static rounds of G instead: CTA i takes the i-th of even rounds and the (G-1-i)-th of odd
+// ones (a snake).
 //
 // With clusters of two CTAs (uniform tiles) a tile is a pair of neighbouring query blocks of one
 // head, whose K and V the two CTAs share by TMA multicast: cluster rank r takes query block
