@@ -112,6 +112,25 @@ TEST(TileOrder, TilesOfOneLengthRiseAndSpreadTheirPartialBlocks) {
   }
 }
 
+// Which launches take tiles from the counter: tiles whose lengths vary, and tiles of one length on
+// single CTAs without a stream-K tail (their partial last blocks even out from it); not clusters,
+// stream-K tails, one CTA a tile, the static rounds' ablation, nor a grid as large as the tiles.
+TEST(TileOrder, TileCounterWhereTilesVaryOrOnSingleCtas) {
+  using fa4::sm90::use_tile_counter;
+  for (int schedule : {0, 1, 4}) {
+    EXPECT_TRUE(use_tile_counter(false, 1, false, schedule, 132, 3072));  // causal
+    EXPECT_TRUE(use_tile_counter(true, 1, false, schedule, 132, 3072));   // d64 non-causal
+    EXPECT_FALSE(use_tile_counter(true, 2, false, schedule, 132, 3072));  // clusters: static rounds
+    EXPECT_FALSE(use_tile_counter(true, 1, true, schedule, 132, 3072));   // a stream-K tail
+    EXPECT_FALSE(use_tile_counter(false, 1, false, schedule, 132, 132));  // a CTA for every tile
+    EXPECT_FALSE(use_tile_counter(true, 1, false, schedule, 132, 100));
+  }
+  for (int schedule : {2, 3}) {
+    EXPECT_FALSE(use_tile_counter(false, 1, false, schedule, 132, 3072));
+    EXPECT_FALSE(use_tile_counter(true, 1, false, schedule, 132, 3072));
+  }
+}
+
 // With clusters each tile is a pair: over every tile and both ranks, each (batch, head, query
 // block) comes once, both ranks of a tile share batch and head (so K and V), and the only extra
 // is block m_blocks (past seqlen_q) as rank 1 of a head's last pair when m_blocks is odd.

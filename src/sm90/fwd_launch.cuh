@@ -124,6 +124,14 @@ TailScratchLayout tail_scratch_layout(const TileOrder& order) {
 // may go to clusters (in static rounds) or take a stream-K tail.
 inline bool tiles_of_one_length(const detail::FwdParams& a) { return a.window_right < 0 && a.window_left < 0; }
 
+// Whether a launch of `grid` units over `tiles` tiles takes each CTA's tiles past its first from
+// the tile counter (FwdKernelParams::tile_counter): where tile lengths vary, and for tiles of one
+// length on single CTAs without a stream-K tail; never for one CTA a tile (schedule 2), the static
+// rounds' ablation (schedule 3), or a grid with a CTA for every tile.
+inline bool use_tile_counter(bool uniform, int cluster, bool stream_k_tail, int schedule, int64_t grid, int64_t tiles) {
+  return (!uniform || (cluster == 1 && !stream_k_tail)) && schedule != 2 && schedule != 3 && grid < tiles;
+}
+
 // Whether a problem's tiles go to clusters of two CTAs sharing K and V (fwd_kernel.cuh): tiles of
 // one length only (no causal or window bound; the pair walks one key range). On their own only
 // where they measured faster (head_dim 128 and 256: +2...+6 % at FA3 shapes of 512-2k, -1...+2 %
@@ -333,7 +341,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
       }
     }
   }
-  if ((!uniform || (cluster == 1 && !k.tiles.has_tail())) && a.schedule != 2 && a.schedule != 3 && grid < tiles) {
+  if (use_tile_counter(uniform, cluster, k.tiles.has_tail(), a.schedule, grid, tiles)) {
     e = scratch.make(stream, sizeof(int), sizeof(int));
     if (e == cudaSuccess) {
       k.tile_counter = reinterpret_cast<int*>(scratch.ptr);
