@@ -5,7 +5,8 @@
 # Shapes: causal d128; GQA d64 with tails; causal d256, short queries; more tiles than SMs
 # (static rounds, clusters of two sharing K/V); the same causal (the dynamic tile counter);
 # clusters with an odd query-block count (d64, 17 blocks) and at d256; d64 on 128-row tiles
-# (two consumers: causal 256, 1.5 times the scores on 192-row tiles; causal 512, the shape before it, now runs three); stream-K pieces merged (fewer tiles than SMs: every tile's keys
+# (two consumers: causal 256, 1.5 times the scores on 192-row tiles; causal 512, the shape before
+# it, now runs three); stream-K pieces merged (fewer tiles than SMs: every tile's keys
 # cut across the grid) at d128, d64 and d256 in clusters of two; one round of whole tiles and a
 # cut tail (two launches, clusters: 70 pairs on 66). That last shape replaced a larger one (208
 # tiles x 16 blocks) whose racecheck ran past 100 s; bench/results/2026-11-22-final-check-e87568b.txt.

@@ -1,7 +1,7 @@
 // The sm90 forward's masks (src/sm90/mask.cuh) on the host, against the float64 reference's
-// visibility rule (fa4::ref::visible) for keys inside the sequence. Both mask paths (one compare without a left bound, two
-// otherwise), a block's lower half as the first-block cut takes it, and which blocks need a mask
-// for a consumer's 64 rows and for a tile's.
+// visibility rule (fa4::ref::visible) for keys inside the sequence. Both mask paths (one compare
+// without a left bound, two otherwise), a block's lower half as the first-block cut takes it, and
+// which blocks need a mask for a consumer's 64 rows and for a tile's.
 #include <cmath>
 #include <cstdint>
 #include <random>

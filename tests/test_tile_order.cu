@@ -342,6 +342,24 @@ TEST(TileOrder, TailSplitCoversEveryKeyBlockOnce) {
       longest = std::max(longest, run);
     }
     for (int t = 0; t < order.full; ++t) EXPECT_EQ(whole[t], 1) << "tile " << t;
+    // The whole rounds' own launch: the same tiles in the same rounds, and nothing past them.
+    const TileOrder rounds = order.whole_rounds();
+    EXPECT_FALSE(rounds.has_tail());
+    EXPECT_EQ(rounds.count, order.full);
+    for (int unit = 0; unit < units; ++unit)
+      for (int round = 0; round <= order.full / units; ++round) {
+        const int t = rounds.item(round, unit, units);
+        Tile a, b;
+        ASSERT_EQ(rounds.decode_valid(t, 0, a), t < order.full);
+        if (t < order.full) {
+          ASSERT_EQ(t, order.item(round, unit, units));
+          ASSERT_TRUE(order.decode_valid(t, 0, b));
+          EXPECT_EQ(a.m_block, b.m_block);
+          EXPECT_EQ(a.head, b.head);
+          EXPECT_EQ(a.batch, b.batch);
+          EXPECT_LT(a.hi, 0);
+        }
+      }
     // The tail's own launch (tail_only) starts at the pieces: the same ones, in round order.
     TileOrder tail = order;
     tail.tail_only = true;

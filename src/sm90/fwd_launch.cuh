@@ -367,8 +367,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     // The whole rounds by the whole-tile kernel (its code, not the stream-K kernel's, runs them),
     // then the tail alone, spread over every unit, on the same stream.
     FwdKernelParams whole = k;
-    const TileOrder& t = k.tiles;
-    whole.tiles = TileOrder{t.full, t.m_blocks, t.batch_heads, t.heads_q, t.section, t.cluster, t.rising};
+    whole.tiles = k.tiles.whole_rounds();
     whole.piece_counters = nullptr;
     whole.partials = nullptr;
     e = launch(whole, false);

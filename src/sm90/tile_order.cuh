@@ -103,6 +103,18 @@ struct TileOrder {
 
   bool has_tail() const { return split.total > 0; }
 
+  // The whole rounds alone, as an order of their own (a stream-K tail's first launch): every field
+  // as it is but the tail's.
+  TileOrder whole_rounds() const {
+    TileOrder o = *this;
+    o.count = full;
+    o.full = INT_MAX;
+    o.split = TailSplit{};
+    o.max_pieces = 1;
+    o.tail_only = false;
+    return o;
+  }
+
   // The tile CTA `cta` of `grid` takes in round `round`; >= count when it has no more.
   __host__ __device__ int nth(int round, int cta, int grid) const {
     return round * grid + ((round & 1) ? grid - 1 - cta : cta);
