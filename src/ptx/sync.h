@@ -48,6 +48,14 @@ __device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, uint32_t cta) 
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
+// threadIdx.x read afresh where it is used (asm volatile: not merged with earlier reads), so that
+// values derived from it are computed there, not hoisted out of a loop and held through it.
+__device__ __forceinline__ int fresh_thread_index() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
 // --- clusters (PTX ISA 9.7.13.2, barrier.cluster) ---
 __device__ __forceinline__ uint32_t cluster_rank() { return cuda::ptx::get_sreg_cluster_ctarank(); }
 // Every thread of every CTA of the cluster; what each wrote before is visible to all after.

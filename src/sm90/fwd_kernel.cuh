@@ -165,10 +165,8 @@ struct FwdConfig {
   static constexpr int kPOffset = kVOffset + kStages * kKVBytes;
   static constexpr int kOOffset = kPOffset + kPBytes;
   // O leaves through a shared-memory tile of its own and a TMA store where shared memory allows
-  // (not at d256, which stages it in the Q buffer: kStageOInQ below). With three consumers (160
-  // registers each) only the whole-tile kernels without a bound stage it (fwd_kernel's kStaged:
-  // the bounded and stream-K ones spilled 148-168 bytes); there H100 d64 512 +4.9 %, 1k +1.0 %
-  // (docs/perf-notes.md, "O staged at three consumers").
+  // (not at d256, which stages it in the Q buffer: kStageOInQ below); with three consumers H100
+  // d64 512 +4.9 %, 1k +1.0 % (docs/perf-notes.md, "O staged at three consumers").
   static constexpr bool kStageO = kOOffset + kQBytes + kBarBytes + kAlignSlack <= kSmemLimit;
   // Where no shared memory is left for O (d256: one Q buffer), O staged in the tile's own Q
   // buffer: each consumer's rows of Q are free once its last S is done, and that consumer's Q
@@ -384,9 +382,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // The mask's one-compare path for a launch without a left bound (mask.cuh): where ptxas keeps
   // it without spilling, which is not d64's three-consumer kernel or d256's.
   constexpr bool kOneSidedMask = Cfg::kConsumers == 2 && kHeadDim <= 128;
-  // O out by stmatrix and TMA (epilogue.cuh); with three consumers in whole-tile kernels without a
-  // bound only (FwdConfig::kStageO).
-  constexpr bool kStaged = (Cfg::kStageO && (Cfg::kConsumers == 2 || (!kSplit && !kBounded))) || kOInQ;
+  // O out by stmatrix and TMA (epilogue.cuh) wherever shared memory allows (FwdConfig::kStageO).
+  constexpr bool kStaged = Cfg::kStageO || kOInQ;
   // Otherwise O in 16-byte stores, on one CTA (in clusters of two ptxas spilled 4 bytes at d64).
   constexpr bool kWideO = kCluster == 1;
   constexpr auto kType = Cfg::kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
@@ -1011,13 +1008,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (Cfg::kTensorRowSum)
       for (int i = 0; i < 2; ++i) rows[i].sum = lsum[2 * i];  // the whole row's sum in every thread
     uint8_t* s_o = kOInQ ? sQ + q_stage() * Cfg::kQBytes : smem + Cfg::kOOffset;
+    // In the bounded and stream-K three-consumer kernels the epilogue's thread index is read
+    // afresh: its per-thread shared-memory addresses are loop-invariant, and from `t` ptxas
+    // hoists them out of the tile loop, where they spilled 140-168 bytes through the main loop.
+    // Elsewhere the fresh read cost 0.4-1 % (d64 512, 1k) (docs/perf-notes.md).
+    const int te = Cfg::kConsumers == 3 && (kBounded || kSplit) ? ptx::fresh_thread_index() % 128 : t;
     if constexpr (kSplit) {
       unpack_place(place, tl);
       // A stream-K piece stores only when it is its tile's last and has merged the others.
       if (tl.pieces == 1 || merge_pieces<Cfg, kCluster>(p, tl, o, rows, consumer, t, rank))
-        store_output<Cfg, kStaged, FwdKernelParams, kWideO>(p, tl, o, rows, consumer, t, s_o);
+        store_output<Cfg, kStaged, FwdKernelParams, kWideO>(p, tl, o, rows, consumer, te, s_o);
     } else {
-      store_output<Cfg, kStaged, FwdKernelParams, kWideO>(p, tl, o, rows, consumer, t, s_o);
+      store_output<Cfg, kStaged, FwdKernelParams, kWideO>(p, tl, o, rows, consumer, te, s_o);
     }
     if constexpr (kOInQ) {
       if (t == 0) {  // the store that thread 0 issued has read the Q buffer
