@@ -10,14 +10,15 @@
 # cut across the grid) at d128, d64 and d256 in clusters of two; one round of whole tiles and a
 # cut tail (two launches, clusters: 70 pairs on 66). That last shape replaced a larger one (208
 # tiles x 16 blocks) whose racecheck ran past 100 s; bench/results/2026-11-22-final-check-e87568b.txt.
-# Last, d256 on one CTA a unit (three query blocks: no clusters), its O staged in the Q buffer
-# (FwdConfig::kStageOInQ) and the Q loader waiting on FwdBarriers::o_read. Causal tiles start
+# Last, d256 on one CTA a unit (three query blocks: no clusters), its O staged in the last K/V
+# slots (FwdConfig::kStageOInKV) and the Q loaders waiting on FwdBarriers::q_free. Causal tiles start
 # before row 0 where seqlen_q leaves a partial tile (Window::shift): d128 causal 300 and 700 (64
-# rows), d64 causal 1000 on 192-row tiles (128 rows), d256 causal 300 (64 rows, O in the Q buffer).
+# rows), d64 causal 1000 on 192-row tiles (128 rows), d256 causal 300 (64 rows: consumer 0 idle).
 # The bounded kernels' mask paths: a window with both bounds (d64, three consumers) and one open on
 # the left (d128: the one-compare mask, first blocks cut to a consumer's rows). Tiles of one length
-# from the tile counter, partial last query blocks: d64 on 192-row tiles (1000 rows) and d256 with
-# O in the Q buffer (333 rows, no clusters).
+# from the tile counter, partial last query blocks: d64 on 192-row tiles (1000 rows) and d256 (333
+# rows, no clusters). d256 tiles without keys among tiles with keys (causal with seqlen_q >
+# seqlen_k, a window open on the left): zeros stored from registers where a tile has no key.
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:$LD_LIBRARY_PATH
 B=${1:-build/fa4-bench}
 OUTDIR=${2:-${OUT:-.}}
@@ -33,7 +34,8 @@ for tool in memcheck racecheck synccheck; do
               "--b 1 --h 3 --sq 300 --sk 500 --d 256" "--b 1 --h 2 --sq 1000 --sk 1000 --d 64 --causal" \
               "--b 1 --h 2 --sq 300 --sk 300 --d 256 --causal" "--b 1 --h 2 --sq 600 --sk 600 --d 64 --window 100,20" \
               "--b 1 --h 2 --sq 300 --sk 500 --d 128 --window -1,30" "--b 4 --h 16 --sq 1000 --sk 300 --d 64" \
-              "--b 4 --h 16 --hkv 8 --sq 333 --sk 256 --d 256"; do
+              "--b 4 --h 16 --hkv 8 --sq 333 --sk 256 --d 256" "--b 1 --h 2 --sq 700 --sk 100 --d 256 --causal" \
+              "--b 1 --h 2 --sq 900 --sk 333 --d 256 --window 40,0"; do
     out=$(timeout 120 compute-sanitizer --tool $tool $B $args --check --iters 0 --warmup 0 2>&1)
     rc=$?
     echo "sanitizer $tool [$args] rc=$rc $(echo "$out" | grep -E 'SUMMARY' | tail -1) $(echo "$out" | grep -E '^check' | tail -1)" | tee -a $R

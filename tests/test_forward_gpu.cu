@@ -301,7 +301,7 @@ TEST(ForwardGpu, ManyTilesPersistentGrid) {
   run_case({FP16, 2, 600, 650, 16, 8, 256, true}, 704);
   run_case({BF16, 4, 600, 600, 16, 4, 128, false, 200, 0}, 705);
   // Tiles of one length from the counter with a partial last query block: d64 on 192-row tiles
-  // (1000 rows: the sixth tile's last two consumers idle), d256 with O staged in the Q buffer.
+  // (1000 rows: the sixth tile's last two consumers idle), d256 with O staged in the last K/V slots.
   run_case({BF16, 8, 1000, 300, 16, 16, 64, false}, 706);
   run_case({BF16, 4, 333, 256, 16, 8, 256, false}, 707);
 }
@@ -311,12 +311,16 @@ TEST(ForwardGpu, TilesWithoutKeysAmongTilesWithKeys) {
   // Tiles that see no key (causal bottom-right with seqlen_q > seqlen_k, or a window: O = 0, LSE =
   // -inf, no K/V block) between tiles that do, so the rings and the turn barriers must carry over
   // such a tile. A small grid makes each CTA walk many tiles of both kinds, in clusters and one CTA
-  // a tile, at the head dims with two consumers and two Q buffers (d128, d64 on 128-row tiles).
+  // a tile, at the head dims with two consumers and two Q buffers (d128, d64 on 128-row tiles),
+  // and at d256, whose tiles with keys stage O in their last K/V slots and those without store
+  // zeros from registers.
   const Case cases[] = {
       {BF16, 2, 1000, 128, 3, 3, 128, true},  // 8 query blocks, the first 6 see no key
       {BF16, 2, 500, 200, 4, 2, 64, true},  // d64 on 128-row tiles (1.5 times the scores on 192)
       {FP16, 1, 900, 333, 4, 4, 128, false, 40, 0},  // window: the top rows see no key
       {BF16, 3, 500, 200, 2, 1, 128, false},  // every tile has keys: one key block, many tiles
+      {BF16, 2, 1000, 128, 2, 2, 256, true},  // d256: 8 query blocks, the first 6 see no key
+      {FP16, 1, 900, 333, 2, 1, 256, false, 40, 0},  // d256, window
   };
   uint32_t seed = 1500;
   for (Case c : cases)

@@ -60,25 +60,12 @@ __device__ __forceinline__ void stmatrix_tile(uint32_t base, int consumer, int t
   }
 }
 
-// Epilogue: O / l and LSE. kStaged: the consumer writes its 64 x d share of O into a swizzled
-// shared tile (its own, or its rows of the tile's Q buffer) by stmatrix and one thread sends it
-// out by TMA (rows past seqlen_q are clipped);
-// otherwise each thread stores its pairs of O straight to global memory: with kWide as 16-byte
-// stores after a transpose inside each quad (H100, d64 three consumers: 512 +1.3 %, 1k +0.6 %,
-// causal 1k +1.7 %, 4k unchanged; docs/perf-notes.md), else as the 4-byte pairs themselves.
-template <class Cfg, bool kStaged, class Params, bool kWide = false>
-__device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
-                                             float (&o)[Cfg::kHeadDim / 2],
-                                             numerics::RowState (&rows)[2], int consumer, int t,
-                                             uint8_t* s_o) {
-  using Elem = std::conditional_t<Cfg::kBF16, __nv_bfloat16, __half>;
-  const int lane = t % 32;
-  const int row0 = consumer * 64 + (t / 32) * 16 + lane / 4;
-  const int col0 = 2 * (lane % 4);
-  // The tile's first row: negative in a first tile that starts before row 0 (Window::shift, a
-  // multiple of 64: a consumer's 64 rows lie all before row 0 or none).
-  const int first = tile_first_row<Cfg::kBlockM>(p.window, tl.m_block);
-  float inv[2];
+// A consumer's rows finished: each row's whole sum (from the quad's partials unless
+// kTensorRowSum), its LSE written for rows inside the sequence, and 1 / sum in inv (0 for a row
+// without keys). first: the tile's first row; row0: this thread's first row in the tile.
+template <class Cfg, class Params>
+__device__ __forceinline__ void finish_rows(const Params& p, const Tile& tl, numerics::RowState (&rows)[2],
+                                            int first, int row0, int lane, float (&inv)[2]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float l = rows[i].sum;
@@ -94,17 +81,42 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
     if (p.lse != nullptr && lane % 4 == 0 && q >= 0 && q < p.seqlen_q)
       p.lse[(int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q] = numerics::row_lse(rows[i], Lg2Approx{});
   }
+}
+
+// Epilogue: O / l and LSE. kStaged: the consumer writes its 64 x d share of O into a swizzled
+// shared tile by stmatrix and one thread sends it out by TMA (rows past seqlen_q are clipped). The
+// tile holds kStageRows rows: the CTA tile's (this consumer's from row consumer * 64), or 64, this
+// consumer's alone (d256: a K/V slot);
+// otherwise each thread stores its pairs of O straight to global memory: with kWide as 16-byte
+// stores after a transpose inside each quad (H100, d64 three consumers: 512 +1.3 %, 1k +0.6 %,
+// causal 1k +1.7 %, 4k unchanged; docs/perf-notes.md), else as the 4-byte pairs themselves.
+template <class Cfg, bool kStaged, class Params, bool kWide = false, int kStageRows = Cfg::kBlockM>
+__device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
+                                             float (&o)[Cfg::kHeadDim / 2],
+                                             numerics::RowState (&rows)[2], int consumer, int t,
+                                             uint8_t* s_o) {
+  static_assert(kStageRows == Cfg::kBlockM || kStageRows == 64, "a staged tile holds the CTA's rows or a consumer's");
+  using Elem = std::conditional_t<Cfg::kBF16, __nv_bfloat16, __half>;
+  const int lane = t % 32;
+  const int row0 = consumer * 64 + (t / 32) * 16 + lane / 4;
+  const int col0 = 2 * (lane % 4);
+  // The tile's first row: negative in a first tile that starts before row 0 (Window::shift, a
+  // multiple of 64: a consumer's 64 rows lie all before row 0 or none).
+  const int first = tile_first_row<Cfg::kBlockM>(p.window, tl.m_block);
+  float inv[2];
+  finish_rows<Cfg>(p, tl, rows, first, row0, lane, inv);
   if constexpr (kStaged) {
+    constexpr bool kOwn = kStageRows != Cfg::kBlockM;  // a tile of this consumer's rows alone
     const uint32_t bar_id = own_barrier<Cfg>(consumer);
     if (t == 0) ptx::tma_store_wait_read();  // the previous tile's store has left the buffer
     ptx::named_bar_sync(bar_id, 128);
-    stmatrix_tile<Cfg::kHeadDim, Cfg::kBlockM, Cfg::kBF16, true>(ptx::smem_addr(s_o), consumer, t, o, inv);
+    stmatrix_tile<Cfg::kHeadDim, kStageRows, Cfg::kBF16, true>(ptx::smem_addr(s_o), kOwn ? 0 : consumer, t, o, inv);
     ptx::fence_proxy_async_smem();
     ptx::named_bar_sync(bar_id, 128);
     if (t == 0 && first + consumer * 64 >= 0) {
 #pragma unroll
       for (int c = 0; c < Cfg::kChunks; ++c)
-        ptx::tma_store_4d(&p.tm_o, s_o + c * Cfg::kBlockM * 128 + consumer * 64 * 128, c * 64,
+        ptx::tma_store_4d(&p.tm_o, s_o + c * kStageRows * 128 + (kOwn ? 0 : consumer * 64 * 128), c * 64,
                           first + consumer * 64, tl.head, tl.batch);
       ptx::tma_store_commit();
     }
@@ -160,6 +172,25 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
         *reinterpret_cast<uint32_t*>(out + 8 * j + col0) =
             pack2<Cfg::kBF16>(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
     }
+  }
+}
+
+// The epilogue of a tile whose key range is empty: its rows saw no key, O = 0 (16-byte stores of
+// zeros, each thread every 128th of the consumer's 64 x d) and their LSE, with no staging.
+template <class Cfg, class Params>
+__device__ __forceinline__ void store_keyless(const Params& p, const Tile& tl, numerics::RowState (&rows)[2],
+                                              int consumer, int t) {
+  using Elem = std::conditional_t<Cfg::kBF16, __nv_bfloat16, __half>;
+  const int lane = t % 32;
+  const int first = tile_first_row<Cfg::kBlockM>(p.window, tl.m_block);
+  float inv[2];
+  finish_rows<Cfg>(p, tl, rows, first, consumer * 64 + (t / 32) * 16 + lane / 4, lane, inv);
+  constexpr int kVecs = Cfg::kHeadDim / 8;  // 16-byte vectors a row
+  for (int i = t; i < 64 * kVecs; i += 128) {
+    const int q = first + consumer * 64 + i / kVecs;
+    if (q >= 0 && q < p.seqlen_q)
+      *reinterpret_cast<uint4*>(static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] +
+                                tl.head * p.o_stride[2] + 8 * (i % kVecs)) = make_uint4(0, 0, 0, 0);
   }
 }
 

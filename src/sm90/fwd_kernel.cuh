@@ -2,9 +2,10 @@
 //
 //   warpgroup 0     producer   TMA: each tile's Q (a ring of 1-2 buffers), then K_j and V_j into
 //                              rings of stages with full/empty mbarriers; with two consumers one
-//                              thread loads Q and K and a thread of another warp V (with O staged
-//                              in the Q buffer, d256: a thread a consumer loads that consumer's
-//                              rows of Q once its O has left them)
+//                              thread loads Q and K and a thread of another warp V (d256, one Q
+//                              buffer: a thread a consumer loads that consumer's rows of Q once
+//                              its last S has read them, and O leaves through the tile's last K/V
+//                              slots)
 //   warpgroups 1..  consumers  64 query rows each (two, or three at d64); named barriers pass the
 //                              right to issue GEMMs around them (ping-pong), so one's softmax runs
 //                              while another's GEMMs hold the tensor cores
@@ -83,7 +84,7 @@ __host__ __device__ __forceinline__ BlockRange piece_range(BlockRange r, const T
 // Tile shape and shared-memory layout of one forward configuration.
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2,
           bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true, bool kSoftmaxTurns_ = false,
-          bool kTensorRowSum_ = false, bool kSmemP_ = false, bool kStageOInQ_ = false, int kTurnMode_ = 0,
+          bool kTensorRowSum_ = false, bool kSmemP_ = false, bool kStageOInKV_ = false, int kTurnMode_ = 0,
           bool kNoBlockMax_ = (kHeadDim_ <= 128)>
 struct FwdConfig {
   // Steady-state steps on unmasked key blocks take no row max (softmax.cuh, softmax_step_no_max):
@@ -165,16 +166,21 @@ struct FwdConfig {
   static constexpr int kPOffset = kVOffset + kStages * kKVBytes;
   static constexpr int kOOffset = kPOffset + kPBytes;
   // O leaves through a shared-memory tile of its own and a TMA store where shared memory allows
-  // (not at d256, which stages it in the Q buffer: kStageOInQ below); with three consumers H100
+  // (not at d256, which stages it in K/V slots: kStageOInKV below); with three consumers H100
   // d64 512 +4.9 %, 1k +1.0 % (docs/perf-notes.md, "O staged at three consumers").
   static constexpr bool kStageO = kOOffset + kQBytes + kBarBytes + kAlignSlack <= kSmemLimit;
-  // Where no shared memory is left for O (d256: one Q buffer), O staged in the tile's own Q
-  // buffer: each consumer's rows of Q are free once its last S is done, and that consumer's Q
-  // loader refills them only when the TMA store has read them (FwdBarriers::o_read). Storing 128 accumulators
-  // a thread straight to global memory takes 5300-8000 cycles a tile, staged 2800: +2...+9 % at
-  // d256 on an H100 (docs/perf-notes.md). Whole-tile kernels only (fwd_kernel's kOInQ).
-  static constexpr bool kStageOInQ = kStageOInQ_ && !kStageO && kQStages == 1 && kConsumers == 2;
-  static constexpr bool kTmaStoreO = kStageO || kStageOInQ;
+  // Where no shared memory is left for O (d256: one Q buffer), O staged in the K/V slots of the
+  // tile's last key block, consumer 0's in the K slot and consumer 1's in the V slot (one
+  // consumer's 64 x 256 fits an 80-key slot), each held from the loader until its TMA store has
+  // read it (FwdBarriers::kv_read); each consumer's rows of Q go back to its Q loader once its last
+  // S is done (FwdBarriers::q_free), so the next tile's Q loads under the last P V and the epilogue.
+  // Storing 128 accumulators a thread straight to global memory took 5300-8000 cycles a tile,
+  // staged 2800: +2...+9 % at d256 on an H100; staged in the Q buffer instead, the next Q waited
+  // for the store (2.5-4.5k cycles at 512): H100 d256 512 +2.2 %, 1k +1.8 %, causal 512 +1.0 %
+  // (docs/perf-notes.md, "d256: O staged in the last K/V slots"). Whole-tile kernels only
+  // (fwd_kernel's kOInKV).
+  static constexpr bool kStageOInKV = kStageOInKV_ && !kStageO && kQStages == 1 && kConsumers == 2;
+  static constexpr bool kTmaStoreO = kStageO || kStageOInKV;
   // 1 KB of ones (eight 128-byte rows): the B operand of the row-sum wgmma.
   static constexpr int kOnesOffset = kOOffset + (kStageO ? kQBytes : 0);
   static constexpr int kBarOffset = kOnesOffset + (kTensorRowSum ? 1024 : 0);
@@ -273,13 +279,17 @@ struct alignas(16) FwdBarriers {
   // This CTA's (cluster's) stream-K pieces, k = 0 and 1 (pieces == 0: none), found once at the start
   // where registers are plentiful, so the loaders' and consumers' decode is a look-up.
   Tile unit_pieces[2];
-  // With O staged in the Q buffer (FwdConfig::kStageOInQ, whole tiles): consumer c's thread 0
-  // arrives on o_read[c] once its O store has read its rows of the buffer, and a loader of
-  // consumer c's rows of the next Q waits for it (q_full[c] then tells consumer c they landed).
-  // tile_pub: the K loader has published the next work item (tile[0]); the V and Q loaders wait
-  // for it, so neither K nor V waits behind an O store.
-  uint64_t o_read[2];
+  // With one Q buffer and a Q loader a consumer (FwdConfig::kStageOInKV, whole tiles): consumer
+  // c's warps arrive on q_free[c] once every S of theirs has read its rows of the buffer, and the
+  // loader of consumer c's rows of the next Q waits for it (q_full[c] then tells consumer c they
+  // landed). tile_pub: the K loader has published the next work item (tile[0]); the V and Q
+  // loaders wait for it.
+  uint64_t q_free[2];
   uint64_t tile_pub;
+  // There O is staged in the tile's last K/V slot: consumer 0's in the K slot, once consumer 1
+  // has read its last K (kv_read[0]), consumer 1's in the V slot, once consumer 0's last P V has
+  // read it (kv_read[1]); each holds its slot (no empty arrive) until its O store has read it.
+  uint64_t kv_read[2];
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
 
@@ -324,7 +334,7 @@ __device__ __forceinline__ void wait_my_turn(int consumer) { ptx::named_bar_sync
 template <int kConsumers, bool kTwoAsSub = false>
 __device__ __forceinline__ void pass_turn(int consumer) {
   // kTwoAsSub: two consumers' next id as 2 - consumer, which ptxas rebuilds at each use rather
-  // than holding (FwdConfig::kStageOInQ, whose epilogue peak otherwise spilled it).
+  // than holding (FwdConfig::kStageOInKV, whose epilogue peak otherwise spilled it).
   if constexpr (kTwoAsSub && kConsumers == 2)
     ptx::named_bar_arrive(2 - consumer, 256);
   else
@@ -356,14 +366,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   static_assert(kCluster == 1 || Cfg::kBlockN / 2 * 128 % 1024 == 0, "a K/V half must keep 1024-byte alignment");
   using namespace fa4::ptx;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
-  // O staged in the Q buffer (FwdConfig::kStageOInQ) in whole-tile kernels; stream-K pieces store
-  // from registers. With one CTA a unit the next turn's id is rebuilt at each use. Both keep ptxas
-  // from spilling around the epilogue's register peak (measured by ptxas -v, docs/perf-notes.md).
-  constexpr bool kOInQ = Cfg::kStageOInQ && !kSplit;
+  // O staged in the last K/V slots (FwdConfig::kStageOInKV) in whole-tile kernels; stream-K pieces
+  // store from registers. With one CTA a unit the next turn's id is rebuilt at each use. Both keep
+  // ptxas from spilling around the epilogue's register peak (ptxas -v, docs/perf-notes.md).
+  constexpr bool kOInKV = Cfg::kStageOInKV && !kSplit;
   // The row-max-free steps (FwdConfig::kNoBlockMax) in whole-tile kernels: in the stream-K ones
   // ptxas spills (d64 72 bytes).
   constexpr bool kNoMaxHere = Cfg::kNoBlockMax && !kSplit;
-  constexpr bool kTurnSub = kOInQ && kCluster == 1;
+  constexpr bool kTurnSub = kOInKV && kCluster == 1;
   // Consumers with no row of the sequence skip a tile's work. d64 on 192-row tiles, H100:
   // non-causal 512 +4.7 %, 1k +3.2 %, longer rows and causal unchanged (docs/perf-notes.md).
   // Whole tiles on one CTA with the turn ring only: the stream-K pieces keep every consumer's
@@ -383,7 +393,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // it without spilling, which is not d64's three-consumer kernel or d256's.
   constexpr bool kOneSidedMask = Cfg::kConsumers == 2 && kHeadDim <= 128;
   // O out by stmatrix and TMA (epilogue.cuh) wherever shared memory allows (FwdConfig::kStageO).
-  constexpr bool kStaged = Cfg::kStageO || kOInQ;
+  constexpr bool kStaged = Cfg::kStageO || kOInKV;
   // Otherwise O in 16-byte stores, on one CTA (in clusters of two ptxas spilled 4 bytes at d64).
   constexpr bool kWideO = kCluster == 1;
   constexpr auto kType = Cfg::kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
@@ -406,8 +416,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_init(&bar.q_full[s], 1);
       // Lane 0 of every consumer warp (each reads the tile index beside Q, then arrives itself, so
       // its read is ordered before the index is rewritten), the V loader when it is its own
-      // thread, and with kOInQ the two Q loaders.
-      mbar_init(&bar.q_empty[s], 4 * Cfg::kConsumers + (Cfg::kSplitLoads ? 1 : 0) + (kOInQ ? 2 : 0));
+      // thread, and with kOInKV the two Q loaders.
+      mbar_init(&bar.q_empty[s], 4 * Cfg::kConsumers + (Cfg::kSplitLoads ? 1 : 0) + (kOInKV ? 2 : 0));
     }
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbar_init(&bar.k_full[s], 1);
@@ -415,10 +425,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_init(&bar.k_empty[s], Cfg::kConsumers * kCluster);  // every CTA's consumers
       mbar_init(&bar.v_empty[s], Cfg::kConsumers * kCluster);
     }
-    if constexpr (kOInQ) {  // one Q loader a consumer (rows 64c..64c+63); q_full[1] is free with one Q buffer
-      static_assert(Cfg::kQStages == 1 && Cfg::kConsumers == 2, "O staged in the Q buffer: one buffer, two consumers");
+    if constexpr (kOInKV) {  // one Q loader a consumer (rows 64c..64c+63); q_full[1] is free with one Q buffer
+      static_assert(Cfg::kQStages == 1 && Cfg::kConsumers == 2, "O staged in K/V slots: one Q buffer, two consumers");
       mbar_init(&bar.q_full[1], 1);
-      for (int c = 0; c < 2; ++c) mbar_init(&bar.o_read[c], 1);
+      for (int c = 0; c < 2; ++c) {
+        mbar_init(&bar.q_free[c], 4);  // the consumer's four warps
+        mbar_init(&bar.kv_read[c], 1);
+      }
       mbar_init(&bar.tile_pub, 1);
     }
     fence_barrier_init();
@@ -442,7 +455,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (wg == 0) {
     // ---------------- producer ----------------
     regs_decrease<kSplit ? Cfg::kProducerRegsSplit : Cfg::kProducerRegs>();
-    // Consumer c's 64 rows of tile tl's Q (Q's map has 64-row boxes with FwdConfig::kStageOInQ):
+    // Consumer c's 64 rows of tile tl's Q (Q's map has 64-row boxes with FwdConfig::kStageOInKV):
     // one TMA a 64-column chunk, signalling `full`, whose expected bytes the caller has set.
     [[maybe_unused]] auto load_q_rows = [&](int c, const Tile& tl, uint64_t* full) {
 #pragma unroll
@@ -451,10 +464,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                     tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64,
                     tl.head, tl.batch);
     };
-    if constexpr (kOInQ) {
+    if constexpr (kOInKV) {
       // Consumer c's 64 rows of each tile's Q, loaded by a thread of warp 2 + c once that
-      // consumer's O (staged in those rows) has left, so one consumer's next tile never waits for
-      // the other's store, nor K and V for either.
+      // consumer's last S has read them (q_free[c]), so one consumer's next Q never waits for the
+      // other consumer, nor K and V for either.
       if (threadIdx.x == 64 || threadIdx.x == 96) {
         const int c = int(threadIdx.x) / 32 - 2;
         for (int round = 0;; ++round) {
@@ -466,7 +479,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             break;
           }
           const Tile tl = p.tiles.decode_tile(tile, rank);
-          if (round > 0) mbar_wait(&bar.o_read[c], uint32_t(round - 1) & 1u);
+          if (round > 0) mbar_wait(&bar.q_free[c], uint32_t(round - 1) & 1u);
           mbar_arrive_expect_tx(&bar.q_full[c], Cfg::kQBytes / 2);
           load_q_rows(c, tl, &bar.q_full[c]);
         }
@@ -514,7 +527,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       };
       RingPos<Cfg::kStages> w;
       RingPos<Cfg::kQStages> qw;
-      // The K loader's next work item (it also loads Q, unless kOInQ): the first is the CTA's (or
+      // The K loader's next work item (it also loads Q, unless kOInKV): the first is the CTA's (or
       // cluster's) own.
       int next = kSplit ? p.tiles.item(0, unit, units) : unit;
       // Whether the CTA has no more work (a tile index >= count, or no such piece).
@@ -533,14 +546,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             if (!done(tile)) tl = p.tiles.decode_tile(tile, rank);
             bar.item[qw.stage] = done(tile) ? make_int4(tile, 0, 0, 0) : make_int4(tile, tl.batch, tl.head, tl.m_block);
           }
-          if constexpr (kOInQ) mbar_arrive(&bar.tile_pub);  // the Q loaders take it from here
+          if constexpr (kOInKV) mbar_arrive(&bar.tile_pub);  // the Q loaders take it from here
           if (done(tile)) {
-            if constexpr (!kOInQ) mbar_arrive(&bar.q_full[qw.stage]);  // no Q: the phase completes on the arrive alone
+            if constexpr (!kOInKV) mbar_arrive(&bar.q_full[qw.stage]);  // no Q: the phase completes on the arrive alone
             break;
           }
-          if constexpr (kOInQ) {
+          if constexpr (kOInKV) {
             // The Q loaders take Q.
-          } else if constexpr (Cfg::kStageOInQ) {  // the stream-K kernel of such a config: both halves here
+          } else if constexpr (Cfg::kStageOInKV) {  // the stream-K kernel of such a config: both halves here
             mbar_arrive_expect_tx(&bar.q_full[qw.stage], Cfg::kQBytes);
             for (int c = 0; c < 2; ++c) load_q_rows(c, tl, &bar.q_full[qw.stage]);
           } else {
@@ -553,7 +566,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                       : kSplit ? p.tiles.item(round + 1, unit, units)
                                : p.tiles.nth(round + 1, unit, units);
         } else {  // the V loader: the tile the K loader published, then frees its slot
-          if constexpr (kOInQ)
+          if constexpr (kOInKV)
             mbar_wait(&bar.tile_pub, qw.phase);
           else
             mbar_wait(&bar.q_full[qw.stage], qw.phase);
@@ -713,7 +726,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   };
   auto release_q = [&](uint64_t* empty) {  // one arrive a warp: see q_empty's count
-    if (lane == 0) mbar_arrive(empty);
+    if (lane == 0) {
+      mbar_arrive(empty);
+      if constexpr (kOInKV) mbar_arrive(&bar.q_free[consumer]);  // this consumer's rows of Q are free
+    }
   };
 
   // The turn ring (FwdConfig::kTurnMode); without turns a consumer's own four warps still meet
@@ -753,9 +769,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     else
       return qr.phase;
   };
+  // With kOInKV: the parity of the next kv_read hand-over (one a tile with keys).
+  [[maybe_unused]] uint32_t kv_phase = 0;
   for (;;) {
-    // Q (with kOInQ this consumer's rows of it), and the tile index beside it.
-    mbar_wait(&bar.q_full[kOInQ ? consumer : q_stage()], q_phase());
+    // Q (with kOInKV this consumer's rows of it), and the tile index beside it.
+    mbar_wait(&bar.q_full[kOInKV ? consumer : q_stage()], q_phase());
     stamp_b(4);
     // Read by lane 0 (the lane that later frees this Q buffer for the warp) and shuffled to the
     // warp: warp-uniform to the compiler, so what derives from it (tile, key range, masks) stays
@@ -800,6 +818,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // consumers' pace.
     const int my_first = first_row + consumer * 64;
     const bool idle = kSkipIdle && (my_first >= p.seqlen_q || my_first + 64 <= 0);
+    // K_n's slot back to the loader once S_n is done. With kOInKV the tile's last K (n == range.lo)
+    // is where consumer 0 stages its O: consumer 1 tells it when it has read it, and consumer 0,
+    // unless idle, keeps it until its O store has read it (the epilogue below).
+    auto release_k = [&](int n, int stage) {
+      if (kOInKV && n == range.lo) {
+        if (consumer == 0 && !idle) return;
+        if (consumer == 1 && t == 0) mbar_arrive(&bar.kv_read[0]);
+      }
+      release(&bar.k_empty[stage]);
+    };
+    // The same for the tile's last V after its P V, where consumer 1 stages its O.
+    auto release_v_last = [&](int stage) {
+      if constexpr (kOInKV) {
+        if (consumer == 1 && !idle) return;
+        if (consumer == 0 && t == 0) mbar_arrive(&bar.kv_read[1]);
+      }
+      release(&bar.v_empty[stage]);
+    };
+    int last_slot = 0;  // the ring slot of the tile's last K/V block
 
     if (idle && range.hi > range.lo) {
       int prev = 0;
@@ -809,7 +846,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if (n < range.hi - 1) mbar_wait(&bar.v_full[prev], prev_phase);
         turn_wait();
         turn_pass();
-        release(&bar.k_empty[r.stage]);
+        release_k(n, r.stage);
         if (n < range.hi - 1) release(&bar.v_empty[prev]);
         prev = r.stage;
         prev_phase = r.phase;
@@ -819,7 +856,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_wait(&bar.v_full[prev], prev_phase);
       turn_wait();
       turn_pass();
-      release(&bar.v_empty[prev]);
+      release_v_last(prev);
     } else if (range.hi > range.lo) {
       int n = range.hi - 1;
       float corr[2];
@@ -834,7 +871,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma::wait_group<0>();
       wgmma::pin(s);
       stamp_b(6);
-      release(&bar.k_empty[r.stage]);
+      release_k(n, r.stage);
       softmax_turn_begin();
       // With a right bound (causal), how much of the first block this consumer's rows see: none
       // (their keys all lie in lower blocks; P is zero and the rows stay as they were, as the
@@ -887,7 +924,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           wgmma::pin(s);
           pin_o();
           wgmma::pin(p_prev);
-          release(&bar.k_empty[r.stage]);
+          release_k(n, r.stage);
           release(&bar.v_empty[prev]);
           softmax_turn_begin();
           softmax(n, first_row, corr);
@@ -904,7 +941,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           wgmma::pin(s);
           stamp(4);
           // With the row-max-free step K_j is held until its check has stood (below).
-          if constexpr (!kNoMaxHere) release(&bar.k_empty[r.stage]);
+          if constexpr (!kNoMaxHere) release_k(n, r.stage);
           {
             RingPos<Cfg::kStages> nx = r;
             nx.advance();
@@ -937,7 +974,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               }
             }
             if (exact) softmax(n, first_row, corr);
-            release(&bar.k_empty[r.stage]);
+            release_k(n, r.stage);
             if constexpr (Cfg::kDoubleP) to_p(p_next);
           } else {
             softmax(n, first_row, corr);
@@ -980,8 +1017,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (--n; n >= range.lo; --n) step(n, pf, pf);
       }
       stamp_b(0);
-      // Every S of this tile is done: its Q buffer is free (with O staged in it, this consumer's
-      // Q loader also waits for o_read).
+      // Every S of this tile is done: its Q buffer is free (with kOInKV this consumer's rows, to
+      // its Q loader: q_free).
       release_q(&bar.q_empty[q_stage()]);
       // Last P V.
       mbar_wait(&bar.v_full[prev], prev_phase);
@@ -1001,31 +1038,39 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma::wait_group<0>();
       pin_o();
       stamp_b(2);
-      release(&bar.v_empty[prev]);
+      release_v_last(prev);
+      last_slot = prev;
     } else {
       release_q(&bar.q_empty[q_stage()]);
     }
     if constexpr (Cfg::kTensorRowSum)
       for (int i = 0; i < 2; ++i) rows[i].sum = lsum[2 * i];  // the whole row's sum in every thread
-    uint8_t* s_o = kOInQ ? sQ + q_stage() * Cfg::kQBytes : smem + Cfg::kOOffset;
+    uint8_t* s_o = smem + Cfg::kOOffset;
     // In the bounded and stream-K three-consumer kernels the epilogue's thread index is read
     // afresh: its per-thread shared-memory addresses are loop-invariant, and from `t` ptxas
     // hoists them out of the tile loop, where they spilled 140-168 bytes through the main loop.
     // Elsewhere the fresh read cost 0.4-1 % (d64 512, 1k) (docs/perf-notes.md).
     const int te = Cfg::kConsumers == 3 && (kBounded || kSplit) ? ptx::fresh_thread_index() % 128 : t;
-    if constexpr (kSplit) {
+    if constexpr (kOInKV) {
+      if (range.hi <= range.lo) {
+        store_keyless<Cfg>(p, tl, rows, consumer, t);
+      } else {
+        if (!idle) {  // O through the tile's last K (consumer 0) or V (consumer 1) slot
+          mbar_wait(&bar.kv_read[consumer], kv_phase);  // the other consumer has read it
+          uint8_t* slot = (consumer == 0 ? sK : sV) + last_slot * Cfg::kKVBytes;
+          store_output<Cfg, true, FwdKernelParams, kWideO, 64>(p, tl, o, rows, consumer, te, slot);
+          if (t == 0) tma_store_wait_read();  // the store has read the slot: back to the loader
+          release(consumer == 0 ? &bar.k_empty[last_slot] : &bar.v_empty[last_slot]);
+        }
+        kv_phase ^= 1u;
+      }
+    } else if constexpr (kSplit) {
       unpack_place(place, tl);
       // A stream-K piece stores only when it is its tile's last and has merged the others.
       if (tl.pieces == 1 || merge_pieces<Cfg, kCluster>(p, tl, o, rows, consumer, t, rank))
         store_output<Cfg, kStaged, FwdKernelParams, kWideO>(p, tl, o, rows, consumer, te, s_o);
     } else {
       store_output<Cfg, kStaged, FwdKernelParams, kWideO>(p, tl, o, rows, consumer, te, s_o);
-    }
-    if constexpr (kOInQ) {
-      if (t == 0) {  // the store that thread 0 issued has read the Q buffer
-        tma_store_wait_read();
-        mbar_arrive(&bar.o_read[consumer]);
-      }
     }
     stamp_b(3);
     qr.advance();

@@ -285,9 +285,9 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   const int cluster = pair_clusters > 0 ? 2 : 1;
   const int kv_box = Cfg::kBlockN / cluster;  // with clusters each CTA loads half of a block
 
-  // With O staged in the Q buffer, Q loads as each consumer's 64 rows (fwd_kernel's Q loaders).
+  // With O staged in K/V slots (one Q buffer), Q loads as each consumer's 64 rows (fwd_kernel's Q loaders).
   const int rq = map_tensor(&k.tm_q, a.q, a.q_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim,
-                            Cfg::kStageOInQ ? 64 : Cfg::kBlockM);
+                            Cfg::kStageOInKV ? 64 : Cfg::kBlockM);
   const int rk = map_tensor(&k.tm_k, a.k, a.k_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, kv_box);
   const int rv = map_tensor(&k.tm_v, a.v, a.v_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, kv_box);
   const int ro = Cfg::kTmaStoreO ? map_tensor(&k.tm_o, a.o, a.o_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 64) : 0;

@@ -18,7 +18,7 @@ Status dispatch_head_dim(const FwdParams& a, cudaStream_t stream) {
       return sm90::launch_forward<FwdConfig<64, 128, 4, kBF16, 0, 3>>(a, stream);
     // The K/V ring depth of d128 is the solver's (scheduler/generated/sm90_fwd_schedule.h).
     case 128: return sm90::launch_forward<FwdConfig<128, 128, sched::sm90_fwd::kKVStages, kBF16, 0>>(a, stream);
-    // d256 stages O in each tile's Q buffer (no other shared memory is left for it).
+    // d256 stages O in each tile's last K/V slots (no other shared memory is left for it).
     case 256:
       return sm90::launch_forward<FwdConfig<256, 80, 2, kBF16, 0, 2, true, true, false, false, false, true>>(a, stream);
     default:
