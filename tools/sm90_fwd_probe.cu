@@ -484,7 +484,7 @@ int main(int argc, char** argv) {
       trace_shape<Traced<D64T2>>(dir, "d64t2", 64, 4096, false);
       trace_shape<Traced<D256T1>>(dir, "d256t1", 256, 4096, false);
       trace_shape<Traced<D256T2>>(dir, "d256t2", 256, 4096, false);
-      // d256 storing O from registers (before FwdConfig::kStageOInKV): the boundaries' epilogue.
+      // d256 storing O from registers (before O was staged in shared memory): the boundaries' epilogue.
       using D256Direct = FwdConfig<256, 80, 2, true, 0>;
       trace_shape<Traced<D256Direct>>(dir, "d256direct", 256, 4096, false);
       trace_shape<Traced<D256Direct>>(dir, "d256direct", 256, 512, false);
