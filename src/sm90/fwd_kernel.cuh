@@ -747,6 +747,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // (A constant false when the schedule puts S first everywhere: the other path folds away.)
   constexpr bool kAnyPvFirst = Cfg::kScheduledOrder && (kSchedPvFirst0 || kSchedPvFirst1);
   const bool pv_first = kAnyPvFirst && sched_pv_first(consumer);
+  // A tile's first S without a turn: it goes out as soon as its K has landed, under the other
+  // consumers' last softmax and P V of the tile before, rather than after them. Not with kOInKV,
+  // whose kv_read hand-over counts on the turns to keep either consumer within a tile of the
+  // other.
+  constexpr bool kTurnFirstS = kOInKV;
   // Consumer 0 issues first; the token then circulates (both rings).
   if (consumer == Cfg::kConsumers - 1) {
     turn_pass();
@@ -844,8 +849,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int n = range.hi - 1; n >= range.lo; --n) {
         mbar_wait(&bar.k_full[r.stage], r.phase);
         if (n < range.hi - 1) mbar_wait(&bar.v_full[prev], prev_phase);
-        turn_wait();
-        turn_pass();
+        if (kTurnFirstS || n < range.hi - 1) {  // the turns the working consumers take
+          turn_wait();
+          turn_pass();
+        }
         release_k(n, r.stage);
         if (n < range.hi - 1) release(&bar.v_empty[prev]);
         prev = r.stage;
@@ -862,11 +869,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       float corr[2];
       // First block: S_0 alone.
       mbar_wait(&bar.k_full[r.stage], r.phase);
-      turn_wait();
+      if constexpr (kTurnFirstS)
+        turn_wait();
+      else  // the consumer's four warps meet before an issue whose slot thread 0 then frees
+        named_bar_sync(own_barrier<Cfg>(consumer), 128);
       wgmma::fence();
       issue_s(r.stage);
       wgmma::commit_group();
-      turn_pass();
+      if constexpr (kTurnFirstS) turn_pass();
       stamp_b(5);
       wgmma::wait_group<0>();
       wgmma::pin(s);
