@@ -698,6 +698,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     mask(n, first_row);
     softmax_step<kBlockN, Cfg::kPolyEvery, !Cfg::kTensorRowSum>(s, rows, p.scale_log2, p.rescale_threshold, corr);
   };
+  // The same on the block's lower half (its first kBlockN / 2 keys: the first quarter of s, one
+  // 8-column chunk in two), the upper half's P zero: a first block whose upper half none of this
+  // consumer's rows see (kHalfFirst).
+  auto softmax_lower_half = [&](int n, int first_row, float (&corr)[2]) {
+    float(&lower)[kBlockN / 4] = reinterpret_cast<float(&)[kBlockN / 4]>(s);
+    apply_mask<kBlockN / 2>(lower, p.window, first_row + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
+    softmax_step<kBlockN / 2, Cfg::kPolyEvery, !Cfg::kTensorRowSum>(lower, rows, p.scale_log2, p.rescale_threshold,
+                                                                  corr);
+#pragma unroll
+    for (int i = kBlockN / 4; i < kBlockN / 2; ++i) s[i] = 0.0f;
+  };
   // P_j as 16-bit pairs: in registers, or with kSmemP into the shared P tile (stmatrix, the
   // swizzle of Q's layout). Called only once P_{j-1} V_{j-1} has completed (no P buffer is read
   // while it is written); each thread's fence orders its stores before the async proxy's reads,
@@ -894,12 +905,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (int i = 0; i < kBlockN / 2; ++i) s[i] = 0.0f;
         corr[0] = corr[1] = 1.0f;
       } else if (kHalfFirst && p.window.right >= 0 && seen_end <= n * kBlockN + kBlockN / 2) {
-        float(&lower)[kBlockN / 4] = reinterpret_cast<float(&)[kBlockN / 4]>(s);
-        apply_mask<kBlockN / 2>(lower, p.window, first_row + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
-        softmax_step<kBlockN / 2, Cfg::kPolyEvery, !Cfg::kTensorRowSum>(lower, rows, p.scale_log2,
-                                                                      p.rescale_threshold, corr);
-#pragma unroll
-        for (int i = kBlockN / 4; i < kBlockN / 2; ++i) s[i] = 0.0f;
+        softmax_lower_half(n, first_row, corr);
       } else {
         softmax(n, first_row, corr);
       }
