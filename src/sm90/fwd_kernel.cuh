@@ -8,7 +8,8 @@
 //                              slots)
 //   warpgroups 1..  consumers  64 query rows each (two, or three at d64); named barriers pass the
 //                              right to issue GEMMs around them (ping-pong), so one's softmax runs
-//                              while another's GEMMs hold the tensor cores
+//                              while another's GEMMs hold the tensor cores (a tile's first S, which
+//                              waits on no softmax, goes out without its turn except at d256)
 //
 // Clusters of two CTAs (kCluster = 2, tiles of one length): the two take neighbouring query
 // blocks of one head and share every K/V block, each loading half of it by TMA multicast into
