@@ -60,6 +60,12 @@ __device__ __forceinline__ void stmatrix_tile(uint32_t base, int consumer, int t
   }
 }
 
+// Row q of O for tile tl's (batch, head), in elements of Elem.
+template <class Elem, class Params>
+__device__ __forceinline__ Elem* o_row(const Params& p, const Tile& tl, int q) {
+  return static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] + tl.head * p.o_stride[2];
+}
+
 // A consumer's rows finished: each row's whole sum (from the quad's partials unless
 // kTensorRowSum), its LSE written for rows inside the sequence, and 1 / sum in inv (0 for a row
 // without keys). first: the tile's first row; row0: this thread's first row in the tile.
@@ -131,8 +137,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
       for (int i = 0; i < 2; ++i) {
         const int q = first + row0 + 8 * i;
         const bool store = q >= 0 && q < p.seqlen_q;
-        Elem* out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(store ? q : 0) * p.o_stride[1] +
-                    tl.head * p.o_stride[2];
+        Elem* out = o_row<Elem>(p, tl, store ? q : 0);
 #pragma unroll
         for (int g = 0; g < Cfg::kHeadDim / 32; ++g) {
           uint32_t a[4];
@@ -165,6 +170,8 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
     for (int i = 0; i < 2; ++i) {
       const int q = first + row0 + 8 * i;
       if (q < 0 || q >= p.seqlen_q) continue;
+      // o_row written out: through the helper ptxas orders this address arithmetic differently in
+      // the d256 stream-K kernels of clusters (SASS of the shipped, measured form kept).
       Elem* out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] +
                   tl.head * p.o_stride[2];
 #pragma unroll
@@ -189,8 +196,7 @@ __device__ __forceinline__ void store_keyless(const Params& p, const Tile& tl, n
   for (int i = t; i < 64 * kVecs; i += 128) {
     const int q = first + consumer * 64 + i / kVecs;
     if (q >= 0 && q < p.seqlen_q)
-      *reinterpret_cast<uint4*>(static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] +
-                                tl.head * p.o_stride[2] + 8 * (i % kVecs)) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(o_row<Elem>(p, tl, q) + 8 * (i % kVecs)) = make_uint4(0, 0, 0, 0);
   }
 }
 
