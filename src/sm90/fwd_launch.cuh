@@ -142,15 +142,27 @@ inline bool use_cluster_pairs(const detail::FwdParams& a, int64_t m_blocks) {
   return a.cluster == 2 || (a.head_dim >= 128 && (m_blocks % 2 == 0 || m_blocks >= 16));
 }
 
+// Under a causal or window bound a section's tiles go longest first, so its heads' tiles of one
+// query block (one length) are taken together: with more heads than a quarter of the grid, whole
+// rounds run on long tiles, then whole rounds on short ones. Capped at that (132 CTAs: 32 heads),
+// long and short tiles stay in flight together (H100, causal 512: d128 +19 %, d64 and d256 +5...7 %
+// over 48 MB sections of 64-256 heads; docs/perf-notes.md, "Causal sections of at most a quarter
+// of the grid").
+inline constexpr int kVaryingSectionGridShare = 4;
+
 // The persistent grid's tile order: heads in L2-sized sections, longest tiles first inside each;
 // with clusters a tile is a pair of query blocks. `one_section`: every head in one section.
-inline TileOrder make_tile_order(const detail::FwdParams& a, int64_t m_blocks, int cluster, bool one_section) {
+// `units_at_once`: the CTAs (or clusters) the grid runs at once.
+inline TileOrder make_tile_order(const detail::FwdParams& a, int64_t m_blocks, int cluster, bool one_section,
+                                 int64_t units_at_once) {
   const bool uniform = tiles_of_one_length(a);
   const int64_t units = (m_blocks + cluster - 1) / cluster;  // tiles a head
   const int64_t batch_heads = int64_t(a.batch) * a.heads_q;
   const int head_ratio = a.heads_q / a.heads_kv;
   const int64_t kv_bytes_per_q_head = std::max<int64_t>(1, 4ll * a.seqlen_k * a.head_dim / head_ratio);
-  const int64_t budget = a.l2_section_bytes > 0 ? a.l2_section_bytes : uniform ? kL2SectionBytes : kL2SectionBytesVarying;
+  int64_t budget = a.l2_section_bytes > 0 ? a.l2_section_bytes : uniform ? kL2SectionBytes : kL2SectionBytesVarying;
+  if (!uniform && a.l2_section_bytes == 0)
+    budget = std::min(budget, std::max<int64_t>(1, units_at_once / kVaryingSectionGridShare) * kv_bytes_per_q_head);
   const int64_t section = one_section || a.l2_section_bytes < 0
                               ? batch_heads
                               : section_heads(batch_heads, kv_bytes_per_q_head, budget, !uniform);
@@ -318,9 +330,9 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // rounds. schedule 2 (ablation): one CTA per tile; schedule 3 (ablation, the earlier order):
   // static rounds, and one section of every head where lengths vary; schedule 4 (ablation): the
   // dynamic grid over one such section.
-  k.tiles = make_tile_order(a, m_blocks, cluster, (a.schedule == 3 || a.schedule == 4) && !uniform);
   int64_t slots = cluster > 1 ? pair_clusters : sms;  // units (CTAs or clusters) at once
   if (a.max_ctas > 0) slots = std::max<int64_t>(1, std::min<int64_t>(slots, a.max_ctas / cluster));
+  k.tiles = make_tile_order(a, m_blocks, cluster, (a.schedule == 3 || a.schedule == 4) && !uniform, slots);
   int grid = int(a.schedule == 2 ? tiles : cluster * std::min<int64_t>(tiles, slots));
   LaunchScratch scratch;
   if (uniform && a.schedule != 2 && a.split != 1) {
@@ -348,7 +360,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     } else if (LaunchScratch::unavailable(e)) {
       // The static rounds; where lengths vary, over one section of every head so their
       // longest-first order keeps the grid even.
-      if (!uniform) k.tiles = make_tile_order(a, m_blocks, cluster, true);
+      if (!uniform) k.tiles = make_tile_order(a, m_blocks, cluster, true, slots);
     } else {
       return {StatusCode::kCudaError, std::string("tile counter: ") + cudaGetErrorString(e)};
     }
