@@ -1,7 +1,7 @@
-// Causal FA3 shapes (bf16, batch 16384 / seqlen, heads 2048 / d) timed with several heads a
+// FA3 shapes, causal or not (bf16, batch 16384 / seqlen, heads 2048 / d) timed with several heads a
 // section (FwdParams::l2_section_bytes; 0 = the launch's own choice), the budgets interleaved in
 // rounds; medians of 20-launch timings after a clock warm-up. For the tile order's section rule
-// (sm90/fwd_launch.cuh; cmake -DFA4_BUILD_PROBE=ON):  sm90_section_sweep [ROUNDS]
+// (sm90/fwd_launch.cuh; cmake -DFA4_BUILD_PROBE=ON):  sm90_section_sweep [ROUNDS [CAUSAL=1]]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +19,8 @@ __global__ void fill(__nv_bfloat16* x, size_t n, uint32_t seed) {
 }
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? atoi(argv[1]) : 3;
-  const long secs[] = {0, 128, 64, 32, 16, 8};  // heads a section (0 = the launch's own choice)
+  const bool causal = argc > 2 ? atoi(argv[2]) != 0 : true;
+  const long secs[] = {0, 128, 64, 32, 16, 8, 4};  // heads a section (0 = the launch's own choice)
   const int nsec = sizeof(secs) / sizeof(secs[0]);
   {  // warm the clocks
     const int n = 1 << 26; void* x; cudaMalloc(&x, n * 2);
@@ -34,7 +35,7 @@ int main(int argc, char** argv) {
     fill<<<1024, 256>>>((__nv_bfloat16*)q, n, 1); fill<<<1024, 256>>>((__nv_bfloat16*)k, n, 2); fill<<<1024, 256>>>((__nv_bfloat16*)v, n, 3);
     fa4::ForwardArgs a;
     a.problem.dtype = fa4::DType::kBF16; a.problem.batch = b; a.problem.seqlen_q = s; a.problem.seqlen_k = s;
-    a.problem.heads_q = h; a.problem.heads_kv = h; a.problem.head_dim = d; a.problem.causal = true;
+    a.problem.heads_q = h; a.problem.heads_kv = h; a.problem.head_dim = d; a.problem.causal = causal;
     a.q = fa4::bshd(q, s, h, d); a.k = fa4::bshd(k, s, h, d); a.v = fa4::bshd(v, s, h, d); a.o = fa4::bshd(o, s, h, d);
     FwdParams p = fa4::detail::make_fwd_params(a);
     std::vector<std::vector<float>> ms(nsec);
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
       std::sort(ms[i].begin(), ms[i].end());
       const float med = ms[i][ms[i].size() / 2];
       if (i == 0) base = med;
-      printf("SECTION d=%d s=%d heads=%ld: %.1f us  base/this %.3f  (p10 %.1f p90 %.1f)\n", d, s, secs[i], med * 1e3, base / med,
+      printf("SECTION d=%d s=%d causal=%d heads=%ld: %.1f us  base/this %.3f  (p10 %.1f p90 %.1f)\n", d, s, int(causal), secs[i], med * 1e3, base / med,
              ms[i][ms[i].size() / 10] * 1e3, ms[i][ms[i].size() * 9 / 10] * 1e3);
     }
     for (void* x : {q, k, v, o}) cudaFree(x);
