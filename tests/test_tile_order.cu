@@ -83,28 +83,34 @@ fa4::detail::FwdParams fwd_params(int batch, int heads_q, int heads_kv, int seql
   return fa4::detail::make_fwd_params(args);
 }
 
-// Under a causal bound a section holds at most a quarter of the grid's heads (longest first, so its
-// heads' tiles of one length start together; fwd_launch.cuh, kVaryingSectionGridShare), below
-// what the L2 budget alone allows at short lengths; tiles of one length and an explicit budget
-// are not capped.
-TEST(TileOrder, CausalSectionsHoldAtMostAQuarterOfTheGridsHeads) {
+// Under a causal bound a section holds at most grid / share heads (longest first, so its heads'
+// tiles of one length start together; fwd_launch.cuh, kVaryingSectionGridShare and its Tall twin
+// for three consumers), below what the L2 budget alone allows at short lengths; tiles of one
+// length and an explicit budget are not capped.
+TEST(TileOrder, CausalSectionsHoldAShareOfTheGridsHeads) {
   for (auto [d, seqlen, budget_heads] : std::vector<std::array<int, 3>>{
            {64, 512, 256}, {128, 512, 128}, {256, 512, 64}, {128, 1024, 64}, {128, 4096, 16}, {256, 4096, 8}}) {
     fa4::detail::FwdParams a = fwd_params(16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d);
     a.window_right = 0;
     const int m_blocks = (seqlen + 127) / 128;
-    for (int64_t units : {132, 64, 8, 3}) {
-      const TileOrder order = fa4::sm90::make_tile_order(a, m_blocks, 1, false, units);
-      int64_t cap = std::max<int64_t>(1, units / fa4::sm90::kVaryingSectionGridShare);
-      while (order.batch_heads % cap != 0) --cap;  // the largest divisor at or below it
-      EXPECT_EQ(order.section, std::min<int64_t>(budget_heads, cap)) << d << " " << seqlen << " " << units;
-    }
+    for (int share : {fa4::sm90::kVaryingSectionGridShare, fa4::sm90::kVaryingSectionGridShareTall})
+      for (int64_t units : {132, 64, 8, 3}) {
+        const TileOrder order = fa4::sm90::make_tile_order(a, m_blocks, 1, false, units, share);
+        int64_t cap = std::max<int64_t>(1, units / share);
+        while (order.batch_heads % cap != 0) --cap;  // the largest divisor at or below it
+        EXPECT_EQ(order.section, std::min<int64_t>(budget_heads, cap)) << d << " " << seqlen << " " << units;
+      }
+    // The FA3 shapes on 132 CTAs: 32 heads a section, 64 with three consumers.
+    EXPECT_EQ(fa4::sm90::make_tile_order(a, m_blocks, 1, false, 132, fa4::sm90::kVaryingSectionGridShare).section,
+              std::min(budget_heads, 32));
+    EXPECT_EQ(fa4::sm90::make_tile_order(a, m_blocks, 1, false, 132, fa4::sm90::kVaryingSectionGridShareTall).section,
+              std::min(budget_heads, 64));
     a.l2_section_bytes = int64_t(budget_heads) * 4 * seqlen * d;  // explicit: as given
-    EXPECT_EQ(fa4::sm90::make_tile_order(a, m_blocks, 1, false, 132).section, budget_heads);
+    EXPECT_EQ(fa4::sm90::make_tile_order(a, m_blocks, 1, false, 132, 4).section, budget_heads);
     a.l2_section_bytes = 0;
     a.window_right = -1;  // tiles of one length: the 6 MB budget alone
     const int64_t kv = 4ll * seqlen * d;
-    EXPECT_EQ(fa4::sm90::make_tile_order(a, m_blocks, 1, false, 132).section,
+    EXPECT_EQ(fa4::sm90::make_tile_order(a, m_blocks, 1, false, 132, 4).section,
               std::min<int64_t>(int64_t(a.batch) * a.heads_q, fa4::sm90::kL2SectionBytes / kv));
   }
 }
@@ -128,13 +134,13 @@ TEST(TileOrder, TilesOfOneLengthRiseAndSpreadTheirPartialBlocks) {
        std::vector<std::array<int, 4>>{{32, 512, 16, 17}, {16, 1024, 20, 22}}) {
     fa4::detail::FwdParams a = fwd_params(batch, 32, 32, seqlen, seqlen, 64);
     const int m_blocks = (seqlen + 191) / 192;
-    TileOrder order = fa4::sm90::make_tile_order(a, m_blocks, 1, false, 132);
+    TileOrder order = fa4::sm90::make_tile_order(a, m_blocks, 1, false, 132, 4);
     EXPECT_TRUE(order.rising);
     EXPECT_EQ(busiest_whole(order, seqlen, 132), rising_most) << seqlen;
     order.rising = false;
     EXPECT_EQ(busiest_whole(order, seqlen, 132), falling_most) << seqlen;
     a.window_right = 0;  // causal: longest first
-    EXPECT_FALSE(fa4::sm90::make_tile_order(a, m_blocks, 1, false, 132).rising);
+    EXPECT_FALSE(fa4::sm90::make_tile_order(a, m_blocks, 1, false, 132, 4).rising);
   }
 }
 
@@ -164,7 +170,7 @@ TEST(TileOrder, ClusterPairsCoverEveryQueryBlockOnce) {
   for (auto [batch, heads, heads_kv, m_blocks] :
        std::vector<std::array<int, 4>>{{1, 1, 1, 2}, {1, 1, 1, 3}, {2, 3, 3, 5}, {4, 16, 4, 32}, {3, 12, 1, 43}, {2, 8, 8, 86}}) {
     const fa4::detail::FwdParams a = fwd_params(batch, heads, heads_kv, m_blocks * 128, 4096, 128);
-    const TileOrder order = fa4::sm90::make_tile_order(a, m_blocks, 2, false, 66);
+    const TileOrder order = fa4::sm90::make_tile_order(a, m_blocks, 2, false, 66, 4);
     ASSERT_EQ(order.count, batch * heads * ((m_blocks + 1) / 2));
     std::vector<int> seen(size_t(batch) * heads * (m_blocks + 1), 0);
     for (int t = 0; t < order.count; ++t) {

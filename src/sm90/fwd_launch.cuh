@@ -143,18 +143,24 @@ inline bool use_cluster_pairs(const detail::FwdParams& a, int64_t m_blocks) {
 }
 
 // Under a causal or window bound a section's tiles go longest first, so its heads' tiles of one
-// query block (one length) are taken together: with more heads than a quarter of the grid, whole
-// rounds run on long tiles, then whole rounds on short ones. Capped at that (132 CTAs: 32 heads),
-// long and short tiles stay in flight together (H100, causal 512: d128 +19 %, d64 and d256 +5...7 %
-// over 48 MB sections of 64-256 heads; docs/perf-notes.md, "Causal sections of at most a quarter
-// of the grid").
+// query block (one length) are taken together: with as many heads as the grid has CTAs, whole
+// rounds run on long tiles (reading every head's K and V at once: DRAM-bound on an H100), then
+// whole rounds on short ones. Sections of at most grid / share heads keep long and short tiles in
+// flight together. Measured against 48 MB sections (64-256 heads at 512; H100 / H200):
+// - share 4 (132 CTAs: 32 heads): d128 causal 512 +15 / +5 %, 1k +5 / +1 %; d256 512 +4 / +2 %;
+// - three consumers (d64 on 192-row tiles, whose blocks ask two thirds of d128's DRAM bytes a
+//   FLOP) do best with share 2 (64 heads): causal 512 +8 / 0 %, 1k +3.4 / -0.4 %, 2k 0 / 0, where
+//   share 4 read +6.7 / -1.0 %, +2.8 / -1.1 %, -1.3 / -1.5 % (docs/perf-notes.md, "Causal sections
+//   of at most a quarter of the grid").
 inline constexpr int kVaryingSectionGridShare = 4;
+inline constexpr int kVaryingSectionGridShareTall = 2;
 
 // The persistent grid's tile order: heads in L2-sized sections, longest tiles first inside each;
 // with clusters a tile is a pair of query blocks. `one_section`: every head in one section.
-// `units_at_once`: the CTAs (or clusters) the grid runs at once.
+// `units_at_once`: the CTAs (or clusters) the grid runs at once; `grid_share`: under a bound a
+// section holds at most units_at_once / grid_share heads.
 inline TileOrder make_tile_order(const detail::FwdParams& a, int64_t m_blocks, int cluster, bool one_section,
-                                 int64_t units_at_once) {
+                                 int64_t units_at_once, int grid_share) {
   const bool uniform = tiles_of_one_length(a);
   const int64_t units = (m_blocks + cluster - 1) / cluster;  // tiles a head
   const int64_t batch_heads = int64_t(a.batch) * a.heads_q;
@@ -162,7 +168,7 @@ inline TileOrder make_tile_order(const detail::FwdParams& a, int64_t m_blocks, i
   const int64_t kv_bytes_per_q_head = std::max<int64_t>(1, 4ll * a.seqlen_k * a.head_dim / head_ratio);
   int64_t budget = a.l2_section_bytes > 0 ? a.l2_section_bytes : uniform ? kL2SectionBytes : kL2SectionBytesVarying;
   if (!uniform && a.l2_section_bytes == 0)
-    budget = std::min(budget, std::max<int64_t>(1, units_at_once / kVaryingSectionGridShare) * kv_bytes_per_q_head);
+    budget = std::min(budget, std::max<int64_t>(1, units_at_once / grid_share) * kv_bytes_per_q_head);
   const int64_t section = one_section || a.l2_section_bytes < 0
                               ? batch_heads
                               : section_heads(batch_heads, kv_bytes_per_q_head, budget, !uniform);
@@ -332,7 +338,8 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // dynamic grid over one such section.
   int64_t slots = cluster > 1 ? pair_clusters : sms;  // units (CTAs or clusters) at once
   if (a.max_ctas > 0) slots = std::max<int64_t>(1, std::min<int64_t>(slots, a.max_ctas / cluster));
-  k.tiles = make_tile_order(a, m_blocks, cluster, (a.schedule == 3 || a.schedule == 4) && !uniform, slots);
+  constexpr int kShare = Cfg::kConsumers == 3 ? kVaryingSectionGridShareTall : kVaryingSectionGridShare;
+  k.tiles = make_tile_order(a, m_blocks, cluster, (a.schedule == 3 || a.schedule == 4) && !uniform, slots, kShare);
   int grid = int(a.schedule == 2 ? tiles : cluster * std::min<int64_t>(tiles, slots));
   LaunchScratch scratch;
   if (uniform && a.schedule != 2 && a.split != 1) {
@@ -360,7 +367,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     } else if (LaunchScratch::unavailable(e)) {
       // The static rounds; where lengths vary, over one section of every head so their
       // longest-first order keeps the grid even.
-      if (!uniform) k.tiles = make_tile_order(a, m_blocks, cluster, true, slots);
+      if (!uniform) k.tiles = make_tile_order(a, m_blocks, cluster, true, slots, kShare);
     } else {
       return {StatusCode::kCudaError, std::string("tile counter: ") + cudaGetErrorString(e)};
     }
