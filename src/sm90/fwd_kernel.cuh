@@ -268,22 +268,23 @@ struct TraceLog {
 // each tile's index beside its Q buffer before q_full's arrive (release), and every other role
 // reads it after its q_full wait (acquire): one source of the tile sequence, static or dynamic.
 struct alignas(16) FwdBarriers {
-  // Per Q buffer, in whole-tile kernels: {tile, batch, head, m_block}, the tile decoded once by
-  // the K loader, so the consumers read it in one load instead of dividing (three integer
+  // Per Q buffer: {work item, batch, head, m_block}. x is the item (TileOrder::kEnd, or a tile
+  // index >= count, when the CTA has no more); in whole-tile kernels y..w are the tile decoded once
+  // by the K loader, so the consumers read it in one load instead of dividing (three integer
   // divisions on each consumer's path from Q landed to S_0). With the epilogue's MUFU reciprocal
   // and log2, H100: d64 +2.2...+4.9 %, d128 512 +5.2 % (docs/perf-notes.md, "Boundary trims").
+  // Stream-K pieces look theirs up (decode_item) and use x alone.
   int4 item[2];
   uint64_t q_full[2], q_empty[2];
   uint64_t k_full[8], k_empty[8];
   uint64_t v_full[8], v_empty[8];
-  int tile[2];  // per Q buffer: its work item, or TileOrder::kEnd when the CTA has no more
   // This CTA's (cluster's) stream-K pieces, k = 0 and 1 (pieces == 0: none), found once at the start
   // where registers are plentiful, so the loaders' and consumers' decode is a look-up.
   Tile unit_pieces[2];
   // With one Q buffer and a Q loader a consumer (FwdConfig::kStageOInKV, whole tiles): consumer
   // c's warps arrive on q_free[c] once every S of theirs has read its rows of the buffer, and the
   // loader of consumer c's rows of the next Q waits for it (q_full[c] then tells consumer c they
-  // landed). tile_pub: the K loader has published the next work item (tile[0]); the V and Q
+  // landed). tile_pub: the K loader has published the next work item (item[0]); the V and Q
   // loaders wait for it.
   uint64_t q_free[2];
   uint64_t tile_pub;
@@ -473,7 +474,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int c = int(threadIdx.x) / 32 - 2;
         for (int round = 0;; ++round) {
           mbar_wait(&bar.tile_pub, uint32_t(round) & 1u);
-          const int tile = ld_shared(&bar.tile[0]);
+          const int tile = ld_shared(&bar.item[0].x);
           mbar_arrive(&bar.q_empty[0]);  // the index is read
           if (tile >= p.tiles.count) {
             mbar_arrive(&bar.q_full[c]);  // no Q: the phase completes on the arrive alone
@@ -542,8 +543,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           else
             tile = next;
           mbar_wait(&bar.q_empty[qw.stage], qw.phase ^ 1);
-          bar.tile[qw.stage] = tile;
-          if constexpr (!kSplit) {  // before the arrive that publishes it (release)
+          if constexpr (kSplit) {  // before the arrive that publishes it (release)
+            bar.item[qw.stage].x = tile;
+          } else {
             if (!done(tile)) tl = p.tiles.decode_tile(tile, rank);
             bar.item[qw.stage] = done(tile) ? make_int4(tile, 0, 0, 0) : make_int4(tile, tl.batch, tl.head, tl.m_block);
           }
@@ -571,7 +573,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             mbar_wait(&bar.tile_pub, qw.phase);
           else
             mbar_wait(&bar.q_full[qw.stage], qw.phase);
-          tile = ld_shared(&bar.tile[qw.stage]);
+          tile = ld_shared(&bar.item[qw.stage].x);
           if (done(tile)) break;
           mbar_arrive(&bar.q_empty[qw.stage]);
           if constexpr (kSplit)
@@ -799,7 +801,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     Tile tl;
     uint32_t place = 0;
     if constexpr (kSplit) {
-      const int tile = uniform(lane == 0 ? ld_shared(&bar.tile[q_stage()]) : 0);
+      const int tile = uniform(lane == 0 ? ld_shared(&bar.item[q_stage()].x) : 0);
       if (tile == TileOrder::kEnd) break;
       decode_item(p.tiles, bar, tile, rank, tl);
       // Shuffled from lane 0 like the tile index: a piece's fields come from shared memory, and
