@@ -164,20 +164,20 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
           if (store) *reinterpret_cast<uint4*>(out + 8 * (4 * g + k)) = w;
         }
       }
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int q = first + row0 + 8 * i;
-      if (q < 0 || q >= p.seqlen_q) continue;
-      // o_row written out: through the helper ptxas orders this address arithmetic differently in
-      // the d256 stream-K kernels of clusters (SASS of the shipped, measured form kept).
-      Elem* out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] +
-                  tl.head * p.o_stride[2];
+      for (int i = 0; i < 2; ++i) {
+        const int q = first + row0 + 8 * i;
+        if (q < 0 || q >= p.seqlen_q) continue;
+        // o_row written out: through the helper ptxas orders this address arithmetic differently
+        // in the d256 stream-K kernels of clusters (SASS of the shipped, measured form kept).
+        Elem* out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] +
+                    tl.head * p.o_stride[2];
 #pragma unroll
-      for (int j = 0; j < Cfg::kHeadDim / 8; ++j)
-        *reinterpret_cast<uint32_t*>(out + 8 * j + col0) =
-            pack2<Cfg::kBF16>(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
+        for (int j = 0; j < Cfg::kHeadDim / 8; ++j)
+          *reinterpret_cast<uint32_t*>(out + 8 * j + col0) =
+              pack2<Cfg::kBF16>(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
+      }
     }
   }
 }
