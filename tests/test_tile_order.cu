@@ -83,7 +83,7 @@ fa4::detail::FwdParams fwd_params(int batch, int heads_q, int heads_kv, int seql
   return fa4::detail::make_fwd_params(args);
 }
 
-// Under a causal bound a section holds at most grid / share heads (longest first, so its heads'
+// Under a causal or window bound a section holds at most grid / share heads (longest first, so its heads'
 // tiles of one length start together; fwd_launch.cuh, kVaryingSectionGridShare and its Tall twin
 // for three consumers), below what the L2 budget alone allows at short lengths; tiles of one
 // length and an explicit budget are not capped.
@@ -91,15 +91,19 @@ TEST(TileOrder, CausalSectionsHoldAShareOfTheGridsHeads) {
   for (auto [d, seqlen, budget_heads] : std::vector<std::array<int, 3>>{
            {64, 512, 256}, {128, 512, 128}, {256, 512, 64}, {128, 1024, 64}, {128, 4096, 16}, {256, 4096, 8}}) {
     fa4::detail::FwdParams a = fwd_params(16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d);
-    a.window_right = 0;
     const int m_blocks = (seqlen + 127) / 128;
-    for (int share : {fa4::sm90::kVaryingSectionGridShare, fa4::sm90::kVaryingSectionGridShareTall})
-      for (int64_t units : {132, 64, 8, 3}) {
-        const TileOrder order = fa4::sm90::make_tile_order(a, m_blocks, 1, false, units, share);
-        int64_t cap = std::max<int64_t>(1, units / share);
-        while (order.batch_heads % cap != 0) --cap;  // the largest divisor at or below it
-        EXPECT_EQ(order.section, std::min<int64_t>(budget_heads, cap)) << d << " " << seqlen << " " << units;
-      }
+    for (int left : {-1, 100}) {  // causal, and a sliding window
+      a.window_left = left;
+      a.window_right = 0;
+      for (int share : {fa4::sm90::kVaryingSectionGridShare, fa4::sm90::kVaryingSectionGridShareTall})
+        for (int64_t units : {132, 64, 8, 3}) {
+          const TileOrder order = fa4::sm90::make_tile_order(a, m_blocks, 1, false, units, share);
+          int64_t cap = std::max<int64_t>(1, units / share);
+          while (order.batch_heads % cap != 0) --cap;  // the largest divisor at or below it
+          EXPECT_EQ(order.section, std::min<int64_t>(budget_heads, cap)) << d << " " << seqlen << " " << units;
+        }
+    }
+    a.window_left = -1;
     // The FA3 shapes on 132 CTAs: 32 heads a section, 64 with three consumers.
     EXPECT_EQ(fa4::sm90::make_tile_order(a, m_blocks, 1, false, 132, fa4::sm90::kVaryingSectionGridShare).section,
               std::min(budget_heads, 32));
