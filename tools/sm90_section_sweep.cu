@@ -11,6 +11,16 @@
 #include "common/fwd_params.h"
 #include "common/validate.h"
 using fa4::detail::FwdParams;
+
+#define CK(x)                                                                                   \
+  do {                                                                                          \
+    const cudaError_t e_ = (x);                                                                 \
+    if (e_ != cudaSuccess) {                                                                    \
+      std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
+
 __global__ void fill(__nv_bfloat16* x, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     uint32_t h = uint32_t(i) * 2654435761u ^ seed * 0x9E3779B9u; h ^= h >> 15; h *= 0x2C1B3C6Du; h ^= h >> 12;
@@ -20,18 +30,25 @@ __global__ void fill(__nv_bfloat16* x, size_t n, uint32_t seed) {
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? atoi(argv[1]) : 3;
   const bool causal = argc > 2 ? atoi(argv[2]) != 0 : true;
+  if (rounds < 1) {
+    std::fprintf(stderr, "ROUNDS = %s: must be an integer >= 1\n", argv[1]);
+    return 2;
+  }
   const long secs[] = {0, 128, 64, 32, 16, 8, 4};  // heads a section (0 = the launch's own choice)
   const int nsec = sizeof(secs) / sizeof(secs[0]);
   {  // warm the clocks
-    const int n = 1 << 26; void* x; cudaMalloc(&x, n * 2);
+    const int n = 1 << 26; void* x; CK(cudaMalloc(&x, n * 2));
     for (int i = 0; i < 400; ++i) fill<<<1024, 256>>>((__nv_bfloat16*)x, n, i);
-    cudaDeviceSynchronize(); cudaFree(x);
+    CK(cudaDeviceSynchronize()); CK(cudaFree(x));
   }
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
   for (int d : {64, 128, 256}) for (int s : {512, 1024, 2048, 4096}) {
     const int b = 16384 / s, h = 2048 / d;
     const size_t n = size_t(b) * s * h * d;
     void *q, *k, *v, *o;
-    for (void** x : {&q, &k, &v, &o}) cudaMalloc(x, n * 2);
+    for (void** x : {&q, &k, &v, &o}) CK(cudaMalloc(x, n * 2));
     fill<<<1024, 256>>>((__nv_bfloat16*)q, n, 1); fill<<<1024, 256>>>((__nv_bfloat16*)k, n, 2); fill<<<1024, 256>>>((__nv_bfloat16*)v, n, 3);
     fa4::ForwardArgs a;
     a.problem.dtype = fa4::DType::kBF16; a.problem.batch = b; a.problem.seqlen_q = s; a.problem.seqlen_k = s;
@@ -39,19 +56,22 @@ int main(int argc, char** argv) {
     a.q = fa4::bshd(q, s, h, d); a.k = fa4::bshd(k, s, h, d); a.v = fa4::bshd(v, s, h, d); a.o = fa4::bshd(o, s, h, d);
     FwdParams p = fa4::detail::make_fwd_params(a);
     std::vector<std::vector<float>> ms(nsec);
-    cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
     for (int r = 0; r < rounds; ++r)
       for (int i = 0; i < nsec; ++i) {
         p.l2_section_bytes = secs[i] * 4ll * s * d;
         for (int w = 0; w < 5; ++w) fa4::detail::sm90_forward(p, 0);
         for (int it = 0; it < 5; ++it) {
           cudaEventRecord(e0);
-          for (int j = 0; j < 20; ++j) if (!fa4::detail::sm90_forward(p, 0).ok()) { printf("fail\n"); return 1; }
+          for (int j = 0; j < 20; ++j)
+            if (const fa4::Status st = fa4::detail::sm90_forward(p, 0); !st.ok()) {
+              std::fprintf(stderr, "sm90_forward failed: %s\n", st.message.c_str());
+              return 1;
+            }
           cudaEventRecord(e1); cudaEventSynchronize(e1);
           float t; cudaEventElapsedTime(&t, e0, e1); ms[i].push_back(t / 20);
         }
       }
-    if (cudaGetLastError() != cudaSuccess) { printf("cuda error\n"); return 1; }
+    CK(cudaGetLastError());
     float base = 0;
     for (int i = 0; i < nsec; ++i) {
       std::sort(ms[i].begin(), ms[i].end());
@@ -60,7 +80,9 @@ int main(int argc, char** argv) {
       printf("SECTION d=%d s=%d causal=%d heads=%ld: %.1f us  base/this %.3f  (p10 %.1f p90 %.1f)\n", d, s, int(causal), secs[i], med * 1e3, base / med,
              ms[i][ms[i].size() / 10] * 1e3, ms[i][ms[i].size() * 9 / 10] * 1e3);
     }
-    for (void* x : {q, k, v, o}) cudaFree(x);
+    for (void* x : {q, k, v, o}) CK(cudaFree(x));
   }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
   return 0;
 }
