@@ -40,12 +40,42 @@ __device__ __forceinline__ void tma_load_4d_multicast(void* smem_dst, const CUte
                                   coords, bar, cta_mask);
 }
 
+// A policy of evict_first for every line of a transfer (PTX ISA 9.7.9.17, createpolicy), for the
+// *_hint load and store below: lines read or written once go first, so those read again stay.
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// tma_load_4d with an L2 eviction policy (`.L2::cache_hint`, which CCCL's wrapper does not take).
+__device__ __forceinline__ void tma_load_4d_hint(void* smem_dst, const CUtensorMap* map, uint64_t* bar,
+                                                 int c0, int c1, int c2, int c3, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cta.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;"
+      :
+      : "r"(uint32_t(__cvta_generic_to_shared(smem_dst))), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+        "r"(uint32_t(__cvta_generic_to_shared(bar))), "l"(policy)
+      : "memory");
+}
+
 // Stores one box from shared memory at coordinates (c0, c1, c2, c3); joins the bulk group.
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* smem_src, int c0,
                                              int c1, int c2, int c3) {
   const int32_t coords[4] = {c0, c1, c2, c3};
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords,
                                   smem_src);
+}
+// tma_store_4d with an L2 eviction policy.
+__device__ __forceinline__ void tma_store_4d_hint(const CUtensorMap* map, const void* smem_src, int c0, int c1,
+                                                  int c2, int c3, uint64_t policy) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group.L2::cache_hint"
+               " [%0, {%1, %2, %3, %4}], [%5], %6;"
+               :
+               : "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(uint32_t(__cvta_generic_to_shared(smem_src))),
+                 "l"(policy)
+               : "memory");
 }
 __device__ __forceinline__ void tma_store_commit() { cuda::ptx::cp_async_bulk_commit_group(); }
 // Waits until the committed stores have finished reading shared memory.
