@@ -873,6 +873,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     };
     int last_slot = 0;  // the ring slot of the tile's last K/V block
 
+    // The idle consumer's walk below repeats, per key block, what the working path after it asks of
+    // the rings and the turns: K_n landed, V of the block before landed (past the first), a turn
+    // (past the first unless kTurnFirstS), K_n's slot and the earlier V slot freed; then Q freed
+    // and, for the tile's last V, one more turn and release_v_last. A change to the working path's
+    // waits, turns or frees must be made here too: a mismatch hangs the CTA or frees a slot early
+    // (ForwardGpu.ManyTilesPersistentGrid and TilesWithoutKeysAmongTilesWithKeys run idle
+    // consumers beside working ones). Running the working path with its GEMMs and softmax skipped
+    // instead would put an idle test into every step of the main loop.
     if (idle && range.hi > range.lo) {
       int prev = 0;
       uint32_t prev_phase = 0;
@@ -1052,6 +1060,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (--n; n >= range.lo; --n) step(n, pf, pf);
       }
       stamp_b(0);
+      // (The idle consumer's walk above mirrors this path's waits, turns and frees.)
       // Every S of this tile is done: its Q buffer is free (with kOInKV this consumer's rows, to
       // its Q loader: q_free).
       release_q(&bar.q_empty[q_stage()]);
