@@ -121,13 +121,14 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
     ptx::named_bar_sync(bar_id, 128);
     if (t == 0 && first + consumer * 64 >= 0) {
 #pragma unroll
-      for (int c = 0; c < Cfg::kChunks; ++c)
-        if constexpr (Cfg::kQOEvictFirst)
-          ptx::tma_store_4d_hint(&p.tm_o, s_o + c * kStageRows * 128 + (kOwn ? 0 : consumer * 64 * 128), c * 64,
-                                 first + consumer * 64, tl.head, tl.batch, ptx::l2_policy_evict_first());
+      for (int c = 0; c < Cfg::kChunks; ++c) {
+        const uint8_t* src = s_o + c * kStageRows * 128 + (kOwn ? 0 : consumer * 64 * 128);
+        if constexpr (Cfg::kQOEvictFirst)  // O is written once: evict_first in L2
+          ptx::tma_store_4d_hint(&p.tm_o, src, c * 64, first + consumer * 64, tl.head, tl.batch,
+                                 ptx::l2_policy_evict_first());
         else
-          ptx::tma_store_4d(&p.tm_o, s_o + c * kStageRows * 128 + (kOwn ? 0 : consumer * 64 * 128), c * 64,
-                            first + consumer * 64, tl.head, tl.batch);
+          ptx::tma_store_4d(&p.tm_o, src, c * 64, first + consumer * 64, tl.head, tl.batch);
+      }
       ptx::tma_store_commit();
     }
   } else {

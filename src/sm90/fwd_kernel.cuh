@@ -465,15 +465,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Consumer c's 64 rows of tile tl's Q (Q's map has 64-row boxes with FwdConfig::kStageOInKV):
     // one TMA a 64-column chunk, signalling `full`, whose expected bytes the caller has set.
     [[maybe_unused]] auto load_q_rows = [&](int c, const Tile& tl, uint64_t* full) {
+      const int row = tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64;
 #pragma unroll
-      for (int k = 0; k < Cfg::kChunks; ++k)
-        if constexpr (Cfg::kQOEvictFirst)
-          tma_load_4d_hint(sQ + k * kBlockM * 128 + c * 64 * 128, &p.tm_q, full, k * 64,
-                           tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64, tl.head, tl.batch,
-                           l2_policy_evict_first());
+      for (int k = 0; k < Cfg::kChunks; ++k) {
+        uint8_t* dst = sQ + k * kBlockM * 128 + c * 64 * 128;
+        if constexpr (Cfg::kQOEvictFirst)  // Q is read once: evict_first in L2
+          tma_load_4d_hint(dst, &p.tm_q, full, k * 64, row, tl.head, tl.batch, l2_policy_evict_first());
         else
-          tma_load_4d(sQ + k * kBlockM * 128 + c * 64 * 128, &p.tm_q, full, k * 64,
-                      tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64, tl.head, tl.batch);
+          tma_load_4d(dst, &p.tm_q, full, k * 64, row, tl.head, tl.batch);
+      }
     };
     if constexpr (kOInKV) {
       // Consumer c's 64 rows of each tile's Q, loaded by a thread of warp 2 + c once that
@@ -510,8 +510,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       if (loads_v) prefetch_tensor_map(&p.tm_v);
       // One tile by TMA: its 64-column chunks, `rows` rows each, from row `row` of (head, batch);
-      // with `once` its lines are marked evict_first in L2 (FwdConfig::kQOEvictFirst). The policy is
-      // made at each use: held through the loop it spilled in the producer's registers.
+      // with `once` (Q: FwdConfig::kQOEvictFirst) its lines are marked evict_first in L2. The policy
+      // is made at each use: held through the loop it spilled in the producer's registers.
       auto load_tile = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* full, uint32_t bytes, int rows,
                            int row, int head, int batch, bool once) {
         mbar_arrive_expect_tx(full, bytes);
