@@ -32,6 +32,8 @@ struct Case {
   // Key j scaled by 1 + key_ramp * (seqlen_k - 1 - j) / seqlen_k: scores grow toward the first keys,
   // which the kernel visits last, so a row's max keeps rising past the rescale threshold.
   double key_ramp = 0.0;
+  // Every key times key_scale: scores spread by tens of log2 units within a row of one block.
+  double key_scale = 1.0;
   // 0: through the public API; 1 or 2: the sm90 launch with FwdParams::cluster set (1: one CTA a
   // tile, 2: clusters of two sharing K/V wherever the tiles allow).
   int cluster = 0;
@@ -47,6 +49,7 @@ struct Case {
            " d" + std::to_string(head_dim) + (causal ? " causal" : "") + " win(" + std::to_string(left) + "," +
            std::to_string(right) + ") " + kLayouts[int(layout)] +
            (key_ramp > 0 ? " key_ramp " + std::to_string(key_ramp) : "") +
+           (key_scale != 1.0 ? " key_scale " + std::to_string(key_scale) : "") +
            (cluster > 0 ? " cluster " + std::to_string(cluster) : "") +
            (split > 0 ? " split " + std::to_string(split) : "") + (max_ctas > 0 ? " ctas " + std::to_string(max_ctas) : "");
   }
@@ -121,6 +124,8 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
   const std::vector<double> q = random(fa4::ref::q_elems(p));
   std::vector<double> k = random(fa4::ref::kv_elems(p));
   const std::vector<double> v = random(fa4::ref::kv_elems(p));
+  if (c.key_scale != 1.0)
+    for (double& e : k) e = fa4::ref::round_to(c.dtype, float(e * c.key_scale));
   if (c.key_ramp > 0)
     for (int64_t i = 0; i < c.batch; ++i)
       for (int64_t j = 0; j < c.seqlen_k; ++j)
@@ -279,6 +284,25 @@ TEST(ForwardGpu, RunningMaxRisesPastTheRescaleThreshold) {
         for (bool causal : {false, true}) {
           Case c{t, 1, 333, 1111, 2, 1, d, causal};
           c.key_ramp = ramp;
+          run_case(c, seed++);
+        }
+}
+
+TEST(ForwardGpu, ScoresFarApartWithinABlock) {
+  FA4_REQUIRE_GPU();
+  // Keys scaled up so that one row's scores within one block lie tens of log2 units apart, from
+  // the tile's first block on (RunningMaxRisesPastTheRescaleThreshold ramps them block after block
+  // instead). The steady steps take their exponentials against the running max without the
+  // block's own (d64, d128). A score more than 2^15 above that max must send the warpgroup back for
+  // S and the exact step. seqlen_k 1024 leaves every block whole; 1111 leaves the first block
+  // (the last keys) partial and masked. Both dtypes, every head dim.
+  uint32_t seed = 850;
+  for (double scale : {2.0, 6.0})
+    for (int64_t d : {64, 128, 256})
+      for (DType t : {BF16, FP16})
+        for (int64_t sk : {1024, 1111}) {
+          Case c{t, 2, 400, sk, 2, 1, d, false};
+          c.key_scale = scale;
           run_case(c, seed++);
         }
 }
