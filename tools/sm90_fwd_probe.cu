@@ -5,11 +5,13 @@
 //   sm90_fwd_probe variants    candidate configurations against the shipped one, same run
 //   sm90_fwd_probe trace DIR [variants]
 //                              clock64 timeline of the first CTAs (csv in DIR, medians printed);
-//                              with `variants` also the configurations measured and not shipped
+//                              with `variants` also the configurations measured and not shipped;
+//                              FA4_TRACE_ONLY="NAME:SEQLEN:CAUSAL,..." keeps only those shapes
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -327,6 +329,15 @@ static void write_trace_csv(const char* path, const char* unit, const uint64_t* 
 // then the same of its tile boundaries.
 template <class Cfg>
 static void trace_shape(const char* dir, const char* name, int d, int seqlen, bool causal) {
+  // FA4_TRACE_ONLY="NAME:SEQLEN:CAUSAL,...": only the shapes listed (e.g. "d256:512:1,d64:512:0").
+  if (const char* only = std::getenv("FA4_TRACE_ONLY")) {
+    char key[96];
+    std::snprintf(key, sizeof key, "%s:%d:%d", name, seqlen, int(causal));
+    bool listed = false;
+    for (const char* at = std::strstr(only, key); at != nullptr && !listed; at = std::strstr(at + 1, key))
+      listed = (at == only || at[-1] == ',') && (at[std::strlen(key)] == ',' || at[std::strlen(key)] == '\0');
+    if (!listed) return;
+  }
   const Fa3Problem pr(d, seqlen, causal, 1);
   using fa4::sm90::kTraceCtas, fa4::sm90::kTraceSteps, fa4::sm90::kTraceEvents;
   constexpr int kSlots = 1 + Cfg::kConsumers;
@@ -465,6 +476,11 @@ int main(int argc, char** argv) {
     // 512: four key blocks a tile (80-wide at d256: seven), where the boundaries are most of a tile.
     trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 512, false);
     trace_shape<Traced<D256>>(dir, "d256", 256, 512, false);
+    // The rows under the FA2 bar: d256 causal 512 (two to seven 80-key blocks a tile), d64 512 on
+    // three consumers (a third of the tiles with one idle), d128 causal 512 beside them.
+    trace_shape<Traced<D256>>(dir, "d256", 256, 512, true);
+    trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 3>>>(dir, "d64", 64, 512, false);
+    trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 512, true);
     // d64 on two consumers (128-row tiles; shipped where 192-row tiles would compute over 1.15 times
     // the scores, 1.25 with a bound), at the lengths where three consumers run instead, to compare
     // their periods.
