@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -331,12 +332,9 @@ template <class Cfg>
 static void trace_shape(const char* dir, const char* name, int d, int seqlen, bool causal) {
   // FA4_TRACE_ONLY="NAME:SEQLEN:CAUSAL,...": only the shapes listed (e.g. "d256:512:1,d64:512:0").
   if (const char* only = std::getenv("FA4_TRACE_ONLY")) {
-    char key[96];
-    std::snprintf(key, sizeof key, "%s:%d:%d", name, seqlen, int(causal));
-    bool listed = false;
-    for (const char* at = std::strstr(only, key); at != nullptr && !listed; at = std::strstr(at + 1, key))
-      listed = (at == only || at[-1] == ',') && (at[std::strlen(key)] == ',' || at[std::strlen(key)] == '\0');
-    if (!listed) return;
+    const std::string list = "," + std::string(only) + ",";
+    const std::string key = "," + std::string(name) + ":" + std::to_string(seqlen) + ":" + std::to_string(int(causal)) + ",";
+    if (list.find(key) == std::string::npos) return;
   }
   const Fa3Problem pr(d, seqlen, causal, 1);
   using fa4::sm90::kTraceCtas, fa4::sm90::kTraceSteps, fa4::sm90::kTraceEvents;

@@ -123,11 +123,11 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
 #pragma unroll
       for (int c = 0; c < Cfg::kChunks; ++c) {
         const uint8_t* src = s_o + c * kStageRows * 128 + (kOwn ? 0 : consumer * 64 * 128);
+        const int row = first + consumer * 64;
         if constexpr (Cfg::kQOEvictFirst)  // O is written once: evict_first in L2
-          ptx::tma_store_4d_hint(&p.tm_o, src, c * 64, first + consumer * 64, tl.head, tl.batch,
-                                 ptx::l2_policy_evict_first());
+          ptx::tma_store_4d_hint(&p.tm_o, src, c * 64, row, tl.head, tl.batch, ptx::l2_policy_evict_first());
         else
-          ptx::tma_store_4d(&p.tm_o, src, c * 64, first + consumer * 64, tl.head, tl.batch);
+          ptx::tma_store_4d(&p.tm_o, src, c * 64, row, tl.head, tl.batch);
       }
       ptx::tma_store_commit();
     }
