@@ -3,10 +3,14 @@
 // Criterion (DESIGN.md §3): max|out - ref64| <= 2 max|plain16 - ref64| + 1e-3, where plain16 is a
 // plain attention in the same 16-bit type, and ||out - ref64|| / ||ref64|| <= 1e-2. Outputs are
 // poisoned (NaN) before every run, so an element the kernel never writes fails the check.
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -16,6 +20,7 @@
 #include "convert.h"
 #include "fa4/attention.h"
 #include "gpu_guard.h"
+#include "lagged_kernels.h"
 #include "test_support.h"
 #include "reference.h"
 
@@ -41,6 +46,8 @@ struct Case {
   // round is partial) and FwdParams::max_ctas (a small grid, so small problems take rounds).
   int split = 0;
   int max_ctas = 0;
+  // Set: the launch in its place (through FwdParams, with cluster, split and max_ctas applied).
+  fa4::Status (*launch)(const fa4::detail::FwdParams&, cudaStream_t) = nullptr;
 
   std::string name() const {
     static const char* kLayouts[] = {"bshd", "bhsd", "padded"};
@@ -56,6 +63,20 @@ struct Case {
 };
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+// Waits for the device; a launch still running after 60 s is reported and the test binary exits,
+// since a hung kernel leaves nothing after it able to run.
+void finish_or_exit(const std::string& what) {
+  const auto start = std::chrono::steady_clock::now();
+  while (cudaStreamQuery(nullptr) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) {
+      std::fprintf(stderr, "FAILED: the launch for %s has not finished in 60 s (a hang); exiting\n", what.c_str());
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
 
 // A device tensor [batch][seq][heads][dim] in one of the layouts, filled from contiguous BSHD values.
 struct DeviceTensor {
@@ -157,7 +178,7 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
   args.o = dout.ref;
   args.lse = lse;
   fa4::Status st;
-  if (c.cluster == 0 && c.split == 0 && c.max_ctas == 0) {
+  if (c.cluster == 0 && c.split == 0 && c.max_ctas == 0 && c.launch == nullptr) {
     st = fa4::forward(args, nullptr);
   } else {
     st = fa4::validate(args);
@@ -166,9 +187,10 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
     fp.cluster = c.cluster;
     fp.split = c.split;
     fp.max_ctas = c.max_ctas;
-    st = fa4::detail::sm90_forward(fp, nullptr);
+    st = c.launch ? c.launch(fp, nullptr) : fa4::detail::sm90_forward(fp, nullptr);
   }
   ASSERT_TRUE(st.ok()) << st.message;
+  finish_or_exit(c.name());
   CUDA_OK(cudaDeviceSynchronize());
 
   const std::vector<double> out = dout.download(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim);
@@ -305,6 +327,25 @@ TEST(ForwardGpu, ScoresFarApartWithinABlock) {
           c.key_scale = scale;
           run_case(c, seed++);
         }
+}
+
+TEST(ForwardGpu, IdleConsumersWarpsLateToTheirFirstBlock) {
+  FA4_REQUIRE_GPU();
+  // An idle consumer (its 64 rows past the last query) frees each K/V slot once it has landed.
+  // Here its warps 1-3 start the walk ~20 us after warp 0: the tile's first K slot must not be
+  // freed, refilled and landed again before they have seen it land, or they wait on a parity the
+  // barrier has passed twice and the CTA hangs. 512 rows on 192-row tiles leave the third tile's
+  // last consumer idle, 3900 rows the 21st tile's last two. Five key blocks on four stages: the
+  // tile's fifth K refills its first K's slot. Four CTAs walk every tile.
+  uint32_t seed = 1900;
+  for (int64_t sq : {512, 3900}) {
+    Case c{BF16, 2, sq, 640, 3, 1, 64, false};
+    c.cluster = 1;
+    c.split = 1;
+    c.max_ctas = 4;
+    c.launch = fa4::test::forward_idle_warps_late;
+    run_case(c, seed++);
+  }
 }
 
 TEST(ForwardGpu, LongSequences) {

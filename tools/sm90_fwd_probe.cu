@@ -9,6 +9,7 @@
 //                              FA4_TRACE_ONLY="NAME:SEQLEN:CAUSAL,..." keeps only those shapes
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -289,10 +290,12 @@ static void compare_variant(const Variant& var, int seqlen, bool causal) {
   cudaFree(o1);
 }
 
-// The shipped configuration with its development timeline switched on.
-template <class Base>
+// The shipped configuration with its development timeline switched on: the parts of it in
+// kParts (fwd_kernel.cuh: kTraceStep, kTraceBound, kTraceCta).
+template <class Base, int kParts = fa4::sm90::kTraceStep | fa4::sm90::kTraceBound | fa4::sm90::kTraceCta>
 struct Traced : Base {
   static constexpr bool kTrace = true;
+  static constexpr int kTraceParts = kParts;
 };
 
 // Record `step` of warpgroup slot `slot` of traced CTA `cta` in one region of the trace (steps or
@@ -325,6 +328,52 @@ static void write_trace_csv(const char* path, const char* unit, const uint64_t* 
   std::fclose(f);
 }
 
+// Waits for a traced launch (its end event `done`). One that has not finished in 20 s is reported
+// and the probe exits: for each traced CTA and warpgroup slot, its records in each region and the
+// events set in the last of them (a hang's place in the protocol), and how many CTAs have entered
+// and ended. The copy runs on a stream of its own while the kernel still holds the SMs.
+static void finish_or_report(cudaEvent_t done, const uint64_t* tr, size_t words, int slots, const char* name,
+                             int seqlen, bool causal) {
+  using fa4::sm90::kTraceCtas, fa4::sm90::kTraceSteps, fa4::sm90::kTraceEvents, fa4::sm90::kCtaStamps;
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t q = cudaEventQuery(done);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) CK(q);
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(20)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  constexpr int kMaxCtas = 4096;
+  const size_t all = 2 * words + size_t(kMaxCtas) * kCtaStamps;
+  std::vector<uint64_t> h(all);
+  cudaStream_t side;
+  CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  CK(cudaMemcpyAsync(h.data(), tr, all * 8, cudaMemcpyDeviceToHost, side));
+  CK(cudaStreamSynchronize(side));
+  std::printf("HANG %s seqlen=%d causal=%d: the traced launch has not finished in 20 s\n", name, seqlen, int(causal));
+  int entered = 0, ended = 0;
+  for (int c = 0; c < kMaxCtas; ++c) {
+    entered += h[2 * words + size_t(c) * kCtaStamps] != 0;
+    ended += h[2 * words + size_t(c) * kCtaStamps + 1] != 0;
+  }
+  std::printf("HANG   CTAs entered %d, ended %d\n", entered, ended);
+  for (int region = 0; region < 2; ++region)
+    for (int c = 0; c < kTraceCtas; ++c)
+      for (int sl = region; sl < slots; ++sl) {  // the boundary region has no producer records
+        const uint64_t* base = trace_record(h.data() + region * words, slots, c, sl, 0);
+        int n = 0;
+        while (n < kTraceSteps && std::any_of(base + n * kTraceEvents, base + (n + 1) * kTraceEvents,
+                                              [](uint64_t x) { return x != 0; }))
+          ++n;
+        std::printf("HANG   %s CTA %d slot %d: %d records; events set in the last:", region ? "bounds" : "steps", c,
+                    sl, n);
+        for (int e = 0; n > 0 && e < kTraceEvents; ++e)
+          if (base[(n - 1) * kTraceEvents + e] != 0) std::printf(" %d", e);
+        std::printf("\n");
+      }
+  std::exit(3);
+}
+
 // Runs one FA3-sized shape with a traced kernel and prints, per consumer of CTA 0, the median of
 // each interval of a steady-state step (events in sm90/fwd_kernel.cuh) and of the step period,
 // then the same of its tile boundaries.
@@ -355,6 +404,7 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
     fa4::Status st = fa4::sm90::launch_forward<Cfg>(p, 0, tr);
     CK(cudaEventRecord(ev[1]));
     if (!st.ok()) { std::printf("launch failed: %s\n", st.message.c_str()); std::exit(1); }
+    finish_or_report(ev[1], tr, words, kSlots, name, seqlen, causal);
     CK(cudaDeviceSynchronize());
   }
   float ms = 0;
@@ -509,6 +559,13 @@ int main(int argc, char** argv) {
       trace_shape<Traced<FwdConfig<128, 128, 2, true, 0, 2, true, true, true>>>(dir, "d128turns", 128, 16384, false);
       trace_shape<Traced<FwdConfig<128, 128, 3, true, 0>>>(dir, "d128s3", 128, 16384, false);
       trace_shape<Traced<FwdConfig<128, 176, 2, true, 0>>>(dir, "d128n176", 128, 16384, false);
+      // The d64 three-consumer kernel with parts of the timeline: each CTA's entry and end alone
+      // (no spills), with the boundaries, with the steps.
+      using D64 = FwdConfig<64, 128, 4, true, 0, 3>;
+      using fa4::sm90::kTraceStep, fa4::sm90::kTraceBound, fa4::sm90::kTraceCta;
+      trace_shape<Traced<D64, kTraceCta>>(dir, "d64cta", 64, 512, false);
+      trace_shape<Traced<D64, kTraceCta | kTraceBound>>(dir, "d64bound", 64, 512, false);
+      trace_shape<Traced<D64, kTraceCta | kTraceStep>>(dir, "d64step", 64, 512, false);
     }
     return 0;
   }

@@ -248,12 +248,28 @@ __device__ __forceinline__ void stamp_cta(uint64_t* trace, int end) {
   cs[end] = ns;
   cs[2 + end] = clock64();
 }
+// The parts of the timeline a traced config records (Cfg::kTraceParts, all when it names none): the
+// steps' and loads' stamps, the tile boundaries', each CTA's entry and end.
+inline constexpr int kTraceStep = 1, kTraceBound = 2, kTraceCta = 4;
 template <class Cfg>
-constexpr bool traced() {
-  if constexpr (requires { Cfg::kTrace; })
-    return Cfg::kTrace;
-  else
+constexpr bool traced(int part) {
+  if constexpr (requires { Cfg::kTrace; }) {
+    if constexpr (requires { Cfg::kTraceParts; })
+      return Cfg::kTrace && (Cfg::kTraceParts & part) != 0;
+    else
+      return Cfg::kTrace;
+  } else {
     return false;
+  }
+}
+// A test's hook (tests/test_forward_gpu.cu): a config with kIdleWarpLag holds warps 1-3 of an idle
+// consumer that many cycles before its walk, so they reach K's first wait late.
+template <class Cfg>
+constexpr long long idle_warp_lag() {
+  if constexpr (requires { Cfg::kIdleWarpLag; })
+    return Cfg::kIdleWarpLag;
+  else
+    return 0;
 }
 struct TraceLog {
   uint64_t* rec = nullptr;
@@ -413,7 +429,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   uint8_t* sV = smem + Cfg::kVOffset;
 
   const int wg = threadIdx.x / 128;
-  if constexpr (traced<Cfg>())
+  if constexpr (traced<Cfg>(kTraceCta))
     if (threadIdx.x == 0 && p.trace != nullptr) stamp_cta<Cfg::kConsumers>(p.trace, 0);
   // Cluster rank and the cluster's index in the grid (the CTA's own without clusters).
   const int rank = kCluster == 1 ? 0 : int(cluster_rank());
@@ -502,7 +518,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const bool loads_k = threadIdx.x == 0, loads_v = Cfg::kSplitLoads ? threadIdx.x == 32 : threadIdx.x == 0;
     if (loads_k || loads_v) {
       [[maybe_unused]] TraceLog tr;
-      if constexpr (traced<Cfg>()) tr.open(p.trace, 1 + Cfg::kConsumers, 0);
+      if constexpr (traced<Cfg>(kTraceStep)) tr.open(p.trace, 1 + Cfg::kConsumers, 0);
       if (loads_k) {
         prefetch_tensor_map(&p.tm_q);
         prefetch_tensor_map(&p.tm_k);
@@ -604,18 +620,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // Trace events of a load: 0/1 before/after K's empty wait, 2/3 the same for V.
         for (int n = range.hi - 1; n >= range.lo; --n) {
           if (loads_k) {
-            if constexpr (traced<Cfg>()) tr.stamp(0);
+            if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(0);
             wait_empty(&bar.k_empty[w.stage], w.phase ^ 1);
-            if constexpr (traced<Cfg>()) tr.stamp(1);
+            if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(1);
             load_kv(sK + w.stage * Cfg::kKVBytes, &p.tm_k, &bar.k_full[w.stage], n * kBlockN, h_kv, tl.batch);
           }
           if (loads_v) {
-            if constexpr (traced<Cfg>()) tr.stamp(2);
+            if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(2);
             wait_empty(&bar.v_empty[w.stage], w.phase ^ 1);
-            if constexpr (traced<Cfg>()) tr.stamp(3);
+            if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(3);
             load_kv(sV + w.stage * Cfg::kKVBytes, &p.tm_v, &bar.v_full[w.stage], n * kBlockN, h_kv, tl.batch);
           }
-          if constexpr (traced<Cfg>()) tr.next();
+          if constexpr (traced<Cfg>(kTraceStep)) tr.next();
           w.advance();
         }
       }
@@ -658,17 +674,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   uint32_t pf2[Cfg::kDoubleP ? kBlockN / 4 : 1];
   numerics::RowState rows[2];
   [[maybe_unused]] TraceLog tr;
-  if constexpr (traced<Cfg>())
+  if constexpr (traced<Cfg>(kTraceStep))
     if (t == 0) tr.open(p.trace, 1 + Cfg::kConsumers, 1 + consumer);
   [[maybe_unused]] TraceLog tb;  // tile boundaries
-  if constexpr (traced<Cfg>())
+  if constexpr (traced<Cfg>(kTraceBound))
     if (t == 0 && p.trace != nullptr)
       tb.open(p.trace + kTraceRegionWords<Cfg::kConsumers>, 1 + Cfg::kConsumers, 1 + consumer);
   auto stamp = [&](int e) {
-    if constexpr (traced<Cfg>()) tr.stamp(e);
+    if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(e);
   };
   auto stamp_b = [&](int e) {
-    if constexpr (traced<Cfg>()) {
+    if constexpr (traced<Cfg>(kTraceBound)) {
       tb.stamp(e);
       if (e == 7) tb.next();
     }
@@ -875,13 +891,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     // The idle consumer's walk below repeats, per key block, what the working path after it asks of
     // the rings and the turns: K_n landed, V of the block before landed (past the first), a turn
-    // (past the first unless kTurnFirstS), K_n's slot and the earlier V slot freed; then Q freed
-    // and, for the tile's last V, one more turn and release_v_last. A change to the working path's
-    // waits, turns or frees must be made here too: a mismatch hangs the CTA or frees a slot early
-    // (ForwardGpu.ManyTilesPersistentGrid and TilesWithoutKeysAmongTilesWithKeys run idle
-    // consumers beside working ones). Running the working path with its GEMMs and softmax skipped
-    // instead would put an idle test into every step of the main loop.
+    // (past the first unless kTurnFirstS; there the consumer's own barrier), K_n's slot and the
+    // earlier V slot freed; then Q freed and, for the tile's last V, one more turn and
+    // release_v_last. A change to the working path's waits, turns or frees must be made here too: a
+    // mismatch hangs the CTA or frees a slot early (ForwardGpu.ManyTilesPersistentGrid and
+    // TilesWithoutKeysAmongTilesWithKeys run idle consumers beside working ones;
+    // ForwardGpu.IdleConsumersWarpsLateToTheirFirstBlock holds three warps back). Running the
+    // working path with its GEMMs and softmax skipped instead would put an idle test into every
+    // step of the main loop.
     if (idle && range.hi > range.lo) {
+      if constexpr (idle_warp_lag<Cfg>() > 0)  // (a test's config: FwdConfig has none)
+        if (t >= 32)
+          for (const long long t0 = clock64(); clock64() - t0 < idle_warp_lag<Cfg>();) {
+          }
       int prev = 0;
       uint32_t prev_phase = 0;
       for (int n = range.hi - 1; n >= range.lo; --n) {
@@ -890,6 +912,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if (kTurnFirstS || n < range.hi - 1) {  // the turns the working consumers take
           turn_wait();
           turn_pass();
+        } else {
+          // Every warp has seen K_n land before thread 0 frees its slot, as before the working
+          // path's first S. Without this a warp that reached its wait only after the slot had been
+          // refilled waited on a parity the barrier had passed twice, and the CTA hung (the traced
+          // d64 three-consumer kernel at 512 and 4k, whose stamps delay warps unevenly).
+          named_bar_sync(own_barrier<Cfg>(consumer), 128);
         }
         release_k(n, r.stage);
         if (n < range.hi - 1) release(&bar.v_empty[prev]);
@@ -1041,7 +1069,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if constexpr (Cfg::kTensorRowSum) rescale_o(lsum, corr);
         if (!Cfg::kDoubleP || pv_first) to_p(p_next);
         stamp(7);
-        if constexpr (traced<Cfg>()) tr.next();
+        if constexpr (traced<Cfg>(kTraceStep)) tr.next();
         prev = r.stage;
         prev_phase = r.phase;
         r.advance();
@@ -1120,7 +1148,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     qr.advance();
   }
   if (kStaged && t == 0) tma_store_wait();  // shared memory must outlive the last store
-  if constexpr (traced<Cfg>())
+  if constexpr (traced<Cfg>(kTraceCta))
     if (threadIdx.x == 128 && p.trace != nullptr) stamp_cta<Cfg::kConsumers>(p.trace, 1);
 }
 

@@ -1,0 +1,13 @@
+#pragma once
+// Kernels built for the tests alone (tests/lagged_kernels.cu).
+#include <cuda_runtime.h>
+
+#include "common/fwd_params.h"
+
+namespace fa4::test {
+
+// The bf16 d64 forward on three consumers (192-row tiles) whose idle consumers' warps 1-3 start
+// their walk ~20 us late.
+Status forward_idle_warps_late(const detail::FwdParams& p, cudaStream_t stream);
+
+}  // namespace fa4::test
