@@ -2,6 +2,7 @@
 # compute-sanitizer (memcheck, racecheck, synccheck) over the shipped sm90 forward, one fa4-bench
 # --check call a shape, and the SASS counts of its kernels. On the GPU machine:
 #   bash bench/sanitize_sm90.sh [path/to/fa4-bench] [out dir]
+# FA4_SANITIZE_TOOLS="memcheck synccheck" runs only the tools named (default: all three).
 # Shapes: causal d128; GQA d64 with tails; causal d256, short queries; more tiles than SMs
 # (static rounds, clusters of two sharing K/V); the same causal (the dynamic tile counter);
 # clusters with an odd query-block count (d64, 17 blocks) and at d256; d64 on 128-row tiles
@@ -24,7 +25,7 @@ B=${1:-build/fa4-bench}
 OUTDIR=${2:-${OUT:-.}}
 mkdir -p "$OUTDIR"
 R=$OUTDIR/sanitizer.txt
-for tool in memcheck racecheck synccheck; do
+for tool in ${FA4_SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
   for args in "--b 1 --h 2 --sq 300 --sk 300 --d 128 --causal" "--b 2 --h 4 --hkv 1 --sq 129 --sk 257 --d 64" \
               "--b 1 --h 2 --sq 70 --sk 333 --d 256 --causal" "--b 2 --h 16 --hkv 4 --sq 700 --sk 650 --d 128" \
               "--b 2 --h 16 --hkv 4 --sq 700 --sk 650 --d 128 --causal" "--b 1 --h 2 --sq 3259 --sk 400 --d 64" \
