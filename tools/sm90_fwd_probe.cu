@@ -328,6 +328,11 @@ static void write_trace_csv(const char* path, const char* unit, const uint64_t* 
   std::fclose(f);
 }
 
+// The trace buffer: steady-state steps and tile boundaries (`words` each), then the entry and end of
+// up to kMaxCtas CTAs (fwd_kernel.cuh).
+constexpr int kMaxCtas = 4096;
+static size_t trace_words(size_t words) { return 2 * words + size_t(kMaxCtas) * fa4::sm90::kCtaStamps; }
+
 // Waits for a traced launch (its end event `done`). One that has not finished in 20 s is reported
 // and the probe exits: for each traced CTA and warpgroup slot, its records in each region and the
 // events set in the last of them (a hang's place in the protocol), and how many CTAs have entered
@@ -343,8 +348,7 @@ static void finish_or_report(cudaEvent_t done, const uint64_t* tr, size_t words,
     if (std::chrono::steady_clock::now() - start > std::chrono::seconds(20)) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  constexpr int kMaxCtas = 4096;
-  const size_t all = 2 * words + size_t(kMaxCtas) * kCtaStamps;
+  const size_t all = trace_words(words);
   std::vector<uint64_t> h(all);
   cudaStream_t side;
   CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
@@ -390,8 +394,7 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
   constexpr int kSlots = 1 + Cfg::kConsumers;
   const size_t words = size_t(fa4::sm90::kTraceRegionWords<Cfg::kConsumers>);
   uint64_t* tr;
-  constexpr int kMaxCtas = 4096;
-  const size_t all = 2 * words + size_t(kMaxCtas) * fa4::sm90::kCtaStamps;
+  const size_t all = trace_words(words);
   // Steady-state steps, tile boundaries, then every CTA's entry and end (fwd_kernel.cuh).
   CK(cudaMalloc(&tr, all * 8));
   FwdParams p = pr.params(pr.o);
