@@ -9,5 +9,7 @@ namespace fa4::test {
 // The bf16 d64 forward on three consumers (192-row tiles) whose idle consumers' warps 1-3 start
 // their walk ~20 us late.
 Status forward_idle_warps_late(const detail::FwdParams& p, cudaStream_t stream);
+// The same at bf16 d128 on two consumers (128-row tiles, two K/V stages).
+Status forward_idle_warps_late_d128(const detail::FwdParams& p, cudaStream_t stream);
 
 }  // namespace fa4::test

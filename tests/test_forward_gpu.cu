@@ -348,6 +348,19 @@ TEST(ForwardGpu, IdleConsumersWarpsLateToTheirFirstBlock) {
   }
 }
 
+TEST(ForwardGpu, IdleConsumersWarpsLateOnTwoConsumers) {
+  FA4_REQUIRE_GPU();
+  // The same at d128 on two consumers, causal (the bounded kernel): 300 rows start each head's
+  // first tile 64 rows before row 0, so its consumer 0 is idle; that tile sees six key blocks on
+  // two K/V stages.
+  Case c{BF16, 2, 300, 1000, 4, 2, 128, true};
+  c.cluster = 1;
+  c.split = 1;
+  c.max_ctas = 4;
+  c.launch = fa4::test::forward_idle_warps_late_d128;
+  run_case(c, 1950);
+}
+
 TEST(ForwardGpu, LongSequences) {
   FA4_REQUIRE_GPU();
   run_case({BF16, 1, 4097, 4097, 1, 1, 64, true}, 600);

@@ -896,9 +896,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // release_v_last. A change to the working path's waits, turns or frees must be made here too: a
     // mismatch hangs the CTA or frees a slot early (ForwardGpu.ManyTilesPersistentGrid and
     // TilesWithoutKeysAmongTilesWithKeys run idle consumers beside working ones;
-    // ForwardGpu.IdleConsumersWarpsLateToTheirFirstBlock holds three warps back). Running the
-    // working path with its GEMMs and softmax skipped instead would put an idle test into every
-    // step of the main loop.
+    // ForwardGpu.IdleConsumersWarpsLate* hold three warps back). Running the working path with its
+    // GEMMs and softmax skipped instead would put an idle test into every step of the main loop.
     if (idle && range.hi > range.lo) {
       if constexpr (idle_warp_lag<Cfg>() > 0)  // (a test's config: FwdConfig has none)
         if (t >= 32)
