@@ -1,7 +1,9 @@
-// The d64 three-consumer and d128 two-consumer kernels with a test's hook (sm90/fwd_kernel.cuh, idle_warp_lag): warps 1-3
-// of an idle consumer start their walk kIdleWarpLag cycles after warp 0, so they reach their wait
-// for the tile's first K after thread 0 has freed that slot and the loader has refilled it
-// (ForwardGpu.IdleConsumersWarpsLateToTheirFirstBlock).
+// The forward kernels with a test's hook (sm90/fwd_kernel.cuh, idle_warp_lag and tile_warp_lag):
+// - kIdleWarpLag: warps 1-3 of an idle consumer start their walk that many cycles after warp 0, so
+//   they reach their wait for the tile's first K after thread 0 has freed that slot and the loader
+//   has refilled it (ForwardGpu.IdleConsumersWarpsLate*);
+// - kTileWarpLag: one warp of every consumer, another each tile, is held that many cycles once its
+//   Q has landed (ForwardGpu.WarpsSkewedEveryTile).
 #include "lagged_kernels.h"
 
 #include "sm90/fwd_launch.cuh"
@@ -9,18 +11,34 @@
 namespace fa4::test {
 
 namespace {
+using D64 = sm90::FwdConfig<64, 128, 4, true, 0, 3>;
+using D128 = sm90::FwdConfig<128, 128, 2, true, 0>;
+using D256 = sm90::FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, true>;  // as shipped
 template <class Base>
 struct IdleWarpsLate : Base {
   static constexpr long long kIdleWarpLag = 40000;  // ~20 us at 2 GHz; a K block lands in ~1-2 us
 };
+template <class Base>
+struct TileWarpLate : Base {
+  static constexpr long long kTileWarpLag = 6000;  // ~3 us: a few K/V blocks' time
+};
 }  // namespace
 
 Status forward_idle_warps_late(const detail::FwdParams& p, cudaStream_t stream) {
-  return sm90::launch_forward<IdleWarpsLate<sm90::FwdConfig<64, 128, 4, true, 0, 3>>>(p, stream);
+  return sm90::launch_forward<IdleWarpsLate<D64>>(p, stream);
 }
 
 Status forward_idle_warps_late_d128(const detail::FwdParams& p, cudaStream_t stream) {
-  return sm90::launch_forward<IdleWarpsLate<sm90::FwdConfig<128, 128, 2, true, 0>>>(p, stream);
+  return sm90::launch_forward<IdleWarpsLate<D128>>(p, stream);
+}
+
+Status forward_tile_warp_late(const detail::FwdParams& p, cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 64: return sm90::launch_forward<TileWarpLate<D64>>(p, stream);
+    case 128: return sm90::launch_forward<TileWarpLate<D128>>(p, stream);
+    case 256: return sm90::launch_forward<TileWarpLate<D256>>(p, stream);
+    default: return {StatusCode::kNotSupported, "forward_tile_warp_late: head_dim 64, 128 or 256"};
+  }
 }
 
 }  // namespace fa4::test

@@ -11,5 +11,8 @@ namespace fa4::test {
 Status forward_idle_warps_late(const detail::FwdParams& p, cudaStream_t stream);
 // The same at bf16 d128 on two consumers (128-row tiles, two K/V stages).
 Status forward_idle_warps_late_d128(const detail::FwdParams& p, cudaStream_t stream);
+// The bf16 forward at head_dim 64 (three consumers), 128 or 256 (as shipped) with one warp of each
+// consumer held ~3 us every tile, another warp each time.
+Status forward_tile_warp_late(const detail::FwdParams& p, cudaStream_t stream);
 
 }  // namespace fa4::test

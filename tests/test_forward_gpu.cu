@@ -3,6 +3,7 @@
 // Criterion (DESIGN.md §3): max|out - ref64| <= 2 max|plain16 - ref64| + 1e-3, where plain16 is a
 // plain attention in the same 16-bit type, and ||out - ref64|| / ||ref64|| <= 1e-2. Outputs are
 // poisoned (NaN) before every run, so an element the kernel never writes fails the check.
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -359,6 +360,28 @@ TEST(ForwardGpu, IdleConsumersWarpsLateOnTwoConsumers) {
   c.max_ctas = 4;
   c.launch = fa4::test::forward_idle_warps_late_d128;
   run_case(c, 1950);
+}
+
+TEST(ForwardGpu, WarpsSkewedEveryTile) {
+  FA4_REQUIRE_GPU();
+  // Every tile, one warp of each consumer (another each tile) is held ~3 us after its Q lands, so
+  // within a consumer one warp trails the others and the consumers trail each other in turn. The
+  // protocol must not care: each slot is freed only once every warp that reads it has seen it
+  // land. Each head dim's kernels (d64 on three consumers, d128, d256 with O staged in K/V slots),
+  // non-causal with partial tiles (idle consumers) and causal (the bounded kernels), on four CTAs,
+  // in clusters of two, and with a stream-K tail.
+  uint32_t seed = 1960;
+  for (int64_t d : {64, 128, 256})
+    for (bool causal : {false, true})
+      for (auto [cluster, split, ctas] : {std::array<int, 3>{1, 1, 4}, {2, 1, 4}, {1, 2, 0}}) {
+        if (causal && cluster == 2) continue;  // causal tiles vary: no clusters, no stream-K tail
+        Case c{BF16, 2, causal ? 700 : 1000, causal ? 900 : 650, 4, 2, d, causal};
+        c.cluster = cluster;
+        c.split = split;
+        c.max_ctas = ctas;
+        c.launch = fa4::test::forward_tile_warp_late;
+        run_case(c, seed++);
+      }
 }
 
 TEST(ForwardGpu, LongSequences) {

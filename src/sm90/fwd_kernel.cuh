@@ -262,14 +262,27 @@ constexpr bool traced(int part) {
     return false;
   }
 }
-// A test's hook (tests/test_forward_gpu.cu): a config with kIdleWarpLag holds warps 1-3 of an idle
-// consumer that many cycles before its walk, so they reach K's first wait late.
+// Tests' hooks (tests/lagged_kernels.cu), absent from FwdConfig: a config with kIdleWarpLag holds
+// warps 1-3 of an idle consumer that many cycles before its walk, so they reach K's first wait
+// late; one with kTileWarpLag holds one warp of every consumer (another each tile) that many cycles
+// once its tile's Q has landed, so the warps of a consumer and the consumers of a CTA run skewed.
 template <class Cfg>
 constexpr long long idle_warp_lag() {
   if constexpr (requires { Cfg::kIdleWarpLag; })
     return Cfg::kIdleWarpLag;
   else
     return 0;
+}
+template <class Cfg>
+constexpr long long tile_warp_lag() {
+  if constexpr (requires { Cfg::kTileWarpLag; })
+    return Cfg::kTileWarpLag;
+  else
+    return 0;
+}
+__device__ __forceinline__ void spin_cycles(long long n) {
+  for (const long long t0 = clock64(); clock64() - t0 < n;) {
+  }
 }
 struct TraceLog {
   uint64_t* rec = nullptr;
@@ -822,9 +835,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   // With kOInKV: the parity of the next kv_read hand-over (one a tile with keys).
   [[maybe_unused]] uint32_t kv_phase = 0;
+  [[maybe_unused]] int lagged_warp = consumer;  // (kTileWarpLag: the warp held this tile, mod 4)
   for (;;) {
     // Q (with kOInKV this consumer's rows of it), and the tile index beside it.
     mbar_wait(&bar.q_full[kOInKV ? consumer : q_stage()], q_phase());
+    if constexpr (tile_warp_lag<Cfg>() > 0) {  // (a test's config: FwdConfig has none)
+      if (t / 32 == lagged_warp % 4) spin_cycles(tile_warp_lag<Cfg>());
+      ++lagged_warp;
+    }
     stamp_b(4);
     // Read by lane 0 (the lane that later frees this Q buffer for the warp) and shuffled to the
     // warp: warp-uniform to the compiler, so what derives from it (tile, key range, masks) stays
@@ -900,9 +918,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // GEMMs and softmax skipped instead would put an idle test into every step of the main loop.
     if (idle && range.hi > range.lo) {
       if constexpr (idle_warp_lag<Cfg>() > 0)  // (a test's config: FwdConfig has none)
-        if (t >= 32)
-          for (const long long t0 = clock64(); clock64() - t0 < idle_warp_lag<Cfg>();) {
-          }
+        if (t >= 32) spin_cycles(idle_warp_lag<Cfg>());
       int prev = 0;
       uint32_t prev_phase = 0;
       for (int n = range.hi - 1; n >= range.lo; --n) {
@@ -1126,8 +1142,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (range.hi <= range.lo) {
         store_keyless<Cfg>(p, tl, rows, consumer, t);
       } else {
+        // The other consumer has read the slot. An idle consumer waits too, so every phase of
+        // kv_read is observed: skipped, it left a phase no thread waited on before the other
+        // consumer arrived again (synccheck's "missing wait", d256 causal with consumer 0 idle in
+        // each head's first tile, ForwardGpu.WarpsSkewedEveryTile).
+        mbar_wait(&bar.kv_read[consumer], kv_phase);
         if (!idle) {  // O through the tile's last K (consumer 0) or V (consumer 1) slot
-          mbar_wait(&bar.kv_read[consumer], kv_phase);  // the other consumer has read it
           uint8_t* slot = (consumer == 0 ? sK : sV) + last_slot * Cfg::kKVBytes;
           store_output<Cfg, true, FwdKernelParams, kWideO, 64>(p, tl, o, rows, consumer, te, slot);
           if (t == 0) tma_store_wait_read();  // the store has read the slot: back to the loader
