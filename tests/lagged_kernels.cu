@@ -3,7 +3,7 @@
 //   they reach their wait for the tile's first K after thread 0 has freed that slot and the loader
 //   has refilled it (ForwardGpu.IdleConsumersWarpsLate*);
 // - kTileWarpLag: one warp of every consumer, another each tile, is held that many cycles once its
-//   Q has landed (ForwardGpu.WarpsSkewedEveryTile).
+//   Q has landed, and each loader thread as it takes every third tile (ForwardGpu.WarpsSkewedEveryTile).
 #include "lagged_kernels.h"
 
 #include "sm90/fwd_launch.cuh"

@@ -365,7 +365,8 @@ TEST(ForwardGpu, IdleConsumersWarpsLateOnTwoConsumers) {
 TEST(ForwardGpu, WarpsSkewedEveryTile) {
   FA4_REQUIRE_GPU();
   // Every tile, one warp of each consumer (another each tile) is held ~3 us after its Q lands, so
-  // within a consumer one warp trails the others and the consumers trail each other in turn. The
+  // within a consumer one warp trails the others and the consumers trail each other in turn; each
+  // loader thread (K, V, Q) is held as it takes every third tile, the CTAs of a cluster apart. The
   // protocol must not care: each slot is freed only once every warp that reads it has seen it
   // land. Each head dim's kernels (d64 on three consumers, d128, d256 with O staged in K/V slots),
   // non-causal with partial tiles (idle consumers) and causal (the bounded kernels), on four CTAs,

@@ -265,7 +265,9 @@ constexpr bool traced(int part) {
 // Tests' hooks (tests/lagged_kernels.cu), absent from FwdConfig: a config with kIdleWarpLag holds
 // warps 1-3 of an idle consumer that many cycles before its walk, so they reach K's first wait
 // late; one with kTileWarpLag holds one warp of every consumer (another each tile) that many cycles
-// once its tile's Q has landed, so the warps of a consumer and the consumers of a CTA run skewed.
+// once its tile's Q has landed, so the warps of a consumer and the consumers of a CTA run skewed,
+// and each loader thread (K, V, Q: every third tile, in turn; the CTAs of a cluster apart) as it
+// takes a tile.
 template <class Cfg>
 constexpr long long idle_warp_lag() {
   if constexpr (requires { Cfg::kIdleWarpLag; })
@@ -512,6 +514,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int c = int(threadIdx.x) / 32 - 2;
         for (int round = 0;; ++round) {
           mbar_wait(&bar.tile_pub, uint32_t(round) & 1u);
+          if constexpr (tile_warp_lag<Cfg>() > 0)  // (a test's config)
+            if ((round + c) % 3 == 0) spin_cycles(tile_warp_lag<Cfg>());
           const int tile = ld_shared(&bar.item[0].x);
           mbar_arrive(&bar.q_empty[0]);  // the index is read
           if (tile >= p.tiles.count) {
@@ -627,6 +631,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             tl = p.tiles.decode_tile(tile, rank);
         }
         qw.advance();
+        if constexpr (tile_warp_lag<Cfg>() > 0)  // (a test's config: the loaders held in turn too)
+          if ((round + int(threadIdx.x) / 32 + rank) % 3 == 0) spin_cycles(tile_warp_lag<Cfg>());
         BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
         if constexpr (kSplit) range = piece_range(range, tl);
         const int h_kv = tl.head / p.head_ratio;
