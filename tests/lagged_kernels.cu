@@ -1,4 +1,4 @@
-// The forward kernels with a test's hook (sm90/fwd_kernel.cuh, idle_warp_lag and tile_warp_lag):
+// The forward kernels with a test's hook (sm90/fwd_kernel.cuh, test_lags):
 // - kIdleWarpLag: warps 1-3 of an idle consumer start their walk that many cycles after warp 0, so
 //   they reach their wait for the tile's first K after thread 0 has freed that slot and the loader
 //   has refilled it (ForwardGpu.IdleConsumersWarpsLate*);

@@ -268,19 +268,15 @@ constexpr bool traced(int part) {
 // once its tile's Q has landed, so the warps of a consumer and the consumers of a CTA run skewed,
 // and each loader thread (K, V, Q: every third tile, in turn; the CTAs of a cluster apart) as it
 // takes a tile.
+struct TestLags {
+  long long idle = 0, tile = 0;  // cycles; 0: none
+};
 template <class Cfg>
-constexpr long long idle_warp_lag() {
-  if constexpr (requires { Cfg::kIdleWarpLag; })
-    return Cfg::kIdleWarpLag;
-  else
-    return 0;
-}
-template <class Cfg>
-constexpr long long tile_warp_lag() {
-  if constexpr (requires { Cfg::kTileWarpLag; })
-    return Cfg::kTileWarpLag;
-  else
-    return 0;
+constexpr TestLags test_lags() {
+  TestLags l;
+  if constexpr (requires { Cfg::kIdleWarpLag; }) l.idle = Cfg::kIdleWarpLag;
+  if constexpr (requires { Cfg::kTileWarpLag; }) l.tile = Cfg::kTileWarpLag;
+  return l;
 }
 __device__ __forceinline__ void spin_cycles(long long n) {
   for (const long long t0 = clock64(); clock64() - t0 < n;) {
@@ -514,8 +510,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int c = int(threadIdx.x) / 32 - 2;
         for (int round = 0;; ++round) {
           mbar_wait(&bar.tile_pub, uint32_t(round) & 1u);
-          if constexpr (tile_warp_lag<Cfg>() > 0)  // (a test's config)
-            if ((round + c) % 3 == 0) spin_cycles(tile_warp_lag<Cfg>());
+          if constexpr (test_lags<Cfg>().tile > 0)  // (a test's config)
+            if ((round + c) % 3 == 0) spin_cycles(test_lags<Cfg>().tile);
           const int tile = ld_shared(&bar.item[0].x);
           mbar_arrive(&bar.q_empty[0]);  // the index is read
           if (tile >= p.tiles.count) {
@@ -631,8 +627,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             tl = p.tiles.decode_tile(tile, rank);
         }
         qw.advance();
-        if constexpr (tile_warp_lag<Cfg>() > 0)  // (a test's config: the loaders held in turn too)
-          if ((round + int(threadIdx.x) / 32 + rank) % 3 == 0) spin_cycles(tile_warp_lag<Cfg>());
+        if constexpr (test_lags<Cfg>().tile > 0)  // (a test's config: the loaders held in turn too)
+          if ((round + int(threadIdx.x) / 32 + rank) % 3 == 0) spin_cycles(test_lags<Cfg>().tile);
         BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
         if constexpr (kSplit) range = piece_range(range, tl);
         const int h_kv = tl.head / p.head_ratio;
@@ -845,8 +841,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   for (;;) {
     // Q (with kOInKV this consumer's rows of it), and the tile index beside it.
     mbar_wait(&bar.q_full[kOInKV ? consumer : q_stage()], q_phase());
-    if constexpr (tile_warp_lag<Cfg>() > 0) {  // (a test's config: FwdConfig has none)
-      if (t / 32 == lagged_warp % 4) spin_cycles(tile_warp_lag<Cfg>());
+    if constexpr (test_lags<Cfg>().tile > 0) {  // (a test's config: FwdConfig has none)
+      if (t / 32 == lagged_warp % 4) spin_cycles(test_lags<Cfg>().tile);
       ++lagged_warp;
     }
     stamp_b(4);
@@ -923,8 +919,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // ForwardGpu.IdleConsumersWarpsLate* hold three warps back). Running the working path with its
     // GEMMs and softmax skipped instead would put an idle test into every step of the main loop.
     if (idle && range.hi > range.lo) {
-      if constexpr (idle_warp_lag<Cfg>() > 0)  // (a test's config: FwdConfig has none)
-        if (t >= 32) spin_cycles(idle_warp_lag<Cfg>());
+      if constexpr (test_lags<Cfg>().idle > 0)  // (a test's config: FwdConfig has none)
+        if (t >= 32) spin_cycles(test_lags<Cfg>().idle);
       int prev = 0;
       uint32_t prev_phase = 0;
       for (int n = range.hi - 1; n >= range.lo; --n) {
