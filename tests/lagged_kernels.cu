@@ -4,6 +4,8 @@
 //   has refilled it (ForwardGpu.IdleConsumersWarpsLate*);
 // - kTileWarpLag: one warp of every consumer, another each tile, is held that many cycles once its
 //   Q has landed, and each loader thread as it takes every third tile (ForwardGpu.WarpsSkewedEveryTile).
+// What they test is the protocol (waits, turns, frees), not the schedule: the spin loops move
+// ptxas's choices (the d128 ones have some wgmma serialized, C7519; the d64 ones spill 4-8 bytes).
 #include "lagged_kernels.h"
 
 #include "sm90/fwd_launch.cuh"
