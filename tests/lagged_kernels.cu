@@ -3,7 +3,9 @@
 //   they reach their wait for the tile's first K after thread 0 has freed that slot and the loader
 //   has refilled it (ForwardGpu.IdleConsumersWarpsLate*);
 // - kTileWarpLag: one warp of every consumer, another each tile, is held that many cycles once its
-//   Q has landed, and each loader thread as it takes every third tile (ForwardGpu.WarpsSkewedEveryTile).
+//   Q has landed, and each loader thread as it takes every third tile (ForwardGpu.WarpsSkewedEveryTile);
+// - kStepWarpLag: warp 1 or 2 of each consumer held that many cycles between its turn and its GEMM
+//   issue in every steady step (ForwardGpu.WarpLateToTheStepsIssue).
 // What they test is the protocol (waits, turns, frees), not the schedule: the spin loops move
 // ptxas's choices (the d128 ones have some wgmma serialized, C7519; the d64 ones spill 4-8 bytes).
 #include "lagged_kernels.h"
@@ -24,7 +26,15 @@ template <class Base>
 struct TileWarpLate : Base {
   static constexpr long long kTileWarpLag = 6000;  // ~3 us: a few K/V blocks' time
 };
+template <class Base>
+struct StepWarpLate : Base {
+  static constexpr long long kStepWarpLag = 20000;  // ~10 us: a K slot refilled meanwhile
+};
 }  // namespace
+
+Status forward_step_warp_late(const detail::FwdParams& p, cudaStream_t stream) {
+  return sm90::launch_forward<StepWarpLate<D128>>(p, stream);
+}
 
 Status forward_idle_warps_late(const detail::FwdParams& p, cudaStream_t stream) {
   return sm90::launch_forward<IdleWarpsLate<D64>>(p, stream);

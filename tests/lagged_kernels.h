@@ -14,5 +14,8 @@ Status forward_idle_warps_late_d128(const detail::FwdParams& p, cudaStream_t str
 // The bf16 forward at head_dim 64 (three consumers), 128 or 256 (as shipped) with one warp of each
 // consumer held ~3 us every tile, another warp each time.
 Status forward_tile_warp_late(const detail::FwdParams& p, cudaStream_t stream);
+// bf16 d128 with warp 1 or 2 of each consumer held ~10 us between its turn and its GEMM issue in
+// every steady step.
+Status forward_step_warp_late(const detail::FwdParams& p, cudaStream_t stream);
 
 }  // namespace fa4::test

@@ -385,6 +385,20 @@ TEST(ForwardGpu, WarpsSkewedEveryTile) {
       }
 }
 
+TEST(ForwardGpu, WarpLateToTheStepsIssue) {
+  FA4_REQUIRE_GPU();
+  // In every steady step warp 1 or 2 of each consumer is held ~10 us between its turn and its
+  // GEMM issue, while thread 0 frees K_j's slot after its own wait for S_j. The slot would be
+  // refilled within that time; the answer stays exact only because a warpgroup's wgmma completes
+  // for one warp once all four have issued it, which this test holds the kernel to.
+  Case c{BF16, 1, 1000, 2000, 4, 2, 128, false};
+  c.cluster = 1;
+  c.split = 1;
+  c.max_ctas = 4;
+  c.launch = fa4::test::forward_step_warp_late;
+  run_case(c, 1990);
+}
+
 TEST(ForwardGpu, LongSequences) {
   FA4_REQUIRE_GPU();
   run_case({BF16, 1, 4097, 4097, 1, 1, 64, true}, 600);

@@ -267,15 +267,17 @@ constexpr bool traced(int part) {
 // late; one with kTileWarpLag holds one warp of every consumer (another each tile) that many cycles
 // once its tile's Q has landed, so the warps of a consumer and the consumers of a CTA run skewed,
 // and each loader thread (K, V, Q: every third tile, in turn; the CTAs of a cluster apart) as it
-// takes a tile.
+// takes a tile; one with kStepWarpLag holds warp 1 or 2 of every consumer between its turn and its
+// GEMM issue in each steady step.
 struct TestLags {
-  long long idle = 0, tile = 0;  // cycles; 0: none
+  long long idle = 0, tile = 0, step = 0;  // cycles; 0: none
 };
 template <class Cfg>
 constexpr TestLags test_lags() {
   TestLags l;
   if constexpr (requires { Cfg::kIdleWarpLag; }) l.idle = Cfg::kIdleWarpLag;
   if constexpr (requires { Cfg::kTileWarpLag; }) l.tile = Cfg::kTileWarpLag;
+  if constexpr (requires { Cfg::kStepWarpLag; }) l.step = Cfg::kStepWarpLag;
   return l;
 }
 __device__ __forceinline__ void spin_cycles(long long n) {
@@ -1001,6 +1003,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         stamp(1);
         turn_wait();
         stamp(2);
+        if constexpr (test_lags<Cfg>().step > 0)  // (a test's config: one warp late to the step's issue)
+          if (t / 32 == 1 + (n & 1)) spin_cycles(test_lags<Cfg>().step);
         wgmma::fence();
         if (pv_first) {  // P_{j-1} V_{j-1}, then S_j; softmax after both
           issue_pv(prev, p_prev);
