@@ -370,7 +370,7 @@ TEST(ForwardGpu, WarpsSkewedEveryTile) {
   // protocol must not care: each slot is freed only once every warp that reads it has seen it
   // land. Each head dim's kernels (d64 on three consumers, d128, d256 with O staged in K/V slots),
   // non-causal with partial tiles (idle consumers) and causal (the bounded kernels), on four CTAs,
-  // in clusters of two, and with a stream-K tail.
+  // in clusters of two, and with a stream-K tail; then tiles without keys among tiles with keys.
   uint32_t seed = 1960;
   for (int64_t d : {64, 128, 256})
     for (bool causal : {false, true})
@@ -383,6 +383,16 @@ TEST(ForwardGpu, WarpsSkewedEveryTile) {
         c.launch = fa4::test::forward_tile_warp_late;
         run_case(c, seed++);
       }
+  // Tiles without keys among tiles with keys (causal with seqlen_q > seqlen_k: the first query
+  // blocks see no key; at d256 neither consumer takes the kv_read hand-over there).
+  for (int64_t d : {64, 128, 256}) {
+    Case c{BF16, 2, 1000, 300, 3, 3, d, true};
+    c.cluster = 1;
+    c.split = 1;
+    c.max_ctas = 3;
+    c.launch = fa4::test::forward_tile_warp_late;
+    run_case(c, seed++);
+  }
 }
 
 TEST(ForwardGpu, WarpLateToTheStepsIssue) {
