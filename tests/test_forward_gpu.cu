@@ -330,6 +330,17 @@ TEST(ForwardGpu, ScoresFarApartWithinABlock) {
         }
 }
 
+// Case c through a test-only build's launch (tests/lagged_kernels.cu) on `ctas` CTAs of one each,
+// without a stream-K tail, so each CTA walks many tiles.
+void run_lagged(Case c, fa4::Status (*launch)(const fa4::detail::FwdParams&, cudaStream_t), int ctas,
+                uint32_t seed) {
+  c.cluster = 1;
+  c.split = 1;
+  c.max_ctas = ctas;
+  c.launch = launch;
+  run_case(c, seed);
+}
+
 TEST(ForwardGpu, IdleConsumersWarpsLateToTheirFirstBlock) {
   FA4_REQUIRE_GPU();
   // An idle consumer (its 64 rows past the last query) frees each K/V slot once it has landed.
@@ -339,14 +350,8 @@ TEST(ForwardGpu, IdleConsumersWarpsLateToTheirFirstBlock) {
   // last consumer idle, 3900 rows the 21st tile's last two. Five key blocks on four stages: the
   // tile's fifth K refills its first K's slot. Four CTAs walk every tile.
   uint32_t seed = 1900;
-  for (int64_t sq : {512, 3900}) {
-    Case c{BF16, 2, sq, 640, 3, 1, 64, false};
-    c.cluster = 1;
-    c.split = 1;
-    c.max_ctas = 4;
-    c.launch = fa4::test::forward_idle_warps_late;
-    run_case(c, seed++);
-  }
+  for (int64_t sq : {512, 3900})
+    run_lagged({BF16, 2, sq, 640, 3, 1, 64, false}, fa4::test::forward_idle_warps_late, 4, seed++);
 }
 
 TEST(ForwardGpu, IdleConsumersWarpsLateOnTwoConsumers) {
@@ -354,12 +359,7 @@ TEST(ForwardGpu, IdleConsumersWarpsLateOnTwoConsumers) {
   // The same at d128 on two consumers, causal (the bounded kernel): 300 rows start each head's
   // first tile 64 rows before row 0, so its consumer 0 is idle; that tile sees six key blocks on
   // two K/V stages.
-  Case c{BF16, 2, 300, 1000, 4, 2, 128, true};
-  c.cluster = 1;
-  c.split = 1;
-  c.max_ctas = 4;
-  c.launch = fa4::test::forward_idle_warps_late_d128;
-  run_case(c, 1950);
+  run_lagged({BF16, 2, 300, 1000, 4, 2, 128, true}, fa4::test::forward_idle_warps_late_d128, 4, 1950);
 }
 
 TEST(ForwardGpu, WarpsSkewedEveryTile) {
@@ -385,14 +385,8 @@ TEST(ForwardGpu, WarpsSkewedEveryTile) {
       }
   // Tiles without keys among tiles with keys (causal with seqlen_q > seqlen_k: the first query
   // blocks see no key; at d256 neither consumer takes the kv_read hand-over there).
-  for (int64_t d : {64, 128, 256}) {
-    Case c{BF16, 2, 1000, 300, 3, 3, d, true};
-    c.cluster = 1;
-    c.split = 1;
-    c.max_ctas = 3;
-    c.launch = fa4::test::forward_tile_warp_late;
-    run_case(c, seed++);
-  }
+  for (int64_t d : {64, 128, 256})
+    run_lagged({BF16, 2, 1000, 300, 3, 3, d, true}, fa4::test::forward_tile_warp_late, 3, seed++);
 }
 
 TEST(ForwardGpu, WarpLateToTheStepsIssue) {
@@ -401,12 +395,7 @@ TEST(ForwardGpu, WarpLateToTheStepsIssue) {
   // GEMM issue, while thread 0 frees K_j's slot after its own wait for S_j. The slot would be
   // refilled within that time; the answer stays exact only because a warpgroup's wgmma completes
   // for one warp once all four have issued it, which this test holds the kernel to.
-  Case c{BF16, 1, 1000, 2000, 4, 2, 128, false};
-  c.cluster = 1;
-  c.split = 1;
-  c.max_ctas = 4;
-  c.launch = fa4::test::forward_step_warp_late;
-  run_case(c, 1990);
+  run_lagged({BF16, 1, 1000, 2000, 4, 2, 128, false}, fa4::test::forward_step_warp_late, 4, 1990);
 }
 
 TEST(ForwardGpu, LongSequences) {
