@@ -66,8 +66,8 @@ Status forward_workspace_size(const ForwardArgs& args, size_t* bytes) {
   return s;
 }
 
-// Backward accumulates dQ in fp32: batch * round_up(seqlen_q, 128) * heads_q * head_dim * 4 bytes
-// (detail::dq_accum_bytes). Only args.problem is read, so this may be asked before the tensors
+// Backward accumulates dQ in fp32 and keeps D = rowsum(dO * O) a row:
+// batch * round_up(seqlen_q, 128) * heads_q * (head_dim + 1) * 4 bytes (detail::dq_accum_bytes). Only args.problem is read, so this may be asked before the tensors
 // exist.
 Status backward_workspace_size(const BackwardArgs& args, size_t* bytes) {
   if (bytes == nullptr) return {StatusCode::kInvalidArgument, "bytes = null: needs a size_t*"};
@@ -110,11 +110,10 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
   if (!s.ok()) return s;
   const Problem& p = args.problem;
   if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status::Ok();
-  if (p.seqlen_q > 0 && p.seqlen_k > 0)
-    return {StatusCode::kNotSupported, "backward kernel not built yet"};
+  if (!(s = detail::check_current_device()).ok()) return s;
+  if (p.seqlen_q > 0 && p.seqlen_k > 0) return detail::sm90_backward(detail::make_bwd_params(args), stream);
 
   // One side is empty: the gradients of the other side are 0.
-  if (!(s = detail::check_current_device()).ok()) return s;
   if (p.seqlen_k == 0)
     return zero("zeroing dq (seqlen_k = 0)", args.dq, p, p.seqlen_q, p.heads_q, stream);
   if (!(s = zero("zeroing dk (seqlen_q = 0)", args.dk, p, p.seqlen_k, p.heads_kv, stream)).ok())

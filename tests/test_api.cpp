@@ -142,11 +142,12 @@ TEST(Api, WorkspaceSizes) {
   b.problem = f.problem;
   s = fa4::backward_workspace_size(b, &bytes);
   ASSERT_TRUE(s.ok()) << s.message;
-  EXPECT_EQ(bytes, size_t{2} * 256 * 8 * 128 * 4);  // seqlen_q 200 rounds up to 256 rows
+  // dQ in fp32 and one float a row (rowsum(dO * O)); seqlen_q 200 rounds up to 256 rows
+  EXPECT_EQ(bytes, size_t{2} * 256 * 8 * (128 + 1) * 4);
 
   b.problem.seqlen_q = 256;  // already a multiple of the row tile
   ASSERT_TRUE(fa4::backward_workspace_size(b, &bytes).ok());
-  EXPECT_EQ(bytes, size_t{2} * 256 * 8 * 128 * 4);
+  EXPECT_EQ(bytes, size_t{2} * 256 * 8 * (128 + 1) * 4);
 
   b.problem.seqlen_q = 0;
   ASSERT_TRUE(fa4::backward_workspace_size(b, &bytes).ok());
@@ -315,10 +316,18 @@ TEST(Api, EmptyBatchOrQueryIsANoOpEverywhere) {
   EXPECT_TRUE(s.ok()) << s.message;
 }
 
-TEST(Api, BackwardNotBuiltYet) {
-  const Status s = fa4::backward(fake_backward(make_problem(2, 128, 128, 4, 2, 128)), nullptr);
-  EXPECT_EQ(s.code, StatusCode::kNotSupported);
-  EXPECT_EQ(s.message, "backward kernel not built yet");
+// Without a usable GPU, valid backward work is refused with kNoDevice before any pointer is
+// reached; on the GPU machine the BackwardGpu tests run it.
+TEST(Api, BackwardChecksTheDevice) {
+  const std::string missing = fa4_test::gpu_missing_reason();
+  if (missing.empty()) GTEST_SKIP() << "a GPU is present: BackwardGpu.* runs the backward";
+  for (bool deterministic : {false, true}) {
+    BackwardArgs b = fake_backward(make_problem(2, 128, 128, 4, 2, 128));
+    b.deterministic = deterministic;
+    const Status s = fa4::backward(b, nullptr);
+    EXPECT_EQ(s.code, StatusCode::kNoDevice) << s.message;
+    EXPECT_FALSE(s.message.empty());
+  }
 }
 
 // Without a usable GPU, valid work is refused with kNoDevice (the pointers are fake and never
@@ -399,10 +408,19 @@ TEST(CApi, SuccessAndNotSupportedRoundTrip) {
   EXPECT_EQ(c_forward(f, msg, sizeof msg), int(StatusCode::kOk));
   EXPECT_STREQ(msg, "");
 
-  BackwardArgs b = fake_backward(make_problem(2, 128, 128, 4, 2, 128));
+  // A grid the backward cannot launch (batch past 65535): kNotSupported on a GPU, kNoDevice
+  // without one; either way the message arrives whole.
+  char text[256];
+  BackwardArgs b = fake_backward(make_problem(70000, 128, 128, 4, 2, 128));
   b.deterministic = true;
-  EXPECT_EQ(c_backward(b, msg, sizeof msg), int(StatusCode::kNotSupported));
-  EXPECT_STREQ(msg, "backward kernel not built yet");
+  const int code = c_backward(b, text, sizeof text);
+  if (fa4_test::gpu_missing_reason().empty()) {
+    EXPECT_EQ(code, int(StatusCode::kNotSupported));
+    EXPECT_STREQ(text, "batch = 70000, heads_q = 4: the sm90 backward takes at most 65535 of each");
+  } else {
+    EXPECT_EQ(code, int(StatusCode::kNoDevice));
+    EXPECT_GT(std::strlen(text), 0u);
+  }
 }
 
 TEST(CApi, FieldsArriveIntact) {

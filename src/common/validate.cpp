@@ -277,7 +277,7 @@ bool dq_accum_bytes(const Problem& p, int64_t* bytes) {
   int64_t n = 0;
   return !(__builtin_mul_overflow(p.batch, rows, &n) ||
            __builtin_mul_overflow(n, p.heads_q, &n) ||
-           __builtin_mul_overflow(n, p.head_dim, &n) ||
+           __builtin_mul_overflow(n, p.head_dim + 1, &n) ||
            __builtin_mul_overflow(n, int64_t{sizeof(float)}, bytes));
 }
 
@@ -322,6 +322,39 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   f.window_left = static_cast<int>(left);
   f.window_right = static_cast<int>(right);
   return f;
+}
+
+BwdParams make_bwd_params(const BackwardArgs& args) {
+  const Problem& p = args.problem;
+  BwdParams b{};
+  b.dtype = p.dtype;
+  b.q = args.q.data, b.k = args.k.data, b.v = args.v.data, b.o = args.o.data, b.dout = args.dout.data;
+  b.dq = args.dq.data, b.dk = args.dk.data, b.dv = args.dv.data;
+  b.lse = args.lse;
+  const TensorRef* refs[] = {&args.q, &args.k, &args.v, &args.o, &args.dout, &args.dq, &args.dk, &args.dv};
+  int64_t* dst[] = {b.q_stride, b.k_stride, b.v_stride, b.o_stride, b.do_stride, b.dq_stride, b.dk_stride, b.dv_stride};
+  for (int i = 0; i < 8; ++i) {
+    dst[i][0] = refs[i]->batch_stride;
+    dst[i][1] = refs[i]->seq_stride;
+    dst[i][2] = refs[i]->head_stride;
+  }
+  b.batch = static_cast<int>(p.batch);
+  b.seqlen_q = static_cast<int>(p.seqlen_q);
+  b.seqlen_k = static_cast<int>(p.seqlen_k);
+  b.heads_q = static_cast<int>(p.heads_q);
+  b.heads_kv = static_cast<int>(p.heads_kv);
+  b.head_dim = static_cast<int>(p.head_dim);
+  b.scale = effective_scale(p);
+  b.scale_log2 = static_cast<float>(static_cast<double>(b.scale) * 1.4426950408889634);  // log2(e)
+  int64_t left = 0, right = 0;
+  resolve_window(p, &left, &right);
+  b.window_left = static_cast<int>(left);
+  b.window_right = static_cast<int>(right);
+  b.deterministic = args.deterministic;
+  b.rows = (p.seqlen_q + kDqAccumRowAlign - 1) / kDqAccumRowAlign * kDqAccumRowAlign;
+  b.dq_accum = static_cast<float*>(args.workspace);
+  b.delta = b.dq_accum + p.batch * p.heads_q * b.rows * p.head_dim;
+  return b;
 }
 
 std::string format_pointer(const void* p) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/bwd_params.h"
 #include "common/fwd_params.h"
 #include "fa4/attention.h"
 
@@ -31,8 +32,8 @@ Status validate_problem(const Problem& p);
 // Rows of the fp32 dQ accumulator are rounded up to this many (the backward kernel's row tile).
 inline constexpr int64_t kDqAccumRowAlign = 128;
 
-// Bytes of the fp32 dQ accumulator that backward needs:
-//   batch * round_up(seqlen_q, kDqAccumRowAlign) * heads_q * head_dim * sizeof(float).
+// Bytes of workspace that backward needs: the fp32 dQ accumulator and one fp32 a row for
+// D = rowsum(dO * O), batch * round_up(seqlen_q, kDqAccumRowAlign) * heads_q * (head_dim + 1) * 4.
 // false when the product overflows int64. `p` must pass validate_problem.
 bool dq_accum_bytes(const Problem& p, int64_t* bytes);
 
@@ -43,6 +44,7 @@ void resolve_window(const Problem& p, int64_t* left, int64_t* right);
 
 // Kernel parameters for arguments that passed validate(): scale defaulted, window resolved.
 FwdParams make_fwd_params(const ForwardArgs& args);
+BwdParams make_bwd_params(const BackwardArgs& args);
 
 // "0x..." for a pointer, "null" for nullptr, as the error messages print them.
 std::string format_pointer(const void* p);

@@ -1,0 +1,34 @@
+// What the host dispatch hands the backward kernels: validated, defaults resolved.
+#pragma once
+
+#include <cstdint>
+
+#include "fa4/attention.h"
+
+namespace fa4::detail {
+
+struct BwdParams {
+  DType dtype;
+  const void *q, *k, *v, *o, *dout;
+  void *dq, *dk, *dv;
+  const float* lse;  // [batch, heads_q, seqlen_q], natural log; -inf for a row with no key
+  // Element strides [batch, seq, head]; head_dim contiguous.
+  int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3], do_stride[3];
+  int64_t dq_stride[3], dk_stride[3], dv_stride[3];
+  int batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+  float scale, scale_log2;  // softmax scale, and times log2(e)
+  // Visible keys of query i: [i + off - left, i + off + right], off = seqlen_k - seqlen_q;
+  // -1 = unbounded on that side (causal is right = 0).
+  int window_left, window_right;
+  bool deterministic;
+  // The workspace (backward_workspace_size): the fp32 dQ accumulator [batch, heads_q, rows, head_dim]
+  // and then D = rowsum(dO * O) [batch, heads_q, rows], rows = seqlen_q rounded up to kDqAccumRowAlign.
+  float* dq_accum;
+  float* delta;
+  int64_t rows;
+};
+
+// Launches the sm90 backward; kNotSupported for configurations it does not cover.
+Status sm90_backward(const BwdParams& p, cudaStream_t stream);
+
+}  // namespace fa4::detail

@@ -1,0 +1,84 @@
+// sm90 backward: the launch sequence (bwd_kernel.cuh has the kernels).
+//   1. D = rowsum(dO * O) into the workspace (and the fp32 dQ accumulator zeroed, unless
+//      deterministic);
+//   2. dK, dV a key block a CTA (and dQ's shares by fp32 atomics, unless deterministic);
+//   3. dQ: the accumulator converted to the dtype, or, deterministic, a query block a CTA.
+#include <string>
+
+#include "common/bwd_params.h"
+#include "sm90/bwd_kernel.cuh"
+
+namespace fa4::detail {
+
+namespace {
+
+Status cuda_failure(const char* what, cudaError_t e) {
+  return {StatusCode::kCudaError, std::string("sm90 backward: ") + what + ": " + cudaGetErrorString(e)};
+}
+
+template <class Kernel>
+cudaError_t allow_smem(Kernel kernel, int bytes) {
+  return bytes > 48 * 1024 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)
+                           : cudaSuccess;
+}
+
+template <int kD, bool kBF16>
+Status launch_backward(const BwdParams& p, cudaStream_t stream) {
+  using namespace sm90::bwd;
+  const dim3 block(kThreads);
+  cudaError_t e;
+  if (!p.deterministic) {
+    e = cudaMemsetAsync(p.dq_accum, 0, size_t(p.batch) * p.heads_q * p.rows * kD * sizeof(float), stream);
+    if (e != cudaSuccess) return cuda_failure("zeroing the dQ accumulator", e);
+  }
+  bwd_delta_kernel<kD, kBF16><<<dim3(unsigned(p.rows / (kThreads / 32)), p.heads_q, p.batch), block, 0, stream>>>(p);
+  if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the D kernel", e);
+
+  constexpr int kDkDvSmem = DkDvSmem<kD>::kBytes;
+  if ((e = allow_smem(bwd_dkdv_kernel<kD, kBF16>, kDkDvSmem)) != cudaSuccess)
+    return cuda_failure("setting the dK/dV kernel's shared memory", e);
+  const unsigned key_blocks = unsigned((p.seqlen_k + kBlock - 1) / kBlock);
+  bwd_dkdv_kernel<kD, kBF16><<<dim3(key_blocks, p.heads_kv, p.batch), block, kDkDvSmem, stream>>>(p);
+  if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the dK/dV kernel", e);
+
+  const unsigned query_blocks = unsigned((p.seqlen_q + kBlock - 1) / kBlock);
+  if (p.deterministic) {
+    constexpr int kDqSmem = DqSmem<kD>::kBytes;
+    if ((e = allow_smem(bwd_dq_kernel<kD, kBF16>, kDqSmem)) != cudaSuccess)
+      return cuda_failure("setting the dQ kernel's shared memory", e);
+    bwd_dq_kernel<kD, kBF16><<<dim3(query_blocks, p.heads_q, p.batch), block, kDqSmem, stream>>>(p);
+    if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the dQ kernel", e);
+  } else {
+    const int64_t chunks = int64_t(p.seqlen_q) * (kD / 8);
+    bwd_dq_convert_kernel<kD, kBF16>
+        <<<dim3(unsigned((chunks + kThreads - 1) / kThreads), p.heads_q, p.batch), block, 0, stream>>>(p);
+    if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the dQ conversion", e);
+  }
+  return Status::Ok();
+}
+
+template <bool kBF16>
+Status dispatch_head_dim(const BwdParams& p, cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 64: return launch_backward<64, kBF16>(p, stream);
+    case 128: return launch_backward<128, kBF16>(p, stream);
+    case 256: return launch_backward<256, kBF16>(p, stream);
+    default:
+      return {StatusCode::kNotSupported, "head_dim = " + std::to_string(p.head_dim) + " has no sm90 backward kernel"};
+  }
+}
+
+}  // namespace
+
+// Grid dimensions y and z hold heads and batch.
+inline constexpr int kMaxGridYZ = 65535;
+
+Status sm90_backward(const BwdParams& p, cudaStream_t stream) {
+  if (p.batch > kMaxGridYZ || p.heads_q > kMaxGridYZ)
+    return {StatusCode::kNotSupported, "batch = " + std::to_string(p.batch) + ", heads_q = " +
+                                           std::to_string(p.heads_q) + ": the sm90 backward takes at most " +
+                                           std::to_string(kMaxGridYZ) + " of each"};
+  return p.dtype == DType::kBF16 ? dispatch_head_dim<true>(p, stream) : dispatch_head_dim<false>(p, stream);
+}
+
+}  // namespace fa4::detail
