@@ -22,6 +22,10 @@ OPS = [
      [64, 128, 256]),
     # N = 8: P times a tile of ones, the row sums of P on the tensor cores (FwdConfig::kTensorRowSum).
     ("mma_rs_kb", True, False, "D(64x{n}, f32) += A(64x16, registers) * B({n}x16, smem desc, K-major).", [8, 128]),
+    # The backward's dQ = dS K: dS stored [key][query] and K [key][dim], so both MN-major.
+    ("mma_ss_tt", False, True,
+     "D(64x{n}, f32) (+)= A(64x16, smem desc, MN-major) * B(16x{n}, smem desc, MN-major); both transposed.",
+     [64], True),
 ]
 TYPES = {"bf16": "bf16", "f16": "f16"}
 
@@ -38,7 +42,7 @@ def a_param(a_regs):
     return "const uint32_t (&a)[4]" if a_regs else "uint64_t a"
 
 
-def wrapper(name, a_regs, tnsp_b, comment, n, t):
+def wrapper(name, a_regs, tnsp_b, comment, n, t, tnsp_a=False):
     k = n // 2
     if a_regs:  # A: four registers; operands after D: a[0..3], b, accumulate
         a_operand = f"{{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}, %{k + 4}"
@@ -47,7 +51,7 @@ def wrapper(name, a_regs, tnsp_b, comment, n, t):
     else:  # A: a descriptor; operands after D: a, b, accumulate
         a_operand = f"%{k}, %{k + 1}"
         pred, inputs = k + 2, '"l"(a), "l"(b), "r"(accumulate)'
-        tnsp = "0, " + ("1" if tnsp_b else "0")
+        tnsp = ("1, " if tnsp_a else "0, ") + ("1" if tnsp_b else "0")
     return f'''
 // {comment.format(n=n)}
 template <>
@@ -73,12 +77,12 @@ def main():
         "enum class Type { kBF16, kF16 };",
         "",
     ]
-    for name, a_regs, _, _, _ in OPS:
+    for name, a_regs, *_ in OPS:
         out += ["template <int N, Type T>",
                 f"__device__ void {name}(float (&d)[N / 2], {a_param(a_regs)}, uint64_t b, int accumulate);"]
     for t in TYPES:
-        for name, a_regs, tnsp_b, comment, shapes in OPS:
-            out += [wrapper(name, a_regs, tnsp_b, comment, n, t) for n in shapes]
+        for name, a_regs, tnsp_b, comment, shapes, *tnsp_a in OPS:
+            out += [wrapper(name, a_regs, tnsp_b, comment, n, t, *tnsp_a) for n in shapes]
     out.append("}  // namespace fa4::ptx::wgmma\n")
     path = pathlib.Path(__file__).resolve().parent.parent / "src" / "ptx" / "wgmma_ops.h"
     path.write_text("\n".join(out))

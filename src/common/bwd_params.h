@@ -21,7 +21,7 @@ struct BwdParams {
   // -1 = unbounded on that side (causal is right = 0).
   int window_left, window_right;
   bool deterministic;
-  // The workspace (backward_workspace_size): the fp32 dQ accumulator [batch, heads_q, rows, head_dim]
+  // The workspace (backward_workspace_size): the fp32 dQ accumulator [batch, heads_q, head_dim / 64, rows, 64]
   // and then D = rowsum(dO * O) [batch, heads_q, rows], rows = seqlen_q rounded up to kDqAccumRowAlign.
   float* dq_accum;
   float* delta;

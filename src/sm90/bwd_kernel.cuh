@@ -7,6 +7,7 @@
 //     dP^T = V dO^T, dS^T = P^T * (dP^T - D) * scale
 //     dV  += P^T dO,  dK += dS^T Q                                         (fp32 in registers)
 //     dQ  += dS K     fp32 atomics into the workspace, converted by bwd_dq_convert_kernel;
+//   (at head dims 64 and 128 bwd_dkdv_wgmma.cuh does this step on wgmma instead);
 //   or, deterministic, dQ by bwd_dq_kernel: one CTA a query block walking its key blocks in order
 //   (S and dP computed a second time), so no sum depends on the order CTAs run in.
 //
@@ -123,6 +124,13 @@ struct Visibility {
     return (*this)(q0, k0 + kBlock - 1) && (*this)(q0 + kBlock - 1, k0);
   }
 };
+
+// The fp32 dQ accumulator of (batch b, query head h): [head_dim / 64][rows][64], so that 64
+// query rows of 64 columns are one contiguous 16 KB piece (a bulk reduction's unit, bwd_dkdv_wgmma.cuh).
+template <int kD>
+__device__ __forceinline__ float* dq_accum_at(const detail::BwdParams& p, int b, int h, int q, int col) {
+  return p.dq_accum + ((int64_t(b) * p.heads_q + h) * (kD / 64) + col / 64) * p.rows * 64 + int64_t(q) * 64 + col % 64;
+}
 
 // The forward's LSE in log2 units; a row that saw no key (LSE = -inf) gives +inf, so exp2 of
 // (score - it) is 0 rather than inf.
@@ -245,7 +253,6 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) bwd_dkdv_kernel(co
 
     // dQ += dS K into the fp32 accumulator: this warp's 16 queries x 32 columns of each 64.
     if (!p.deterministic) {
-      float* acc = p.dq_accum + (int64_t(b) * p.heads_q + h) * p.rows * kD;
 #pragma unroll
       for (int c = 0; c < kD; c += 64) {
         float dq[4][4] = {};
@@ -256,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) bwd_dkdv_kernel(co
           for (int hr = 0; hr < 2; ++hr) {
             const int q = q0 + wm * 16 + g + 8 * hr;
             if (q < p.seqlen_q)
-              atomicAdd(reinterpret_cast<float2*>(acc + int64_t(q) * kD + c + wn * 32 + j * 8 + 2 * t),
+              atomicAdd(reinterpret_cast<float2*>(dq_accum_at<kD>(p, b, h, q, c + wn * 32 + j * 8 + 2 * t)),
                         make_float2(dq[j][2 * hr], dq[j][2 * hr + 1]));
           }
       }
@@ -287,7 +294,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dq_convert_kernel(const detail::
   const int h = blockIdx.y, b = blockIdx.z;
   if (idx >= int64_t(p.seqlen_q) * (kD / 8)) return;
   const int i = int(idx / (kD / 8)), c = int(idx % (kD / 8)) * 8;
-  const float* acc = p.dq_accum + ((int64_t(b) * p.heads_q + h) * p.rows + i) * kD + c;
+  const float* acc = dq_accum_at<kD>(p, b, h, i, c);
   const float4 a = *reinterpret_cast<const float4*>(acc), e = *reinterpret_cast<const float4*>(acc + 4);
   const uint4 v{pack2<kBF16>(a.x, a.y), pack2<kBF16>(a.z, a.w), pack2<kBF16>(e.x, e.y), pack2<kBF16>(e.z, e.w)};
   uint16_t* dq = static_cast<uint16_t*>(p.dq) + b * p.dq_stride[0] + i * p.dq_stride[1] + h * p.dq_stride[2] + c;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/bwd_params.h"
+#include "sm90/bwd_dkdv_wgmma.cuh"
 #include "sm90/bwd_kernel.cuh"
 
 namespace fa4::detail {
@@ -34,11 +35,20 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   bwd_delta_kernel<kD, kBF16><<<dim3(unsigned(p.rows / (kThreads / 32)), p.heads_q, p.batch), block, 0, stream>>>(p);
   if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the D kernel", e);
 
-  constexpr int kDkDvSmem = DkDvSmem<kD>::kBytes;
-  if ((e = allow_smem(bwd_dkdv_kernel<kD, kBF16>, kDkDvSmem)) != cudaSuccess)
-    return cuda_failure("setting the dK/dV kernel's shared memory", e);
-  const unsigned key_blocks = unsigned((p.seqlen_k + kBlock - 1) / kBlock);
-  bwd_dkdv_kernel<kD, kBF16><<<dim3(key_blocks, p.heads_kv, p.batch), block, kDkDvSmem, stream>>>(p);
+  // dK, dV: on wgmma, 128 keys a CTA, where the shared memory holds it (d64, d128); else on mma.sync.
+  if constexpr (kD <= 128) {
+    constexpr int kSmem = WgSmem<kD>::kBytes;
+    if ((e = allow_smem(bwd_dkdv_wgmma_kernel<kD, kBF16>, kSmem)) != cudaSuccess)
+      return cuda_failure("setting the dK/dV kernel's shared memory", e);
+    const unsigned key_blocks = unsigned((p.seqlen_k + kWgKeys - 1) / kWgKeys);
+    bwd_dkdv_wgmma_kernel<kD, kBF16><<<dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, stream>>>(p);
+  } else {
+    constexpr int kSmem = DkDvSmem<kD>::kBytes;
+    if ((e = allow_smem(bwd_dkdv_kernel<kD, kBF16>, kSmem)) != cudaSuccess)
+      return cuda_failure("setting the dK/dV kernel's shared memory", e);
+    const unsigned key_blocks = unsigned((p.seqlen_k + kBlock - 1) / kBlock);
+    bwd_dkdv_kernel<kD, kBF16><<<dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, stream>>>(p);
+  }
   if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the dK/dV kernel", e);
 
   const unsigned query_blocks = unsigned((p.seqlen_q + kBlock - 1) / kBlock);

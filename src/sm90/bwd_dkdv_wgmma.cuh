@@ -1,0 +1,221 @@
+// sm90 backward at head dims 64 and 128: dK and dV of 128 keys a CTA on wgmma, two warpgroups of
+// 64 keys each, and dQ's share of every step reduced into the fp32 accumulator in 16 KB pieces by
+// bulk reductions (cp.reduce.async.bulk). The math is bwd_kernel.cuh's; per query block of 64:
+//
+//   S^T  = K Q^T   (wgmma SS, K-major both)      dP^T = V dO^T (the same)
+//   P^T, dS^T in registers (the accumulator layout is the A operand's)
+//   dV  += P^T dO  (RS, dO MN-major)             dK  += dS^T Q (RS, Q MN-major)
+//   dS^T to shared memory; dQ = dS K over the 128 keys (SS, both MN-major): at d128 each warpgroup
+//   takes 64 of the columns, at d64 each its own 64 keys (the two pieces then add in L2).
+//
+// Tiles are loaded by cp.async into the 128-byte-swizzled layout wgmma reads (64-column blocks of
+// rows x 128 bytes), the next query block's while this one computes.
+#pragma once
+
+#include <cuda/ptx>
+
+#include "ptx/wgmma.h"
+#include "sm90/bwd_kernel.cuh"
+
+namespace fa4::sm90::bwd {
+
+inline constexpr int kWgKeys = 128;  // keys a CTA, 64 a warpgroup
+
+// Byte offset of element (r, c) in a 128-byte-swizzled tile of kRows rows.
+template <int kRows>
+__device__ __forceinline__ uint32_t sw128(int r, int c) {
+  return uint32_t((c >> 6) * kRows * 128 + r * 128 + ((((c >> 3) & 7) ^ (r & 7)) << 4) + (c & 7) * 2);
+}
+
+// Rows [0, kRows) of a [seq, kCols] slice into a swizzled tile; rows from `valid` on are zeros.
+template <int kRows, int kCols>
+__device__ __forceinline__ void load_sw128(char* tile, const uint16_t* src, int64_t row_stride, int valid) {
+  constexpr int kChunks = kCols / 8;
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = (i % kChunks) * 8;
+    const bool ok = r < valid;
+    __pipeline_memcpy_async(tile + sw128<kRows>(r, c), ok ? src + r * row_stride + c : src, 16, ok ? 0 : 16);
+  }
+}
+
+template <int kD>
+struct WgSmem {
+  static constexpr int kKVBytes = kWgKeys * kD * 2, kQBytes = kBlock * kD * 2;
+  static constexpr int kK = 0, kV = kKVBytes;
+  static constexpr int kQ = 2 * kKVBytes, kDo = kQ + 2 * kQBytes;  // Q and dO: two buffers each
+  static constexpr int kDs = kDo + 2 * kQBytes;                    // dS^T [128 keys][64 queries]
+  static constexpr int kStage = kDs + kWgKeys * kBlock * 2;        // fp32 [64][64] a warpgroup
+  static constexpr int kLse = kStage + 2 * kBlock * 64 * 4, kDelta = kLse + 2 * kBlock * 4;
+  static constexpr int kBytes = kDelta + 2 * kBlock * 4 + 1024;  // + slack to align the base
+  static_assert(kBytes <= 227 * 1024, "the wgmma dK/dV kernel's shared memory");
+};
+
+template <int kD, bool kBF16>
+__global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detail::BwdParams p) {
+  static_assert(kD == 64 || kD == 128, "the wgmma dK/dV kernel covers head dims 64 and 128");
+  namespace wgmma = ptx::wgmma;
+  using L = WgSmem<kD>;
+  constexpr auto kType = kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
+  extern __shared__ uint8_t smem_raw[];
+  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+
+  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int k0 = n_block * kWgKeys, off = p.seqlen_k - p.seqlen_q;
+  const Visibility vis{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+
+  // Query rows that see a key of this block: [q_lo, q_hi).
+  const int last_key = min(k0 + kWgKeys, p.seqlen_k) - 1;
+  const int q_lo = p.window_right >= 0 ? max(0, k0 - off - p.window_right) : 0;
+  const int q_hi = p.window_left >= 0 ? min(p.seqlen_q, last_key - off + p.window_left + 1) : p.seqlen_q;
+  const int m_lo = q_lo / kBlock, m_count = q_hi > q_lo ? (q_hi - 1) / kBlock + 1 - m_lo : 0;
+  const int group = p.heads_q / p.heads_kv, steps = group * m_count;
+
+  float* sLse = reinterpret_cast<float*>(smem + L::kLse);
+  float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
+  const int valid_keys = p.seqlen_k - k0;
+  load_sw128<kWgKeys, kD>(smem + L::kK, row0<kD, kBF16>(p.k, p.k_stride, b, hk) + k0 * p.k_stride[1], p.k_stride[1], valid_keys);
+  load_sw128<kWgKeys, kD>(smem + L::kV, row0<kD, kBF16>(p.v, p.v_stride, b, hk) + k0 * p.v_stride[1], p.v_stride[1], valid_keys);
+  __pipeline_commit();
+  auto load_step = [&](int s) {
+    const int h = hk * group + s / m_count, q0 = (m_lo + s % m_count) * kBlock, buf = s & 1;
+    const int valid = p.seqlen_q - q0;
+    load_sw128<kBlock, kD>(smem + L::kQ + buf * L::kQBytes, row0<kD, kBF16>(p.q, p.q_stride, b, h) + q0 * p.q_stride[1], p.q_stride[1], valid);
+    load_sw128<kBlock, kD>(smem + L::kDo + buf * L::kQBytes, row0<kD, kBF16>(p.dout, p.do_stride, b, h) + q0 * p.do_stride[1], p.do_stride[1], valid);
+    load_row_floats(sLse + buf * kBlock, p.lse + (int64_t(b) * p.heads_q + h) * p.seqlen_q + q0, valid);
+    load_row_floats(sDelta + buf * kBlock, p.delta + (int64_t(b) * p.heads_q + h) * p.rows + q0, valid);
+  };
+  if (steps > 0) load_step(0);
+  __pipeline_commit();
+
+  // Descriptors (wgmma.h): K-major operands with LBO 16, MN-major ones with LBO = the bytes between
+  // 64-column blocks; SBO 1024 (eight rows of 128 bytes) for both.
+  using ptx::smem_addr;
+  const uint64_t k_desc = wgmma::desc_sw128(smem_addr(smem + L::kK) + wg * 64 * 128, 16, 1024);
+  const uint64_t v_desc = wgmma::desc_sw128(smem_addr(smem + L::kV) + wg * 64 * 128, 16, 1024);
+  const uint64_t q_desc = wgmma::desc_sw128(smem_addr(smem + L::kQ), 16, 1024);
+  const uint64_t do_desc = wgmma::desc_sw128(smem_addr(smem + L::kDo), 16, 1024);
+  const uint64_t q_mn = wgmma::desc_sw128(smem_addr(smem + L::kQ), kBlock * 128, 1024);
+  const uint64_t do_mn = wgmma::desc_sw128(smem_addr(smem + L::kDo), kBlock * 128, 1024);
+  // dQ: at d128 all 128 keys and this warpgroup's 64 columns, at d64 this warpgroup's 64 keys.
+  constexpr int kDqKeys = kD == 64 ? 64 : kWgKeys;
+  const uint32_t dq_key0 = kD == 64 ? wg * 64 : 0, dq_col0 = kD == 64 ? 0 : wg * 64;
+  const uint64_t ds_mn = wgmma::desc_sw128(smem_addr(smem + L::kDs) + dq_key0 * 128, kWgKeys * 128, 1024);
+  const uint64_t kq_mn = wgmma::desc_sw128(smem_addr(smem + L::kK) + dq_key0 * 128 + (dq_col0 / 64) * kWgKeys * 128,
+                                           kWgKeys * 128, 1024);
+  float* stage = reinterpret_cast<float*>(smem + L::kStage) + wg * kBlock * 64;
+
+  float dk[kD / 2] = {}, dv[kD / 2] = {};
+  for (int s = 0; s < steps; ++s) {
+    const int h = hk * group + s / m_count, q0 = (m_lo + s % m_count) * kBlock, buf = s & 1;
+    if (s + 1 < steps) load_step(s + 1);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    ptx::fence_proxy_async_smem();  // the cp.async writes, before wgmma reads them
+    __syncthreads();
+
+    // S^T and dP^T: this warpgroup's 64 keys x 64 queries.
+    float st[32], dpt[32];
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t a_off = (kk / 4) * kWgKeys * 128 + (kk % 4) * 32;
+      const uint32_t b_off = buf * L::kQBytes + (kk / 4) * kBlock * 128 + (kk % 4) * 32;
+      wgmma::mma_ss<64, kType>(st, wgmma::desc_advance(k_desc, a_off), wgmma::desc_advance(q_desc, b_off), kk > 0);
+      wgmma::mma_ss<64, kType>(dpt, wgmma::desc_advance(v_desc, a_off), wgmma::desc_advance(do_desc, b_off), kk > 0);
+    }
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::pin(st);
+    wgmma::pin(dpt);
+
+    // P^T and dS^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).
+    const float* lse = sLse + buf * kBlock;
+    const float* delta = sDelta + buf * kBlock;
+    const bool whole = vis(q0, k0 + kWgKeys - 1) && vis(q0 + kBlock - 1, k0);
+    uint32_t pf[16], dsf[16];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int qc = 8 * j + 2 * t;
+      const float l0 = lse_log2(lse[qc]), l1 = lse_log2(lse[qc + 1]), d0 = delta[qc], d1 = delta[qc + 1];
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int kr = wg * 64 + 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
+        float p0 = exp2f(st[i] * p.scale_log2 - l0), p1 = exp2f(st[i + 1] * p.scale_log2 - l1);
+        if (!whole) {
+          if (!vis(q0 + qc, k0 + kr)) p0 = 0.0f;
+          if (!vis(q0 + qc + 1, k0 + kr)) p1 = 0.0f;
+        }
+        pf[2 * j + hr] = pack2<kBF16>(p0, p1);
+        dsf[2 * j + hr] = pack2<kBF16>(p0 * (dpt[i] - d0) * p.scale, p1 * (dpt[i + 1] - d1) * p.scale);
+        *reinterpret_cast<uint32_t*>(smem + L::kDs + sw128<kWgKeys>(kr, qc)) = dsf[2 * j + hr];
+      }
+    }
+
+    // dV += P^T dO, dK += dS^T Q over the 64 queries.
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlock / 16; ++kk) {
+      const uint32_t b_off = buf * L::kQBytes + kk * 16 * 128;
+      const uint32_t pa[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
+      const uint32_t da[4] = {dsf[4 * kk], dsf[4 * kk + 1], dsf[4 * kk + 2], dsf[4 * kk + 3]};
+      wgmma::mma_rs<kD, kType>(dv, pa, wgmma::desc_advance(do_mn, b_off), 1);
+      wgmma::mma_rs<kD, kType>(dk, da, wgmma::desc_advance(q_mn, b_off), 1);
+    }
+    wgmma::commit_group();
+    ptx::fence_proxy_async_smem();  // dS^T's stores, before the dQ wgmma reads them
+    __syncthreads();
+
+    if (!p.deterministic) {
+      float dq[32];
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kDqKeys / 16; ++kk)
+        wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, kk * 16 * 128), wgmma::desc_advance(kq_mn, kk * 16 * 128),
+                                    kk > 0);
+      wgmma::commit_group();
+      wgmma::wait_group<0>();
+      wgmma::pin(dq);
+      // The warpgroup's previous reduction has read its stage; then the stage is rewritten.
+      if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+      ptx::named_bar_sync(1 + wg, 128);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr)
+          *reinterpret_cast<float2*>(stage + (16 * warp + g + 8 * hr) * 64 + 8 * j + 2 * t) =
+              make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
+      ptx::fence_proxy_async_smem();
+      ptx::named_bar_sync(1 + wg, 128);
+      if (tid == 0) {
+        cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add,
+                                        dq_accum_at<kD>(p, b, h, q0, dq_col0), stage, uint32_t(kBlock * 64 * 4));
+        cuda::ptx::cp_async_bulk_commit_group();
+      }
+    } else {
+      wgmma::wait_group<0>();
+    }
+    wgmma::pin(dk);
+    wgmma::pin(dv);
+    __syncthreads();  // this step's Q, dO and dS^T are free
+  }
+  if (tid == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+
+  // dK, dV of the block's real keys.
+  uint16_t* dkp = static_cast<uint16_t*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2];
+  uint16_t* dvp = static_cast<uint16_t*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int key = k0 + wg * 64 + 16 * warp + g + 8 * hr;
+    if (key >= p.seqlen_k) continue;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) {
+      const int c = 8 * j + 2 * t, i = 4 * j + 2 * hr;
+      *reinterpret_cast<uint32_t*>(dkp + key * p.dk_stride[1] + c) = pack2<kBF16>(dk[i], dk[i + 1]);
+      *reinterpret_cast<uint32_t*>(dvp + key * p.dv_stride[1] + c) = pack2<kBF16>(dv[i], dv[i + 1]);
+    }
+  }
+}
+
+}  // namespace fa4::sm90::bwd

@@ -1,0 +1,391 @@
+// The attention backward against the float64 reference, through the public API.
+//
+// Criterion (DESIGN.md §3), for dQ, dK and dV each: max|out - ref64| <= 2 max|plain16 - ref64| + 1e-3,
+// where plain16 is the plain backward in the same 16-bit type (fa4::ref::backward_lowp), and
+// ||out - ref64|| / ||ref64|| <= 1e-2. The O and LSE handed to the backward are the float64
+// forward's (O rounded to the dtype, LSE to float), so the backward is checked on its own.
+// Gradients and the workspace are poisoned (NaN) before every run: an element never written fails,
+// and padding around a gradient must still hold its poison afterwards.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "convert.h"
+#include "fa4/attention.h"
+#include "gpu_guard.h"
+#include "reference.h"
+
+namespace {
+
+constexpr double kAtol = 1e-3;          // the criterion's absolute slack, as in the forward tests
+constexpr double kRelFrobenius = 1e-2;  // ||out - ref64|| / ||ref64||
+constexpr uint16_t kPoison = 0xFFFF;    // NaN in both 16-bit types
+
+enum class Layout { kBSHD, kBHSD, kPadded };  // kPadded: BSHD with a spare head and spare rows
+
+struct Case {
+  fa4::DType dtype;
+  int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+  bool causal;
+  int64_t left = -1, right = -1;
+  Layout layout = Layout::kBSHD;
+  float scale = 0.0f;  // 0: the default 1/sqrt(head_dim)
+  bool deterministic = false;
+
+  fa4::Problem problem() const {
+    fa4::Problem p;
+    p.dtype = dtype;
+    p.batch = batch;
+    p.seqlen_q = seqlen_q;
+    p.seqlen_k = seqlen_k;
+    p.heads_q = heads_q;
+    p.heads_kv = heads_kv;
+    p.head_dim = head_dim;
+    p.softmax_scale = scale;
+    p.causal = causal;
+    p.window_left = left;
+    p.window_right = right;
+    return p;
+  }
+  std::string name() const {
+    static const char* kLayouts[] = {"bshd", "bhsd", "padded"};
+    return std::string(fa4::to_string(dtype)) + " b" + std::to_string(batch) + " sq" + std::to_string(seqlen_q) +
+           " sk" + std::to_string(seqlen_k) + " h" + std::to_string(heads_q) + "/" + std::to_string(heads_kv) +
+           " d" + std::to_string(head_dim) + (causal ? " causal" : "") + " win(" + std::to_string(left) + "," +
+           std::to_string(right) + ") " + kLayouts[int(layout)] +
+           (scale != 0.0f ? " scale " + std::to_string(scale) : "") + (deterministic ? " deterministic" : "");
+  }
+};
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+// Waits for the device; a launch still running after 60 s is reported and the test binary exits,
+// since a hung kernel leaves nothing after it able to run.
+void finish_or_exit(const std::string& what) {
+  const auto start = std::chrono::steady_clock::now();
+  while (cudaStreamQuery(nullptr) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) {
+      std::fprintf(stderr, "FAILED: the launch for %s has not finished in 60 s (a hang); exiting\n", what.c_str());
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Device memory freed on scope exit.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(ptr); }
+};
+
+// A device tensor [batch][seq][heads][dim] of 16-bit values in one of the layouts.
+struct DeviceTensor {
+  DeviceBuffer buffer;
+  fa4::TensorRef ref;
+  int64_t b = 0, s = 0, h = 0, d = 0, elems = 0;  // elems: the whole allocation, padding included
+
+  void make(Layout layout, int64_t b_, int64_t s_, int64_t h_, int64_t d_) {
+    b = b_, s = s_, h = h_, d = d_;
+    int64_t hs = h, ss = s;
+    if (layout == Layout::kPadded) hs = h + 1, ss = s + 3;
+    elems = b * ss * hs * d;
+    CUDA_OK(cudaMalloc(&buffer.ptr, std::max<int64_t>(elems, 1) * 2));
+    if (layout == Layout::kBHSD)
+      ref = {buffer.ptr, hs * ss * d, d, ss * d};
+    else
+      ref = {buffer.ptr, ss * hs * d, hs * d, d};
+  }
+  int64_t offset(int64_t i, int64_t j, int64_t k) const {
+    return i * ref.batch_stride + j * ref.seq_stride + k * ref.head_stride;
+  }
+  // Fills the tensor from contiguous BSHD values; padding holds NaN, so reading it would show.
+  void upload(fa4::DType t, const std::vector<double>& bshd) {
+    const std::vector<uint16_t> bits = fa4::ref::to_bits(t, bshd);
+    std::vector<uint16_t> host(elems, 0x7FC0);
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = 0; j < s; ++j)
+        for (int64_t k = 0; k < h; ++k) std::memcpy(&host[offset(i, j, k)], &bits[((i * s + j) * h + k) * d], d * 2);
+    CUDA_OK(cudaMemcpy(buffer.ptr, host.data(), elems * 2, cudaMemcpyHostToDevice));
+  }
+  void poison() { CUDA_OK(cudaMemset(buffer.ptr, 0xFF, elems * 2)); }
+  // The tensor as contiguous BSHD values, and the number of padding slots that lost their poison.
+  void download(fa4::DType t, std::vector<double>* bshd, int64_t* padding_written) const {
+    std::vector<uint16_t> host(elems);
+    CUDA_OK(cudaMemcpy(host.data(), buffer.ptr, elems * 2, cudaMemcpyDeviceToHost));
+    std::vector<char> inside(elems, 0);
+    bshd->assign(b * s * h * d, 0.0);
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = 0; j < s; ++j)
+        for (int64_t k = 0; k < h; ++k)
+          for (int64_t x = 0; x < d; ++x) {
+            inside[offset(i, j, k) + x] = 1;
+            (*bshd)[((i * s + j) * h + k) * d + x] = fa4::ref::bits_to_float(t, host[offset(i, j, k) + x]);
+          }
+    *padding_written = 0;
+    for (int64_t n = 0; n < elems; ++n) *padding_written += !inside[n] && host[n] != kPoison;
+  }
+};
+
+// One case's inputs and float64 answers, all contiguous BSHD (LSE [batch][heads_q][seqlen_q]).
+struct Reference {
+  fa4::Problem p;
+  std::vector<double> q, k, v, o, dout;  // values of the dtype; o from the float64 forward, rounded
+  std::vector<float> lse;                // the float64 forward's, as float (-inf: no visible key)
+  fa4::ref::Backward64 exact, plain;     // float64, and the plain 16-bit backward
+};
+
+Reference make_reference(const Case& c, uint32_t seed) {
+  Reference r;
+  r.p = c.problem();
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto random = [&](int64_t n) {
+    std::vector<double> x(n);
+    for (double& e : x) e = fa4::ref::round_to(c.dtype, float(normal(rng)));
+    return x;
+  };
+  r.q = random(fa4::ref::q_elems(r.p));
+  r.k = random(fa4::ref::kv_elems(r.p));
+  r.v = random(fa4::ref::kv_elems(r.p));
+  r.dout = random(fa4::ref::q_elems(r.p));
+  const fa4::ref::Forward64 f = fa4::ref::forward(r.p, r.q, r.k, r.v);
+  r.o = fa4::ref::rounded(c.dtype, f.o);
+  r.lse.assign(f.lse.begin(), f.lse.end());
+  r.exact = fa4::ref::backward(r.p, r.q, r.k, r.v, r.dout);
+  r.plain = fa4::ref::backward_lowp(r.p, r.q, r.k, r.v, r.dout);
+  return r;
+}
+
+struct Gradients {
+  std::vector<double> dq, dk, dv;  // contiguous BSHD
+};
+
+// Runs the backward of case c on r's inputs once, gradients and workspace poisoned first. Fails
+// when a padding slot around a gradient was written.
+void run_backward(const Case& c, const Reference& r, Gradients* g) {
+  const fa4::Problem& p = r.p;
+  DeviceTensor q, k, v, o, dout, dq, dk, dv;
+  for (DeviceTensor* t : {&q, &o, &dout, &dq}) ASSERT_NO_FATAL_FAILURE(t->make(c.layout, p.batch, p.seqlen_q, p.heads_q, p.head_dim));
+  for (DeviceTensor* t : {&k, &v, &dk, &dv}) ASSERT_NO_FATAL_FAILURE(t->make(c.layout, p.batch, p.seqlen_k, p.heads_kv, p.head_dim));
+  ASSERT_NO_FATAL_FAILURE(q.upload(p.dtype, r.q));
+  ASSERT_NO_FATAL_FAILURE(k.upload(p.dtype, r.k));
+  ASSERT_NO_FATAL_FAILURE(v.upload(p.dtype, r.v));
+  ASSERT_NO_FATAL_FAILURE(o.upload(p.dtype, r.o));
+  ASSERT_NO_FATAL_FAILURE(dout.upload(p.dtype, r.dout));
+  for (DeviceTensor* t : {&dq, &dk, &dv}) ASSERT_NO_FATAL_FAILURE(t->poison());
+  DeviceBuffer lse;
+  CUDA_OK(cudaMalloc(&lse.ptr, std::max<size_t>(r.lse.size(), 1) * 4));
+  CUDA_OK(cudaMemcpy(lse.ptr, r.lse.data(), r.lse.size() * 4, cudaMemcpyHostToDevice));
+
+  fa4::BackwardArgs a;
+  a.problem = p;
+  a.q = q.ref, a.k = k.ref, a.v = v.ref, a.o = o.ref, a.dout = dout.ref;
+  a.dq = dq.ref, a.dk = dk.ref, a.dv = dv.ref;
+  a.lse = static_cast<const float*>(lse.ptr);
+  a.deterministic = c.deterministic;
+  size_t bytes = 0;
+  fa4::Status st = fa4::backward_workspace_size(a, &bytes);
+  ASSERT_TRUE(st.ok()) << st.message;
+  DeviceBuffer workspace;  // its contents on entry must not matter: it starts as NaN
+  if (bytes > 0) {
+    CUDA_OK(cudaMalloc(&workspace.ptr, bytes));
+    CUDA_OK(cudaMemset(workspace.ptr, 0xFF, bytes));
+  }
+  a.workspace = workspace.ptr;
+  a.workspace_bytes = bytes;
+  st = fa4::backward(a, nullptr);
+  ASSERT_TRUE(st.ok()) << fa4::to_string(st.code) << ": " << st.message;
+  finish_or_exit(c.name());
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaGetLastError());
+
+  int64_t written = 0;
+  ASSERT_NO_FATAL_FAILURE(dq.download(p.dtype, &g->dq, &written));
+  EXPECT_EQ(written, 0) << "dq: padding slots written";
+  ASSERT_NO_FATAL_FAILURE(dk.download(p.dtype, &g->dk, &written));
+  EXPECT_EQ(written, 0) << "dk: padding slots written";
+  ASSERT_NO_FATAL_FAILURE(dv.download(p.dtype, &g->dv, &written));
+  EXPECT_EQ(written, 0) << "dv: padding slots written";
+}
+
+// The criterion for one gradient. One that is 0 in exact arithmetic (seqlen_k = 1: a softmax over
+// one key is constant, so dQ = dK = 0) has no relative error; the absolute bound still holds it.
+void check_gradient(const char* name, const std::vector<double>& out, const std::vector<double>& exact,
+                    const std::vector<double>& plain) {
+  const fa4::ref::ErrorStats e = fa4::ref::error_stats(out, exact);
+  const fa4::ref::ErrorStats e_plain = fa4::ref::error_stats(plain, exact);
+  EXPECT_FALSE(std::isnan(e.max_abs)) << "NaN in " << name << ": an element was not written or the math broke";
+  EXPECT_LE(e.max_abs, 2.0 * e_plain.max_abs + kAtol) << name << ": plain 16-bit max error " << e_plain.max_abs;
+  const bool exact_zero = std::all_of(exact.begin(), exact.end(), [](double x) { return x == 0.0; });
+  if (!exact_zero) EXPECT_LE(e.rel_frobenius, kRelFrobenius) << name;
+}
+
+// The criterion for dQ, dK, dV; and exact zeros where nothing flows: dQ on query rows that see no
+// key, dK and dV on keys that no query sees.
+void check(const Reference& r, const Gradients& g) {
+  check_gradient("dq", g.dq, r.exact.dq, r.plain.dq);
+  check_gradient("dk", g.dk, r.exact.dk, r.plain.dk);
+  check_gradient("dv", g.dv, r.exact.dv, r.plain.dv);
+
+  const fa4::Problem& p = r.p;
+  std::vector<char> row_sees(p.seqlen_q, 0), key_seen(p.seqlen_k, 0);
+  for (int64_t i = 0; i < p.seqlen_q; ++i)
+    for (int64_t j = 0; j < p.seqlen_k; ++j)
+      if (fa4::ref::visible(p, i, j)) row_sees[i] = key_seen[j] = 1;
+  const int64_t q_row = p.heads_q * p.head_dim, kv_row = p.heads_kv * p.head_dim;
+  int64_t dq_bad = 0, dkv_bad = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t i = 0; i < p.seqlen_q; ++i)
+      if (!row_sees[i])
+        for (int64_t x = 0; x < q_row; ++x) dq_bad += g.dq[(b * p.seqlen_q + i) * q_row + x] != 0.0;
+    for (int64_t j = 0; j < p.seqlen_k; ++j)
+      if (!key_seen[j])
+        for (int64_t x = 0; x < kv_row; ++x) {
+          const int64_t n = (b * p.seqlen_k + j) * kv_row + x;
+          dkv_bad += g.dk[n] != 0.0 || g.dv[n] != 0.0;
+        }
+  }
+  EXPECT_EQ(dq_bad, 0) << "dq elements not 0 on query rows that see no key";
+  EXPECT_EQ(dkv_bad, 0) << "dk/dv elements not 0 on keys that no query sees";
+}
+
+void run_and_check(const Case& c, const Reference& r) {
+  SCOPED_TRACE(c.name());
+  Gradients g;
+  ASSERT_NO_FATAL_FAILURE(run_backward(c, r, &g));
+  check(r, g);
+}
+
+// Builds the cases' references on the host's cores at once (case n from seed + n), then runs and
+// checks the cases on the GPU one after another.
+void run_cases(const std::vector<Case>& cases, uint32_t seed) {
+  std::vector<std::future<Reference>> refs;
+  for (size_t n = 0; n < cases.size(); ++n)
+    refs.push_back(std::async(std::launch::async, make_reference, cases[n], seed + uint32_t(n)));
+  for (size_t n = 0; n < cases.size(); ++n) run_and_check(cases[n], refs[n].get());
+}
+
+using fa4::DType;
+constexpr auto BF16 = DType::kBF16;
+constexpr auto FP16 = DType::kFP16;
+
+TEST(BackwardGpu, OddSizesEveryHeadDim) {
+  FA4_REQUIRE_GPU();
+  // Sequence lengths off the tile sizes, equal and unequal both ways, one-row and one-key problems
+  // (causal with seqlen_q > seqlen_k leaves rows that see no key).
+  const std::pair<int64_t, int64_t> lengths[] = {{1, 1},    {17, 17},  {128, 128}, {239, 239}, {1, 300},
+                                                 {300, 1},  {17, 303}, {303, 17},  {128, 239}, {239, 128}};
+  std::vector<Case> cases;
+  for (int64_t d : {64, 128, 256})
+    for (auto [sq, sk] : lengths)
+      for (bool causal : {false, true}) cases.push_back({BF16, 2, sq, sk, 2, 2, d, causal});
+  run_cases(cases, 1);
+}
+
+TEST(BackwardGpu, Fp16) {
+  FA4_REQUIRE_GPU();
+  std::vector<Case> cases;
+  for (int64_t d : {64, 128, 256})
+    for (bool causal : {false, true}) cases.push_back({FP16, 2, 239, 333, 2, 1, d, causal});
+  cases.push_back({FP16, 1, 333, 100, 2, 2, 128, true});
+  run_cases(cases, 100);
+}
+
+TEST(BackwardGpu, GqaAndMqa) {
+  FA4_REQUIRE_GPU();
+  // dK and dV of a KV head sum over every query head of its group.
+  std::vector<Case> cases;
+  for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{4, 1}, {4, 4}, {8, 2}, {8, 1}})
+    for (bool causal : {false, true}) cases.push_back({BF16, 1, 200, 257, hq, hkv, 128, causal});
+  cases.push_back({BF16, 2, 129, 300, 4, 1, 64, true});
+  cases.push_back({FP16, 1, 129, 300, 4, 1, 256, false});
+  run_cases(cases, 200);
+}
+
+TEST(BackwardGpu, StridedLayouts) {
+  FA4_REQUIRE_GPU();
+  // Every tensor, gradients included, in BHSD or in BSHD with a spare head and spare rows; the
+  // gradients' padding keeps its poison.
+  std::vector<Case> cases;
+  for (Layout l : {Layout::kBHSD, Layout::kPadded})
+    for (int64_t d : {64, 128, 256}) cases.push_back({BF16, 2, 190, 260, 4, 2, d, d == 128, -1, -1, l});
+  cases.push_back({FP16, 1, 300, 129, 2, 1, 64, true, -1, -1, Layout::kPadded});  // rows without keys
+  cases.push_back({BF16, 1, 100, 300, 2, 2, 128, false, 0, 10, Layout::kPadded});  // keys no query sees
+  run_cases(cases, 300);
+}
+
+TEST(BackwardGpu, CausalAndWindows) {
+  FA4_REQUIRE_GPU();
+  // Bottom-right causal both ways of the seqlen mismatch, local windows, and both at once. Where
+  // seqlen_q > seqlen_k (or a window cuts them off) query rows see no key: their dQ is 0; where a
+  // window leaves keys unseen, their dK and dV are 0.
+  const std::vector<Case> cases = {
+      {BF16, 1, 100, 300, 2, 2, 64, true},
+      {BF16, 1, 300, 100, 2, 2, 64, true},
+      {FP16, 1, 128, 300, 2, 1, 128, true},
+      {BF16, 2, 300, 128, 2, 1, 128, true},
+      {BF16, 1, 239, 100, 2, 2, 256, true},
+      {BF16, 1, 300, 300, 2, 2, 128, false, 32, 0},
+      {BF16, 1, 257, 200, 2, 1, 64, false, 17, 5},
+      {FP16, 1, 200, 257, 2, 2, 128, false, 0, -1},
+      {BF16, 1, 400, 100, 2, 2, 64, false, 10, 0},
+      {BF16, 1, 100, 400, 2, 2, 256, false, 17, 5},
+      {BF16, 1, 300, 300, 2, 2, 64, true, 32, -1},
+  };
+  run_cases(cases, 400);
+}
+
+TEST(BackwardGpu, DeterministicIsBitIdenticalRunToRun) {
+  FA4_REQUIRE_GPU();
+  // With deterministic set, the same inputs give the same bits every run (GQA: many query heads
+  // add into each dK/dV); both modes pass the criterion.
+  Case c{BF16, 1, 511, 511, 8, 2, 128, true};
+  const Reference r = make_reference(c, 500);
+  c.deterministic = true;
+  SCOPED_TRACE(c.name());
+  Gradients first;
+  ASSERT_NO_FATAL_FAILURE(run_backward(c, r, &first));
+  check(r, first);
+  auto same = [](const std::vector<double>& x, const std::vector<double>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) == 0;
+  };
+  for (int run = 1; run < 3; ++run) {
+    Gradients again;
+    ASSERT_NO_FATAL_FAILURE(run_backward(c, r, &again));
+    EXPECT_TRUE(same(first.dq, again.dq)) << "dq differs between run 0 and run " << run;
+    EXPECT_TRUE(same(first.dk, again.dk)) << "dk differs between run 0 and run " << run;
+    EXPECT_TRUE(same(first.dv, again.dv)) << "dv differs between run 0 and run " << run;
+  }
+  c.deterministic = false;
+  run_and_check(c, r);
+}
+
+TEST(BackwardGpu, ScaleNotDefault) {
+  FA4_REQUIRE_GPU();
+  // softmax_scale = 0.3 instead of 1/sqrt(head_dim), in P and in dQ = scale dS K, dK = scale dS^T Q.
+  std::vector<Case> cases = {
+      {BF16, 2, 239, 300, 2, 1, 64, false},
+      {BF16, 1, 300, 239, 4, 2, 128, true},
+      {FP16, 1, 200, 200, 2, 2, 256, false},
+      {BF16, 1, 257, 200, 2, 2, 128, false, 17, 5},
+  };
+  for (Case& c : cases) c.scale = 0.3f;
+  run_cases(cases, 600);
+}
+
+}  // namespace
