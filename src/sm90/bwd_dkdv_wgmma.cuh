@@ -14,6 +14,7 @@
 
 #include <cuda/ptx>
 
+#include "fa4/numerics/exp2.h"
 #include "ptx/wgmma.h"
 #include "sm90/bwd_kernel.cuh"
 
@@ -115,53 +116,73 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
     ptx::fence_proxy_async_smem();  // the cp.async writes, before wgmma reads them
     __syncthreads();
 
-    // S^T and dP^T: this warpgroup's 64 keys x 64 queries.
+    // S^T and dP^T: this warpgroup's 64 keys x 64 queries, in two groups, so that P^T's
+    // exponentials run while dP^T is computed, and dS^T's arithmetic while dV's GEMMs run.
     float st[32], dpt[32];
     wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t a_off = (kk / 4) * kWgKeys * 128 + (kk % 4) * 32;
-      const uint32_t b_off = buf * L::kQBytes + (kk / 4) * kBlock * 128 + (kk % 4) * 32;
-      wgmma::mma_ss<64, kType>(st, wgmma::desc_advance(k_desc, a_off), wgmma::desc_advance(q_desc, b_off), kk > 0);
-      wgmma::mma_ss<64, kType>(dpt, wgmma::desc_advance(v_desc, a_off), wgmma::desc_advance(do_desc, b_off), kk > 0);
-    }
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma::mma_ss<64, kType>(st, wgmma::desc_advance(k_desc, (kk / 4) * kWgKeys * 128 + (kk % 4) * 32),
+                               wgmma::desc_advance(q_desc, buf * L::kQBytes + (kk / 4) * kBlock * 128 + (kk % 4) * 32), kk > 0);
     wgmma::commit_group();
-    wgmma::wait_group<0>();
-    wgmma::pin(st);
-    wgmma::pin(dpt);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma::mma_ss<64, kType>(dpt, wgmma::desc_advance(v_desc, (kk / 4) * kWgKeys * 128 + (kk % 4) * 32),
+                               wgmma::desc_advance(do_desc, buf * L::kQBytes + (kk / 4) * kBlock * 128 + (kk % 4) * 32), kk > 0);
+    wgmma::commit_group();
 
-    // P^T and dS^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).
+    // P^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).
     const float* lse = sLse + buf * kBlock;
     const float* delta = sDelta + buf * kBlock;
     const bool whole = vis(q0, k0 + kWgKeys - 1) && vis(q0 + kBlock - 1, k0);
+    wgmma::wait_group<1>();
+    wgmma::pin(st);
     uint32_t pf[16], dsf[16];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int qc = 8 * j + 2 * t;
-      const float l0 = lse_log2(lse[qc]), l1 = lse_log2(lse[qc + 1]), d0 = delta[qc], d1 = delta[qc + 1];
+      const float l0 = lse_log2(lse[qc]), l1 = lse_log2(lse[qc + 1]);
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int kr = wg * 64 + 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
-        float p0 = exp2f(st[i] * p.scale_log2 - l0), p1 = exp2f(st[i + 1] * p.scale_log2 - l1);
+        st[i] = numerics::exp2_mufu(fmaf(st[i], p.scale_log2, -l0));
+        st[i + 1] = numerics::exp2_mufu(fmaf(st[i + 1], p.scale_log2, -l1));
         if (!whole) {
-          if (!vis(q0 + qc, k0 + kr)) p0 = 0.0f;
-          if (!vis(q0 + qc + 1, k0 + kr)) p1 = 0.0f;
+          if (!vis(q0 + qc, k0 + kr)) st[i] = 0.0f;
+          if (!vis(q0 + qc + 1, k0 + kr)) st[i + 1] = 0.0f;
         }
-        pf[2 * j + hr] = pack2<kBF16>(p0, p1);
-        dsf[2 * j + hr] = pack2<kBF16>(p0 * (dpt[i] - d0) * p.scale, p1 * (dpt[i + 1] - d1) * p.scale);
-        *reinterpret_cast<uint32_t*>(smem + L::kDs + sw128<kWgKeys>(kr, qc)) = dsf[2 * j + hr];
+        pf[2 * j + hr] = pack2<kBF16>(st[i], st[i + 1]);
       }
     }
-
-    // dV += P^T dO, dK += dS^T Q over the 64 queries.
+    // dV += P^T dO over the 64 queries.
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kBlock / 16; ++kk) {
-      const uint32_t b_off = buf * L::kQBytes + kk * 16 * 128;
       const uint32_t pa[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
+      wgmma::mma_rs<kD, kType>(dv, pa, wgmma::desc_advance(do_mn, buf * L::kQBytes + kk * 16 * 128), 1);
+    }
+    wgmma::commit_group();
+
+    // dS^T = P^T (dP^T - D) scale, kept for dK and stored for dQ.
+    wgmma::wait_group<1>();
+    wgmma::pin(dpt);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int qc = 8 * j + 2 * t;
+      const float d0 = delta[qc], d1 = delta[qc + 1];
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int kr = wg * 64 + 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
+        dsf[2 * j + hr] = pack2<kBF16>(st[i] * (dpt[i] - d0) * p.scale, st[i + 1] * (dpt[i + 1] - d1) * p.scale);
+        *reinterpret_cast<uint32_t*>(smem + L::kDs + sw128<kWgKeys>(kr, qc)) = dsf[2 * j + hr];
+      }
+    }
+    // dK += dS^T Q over the 64 queries.
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlock / 16; ++kk) {
       const uint32_t da[4] = {dsf[4 * kk], dsf[4 * kk + 1], dsf[4 * kk + 2], dsf[4 * kk + 3]};
-      wgmma::mma_rs<kD, kType>(dv, pa, wgmma::desc_advance(do_mn, b_off), 1);
-      wgmma::mma_rs<kD, kType>(dk, da, wgmma::desc_advance(q_mn, b_off), 1);
+      wgmma::mma_rs<kD, kType>(dk, da, wgmma::desc_advance(q_mn, buf * L::kQBytes + kk * 16 * 128), 1);
     }
     wgmma::commit_group();
     ptx::fence_proxy_async_smem();  // dS^T's stores, before the dQ wgmma reads them
@@ -196,8 +217,12 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
     } else {
       wgmma::wait_group<0>();
     }
+    // Every GEMM of the step is done: its accumulators, and the registers it read (P^T, dS^T), may
+    // be touched again.
     wgmma::pin(dk);
     wgmma::pin(dv);
+    wgmma::pin(pf);
+    wgmma::pin(dsf);
     __syncthreads();  // this step's Q, dO and dS^T are free
   }
   if (tid == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});

@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "common/bwd_params.h"
+#include "fa4/numerics/exp2.h"
 #include "ptx/mma_sync.h"
 #include "ptx/sync.h"
 
@@ -236,7 +237,8 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) bwd_dkdv_kernel(co
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {  // rows g and g + 8
         const int kr = wm * 16 + g + 8 * hr;
-        float p0 = exp2f(st[j][2 * hr] * p.scale_log2 - l0), p1 = exp2f(st[j][2 * hr + 1] * p.scale_log2 - l1);
+        float p0 = numerics::exp2_mufu(fmaf(st[j][2 * hr], p.scale_log2, -l0)),
+              p1 = numerics::exp2_mufu(fmaf(st[j][2 * hr + 1], p.scale_log2, -l1));
         if (!whole) {
           if (!vis(q0 + qc, k0 + kr)) p0 = 0.0f;
           if (!vis(q0 + qc + 1, k0 + kr)) p1 = 0.0f;
@@ -367,7 +369,8 @@ __global__ void __launch_bounds__(kThreads, kD <= 128 ? 2 : 1) bwd_dq_kernel(con
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int kc = wn * 32 + j * 8 + 2 * t;
-        float p0 = exp2f(sc[j][2 * hr] * p.scale_log2 - l), p1 = exp2f(sc[j][2 * hr + 1] * p.scale_log2 - l);
+        float p0 = numerics::exp2_mufu(fmaf(sc[j][2 * hr], p.scale_log2, -l)),
+              p1 = numerics::exp2_mufu(fmaf(sc[j][2 * hr + 1], p.scale_log2, -l));
         if (!whole) {
           if (!vis(q0 + qr, k0 + kc)) p0 = 0.0f;
           if (!vis(q0 + qr, k0 + kc + 1)) p1 = 0.0f;
