@@ -107,9 +107,26 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
                                            kWgKeys * 128, 1024);
   float* stage = reinterpret_cast<float*>(smem + L::kStage) + wg * kBlock * 64;
 
+  // At d64 this warpgroup's rows of K and V stay in registers as the A operand of S^T and dP^T
+  // (16 registers each), so that those two GEMMs read only Q and dO from shared memory.
+  constexpr bool kKVInRegs = kD == 64;
+  uint32_t kf[kKVInRegs ? kD / 16 : 1][4], vf[kKVInRegs ? kD / 16 : 1][4];
+  if constexpr (kKVInRegs) {
+    __pipeline_wait_prior(1);  // K and V (the first group) have landed
+    __syncthreads();
+    const int r = wg * 64 + 16 * warp + (lane & 15);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const int c = 16 * kk + (lane >> 4) * 8;
+      ptx::ldmatrix_x4(kf[kk], smem_addr(smem + L::kK + sw128<kWgKeys>(r, c)));
+      ptx::ldmatrix_x4(vf[kk], smem_addr(smem + L::kV + sw128<kWgKeys>(r, c)));
+    }
+  }
+
   float dk[kD / 2] = {}, dv[kD / 2] = {};
   for (int s = 0; s < steps; ++s) {
     const int h = hk * group + s / m_count, q0 = (m_lo + s % m_count) * kBlock, buf = s & 1;
+    // The next step's loads go out first (into the buffer step s - 1 used); then step s's have landed.
     if (s + 1 < steps) load_step(s + 1);
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -121,14 +138,22 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
     float st[32], dpt[32];
     wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk)
-      wgmma::mma_ss<64, kType>(st, wgmma::desc_advance(k_desc, (kk / 4) * kWgKeys * 128 + (kk % 4) * 32),
-                               wgmma::desc_advance(q_desc, buf * L::kQBytes + (kk / 4) * kBlock * 128 + (kk % 4) * 32), kk > 0);
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint64_t bq = wgmma::desc_advance(q_desc, buf * L::kQBytes + (kk / 4) * kBlock * 128 + (kk % 4) * 32);
+      if constexpr (kKVInRegs)
+        wgmma::mma_rs_kb<64, kType>(st, kf[kk], bq, kk > 0);
+      else
+        wgmma::mma_ss<64, kType>(st, wgmma::desc_advance(k_desc, (kk / 4) * kWgKeys * 128 + (kk % 4) * 32), bq, kk > 0);
+    }
     wgmma::commit_group();
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk)
-      wgmma::mma_ss<64, kType>(dpt, wgmma::desc_advance(v_desc, (kk / 4) * kWgKeys * 128 + (kk % 4) * 32),
-                               wgmma::desc_advance(do_desc, buf * L::kQBytes + (kk / 4) * kBlock * 128 + (kk % 4) * 32), kk > 0);
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint64_t bdo = wgmma::desc_advance(do_desc, buf * L::kQBytes + (kk / 4) * kBlock * 128 + (kk % 4) * 32);
+      if constexpr (kKVInRegs)
+        wgmma::mma_rs_kb<64, kType>(dpt, vf[kk], bdo, kk > 0);
+      else
+        wgmma::mma_ss<64, kType>(dpt, wgmma::desc_advance(v_desc, (kk / 4) * kWgKeys * 128 + (kk % 4) * 32), bdo, kk > 0);
+    }
     wgmma::commit_group();
 
     // P^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).
@@ -185,8 +210,13 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
       wgmma::mma_rs<kD, kType>(dk, da, wgmma::desc_advance(q_mn, buf * L::kQBytes + kk * 16 * 128), 1);
     }
     wgmma::commit_group();
-    ptx::fence_proxy_async_smem();  // dS^T's stores, before the dQ wgmma reads them
-    __syncthreads();
+    // dS^T's stores, before the dQ wgmma reads them: at d128 every key's (both warpgroups'), at d64
+    // this warpgroup's own.
+    ptx::fence_proxy_async_smem();
+    if constexpr (kD == 64)
+      ptx::named_bar_sync(3 + wg, 128);
+    else
+      __syncthreads();
 
     if (!p.deterministic) {
       float dq[32];
@@ -223,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
     wgmma::pin(dv);
     wgmma::pin(pf);
     wgmma::pin(dsf);
-    __syncthreads();  // this step's Q, dO and dS^T are free
+    __syncthreads();  // this step's Q, dO, LSE, D and dS^T may be refilled
   }
   if (tid == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
 
@@ -237,6 +267,191 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
       const int c = 8 * j + 2 * t, i = 4 * j + 2 * hr;
+      *reinterpret_cast<uint32_t*>(dkp + key * p.dk_stride[1] + c) = pack2<kBF16>(dk[i], dk[i + 1]);
+      *reinterpret_cast<uint32_t*>(dvp + key * p.dv_stride[1] + c) = pack2<kBF16>(dv[i], dv[i + 1]);
+    }
+  }
+}
+
+// ---- d256: 64 keys a CTA, each warpgroup half of every GEMM's columns --------------------------------
+// At d256 a warpgroup cannot hold dK and dV of 64 keys (256 registers), so the two warpgroups
+// split them by columns (128 each), and the 64 keys' S^T and dP^T by queries (32 each): P^T and
+// dS^T go through shared memory, where both warpgroups read them as the A operand (SS). dQ = dS K
+// is two 64-column pieces a warpgroup, added into the fp32 accumulator by vector atomics (the
+// shared memory holds no staging buffer beside double-buffered Q and dO).
+struct WgSmem256 {
+  static constexpr int kD = 256, kTile = kBlock * kD * 2;  // K, V, Q or dO: 64 rows
+  static constexpr int kK = 0, kV = kTile, kQ = 2 * kTile, kDo = kQ + 2 * kTile;  // Q, dO: two buffers
+  static constexpr int kPt = kDo + 2 * kTile, kDst = kPt + kBlock * kBlock * 2;  // [64 keys][64 queries]
+  static constexpr int kLse = kDst + kBlock * kBlock * 2, kDelta = kLse + 2 * kBlock * 4;
+  static constexpr int kBytes = kDelta + 2 * kBlock * 4 + 1024;
+  static_assert(kBytes <= 227 * 1024, "the d256 wgmma dK/dV kernel's shared memory");
+};
+
+template <bool kBF16>
+__global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const detail::BwdParams p) {
+  namespace wgmma = ptx::wgmma;
+  using L = WgSmem256;
+  constexpr int kD = 256;
+  constexpr auto kType = kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
+  extern __shared__ uint8_t smem_raw[];
+  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+
+  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int k0 = n_block * kBlock, off = p.seqlen_k - p.seqlen_q;
+  const Visibility vis{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+
+  const int last_key = min(k0 + kBlock, p.seqlen_k) - 1;
+  const int q_lo = p.window_right >= 0 ? max(0, k0 - off - p.window_right) : 0;
+  const int q_hi = p.window_left >= 0 ? min(p.seqlen_q, last_key - off + p.window_left + 1) : p.seqlen_q;
+  const int m_lo = q_lo / kBlock, m_count = q_hi > q_lo ? (q_hi - 1) / kBlock + 1 - m_lo : 0;
+  const int group = p.heads_q / p.heads_kv, steps = group * m_count;
+
+  float* sLse = reinterpret_cast<float*>(smem + L::kLse);
+  float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
+  const int valid_keys = p.seqlen_k - k0;
+  load_sw128<kBlock, kD>(smem + L::kK, row0<kD, kBF16>(p.k, p.k_stride, b, hk) + k0 * p.k_stride[1], p.k_stride[1], valid_keys);
+  load_sw128<kBlock, kD>(smem + L::kV, row0<kD, kBF16>(p.v, p.v_stride, b, hk) + k0 * p.v_stride[1], p.v_stride[1], valid_keys);
+  __pipeline_commit();
+  auto load_step = [&](int s) {
+    const int h = hk * group + s / m_count, q0 = (m_lo + s % m_count) * kBlock, buf = s & 1;
+    const int valid = p.seqlen_q - q0;
+    load_sw128<kBlock, kD>(smem + L::kQ + buf * L::kTile, row0<kD, kBF16>(p.q, p.q_stride, b, h) + q0 * p.q_stride[1], p.q_stride[1], valid);
+    load_sw128<kBlock, kD>(smem + L::kDo + buf * L::kTile, row0<kD, kBF16>(p.dout, p.do_stride, b, h) + q0 * p.do_stride[1], p.do_stride[1], valid);
+    load_row_floats(sLse + buf * kBlock, p.lse + (int64_t(b) * p.heads_q + h) * p.seqlen_q + q0, valid);
+    load_row_floats(sDelta + buf * kBlock, p.delta + (int64_t(b) * p.heads_q + h) * p.rows + q0, valid);
+  };
+  if (steps > 0) load_step(0);
+  __pipeline_commit();
+
+  using ptx::smem_addr;
+  // S^T, dP^T: A = K or V (K-major), B = this warpgroup's 32 queries of Q or dO (K-major).
+  const uint64_t k_desc = wgmma::desc_sw128(smem_addr(smem + L::kK), 16, 1024);
+  const uint64_t v_desc = wgmma::desc_sw128(smem_addr(smem + L::kV), 16, 1024);
+  const uint64_t q_desc = wgmma::desc_sw128(smem_addr(smem + L::kQ) + wg * 32 * 128, 16, 1024);
+  const uint64_t do_desc = wgmma::desc_sw128(smem_addr(smem + L::kDo) + wg * 32 * 128, 16, 1024);
+  // dV, dK: A = P^T or dS^T (K-major), B = this warpgroup's 128 columns of dO or Q (MN-major).
+  const uint64_t pt_desc = wgmma::desc_sw128(smem_addr(smem + L::kPt), 16, 1024);
+  const uint64_t dst_desc = wgmma::desc_sw128(smem_addr(smem + L::kDst), 16, 1024);
+  const uint64_t do_mn = wgmma::desc_sw128(smem_addr(smem + L::kDo) + 2 * wg * kBlock * 128, kBlock * 128, 1024);
+  const uint64_t q_mn = wgmma::desc_sw128(smem_addr(smem + L::kQ) + 2 * wg * kBlock * 128, kBlock * 128, 1024);
+  // dQ: A = dS (dS^T stored, so MN-major), B = K's 64-column block (MN-major).
+  const uint64_t ds_mn = wgmma::desc_sw128(smem_addr(smem + L::kDst), kBlock * 128, 1024);
+  const uint64_t kq_mn = wgmma::desc_sw128(smem_addr(smem + L::kK), kBlock * 128, 1024);
+
+  float dk[64] = {}, dv[64] = {};  // this warpgroup's 128 columns
+  for (int s = 0; s < steps; ++s) {
+    const int h = hk * group + s / m_count, q0 = (m_lo + s % m_count) * kBlock, buf = s & 1;
+    if (s + 1 < steps) load_step(s + 1);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    ptx::fence_proxy_async_smem();
+    __syncthreads();
+
+    float st[16], dpt[16];
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma::mma_ss<32, kType>(st, wgmma::desc_advance(k_desc, (kk / 4) * kBlock * 128 + (kk % 4) * 32),
+                               wgmma::desc_advance(q_desc, buf * L::kTile + (kk / 4) * kBlock * 128 + (kk % 4) * 32), kk > 0);
+    wgmma::commit_group();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma::mma_ss<32, kType>(dpt, wgmma::desc_advance(v_desc, (kk / 4) * kBlock * 128 + (kk % 4) * 32),
+                               wgmma::desc_advance(do_desc, buf * L::kTile + (kk / 4) * kBlock * 128 + (kk % 4) * 32), kk > 0);
+    wgmma::commit_group();
+
+    // Element 4j + e: key 16 warp + g (+ 8 for e >= 2), query 32 wg + 8j + 2t + (e & 1).
+    const float* lse = sLse + buf * kBlock;
+    const float* delta = sDelta + buf * kBlock;
+    const bool whole = vis(q0, k0 + kBlock - 1) && vis(q0 + kBlock - 1, k0);
+    wgmma::wait_group<1>();
+    wgmma::pin(st);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int qc = 32 * wg + 8 * j + 2 * t;
+      const float l0 = lse_log2(lse[qc]), l1 = lse_log2(lse[qc + 1]);
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int kr = 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
+        st[i] = numerics::exp2_mufu(fmaf(st[i], p.scale_log2, -l0));
+        st[i + 1] = numerics::exp2_mufu(fmaf(st[i + 1], p.scale_log2, -l1));
+        if (!whole) {
+          if (!vis(q0 + qc, k0 + kr)) st[i] = 0.0f;
+          if (!vis(q0 + qc + 1, k0 + kr)) st[i + 1] = 0.0f;
+        }
+        *reinterpret_cast<uint32_t*>(smem + L::kPt + sw128<kBlock>(kr, qc)) = pack2<kBF16>(st[i], st[i + 1]);
+      }
+    }
+    wgmma::wait_group<0>();
+    wgmma::pin(dpt);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int qc = 32 * wg + 8 * j + 2 * t;
+      const float d0 = delta[qc], d1 = delta[qc + 1];
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int kr = 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
+        *reinterpret_cast<uint32_t*>(smem + L::kDst + sw128<kBlock>(kr, qc)) =
+            pack2<kBF16>(st[i] * (dpt[i] - d0) * p.scale, st[i + 1] * (dpt[i + 1] - d1) * p.scale);
+      }
+    }
+    ptx::fence_proxy_async_smem();  // P^T and dS^T, before wgmma reads them
+    __syncthreads();
+
+    // dV += P^T dO, dK += dS^T Q: this warpgroup's 128 columns, over the 64 queries.
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlock / 16; ++kk) {
+      const uint32_t b_off = buf * L::kTile + kk * 16 * 128;
+      wgmma::mma_ss_tb<128, kType>(dv, wgmma::desc_advance(pt_desc, kk * 32), wgmma::desc_advance(do_mn, b_off), 1);
+      wgmma::mma_ss_tb<128, kType>(dk, wgmma::desc_advance(dst_desc, kk * 32), wgmma::desc_advance(q_mn, b_off), 1);
+    }
+    wgmma::commit_group();
+
+    // dQ += dS K: two pieces of 64 columns a warpgroup, into the fp32 accumulator.
+    if (!p.deterministic) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col0 = 128 * wg + 64 * c;
+        float dq[32];
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlock / 16; ++kk)
+          wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, kk * 16 * 128),
+                                      wgmma::desc_advance(kq_mn, (col0 / 64) * kBlock * 128 + kk * 16 * 128), kk > 0);
+        wgmma::commit_group();
+        wgmma::wait_group<0>();
+        wgmma::pin(dq);
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int q = q0 + 16 * warp + g + 8 * hr;
+          if (q >= p.seqlen_q) continue;
+          float* row = dq_accum_at<kD>(p, b, h, q, col0);
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            atomicAdd(reinterpret_cast<float2*>(row + 8 * j + 2 * t), make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]));
+        }
+      }
+    }
+    wgmma::wait_group<0>();
+    wgmma::pin(dk);
+    wgmma::pin(dv);
+    __syncthreads();  // this step's Q, dO, LSE, D, P^T and dS^T may be refilled
+  }
+
+  // dK, dV: keys 16 warp + g (+ 8), this warpgroup's columns 128 wg + 8j + 2t.
+  uint16_t* dkp = static_cast<uint16_t*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2];
+  uint16_t* dvp = static_cast<uint16_t*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int key = k0 + 16 * warp + g + 8 * hr;
+    if (key >= p.seqlen_k) continue;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int c = 128 * wg + 8 * j + 2 * t, i = 4 * j + 2 * hr;
       *reinterpret_cast<uint32_t*>(dkp + key * p.dk_stride[1] + c) = pack2<kBF16>(dk[i], dk[i + 1]);
       *reinterpret_cast<uint32_t*>(dvp + key * p.dv_stride[1] + c) = pack2<kBF16>(dv[i], dv[i + 1]);
     }

@@ -43,11 +43,11 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
     const unsigned key_blocks = unsigned((p.seqlen_k + kWgKeys - 1) / kWgKeys);
     bwd_dkdv_wgmma_kernel<kD, kBF16><<<dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, stream>>>(p);
   } else {
-    constexpr int kSmem = DkDvSmem<kD>::kBytes;
-    if ((e = allow_smem(bwd_dkdv_kernel<kD, kBF16>, kSmem)) != cudaSuccess)
+    constexpr int kSmem = WgSmem256::kBytes;
+    if ((e = allow_smem(bwd_dkdv_wgmma256_kernel<kBF16>, kSmem)) != cudaSuccess)
       return cuda_failure("setting the dK/dV kernel's shared memory", e);
     const unsigned key_blocks = unsigned((p.seqlen_k + kBlock - 1) / kBlock);
-    bwd_dkdv_kernel<kD, kBF16><<<dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, stream>>>(p);
+    bwd_dkdv_wgmma256_kernel<kBF16><<<dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, stream>>>(p);
   }
   if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the dK/dV kernel", e);
 
