@@ -63,14 +63,10 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
   const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int k0 = n_block * kWgKeys, off = p.seqlen_k - p.seqlen_q;
+  const int k0 = n_block * kWgKeys;
   const Visibility vis{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
 
-  // Query rows that see a key of this block: [q_lo, q_hi).
-  const int last_key = min(k0 + kWgKeys, p.seqlen_k) - 1;
-  const int q_lo = p.window_right >= 0 ? max(0, k0 - off - p.window_right) : 0;
-  const int q_hi = p.window_left >= 0 ? min(p.seqlen_q, last_key - off + p.window_left + 1) : p.seqlen_q;
-  const int m_lo = q_lo / kBlock, m_count = q_hi > q_lo ? (q_hi - 1) / kBlock + 1 - m_lo : 0;
+  const auto [m_lo, m_count] = query_blocks(p, k0, kWgKeys);
   const int group = p.heads_q / p.heads_kv, steps = group * m_count;
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
@@ -159,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
     // P^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).
     const float* lse = sLse + buf * kBlock;
     const float* delta = sDelta + buf * kBlock;
-    const bool whole = vis(q0, k0 + kWgKeys - 1) && vis(q0 + kBlock - 1, k0);
+    const bool whole = vis.whole(q0, kBlock, k0, kWgKeys);
     wgmma::wait_group<1>();
     wgmma::pin(st);
     uint32_t pf[16], dsf[16];
@@ -300,13 +296,10 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const de
   const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int k0 = n_block * kBlock, off = p.seqlen_k - p.seqlen_q;
+  const int k0 = n_block * kBlock;
   const Visibility vis{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
 
-  const int last_key = min(k0 + kBlock, p.seqlen_k) - 1;
-  const int q_lo = p.window_right >= 0 ? max(0, k0 - off - p.window_right) : 0;
-  const int q_hi = p.window_left >= 0 ? min(p.seqlen_q, last_key - off + p.window_left + 1) : p.seqlen_q;
-  const int m_lo = q_lo / kBlock, m_count = q_hi > q_lo ? (q_hi - 1) / kBlock + 1 - m_lo : 0;
+  const auto [m_lo, m_count] = query_blocks(p, k0, kBlock);
   const int group = p.heads_q / p.heads_kv, steps = group * m_count;
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
@@ -366,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const de
     // Element 4j + e: key 16 warp + g (+ 8 for e >= 2), query 32 wg + 8j + 2t + (e & 1).
     const float* lse = sLse + buf * kBlock;
     const float* delta = sDelta + buf * kBlock;
-    const bool whole = vis(q0, k0 + kBlock - 1) && vis(q0 + kBlock - 1, k0);
+    const bool whole = vis.whole(q0, kBlock, k0, kBlock);
     wgmma::wait_group<1>();
     wgmma::pin(st);
 #pragma unroll

@@ -1,20 +1,20 @@
 // sm90 backward: the gradients of attention, recomputing P from Q, K and the forward's LSE.
 //
 //   D    = rowsum(dO * O)                                   bwd_delta_kernel (one warp a row)
-//   per key block of 64 (bwd_dkdv_kernel, one CTA), over every query block that sees it and every
+//   per key block (bwd_dkdv_wgmma.cuh, one CTA), over every query block of 64 that sees it and every
 //   query head of its KV head's group:
 //     S^T  = K Q^T,  P^T = exp2(S^T * scale * log2 e - LSE * log2 e)       (masked: 0)
 //     dP^T = V dO^T, dS^T = P^T * (dP^T - D) * scale
 //     dV  += P^T dO,  dK += dS^T Q                                         (fp32 in registers)
-//     dQ  += dS K     fp32 atomics into the workspace, converted by bwd_dq_convert_kernel;
-//   (at head dims 64 and 128 bwd_dkdv_wgmma.cuh does this step on wgmma instead);
-//   or, deterministic, dQ by bwd_dq_kernel: one CTA a query block walking its key blocks in order
-//   (S and dP computed a second time), so no sum depends on the order CTAs run in.
+//     dQ  += dS K     fp32 reductions into the workspace, converted by bwd_dq_convert_kernel;
+//   or, deterministic, dQ by bwd_dq_kernel (this file): one CTA a query block walking its key blocks
+//   in order (S and dP computed a second time), so no sum depends on the order CTAs run in.
 //
-// GEMMs are warp-level mma.sync (m16n8k16, fp32 accumulate) with every operand in shared memory:
-// the backward reads Q, K, dO and dS both as rows and as columns, which ldmatrix (.trans) gives
-// for free. Tiles are loaded by cp.async, the next query block's while this one computes. Eight
-// warps; a GEMM's 64-row output is four warps of 16 rows times two column halves.
+// This file holds the pieces around the wgmma kernels: D, the dQ conversion, and the deterministic
+// dQ kernel. That one is warp-level mma.sync (m16n8k16, fp32 accumulate) with every operand in
+// shared memory, read as rows or as columns through ldmatrix (.trans); tiles are loaded by
+// cp.async, the next key block's while this one computes. Eight warps; a GEMM's 64-row output is
+// four warps of 16 rows times two column halves.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -120,11 +120,24 @@ struct Visibility {
     const int d = key - q - (seqlen_k - seqlen_q);
     return q < seqlen_q && key < seqlen_k && (right < 0 || d <= right) && (left < 0 || d >= -left);
   }
-  // Every pair of query rows [q0, q0 + kBlock) and keys [k0, k0 + kBlock) counts.
-  __device__ __forceinline__ bool whole(int q0, int k0) const {
-    return (*this)(q0, k0 + kBlock - 1) && (*this)(q0 + kBlock - 1, k0);
+  // Every pair of query rows [q0, q0 + rows) and keys [k0, k0 + keys) counts (the corners decide:
+  // the first row's last key and the last row's first key).
+  __device__ __forceinline__ bool whole(int q0, int rows, int k0, int keys) const {
+    return (*this)(q0, k0 + keys - 1) && (*this)(q0 + rows - 1, k0);
   }
 };
+
+// The query blocks of kBlock rows that see a key of [k0, k0 + keys): [lo, lo + count).
+struct QueryBlocks {
+  int lo, count;
+};
+__device__ __forceinline__ QueryBlocks query_blocks(const detail::BwdParams& p, int k0, int keys) {
+  const int off = p.seqlen_k - p.seqlen_q, last_key = min(k0 + keys, p.seqlen_k) - 1;
+  const int q_lo = p.window_right >= 0 ? max(0, k0 - off - p.window_right) : 0;
+  const int q_hi = p.window_left >= 0 ? min(p.seqlen_q, last_key - off + p.window_left + 1) : p.seqlen_q;
+  const int lo = q_lo / kBlock;
+  return {lo, q_hi > q_lo ? (q_hi - 1) / kBlock + 1 - lo : 0};
+}
 
 // The fp32 dQ accumulator of (batch b, query head h): [head_dim / 64][rows][64], so that 64
 // query rows of 64 columns are one contiguous 16 KB piece (a bulk reduction's unit, bwd_dkdv_wgmma.cuh).
@@ -165,128 +178,6 @@ __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdPa
 #pragma unroll
   for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
   if (lane == 0) p.delta[(int64_t(b) * p.heads_q + h) * p.rows + i] = sum;
-}
-
-// ---- dK and dV of one key block (and dQ's share, by atomics) ------------------------------------
-template <int kD>
-struct DkDvSmem {
-  static constexpr int kTile = Tile<kD>::kBytes, kSquare = Tile<kBlock>::kBytes;
-  static constexpr int kK = 0, kV = kTile, kQ = 2 * kTile, kDo = 4 * kTile;  // Q, dO: two buffers each
-  static constexpr int kPt = 6 * kTile, kDst = kPt + kSquare;
-  static constexpr int kLse = kDst + kSquare, kDelta = kLse + 2 * kBlock * 4;
-  static constexpr int kBytes = kDelta + 2 * kBlock * 4;
-};
-
-template <int kD, bool kBF16>
-__global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) bwd_dkdv_kernel(const detail::BwdParams p) {
-  using L = DkDvSmem<kD>;
-  extern __shared__ __align__(128) char smem[];
-  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int wm = warp & 3, wn = warp >> 2;  // 16 rows, and a half of the columns
-  const int k0 = n_block * kBlock, off = p.seqlen_k - p.seqlen_q;
-  const Visibility vis{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
-
-  // Query rows that see a key of this block: [q_lo, q_hi).
-  const int last_key = min(k0 + kBlock, p.seqlen_k) - 1;
-  const int q_lo = p.window_right >= 0 ? max(0, k0 - off - p.window_right) : 0;
-  const int q_hi = p.window_left >= 0 ? min(p.seqlen_q, last_key - off + p.window_left + 1) : p.seqlen_q;
-  const int m_lo = q_lo / kBlock, m_count = q_hi > q_lo ? (q_hi - 1) / kBlock + 1 - m_lo : 0;
-  const int group = p.heads_q / p.heads_kv, steps = group * m_count;
-
-  const Tile<kD> sK{smem + L::kK}, sV{smem + L::kV};
-  const Tile<kBlock> sPt{smem + L::kPt}, sDst{smem + L::kDst};
-  auto sQ = [&](int buf) { return Tile<kD>{smem + L::kQ + buf * L::kTile}; };
-  auto sDo = [&](int buf) { return Tile<kD>{smem + L::kDo + buf * L::kTile}; };
-  auto sLse = [&](int buf) { return reinterpret_cast<float*>(smem + L::kLse) + buf * kBlock; };
-  auto sDelta = [&](int buf) { return reinterpret_cast<float*>(smem + L::kDelta) + buf * kBlock; };
-
-  const int valid_keys = p.seqlen_k - k0;
-  load_tile(sK, row0<kD, kBF16>(p.k, p.k_stride, b, hk) + k0 * p.k_stride[1], p.k_stride[1], valid_keys);
-  load_tile(sV, row0<kD, kBF16>(p.v, p.v_stride, b, hk) + k0 * p.v_stride[1], p.v_stride[1], valid_keys);
-  __pipeline_commit();
-  auto load_step = [&](int s) {
-    const int h = hk * group + s / m_count, q0 = (m_lo + s % m_count) * kBlock, buf = s & 1;
-    const int valid = p.seqlen_q - q0;
-    load_tile(sQ(buf), row0<kD, kBF16>(p.q, p.q_stride, b, h) + q0 * p.q_stride[1], p.q_stride[1], valid);
-    load_tile(sDo(buf), row0<kD, kBF16>(p.dout, p.do_stride, b, h) + q0 * p.do_stride[1], p.do_stride[1], valid);
-    load_row_floats(sLse(buf), p.lse + (int64_t(b) * p.heads_q + h) * p.seqlen_q + q0, valid);
-    load_row_floats(sDelta(buf), p.delta + (int64_t(b) * p.heads_q + h) * p.rows + q0, valid);
-  };
-  if (steps > 0) load_step(0);
-  __pipeline_commit();
-
-  float dk[kD / 16][4] = {}, dv[kD / 16][4] = {};
-  for (int s = 0; s < steps; ++s) {
-    const int h = hk * group + s / m_count, q0 = (m_lo + s % m_count) * kBlock, buf = s & 1;
-    if (s + 1 < steps) load_step(s + 1);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-
-    // S^T and dP^T: this warp's 16 keys x 32 queries.
-    float st[4][4] = {}, dpt[4][4] = {};
-    warp_mma<kBF16, kD, 4, false, false>(st, sK, wm * 16, 0, sQ(buf), wn * 32, 0);
-    warp_mma<kBF16, kD, 4, false, false>(dpt, sV, wm * 16, 0, sDo(buf), wn * 32, 0);
-    const bool whole = vis.whole(q0, k0);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int qc = wn * 32 + j * 8 + 2 * t;  // this thread's two query columns: qc, qc + 1
-      const float l0 = lse_log2(sLse(buf)[qc]), l1 = lse_log2(sLse(buf)[qc + 1]);
-      const float d0 = sDelta(buf)[qc], d1 = sDelta(buf)[qc + 1];
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {  // rows g and g + 8
-        const int kr = wm * 16 + g + 8 * hr;
-        float p0 = numerics::exp2_mufu(fmaf(st[j][2 * hr], p.scale_log2, -l0)),
-              p1 = numerics::exp2_mufu(fmaf(st[j][2 * hr + 1], p.scale_log2, -l1));
-        if (!whole) {
-          if (!vis(q0 + qc, k0 + kr)) p0 = 0.0f;
-          if (!vis(q0 + qc + 1, k0 + kr)) p1 = 0.0f;
-        }
-        sPt.store2(kr, qc, pack2<kBF16>(p0, p1));
-        sDst.store2(kr, qc, pack2<kBF16>(p0 * (dpt[j][2 * hr] - d0) * p.scale, p1 * (dpt[j][2 * hr + 1] - d1) * p.scale));
-      }
-    }
-    __syncthreads();
-
-    // dV += P^T dO, dK += dS^T Q: this warp's 16 keys x kD / 2 columns.
-    warp_mma<kBF16, kBlock, kD / 16, false, true>(dv, sPt, wm * 16, 0, sDo(buf), wn * (kD / 2), 0);
-    warp_mma<kBF16, kBlock, kD / 16, false, true>(dk, sDst, wm * 16, 0, sQ(buf), wn * (kD / 2), 0);
-
-    // dQ += dS K into the fp32 accumulator: this warp's 16 queries x 32 columns of each 64.
-    if (!p.deterministic) {
-#pragma unroll
-      for (int c = 0; c < kD; c += 64) {
-        float dq[4][4] = {};
-        warp_mma<kBF16, kBlock, 4, true, true>(dq, sDst, wm * 16, 0, sK, c + wn * 32, 0);
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const int q = q0 + wm * 16 + g + 8 * hr;
-            if (q < p.seqlen_q)
-              atomicAdd(reinterpret_cast<float2*>(dq_accum_at<kD>(p, b, h, q, c + wn * 32 + j * 8 + 2 * t)),
-                        make_float2(dq[j][2 * hr], dq[j][2 * hr + 1]));
-          }
-      }
-    }
-    __syncthreads();
-  }
-
-  // dK, dV of the block's real keys.
-  uint16_t* dkp = static_cast<uint16_t*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2];
-  uint16_t* dvp = static_cast<uint16_t*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[2];
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int key = k0 + wm * 16 + g + 8 * hr;
-    if (key >= p.seqlen_k) continue;
-#pragma unroll
-    for (int j = 0; j < kD / 16; ++j) {
-      const int c = wn * (kD / 2) + j * 8 + 2 * t;
-      *reinterpret_cast<uint32_t*>(dkp + key * p.dk_stride[1] + c) = pack2<kBF16>(dk[j][2 * hr], dk[j][2 * hr + 1]);
-      *reinterpret_cast<uint32_t*>(dvp + key * p.dv_stride[1] + c) = pack2<kBF16>(dv[j][2 * hr], dv[j][2 * hr + 1]);
-    }
-  }
 }
 
 // ---- dQ from the fp32 accumulator ------------------------------------------------------------------
@@ -361,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, kD <= 128 ? 2 : 1) bwd_dq_kernel(con
     float sc[4][4] = {}, dp[4][4] = {};
     warp_mma<kBF16, kD, 4, false, false>(sc, sQ, wm * 16, 0, sK(buf), wn * 32, 0);
     warp_mma<kBF16, kD, 4, false, false>(dp, sDo, wm * 16, 0, sV(buf), wn * 32, 0);
-    const bool whole = vis.whole(q0, k0);
+    const bool whole = vis.whole(q0, kBlock, k0, kBlock);
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const int qr = wm * 16 + g + 8 * hr;
