@@ -9,7 +9,9 @@
 //   takes 64 of the columns, at d64 each its own 64 keys (the two pieces then add in L2).
 //
 // Tiles are loaded by cp.async into the 128-byte-swizzled layout wgmma reads (64-column blocks of
-// rows x 128 bytes), the next query block's while this one computes.
+// rows x 128 bytes), the next query block's while this one computes. Q, dO, LSE and D have three
+// buffers at d64/d128, so that a step ends without a CTA barrier (the one at the next step's start
+// keeps every buffer's reader ahead of its refill); d256 has room for two and closes each step.
 #pragma once
 
 #include <cuda/ptx>
@@ -43,11 +45,12 @@ template <int kD>
 struct WgSmem {
   static constexpr int kKVBytes = kWgKeys * kD * 2, kQBytes = kBlock * kD * 2;
   static constexpr int kK = 0, kV = kKVBytes;
-  static constexpr int kQ = 2 * kKVBytes, kDo = kQ + 2 * kQBytes;  // Q and dO: two buffers each
-  static constexpr int kDs = kDo + 2 * kQBytes;                    // dS^T [128 keys][64 queries]
+  static constexpr int kBufs = 3;  // Q, dO, LSE, D: three buffers, so a step needs no closing barrier
+  static constexpr int kQ = 2 * kKVBytes, kDo = kQ + kBufs * kQBytes;
+  static constexpr int kDs = kDo + kBufs * kQBytes;                // dS^T [128 keys][64 queries]
   static constexpr int kStage = kDs + kWgKeys * kBlock * 2;        // fp32 [64][64] a warpgroup
-  static constexpr int kLse = kStage + 2 * kBlock * 64 * 4, kDelta = kLse + 2 * kBlock * 4;
-  static constexpr int kBytes = kDelta + 2 * kBlock * 4 + 1024;  // + slack to align the base
+  static constexpr int kLse = kStage + 2 * kBlock * 64 * 4, kDelta = kLse + kBufs * kBlock * 4;
+  static constexpr int kBytes = kDelta + kBufs * kBlock * 4 + 1024;  // + slack to align the base
   static_assert(kBytes <= 227 * 1024, "the wgmma dK/dV kernel's shared memory");
 };
 
@@ -76,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
   load_sw128<kWgKeys, kD>(smem + L::kV, row0<kD, kBF16>(p.v, p.v_stride, b, hk) + k0 * p.v_stride[1], p.v_stride[1], valid_keys);
   __pipeline_commit();
   auto load_step = [&](int s) {
-    const int h = hk * group + s / m_count, q0 = (m_lo + s % m_count) * kBlock, buf = s & 1;
+    const int h = hk * group + s / m_count, q0 = (m_lo + s % m_count) * kBlock, buf = s % L::kBufs;
     const int valid = p.seqlen_q - q0;
     load_sw128<kBlock, kD>(smem + L::kQ + buf * L::kQBytes, row0<kD, kBF16>(p.q, p.q_stride, b, h) + q0 * p.q_stride[1], p.q_stride[1], valid);
     load_sw128<kBlock, kD>(smem + L::kDo + buf * L::kQBytes, row0<kD, kBF16>(p.dout, p.do_stride, b, h) + q0 * p.do_stride[1], p.do_stride[1], valid);
@@ -121,8 +124,9 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
 
   float dk[kD / 2] = {}, dv[kD / 2] = {};
   for (int s = 0; s < steps; ++s) {
-    const int h = hk * group + s / m_count, q0 = (m_lo + s % m_count) * kBlock, buf = s & 1;
-    // The next step's loads go out first (into the buffer step s - 1 used); then step s's have landed.
+    const int h = hk * group + s / m_count, q0 = (m_lo + s % m_count) * kBlock, buf = s % L::kBufs;
+    // The next step's loads go out first, into the buffer step s - 2 used (every thread is past
+    // step s - 2: it passed step s - 1's barrier); then step s's have landed.
     if (s + 1 < steps) load_step(s + 1);
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -249,7 +253,6 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
     wgmma::pin(dv);
     wgmma::pin(pf);
     wgmma::pin(dsf);
-    __syncthreads();  // this step's Q, dO, LSE, D and dS^T may be refilled
   }
   if (tid == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
 
