@@ -1,7 +1,11 @@
 // Tests that need a GPU call FA4_REQUIRE_GPU() first: without a Hopper GPU they skip and say why.
 #pragma once
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <thread>
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -23,6 +27,20 @@ inline std::string gpu_missing_reason() {
     return "GPU 0 has compute capability " + std::to_string(major) + "." + std::to_string(minor) +
            ", these tests need 9.0 (Hopper)";
   return {};
+}
+
+// Waits for the device; a launch still running after 60 s is reported and the test binary exits,
+// since a hung kernel leaves nothing after it able to run.
+inline void finish_or_exit(const std::string& what) {
+  const auto start = std::chrono::steady_clock::now();
+  while (cudaStreamQuery(nullptr) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) {
+      std::fprintf(stderr, "FAILED: the launch for %s has not finished in 60 s (a hang); exiting\n", what.c_str());
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 }  // namespace fa4_test

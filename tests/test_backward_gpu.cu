@@ -24,6 +24,7 @@
 #include "convert.h"
 #include "fa4/attention.h"
 #include "gpu_guard.h"
+#include "test_support.h"
 #include "reference.h"
 
 namespace {
@@ -44,14 +45,7 @@ struct Case {
   bool deterministic = false;
 
   fa4::Problem problem() const {
-    fa4::Problem p;
-    p.dtype = dtype;
-    p.batch = batch;
-    p.seqlen_q = seqlen_q;
-    p.seqlen_k = seqlen_k;
-    p.heads_q = heads_q;
-    p.heads_kv = heads_kv;
-    p.head_dim = head_dim;
+    fa4::Problem p = fa4::test::make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype);
     p.softmax_scale = scale;
     p.causal = causal;
     p.window_left = left;
@@ -69,20 +63,6 @@ struct Case {
 };
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-// Waits for the device; a launch still running after 60 s is reported and the test binary exits,
-// since a hung kernel leaves nothing after it able to run.
-void finish_or_exit(const std::string& what) {
-  const auto start = std::chrono::steady_clock::now();
-  while (cudaStreamQuery(nullptr) == cudaErrorNotReady) {
-    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) {
-      std::fprintf(stderr, "FAILED: the launch for %s has not finished in 60 s (a hang); exiting\n", what.c_str());
-      std::fflush(stderr);
-      std::_Exit(1);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-}
 
 // Device memory freed on scope exit.
 struct DeviceBuffer {
@@ -210,7 +190,7 @@ void run_backward(const Case& c, const Reference& r, Gradients* g) {
   a.workspace_bytes = bytes;
   st = fa4::backward(a, nullptr);
   ASSERT_TRUE(st.ok()) << fa4::to_string(st.code) << ": " << st.message;
-  finish_or_exit(c.name());
+  fa4_test::finish_or_exit(c.name());
   CUDA_OK(cudaDeviceSynchronize());
   CUDA_OK(cudaGetLastError());
 

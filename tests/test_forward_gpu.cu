@@ -65,20 +65,6 @@ struct Case {
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
 
-// Waits for the device; a launch still running after 60 s is reported and the test binary exits,
-// since a hung kernel leaves nothing after it able to run.
-void finish_or_exit(const std::string& what) {
-  const auto start = std::chrono::steady_clock::now();
-  while (cudaStreamQuery(nullptr) == cudaErrorNotReady) {
-    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(60)) {
-      std::fprintf(stderr, "FAILED: the launch for %s has not finished in 60 s (a hang); exiting\n", what.c_str());
-      std::fflush(stderr);
-      std::_Exit(1);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-}
-
 // A device tensor [batch][seq][heads][dim] in one of the layouts, filled from contiguous BSHD values.
 struct DeviceTensor {
   uint16_t* data = nullptr;
@@ -191,7 +177,7 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
     st = c.launch ? c.launch(fp, nullptr) : fa4::detail::sm90_forward(fp, nullptr);
   }
   ASSERT_TRUE(st.ok()) << st.message;
-  finish_or_exit(c.name());
+  fa4_test::finish_or_exit(c.name());
   CUDA_OK(cudaDeviceSynchronize());
 
   const std::vector<double> out = dout.download(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim);

@@ -293,63 +293,62 @@ void resolve_window(const Problem& p, int64_t* left, int64_t* right) {
   *right = r;
 }
 
-FwdParams make_fwd_params(const ForwardArgs& args) {
-  const Problem& p = args.problem;
-  FwdParams f{};
-  f.dtype = p.dtype;
-  f.q = args.q.data;
-  f.k = args.k.data;
-  f.v = args.v.data;
-  f.o = args.o.data;
-  f.lse = args.lse;
-  const TensorRef* refs[] = {&args.q, &args.k, &args.v, &args.o};
-  int64_t* dst[] = {f.q_stride, f.k_stride, f.v_stride, f.o_stride};
-  for (int i = 0; i < 4; ++i) {
-    dst[i][0] = refs[i]->batch_stride;
-    dst[i][1] = refs[i]->seq_stride;
-    dst[i][2] = refs[i]->head_stride;
-  }
-  f.batch = static_cast<int>(p.batch);
-  f.seqlen_q = static_cast<int>(p.seqlen_q);
-  f.seqlen_k = static_cast<int>(p.seqlen_k);
-  f.heads_q = static_cast<int>(p.heads_q);
-  f.heads_kv = static_cast<int>(p.heads_kv);
-  f.head_dim = static_cast<int>(p.head_dim);
-  f.scale = effective_scale(p);
-  f.scale_log2 = static_cast<float>(static_cast<double>(f.scale) * 1.4426950408889634);  // log2(e)
+namespace {
+
+// What forward and backward parameters share: sizes, dtype, scale, window.
+template <class Params>
+void set_problem(const Problem& p, Params* k) {
+  k->dtype = p.dtype;
+  k->batch = static_cast<int>(p.batch);
+  k->seqlen_q = static_cast<int>(p.seqlen_q);
+  k->seqlen_k = static_cast<int>(p.seqlen_k);
+  k->heads_q = static_cast<int>(p.heads_q);
+  k->heads_kv = static_cast<int>(p.heads_kv);
+  k->head_dim = static_cast<int>(p.head_dim);
+  k->scale = effective_scale(p);
+  k->scale_log2 = static_cast<float>(static_cast<double>(k->scale) * 1.4426950408889634);  // log2(e)
   int64_t left = 0, right = 0;
   resolve_window(p, &left, &right);
-  f.window_left = static_cast<int>(left);
-  f.window_right = static_cast<int>(right);
+  k->window_left = static_cast<int>(left);
+  k->window_right = static_cast<int>(right);
+}
+
+// A tensor's element strides as the kernels take them: [batch, seq, head].
+void set_strides(const TensorRef& t, int64_t (&stride)[3]) {
+  stride[0] = t.batch_stride;
+  stride[1] = t.seq_stride;
+  stride[2] = t.head_stride;
+}
+
+}  // namespace
+
+FwdParams make_fwd_params(const ForwardArgs& args) {
+  FwdParams f{};
+  set_problem(args.problem, &f);
+  f.q = args.q.data, f.k = args.k.data, f.v = args.v.data, f.o = args.o.data;
+  f.lse = args.lse;
+  set_strides(args.q, f.q_stride);
+  set_strides(args.k, f.k_stride);
+  set_strides(args.v, f.v_stride);
+  set_strides(args.o, f.o_stride);
   return f;
 }
 
 BwdParams make_bwd_params(const BackwardArgs& args) {
   const Problem& p = args.problem;
   BwdParams b{};
-  b.dtype = p.dtype;
+  set_problem(p, &b);
   b.q = args.q.data, b.k = args.k.data, b.v = args.v.data, b.o = args.o.data, b.dout = args.dout.data;
   b.dq = args.dq.data, b.dk = args.dk.data, b.dv = args.dv.data;
   b.lse = args.lse;
-  const TensorRef* refs[] = {&args.q, &args.k, &args.v, &args.o, &args.dout, &args.dq, &args.dk, &args.dv};
-  int64_t* dst[] = {b.q_stride, b.k_stride, b.v_stride, b.o_stride, b.do_stride, b.dq_stride, b.dk_stride, b.dv_stride};
-  for (int i = 0; i < 8; ++i) {
-    dst[i][0] = refs[i]->batch_stride;
-    dst[i][1] = refs[i]->seq_stride;
-    dst[i][2] = refs[i]->head_stride;
-  }
-  b.batch = static_cast<int>(p.batch);
-  b.seqlen_q = static_cast<int>(p.seqlen_q);
-  b.seqlen_k = static_cast<int>(p.seqlen_k);
-  b.heads_q = static_cast<int>(p.heads_q);
-  b.heads_kv = static_cast<int>(p.heads_kv);
-  b.head_dim = static_cast<int>(p.head_dim);
-  b.scale = effective_scale(p);
-  b.scale_log2 = static_cast<float>(static_cast<double>(b.scale) * 1.4426950408889634);  // log2(e)
-  int64_t left = 0, right = 0;
-  resolve_window(p, &left, &right);
-  b.window_left = static_cast<int>(left);
-  b.window_right = static_cast<int>(right);
+  set_strides(args.q, b.q_stride);
+  set_strides(args.k, b.k_stride);
+  set_strides(args.v, b.v_stride);
+  set_strides(args.o, b.o_stride);
+  set_strides(args.dout, b.do_stride);
+  set_strides(args.dq, b.dq_stride);
+  set_strides(args.dk, b.dk_stride);
+  set_strides(args.dv, b.dv_stride);
   b.deterministic = args.deterministic;
   b.rows = (p.seqlen_q + kDqAccumRowAlign - 1) / kDqAccumRowAlign * kDqAccumRowAlign;
   b.dq_accum = static_cast<float*>(args.workspace);

@@ -41,6 +41,47 @@ __device__ __forceinline__ void load_sw128(char* tile, const uint16_t* src, int6
   }
 }
 
+// What a dK/dV CTA walks: every query head of KV head hk's group, each over the query blocks
+// [lo, lo + count) that see the CTA's keys (query_blocks); step s is head s / count's block
+// lo + s % count.
+struct Walk {
+  int b, hk, group, lo, count;
+  __device__ __forceinline__ int steps() const { return group * count; }
+  __device__ __forceinline__ int head(int s) const { return hk * group + s / count; }
+  __device__ __forceinline__ int q0(int s) const { return (lo + s % count) * kBlock; }
+};
+
+// The walk of the CTA (blockIdx: key block, KV head, batch) whose keys start at k0.
+__device__ __forceinline__ Walk walk_of(const detail::BwdParams& p, int k0, int keys) {
+  const auto [lo, count] = query_blocks(p, k0, keys);
+  return {int(blockIdx.z), int(blockIdx.y), p.heads_q / p.heads_kv, lo, count};
+}
+
+// The dynamic shared memory, its start moved up to 1024 bytes (128-byte swizzle atoms; the layouts
+// keep 1024 bytes of slack for it).
+__device__ __forceinline__ char* smem_1024() {
+  extern __shared__ uint8_t smem_raw[];
+  return reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+}
+
+// The CTA's K and V rows [k0, k0 + kKeys) into their tiles (rows past seqlen_k are zeros).
+template <int kKeys, int kD, bool kBF16>
+__device__ __forceinline__ void load_kv(const detail::BwdParams& p, const Walk& w, int k0, char* k_tile, char* v_tile) {
+  load_sw128<kKeys, kD>(k_tile, row0<kD, kBF16>(p.k, p.k_stride, w.b, w.hk) + k0 * p.k_stride[1], p.k_stride[1], p.seqlen_k - k0);
+  load_sw128<kKeys, kD>(v_tile, row0<kD, kBF16>(p.v, p.v_stride, w.b, w.hk) + k0 * p.v_stride[1], p.v_stride[1], p.seqlen_k - k0);
+}
+
+// Step s's Q and dO tiles and its rows of LSE and D into one buffer of each.
+template <int kD, bool kBF16>
+__device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const Walk& w, int s, char* q_tile, char* do_tile,
+                                            float* lse, float* delta) {
+  const int h = w.head(s), q0 = w.q0(s), valid = p.seqlen_q - q0;
+  load_sw128<kBlock, kD>(q_tile, row0<kD, kBF16>(p.q, p.q_stride, w.b, h) + q0 * p.q_stride[1], p.q_stride[1], valid);
+  load_sw128<kBlock, kD>(do_tile, row0<kD, kBF16>(p.dout, p.do_stride, w.b, h) + q0 * p.do_stride[1], p.do_stride[1], valid);
+  load_row_floats(lse, p.lse + (int64_t(w.b) * p.heads_q + h) * p.seqlen_q + q0, valid);
+  load_row_floats(delta, p.delta + (int64_t(w.b) * p.heads_q + h) * p.rows + q0, valid);
+}
+
 template <int kD>
 struct WgSmem {
   static constexpr int kKVBytes = kWgKeys * kD * 2, kQBytes = kBlock * kD * 2;
@@ -60,31 +101,22 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
   namespace wgmma = ptx::wgmma;
   using L = WgSmem<kD>;
   constexpr auto kType = kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
-  extern __shared__ uint8_t smem_raw[];
-  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-
-  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  char* smem = smem_1024();
+  const int k0 = blockIdx.x * kWgKeys;
+  const Walk walk = walk_of(p, k0, kWgKeys);
+  const int b = walk.b, hk = walk.hk, steps = walk.steps();
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int k0 = n_block * kWgKeys;
   const Visibility vis{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
-
-  const auto [m_lo, m_count] = query_blocks(p, k0, kWgKeys);
-  const int group = p.heads_q / p.heads_kv, steps = group * m_count;
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
-  const int valid_keys = p.seqlen_k - k0;
-  load_sw128<kWgKeys, kD>(smem + L::kK, row0<kD, kBF16>(p.k, p.k_stride, b, hk) + k0 * p.k_stride[1], p.k_stride[1], valid_keys);
-  load_sw128<kWgKeys, kD>(smem + L::kV, row0<kD, kBF16>(p.v, p.v_stride, b, hk) + k0 * p.v_stride[1], p.v_stride[1], valid_keys);
+  load_kv<kWgKeys, kD, kBF16>(p, walk, k0, smem + L::kK, smem + L::kV);
   __pipeline_commit();
   auto load_step = [&](int s) {
-    const int h = hk * group + s / m_count, q0 = (m_lo + s % m_count) * kBlock, buf = s % L::kBufs;
-    const int valid = p.seqlen_q - q0;
-    load_sw128<kBlock, kD>(smem + L::kQ + buf * L::kQBytes, row0<kD, kBF16>(p.q, p.q_stride, b, h) + q0 * p.q_stride[1], p.q_stride[1], valid);
-    load_sw128<kBlock, kD>(smem + L::kDo + buf * L::kQBytes, row0<kD, kBF16>(p.dout, p.do_stride, b, h) + q0 * p.do_stride[1], p.do_stride[1], valid);
-    load_row_floats(sLse + buf * kBlock, p.lse + (int64_t(b) * p.heads_q + h) * p.seqlen_q + q0, valid);
-    load_row_floats(sDelta + buf * kBlock, p.delta + (int64_t(b) * p.heads_q + h) * p.rows + q0, valid);
+    const int buf = s % L::kBufs;
+    load_q_step<kD, kBF16>(p, walk, s, smem + L::kQ + buf * L::kQBytes, smem + L::kDo + buf * L::kQBytes,
+                           sLse + buf * kBlock, sDelta + buf * kBlock);
   };
   if (steps > 0) load_step(0);
   __pipeline_commit();
@@ -124,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
 
   float dk[kD / 2] = {}, dv[kD / 2] = {};
   for (int s = 0; s < steps; ++s) {
-    const int h = hk * group + s / m_count, q0 = (m_lo + s % m_count) * kBlock, buf = s % L::kBufs;
+    const int h = walk.head(s), q0 = walk.q0(s), buf = s % L::kBufs;
     // The next step's loads go out first, into the buffer step s - 2 used (every thread is past
     // step s - 2: it passed step s - 1's barrier); then step s's have landed.
     if (s + 1 < steps) load_step(s + 1);
@@ -293,31 +325,22 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const de
   using L = WgSmem256;
   constexpr int kD = 256;
   constexpr auto kType = kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
-  extern __shared__ uint8_t smem_raw[];
-  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-
-  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  char* smem = smem_1024();
+  const int k0 = blockIdx.x * kBlock;
+  const Walk walk = walk_of(p, k0, kBlock);
+  const int b = walk.b, hk = walk.hk, steps = walk.steps();
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int k0 = n_block * kBlock;
   const Visibility vis{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
-
-  const auto [m_lo, m_count] = query_blocks(p, k0, kBlock);
-  const int group = p.heads_q / p.heads_kv, steps = group * m_count;
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
-  const int valid_keys = p.seqlen_k - k0;
-  load_sw128<kBlock, kD>(smem + L::kK, row0<kD, kBF16>(p.k, p.k_stride, b, hk) + k0 * p.k_stride[1], p.k_stride[1], valid_keys);
-  load_sw128<kBlock, kD>(smem + L::kV, row0<kD, kBF16>(p.v, p.v_stride, b, hk) + k0 * p.v_stride[1], p.v_stride[1], valid_keys);
+  load_kv<kBlock, kD, kBF16>(p, walk, k0, smem + L::kK, smem + L::kV);
   __pipeline_commit();
   auto load_step = [&](int s) {
-    const int h = hk * group + s / m_count, q0 = (m_lo + s % m_count) * kBlock, buf = s & 1;
-    const int valid = p.seqlen_q - q0;
-    load_sw128<kBlock, kD>(smem + L::kQ + buf * L::kTile, row0<kD, kBF16>(p.q, p.q_stride, b, h) + q0 * p.q_stride[1], p.q_stride[1], valid);
-    load_sw128<kBlock, kD>(smem + L::kDo + buf * L::kTile, row0<kD, kBF16>(p.dout, p.do_stride, b, h) + q0 * p.do_stride[1], p.do_stride[1], valid);
-    load_row_floats(sLse + buf * kBlock, p.lse + (int64_t(b) * p.heads_q + h) * p.seqlen_q + q0, valid);
-    load_row_floats(sDelta + buf * kBlock, p.delta + (int64_t(b) * p.heads_q + h) * p.rows + q0, valid);
+    const int buf = s & 1;
+    load_q_step<kD, kBF16>(p, walk, s, smem + L::kQ + buf * L::kTile, smem + L::kDo + buf * L::kTile,
+                           sLse + buf * kBlock, sDelta + buf * kBlock);
   };
   if (steps > 0) load_step(0);
   __pipeline_commit();
@@ -339,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const de
 
   float dk[64] = {}, dv[64] = {};  // this warpgroup's 128 columns
   for (int s = 0; s < steps; ++s) {
-    const int h = hk * group + s / m_count, q0 = (m_lo + s % m_count) * kBlock, buf = s & 1;
+    const int h = walk.head(s), q0 = walk.q0(s), buf = s & 1;
     if (s + 1 < steps) load_step(s + 1);
     __pipeline_commit();
     __pipeline_wait_prior(1);
