@@ -355,6 +355,21 @@ TEST(BackwardGpu, DeterministicIsBitIdenticalRunToRun) {
   run_and_check(c, r);
 }
 
+TEST(BackwardGpu, DeterministicEveryHeadDimAndMask) {
+  FA4_REQUIRE_GPU();
+  // The deterministic dQ kernels (wgmma at d64/d128 on 128-row blocks, mma.sync at d256) on tails
+  // of both lengths, causal both ways, a window, GQA and fp16.
+  std::vector<Case> cases;
+  for (int64_t d : {64, 128, 256}) {
+    cases.push_back({BF16, 1, 239, 300, 4, 2, d, false});
+    cases.push_back({BF16, 1, 300, 130, 2, 2, d, true});  // rows that see no key
+    cases.push_back({FP16, 2, 129, 257, 2, 1, d, true});
+    cases.push_back({BF16, 1, 257, 200, 2, 2, d, false, 17, 5});
+  }
+  for (Case& c : cases) c.deterministic = true;
+  run_cases(cases, 700);
+}
+
 TEST(BackwardGpu, ScaleNotDefault) {
   FA4_REQUIRE_GPU();
   // softmax_scale = 0.3 instead of 1/sqrt(head_dim), in P and in dQ = scale dS K, dK = scale dS^T Q.

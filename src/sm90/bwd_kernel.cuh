@@ -7,11 +7,12 @@
 //     dP^T = V dO^T, dS^T = P^T * (dP^T - D) * scale
 //     dV  += P^T dO,  dK += dS^T Q                                         (fp32 in registers)
 //     dQ  += dS K     fp32 reductions into the workspace, converted by bwd_dq_convert_kernel;
-//   or, deterministic, dQ by bwd_dq_kernel (this file): one CTA a query block walking its key blocks
-//   in order (S and dP computed a second time), so no sum depends on the order CTAs run in.
+//   or, deterministic, dQ by a kernel of its own: one CTA a query block walking its key blocks in
+//   order (S and dP computed a second time), so no sum depends on the order CTAs run in
+//   (bwd_dq_wgmma.cuh at d64/d128; bwd_dq_kernel here at d256).
 //
-// This file holds the pieces around the wgmma kernels: D, the dQ conversion, and the deterministic
-// dQ kernel. That one is warp-level mma.sync (m16n8k16, fp32 accumulate) with every operand in
+// This file holds the pieces around the wgmma kernels: D, the dQ conversion, and d256's
+// deterministic dQ kernel. That one is warp-level mma.sync (m16n8k16, fp32 accumulate) with every operand in
 // shared memory, read as rows or as columns through ldmatrix (.trans); tiles are loaded by
 // cp.async, the next key block's while this one computes. Eight warps; a GEMM's 64-row output is
 // four warps of 16 rows times two column halves.
