@@ -167,26 +167,23 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
 
     // S^T and dP^T: this warpgroup's 64 keys x 64 queries, in two groups, so that P^T's
     // exponentials run while dP^T is computed, and dS^T's arithmetic while dV's GEMMs run.
+    // acc = A B^T over the head dim: A this warpgroup's K or V (registers at d64), B step s's Q or dO.
+    auto gemm = [&](float(&acc)[32], const uint32_t(&a_regs)[kKVInRegs ? kD / 16 : 1][4], uint64_t a_desc,
+                    uint64_t b_desc) {
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint64_t b = wgmma::desc_advance(b_desc, buf * L::kQBytes + (kk / 4) * kBlock * 128 + (kk % 4) * 32);
+        if constexpr (kKVInRegs)
+          wgmma::mma_rs_kb<64, kType>(acc, a_regs[kk], b, kk > 0);
+        else
+          wgmma::mma_ss<64, kType>(acc, wgmma::desc_advance(a_desc, (kk / 4) * kWgKeys * 128 + (kk % 4) * 32), b, kk > 0);
+      }
+      wgmma::commit_group();
+    };
     float st[32], dpt[32];
     wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint64_t bq = wgmma::desc_advance(q_desc, buf * L::kQBytes + (kk / 4) * kBlock * 128 + (kk % 4) * 32);
-      if constexpr (kKVInRegs)
-        wgmma::mma_rs_kb<64, kType>(st, kf[kk], bq, kk > 0);
-      else
-        wgmma::mma_ss<64, kType>(st, wgmma::desc_advance(k_desc, (kk / 4) * kWgKeys * 128 + (kk % 4) * 32), bq, kk > 0);
-    }
-    wgmma::commit_group();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint64_t bdo = wgmma::desc_advance(do_desc, buf * L::kQBytes + (kk / 4) * kBlock * 128 + (kk % 4) * 32);
-      if constexpr (kKVInRegs)
-        wgmma::mma_rs_kb<64, kType>(dpt, vf[kk], bdo, kk > 0);
-      else
-        wgmma::mma_ss<64, kType>(dpt, wgmma::desc_advance(v_desc, (kk / 4) * kWgKeys * 128 + (kk % 4) * 32), bdo, kk > 0);
-    }
-    wgmma::commit_group();
+    gemm(st, kf, k_desc, q_desc);
+    gemm(dpt, vf, v_desc, do_desc);
 
     // P^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).
     const float* lse = sLse + buf * kBlock;
@@ -369,18 +366,18 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const de
     ptx::fence_proxy_async_smem();
     __syncthreads();
 
+    // acc = A B^T over the head dim: A the block's K or V, B this warpgroup's 32 queries of Q or dO.
+    auto gemm = [&](float(&acc)[16], uint64_t a_desc, uint64_t b_desc) {
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        wgmma::mma_ss<32, kType>(acc, wgmma::desc_advance(a_desc, (kk / 4) * kBlock * 128 + (kk % 4) * 32),
+                                 wgmma::desc_advance(b_desc, buf * L::kTile + (kk / 4) * kBlock * 128 + (kk % 4) * 32), kk > 0);
+      wgmma::commit_group();
+    };
     float st[16], dpt[16];
     wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk)
-      wgmma::mma_ss<32, kType>(st, wgmma::desc_advance(k_desc, (kk / 4) * kBlock * 128 + (kk % 4) * 32),
-                               wgmma::desc_advance(q_desc, buf * L::kTile + (kk / 4) * kBlock * 128 + (kk % 4) * 32), kk > 0);
-    wgmma::commit_group();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk)
-      wgmma::mma_ss<32, kType>(dpt, wgmma::desc_advance(v_desc, (kk / 4) * kBlock * 128 + (kk % 4) * 32),
-                               wgmma::desc_advance(do_desc, buf * L::kTile + (kk / 4) * kBlock * 128 + (kk % 4) * 32), kk > 0);
-    wgmma::commit_group();
+    gemm(st, k_desc, q_desc);
+    gemm(dpt, v_desc, do_desc);
 
     // Element 4j + e: key 16 warp + g (+ 8 for e >= 2), query 32 wg + 8j + 2t + (e & 1).
     const float* lse = sLse + buf * kBlock;

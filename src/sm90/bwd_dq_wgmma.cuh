@@ -89,22 +89,20 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dq_wgmma_kernel(const detail:
         row_d[hr] = sDelta[r];
       }
 
+    // acc = A B^T over the head dim: A this warpgroup's rows of Q or dO, B the block's K or V.
+    auto gemm = [&](float(&acc)[32], uint64_t a_desc, uint64_t b_desc) {
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint32_t a_off = (kk / 4) * kDqRows * 128 + (kk % 4) * 32;
+        const uint32_t b_off = buf * L::kKVBytes + (kk / 4) * kBlock * 128 + (kk % 4) * 32;
+        wgmma::mma_ss<64, kType>(acc, wgmma::desc_advance(a_desc, a_off), wgmma::desc_advance(b_desc, b_off), kk > 0);
+      }
+      wgmma::commit_group();
+    };
     float sc[32], dp[32];
     wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t a_off = (kk / 4) * kDqRows * 128 + (kk % 4) * 32;
-      const uint32_t b_off = buf * L::kKVBytes + (kk / 4) * kBlock * 128 + (kk % 4) * 32;
-      wgmma::mma_ss<64, kType>(sc, wgmma::desc_advance(q_desc, a_off), wgmma::desc_advance(k_desc, b_off), kk > 0);
-    }
-    wgmma::commit_group();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t a_off = (kk / 4) * kDqRows * 128 + (kk % 4) * 32;
-      const uint32_t b_off = buf * L::kKVBytes + (kk / 4) * kBlock * 128 + (kk % 4) * 32;
-      wgmma::mma_ss<64, kType>(dp, wgmma::desc_advance(do_desc, a_off), wgmma::desc_advance(v_desc, b_off), kk > 0);
-    }
-    wgmma::commit_group();
+    gemm(sc, q_desc, k_desc);
+    gemm(dp, do_desc, v_desc);
 
     // P: element 4j + e is row 16 warp + g (+ 8 for e >= 2), key 8j + 2t + (e & 1).
     const bool whole = vis.whole(q0 + wg * 64, 64, k0, kBlock);
