@@ -17,6 +17,7 @@
 #include <cuda/ptx>
 
 #include "fa4/numerics/exp2.h"
+#include "ptx/ldmatrix.h"
 #include "ptx/wgmma.h"
 #include "sm90/bwd_kernel.cuh"
 

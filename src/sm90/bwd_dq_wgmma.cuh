@@ -1,12 +1,13 @@
-// sm90 backward, deterministic dQ at head dims 64 and 128: one CTA a block of 128 query rows (64 a
-// warpgroup), walking its key blocks of 64 in order, so that each dQ element is one CTA's sum in a
-// fixed order. Per key block, in the forward's frame:
+// sm90 backward, deterministic dQ on wgmma: one CTA a block of 128 query rows (64 a warpgroup),
+// walking its key blocks in order, so that each dQ element is one CTA's sum in a fixed order. Per
+// key block, in the forward's frame:
 //
 //   S  = Q K^T,  dP = dO V^T           (wgmma SS, K-major both)
 //   P, dS = P (dP - D) scale            (registers: the accumulator layout is the A operand's)
 //   dQ += dS K                          (wgmma RS, K MN-major)
 //
-// K and V are loaded by cp.async into two buffers each, the next block's while this one computes.
+// Key blocks are 64 keys at d64/d128 and 32 at d256 (where 128 rows of Q and dO take 128 KB); K and
+// V are loaded by cp.async into two buffers each, the next block's while this one computes.
 #pragma once
 
 #include "fa4/numerics/exp2.h"
@@ -16,10 +17,12 @@
 namespace fa4::sm90::bwd {
 
 inline constexpr int kDqRows = 128;  // query rows a CTA, 64 a warpgroup
+template <int kD>
+inline constexpr int kDqKeys = kD == 256 ? 32 : 64;  // keys a step
 
 template <int kD>
 struct DqWgSmem {
-  static constexpr int kQBytes = kDqRows * kD * 2, kKVBytes = kBlock * kD * 2;
+  static constexpr int kQBytes = kDqRows * kD * 2, kKVBytes = kDqKeys<kD> * kD * 2;
   static constexpr int kQ = 0, kDo = kQBytes, kK = 2 * kQBytes, kV = kK + 2 * kKVBytes;  // K, V: two buffers
   static constexpr int kLse = kV + 2 * kKVBytes, kDelta = kLse + kDqRows * 4;
   static constexpr int kBytes = kDelta + kDqRows * 4 + 1024;
@@ -28,9 +31,9 @@ struct DqWgSmem {
 
 template <int kD, bool kBF16>
 __global__ void __launch_bounds__(kThreads, 1) bwd_dq_wgmma_kernel(const detail::BwdParams p) {
-  static_assert(kD == 64 || kD == 128, "the wgmma dQ kernel covers head dims 64 and 128");
   namespace wgmma = ptx::wgmma;
   using L = DqWgSmem<kD>;
+  constexpr int kKeys = kDqKeys<kD>;
   constexpr auto kType = kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
   char* smem = smem_1024();
   const int q0 = blockIdx.x * kDqRows, h = blockIdx.y, b = blockIdx.z, hk = h / (p.heads_q / p.heads_kv);
@@ -38,11 +41,11 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dq_wgmma_kernel(const detail:
   const int g = lane / 4, t = lane % 4;
   const Visibility vis{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
 
-  // Keys some row of the block sees: [k_lo, k_hi), in key blocks of 64.
+  // Keys some row of the block sees: [k_lo, k_hi), in blocks of kKeys.
   const int off = p.seqlen_k - p.seqlen_q, last_q = min(q0 + kDqRows, p.seqlen_q) - 1;
   const int k_lo = p.window_left >= 0 ? max(0, q0 + off - p.window_left) : 0;
   const int k_hi = p.window_right >= 0 ? min(p.seqlen_k, last_q + off + p.window_right + 1) : p.seqlen_k;
-  const int n_lo = k_lo / kBlock, steps = k_hi > k_lo ? (k_hi - 1) / kBlock + 1 - n_lo : 0;
+  const int n_lo = k_lo / kKeys, steps = k_hi > k_lo ? (k_hi - 1) / kKeys + 1 - n_lo : 0;
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
@@ -59,7 +62,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dq_wgmma_kernel(const detail:
   const Walk walk{b, hk, 1, 0, 1};  // load_kv reads only b and hk
   auto load_step = [&](int s) {
     const int buf = s & 1;
-    load_kv<kBlock, kD, kBF16>(p, walk, (n_lo + s) * kBlock, smem + L::kK + buf * L::kKVBytes, smem + L::kV + buf * L::kKVBytes);
+    load_kv<kKeys, kD, kBF16>(p, walk, (n_lo + s) * kKeys, smem + L::kK + buf * L::kKVBytes, smem + L::kV + buf * L::kKVBytes);
   };
   if (steps > 0) load_step(0);
   __pipeline_commit();
@@ -69,13 +72,13 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dq_wgmma_kernel(const detail:
   const uint64_t do_desc = wgmma::desc_sw128(smem_addr(smem + L::kDo) + wg * 64 * 128, 16, 1024);
   const uint64_t k_desc = wgmma::desc_sw128(smem_addr(smem + L::kK), 16, 1024);
   const uint64_t v_desc = wgmma::desc_sw128(smem_addr(smem + L::kV), 16, 1024);
-  const uint64_t k_mn = wgmma::desc_sw128(smem_addr(smem + L::kK), kBlock * 128, 1024);
+  const uint64_t k_mn = wgmma::desc_sw128(smem_addr(smem + L::kK), kKeys * 128, 1024);
 
   // This thread's two rows (16 warp + g, + 8) of the warpgroup's 64: their LSE (log2) and D.
   float row_lse[2] = {}, row_d[2] = {};
   float dq[kD / 2] = {};
   for (int s = 0; s < steps; ++s) {
-    const int k0 = (n_lo + s) * kBlock, buf = s & 1;
+    const int k0 = (n_lo + s) * kKeys, buf = s & 1;
     if (s + 1 < steps) load_step(s + 1);
     __pipeline_commit();
     __pipeline_wait_prior(1);
@@ -90,26 +93,26 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dq_wgmma_kernel(const detail:
       }
 
     // acc = A B^T over the head dim: A this warpgroup's rows of Q or dO, B the block's K or V.
-    auto gemm = [&](float(&acc)[32], uint64_t a_desc, uint64_t b_desc) {
+    auto gemm = [&](float(&acc)[kKeys / 2], uint64_t a_desc, uint64_t b_desc) {
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
         const uint32_t a_off = (kk / 4) * kDqRows * 128 + (kk % 4) * 32;
-        const uint32_t b_off = buf * L::kKVBytes + (kk / 4) * kBlock * 128 + (kk % 4) * 32;
-        wgmma::mma_ss<64, kType>(acc, wgmma::desc_advance(a_desc, a_off), wgmma::desc_advance(b_desc, b_off), kk > 0);
+        const uint32_t b_off = buf * L::kKVBytes + (kk / 4) * kKeys * 128 + (kk % 4) * 32;
+        wgmma::mma_ss<kKeys, kType>(acc, wgmma::desc_advance(a_desc, a_off), wgmma::desc_advance(b_desc, b_off), kk > 0);
       }
       wgmma::commit_group();
     };
-    float sc[32], dp[32];
+    float sc[kKeys / 2], dp[kKeys / 2];
     wgmma::fence();
     gemm(sc, q_desc, k_desc);
     gemm(dp, do_desc, v_desc);
 
     // P: element 4j + e is row 16 warp + g (+ 8 for e >= 2), key 8j + 2t + (e & 1).
-    const bool whole = vis.whole(q0 + wg * 64, 64, k0, kBlock);
+    const bool whole = vis.whole(q0 + wg * 64, 64, k0, kKeys);
     wgmma::wait_group<1>();
     wgmma::pin(sc);
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < kKeys / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = 4 * j + e, hr = e >> 1;
@@ -118,17 +121,17 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dq_wgmma_kernel(const detail:
       }
     wgmma::wait_group<0>();
     wgmma::pin(dp);
-    uint32_t dsf[16];
+    uint32_t dsf[kKeys / 4];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < kKeys / 4; ++i) {
       const float d = row_d[i & 1];  // pair i: elements 2i, 2i + 1, of row g for even i, g + 8 for odd
       dsf[i] = pack2<kBF16>(sc[2 * i] * (dp[2 * i] - d) * p.scale, sc[2 * i + 1] * (dp[2 * i + 1] - d) * p.scale);
     }
 
-    // dQ += dS K over the 64 keys.
+    // dQ += dS K over the block's keys.
     wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlock / 16; ++kk) {
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
       const uint32_t a[4] = {dsf[4 * kk], dsf[4 * kk + 1], dsf[4 * kk + 2], dsf[4 * kk + 3]};
       wgmma::mma_rs<kD, kType>(dq, a, wgmma::desc_advance(k_mn, buf * L::kKVBytes + kk * 16 * 128), 1);
     }

@@ -7,15 +7,12 @@
 //     dP^T = V dO^T, dS^T = P^T * (dP^T - D) * scale
 //     dV  += P^T dO,  dK += dS^T Q                                         (fp32 in registers)
 //     dQ  += dS K     fp32 reductions into the workspace, converted by bwd_dq_convert_kernel;
-//   or, deterministic, dQ by a kernel of its own: one CTA a query block walking its key blocks in
-//   order (S and dP computed a second time), so no sum depends on the order CTAs run in
-//   (bwd_dq_wgmma.cuh at d64/d128; bwd_dq_kernel here at d256).
+//   or, deterministic, dQ by a kernel of its own (bwd_dq_wgmma.cuh): one CTA a block of query rows
+//   walking its key blocks in order (S and dP computed a second time), so no sum depends on the
+//   order CTAs run in.
 //
-// This file holds the pieces around the wgmma kernels: D, the dQ conversion, and d256's
-// deterministic dQ kernel. That one is warp-level mma.sync (m16n8k16, fp32 accumulate) with every operand in
-// shared memory, read as rows or as columns through ldmatrix (.trans); tiles are loaded by
-// cp.async, the next key block's while this one computes. Eight warps; a GEMM's 64-row output is
-// four warps of 16 rows times two column halves.
+// This file holds what the kernels share (sizes, masks, packing, the workspace's layout) and the
+// two small kernels around them: D and the dQ conversion.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -26,75 +23,17 @@
 
 #include "common/bwd_params.h"
 #include "fa4/numerics/exp2.h"
-#include "ptx/mma_sync.h"
 #include "ptx/sync.h"
 
 namespace fa4::sm90::bwd {
 
-inline constexpr int kBlock = 64;  // keys of a dK/dV CTA, queries of a step or of a dQ CTA
+inline constexpr int kBlock = 64;  // query rows of a dK/dV step (and keys of a d256 dK/dV CTA)
 inline constexpr int kThreads = 256;
-
-// A [kBlock][kCols] tile of 16-bit elements in shared memory. Each row's 16-byte chunks are
-// XOR-swizzled by the row's low three bits, so that the eight rows an ldmatrix phase reads, and
-// the eight rows a fragment store writes, fall in different banks.
-template <int kCols>
-struct Tile {
-  static_assert(kCols % 64 == 0, "a row must hold a multiple of eight 16-byte chunks");
-  static constexpr int kBytes = kBlock * kCols * 2;
-  char* ptr;
-  __device__ __forceinline__ uint32_t offset(int r, int c) const {
-    return uint32_t(r * kCols * 2 + ((((c >> 3) ^ r) & 7) | ((c >> 3) & ~7)) * 16 + (c & 7) * 2);
-  }
-  __device__ __forceinline__ uint32_t addr(int r, int c) const { return ptx::smem_addr(ptr) + offset(r, c); }
-  __device__ __forceinline__ void store2(int r, int c, uint32_t v) const {
-    *reinterpret_cast<uint32_t*>(ptr + offset(r, c)) = v;
-  }
-};
-
-// Rows [0, kBlock) of a [seq, kCols] slice of global memory, starting at `src` with `row_stride`
-// elements between rows; rows from `valid` on are zero-filled.
-template <int kCols>
-__device__ __forceinline__ void load_tile(Tile<kCols> t, const uint16_t* src, int64_t row_stride, int valid) {
-  constexpr int kChunks = kCols / 8;
-  for (int i = threadIdx.x; i < kBlock * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = (i % kChunks) * 8;
-    const bool ok = r < valid;
-    __pipeline_memcpy_async(t.ptr + t.offset(r, c), ok ? src + r * row_stride + c : src, 16, ok ? 0 : 16);
-  }
-}
 
 // kBlock floats from `src` (zero past `valid`).
 __device__ __forceinline__ void load_row_floats(float* dst, const float* src, int valid) {
   const int r = threadIdx.x;
   if (r < kBlock) __pipeline_memcpy_async(dst + r, r < valid ? src + r : src, 4, r < valid ? 0 : 4);
-}
-
-// acc[16 x 8 kN] += A[16 x kK] B[kK x 8 kN] for this warp. A's rows m0.., columns k0.. of a tile
-// stored [m][k] (kATrans false) or [k][m] (true); B's columns n0.., rows k0.. of a tile stored
-// [n][k] (kBRowsK false) or [k][n] (true).
-template <bool kBF16, int kK, int kN, bool kATrans, bool kBRowsK, int kACols, int kBCols>
-__device__ __forceinline__ void warp_mma(float (&acc)[kN][4], Tile<kACols> a, int m0, int ak0,
-                                         Tile<kBCols> b, int n0, int bk0) {
-  static_assert(kN % 2 == 0, "B is loaded two 8-column tiles at a time");
-  const int l = threadIdx.x & 31;
-#pragma unroll
-  for (int k = 0; k < kK; k += 16) {
-    uint32_t af[4];
-    if constexpr (!kATrans)
-      ptx::ldmatrix_x4(af, a.addr(m0 + (l & 15), ak0 + k + (l >> 4) * 8));
-    else
-      ptx::ldmatrix_x4_trans(af, a.addr(ak0 + k + (l & 7) + (l >> 4) * 8, m0 + ((l >> 3) & 1) * 8));
-#pragma unroll
-    for (int n = 0; n < kN; n += 2) {
-      uint32_t bf[4];
-      if constexpr (!kBRowsK)
-        ptx::ldmatrix_x4(bf, b.addr(n0 + n * 8 + (l & 7) + (l >> 4) * 8, bk0 + k + ((l >> 3) & 1) * 8));
-      else
-        ptx::ldmatrix_x4_trans(bf, b.addr(bk0 + k + (l & 15), n0 + n * 8 + (l >> 4) * 8));
-      ptx::mma_16816<kBF16>(acc[n], af, bf[0], bf[1]);
-      ptx::mma_16816<kBF16>(acc[n + 1], af, bf[2], bf[3]);
-    }
-  }
 }
 
 template <bool kBF16>
@@ -193,100 +132,6 @@ __global__ void __launch_bounds__(kThreads) bwd_dq_convert_kernel(const detail::
   const uint4 v{pack2<kBF16>(a.x, a.y), pack2<kBF16>(a.z, a.w), pack2<kBF16>(e.x, e.y), pack2<kBF16>(e.z, e.w)};
   uint16_t* dq = static_cast<uint16_t*>(p.dq) + b * p.dq_stride[0] + i * p.dq_stride[1] + h * p.dq_stride[2] + c;
   *reinterpret_cast<uint4*>(dq) = v;
-}
-
-// ---- deterministic dQ: one query block, its key blocks in order ------------------------------------
-template <int kD>
-struct DqSmem {
-  static constexpr int kTile = Tile<kD>::kBytes, kSquare = Tile<kBlock>::kBytes;
-  static constexpr int kQ = 0, kDo = kTile, kK = 2 * kTile, kV = 4 * kTile;  // K, V: two buffers each
-  static constexpr int kDs = 6 * kTile, kLse = kDs + kSquare, kDelta = kLse + kBlock * 4;
-  static constexpr int kBytes = kDelta + kBlock * 4;
-};
-
-template <int kD, bool kBF16>
-__global__ void __launch_bounds__(kThreads, kD <= 128 ? 2 : 1) bwd_dq_kernel(const detail::BwdParams p) {
-  using L = DqSmem<kD>;
-  extern __shared__ __align__(128) char smem[];
-  const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (p.heads_q / p.heads_kv);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int wm = warp & 3, wn = warp >> 2;
-  const int q0 = m_block * kBlock, off = p.seqlen_k - p.seqlen_q;
-  const Visibility vis{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
-
-  // Keys some row of the block sees: [k_lo, k_hi).
-  const int last_q = min(q0 + kBlock, p.seqlen_q) - 1;
-  const int k_lo = p.window_left >= 0 ? max(0, q0 + off - p.window_left) : 0;
-  const int k_hi = p.window_right >= 0 ? min(p.seqlen_k, last_q + off + p.window_right + 1) : p.seqlen_k;
-  const int n_lo = k_lo / kBlock, steps = k_hi > k_lo ? (k_hi - 1) / kBlock + 1 - n_lo : 0;
-
-  const Tile<kD> sQ{smem + L::kQ}, sDo{smem + L::kDo};
-  const Tile<kBlock> sDs{smem + L::kDs};
-  auto sK = [&](int buf) { return Tile<kD>{smem + L::kK + buf * L::kTile}; };
-  auto sV = [&](int buf) { return Tile<kD>{smem + L::kV + buf * L::kTile}; };
-  float* sLse = reinterpret_cast<float*>(smem + L::kLse);
-  float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
-
-  const int valid = p.seqlen_q - q0;
-  load_tile(sQ, row0<kD, kBF16>(p.q, p.q_stride, b, h) + q0 * p.q_stride[1], p.q_stride[1], valid);
-  load_tile(sDo, row0<kD, kBF16>(p.dout, p.do_stride, b, h) + q0 * p.do_stride[1], p.do_stride[1], valid);
-  load_row_floats(sLse, p.lse + (int64_t(b) * p.heads_q + h) * p.seqlen_q + q0, valid);
-  load_row_floats(sDelta, p.delta + (int64_t(b) * p.heads_q + h) * p.rows + q0, valid);
-  __pipeline_commit();
-  auto load_step = [&](int s) {
-    const int k0 = (n_lo + s) * kBlock, buf = s & 1;
-    load_tile(sK(buf), row0<kD, kBF16>(p.k, p.k_stride, b, hk) + k0 * p.k_stride[1], p.k_stride[1], p.seqlen_k - k0);
-    load_tile(sV(buf), row0<kD, kBF16>(p.v, p.v_stride, b, hk) + k0 * p.v_stride[1], p.v_stride[1], p.seqlen_k - k0);
-  };
-  if (steps > 0) load_step(0);
-  __pipeline_commit();
-
-  float acc[kD / 16][4] = {};
-  for (int s = 0; s < steps; ++s) {
-    const int k0 = (n_lo + s) * kBlock, buf = s & 1;
-    if (s + 1 < steps) load_step(s + 1);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-
-    // S and dP: this warp's 16 queries x 32 keys.
-    float sc[4][4] = {}, dp[4][4] = {};
-    warp_mma<kBF16, kD, 4, false, false>(sc, sQ, wm * 16, 0, sK(buf), wn * 32, 0);
-    warp_mma<kBF16, kD, 4, false, false>(dp, sDo, wm * 16, 0, sV(buf), wn * 32, 0);
-    const bool whole = vis.whole(q0, kBlock, k0, kBlock);
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int qr = wm * 16 + g + 8 * hr;
-      const float l = lse_log2(sLse[qr]), d = sDelta[qr];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int kc = wn * 32 + j * 8 + 2 * t;
-        float p0 = numerics::exp2_mufu(fmaf(sc[j][2 * hr], p.scale_log2, -l)),
-              p1 = numerics::exp2_mufu(fmaf(sc[j][2 * hr + 1], p.scale_log2, -l));
-        if (!whole) {
-          if (!vis(q0 + qr, k0 + kc)) p0 = 0.0f;
-          if (!vis(q0 + qr, k0 + kc + 1)) p1 = 0.0f;
-        }
-        sDs.store2(qr, kc, pack2<kBF16>(p0 * (dp[j][2 * hr] - d) * p.scale, p1 * (dp[j][2 * hr + 1] - d) * p.scale));
-      }
-    }
-    __syncthreads();
-    // dQ += dS K: this warp's 16 queries x kD / 2 columns.
-    warp_mma<kBF16, kBlock, kD / 16, false, true>(acc, sDs, wm * 16, 0, sK(buf), wn * (kD / 2), 0);
-    __syncthreads();
-  }
-
-  uint16_t* dq = static_cast<uint16_t*>(p.dq) + b * p.dq_stride[0] + h * p.dq_stride[2];
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int q = q0 + wm * 16 + g + 8 * hr;
-    if (q >= p.seqlen_q) continue;
-#pragma unroll
-    for (int j = 0; j < kD / 16; ++j) {
-      const int c = wn * (kD / 2) + j * 8 + 2 * t;
-      *reinterpret_cast<uint32_t*>(dq + q * p.dq_stride[1] + c) = pack2<kBF16>(acc[j][2 * hr], acc[j][2 * hr + 1]);
-    }
-  }
 }
 
 }  // namespace fa4::sm90::bwd

@@ -2,8 +2,8 @@
 //   1. D = rowsum(dO * O) into the workspace (and the fp32 dQ accumulator zeroed, unless
 //      deterministic);
 //   2. dK, dV a key block a CTA (and dQ's shares by fp32 atomics, unless deterministic);
-//   3. dQ: the accumulator converted to the dtype, or, deterministic, a query block a CTA
-//      (bwd_dq_wgmma.cuh at d64/d128, bwd_kernel.cuh's mma.sync kernel at d256).
+//   3. dQ: the accumulator converted to the dtype, or, deterministic, 128 query rows a CTA
+//      (bwd_dq_wgmma.cuh).
 #include <string>
 
 #include "common/bwd_params.h"
@@ -60,21 +60,12 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
     if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the dQ conversion", e);
     return Status::Ok();
   }
-  // Deterministic dQ: on wgmma, 128 query rows a CTA, where the shared memory holds it (d64, d128);
-  // else on mma.sync, 64 rows a CTA.
-  if constexpr (kD <= 128) {
-    constexpr int kSmem = DqWgSmem<kD>::kBytes;
-    if ((e = allow_smem(bwd_dq_wgmma_kernel<kD, kBF16>, kSmem)) != cudaSuccess)
-      return cuda_failure("setting the dQ kernel's shared memory", e);
-    const unsigned query_blocks = unsigned((p.seqlen_q + kDqRows - 1) / kDqRows);
-    bwd_dq_wgmma_kernel<kD, kBF16><<<dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream>>>(p);
-  } else {
-    constexpr int kSmem = DqSmem<kD>::kBytes;
-    if ((e = allow_smem(bwd_dq_kernel<kD, kBF16>, kSmem)) != cudaSuccess)
-      return cuda_failure("setting the dQ kernel's shared memory", e);
-    const unsigned query_blocks = unsigned((p.seqlen_q + kBlock - 1) / kBlock);
-    bwd_dq_kernel<kD, kBF16><<<dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream>>>(p);
-  }
+  // Deterministic dQ: on wgmma, 128 query rows a CTA (bwd_dq_wgmma.cuh).
+  constexpr int kSmem = DqWgSmem<kD>::kBytes;
+  if ((e = allow_smem(bwd_dq_wgmma_kernel<kD, kBF16>, kSmem)) != cudaSuccess)
+    return cuda_failure("setting the dQ kernel's shared memory", e);
+  const unsigned query_blocks = unsigned((p.seqlen_q + kDqRows - 1) / kDqRows);
+  bwd_dq_wgmma_kernel<kD, kBF16><<<dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream>>>(p);
   if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the dQ kernel", e);
   return Status::Ok();
 }
