@@ -1,7 +1,9 @@
-// sm90 backward: the launch sequence (bwd_kernel.cuh has the kernels).
+// sm90 backward: the launch sequence (the kernels: bwd_kernel.cuh, bwd_dkdv_wgmma.cuh,
+// bwd_dq_wgmma.cuh).
 //   1. D = rowsum(dO * O) into the workspace (and the fp32 dQ accumulator zeroed, unless
 //      deterministic);
-//   2. dK, dV a key block a CTA (and dQ's shares by fp32 atomics, unless deterministic);
+//   2. dK, dV a key block a CTA (and dQ's shares reduced into the accumulator, unless
+//      deterministic);
 //   3. dQ: the accumulator converted to the dtype, or, deterministic, 128 query rows a CTA
 //      (bwd_dq_wgmma.cuh).
 #include <string>
@@ -37,7 +39,7 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   bwd_delta_kernel<kD, kBF16><<<dim3(unsigned(p.rows / (kThreads / 32)), p.heads_q, p.batch), block, 0, stream>>>(p);
   if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the D kernel", e);
 
-  // dK, dV: on wgmma, 128 keys a CTA, where the shared memory holds it (d64, d128); else on mma.sync.
+  // dK, dV: 128 keys a CTA at d64/d128; 64 at d256, whose warpgroups split the columns.
   if constexpr (kD <= 128) {
     constexpr int kSmem = WgSmem<kD>::kBytes;
     if ((e = allow_smem(bwd_dkdv_wgmma_kernel<kD, kBF16>, kSmem)) != cudaSuccess)
