@@ -223,6 +223,48 @@ TEST(Api, FwdParamsCarryResolvedArguments) {
   EXPECT_EQ(f.window_right, -1);
 }
 
+// The backward's parameters: every tensor, the resolved problem, and the workspace split into the
+// fp32 dQ accumulator and D (one float a row, rows rounded up to kDqAccumRowAlign) exactly as
+// backward_workspace_size counts it.
+TEST(Api, BwdParamsCarryResolvedArgumentsAndSplitTheWorkspace) {
+  BackwardArgs a = fake_backward(make_problem(3, 100, 200, 8, 2, 64));
+  a.problem.dtype = DType::kFP16;
+  a.problem.causal = true;
+  a.problem.window_left = 17;
+  a.deterministic = true;
+  a.dout = fa4::bhsd(fake(5), 100, 8, 64);
+  const fa4::detail::BwdParams b = fa4::detail::make_bwd_params(a);
+  EXPECT_EQ(b.dtype, DType::kFP16);
+  const void* data[] = {b.q, b.k, b.v, b.o, b.dout, b.dq, b.dk, b.dv};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(data[i], fake(i)) << "tensor " << i;
+  for (int i = 4; i < 8; ++i) EXPECT_EQ(data[i], fake(i + 1)) << "tensor " << i;
+  EXPECT_EQ(b.lse, fake(4));
+  EXPECT_EQ(b.do_stride[0], a.dout.batch_stride);
+  EXPECT_EQ(b.do_stride[1], a.dout.seq_stride);
+  EXPECT_EQ(b.do_stride[2], a.dout.head_stride);
+  EXPECT_EQ(b.dk_stride[1], 2 * 64);
+  EXPECT_EQ(b.dq_stride[0], 100 * 8 * 64);
+  EXPECT_EQ(b.batch, 3);
+  EXPECT_EQ(b.seqlen_q, 100);
+  EXPECT_EQ(b.seqlen_k, 200);
+  EXPECT_EQ(b.heads_q, 8);
+  EXPECT_EQ(b.heads_kv, 2);
+  EXPECT_EQ(b.head_dim, 64);
+  EXPECT_EQ(b.scale, 0.125f);
+  EXPECT_FLOAT_EQ(b.scale_log2, 0.125f * 1.44269504f);
+  EXPECT_EQ(b.window_left, 17);
+  EXPECT_EQ(b.window_right, 0);  // causal
+  EXPECT_TRUE(b.deterministic);
+  EXPECT_EQ(b.rows, 128);  // 100 rounded up to kDqAccumRowAlign
+  EXPECT_EQ(static_cast<void*>(b.dq_accum), a.workspace);
+  const int64_t accum_floats = int64_t{3} * 8 * 128 * 64;
+  EXPECT_EQ(b.delta, b.dq_accum + accum_floats);
+  // D's last float is the workspace's last.
+  EXPECT_EQ(static_cast<size_t>(reinterpret_cast<const char*>(b.delta + 3 * 8 * 128) -
+                                static_cast<const char*>(a.workspace)),
+            a.workspace_bytes);
+}
+
 TEST(Api, CausalFoldsIntoWindowRight) {
   Problem p = make_problem(1, 64, 64, 1, 1, 64);
   int64_t l = 0, r = 0;
