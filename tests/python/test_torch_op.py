@@ -7,11 +7,11 @@
 - bad arguments raise ValueError naming the argument, softcap NotImplementedError;
 - torch.compile(fullgraph=True) traces the ops (fake kernels) and matches eager;
 - torch.library.opcheck passes;
-- backward: matches the reference, or, while fa4 has no backward kernel, raises
-  NotImplementedError saying so.
+- backward: dq, dk and dv match the reference by the same criterion, in both the default and
+  the deterministic mode.
 
-A test that needs a kernel fa4 does not have yet (the op raises NotImplementedError) is skipped
-with fa4's message; every other failure fails.
+A test that needs a kernel fa4 does not have (the op raises NotImplementedError) is skipped with
+fa4's message; every other failure fails.
 """
 
 from __future__ import annotations
