@@ -68,8 +68,8 @@ __device__ __forceinline__ char* smem_1024() {
 // The CTA's K and V rows [k0, k0 + kKeys) into their tiles (rows past seqlen_k are zeros).
 template <int kKeys, int kD, bool kBF16>
 __device__ __forceinline__ void load_kv(const detail::BwdParams& p, const Walk& w, int k0, char* k_tile, char* v_tile) {
-  load_sw128<kKeys, kD>(k_tile, row0<kD, kBF16>(p.k, p.k_stride, w.b, w.hk) + k0 * p.k_stride[1], p.k_stride[1], p.seqlen_k - k0);
-  load_sw128<kKeys, kD>(v_tile, row0<kD, kBF16>(p.v, p.v_stride, w.b, w.hk) + k0 * p.v_stride[1], p.v_stride[1], p.seqlen_k - k0);
+  load_sw128<kKeys, kD>(k_tile, row0(p.k, p.k_stride, w.b, w.hk) + k0 * p.k_stride[1], p.k_stride[1], p.seqlen_k - k0);
+  load_sw128<kKeys, kD>(v_tile, row0(p.v, p.v_stride, w.b, w.hk) + k0 * p.v_stride[1], p.v_stride[1], p.seqlen_k - k0);
 }
 
 // Step s's Q and dO tiles and its rows of LSE and D into one buffer of each.
@@ -77,8 +77,8 @@ template <int kD, bool kBF16>
 __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const Walk& w, int s, char* q_tile, char* do_tile,
                                             float* lse, float* delta) {
   const int h = w.head(s), q0 = w.q0(s), valid = p.seqlen_q - q0;
-  load_sw128<kBlock, kD>(q_tile, row0<kD, kBF16>(p.q, p.q_stride, w.b, h) + q0 * p.q_stride[1], p.q_stride[1], valid);
-  load_sw128<kBlock, kD>(do_tile, row0<kD, kBF16>(p.dout, p.do_stride, w.b, h) + q0 * p.do_stride[1], p.do_stride[1], valid);
+  load_sw128<kBlock, kD>(q_tile, row0(p.q, p.q_stride, w.b, h) + q0 * p.q_stride[1], p.q_stride[1], valid);
+  load_sw128<kBlock, kD>(do_tile, row0(p.dout, p.do_stride, w.b, h) + q0 * p.do_stride[1], p.do_stride[1], valid);
   load_row_floats(lse, p.lse + (int64_t(w.b) * p.heads_q + h) * p.seqlen_q + q0, valid);
   load_row_floats(delta, p.delta + (int64_t(w.b) * p.heads_q + h) * p.rows + q0, valid);
 }

@@ -50,8 +50,8 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dq_wgmma_kernel(const detail:
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
   const int valid = p.seqlen_q - q0;
-  load_sw128<kDqRows, kD>(smem + L::kQ, row0<kD, kBF16>(p.q, p.q_stride, b, h) + q0 * p.q_stride[1], p.q_stride[1], valid);
-  load_sw128<kDqRows, kD>(smem + L::kDo, row0<kD, kBF16>(p.dout, p.do_stride, b, h) + q0 * p.do_stride[1], p.do_stride[1], valid);
+  load_sw128<kDqRows, kD>(smem + L::kQ, row0(p.q, p.q_stride, b, h) + q0 * p.q_stride[1], p.q_stride[1], valid);
+  load_sw128<kDqRows, kD>(smem + L::kDo, row0(p.dout, p.do_stride, b, h) + q0 * p.do_stride[1], p.do_stride[1], valid);
   for (int r = threadIdx.x; r < kDqRows; r += kThreads) {
     const bool ok = r < valid;
     const int64_t row = (int64_t(b) * p.heads_q + h);

@@ -24,6 +24,7 @@
 #include "common/bwd_params.h"
 #include "fa4/numerics/exp2.h"
 #include "ptx/sync.h"
+#include "sm90/softmax.cuh"  // pack2
 
 namespace fa4::sm90::bwd {
 
@@ -34,17 +35,6 @@ inline constexpr int kThreads = 256;
 __device__ __forceinline__ void load_row_floats(float* dst, const float* src, int valid) {
   const int r = threadIdx.x;
   if (r < kBlock) __pipeline_memcpy_async(dst + r, r < valid ? src + r : src, 4, r < valid ? 0 : 4);
-}
-
-template <bool kBF16>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (kBF16) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
 }
 
 template <bool kBF16>
@@ -92,7 +82,7 @@ __device__ __forceinline__ float lse_log2(float lse) {
   return lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
 }
 
-template <int kD, bool kBF16>
+// Row 0 of (batch b, head h) of a [batch, seq, head, dim] tensor of 16-bit elements.
 __device__ __forceinline__ const uint16_t* row0(const void* base, const int64_t (&stride)[3], int b, int h) {
   return static_cast<const uint16_t*>(base) + b * stride[0] + h * stride[2];
 }
@@ -105,8 +95,8 @@ __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdPa
   if (i >= p.rows) return;
   float sum = 0.0f;
   if (i < p.seqlen_q) {
-    const uint16_t* o = row0<kD, kBF16>(p.o, p.o_stride, b, h) + i * p.o_stride[1];
-    const uint16_t* d = row0<kD, kBF16>(p.dout, p.do_stride, b, h) + i * p.do_stride[1];
+    const uint16_t* o = row0(p.o, p.o_stride, b, h) + i * p.o_stride[1];
+    const uint16_t* d = row0(p.dout, p.do_stride, b, h) + i * p.do_stride[1];
     for (int c = lane * 8; c < kD; c += 32 * 8) {
       const uint4 ov = *reinterpret_cast<const uint4*>(o + c), dv = *reinterpret_cast<const uint4*>(d + c);
       const uint16_t* oe = reinterpret_cast<const uint16_t*>(&ov);
