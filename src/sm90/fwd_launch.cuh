@@ -2,10 +2,10 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <string>
 
 #include "common/fwd_params.h"
+#include "common/per_device.h"
 #include "sm90/fwd_kernel.cuh"
 
 namespace fa4::sm90 {
@@ -218,33 +218,13 @@ inline bool d64_two_consumers(const detail::FwdParams& a) {
   return computed_scores<192, 128>(a) > worse * computed_scores<128, 128>(a);
 }
 
-// A value found once a device: kept for devices 0..63 once `make` has given a nonzero one
-// (zero, a failure, is asked again next time; devices past 63 always ask).
-struct PerDevice {
-  std::atomic<int> value[64]{};
-  template <class Make>
-  int get(int device, Make make) {
-    if (device < 0 || device >= 64) return make();
-    int v = value[device].load();
-    if (v == 0) value[device].store(v = make());
-    return v;
-  }
-};
+using detail::PerDevice;
 
-// Lets fwd_kernel<Cfg, kCluster, kSplit, kBounded> use Cfg::kSmemBytes of dynamic shared memory on `device`. The
-// attribute belongs to the device's context, so it is set once a device, not once a process: a
-// second GPU would otherwise refuse the launch.
+// Lets fwd_kernel<Cfg, kCluster, kSplit, kBounded> use Cfg::kSmemBytes of dynamic shared memory on
+// `device` (once a device: detail::allow_dynamic_smem).
 template <class Cfg, int kCluster, bool kSplit = false, bool kBounded = false>
 cudaError_t allow_smem(int device) {
-  static PerDevice set;
-  cudaError_t e = cudaSuccess;
-  set.get(device, [&] {
-    e = cudaFuncSetAttribute(fwd_kernel<Cfg, kCluster, kSplit, kBounded>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             Cfg::kSmemBytes);
-    if (e != cudaSuccess) cudaGetLastError();  // not sticky: the caller reports it
-    return e == cudaSuccess ? 1 : 0;
-  });
-  return e;
+  return detail::allow_dynamic_smem<fwd_kernel<Cfg, kCluster, kSplit, kBounded>>(device, Cfg::kSmemBytes);
 }
 
 // A launch of `grid` CTAs of Cfg in clusters of two: the config and its one attribute (the

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/bwd_params.h"
+#include "common/per_device.h"
 #include "sm90/bwd_dkdv_wgmma.cuh"
 #include "sm90/bwd_dq_wgmma.cuh"
 #include "sm90/bwd_kernel.cuh"
@@ -21,17 +22,13 @@ Status cuda_failure(const char* what, cudaError_t e) {
   return {StatusCode::kCudaError, std::string("sm90 backward: ") + what + ": " + cudaGetErrorString(e)};
 }
 
-template <class Kernel>
-cudaError_t allow_smem(Kernel kernel, int bytes) {
-  return bytes > 48 * 1024 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)
-                           : cudaSuccess;
-}
-
 template <int kD, bool kBF16>
 Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   using namespace sm90::bwd;
   const dim3 block(kThreads);
-  cudaError_t e;
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return cuda_failure("device query", e);
   if (!p.deterministic) {
     e = cudaMemsetAsync(p.dq_accum, 0, size_t(p.batch) * p.heads_q * p.rows * kD * sizeof(float), stream);
     if (e != cudaSuccess) return cuda_failure("zeroing the dQ accumulator", e);
@@ -42,13 +39,13 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   // dK, dV: 128 keys a CTA at d64/d128; 64 at d256, whose warpgroups split the columns.
   if constexpr (kD <= 128) {
     constexpr int kSmem = WgSmem<kD>::kBytes;
-    if ((e = allow_smem(bwd_dkdv_wgmma_kernel<kD, kBF16>, kSmem)) != cudaSuccess)
+    if ((e = allow_dynamic_smem<bwd_dkdv_wgmma_kernel<kD, kBF16>>(device, kSmem)) != cudaSuccess)
       return cuda_failure("setting the dK/dV kernel's shared memory", e);
     const unsigned key_blocks = unsigned((p.seqlen_k + kWgKeys - 1) / kWgKeys);
     bwd_dkdv_wgmma_kernel<kD, kBF16><<<dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, stream>>>(p);
   } else {
     constexpr int kSmem = WgSmem256::kBytes;
-    if ((e = allow_smem(bwd_dkdv_wgmma256_kernel<kBF16>, kSmem)) != cudaSuccess)
+    if ((e = allow_dynamic_smem<bwd_dkdv_wgmma256_kernel<kBF16>>(device, kSmem)) != cudaSuccess)
       return cuda_failure("setting the dK/dV kernel's shared memory", e);
     const unsigned key_blocks = unsigned((p.seqlen_k + kBlock - 1) / kBlock);
     bwd_dkdv_wgmma256_kernel<kBF16><<<dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, stream>>>(p);
@@ -64,7 +61,7 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   }
   // Deterministic dQ: on wgmma, 128 query rows a CTA (bwd_dq_wgmma.cuh).
   constexpr int kSmem = DqWgSmem<kD>::kBytes;
-  if ((e = allow_smem(bwd_dq_wgmma_kernel<kD, kBF16>, kSmem)) != cudaSuccess)
+  if ((e = allow_dynamic_smem<bwd_dq_wgmma_kernel<kD, kBF16>>(device, kSmem)) != cudaSuccess)
     return cuda_failure("setting the dQ kernel's shared memory", e);
   const unsigned query_blocks = unsigned((p.seqlen_q + kDqRows - 1) / kDqRows);
   bwd_dq_wgmma_kernel<kD, kBF16><<<dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream>>>(p);
