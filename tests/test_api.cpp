@@ -194,6 +194,20 @@ TEST(Api, ComputeCapabilityAfterHopperRefused) {
 // ---------------------------------------------------------------------------------------------
 // What dispatch hands the kernel.
 
+// What FwdParams and BwdParams share (detail::set_problem), for make_problem(3, 100, 200, 8, 2, 64)
+// at the default scale 1/sqrt(64).
+template <class Params>
+void expect_resolved_sizes(const Params& k) {
+  EXPECT_EQ(k.batch, 3);
+  EXPECT_EQ(k.seqlen_q, 100);
+  EXPECT_EQ(k.seqlen_k, 200);
+  EXPECT_EQ(k.heads_q, 8);
+  EXPECT_EQ(k.heads_kv, 2);
+  EXPECT_EQ(k.head_dim, 64);
+  EXPECT_EQ(k.scale, 0.125f);
+  EXPECT_FLOAT_EQ(k.scale_log2, 0.125f * 1.44269504f);
+}
+
 TEST(Api, FwdParamsCarryResolvedArguments) {
   ForwardArgs a = fake_forward(make_problem(3, 100, 200, 8, 2, 64));
   a.problem.dtype = DType::kFP16;
@@ -211,14 +225,7 @@ TEST(Api, FwdParamsCarryResolvedArguments) {
   EXPECT_EQ(f.k_stride[1], 2 * 64);
   EXPECT_EQ(f.v_stride[0], 200 * 2 * 64);
   EXPECT_EQ(f.o_stride[2], 64);
-  EXPECT_EQ(f.batch, 3);
-  EXPECT_EQ(f.seqlen_q, 100);
-  EXPECT_EQ(f.seqlen_k, 200);
-  EXPECT_EQ(f.heads_q, 8);
-  EXPECT_EQ(f.heads_kv, 2);
-  EXPECT_EQ(f.head_dim, 64);
-  EXPECT_EQ(f.scale, 0.125f);
-  EXPECT_FLOAT_EQ(f.scale_log2, 0.125f * 1.44269504f);
+  expect_resolved_sizes(f);
   EXPECT_EQ(f.window_left, -1);
   EXPECT_EQ(f.window_right, -1);
 }
@@ -244,14 +251,7 @@ TEST(Api, BwdParamsCarryResolvedArgumentsAndSplitTheWorkspace) {
   EXPECT_EQ(b.do_stride[2], a.dout.head_stride);
   EXPECT_EQ(b.dk_stride[1], 2 * 64);
   EXPECT_EQ(b.dq_stride[0], 100 * 8 * 64);
-  EXPECT_EQ(b.batch, 3);
-  EXPECT_EQ(b.seqlen_q, 100);
-  EXPECT_EQ(b.seqlen_k, 200);
-  EXPECT_EQ(b.heads_q, 8);
-  EXPECT_EQ(b.heads_kv, 2);
-  EXPECT_EQ(b.head_dim, 64);
-  EXPECT_EQ(b.scale, 0.125f);
-  EXPECT_FLOAT_EQ(b.scale_log2, 0.125f * 1.44269504f);
+  expect_resolved_sizes(b);
   EXPECT_EQ(b.window_left, 17);
   EXPECT_EQ(b.window_right, 0);  // causal
   EXPECT_TRUE(b.deterministic);
