@@ -72,10 +72,13 @@ __device__ __forceinline__ void load_kv(const detail::BwdParams& p, const Walk& 
   load_sw128<kKeys, kD>(v_tile, row0(p.v, p.v_stride, w.b, w.hk) + k0 * p.v_stride[1], p.v_stride[1], p.seqlen_k - k0);
 }
 
-// Step s's Q and dO tiles and its rows of LSE and D into one buffer of each.
-template <int kD, bool kBF16>
-__device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const Walk& w, int s, char* q_tile, char* do_tile,
-                                            float* lse, float* delta) {
+// Step s's Q and dO tiles and its rows of LSE and D into buffer `buf` of each, in layout L.
+template <class L, int kD, bool kBF16>
+__device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const Walk& w, int s, int buf, char* smem) {
+  char* q_tile = smem + L::kQ + buf * L::kQBytes;
+  char* do_tile = smem + L::kDo + buf * L::kQBytes;
+  float* lse = reinterpret_cast<float*>(smem + L::kLse) + buf * kBlock;
+  float* delta = reinterpret_cast<float*>(smem + L::kDelta) + buf * kBlock;
   const int h = w.head(s), q0 = w.q0(s), valid = p.seqlen_q - q0;
   load_sw128<kBlock, kD>(q_tile, row0(p.q, p.q_stride, w.b, h) + q0 * p.q_stride[1], p.q_stride[1], valid);
   load_sw128<kBlock, kD>(do_tile, row0(p.dout, p.do_stride, w.b, h) + q0 * p.do_stride[1], p.do_stride[1], valid);
@@ -114,11 +117,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
   load_kv<kWgKeys, kD, kBF16>(p, walk, k0, smem + L::kK, smem + L::kV);
   __pipeline_commit();
-  auto load_step = [&](int s) {
-    const int buf = s % L::kBufs;
-    load_q_step<kD, kBF16>(p, walk, s, smem + L::kQ + buf * L::kQBytes, smem + L::kDo + buf * L::kQBytes,
-                           sLse + buf * kBlock, sDelta + buf * kBlock);
-  };
+  auto load_step = [&](int s) { load_q_step<L, kD, kBF16>(p, walk, s, s % L::kBufs, smem); };
   if (steps > 0) load_step(0);
   __pipeline_commit();
 
@@ -310,6 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
 // shared memory holds no staging buffer beside double-buffered Q and dO).
 struct WgSmem256 {
   static constexpr int kD = 256, kTile = kBlock * kD * 2;  // K, V, Q or dO: 64 rows
+  static constexpr int kQBytes = kTile;
   static constexpr int kK = 0, kV = kTile, kQ = 2 * kTile, kDo = kQ + 2 * kTile;  // Q, dO: two buffers
   static constexpr int kPt = kDo + 2 * kTile, kDst = kPt + kBlock * kBlock * 2;  // [64 keys][64 queries]
   static constexpr int kLse = kDst + kBlock * kBlock * 2, kDelta = kLse + 2 * kBlock * 4;
@@ -335,11 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const de
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
   load_kv<kBlock, kD, kBF16>(p, walk, k0, smem + L::kK, smem + L::kV);
   __pipeline_commit();
-  auto load_step = [&](int s) {
-    const int buf = s & 1;
-    load_q_step<kD, kBF16>(p, walk, s, smem + L::kQ + buf * L::kTile, smem + L::kDo + buf * L::kTile,
-                           sLse + buf * kBlock, sDelta + buf * kBlock);
-  };
+  auto load_step = [&](int s) { load_q_step<L, kD, kBF16>(p, walk, s, s & 1, smem); };
   if (steps > 0) load_step(0);
   __pipeline_commit();
 
