@@ -19,6 +19,7 @@
 
 #include "common/validate.h"
 #include "convert.h"
+#include "device_tensor.h"
 #include "fa4/attention.h"
 #include "gpu_guard.h"
 #include "lagged_kernels.h"
@@ -27,7 +28,8 @@
 
 namespace {
 
-enum class Layout { kBSHD, kBHSD, kPadded };  // kPadded: BSHD with a spare head and spare rows
+using fa4_test::DeviceTensor;
+using fa4_test::Layout;
 
 struct Case {
   fa4::DType dtype;
@@ -61,49 +63,6 @@ struct Case {
            (cluster > 0 ? " cluster " + std::to_string(cluster) : "") +
            (split > 0 ? " split " + std::to_string(split) : "") + (max_ctas > 0 ? " ctas " + std::to_string(max_ctas) : "");
   }
-};
-
-#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
-
-// A device tensor [batch][seq][heads][dim] in one of the layouts, filled from contiguous BSHD values.
-struct DeviceTensor {
-  uint16_t* data = nullptr;
-  fa4::TensorRef ref;
-  int64_t elems = 0;
-
-  void make(Layout layout, int64_t b, int64_t s, int64_t h, int64_t d) {
-    int64_t hs = h, ss = s;
-    if (layout == Layout::kPadded) hs = h + 1, ss = s + 3;
-    elems = b * ss * hs * d;
-    cudaMalloc(&data, std::max<int64_t>(elems, 1) * 2);
-    if (layout == Layout::kBHSD)
-      ref = {data, hs * ss * d, d, ss * d};
-    else
-      ref = {data, ss * hs * d, hs * d, d};
-  }
-  int64_t offset(int64_t b, int64_t s, int64_t h) const {
-    return b * ref.batch_stride + s * ref.seq_stride + h * ref.head_stride;
-  }
-  void upload(const std::vector<uint16_t>& bshd, int64_t b, int64_t s, int64_t h, int64_t d) {
-    std::vector<uint16_t> host(elems, 0x7FC0);  // unused slots hold NaN: reading them would show
-    for (int64_t i = 0; i < b; ++i)
-      for (int64_t j = 0; j < s; ++j)
-        for (int64_t k = 0; k < h; ++k)
-          std::memcpy(&host[offset(i, j, k)], &bshd[((i * s + j) * h + k) * d], d * 2);
-    cudaMemcpy(data, host.data(), elems * 2, cudaMemcpyHostToDevice);
-  }
-  std::vector<double> download(fa4::DType t, int64_t b, int64_t s, int64_t h, int64_t d) const {
-    std::vector<uint16_t> host(elems);
-    cudaMemcpy(host.data(), data, elems * 2, cudaMemcpyDeviceToHost);
-    std::vector<double> out(b * s * h * d);
-    for (int64_t i = 0; i < b; ++i)
-      for (int64_t j = 0; j < s; ++j)
-        for (int64_t k = 0; k < h; ++k)
-          for (int64_t x = 0; x < d; ++x)
-            out[((i * s + j) * h + k) * d + x] = fa4::ref::bits_to_float(t, host[offset(i, j, k) + x]);
-    return out;
-  }
-  ~DeviceTensor() { cudaFree(data); }
 };
 
 // Runs case c and checks O and LSE against the float64 reference; O and LSE land in *o_out and
@@ -144,14 +103,14 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
           }
 
   DeviceTensor dq, dk, dv, dout;
-  dq.make(c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim);
-  dk.make(c.layout, c.batch, c.seqlen_k, c.heads_kv, c.head_dim);
-  dv.make(c.layout, c.batch, c.seqlen_k, c.heads_kv, c.head_dim);
-  dout.make(c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim);
-  dq.upload(fa4::ref::to_bits(c.dtype, q), c.batch, c.seqlen_q, c.heads_q, c.head_dim);
-  dk.upload(fa4::ref::to_bits(c.dtype, k), c.batch, c.seqlen_k, c.heads_kv, c.head_dim);
-  dv.upload(fa4::ref::to_bits(c.dtype, v), c.batch, c.seqlen_k, c.heads_kv, c.head_dim);
-  CUDA_OK(cudaMemset(dout.data, 0xFF, dout.elems * 2));  // NaN in both 16-bit types
+  ASSERT_NO_FATAL_FAILURE(dq.make(c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim));
+  ASSERT_NO_FATAL_FAILURE(dk.make(c.layout, c.batch, c.seqlen_k, c.heads_kv, c.head_dim));
+  ASSERT_NO_FATAL_FAILURE(dv.make(c.layout, c.batch, c.seqlen_k, c.heads_kv, c.head_dim));
+  ASSERT_NO_FATAL_FAILURE(dout.make(c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim));
+  ASSERT_NO_FATAL_FAILURE(dq.upload(c.dtype, q));
+  ASSERT_NO_FATAL_FAILURE(dk.upload(c.dtype, k));
+  ASSERT_NO_FATAL_FAILURE(dv.upload(c.dtype, v));
+  ASSERT_NO_FATAL_FAILURE(dout.poison());  // NaN in both 16-bit types
   float* lse = nullptr;
   const int64_t n_lse = fa4::ref::lse_elems(p);
   CUDA_OK(cudaMalloc(&lse, n_lse * 4));
@@ -180,7 +139,9 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
   fa4_test::finish_or_exit(c.name());
   CUDA_OK(cudaDeviceSynchronize());
 
-  const std::vector<double> out = dout.download(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim);
+  std::vector<double> out;
+  int64_t padding_written = 0;  // the forward tests do not check O's padding
+  ASSERT_NO_FATAL_FAILURE(dout.download(c.dtype, &out, &padding_written));
   std::vector<float> lse_f(n_lse);
   CUDA_OK(cudaMemcpy(lse_f.data(), lse, n_lse * 4, cudaMemcpyDeviceToHost));
   cudaFree(lse);
