@@ -260,17 +260,15 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
       // The warpgroup's previous reduction has read its stage; then the stage is rewritten.
       if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
       ptx::named_bar_sync(1 + wg, 128);
+      // In the piece's order (dq_piece_offset): float4 j of every thread, one after another.
 #pragma unroll
       for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr)
-          *reinterpret_cast<float2*>(stage + (16 * warp + g + 8 * hr) * 64 + 8 * j + 2 * t) =
-              make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]);
+        reinterpret_cast<float4*>(stage)[128 * j + tid] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
       ptx::fence_proxy_async_smem();
       ptx::named_bar_sync(1 + wg, 128);
       if (tid == 0) {
         cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add,
-                                        dq_accum_at<kD>(p, b, h, q0, dq_col0), stage, uint32_t(kBlock * 64 * 4));
+                                        dq_piece_at<kD>(p, b, h, q0, dq_col0), stage, uint32_t(kBlock * 64 * 4));
         cuda::ptx::cp_async_bulk_commit_group();
       }
     } else {
@@ -305,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
 // At d256 a warpgroup cannot hold dK and dV of 64 keys (256 registers), so the two warpgroups
 // split them by columns (128 each), and the 64 keys' S^T and dP^T by queries (32 each): P^T and
 // dS^T go through shared memory, where both warpgroups read them as the A operand (SS). dQ = dS K
-// is two 64-column pieces a warpgroup, added into the fp32 accumulator by vector atomics (the
+// is two 64-column pieces a warpgroup, added into the fp32 accumulator by float4 atomics (the
 // shared memory holds no staging buffer beside double-buffered Q and dO).
 struct WgSmem256 {
   static constexpr int kD = 256, kTile = kBlock * kD * 2;  // K, V, Q or dO: 64 rows
@@ -438,15 +436,11 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const de
         wgmma::commit_group();
         wgmma::wait_group<0>();
         wgmma::pin(dq);
+        // In the piece's order (dq_piece_offset); rows past seqlen_q add zeros to the piece's padding.
+        float4* piece = reinterpret_cast<float4*>(dq_piece_at<kD>(p, b, h, q0, col0));
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int q = q0 + 16 * warp + g + 8 * hr;
-          if (q >= p.seqlen_q) continue;
-          float* row = dq_accum_at<kD>(p, b, h, q, col0);
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-            atomicAdd(reinterpret_cast<float2*>(row + 8 * j + 2 * t), make_float2(dq[4 * j + 2 * hr], dq[4 * j + 2 * hr + 1]));
-        }
+        for (int j = 0; j < 8; ++j)
+          atomicAdd(piece + 128 * j + tid, make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
       }
     }
     wgmma::wait_group<0>();

@@ -69,11 +69,23 @@ __device__ __forceinline__ QueryBlocks query_blocks(const detail::BwdParams& p, 
   return {lo, q_hi > q_lo ? (q_hi - 1) / kBlock + 1 - lo : 0};
 }
 
-// The fp32 dQ accumulator of (batch b, query head h): [head_dim / 64][rows][64], so that 64
-// query rows of 64 columns are one contiguous 16 KB piece (a bulk reduction's unit, bwd_dkdv_wgmma.cuh).
+// The fp32 dQ accumulator of (batch b, query head h): pieces of 64 query rows x 64 columns,
+// [head_dim / 64][rows / 64], each one contiguous 16 KB (a bulk reduction's unit,
+// bwd_dkdv_wgmma.cuh). Inside a piece the floats lie in the order a warpgroup holds them in a
+// 64 x 64 wgmma accumulator (dq_piece_offset), so that a warpgroup stores or adds its
+// accumulator with one float4 a thread and instruction, consecutive threads at consecutive 16
+// bytes. The piece holding row q0 (a multiple of 64) and column col (of 64 columns from col0):
 template <int kD>
-__device__ __forceinline__ float* dq_accum_at(const detail::BwdParams& p, int b, int h, int q, int col) {
-  return p.dq_accum + ((int64_t(b) * p.heads_q + h) * (kD / 64) + col / 64) * p.rows * 64 + int64_t(q) * 64 + col % 64;
+__device__ __forceinline__ float* dq_piece_at(const detail::BwdParams& p, int b, int h, int q0, int col0) {
+  return p.dq_accum + ((int64_t(b) * p.heads_q + h) * (kD / 64) + col0 / 64) * p.rows * 64 + int64_t(q0) * 64;
+}
+
+// Where row r, column c of a piece sits: thread 32 (r / 16) + 4 (r % 8) + (c % 8) / 2 of the
+// warpgroup holds it as element 4 (c / 8) + 2 ((r / 8) % 2) + c % 2 of its accumulator
+// (ptx/wgmma.h), and float4 j of thread i is float4 128 j + i of the piece.
+__device__ __forceinline__ int dq_piece_offset(int r, int c) {
+  const int thread = 32 * (r / 16) + 4 * (r % 8) + (c % 8) / 2;
+  return (128 * (c / 8) + thread) * 4 + 2 * ((r / 8) % 2) + c % 2;
 }
 
 // The forward's LSE in log2 units; a row that saw no key (LSE = -inf) gives +inf, so exp2 of
@@ -111,17 +123,27 @@ __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdPa
 }
 
 // ---- dQ from the fp32 accumulator ------------------------------------------------------------------
+// One CTA a piece (blockIdx.x: 64-row block x column block); each thread writes two chunks of 8
+// columns of a row, eight threads a row's 64 columns, from four float2 of the piece.
 template <int kD, bool kBF16>
 __global__ void __launch_bounds__(kThreads) bwd_dq_convert_kernel(const detail::BwdParams p) {
-  const int64_t idx = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  constexpr int kColBlocks = kD / 64;
+  const int q0 = int(blockIdx.x / kColBlocks) * 64, col0 = int(blockIdx.x % kColBlocks) * 64;
   const int h = blockIdx.y, b = blockIdx.z;
-  if (idx >= int64_t(p.seqlen_q) * (kD / 8)) return;
-  const int i = int(idx / (kD / 8)), c = int(idx % (kD / 8)) * 8;
-  const float* acc = dq_accum_at<kD>(p, b, h, i, c);
-  const float4 a = *reinterpret_cast<const float4*>(acc), e = *reinterpret_cast<const float4*>(acc + 4);
-  const uint4 v{pack2<kBF16>(a.x, a.y), pack2<kBF16>(a.z, a.w), pack2<kBF16>(e.x, e.y), pack2<kBF16>(e.z, e.w)};
-  uint16_t* dq = static_cast<uint16_t*>(p.dq) + b * p.dq_stride[0] + i * p.dq_stride[1] + h * p.dq_stride[2] + c;
-  *reinterpret_cast<uint4*>(dq) = v;
+  const float* piece = dq_piece_at<kD>(p, b, h, q0, col0);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int chunk = i * kThreads + threadIdx.x, r = chunk / 8, c = (chunk % 8) * 8;
+    if (q0 + r >= p.seqlen_q) continue;
+    uint32_t v[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const float2 a = *reinterpret_cast<const float2*>(piece + dq_piece_offset(r, c + 2 * t));
+      v[t] = pack2<kBF16>(a.x, a.y);
+    }
+    uint16_t* dq = static_cast<uint16_t*>(p.dq) + b * p.dq_stride[0] + (q0 + r) * p.dq_stride[1] + h * p.dq_stride[2] + col0 + c;
+    *reinterpret_cast<uint4*>(dq) = make_uint4(v[0], v[1], v[2], v[3]);
+  }
 }
 
 }  // namespace fa4::sm90::bwd

@@ -53,9 +53,8 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the dK/dV kernel", e);
 
   if (!p.deterministic) {
-    const int64_t chunks = int64_t(p.seqlen_q) * (kD / 8);
-    bwd_dq_convert_kernel<kD, kBF16>
-        <<<dim3(unsigned((chunks + kThreads - 1) / kThreads), p.heads_q, p.batch), block, 0, stream>>>(p);
+    const unsigned pieces = unsigned((p.seqlen_q + 63) / 64) * (kD / 64);
+    bwd_dq_convert_kernel<kD, kBF16><<<dim3(pieces, p.heads_q, p.batch), block, 0, stream>>>(p);
     if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the dQ conversion", e);
     return Status::Ok();
   }
