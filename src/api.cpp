@@ -66,8 +66,8 @@ Status forward_workspace_size(const ForwardArgs& args, size_t* bytes) {
   return s;
 }
 
-// Backward accumulates dQ in fp32 and keeps D = rowsum(dO * O) a row:
-// batch * round_up(seqlen_q, 128) * heads_q * (head_dim + 1) * 4 bytes (detail::dq_accum_bytes). Only args.problem is read, so this may be asked before the tensors
+// Backward accumulates dQ in fp32 and keeps D = rowsum(dO * O) and the LSE in log2 units a row:
+// batch * round_up(seqlen_q, 128) * heads_q * (head_dim + 2) * 4 bytes (detail::dq_accum_bytes). Only args.problem is read, so this may be asked before the tensors
 // exist.
 Status backward_workspace_size(const BackwardArgs& args, size_t* bytes) {
   if (bytes == nullptr) return {StatusCode::kInvalidArgument, "bytes = null: needs a size_t*"};

@@ -142,12 +142,13 @@ TEST(Api, WorkspaceSizes) {
   b.problem = f.problem;
   s = fa4::backward_workspace_size(b, &bytes);
   ASSERT_TRUE(s.ok()) << s.message;
-  // dQ in fp32 and one float a row (rowsum(dO * O)); seqlen_q 200 rounds up to 256 rows
-  EXPECT_EQ(bytes, size_t{2} * 256 * 8 * (128 + 1) * 4);
+  // dQ in fp32 and two floats a row (rowsum(dO * O), LSE in log2 units); seqlen_q 200 rounds up to
+  // 256 rows
+  EXPECT_EQ(bytes, size_t{2} * 256 * 8 * (128 + 2) * 4);
 
   b.problem.seqlen_q = 256;  // already a multiple of the row tile
   ASSERT_TRUE(fa4::backward_workspace_size(b, &bytes).ok());
-  EXPECT_EQ(bytes, size_t{2} * 256 * 8 * (128 + 1) * 4);
+  EXPECT_EQ(bytes, size_t{2} * 256 * 8 * (128 + 2) * 4);
 
   b.problem.seqlen_q = 0;
   ASSERT_TRUE(fa4::backward_workspace_size(b, &bytes).ok());
@@ -259,8 +260,9 @@ TEST(Api, BwdParamsCarryResolvedArgumentsAndSplitTheWorkspace) {
   EXPECT_EQ(static_cast<void*>(b.dq_accum), a.workspace);
   const int64_t accum_floats = int64_t{3} * 8 * 128 * 64;
   EXPECT_EQ(b.delta, b.dq_accum + accum_floats);
-  // D's last float is the workspace's last.
-  EXPECT_EQ(static_cast<size_t>(reinterpret_cast<const char*>(b.delta + 3 * 8 * 128) -
+  EXPECT_EQ(b.lse_log2, b.delta + 3 * 8 * 128);
+  // The log2 LSE's last float is the workspace's last.
+  EXPECT_EQ(static_cast<size_t>(reinterpret_cast<const char*>(b.lse_log2 + 3 * 8 * 128) -
                                 static_cast<const char*>(a.workspace)),
             a.workspace_bytes);
 }

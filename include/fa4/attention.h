@@ -97,8 +97,8 @@ float effective_scale(const Problem& p);
 // it needs scratch, a tile counter for causal tiles or the fp32 partials of the key-split pieces
 // when there are fewer query tiles than SMs, it takes it from the stream-ordered allocator,
 // cudaMallocAsync, on the call's stream: safe across streams and inside CUDA graph capture);
-// backward needs an fp32 dQ accumulator and one fp32 a query row (rowsum(dO * O)):
-// batch * round_up(seqlen_q, 128) * heads_q * (head_dim + 1) * 4 bytes, 16-byte aligned, passed as
+// backward needs an fp32 dQ accumulator and two fp32 a query row (rowsum(dO * O), and the LSE in
+// log2 units): batch * round_up(seqlen_q, 128) * heads_q * (head_dim + 2) * 4 bytes, 16-byte aligned, passed as
 // args.workspace / args.workspace_bytes.
 Status forward_workspace_size(const ForwardArgs& args, size_t* bytes);
 Status backward_workspace_size(const BackwardArgs& args, size_t* bytes);

@@ -21,10 +21,13 @@ struct BwdParams {
   // -1 = unbounded on that side (causal is right = 0).
   int window_left, window_right;
   bool deterministic;
-  // The workspace (backward_workspace_size): the fp32 dQ accumulator [batch, heads_q, head_dim / 64, rows, 64]
-  // and then D = rowsum(dO * O) [batch, heads_q, rows], rows = seqlen_q rounded up to kDqAccumRowAlign.
+  // The workspace (backward_workspace_size): the fp32 dQ accumulator [batch, heads_q, head_dim / 64,
+  // rows / 64, a piece of 64 x 64 in wgmma fragment order (sm90/bwd_kernel.cuh)], then D = rowsum(dO * O)
+  // [batch, heads_q, rows] and the LSE in log2 units [batch, heads_q, rows] (+inf where LSE is -inf
+  // and past seqlen_q), rows = seqlen_q rounded up to kDqAccumRowAlign.
   float* dq_accum;
   float* delta;
+  float* lse_log2;
   int64_t rows;
 };
 

@@ -277,7 +277,7 @@ bool dq_accum_bytes(const Problem& p, int64_t* bytes) {
   int64_t n = 0;
   return !(__builtin_mul_overflow(p.batch, rows, &n) ||
            __builtin_mul_overflow(n, p.heads_q, &n) ||
-           __builtin_mul_overflow(n, p.head_dim + 1, &n) ||
+           __builtin_mul_overflow(n, p.head_dim + 2, &n) ||
            __builtin_mul_overflow(n, int64_t{sizeof(float)}, bytes));
 }
 
@@ -353,6 +353,7 @@ BwdParams make_bwd_params(const BackwardArgs& args) {
   b.rows = (p.seqlen_q + kDqAccumRowAlign - 1) / kDqAccumRowAlign * kDqAccumRowAlign;
   b.dq_accum = static_cast<float*>(args.workspace);
   b.delta = b.dq_accum + p.batch * p.heads_q * b.rows * p.head_dim;
+  b.lse_log2 = b.delta + p.batch * p.heads_q * b.rows;
   return b;
 }
 

@@ -32,8 +32,9 @@ Status validate_problem(const Problem& p);
 // Rows of the fp32 dQ accumulator are rounded up to this many (the backward kernel's row tile).
 inline constexpr int64_t kDqAccumRowAlign = 128;
 
-// Bytes of workspace that backward needs: the fp32 dQ accumulator and one fp32 a row for
-// D = rowsum(dO * O), batch * round_up(seqlen_q, kDqAccumRowAlign) * heads_q * (head_dim + 1) * 4.
+// Bytes of workspace that backward needs: the fp32 dQ accumulator and two fp32 a row, for
+// D = rowsum(dO * O) and the LSE in log2 units:
+// batch * round_up(seqlen_q, kDqAccumRowAlign) * heads_q * (head_dim + 2) * 4.
 // false when the product overflows int64. `p` must pass validate_problem.
 bool dq_accum_bytes(const Problem& p, int64_t* bytes);
 

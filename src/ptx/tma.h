@@ -18,6 +18,15 @@ namespace fa4::ptx {
 int make_tensor_map_16bit_sw128(CUtensorMap* map, const void* base, const uint64_t dims[4],
                                 const uint64_t strides_bytes[3], uint32_t box0, uint32_t box1);
 
+// A [batch][seq][heads][dim] tensor (element strides [batch, seq, head], dim contiguous) as a map
+// over (dim, seq, heads, batch), read in boxes of 64 columns x box_rows rows.
+inline int map_bshd_16bit_sw128(CUtensorMap* map, const void* base, const int64_t stride[3], int batch,
+                                int seqlen, int heads, int head_dim, int box_rows) {
+  const uint64_t dims[4] = {uint64_t(head_dim), uint64_t(seqlen), uint64_t(heads), uint64_t(batch)};
+  const uint64_t strides[3] = {uint64_t(stride[1]) * 2, uint64_t(stride[2]) * 2, uint64_t(stride[0]) * 2};
+  return make_tensor_map_16bit_sw128(map, base, dims, strides, 64, uint32_t(box_rows));
+}
+
 #if defined(__CUDACC__)
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

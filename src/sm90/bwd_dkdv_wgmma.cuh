@@ -8,16 +8,20 @@
 //   dS^T to shared memory; dQ = dS K over the 128 keys (SS, both MN-major): at d128 each warpgroup
 //   takes 64 of the columns, at d64 each its own 64 keys (the two pieces then add in L2).
 //
-// Tiles are loaded by cp.async into the 128-byte-swizzled layout wgmma reads (64-column blocks of
-// rows x 128 bytes), the next query block's while this one computes. Q, dO, LSE and D have three
-// buffers at d64/d128, so that a step ends without a CTA barrier (the one at the next step's start
-// keeps every buffer's reader ahead of its refill); d256 has room for two and closes each step.
+// Tiles lie in the 128-byte-swizzled layout wgmma reads (64-column blocks of rows x 128 bytes). At
+// d64/d128 each step's Q and dO come by TMA, and its rows of D and of the LSE (log2 units, both
+// written by bwd_delta_kernel into the workspace) by bulk copies, one thread issuing them a step
+// ahead into three buffers with full/empty mbarriers: no CTA barrier opens a step, so the
+// warpgroups are held together only where dQ needs both's dS^T (d128; dS^T has two buffers so
+// that one warpgroup may write the next while the other still reads this one). d256 loads by
+// cp.async into two buffers and closes each step with a CTA barrier.
 #pragma once
 
 #include <cuda/ptx>
 
 #include "fa4/numerics/exp2.h"
 #include "ptx/ldmatrix.h"
+#include "ptx/tma.h"
 #include "ptx/wgmma.h"
 #include "sm90/bwd_kernel.cuh"
 
@@ -90,17 +94,24 @@ template <int kD>
 struct WgSmem {
   static constexpr int kKVBytes = kWgKeys * kD * 2, kQBytes = kBlock * kD * 2;
   static constexpr int kK = 0, kV = kKVBytes;
-  static constexpr int kBufs = 3;  // Q, dO, LSE, D: three buffers, so a step needs no closing barrier
+  static constexpr int kBufs = 3;  // Q, dO, LSE, D: loaded a step ahead, released a step after use
   static constexpr int kQ = 2 * kKVBytes, kDo = kQ + kBufs * kQBytes;
-  static constexpr int kDs = kDo + kBufs * kQBytes;                // dS^T [128 keys][64 queries]
-  static constexpr int kStage = kDs + kWgKeys * kBlock * 2;        // fp32 [64][64] a warpgroup
+  // dS^T [128 keys][64 queries]; at d128 two buffers, since both warpgroups read all of it.
+  static constexpr int kDsBufs = kD == 128 ? 2 : 1, kDsBytes = kWgKeys * kBlock * 2;
+  static constexpr int kDs = kDo + kBufs * kQBytes;
+  static constexpr int kStage = kDs + kDsBufs * kDsBytes;           // fp32 [64][64] a warpgroup
   static constexpr int kLse = kStage + 2 * kBlock * 64 * 4, kDelta = kLse + kBufs * kBlock * 4;
-  static constexpr int kBytes = kDelta + kBufs * kBlock * 4 + 1024;  // + slack to align the base
+  static constexpr int kBars = kDelta + kBufs * kBlock * 4;         // full[kBufs], empty[kBufs]
+  static constexpr int kStepBytes = 2 * kQBytes + 2 * kBlock * 4;   // what a step's loads bring
+  static constexpr int kBytes = kBars + 2 * kBufs * 8 + 1024;       // + slack to align the base
   static_assert(kBytes <= 227 * 1024, "the wgmma dK/dV kernel's shared memory");
 };
 
+// tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows.
 template <int kD, bool kBF16>
-__global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detail::BwdParams p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    bwd_dkdv_wgmma_kernel(const detail::BwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                          const __grid_constant__ CUtensorMap tm_do) {
   static_assert(kD == 64 || kD == 128, "the wgmma dK/dV kernel covers head dims 64 and 128");
   namespace wgmma = ptx::wgmma;
   using L = WgSmem<kD>;
@@ -115,11 +126,36 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBars);  // step s's loads have landed in s % 3
+  uint64_t* empty = full + L::kBufs;                                // every warp is done with it
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < L::kBufs; ++i) {
+      ptx::mbar_init(&full[i], 1);
+      ptx::mbar_init(&empty[i], kThreads / 32);
+    }
+    ptx::fence_barrier_init();
+  }
   load_kv<kWgKeys, kD, kBF16>(p, walk, k0, smem + L::kK, smem + L::kV);
   __pipeline_commit();
-  auto load_step = [&](int s) { load_q_step<L, kD, kBF16>(p, walk, s, s % L::kBufs, smem); };
-  if (steps > 0) load_step(0);
-  __pipeline_commit();
+  // Step s's Q, dO, D and log2 LSE into buffer s % 3, once every warp has released step s - 3's
+  // (thread 0 alone). Rows past seqlen_q read as zeros (TMA) and as D 0 and LSE +inf (workspace).
+  auto load_step = [&](int s) {
+    const int buf = s % L::kBufs, h = walk.head(s), q0 = walk.q0(s);
+    if (s >= L::kBufs) ptx::mbar_wait(&empty[buf], (s / L::kBufs - 1) & 1);
+    ptx::mbar_arrive_expect_tx(&full[buf], L::kStepBytes);
+#pragma unroll
+    for (int c = 0; c < kD / 64; ++c) {
+      ptx::tma_load_4d(smem + L::kQ + buf * L::kQBytes + c * kBlock * 128, &tm_q, &full[buf], 64 * c, q0, h, b);
+      ptx::tma_load_4d(smem + L::kDo + buf * L::kQBytes + c * kBlock * 128, &tm_do, &full[buf], 64 * c, q0, h, b);
+    }
+    const int64_t row = (int64_t(b) * p.heads_q + h) * p.rows + q0;
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, sLse + buf * kBlock, p.lse_log2 + row,
+                             uint32_t(kBlock * 4), &full[buf]);
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, sDelta + buf * kBlock, p.delta + row,
+                             uint32_t(kBlock * 4), &full[buf]);
+  };
+  __syncthreads();  // the barriers are initialised
+  if (threadIdx.x == 0 && steps > 0) load_step(0);
 
   // Descriptors (wgmma.h): K-major operands with LBO 16, MN-major ones with LBO = the bytes between
   // 64-column blocks; SBO 1024 (eight rows of 128 bytes) for both.
@@ -142,9 +178,10 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
   // (16 registers each), so that those two GEMMs read only Q and dO from shared memory.
   constexpr bool kKVInRegs = kD == 64;
   uint32_t kf[kKVInRegs ? kD / 16 : 1][4], vf[kKVInRegs ? kD / 16 : 1][4];
+  __pipeline_wait_prior(0);  // K and V have landed, for every thread
+  ptx::fence_proxy_async_smem();
+  __syncthreads();
   if constexpr (kKVInRegs) {
-    __pipeline_wait_prior(1);  // K and V (the first group) have landed
-    __syncthreads();
     const int r = wg * 64 + 16 * warp + (lane & 15);
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
@@ -157,13 +194,8 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
   float dk[kD / 2] = {}, dv[kD / 2] = {};
   for (int s = 0; s < steps; ++s) {
     const int h = walk.head(s), q0 = walk.q0(s), buf = s % L::kBufs;
-    // The next step's loads go out first, into the buffer step s - 2 used (every thread is past
-    // step s - 2: it passed step s - 1's barrier); then step s's have landed.
-    if (s + 1 < steps) load_step(s + 1);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    ptx::fence_proxy_async_smem();  // the cp.async writes, before wgmma reads them
-    __syncthreads();
+    if (threadIdx.x == 0 && s + 1 < steps) load_step(s + 1);
+    ptx::mbar_wait(&full[buf], (s / L::kBufs) & 1);
 
     // S^T and dP^T: this warpgroup's 64 keys x 64 queries, in two groups, so that P^T's
     // exponentials run while dP^T is computed, and dS^T's arithmetic while dV's GEMMs run.
@@ -186,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
     gemm(dpt, vf, v_desc, do_desc);
 
     // P^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).
-    const float* lse = sLse + buf * kBlock;
+    const float* lse = sLse + buf * kBlock;  // log2 units
     const float* delta = sDelta + buf * kBlock;
     const bool whole = vis.whole(q0, kBlock, k0, kWgKeys);
     wgmma::wait_group<1>();
@@ -195,7 +227,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int qc = 8 * j + 2 * t;
-      const float l0 = lse_log2(lse[qc]), l1 = lse_log2(lse[qc + 1]);
+      const float l0 = lse[qc], l1 = lse[qc + 1];
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int kr = wg * 64 + 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
@@ -218,6 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
     wgmma::commit_group();
 
     // dS^T = P^T (dP^T - D) scale, kept for dK and stored for dQ.
+    char* ds_tile = smem + L::kDs + (s % L::kDsBufs) * L::kDsBytes;
     wgmma::wait_group<1>();
     wgmma::pin(dpt);
 #pragma unroll
@@ -228,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
       for (int hr = 0; hr < 2; ++hr) {
         const int kr = wg * 64 + 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
         dsf[2 * j + hr] = pack2<kBF16>(st[i] * (dpt[i] - d0) * p.scale, st[i + 1] * (dpt[i + 1] - d1) * p.scale);
-        *reinterpret_cast<uint32_t*>(smem + L::kDs + sw128<kWgKeys>(kr, qc)) = dsf[2 * j + hr];
+        *reinterpret_cast<uint32_t*>(ds_tile + sw128<kWgKeys>(kr, qc)) = dsf[2 * j + hr];
       }
     }
     // dK += dS^T Q over the 64 queries.
@@ -240,7 +273,8 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
     }
     wgmma::commit_group();
     // dS^T's stores, before the dQ wgmma reads them: at d128 every key's (both warpgroups'), at d64
-    // this warpgroup's own.
+    // this warpgroup's own. (At d128 this barrier also keeps a warpgroup from writing dS^T two
+    // steps on, into this buffer, before the other's dQ has read it.)
     ptx::fence_proxy_async_smem();
     if constexpr (kD == 64)
       ptx::named_bar_sync(3 + wg, 128);
@@ -252,8 +286,8 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
       wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < kDqKeys / 16; ++kk)
-        wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, kk * 16 * 128), wgmma::desc_advance(kq_mn, kk * 16 * 128),
-                                    kk > 0);
+        wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, (s % L::kDsBufs) * L::kDsBytes + kk * 16 * 128),
+                                    wgmma::desc_advance(kq_mn, kk * 16 * 128), kk > 0);
       wgmma::commit_group();
       wgmma::wait_group<0>();
       wgmma::pin(dq);
@@ -280,6 +314,9 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma_kernel(const detai
     wgmma::pin(dv);
     wgmma::pin(pf);
     wgmma::pin(dsf);
+    // This warp is done with the step's buffer (its GEMMs have retired, its LSE and D are read).
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(&empty[buf]);
   }
   if (tid == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
 

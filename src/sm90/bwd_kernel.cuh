@@ -99,7 +99,7 @@ __device__ __forceinline__ const uint16_t* row0(const void* base, const int64_t 
   return static_cast<const uint16_t*>(base) + b * stride[0] + h * stride[2];
 }
 
-// ---- D = rowsum(dO * O), one warp a row; rows past seqlen_q get 0 -------------------------------
+// ---- D = rowsum(dO * O) and the LSE in log2 units, one warp a row; rows past seqlen_q get 0 and +inf
 template <int kD, bool kBF16>
 __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdParams p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -119,7 +119,11 @@ __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdPa
   }
 #pragma unroll
   for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
-  if (lane == 0) p.delta[(int64_t(b) * p.heads_q + h) * p.rows + i] = sum;
+  if (lane == 0) {
+    const int64_t at = (int64_t(b) * p.heads_q + h) * p.rows + i;
+    p.delta[at] = sum;
+    p.lse_log2[at] = i < p.seqlen_q ? lse_log2(p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + i]) : INFINITY;
+  }
 }
 
 // ---- dQ from the fp32 accumulator ------------------------------------------------------------------

@@ -10,14 +10,6 @@
 
 namespace fa4::sm90 {
 
-// A [batch][seq][heads][dim] tensor as a TMA map over (dim, seq, heads, batch).
-inline int map_tensor(CUtensorMap* map, const void* base, const int64_t stride[3], int batch,
-                      int seqlen, int heads, int head_dim, int box_rows) {
-  const uint64_t dims[4] = {uint64_t(head_dim), uint64_t(seqlen), uint64_t(heads), uint64_t(batch)};
-  const uint64_t strides[3] = {uint64_t(stride[1]) * 2, uint64_t(stride[2]) * 2, uint64_t(stride[0]) * 2};
-  return ptx::make_tensor_map_16bit_sw128(map, base, dims, strides, 64, box_rows);
-}
-
 // K and V of this many bytes per section of heads are meant to stay in L2 (H100/H200: 50 MB).
 // Tiles of one length: 6 MB. With 24 MB (a round in flight over 12 heads at d128 4k) ncu counted
 // 2.5 times the compulsory DRAM reads (L2 hit rate 69 %); at 6 MB they are the compulsory ones and
@@ -284,11 +276,11 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   const int kv_box = Cfg::kBlockN / cluster;  // with clusters each CTA loads half of a block
 
   // With O staged in K/V slots (one Q buffer), Q loads as each consumer's 64 rows (fwd_kernel's Q loaders).
-  const int rq = map_tensor(&k.tm_q, a.q, a.q_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim,
+  const int rq = ptx::map_bshd_16bit_sw128(&k.tm_q, a.q, a.q_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim,
                             Cfg::kStageOInKV ? 64 : Cfg::kBlockM);
-  const int rk = map_tensor(&k.tm_k, a.k, a.k_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, kv_box);
-  const int rv = map_tensor(&k.tm_v, a.v, a.v_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, kv_box);
-  const int ro = Cfg::kTmaStoreO ? map_tensor(&k.tm_o, a.o, a.o_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 64) : 0;
+  const int rk = ptx::map_bshd_16bit_sw128(&k.tm_k, a.k, a.k_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, kv_box);
+  const int rv = ptx::map_bshd_16bit_sw128(&k.tm_v, a.v, a.v_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, kv_box);
+  const int ro = Cfg::kTmaStoreO ? ptx::map_bshd_16bit_sw128(&k.tm_o, a.o, a.o_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 64) : 0;
   if (rq || rk || rv || ro)
     return {StatusCode::kNotSupported, "cuTensorMapEncodeTiled refused a tensor (driver error " +
                                            std::to_string(rq ? rq : rk ? rk : rv ? rv : ro) + ")"};
