@@ -8,13 +8,14 @@
 //   dS^T to shared memory; dQ = dS K over the 128 keys (SS, both MN-major): at d128 each warpgroup
 //   takes 64 of the columns, at d64 each its own 64 keys (the two pieces then add in L2).
 //
-// Tiles lie in the 128-byte-swizzled layout wgmma reads (64-column blocks of rows x 128 bytes). At
-// d64/d128 each step's Q and dO come by TMA, and its rows of D and of the LSE (log2 units, both
-// written by bwd_delta_kernel into the workspace) by bulk copies, one thread issuing them a step
-// ahead into three buffers with full/empty mbarriers: no CTA barrier opens a step, so the
-// warpgroups are held together only where dQ needs both's dS^T (d128; dS^T has two buffers so
-// that one warpgroup may write the next while the other still reads this one). d256 loads by
-// cp.async into two buffers and closes each step with a CTA barrier.
+// Tiles lie in the 128-byte-swizzled layout wgmma reads (64-column blocks of rows x 128 bytes). K
+// and V load once by cp.async. Each step's Q and dO come by TMA, and its rows of D and of the LSE
+// (log2 units, both written by bwd_delta_kernel into the workspace) by bulk copies, one thread
+// issuing them a step ahead with full/empty mbarriers (StepLoads; three buffers at d64/d128, two
+// at d256): no CTA barrier opens or closes a step, so the warpgroups are held together only where
+// one reads what the other wrote (d128: dQ reads both's dS^T; d256: dV/dK read both's P^T and
+// dS^T), and those tiles have two buffers so that a warpgroup may write the next step's while
+// the other still reads this one's.
 #pragma once
 
 #include <cuda/ptx>
@@ -76,19 +77,50 @@ __device__ __forceinline__ void load_kv(const detail::BwdParams& p, const Walk& 
   load_sw128<kKeys, kD>(v_tile, row0(p.v, p.v_stride, w.b, w.hk) + k0 * p.v_stride[1], p.v_stride[1], p.seqlen_k - k0);
 }
 
-// Step s's Q and dO tiles and its rows of LSE and D into buffer `buf` of each, in layout L.
-template <class L, int kD, bool kBF16>
-__device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const Walk& w, int s, int buf, char* smem) {
-  char* q_tile = smem + L::kQ + buf * L::kQBytes;
-  char* do_tile = smem + L::kDo + buf * L::kQBytes;
-  float* lse = reinterpret_cast<float*>(smem + L::kLse) + buf * kBlock;
-  float* delta = reinterpret_cast<float*>(smem + L::kDelta) + buf * kBlock;
-  const int h = w.head(s), q0 = w.q0(s), valid = p.seqlen_q - q0;
-  load_sw128<kBlock, kD>(q_tile, row0(p.q, p.q_stride, w.b, h) + q0 * p.q_stride[1], p.q_stride[1], valid);
-  load_sw128<kBlock, kD>(do_tile, row0(p.dout, p.do_stride, w.b, h) + q0 * p.do_stride[1], p.do_stride[1], valid);
-  load_row_floats(lse, p.lse + (int64_t(w.b) * p.heads_q + h) * p.seqlen_q + q0, valid);
-  load_row_floats(delta, p.delta + (int64_t(w.b) * p.heads_q + h) * p.rows + q0, valid);
-}
+// The query side of the walk's steps, through L::kBufs buffers of layout L: step s's Q and dO
+// (TMA, boxes of 64 rows) and its rows of D and of the LSE in log2 units (bulk copies from the
+// workspace) go into buffer s % kBufs and land on full[buf]; every warp arrives on empty[buf]
+// once done with it, and the buffer is refilled for step s + kBufs after that. Rows past
+// seqlen_q read as zeros (TMA) and as D 0 and LSE +inf (bwd_delta_kernel).
+template <class L, int kD>
+struct StepLoads {
+  static constexpr int kBufs = L::kBufs;
+  static constexpr uint32_t kBytes = 2 * L::kQBytes + 2 * kBlock * 4;
+  uint64_t* full;   // [kBufs]: the step's loads have landed
+  uint64_t* empty;  // [kBufs]: every warp is done with the buffer
+
+  // Thread 0; the CTA syncs before anyone waits on them.
+  __device__ __forceinline__ void init() const {
+    for (int i = 0; i < kBufs; ++i) {
+      ptx::mbar_init(&full[i], 1);
+      ptx::mbar_init(&empty[i], kThreads / 32);
+    }
+    ptx::fence_barrier_init();
+  }
+  // Thread 0: step s's loads, once step s - kBufs has released the buffer.
+  __device__ __forceinline__ void issue(const detail::BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_do,
+                                        const Walk& w, int s, char* smem) const {
+    const int buf = s % kBufs, h = w.head(s), q0 = w.q0(s);
+    if (s >= kBufs) ptx::mbar_wait(&empty[buf], (s / kBufs - 1) & 1);
+    ptx::mbar_arrive_expect_tx(&full[buf], kBytes);
+#pragma unroll
+    for (int c = 0; c < kD / 64; ++c) {
+      ptx::tma_load_4d(smem + L::kQ + buf * L::kQBytes + c * kBlock * 128, tm_q, &full[buf], 64 * c, q0, h, w.b);
+      ptx::tma_load_4d(smem + L::kDo + buf * L::kQBytes + c * kBlock * 128, tm_do, &full[buf], 64 * c, q0, h, w.b);
+    }
+    const int64_t row = (int64_t(w.b) * p.heads_q + h) * p.rows + q0;
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, smem + L::kLse + buf * kBlock * 4,
+                             p.lse_log2 + row, uint32_t(kBlock * 4), &full[buf]);
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, smem + L::kDelta + buf * kBlock * 4,
+                             p.delta + row, uint32_t(kBlock * 4), &full[buf]);
+  }
+  __device__ __forceinline__ void wait(int s) const { ptx::mbar_wait(&full[s % kBufs], (s / kBufs) & 1); }
+  // Every thread of the warp is done with step s's buffer (its GEMMs retired, LSE and D read).
+  __device__ __forceinline__ void release(int s) const {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&empty[s % kBufs]);
+  }
+};
 
 template <int kD>
 struct WgSmem {
@@ -101,8 +133,7 @@ struct WgSmem {
   static constexpr int kDs = kDo + kBufs * kQBytes;
   static constexpr int kStage = kDs + kDsBufs * kDsBytes;           // fp32 [64][64] a warpgroup
   static constexpr int kLse = kStage + 2 * kBlock * 64 * 4, kDelta = kLse + kBufs * kBlock * 4;
-  static constexpr int kBars = kDelta + kBufs * kBlock * 4;         // full[kBufs], empty[kBufs]
-  static constexpr int kStepBytes = 2 * kQBytes + 2 * kBlock * 4;   // what a step's loads bring
+  static constexpr int kBars = kDelta + kBufs * kBlock * 4;         // StepLoads' full and empty
   static constexpr int kBytes = kBars + 2 * kBufs * 8 + 1024;       // + slack to align the base
   static_assert(kBytes <= 227 * 1024, "the wgmma dK/dV kernel's shared memory");
 };
@@ -126,36 +157,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBars);  // step s's loads have landed in s % 3
-  uint64_t* empty = full + L::kBufs;                                // every warp is done with it
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < L::kBufs; ++i) {
-      ptx::mbar_init(&full[i], 1);
-      ptx::mbar_init(&empty[i], kThreads / 32);
-    }
-    ptx::fence_barrier_init();
-  }
+  const StepLoads<L, kD> loads{reinterpret_cast<uint64_t*>(smem + L::kBars), reinterpret_cast<uint64_t*>(smem + L::kBars) + L::kBufs};
+  if (threadIdx.x == 0) loads.init();
   load_kv<kWgKeys, kD, kBF16>(p, walk, k0, smem + L::kK, smem + L::kV);
   __pipeline_commit();
-  // Step s's Q, dO, D and log2 LSE into buffer s % 3, once every warp has released step s - 3's
-  // (thread 0 alone). Rows past seqlen_q read as zeros (TMA) and as D 0 and LSE +inf (workspace).
-  auto load_step = [&](int s) {
-    const int buf = s % L::kBufs, h = walk.head(s), q0 = walk.q0(s);
-    if (s >= L::kBufs) ptx::mbar_wait(&empty[buf], (s / L::kBufs - 1) & 1);
-    ptx::mbar_arrive_expect_tx(&full[buf], L::kStepBytes);
-#pragma unroll
-    for (int c = 0; c < kD / 64; ++c) {
-      ptx::tma_load_4d(smem + L::kQ + buf * L::kQBytes + c * kBlock * 128, &tm_q, &full[buf], 64 * c, q0, h, b);
-      ptx::tma_load_4d(smem + L::kDo + buf * L::kQBytes + c * kBlock * 128, &tm_do, &full[buf], 64 * c, q0, h, b);
-    }
-    const int64_t row = (int64_t(b) * p.heads_q + h) * p.rows + q0;
-    cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, sLse + buf * kBlock, p.lse_log2 + row,
-                             uint32_t(kBlock * 4), &full[buf]);
-    cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, sDelta + buf * kBlock, p.delta + row,
-                             uint32_t(kBlock * 4), &full[buf]);
-  };
   __syncthreads();  // the barriers are initialised
-  if (threadIdx.x == 0 && steps > 0) load_step(0);
+  if (threadIdx.x == 0 && steps > 0) loads.issue(p, &tm_q, &tm_do, walk, 0, smem);
 
   // Descriptors (wgmma.h): K-major operands with LBO 16, MN-major ones with LBO = the bytes between
   // 64-column blocks; SBO 1024 (eight rows of 128 bytes) for both.
@@ -194,8 +201,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float dk[kD / 2] = {}, dv[kD / 2] = {};
   for (int s = 0; s < steps; ++s) {
     const int h = walk.head(s), q0 = walk.q0(s), buf = s % L::kBufs;
-    if (threadIdx.x == 0 && s + 1 < steps) load_step(s + 1);
-    ptx::mbar_wait(&full[buf], (s / L::kBufs) & 1);
+    if (threadIdx.x == 0 && s + 1 < steps) loads.issue(p, &tm_q, &tm_do, walk, s + 1, smem);
+    loads.wait(s);
 
     // S^T and dP^T: this warpgroup's 64 keys x 64 queries, in two groups, so that P^T's
     // exponentials run while dP^T is computed, and dS^T's arithmetic while dV's GEMMs run.
@@ -314,9 +321,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::pin(dv);
     wgmma::pin(pf);
     wgmma::pin(dsf);
-    // This warp is done with the step's buffer (its GEMMs have retired, its LSE and D are read).
-    __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(&empty[buf]);
+    loads.release(s);
   }
   if (tid == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
 
@@ -341,19 +346,26 @@ __global__ void __launch_bounds__(kThreads, 1)
 // split them by columns (128 each), and the 64 keys' S^T and dP^T by queries (32 each): P^T and
 // dS^T go through shared memory, where both warpgroups read them as the A operand (SS). dQ = dS K
 // is two 64-column pieces a warpgroup, added into the fp32 accumulator by float4 atomics (the
-// shared memory holds no staging buffer beside double-buffered Q and dO).
+// shared memory holds no staging buffer beside double-buffered Q and dO). P^T and dS^T have two
+// buffers, so a step needs one CTA barrier (both warpgroups' halves of them written) and none at
+// its end: a warpgroup writes them again two steps on, past the next step's barrier.
 struct WgSmem256 {
   static constexpr int kD = 256, kTile = kBlock * kD * 2;  // K, V, Q or dO: 64 rows
-  static constexpr int kQBytes = kTile;
-  static constexpr int kK = 0, kV = kTile, kQ = 2 * kTile, kDo = kQ + 2 * kTile;  // Q, dO: two buffers
-  static constexpr int kPt = kDo + 2 * kTile, kDst = kPt + kBlock * kBlock * 2;  // [64 keys][64 queries]
-  static constexpr int kLse = kDst + kBlock * kBlock * 2, kDelta = kLse + 2 * kBlock * 4;
-  static constexpr int kBytes = kDelta + 2 * kBlock * 4 + 1024;
+  static constexpr int kQBytes = kTile, kBufs = 2;
+  static constexpr int kK = 0, kV = kTile, kQ = 2 * kTile, kDo = kQ + kBufs * kTile;
+  static constexpr int kPBytes = kBlock * kBlock * 2;  // P^T or dS^T: [64 keys][64 queries]
+  static constexpr int kPt = kDo + kBufs * kTile, kDst = kPt + 2 * kPBytes;
+  static constexpr int kLse = kDst + 2 * kPBytes, kDelta = kLse + kBufs * kBlock * 4;
+  static constexpr int kBars = kDelta + kBufs * kBlock * 4;  // StepLoads' full and empty
+  static constexpr int kBytes = kBars + 2 * kBufs * 8 + 1024;
   static_assert(kBytes <= 227 * 1024, "the d256 wgmma dK/dV kernel's shared memory");
 };
 
+// tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows.
 template <bool kBF16>
-__global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const detail::BwdParams p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    bwd_dkdv_wgmma256_kernel(const detail::BwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                             const __grid_constant__ CUtensorMap tm_do) {
   namespace wgmma = ptx::wgmma;
   using L = WgSmem256;
   constexpr int kD = 256;
@@ -368,11 +380,15 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const de
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
+  const StepLoads<L, kD> loads{reinterpret_cast<uint64_t*>(smem + L::kBars), reinterpret_cast<uint64_t*>(smem + L::kBars) + L::kBufs};
+  if (threadIdx.x == 0) loads.init();
   load_kv<kBlock, kD, kBF16>(p, walk, k0, smem + L::kK, smem + L::kV);
   __pipeline_commit();
-  auto load_step = [&](int s) { load_q_step<L, kD, kBF16>(p, walk, s, s & 1, smem); };
-  if (steps > 0) load_step(0);
-  __pipeline_commit();
+  __syncthreads();  // the barriers are initialised
+  if (threadIdx.x == 0 && steps > 0) loads.issue(p, &tm_q, &tm_do, walk, 0, smem);
+  __pipeline_wait_prior(0);  // K and V have landed, for every thread
+  ptx::fence_proxy_async_smem();
+  __syncthreads();
 
   using ptx::smem_addr;
   // S^T, dP^T: A = K or V (K-major), B = this warpgroup's 32 queries of Q or dO (K-major).
@@ -392,11 +408,9 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const de
   float dk[64] = {}, dv[64] = {};  // this warpgroup's 128 columns
   for (int s = 0; s < steps; ++s) {
     const int h = walk.head(s), q0 = walk.q0(s), buf = s & 1;
-    if (s + 1 < steps) load_step(s + 1);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    ptx::fence_proxy_async_smem();
-    __syncthreads();
+    if (threadIdx.x == 0 && s + 1 < steps) loads.issue(p, &tm_q, &tm_do, walk, s + 1, smem);
+    loads.wait(s);
+    const uint32_t p_off = buf * L::kPBytes;  // this step's P^T and dS^T buffer
 
     // acc = A B^T over the head dim: A the block's K or V, B this warpgroup's 32 queries of Q or dO.
     auto gemm = [&](float(&acc)[16], uint64_t a_desc, uint64_t b_desc) {
@@ -420,7 +434,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const de
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int qc = 32 * wg + 8 * j + 2 * t;
-      const float l0 = lse_log2(lse[qc]), l1 = lse_log2(lse[qc + 1]);
+      const float l0 = lse[qc], l1 = lse[qc + 1];  // log2 units
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int kr = 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
@@ -430,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const de
           if (!vis(q0 + qc, k0 + kr)) st[i] = 0.0f;
           if (!vis(q0 + qc + 1, k0 + kr)) st[i + 1] = 0.0f;
         }
-        *reinterpret_cast<uint32_t*>(smem + L::kPt + sw128<kBlock>(kr, qc)) = pack2<kBF16>(st[i], st[i + 1]);
+        *reinterpret_cast<uint32_t*>(smem + L::kPt + p_off + sw128<kBlock>(kr, qc)) = pack2<kBF16>(st[i], st[i + 1]);
       }
     }
     wgmma::wait_group<0>();
@@ -442,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const de
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int kr = 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
-        *reinterpret_cast<uint32_t*>(smem + L::kDst + sw128<kBlock>(kr, qc)) =
+        *reinterpret_cast<uint32_t*>(smem + L::kDst + p_off + sw128<kBlock>(kr, qc)) =
             pack2<kBF16>(st[i] * (dpt[i] - d0) * p.scale, st[i + 1] * (dpt[i + 1] - d1) * p.scale);
       }
     }
@@ -454,8 +468,8 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const de
 #pragma unroll
     for (int kk = 0; kk < kBlock / 16; ++kk) {
       const uint32_t b_off = buf * L::kTile + kk * 16 * 128;
-      wgmma::mma_ss_tb<128, kType>(dv, wgmma::desc_advance(pt_desc, kk * 32), wgmma::desc_advance(do_mn, b_off), 1);
-      wgmma::mma_ss_tb<128, kType>(dk, wgmma::desc_advance(dst_desc, kk * 32), wgmma::desc_advance(q_mn, b_off), 1);
+      wgmma::mma_ss_tb<128, kType>(dv, wgmma::desc_advance(pt_desc, p_off + kk * 32), wgmma::desc_advance(do_mn, b_off), 1);
+      wgmma::mma_ss_tb<128, kType>(dk, wgmma::desc_advance(dst_desc, p_off + kk * 32), wgmma::desc_advance(q_mn, b_off), 1);
     }
     wgmma::commit_group();
 
@@ -468,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const de
         wgmma::fence();
 #pragma unroll
         for (int kk = 0; kk < kBlock / 16; ++kk)
-          wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, kk * 16 * 128),
+          wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, p_off + kk * 16 * 128),
                                       wgmma::desc_advance(kq_mn, (col0 / 64) * kBlock * 128 + kk * 16 * 128), kk > 0);
         wgmma::commit_group();
         wgmma::wait_group<0>();
@@ -483,7 +497,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv_wgmma256_kernel(const de
     wgmma::wait_group<0>();
     wgmma::pin(dk);
     wgmma::pin(dv);
-    __syncthreads();  // this step's Q, dO, LSE, D, P^T and dS^T may be refilled
+    loads.release(s);
   }
 
   // dK, dV: keys 16 warp + g (+ 8), this warpgroup's columns 128 wg + 8j + 2t.

@@ -31,12 +31,6 @@ namespace fa4::sm90::bwd {
 inline constexpr int kBlock = 64;  // query rows of a dK/dV step (and keys of a d256 dK/dV CTA)
 inline constexpr int kThreads = 256;
 
-// kBlock floats from `src` (zero past `valid`).
-__device__ __forceinline__ void load_row_floats(float* dst, const float* src, int valid) {
-  const int r = threadIdx.x;
-  if (r < kBlock) __pipeline_memcpy_async(dst + r, r < valid ? src + r : src, 4, r < valid ? 0 : 4);
-}
-
 template <bool kBF16>
 __device__ __forceinline__ float to_float(uint16_t bits) {
   if constexpr (kBF16) return __uint_as_float(uint32_t(bits) << 16);

@@ -29,15 +29,13 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return cuda_failure("device query", e);
-  // d64/d128: the dK/dV kernel loads Q and dO by TMA, in boxes of a step's 64 rows.
+  // The dK/dV kernels load Q and dO by TMA, in boxes of a step's 64 rows.
   CUtensorMap tm_q{}, tm_do{};
-  if constexpr (kD <= 128) {
-    const int rq = ptx::map_bshd_16bit_sw128(&tm_q, p.q, p.q_stride, p.batch, p.seqlen_q, p.heads_q, kD, kBlock);
-    const int rd = ptx::map_bshd_16bit_sw128(&tm_do, p.dout, p.do_stride, p.batch, p.seqlen_q, p.heads_q, kD, kBlock);
-    if (rq || rd)
-      return {StatusCode::kNotSupported, std::string("sm90 backward: cuTensorMapEncodeTiled refused ") +
-                                             (rq ? "q" : "dout") + " (driver error " + std::to_string(rq ? rq : rd) + ")"};
-  }
+  const int rq = ptx::map_bshd_16bit_sw128(&tm_q, p.q, p.q_stride, p.batch, p.seqlen_q, p.heads_q, kD, kBlock);
+  const int rd = ptx::map_bshd_16bit_sw128(&tm_do, p.dout, p.do_stride, p.batch, p.seqlen_q, p.heads_q, kD, kBlock);
+  if (rq || rd)
+    return {StatusCode::kNotSupported, std::string("sm90 backward: cuTensorMapEncodeTiled refused ") +
+                                           (rq ? "q" : "dout") + " (driver error " + std::to_string(rq ? rq : rd) + ")"};
   if (!p.deterministic) {
     e = cudaMemsetAsync(p.dq_accum, 0, size_t(p.batch) * p.heads_q * p.rows * kD * sizeof(float), stream);
     if (e != cudaSuccess) return cuda_failure("zeroing the dQ accumulator", e);
@@ -57,7 +55,7 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
     if ((e = allow_dynamic_smem<bwd_dkdv_wgmma256_kernel<kBF16>>(device, kSmem)) != cudaSuccess)
       return cuda_failure("setting the dK/dV kernel's shared memory", e);
     const unsigned key_blocks = unsigned((p.seqlen_k + kBlock - 1) / kBlock);
-    bwd_dkdv_wgmma256_kernel<kBF16><<<dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, stream>>>(p);
+    bwd_dkdv_wgmma256_kernel<kBF16><<<dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, stream>>>(p, tm_q, tm_do);
   }
   if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the dK/dV kernel", e);
 
