@@ -11,7 +11,7 @@
 // Tiles lie in the 128-byte-swizzled layout wgmma reads (64-column blocks of rows x 128 bytes). K
 // and V load once by cp.async. Each step's Q and dO come by TMA, and its rows of D and of the LSE
 // (log2 units, both written by bwd_delta_kernel into the workspace) by bulk copies, one thread
-// issuing them a step ahead with full/empty mbarriers (StepLoads; three buffers at d64/d128, two
+// issuing them a step ahead with full/empty mbarriers (StepRing; three buffers at d64/d128, two
 // at d256): no CTA barrier opens or closes a step, so the warpgroups are held together only where
 // one reads what the other wrote (d128: dQ reads both's dS^T; d256: dV/dK read both's P^T and
 // dS^T), and those tiles have two buffers so that a warpgroup may write the next step's while
@@ -77,15 +77,11 @@ __device__ __forceinline__ void load_kv(const detail::BwdParams& p, const Walk& 
   load_sw128<kKeys, kD>(v_tile, row0(p.v, p.v_stride, w.b, w.hk) + k0 * p.v_stride[1], p.v_stride[1], p.seqlen_k - k0);
 }
 
-// The query side of the walk's steps, through L::kBufs buffers of layout L: step s's Q and dO
-// (TMA, boxes of 64 rows) and its rows of D and of the LSE in log2 units (bulk copies from the
-// workspace) go into buffer s % kBufs and land on full[buf]; every warp arrives on empty[buf]
-// once done with it, and the buffer is refilled for step s + kBufs after that. Rows past
-// seqlen_q read as zeros (TMA) and as D 0 and LSE +inf (bwd_delta_kernel).
-template <class L, int kD>
-struct StepLoads {
-  static constexpr int kBufs = L::kBufs;
-  static constexpr uint32_t kBytes = 2 * L::kQBytes + 2 * kBlock * 4;
+// A ring of kBufs buffers that one thread fills a step ahead: step s's loads go into buffer
+// s % kBufs and land on full[buf]; every warp arrives on empty[buf] once done with it, and the
+// buffer is refilled for step s + kBufs after that.
+template <int kBufs>
+struct StepRing {
   uint64_t* full;   // [kBufs]: the step's loads have landed
   uint64_t* empty;  // [kBufs]: every warp is done with the buffer
 
@@ -97,30 +93,41 @@ struct StepLoads {
     }
     ptx::fence_barrier_init();
   }
-  // Thread 0: step s's loads, once step s - kBufs has released the buffer.
-  __device__ __forceinline__ void issue(const detail::BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_do,
-                                        const Walk& w, int s, char* smem) const {
-    const int buf = s % kBufs, h = w.head(s), q0 = w.q0(s);
+  // The loading thread: step s's buffer, once step s - kBufs has released it; its full barrier,
+  // armed for `bytes`.
+  __device__ __forceinline__ uint64_t* claim(int s, uint32_t bytes) const {
+    const int buf = s % kBufs;
     if (s >= kBufs) ptx::mbar_wait(&empty[buf], (s / kBufs - 1) & 1);
-    ptx::mbar_arrive_expect_tx(&full[buf], kBytes);
-#pragma unroll
-    for (int c = 0; c < kD / 64; ++c) {
-      ptx::tma_load_4d(smem + L::kQ + buf * L::kQBytes + c * kBlock * 128, tm_q, &full[buf], 64 * c, q0, h, w.b);
-      ptx::tma_load_4d(smem + L::kDo + buf * L::kQBytes + c * kBlock * 128, tm_do, &full[buf], 64 * c, q0, h, w.b);
-    }
-    const int64_t row = (int64_t(w.b) * p.heads_q + h) * p.rows + q0;
-    cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, smem + L::kLse + buf * kBlock * 4,
-                             p.lse_log2 + row, uint32_t(kBlock * 4), &full[buf]);
-    cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, smem + L::kDelta + buf * kBlock * 4,
-                             p.delta + row, uint32_t(kBlock * 4), &full[buf]);
+    ptx::mbar_arrive_expect_tx(&full[buf], bytes);
+    return &full[buf];
   }
   __device__ __forceinline__ void wait(int s) const { ptx::mbar_wait(&full[s % kBufs], (s / kBufs) & 1); }
-  // Every thread of the warp is done with step s's buffer (its GEMMs retired, LSE and D read).
+  // Every thread of the warp is done with step s's buffer (its GEMMs retired, its reads done).
   __device__ __forceinline__ void release(int s) const {
     __syncwarp();
     if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&empty[s % kBufs]);
   }
 };
+
+// The query side of a dK/dV step, into buffer s % L::kBufs of layout L: Q and dO (TMA, boxes of
+// 64 rows) and the step's rows of D and of the LSE in log2 units (bulk copies from the
+// workspace). Rows past seqlen_q read as zeros (TMA) and as D 0 and LSE +inf (bwd_delta_kernel).
+template <class L, int kD>
+__device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_do,
+                                            const Walk& w, int s, char* smem, const StepRing<L::kBufs>& ring) {
+  const int buf = s % L::kBufs, h = w.head(s), q0 = w.q0(s);
+  uint64_t* bar = ring.claim(s, 2 * L::kQBytes + 2 * kBlock * 4);
+#pragma unroll
+  for (int c = 0; c < kD / 64; ++c) {
+    ptx::tma_load_4d(smem + L::kQ + buf * L::kQBytes + c * kBlock * 128, tm_q, bar, 64 * c, q0, h, w.b);
+    ptx::tma_load_4d(smem + L::kDo + buf * L::kQBytes + c * kBlock * 128, tm_do, bar, 64 * c, q0, h, w.b);
+  }
+  const int64_t row = (int64_t(w.b) * p.heads_q + h) * p.rows + q0;
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, smem + L::kLse + buf * kBlock * 4,
+                           p.lse_log2 + row, uint32_t(kBlock * 4), bar);
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, smem + L::kDelta + buf * kBlock * 4,
+                           p.delta + row, uint32_t(kBlock * 4), bar);
+}
 
 template <int kD>
 struct WgSmem {
@@ -133,7 +140,7 @@ struct WgSmem {
   static constexpr int kDs = kDo + kBufs * kQBytes;
   static constexpr int kStage = kDs + kDsBufs * kDsBytes;           // fp32 [64][64] a warpgroup
   static constexpr int kLse = kStage + 2 * kBlock * 64 * 4, kDelta = kLse + kBufs * kBlock * 4;
-  static constexpr int kBars = kDelta + kBufs * kBlock * 4;         // StepLoads' full and empty
+  static constexpr int kBars = kDelta + kBufs * kBlock * 4;         // StepRing's full and empty
   static constexpr int kBytes = kBars + 2 * kBufs * 8 + 1024;       // + slack to align the base
   static_assert(kBytes <= 227 * 1024, "the wgmma dK/dV kernel's shared memory");
 };
@@ -157,12 +164,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
-  const StepLoads<L, kD> loads{reinterpret_cast<uint64_t*>(smem + L::kBars), reinterpret_cast<uint64_t*>(smem + L::kBars) + L::kBufs};
-  if (threadIdx.x == 0) loads.init();
+  const StepRing<L::kBufs> ring{reinterpret_cast<uint64_t*>(smem + L::kBars), reinterpret_cast<uint64_t*>(smem + L::kBars) + L::kBufs};
+  if (threadIdx.x == 0) ring.init();
   load_kv<kWgKeys, kD, kBF16>(p, walk, k0, smem + L::kK, smem + L::kV);
   __pipeline_commit();
   __syncthreads();  // the barriers are initialised
-  if (threadIdx.x == 0 && steps > 0) loads.issue(p, &tm_q, &tm_do, walk, 0, smem);
+  if (threadIdx.x == 0 && steps > 0) load_q_step<L, kD>(p, &tm_q, &tm_do, walk, 0, smem, ring);
 
   // Descriptors (wgmma.h): K-major operands with LBO 16, MN-major ones with LBO = the bytes between
   // 64-column blocks; SBO 1024 (eight rows of 128 bytes) for both.
@@ -201,8 +208,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float dk[kD / 2] = {}, dv[kD / 2] = {};
   for (int s = 0; s < steps; ++s) {
     const int h = walk.head(s), q0 = walk.q0(s), buf = s % L::kBufs;
-    if (threadIdx.x == 0 && s + 1 < steps) loads.issue(p, &tm_q, &tm_do, walk, s + 1, smem);
-    loads.wait(s);
+    if (threadIdx.x == 0 && s + 1 < steps) load_q_step<L, kD>(p, &tm_q, &tm_do, walk, s + 1, smem, ring);
+    ring.wait(s);
 
     // S^T and dP^T: this warpgroup's 64 keys x 64 queries, in two groups, so that P^T's
     // exponentials run while dP^T is computed, and dS^T's arithmetic while dV's GEMMs run.
@@ -321,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::pin(dv);
     wgmma::pin(pf);
     wgmma::pin(dsf);
-    loads.release(s);
+    ring.release(s);
   }
   if (tid == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
 
@@ -356,7 +363,7 @@ struct WgSmem256 {
   static constexpr int kPBytes = kBlock * kBlock * 2;  // P^T or dS^T: [64 keys][64 queries]
   static constexpr int kPt = kDo + kBufs * kTile, kDst = kPt + 2 * kPBytes;
   static constexpr int kLse = kDst + 2 * kPBytes, kDelta = kLse + kBufs * kBlock * 4;
-  static constexpr int kBars = kDelta + kBufs * kBlock * 4;  // StepLoads' full and empty
+  static constexpr int kBars = kDelta + kBufs * kBlock * 4;  // StepRing's full and empty
   static constexpr int kBytes = kBars + 2 * kBufs * 8 + 1024;
   static_assert(kBytes <= 227 * 1024, "the d256 wgmma dK/dV kernel's shared memory");
 };
@@ -380,12 +387,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
-  const StepLoads<L, kD> loads{reinterpret_cast<uint64_t*>(smem + L::kBars), reinterpret_cast<uint64_t*>(smem + L::kBars) + L::kBufs};
-  if (threadIdx.x == 0) loads.init();
+  const StepRing<L::kBufs> ring{reinterpret_cast<uint64_t*>(smem + L::kBars), reinterpret_cast<uint64_t*>(smem + L::kBars) + L::kBufs};
+  if (threadIdx.x == 0) ring.init();
   load_kv<kBlock, kD, kBF16>(p, walk, k0, smem + L::kK, smem + L::kV);
   __pipeline_commit();
   __syncthreads();  // the barriers are initialised
-  if (threadIdx.x == 0 && steps > 0) loads.issue(p, &tm_q, &tm_do, walk, 0, smem);
+  if (threadIdx.x == 0 && steps > 0) load_q_step<L, kD>(p, &tm_q, &tm_do, walk, 0, smem, ring);
   __pipeline_wait_prior(0);  // K and V have landed, for every thread
   ptx::fence_proxy_async_smem();
   __syncthreads();
@@ -408,8 +415,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float dk[64] = {}, dv[64] = {};  // this warpgroup's 128 columns
   for (int s = 0; s < steps; ++s) {
     const int h = walk.head(s), q0 = walk.q0(s), buf = s & 1;
-    if (threadIdx.x == 0 && s + 1 < steps) loads.issue(p, &tm_q, &tm_do, walk, s + 1, smem);
-    loads.wait(s);
+    if (threadIdx.x == 0 && s + 1 < steps) load_q_step<L, kD>(p, &tm_q, &tm_do, walk, s + 1, smem, ring);
+    ring.wait(s);
     const uint32_t p_off = buf * L::kPBytes;  // this step's P^T and dS^T buffer
 
     // acc = A B^T over the head dim: A the block's K or V, B this warpgroup's 32 queries of Q or dO.
@@ -497,7 +504,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::wait_group<0>();
     wgmma::pin(dk);
     wgmma::pin(dv);
-    loads.release(s);
+    ring.release(s);
   }
 
   // dK, dV: keys 16 warp + g (+ 8), this warpgroup's columns 128 wg + 8j + 2t.
