@@ -6,8 +6,10 @@
 //   P, dS = P (dP - D) scale            (registers: the accumulator layout is the A operand's)
 //   dQ += dS K                          (wgmma RS, K MN-major)
 //
-// Key blocks are 64 keys at d64/d128 and 32 at d256 (where 128 rows of Q and dO take 128 KB); K and
-// V are loaded by cp.async into two buffers each, the next block's while this one computes.
+// Key blocks are 64 keys at d64/d128 and 32 at d256 (where 128 rows of Q and dO take 128 KB). Q, dO,
+// D and the log2 LSE load once (TMA and bulk copies); K and V by TMA through a StepRing, the next
+// block's while this one computes (three buffers, two at d256). The warpgroups share only K and V,
+// so nothing else holds them together.
 #pragma once
 
 #include "fa4/numerics/exp2.h"
@@ -23,14 +25,21 @@ inline constexpr int kDqKeys = kD == 256 ? 32 : 64;  // keys a step
 template <int kD>
 struct DqWgSmem {
   static constexpr int kQBytes = kDqRows * kD * 2, kKVBytes = kDqKeys<kD> * kD * 2;
-  static constexpr int kQ = 0, kDo = kQBytes, kK = 2 * kQBytes, kV = kK + 2 * kKVBytes;  // K, V: two buffers
-  static constexpr int kLse = kV + 2 * kKVBytes, kDelta = kLse + kDqRows * 4;
-  static constexpr int kBytes = kDelta + kDqRows * 4 + 1024;
+  static constexpr int kBufs = kD == 256 ? 2 : 3;  // K, V
+  static constexpr int kQ = 0, kDo = kQBytes, kK = 2 * kQBytes, kV = kK + kBufs * kKVBytes;
+  static constexpr int kLse = kV + kBufs * kKVBytes, kDelta = kLse + kDqRows * 4;
+  static constexpr int kBars = kDelta + kDqRows * 4;  // the ring's full and empty, then Q's
+  static constexpr int kBytes = kBars + (2 * kBufs + 1) * 8 + 1024;
   static_assert(kBytes <= 227 * 1024, "the wgmma dQ kernel's shared memory");
 };
 
+// tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows; tm_k, tm_v: K and V
+// in boxes of kDqKeys<kD> rows.
 template <int kD, bool kBF16>
-__global__ void __launch_bounds__(kThreads, 1) bwd_dq_wgmma_kernel(const detail::BwdParams p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    bwd_dq_wgmma_kernel(const detail::BwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                        const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_k,
+                        const __grid_constant__ CUtensorMap tm_v) {
   namespace wgmma = ptx::wgmma;
   using L = DqWgSmem<kD>;
   constexpr int kKeys = kDqKeys<kD>;
@@ -49,23 +58,43 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dq_wgmma_kernel(const detail:
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
-  const int valid = p.seqlen_q - q0;
-  load_sw128<kDqRows, kD>(smem + L::kQ, row0(p.q, p.q_stride, b, h) + q0 * p.q_stride[1], p.q_stride[1], valid);
-  load_sw128<kDqRows, kD>(smem + L::kDo, row0(p.dout, p.do_stride, b, h) + q0 * p.do_stride[1], p.do_stride[1], valid);
-  for (int r = threadIdx.x; r < kDqRows; r += kThreads) {
-    const bool ok = r < valid;
-    const int64_t row = (int64_t(b) * p.heads_q + h);
-    __pipeline_memcpy_async(sLse + r, ok ? p.lse + row * p.seqlen_q + q0 + r : p.lse, 4, ok ? 0 : 4);
-    __pipeline_memcpy_async(sDelta + r, ok ? p.delta + row * p.rows + q0 + r : p.delta, 4, ok ? 0 : 4);
-  }
-  __pipeline_commit();
-  const Walk walk{b, hk, 1, 0, 1};  // load_kv reads only b and hk
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
+  const StepRing<L::kBufs> ring{bars, bars + L::kBufs};
+  uint64_t* q_full = bars + 2 * L::kBufs;
+  // Step s's K and V (rows past seqlen_k read as zeros).
   auto load_step = [&](int s) {
-    const int buf = s & 1;
-    load_kv<kKeys, kD, kBF16>(p, walk, (n_lo + s) * kKeys, smem + L::kK + buf * L::kKVBytes, smem + L::kV + buf * L::kKVBytes);
+    const int buf = s % L::kBufs, k0 = (n_lo + s) * kKeys;
+    uint64_t* bar = ring.claim(s, 2 * L::kKVBytes);
+#pragma unroll
+    for (int c = 0; c < kD / 64; ++c) {
+      ptx::tma_load_4d(smem + L::kK + buf * L::kKVBytes + c * kKeys * 128, &tm_k, bar, 64 * c, k0, hk, b);
+      ptx::tma_load_4d(smem + L::kV + buf * L::kKVBytes + c * kKeys * 128, &tm_v, bar, 64 * c, k0, hk, b);
+    }
   };
-  if (steps > 0) load_step(0);
-  __pipeline_commit();
+  if (threadIdx.x == 0) {
+    ring.init();
+    ptx::mbar_init(q_full, 1);
+    ptx::fence_barrier_init();
+  }
+  // The block's Q and dO (boxes of 64 rows; rows past seqlen_q read as zeros), D and log2 LSE, if
+  // any key is seen (the loop waits for them; nothing may be in flight when the CTA exits).
+  if (threadIdx.x == 0 && steps > 0) {
+    ptx::mbar_arrive_expect_tx(q_full, 2 * L::kQBytes + 2 * kDqRows * 4);
+#pragma unroll
+    for (int c = 0; c < kD / 64; ++c)
+#pragma unroll
+      for (int r = 0; r < kDqRows; r += 64) {
+        ptx::tma_load_4d(smem + L::kQ + c * kDqRows * 128 + r * 128, &tm_q, q_full, 64 * c, q0 + r, h, b);
+        ptx::tma_load_4d(smem + L::kDo + c * kDqRows * 128 + r * 128, &tm_do, q_full, 64 * c, q0 + r, h, b);
+      }
+    const int64_t row = (int64_t(b) * p.heads_q + h) * p.rows + q0;
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, sLse, p.lse_log2 + row,
+                             uint32_t(kDqRows * 4), q_full);
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, sDelta, p.delta + row,
+                             uint32_t(kDqRows * 4), q_full);
+    load_step(0);
+  }
+  __syncthreads();  // the barriers are initialised
 
   using ptx::smem_addr;
   const uint64_t q_desc = wgmma::desc_sw128(smem_addr(smem + L::kQ) + wg * 64 * 128, 16, 1024);
@@ -78,19 +107,18 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dq_wgmma_kernel(const detail:
   float row_lse[2] = {}, row_d[2] = {};
   float dq[kD / 2] = {};
   for (int s = 0; s < steps; ++s) {
-    const int k0 = (n_lo + s) * kKeys, buf = s & 1;
-    if (s + 1 < steps) load_step(s + 1);
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    ptx::fence_proxy_async_smem();
-    __syncthreads();
-    if (s == 0)
+    const int k0 = (n_lo + s) * kKeys, buf = s % L::kBufs;
+    if (threadIdx.x == 0 && s + 1 < steps) load_step(s + 1);
+    if (s == 0) {
+      ptx::mbar_wait(q_full, 0);
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int r = wg * 64 + 16 * warp + g + 8 * hr;
-        row_lse[hr] = lse_log2(sLse[r]);
+        row_lse[hr] = sLse[r];  // log2 units
         row_d[hr] = sDelta[r];
       }
+    }
+    ring.wait(s);
 
     // acc = A B^T over the head dim: A this warpgroup's rows of Q or dO, B the block's K or V.
     auto gemm = [&](float(&acc)[kKeys / 2], uint64_t a_desc, uint64_t b_desc) {
@@ -139,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_dq_wgmma_kernel(const detail:
     wgmma::wait_group<0>();
     wgmma::pin(dq);
     wgmma::pin(dsf);
-    __syncthreads();  // this block's K and V may be refilled
+    ring.release(s);
   }
 
   // dQ of the block's real rows.

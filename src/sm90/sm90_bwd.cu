@@ -69,8 +69,15 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   constexpr int kSmem = DqWgSmem<kD>::kBytes;
   if ((e = allow_dynamic_smem<bwd_dq_wgmma_kernel<kD, kBF16>>(device, kSmem)) != cudaSuccess)
     return cuda_failure("setting the dQ kernel's shared memory", e);
+  CUtensorMap tm_k{}, tm_v{};
+  const int rk = ptx::map_bshd_16bit_sw128(&tm_k, p.k, p.k_stride, p.batch, p.seqlen_k, p.heads_kv, kD, kDqKeys<kD>);
+  const int rv = ptx::map_bshd_16bit_sw128(&tm_v, p.v, p.v_stride, p.batch, p.seqlen_k, p.heads_kv, kD, kDqKeys<kD>);
+  if (rk || rv)
+    return {StatusCode::kNotSupported, std::string("sm90 backward: cuTensorMapEncodeTiled refused ") +
+                                           (rk ? "k" : "v") + " (driver error " + std::to_string(rk ? rk : rv) + ")"};
   const unsigned query_blocks = unsigned((p.seqlen_q + kDqRows - 1) / kDqRows);
-  bwd_dq_wgmma_kernel<kD, kBF16><<<dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream>>>(p);
+  bwd_dq_wgmma_kernel<kD, kBF16>
+      <<<dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream>>>(p, tm_q, tm_do, tm_k, tm_v);
   if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the dQ kernel", e);
   return Status::Ok();
 }
