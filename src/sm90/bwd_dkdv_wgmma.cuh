@@ -232,8 +232,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     gemm(dpt, vf, v_desc, do_desc);
 
     // P^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).
-    const float* lse = sLse + buf * kBlock;  // log2 units
+    // This thread's queries' LSE (log2 units), read while S^T is computed.
+    const float* lse = sLse + buf * kBlock;
     const float* delta = sDelta + buf * kBlock;
+    float2 lse2[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) lse2[j] = *reinterpret_cast<const float2*>(lse + 8 * j + 2 * t);
     const bool whole = vis.whole(q0, kBlock, k0, kWgKeys);
     wgmma::wait_group<1>();
     wgmma::pin(st);
@@ -241,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int qc = 8 * j + 2 * t;
-      const float l0 = lse[qc], l1 = lse[qc + 1];
+      const float l0 = lse2[j].x, l1 = lse2[j].y;
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int kr = wg * 64 + 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
@@ -263,14 +267,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma::commit_group();
 
-    // dS^T = P^T (dP^T - D) scale, kept for dK and stored for dQ.
+    // dS^T = P^T (dP^T - D) scale, kept for dK and stored for dQ (D read while dP^T is computed).
     char* ds_tile = smem + L::kDs + (s % L::kDsBufs) * L::kDsBytes;
+    float2 delta2[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) delta2[j] = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * t);
     wgmma::wait_group<1>();
     wgmma::pin(dpt);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int qc = 8 * j + 2 * t;
-      const float d0 = delta[qc], d1 = delta[qc + 1];
+      const float d0 = delta2[j].x, d1 = delta2[j].y;
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int kr = wg * 64 + 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
@@ -432,16 +439,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     gemm(st, k_desc, q_desc);
     gemm(dpt, v_desc, do_desc);
 
-    // Element 4j + e: key 16 warp + g (+ 8 for e >= 2), query 32 wg + 8j + 2t + (e & 1).
+    // Element 4j + e: key 16 warp + g (+ 8 for e >= 2), query 32 wg + 8j + 2t + (e & 1). This
+    // thread's queries' LSE (log2 units) and D, read while S^T and dP^T are computed.
     const float* lse = sLse + buf * kBlock;
     const float* delta = sDelta + buf * kBlock;
+    float2 lse2[4], delta2[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      lse2[j] = *reinterpret_cast<const float2*>(lse + 32 * wg + 8 * j + 2 * t);
+      delta2[j] = *reinterpret_cast<const float2*>(delta + 32 * wg + 8 * j + 2 * t);
+    }
     const bool whole = vis.whole(q0, kBlock, k0, kBlock);
     wgmma::wait_group<1>();
     wgmma::pin(st);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int qc = 32 * wg + 8 * j + 2 * t;
-      const float l0 = lse[qc], l1 = lse[qc + 1];  // log2 units
+      const float l0 = lse2[j].x, l1 = lse2[j].y;
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int kr = 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
@@ -459,7 +473,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int qc = 32 * wg + 8 * j + 2 * t;
-      const float d0 = delta[qc], d1 = delta[qc + 1];
+      const float d0 = delta2[j].x, d1 = delta2[j].y;
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int kr = 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
