@@ -1,6 +1,6 @@
 // sm90 backward: the gradients of attention, recomputing P from Q, K and the forward's LSE.
 //
-//   D    = rowsum(dO * O)                                   bwd_delta_kernel (one warp a row)
+//   D    = rowsum(dO * O), and LSE * log2 e               bwd_delta_kernel (one warp a row)
 //   per key block (bwd_dkdv_wgmma.cuh, one CTA), over every query block of 64 that sees it and every
 //   query head of its KV head's group:
 //     S^T  = K Q^T,  P^T = exp2(S^T * scale * log2 e - LSE * log2 e)       (masked: 0)

@@ -1,7 +1,7 @@
 // sm90 backward: the launch sequence (the kernels: bwd_kernel.cuh, bwd_dkdv_wgmma.cuh,
 // bwd_dq_wgmma.cuh).
-//   1. D = rowsum(dO * O) into the workspace (and the fp32 dQ accumulator zeroed, unless
-//      deterministic);
+//   1. D = rowsum(dO * O) and the LSE in log2 units into the workspace (and the fp32 dQ
+//      accumulator zeroed, unless deterministic);
 //   2. dK, dV a key block a CTA (and dQ's shares reduced into the accumulator, unless
 //      deterministic);
 //   3. dQ: the accumulator converted to the dtype, or, deterministic, 128 query rows a CTA
