@@ -1,6 +1,6 @@
 // sm90 backward: the gradients of attention, recomputing P from Q, K and the forward's LSE.
 //
-//   D    = rowsum(dO * O), and LSE * log2 e               bwd_delta_kernel (one warp a row)
+//   D    = rowsum(dO * O), and LSE * log2 e               bwd_delta_kernel
 //   per key block (bwd_dkdv_wgmma.cuh, one CTA), over every query block of 64 that sees it and every
 //   query head of its KV head's group:
 //     S^T  = K Q^T,  P^T = exp2(S^T * scale * log2 e - LSE * log2 e)       (masked: 0)
@@ -93,27 +93,32 @@ __device__ __forceinline__ const uint16_t* row0(const void* base, const int64_t 
   return static_cast<const uint16_t*>(base) + b * stride[0] + h * stride[2];
 }
 
-// ---- D = rowsum(dO * O) and the LSE in log2 units, one warp a row; rows past seqlen_q get 0 and +inf
+// ---- D = rowsum(dO * O) and the LSE in log2 units; rows past seqlen_q get 0 and +inf ------------
+// A row's head_dim elements are kD / 8 lanes' 16-byte loads, so a warp takes 32 / (kD / 8) rows
+// (4 at d64, 2 at d128, 1 at d256): one warp a row left three quarters of the lanes idle at d64.
+template <int kD>
+inline constexpr int kDeltaRowsPerCta = (kThreads / 32) * (256 / kD);
+static_assert(128 % kDeltaRowsPerCta<64> == 0, "a CTA's rows divide the workspace's row padding (128)");
+
 template <int kD, bool kBF16>
 __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdParams p) {
+  constexpr int kLanes = kD / 8;  // lanes a row
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int i = blockIdx.x * (kThreads / 32) + warp, h = blockIdx.y, b = blockIdx.z;
-  if (i >= p.rows) return;
+  const int i = blockIdx.x * kDeltaRowsPerCta<kD> + warp * (32 / kLanes) + lane / kLanes;
+  const int h = blockIdx.y, b = blockIdx.z, c = (lane % kLanes) * 8;
   float sum = 0.0f;
   if (i < p.seqlen_q) {
     const uint16_t* o = row0(p.o, p.o_stride, b, h) + i * p.o_stride[1];
     const uint16_t* d = row0(p.dout, p.do_stride, b, h) + i * p.do_stride[1];
-    for (int c = lane * 8; c < kD; c += 32 * 8) {
-      const uint4 ov = *reinterpret_cast<const uint4*>(o + c), dv = *reinterpret_cast<const uint4*>(d + c);
-      const uint16_t* oe = reinterpret_cast<const uint16_t*>(&ov);
-      const uint16_t* de = reinterpret_cast<const uint16_t*>(&dv);
+    const uint4 ov = *reinterpret_cast<const uint4*>(o + c), dv = *reinterpret_cast<const uint4*>(d + c);
+    const uint16_t* oe = reinterpret_cast<const uint16_t*>(&ov);
+    const uint16_t* de = reinterpret_cast<const uint16_t*>(&dv);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) sum += to_float<kBF16>(oe[e]) * to_float<kBF16>(de[e]);
-    }
+    for (int e = 0; e < 8; ++e) sum += to_float<kBF16>(oe[e]) * to_float<kBF16>(de[e]);
   }
 #pragma unroll
-  for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
-  if (lane == 0) {
+  for (int s = kLanes / 2; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
+  if (lane % kLanes == 0 && i < p.rows) {
     const int64_t at = (int64_t(b) * p.heads_q + h) * p.rows + i;
     p.delta[at] = sum;
     p.lse_log2[at] = i < p.seqlen_q ? lse_log2(p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + i]) : INFINITY;

@@ -40,7 +40,8 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
     e = cudaMemsetAsync(p.dq_accum, 0, size_t(p.batch) * p.heads_q * p.rows * kD * sizeof(float), stream);
     if (e != cudaSuccess) return cuda_failure("zeroing the dQ accumulator", e);
   }
-  bwd_delta_kernel<kD, kBF16><<<dim3(unsigned(p.rows / (kThreads / 32)), p.heads_q, p.batch), block, 0, stream>>>(p);
+  bwd_delta_kernel<kD, kBF16>
+      <<<dim3(unsigned(p.rows / kDeltaRowsPerCta<kD>), p.heads_q, p.batch), block, 0, stream>>>(p);
   if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the D kernel", e);
 
   // dK, dV: 128 keys a CTA at d64/d128; 64 at d256, whose warpgroups split the columns.
