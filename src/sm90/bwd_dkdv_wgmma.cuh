@@ -85,6 +85,12 @@ struct StepRing {
   uint64_t* full;   // [kBufs]: the step's loads have landed
   uint64_t* empty;  // [kBufs]: every warp is done with the buffer
 
+  // The ring whose 2 kBufs barriers (full, then empty) start at `bars`.
+  __device__ __forceinline__ static StepRing at(char* bars) {
+    uint64_t* b = reinterpret_cast<uint64_t*>(bars);
+    return {b, b + kBufs};
+  }
+
   // Thread 0; the CTA syncs before anyone waits on them.
   __device__ __forceinline__ void init() const {
     for (int i = 0; i < kBufs; ++i) {
@@ -129,6 +135,23 @@ __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CU
                            p.delta + row, uint32_t(kBlock * 4), bar);
 }
 
+// A dK/dV CTA's start: the ring's barriers, the CTA's K and V rows [k0, k0 + kKeys) (cp.async),
+// the first step's query side in flight, and every thread past K and V's landing.
+template <class L, int kKeys, int kD, bool kBF16>
+__device__ __forceinline__ StepRing<L::kBufs> start_dkdv(const detail::BwdParams& p, const CUtensorMap* tm_q,
+                                                         const CUtensorMap* tm_do, const Walk& walk, int k0, char* smem) {
+  const auto ring = StepRing<L::kBufs>::at(smem + L::kBars);
+  if (threadIdx.x == 0) ring.init();
+  load_kv<kKeys, kD, kBF16>(p, walk, k0, smem + L::kK, smem + L::kV);
+  __pipeline_commit();
+  __syncthreads();  // the barriers are initialised
+  if (threadIdx.x == 0 && walk.steps() > 0) load_q_step<L, kD>(p, tm_q, tm_do, walk, 0, smem, ring);
+  __pipeline_wait_prior(0);  // K and V have landed, for every thread
+  ptx::fence_proxy_async_smem();
+  __syncthreads();
+  return ring;
+}
+
 template <int kD>
 struct WgSmem {
   static constexpr int kKVBytes = kWgKeys * kD * 2, kQBytes = kBlock * kD * 2;
@@ -164,12 +187,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
-  const StepRing<L::kBufs> ring{reinterpret_cast<uint64_t*>(smem + L::kBars), reinterpret_cast<uint64_t*>(smem + L::kBars) + L::kBufs};
-  if (threadIdx.x == 0) ring.init();
-  load_kv<kWgKeys, kD, kBF16>(p, walk, k0, smem + L::kK, smem + L::kV);
-  __pipeline_commit();
-  __syncthreads();  // the barriers are initialised
-  if (threadIdx.x == 0 && steps > 0) load_q_step<L, kD>(p, &tm_q, &tm_do, walk, 0, smem, ring);
+  const auto ring = start_dkdv<L, kWgKeys, kD, kBF16>(p, &tm_q, &tm_do, walk, k0, smem);
 
   // Descriptors (wgmma.h): K-major operands with LBO 16, MN-major ones with LBO = the bytes between
   // 64-column blocks; SBO 1024 (eight rows of 128 bytes) for both.
@@ -192,9 +210,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (16 registers each), so that those two GEMMs read only Q and dO from shared memory.
   constexpr bool kKVInRegs = kD == 64;
   uint32_t kf[kKVInRegs ? kD / 16 : 1][4], vf[kKVInRegs ? kD / 16 : 1][4];
-  __pipeline_wait_prior(0);  // K and V have landed, for every thread
-  ptx::fence_proxy_async_smem();
-  __syncthreads();
   if constexpr (kKVInRegs) {
     const int r = wg * 64 + 16 * warp + (lane & 15);
 #pragma unroll
@@ -399,15 +414,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
-  const StepRing<L::kBufs> ring{reinterpret_cast<uint64_t*>(smem + L::kBars), reinterpret_cast<uint64_t*>(smem + L::kBars) + L::kBufs};
-  if (threadIdx.x == 0) ring.init();
-  load_kv<kBlock, kD, kBF16>(p, walk, k0, smem + L::kK, smem + L::kV);
-  __pipeline_commit();
-  __syncthreads();  // the barriers are initialised
-  if (threadIdx.x == 0 && steps > 0) load_q_step<L, kD>(p, &tm_q, &tm_do, walk, 0, smem, ring);
-  __pipeline_wait_prior(0);  // K and V have landed, for every thread
-  ptx::fence_proxy_async_smem();
-  __syncthreads();
+  const auto ring = start_dkdv<L, kBlock, kD, kBF16>(p, &tm_q, &tm_do, walk, k0, smem);
 
   using ptx::smem_addr;
   // S^T, dP^T: A = K or V (K-major), B = this warpgroup's 32 queries of Q or dO (K-major).

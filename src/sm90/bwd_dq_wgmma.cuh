@@ -58,9 +58,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
-  const StepRing<L::kBufs> ring{bars, bars + L::kBufs};
-  uint64_t* q_full = bars + 2 * L::kBufs;
+  const auto ring = StepRing<L::kBufs>::at(smem + L::kBars);
+  uint64_t* q_full = ring.empty + L::kBufs;
   // Step s's K and V (rows past seqlen_k read as zeros).
   auto load_step = [&](int s) {
     const int buf = s % L::kBufs, k0 = (n_lo + s) * kKeys;
