@@ -232,8 +232,8 @@ TEST(Api, FwdParamsCarryResolvedArguments) {
 }
 
 // The backward's parameters: every tensor, the resolved problem, and the workspace split into the
-// fp32 dQ accumulator and D (one float a row, rows rounded up to kDqAccumRowAlign) exactly as
-// backward_workspace_size counts it.
+// fp32 dQ accumulator, D and the log2 LSE (one float a row each, rows rounded up to
+// kDqAccumRowAlign) exactly as backward_workspace_size counts it.
 TEST(Api, BwdParamsCarryResolvedArgumentsAndSplitTheWorkspace) {
   BackwardArgs a = fake_backward(make_problem(3, 100, 200, 8, 2, 64));
   a.problem.dtype = DType::kFP16;

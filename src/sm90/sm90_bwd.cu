@@ -22,6 +22,16 @@ Status cuda_failure(const char* what, cudaError_t e) {
   return {StatusCode::kCudaError, std::string("sm90 backward: ") + what + ": " + cudaGetErrorString(e)};
 }
 
+// A TMA map of the [batch, seq, heads, head_dim] tensor `name` in boxes of 64 columns x `rows` rows;
+// kNotSupported, naming it, where the driver refuses it.
+Status map_tensor(CUtensorMap* map, const char* name, const void* data, const int64_t (&stride)[3], const BwdParams& p,
+                  int seqlen, int heads, int rows) {
+  const int r = ptx::map_bshd_16bit_sw128(map, data, stride, p.batch, seqlen, heads, p.head_dim, rows);
+  if (r == 0) return Status::Ok();
+  return {StatusCode::kNotSupported, std::string("sm90 backward: cuTensorMapEncodeTiled refused ") + name +
+                                         " (driver error " + std::to_string(r) + ")"};
+}
+
 template <int kD, bool kBF16>
 Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   using namespace sm90::bwd;
@@ -31,11 +41,9 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   if (e != cudaSuccess) return cuda_failure("device query", e);
   // The dK/dV kernels load Q and dO by TMA, in boxes of a step's 64 rows.
   CUtensorMap tm_q{}, tm_do{};
-  const int rq = ptx::map_bshd_16bit_sw128(&tm_q, p.q, p.q_stride, p.batch, p.seqlen_q, p.heads_q, kD, kBlock);
-  const int rd = ptx::map_bshd_16bit_sw128(&tm_do, p.dout, p.do_stride, p.batch, p.seqlen_q, p.heads_q, kD, kBlock);
-  if (rq || rd)
-    return {StatusCode::kNotSupported, std::string("sm90 backward: cuTensorMapEncodeTiled refused ") +
-                                           (rq ? "q" : "dout") + " (driver error " + std::to_string(rq ? rq : rd) + ")"};
+  Status s = map_tensor(&tm_q, "q", p.q, p.q_stride, p, p.seqlen_q, p.heads_q, kBlock);
+  if (s.ok()) s = map_tensor(&tm_do, "dout", p.dout, p.do_stride, p, p.seqlen_q, p.heads_q, kBlock);
+  if (!s.ok()) return s;
   if (!p.deterministic) {
     e = cudaMemsetAsync(p.dq_accum, 0, size_t(p.batch) * p.heads_q * p.rows * kD * sizeof(float), stream);
     if (e != cudaSuccess) return cuda_failure("zeroing the dQ accumulator", e);
@@ -71,11 +79,9 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   if ((e = allow_dynamic_smem<bwd_dq_wgmma_kernel<kD, kBF16>>(device, kSmem)) != cudaSuccess)
     return cuda_failure("setting the dQ kernel's shared memory", e);
   CUtensorMap tm_k{}, tm_v{};
-  const int rk = ptx::map_bshd_16bit_sw128(&tm_k, p.k, p.k_stride, p.batch, p.seqlen_k, p.heads_kv, kD, kDqKeys<kD>);
-  const int rv = ptx::map_bshd_16bit_sw128(&tm_v, p.v, p.v_stride, p.batch, p.seqlen_k, p.heads_kv, kD, kDqKeys<kD>);
-  if (rk || rv)
-    return {StatusCode::kNotSupported, std::string("sm90 backward: cuTensorMapEncodeTiled refused ") +
-                                           (rk ? "k" : "v") + " (driver error " + std::to_string(rk ? rk : rv) + ")"};
+  s = map_tensor(&tm_k, "k", p.k, p.k_stride, p, p.seqlen_k, p.heads_kv, kDqKeys<kD>);
+  if (s.ok()) s = map_tensor(&tm_v, "v", p.v, p.v_stride, p, p.seqlen_k, p.heads_kv, kDqKeys<kD>);
+  if (!s.ok()) return s;
   const unsigned query_blocks = unsigned((p.seqlen_q + kDqRows - 1) / kDqRows);
   bwd_dq_wgmma_kernel<kD, kBF16>
       <<<dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream>>>(p, tm_q, tm_do, tm_k, tm_v);
