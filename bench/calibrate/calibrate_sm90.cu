@@ -5,6 +5,10 @@
 //     warpgroup chaining into one accumulator, and the tensor-core rate with two warpgroups;
 //   TMA 2D tile loads (64x64 and 128x64 bf16, 128B swizzle): latency from L2 and from DRAM, and
 //     bytes per clock for one SM alone and per SM with every SM loading the same (L2-resident) data;
+//   the backward's TMA traffic (scheduler/graphs/sm90_bwd*.graph): the cost of one box of 8 to
+//     64 KB, rank 2 or with the 64-column blocks folded into a third box dimension; bulk copies of
+//     256 B to 1 KB; bulk reductions (.add.f32) of a 16 KB stage; and one dK/dV step's mix of
+//     them as each head dim issues it, shipped and with folded boxes and one bulk copy;
 //   exp2 throughput per SM per clock: MUFU ex2.approx, fa4's polynomial (include/fa4/numerics/
 //     exp2.h), and mixes, each with one FADD per element as in DESIGN.md §3; the packed forms
 //     ex2.approx.f16x2 and ex2.approx.ftz.bf16x2 (elements per clock) and their largest relative
@@ -18,7 +22,7 @@
 //
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc \
 //          bench/calibrate/calibrate_sm90.cu -o calibrate_sm90
-// Run:   ./calibrate_sm90 > bench/results/calibrate_sm90_<gpu>.json   (`./calibrate_sm90 exp2`: exp2 only)
+// Run:   ./calibrate_sm90 > bench/results/calibrate_sm90_<gpu>.json   (`./calibrate_sm90 exp2` or `bwd`: that section only)
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -341,6 +345,136 @@ __global__ void tma_throughput(const __grid_constant__ CUtensorMap map, int box_
   }
   for (int i = iters > depth ? iters - depth : 0; i < iters; ++i)
     fptx::mbar_wait(&bars[i % depth], (i / depth) & 1);
+  out[blockIdx.x] = clock64() - t0;
+}
+
+// ------------------------------------------------------------------------------------------------
+// The backward's TMA traffic (scheduler/graphs/sm90_bwd*.graph): boxes of every size the kernels
+// could use, bulk copies, bulk reductions, and a step's mix of them
+// ------------------------------------------------------------------------------------------------
+
+// Coordinates of row `row` in a map of rank 2 ({64 columns, rows}) or 3 ({64 columns, rows, column
+// blocks}: one box holds its rows of every 64-column block, one block after another, the layout
+// wgmma reads, as one TMA operation).
+template <int kRank>
+__device__ __forceinline__ void tma_box(unsigned char* dst, const CUtensorMap* map, int row, uint64_t* bar) {
+  if constexpr (kRank == 2) {
+    const int32_t c[2] = {0, row};
+    cptx::cp_async_bulk_tensor(cptx::space_shared, cptx::space_global, dst, map, c, bar);
+  } else {
+    const int32_t c[3] = {0, row, 0};
+    cptx::cp_async_bulk_tensor(cptx::space_shared, cptx::space_global, dst, map, c, bar);
+  }
+}
+
+// One thread keeps up to `depth` boxes of `bytes` in flight (a box per mbarrier) over the first
+// `rows` rows (L2-resident after the first pass); depth 1 gives the latency. out[block]: cycles for
+// all `iters`.
+template <int kRank>
+__global__ void tma_box_ring(const __grid_constant__ CUtensorMap map, int box_rows, int bytes, int rows, int depth,
+                             long long* out, int iters) {
+  __shared__ __align__(8) uint64_t bars[kMaxRing];
+  unsigned char* tiles = smem_base();
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < depth; ++s) cptx::mbarrier_init(&bars[s], 1);
+  cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
+  const long long t0 = clock64();
+  for (int i = 0; i < iters; ++i) {
+    const int s = i % depth;
+    if (i >= depth) fptx::mbar_wait(&bars[s], ((i / depth) - 1) & 1);
+    cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &bars[s], bytes);
+    tma_box<kRank>(tiles + s * bytes, &map, (i * box_rows) % rows, &bars[s]);
+  }
+  for (int i = iters > depth ? iters - depth : 0; i < iters; ++i) fptx::mbar_wait(&bars[i % depth], (i / depth) & 1);
+  out[blockIdx.x] = clock64() - t0;
+}
+
+// One thread keeps up to `depth` bulk copies (cp.async.bulk, global -> shared, not a tensor) of
+// `bytes` in flight, from consecutive chunks of a `region`-byte window (L2-resident); depth 1 gives
+// the latency. out[block]: cycles for all `iters`.
+__global__ void bulk_copy_ring(const unsigned char* src, int bytes, int region, int depth, long long* out, int iters) {
+  __shared__ __align__(8) uint64_t bars[kMaxRing];
+  unsigned char* buf = smem_base();
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < depth; ++s) cptx::mbarrier_init(&bars[s], 1);
+  cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
+  const long long t0 = clock64();
+  for (int i = 0; i < iters; ++i) {
+    const int s = i % depth;
+    if (i >= depth) fptx::mbar_wait(&bars[s], ((i / depth) - 1) & 1);
+    cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &bars[s], bytes);
+    cptx::cp_async_bulk(cptx::space_shared, cptx::space_global, buf + s * bytes, src + (int64_t(i) * bytes) % region,
+                        uint32_t(bytes), &bars[s]);
+  }
+  for (int i = iters > depth ? iters - depth : 0; i < iters; ++i) fptx::mbar_wait(&bars[i % depth], (i / depth) & 1);
+  out[blockIdx.x] = clock64() - t0;
+}
+
+// One thread issues `iters` bulk reductions (cp.reduce.async.bulk .add.f32) of a `bytes` stage in
+// shared memory into `slots` destinations of its CTA's own (L2-resident), at most kInFlight of
+// them not yet done reading the stage (kInFlight 1: the latency until the stage may be rewritten,
+// what the backward's next dQ stage waits for). out[block]: cycles for all of them and the writes.
+template <int kInFlight>
+__global__ void bulk_reduce_ring(float* dst, int bytes, int slots, long long* out, int iters) {
+  unsigned char* stage = smem_base();
+  for (int i = threadIdx.x; i < bytes / 4; i += blockDim.x) reinterpret_cast<float*>(stage)[i] = 1e-3f * (i % 7);
+  fptx::fence_proxy_async_smem();
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  float* mine = dst + int64_t(blockIdx.x) * slots * (bytes / 4);
+  const long long t0 = clock64();
+  for (int i = 0; i < iters; ++i) {
+    cptx::cp_reduce_async_bulk(cptx::space_global, cptx::space_shared, cptx::op_add, mine + (i % slots) * (bytes / 4),
+                               reinterpret_cast<const float*>(stage), uint32_t(bytes));
+    cptx::cp_async_bulk_commit_group();
+    cptx::cp_async_bulk_wait_group_read(cptx::n32_t<kInFlight - 1>{});
+  }
+  cptx::cp_async_bulk_wait_group(cptx::n32_t<0>{});
+  out[blockIdx.x] = clock64() - t0;
+}
+
+// One dK/dV step's TMA traffic, issued by one thread as the backward kernels do: into step buffer
+// i % 3, once step i - 3 has landed, `boxes` boxes of Q and dO (rank-kRank map, `box_bytes` each)
+// and `bulks` bulk copies of `bulk_bytes` (the LSE and D rows) on one mbarrier; then `reds` 16 KB
+// bulk reductions (dQ's stage), the previous step's having read the stage. out[block]: cycles for
+// all `iters` steps.
+template <int kRank>
+__global__ void step_mix(const __grid_constant__ CUtensorMap map, int box_rows, int box_bytes, int rows, int boxes,
+                         const unsigned char* rows_src, int bulks, int bulk_bytes, float* dst, int reds,
+                         long long* out, int iters) {
+  constexpr int kBufs = 3, kRedBytes = 16384;
+  __shared__ __align__(8) uint64_t bars[kBufs];
+  unsigned char* base = smem_base();
+  unsigned char* stage = base;  // reductions' source, then the step buffers
+  unsigned char* bufs = base + kRedBytes;
+  const int step_bytes = boxes * box_bytes + bulks * bulk_bytes;
+  for (int i = threadIdx.x; i < kRedBytes / 4; i += blockDim.x) reinterpret_cast<float*>(stage)[i] = 1e-3f;
+  fptx::fence_proxy_async_smem();
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int s = 0; s < kBufs; ++s) cptx::mbarrier_init(&bars[s], 1);
+  cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
+  float* mine = dst + int64_t(blockIdx.x) * 2 * (kRedBytes / 4);
+  const long long t0 = clock64();
+  for (int i = 0; i < iters; ++i) {
+    const int s = i % kBufs;
+    if (i >= kBufs) fptx::mbar_wait(&bars[s], ((i / kBufs) - 1) & 1);
+    cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &bars[s], step_bytes);
+    unsigned char* b = bufs + s * step_bytes;
+    for (int k = 0; k < boxes; ++k) tma_box<kRank>(b + k * box_bytes, &map, ((i * boxes + k) * box_rows) % rows, &bars[s]);
+    for (int k = 0; k < bulks; ++k)
+      cptx::cp_async_bulk(cptx::space_shared, cptx::space_global, b + boxes * box_bytes + k * bulk_bytes,
+                          rows_src + (int64_t(i * bulks + k) * bulk_bytes) % (1 << 20), uint32_t(bulk_bytes), &bars[s]);
+    if (reds > 0) {
+      cptx::cp_async_bulk_wait_group_read(cptx::n32_t<0>{});
+      for (int k = 0; k < reds; ++k)
+        cptx::cp_reduce_async_bulk(cptx::space_global, cptx::space_shared, cptx::op_add, mine + (k % 2) * (kRedBytes / 4),
+                                   reinterpret_cast<const float*>(stage), uint32_t(kRedBytes));
+      cptx::cp_async_bulk_commit_group();
+    }
+  }
+  for (int i = iters > kBufs ? iters - kBufs : 0; i < iters; ++i) fptx::mbar_wait(&bars[i % kBufs], (i / kBufs) & 1);
+  cptx::cp_async_bulk_wait_group(cptx::n32_t<0>{});
   out[blockIdx.x] = clock64() - t0;
 }
 
@@ -749,6 +883,139 @@ void bench_tma(Json& j, void* big, uint64_t big_rows, int box_rows) {
   CHECK(cudaFree(d_out));
 }
 
+// The L2-resident window the backward's traffic is measured over (every CTA reads the same).
+constexpr int kBwdRegion = 4 << 20;
+
+// A map over kBwdRegion bytes of bf16: rank 2, rows of 128 bytes ({64, rows}); or rank 3, rows of
+// `blocks` 64-column blocks ({64, rows, blocks}, strides {blocks * 128, 128} bytes), a box taking
+// `box_rows` rows of every block. Returns the driver's error code (0: `m` is valid): whether the
+// driver takes a map whose strides do not grow with the dimension is itself a result.
+int make_bwd_map(CUtensorMap& m, void* base, int rank, uint32_t box_rows, uint32_t blocks) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = get_encoder();
+  const uint64_t row_bytes = rank == 2 ? 128 : 128ull * blocks;
+  const cuuint64_t dims[3] = {64, kBwdRegion / row_bytes, blocks};
+  const cuuint64_t strides[2] = {row_bytes, 128};
+  const cuuint32_t box[3] = {64, box_rows, blocks};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  return static_cast<int>(encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, base, dims, strides, box, elem,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
+}
+
+// Median over the SMs of a kernel's per-CTA cycle counts, divided by `per`.
+double per_op(long long* d_out, int blocks, int per) {
+  CHECK(cudaGetLastError());
+  std::vector<long long> v(blocks);
+  CHECK(cudaMemcpy(v.data(), d_out, sizeof(long long) * blocks, cudaMemcpyDeviceToHost));
+  return median(v) / per;
+}
+
+void bench_bwd_traffic(Json& j) {
+  const int smem = kRingBytes + 1024, iters = 1024;
+  void* region;
+  float* red_dst;
+  long long* d_out;
+  CHECK(cudaMalloc(&region, kBwdRegion));
+  CHECK(cudaMemset(region, 0x3c, kBwdRegion));
+  CHECK(cudaMalloc(&red_dst, size_t(g_sms) * 4 * 16384));
+  CHECK(cudaMemset(red_dst, 0, size_t(g_sms) * 4 * 16384));
+  CHECK(cudaMalloc(&d_out, sizeof(long long) * g_sms));
+  for (auto k : {(const void*)tma_box_ring<2>, (const void*)tma_box_ring<3>, (const void*)bulk_copy_ring,
+                 (const void*)bulk_reduce_ring<1>, (const void*)bulk_reduce_ring<4>})
+    CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+
+  // Boxes: 64-column boxes of 64, 128 and 256 rows (rank 2), and boxes of 64 or 128 rows of 2 or 4
+  // column blocks (rank 3, the d128 / d256 Q and dO tiles as one operation).
+  j.open("boxes");
+  struct Box { int rank, rows, blocks; };
+  for (const Box b : {Box{2, 64, 1}, Box{2, 128, 1}, Box{2, 256, 1}, Box{3, 64, 2}, Box{3, 64, 4}, Box{3, 128, 4}}) {
+    const int bytes = b.rows * 128 * b.blocks;
+    const int depth = std::max(2, std::min(kMaxRing, kRingBytes / bytes));
+    CUtensorMap m;
+    const std::string name = (b.rank == 2 ? "rows" : "folded_rows") + std::to_string(b.rows) + "_blocks" +
+                             std::to_string(b.blocks);
+    j.open(name);
+    j.num("bytes", bytes);
+    if (const int err = make_bwd_map(m, region, b.rank, b.rows, b.blocks); err != 0) {
+      j.num("encode_error", err);
+      j.close();
+      continue;
+    }
+    auto run = [&](int grid, int rows, int d) {
+      if (b.rank == 2) tma_box_ring<2><<<grid, 32, smem>>>(m, b.rows, bytes, rows, d, d_out, iters);
+      else tma_box_ring<3><<<grid, 32, smem>>>(m, b.rows, bytes, rows, d, d_out, iters);
+      return per_op(d_out, grid, iters);
+    };
+    const int rows = kBwdRegion / (128 * b.blocks);
+    run(g_sms, rows, depth);  // warm the window into L2
+    j.num("latency_l2_cycles", run(1, b.rows, 1));
+    j.num("in_flight", depth);
+    j.num("cycles_per_box_one_sm", run(1, rows, depth));
+    j.num("cycles_per_box_all_sms", run(g_sms, rows, depth));
+    j.close();
+  }
+  j.close();
+
+  // Bulk copies of the sizes the LSE and D rows take (64 floats; both in one: 128).
+  j.open("bulk_copies");
+  for (const int bytes : {256, 512, 1024}) {
+    auto run = [&](int grid, int d) {
+      bulk_copy_ring<<<grid, 32, smem>>>(static_cast<const unsigned char*>(region), bytes, 1 << 20, d, d_out, iters);
+      return per_op(d_out, grid, iters);
+    };
+    run(g_sms, kMaxRing);
+    j.open("bytes" + std::to_string(bytes));
+    j.num("latency_l2_cycles", run(1, 1));
+    j.num("cycles_per_copy_one_sm", run(1, kMaxRing));
+    j.num("cycles_per_copy_all_sms", run(g_sms, kMaxRing));
+    j.close();
+  }
+  j.close();
+
+  // Bulk reductions of a 16 KB fp32 stage (dQ's piece) into four destinations a CTA.
+  j.open("bulk_reduce_16k");
+  {
+    const int bytes = 16384, red_iters = 512;
+    auto run = [&](auto kernel, int grid) {
+      kernel<<<grid, 128, smem>>>(red_dst, bytes, 4, d_out, red_iters);
+      return per_op(d_out, grid, red_iters);
+    };
+    run(bulk_reduce_ring<4>, g_sms);
+    j.num("read_latency_cycles", run(bulk_reduce_ring<1>, 1));
+    j.num("cycles_per_reduction_one_sm", run(bulk_reduce_ring<4>, 1));
+    j.num("cycles_per_reduction_all_sms", run(bulk_reduce_ring<4>, g_sms));
+  }
+  j.close();
+
+  // A dK/dV step's traffic from one thread, every SM at once: the shipped loads (64-row boxes of
+  // 64 columns, the LSE and D rows as two bulk copies), and the same with folded boxes and one
+  // bulk copy. Cycles per step.
+  j.open("step_mix_cycles_per_step_all_sms");
+  struct Mix { const char* name; int rank, blocks, boxes, bulks, bulk_bytes, reds; };
+  for (const Mix x : {Mix{"d64", 2, 1, 2, 2, 256, 2}, Mix{"d64_one_bulk", 2, 1, 2, 1, 512, 2},
+                      Mix{"d128", 2, 1, 4, 2, 256, 2}, Mix{"d128_folded_one_bulk", 3, 2, 2, 1, 512, 2},
+                      Mix{"d256", 2, 1, 8, 2, 256, 0}, Mix{"d256_folded_one_bulk", 3, 4, 2, 1, 512, 0}}) {
+    CUtensorMap m;
+    if (const int err = make_bwd_map(m, region, x.rank, 64, x.blocks); err != 0) {
+      j.num(x.name, -err);
+      continue;
+    }
+    const int box_bytes = 64 * 128 * x.blocks, rows = kBwdRegion / (128 * x.blocks);
+    const int mix_smem = 1024 + 16384 + 3 * (x.boxes * box_bytes + x.bulks * x.bulk_bytes);
+    const int steps = 512;
+    auto kernel = x.rank == 2 ? step_mix<2> : step_mix<3>;
+    CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mix_smem));
+    for (int rep = 0; rep < 2; ++rep)  // the first run warms L2
+      kernel<<<g_sms, 32, mix_smem>>>(m, 64, box_bytes, rows, x.boxes, static_cast<const unsigned char*>(region),
+                                      x.bulks, x.bulk_bytes, red_dst, x.reds, d_out, steps);
+    j.num(x.name, per_op(d_out, g_sms, steps));
+  }
+  j.close();
+  CHECK(cudaFree(d_out));
+  CHECK(cudaFree(red_dst));
+  CHECK(cudaFree(region));
+}
+
 // Exponentials per clock per SM of one exp2 throughput kernel (one CTA of 1024 threads an SM),
 // `per_iter` elements a thread an iteration.
 template <class Kernel>
@@ -942,6 +1209,7 @@ void bench_handoff(Json& j) {
 int main(int argc, char** argv) {
   // `calibrate_sm90 exp2`: the exponential section only.
   const bool only_exp2 = argc > 1 && std::strcmp(argv[1], "exp2") == 0;
+  const bool only_bwd = argc > 1 && std::strcmp(argv[1], "bwd") == 0;
   int dev = 0, clock_khz = 0;
   CHECK(cudaGetDevice(&dev));
   cudaDeviceProp prop;
@@ -958,8 +1226,13 @@ int main(int argc, char** argv) {
   j.num("sms", g_sms);
   j.num("max_clock_khz", clock_khz);
   j.str("unit", "SM clock cycles (clock64)");
-  if (only_exp2) {
-    bench_exp2(j);
+  if (only_exp2 || only_bwd) {
+    if (only_exp2) bench_exp2(j);
+    if (only_bwd) {
+      j.open("bwd_traffic");
+      bench_bwd_traffic(j);
+      j.close();
+    }
     j.close();
     std::printf("%s\n", j.s.c_str());
     return 0;
@@ -979,6 +1252,9 @@ int main(int argc, char** argv) {
   bench_tma(j, big, rows, 128);
   j.close();
   CHECK(cudaFree(big));
+  j.open("bwd_traffic");
+  bench_bwd_traffic(j);
+  j.close();
   bench_exp2(j);
   bench_softmax(j);
   bench_gemm_mix(j);

@@ -1,6 +1,6 @@
 // The shipped graphs: FA4's SM100 forward next to Modular's published result, and fa4's own sm90
-// forward and backward. Values asserted here are what the graphs give; docs/perf-notes.md
-// ("## Scheduler") explains them. Solve times are printed by fa4-schedule-bench, not tested.
+// forward and backward (a graph for each head dim's dK/dV kernel). Values asserted here are what
+// the graphs give; docs/perf-notes.md ("## Scheduler") explains them. Solve times are printed by fa4-schedule-bench, not tested.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -119,13 +119,67 @@ TEST(Sm90Forward, InPlaceLatenciesMakeTheSoftmaxRecurrenceBind) {
   EXPECT_NE(cycle.find("S"), std::string::npos) << cycle;
 }
 
-TEST(Sm90Backward, TensorBound) {
-  const Graph g = shipped("sm90_bwd");
+// The backward's dK/dV kernels, one graph a head dim (sm90_bwd_d64, _d128, _d256): with the
+// calibrated cost of a TMA box (343 cycles whatever its size) and a bulk copy assumed to cost as
+// much, the TMA engine is each kernel's busiest unit, and the solver needs fewer buffers than the
+// kernels have (docs/perf-notes.md, "The backward's pipeline from the solver").
+struct BwdCase {
+  const char* graph;
+  int64_t tma, tc;  // the two units' summed occupancy a step
+  int ring, dst;    // the solver's buffer depths
+  const char* dst_buffer;
+};
+
+class Sm90Backward : public ::testing::TestWithParam<BwdCase> {};
+
+TEST_P(Sm90Backward, TmaBoundWithTwoStepBuffers) {
+  const BwdCase c = GetParam();
+  const Graph g = shipped(c.graph);
   const Solution sol = solve(g);
-  EXPECT_EQ(sol.bounds.res_mii, 5 * 512);  // S, dP, dV, dK, dQ
-  EXPECT_EQ(sol.schedule.ii, sol.bounds.res_mii);
-  EXPECT_EQ(sol.schedule.stages(), 2);
-  EXPECT_TRUE(check_schedule(g, sol.schedule).empty());
+  const Schedule& s = sol.schedule;
+  EXPECT_EQ(sol.bounds.res_mii, c.tma);
+  EXPECT_EQ(g.units[sol.bounds.res_unit].name, "tma");
+  int64_t tc = 0;
+  for (const Op& op : g.ops)
+    if (g.units[op.unit].name == "tc") tc += op.occ;
+  EXPECT_EQ(tc, c.tc);
+  EXPECT_EQ(s.ii, sol.bounds.res_mii);  // no recurrence binds at isolated latencies
+  EXPECT_EQ(s.stages(), 2);
+  EXPECT_EQ(s.slots[g.find_buffer("Ring")], c.ring);
+  EXPECT_EQ(s.slots[g.find_buffer(c.dst_buffer)], c.dst);
+  EXPECT_TRUE(check_schedule(g, s).empty());
+  // The two warpgroups' steps overlap: warpgroup 1's S^T starts while warpgroup 0's step runs.
+  const int s0 = g.find_op("S0"), s1 = g.find_op("S1");
+  EXPECT_GT(s.start[s1], s.start[s0]);
+  EXPECT_LT(s.start[s1] - s.start[s0], s.ii);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    HeadDims, Sm90Backward,
+    ::testing::Values(BwdCase{"sm90_bwd_d64", 6 * 343, 10 * 128, 2, 1, "DsT"},   // two boxes, two bulk copies, two reductions
+                      BwdCase{"sm90_bwd_d128", 8 * 343, 10 * 256, 2, 1, "DsT"},       // four boxes
+                      BwdCase{"sm90_bwd_d256", 10 * 343, 10 * 256, 2, 1, "PT"}),  // eight boxes, no reductions
+    [](const ::testing::TestParamInfo<BwdCase>& i) { return std::string(i.param.graph); });
+
+// What the bound says of cheaper loads: Q and dO as one TMA box a tile (the 64-column blocks
+// folded into a third box dimension) and the LSE and D rows as one bulk copy. d128 and d256 then
+// become bound by the tensor core's ten 256-cycle GEMMs; d64, whose tiles are one box already,
+// stays bound by the TMA (two boxes, one copy, two reductions) above its 1280 of GEMMs.
+TEST(Sm90BackwardLoads, FoldedBoxesAndOneBulkCopyLeaveTheTensorCoreBinding) {
+  struct Case {
+    const char* graph;
+    int64_t ld_ops, expect_res;
+    const char* unit;
+  };
+  for (const Case c : {Case{"sm90_bwd_d64", 3, 5 * 343, "tma"}, Case{"sm90_bwd_d128", 3, 10 * 256, "tc"},
+                       Case{"sm90_bwd_d256", 3, 10 * 256, "tc"}}) {
+    Graph g = shipped(c.graph);
+    Op& ld = g.ops[g.find_op("Ld")];
+    ld.occ = c.ld_ops * 343;
+    const Bounds b = lower_bounds(g);
+    EXPECT_EQ(b.res_mii, c.expect_res) << c.graph;
+    EXPECT_EQ(g.units[b.res_unit].name, c.unit) << c.graph;
+  }
 }
 
 }  // namespace
