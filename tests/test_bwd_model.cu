@@ -1,6 +1,6 @@
 // The scheduler's graphs of the backward's dK/dV kernels (scheduler/graphs/sm90_bwd_d*.graph)
 // describe the kernels' shared memory as it is: each buffer's slot is the bytes the kernel's
-// layout (WgSmem, WgSmem256 in src/sm90/bwd_dkdv_wgmma.cuh) gives it, the capacity is what a
+// layout (WgSmem, WgSmem256 in src/sm90/bwd_dkdv_wgmma.cuh, shipped configuration) gives it, the capacity is what a
 // block may use less the base's alignment slack, and the buffers at the kernel's own depths add up
 // to the kernel's allocation. A change to either that the other does not follow fails here.
 #include <cstdint>
@@ -45,7 +45,7 @@ constexpr int64_t kStepRows = 2 * bwd::kBlock * 4 + 16;  // LSE and D rows, the 
 
 template <int kD>
 void expect_wg_model(const std::string& graph) {
-  using L = bwd::WgSmem<kD>;
+  using L = bwd::WgSmem<bwd::BwdConfig<kD, true>>;  // the shipped configuration
   const SmemModel m = read_model(graph);
   EXPECT_EQ(m.capacity, 227 * 1024 - kSlack);
   EXPECT_EQ(m.slot.at("KV"), 2 * L::kKVBytes);
@@ -61,7 +61,7 @@ TEST(BackwardModel, D64GraphHoldsTheKernelsSharedMemory) { expect_wg_model<64>("
 TEST(BackwardModel, D128GraphHoldsTheKernelsSharedMemory) { expect_wg_model<128>("sm90_bwd_d128"); }
 
 TEST(BackwardModel, D256GraphHoldsTheKernelsSharedMemory) {
-  using L = bwd::WgSmem256;
+  using L = bwd::WgSmem256<bwd::BwdConfig<256, true>>;
   const SmemModel m = read_model("sm90_bwd_d256");
   EXPECT_EQ(m.capacity, 227 * 1024 - kSlack);
   EXPECT_EQ(m.slot.at("KV"), 2 * L::kTile);

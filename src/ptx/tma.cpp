@@ -24,15 +24,20 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 }
 }  // namespace
 
-int make_tensor_map_16bit_sw128(CUtensorMap* map, const void* base, const uint64_t dims[4],
-                                const uint64_t strides_bytes[3], uint32_t box0, uint32_t box1) {
+int make_tensor_map_16bit_sw128(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
+                                const uint64_t* strides_bytes, const uint32_t* box) {
   auto fn = encode_fn();
   if (!fn) return CUDA_ERROR_NOT_FOUND;
-  const cuuint64_t gdim[4] = {dims[0], dims[1], dims[2], dims[3]};
-  const cuuint64_t gstride[3] = {strides_bytes[0], strides_bytes[1], strides_bytes[2]};
-  const cuuint32_t box[4] = {box0, box1, 1, 1};
-  const cuuint32_t estride[4] = {1, 1, 1, 1};
-  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(base), gdim, gstride, box,
+  if (rank < 2 || rank > 5) return CUDA_ERROR_INVALID_VALUE;
+  cuuint64_t gdim[5], gstride[4];
+  cuuint32_t boxes[5], estride[5];
+  for (int i = 0; i < rank; ++i) {
+    gdim[i] = dims[i];
+    boxes[i] = box[i];
+    estride[i] = 1;
+    if (i > 0) gstride[i - 1] = strides_bytes[i - 1];
+  }
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, cuuint32_t(rank), const_cast<void*>(base), gdim, gstride, boxes,
             estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }

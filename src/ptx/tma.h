@@ -1,4 +1,4 @@
-// Tensor memory access (TMA): 4-d tiled tensor maps on the host, tile loads on the device.
+// Tensor memory access (TMA): tiled tensor maps on the host, tile loads and stores on the device.
 // Loads go through CCCL's cuda::ptx::cp_async_bulk_tensor (PTX ISA 9.7.9.25).
 #pragma once
 
@@ -12,11 +12,18 @@
 
 namespace fa4::ptx {
 
-// Encodes a map over a [d3][d2][d1][d0] tensor (d0 contiguous) of 16-bit elements, read in boxes
-// of box0 x box1 (x 1 x 1) with 128-byte swizzle; out-of-range elements read as zero.
-// strides_bytes are those of dims 1..3. Returns a CUDA driver error code (0 = success).
-int make_tensor_map_16bit_sw128(CUtensorMap* map, const void* base, const uint64_t dims[4],
-                                const uint64_t strides_bytes[3], uint32_t box0, uint32_t box1);
+// Encodes a map over a rank-`rank` tensor (2 to 5 dims, d0 contiguous) of 16-bit elements, read
+// in boxes of box[0] x ... x box[rank - 1] with 128-byte swizzle; out-of-range elements read as
+// zero. strides_bytes are those of dims 1..rank-1. Returns a CUDA driver error code (0 = success).
+int make_tensor_map_16bit_sw128(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
+                                const uint64_t* strides_bytes, const uint32_t* box);
+
+// The same over a [d3][d2][d1][d0] tensor, in boxes of box0 x box1 (x 1 x 1).
+inline int make_tensor_map_16bit_sw128(CUtensorMap* map, const void* base, const uint64_t dims[4],
+                                       const uint64_t strides_bytes[3], uint32_t box0, uint32_t box1) {
+  const uint32_t box[4] = {box0, box1, 1, 1};
+  return make_tensor_map_16bit_sw128(map, base, 4, dims, strides_bytes, box);
+}
 
 // A [batch][seq][heads][dim] tensor (element strides [batch, seq, head], dim contiguous) as a map
 // over (dim, seq, heads, batch), read in boxes of 64 columns x box_rows rows.
@@ -25,6 +32,18 @@ inline int map_bshd_16bit_sw128(CUtensorMap* map, const void* base, const int64_
   const uint64_t dims[4] = {uint64_t(head_dim), uint64_t(seqlen), uint64_t(heads), uint64_t(batch)};
   const uint64_t strides[3] = {uint64_t(stride[1]) * 2, uint64_t(stride[2]) * 2, uint64_t(stride[0]) * 2};
   return make_tensor_map_16bit_sw128(map, base, dims, strides, 64, uint32_t(box_rows));
+}
+
+// The same tensor as a map over (64 columns, seq, head_dim / 64 column blocks, heads, batch), read in
+// boxes of box_rows rows of every column block: one box lands as the column blocks one after
+// another, each box_rows x 128 bytes, the layout of head_dim / 64 boxes of map_bshd_16bit_sw128,
+// from one TMA operation. (The column blocks' stride, 128 bytes, is below the rows'.)
+inline int map_bshd_16bit_sw128_folded(CUtensorMap* map, const void* base, const int64_t stride[3], int batch,
+                                       int seqlen, int heads, int head_dim, int box_rows) {
+  const uint64_t dims[5] = {64, uint64_t(seqlen), uint64_t(head_dim / 64), uint64_t(heads), uint64_t(batch)};
+  const uint64_t strides[4] = {uint64_t(stride[1]) * 2, 128, uint64_t(stride[2]) * 2, uint64_t(stride[0]) * 2};
+  const uint32_t box[5] = {64, uint32_t(box_rows), uint32_t(head_dim / 64), 1, 1};
+  return make_tensor_map_16bit_sw128(map, base, 5, dims, strides, box);
 }
 
 #if defined(__CUDACC__)
@@ -36,6 +55,14 @@ __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
 __device__ __forceinline__ void tma_load_4d(void* smem_dst, const CUtensorMap* map, uint64_t* bar,
                                             int c0, int c1, int c2, int c3) {
   const int32_t coords[4] = {c0, c1, c2, c3};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_shared, cuda::ptx::space_global, smem_dst, map,
+                                  coords, bar);
+}
+
+// Loads one box of a rank-5 map at coordinates (c0, ..., c4); completes on `bar`.
+__device__ __forceinline__ void tma_load_5d(void* smem_dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                            int c2, int c3, int c4) {
+  const int32_t coords[5] = {c0, c1, c2, c3, c4};
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_shared, cuda::ptx::space_global, smem_dst, map,
                                   coords, bar);
 }

@@ -118,15 +118,20 @@ struct StepRing {
 // The query side of a dK/dV step, into buffer s % L::kBufs of layout L: Q and dO (TMA, boxes of
 // 64 rows) and the step's rows of D and of the LSE in log2 units (bulk copies from the
 // workspace). Rows past seqlen_q read as zeros (TMA) and as D 0 and LSE +inf (bwd_delta_kernel).
-template <class L, int kD>
+template <class L, class Cfg>
 __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_do,
                                             const Walk& w, int s, char* smem, const StepRing<L::kBufs>& ring) {
   const int buf = s % L::kBufs, h = w.head(s), q0 = w.q0(s);
   uint64_t* bar = ring.claim(s, 2 * L::kQBytes + 2 * kBlock * 4);
+  if constexpr (Cfg::kFoldedBoxes) {
+    ptx::tma_load_5d(smem + L::kQ + buf * L::kQBytes, tm_q, bar, 0, q0, 0, h, w.b);
+    ptx::tma_load_5d(smem + L::kDo + buf * L::kQBytes, tm_do, bar, 0, q0, 0, h, w.b);
+  } else {
 #pragma unroll
-  for (int c = 0; c < kD / 64; ++c) {
-    ptx::tma_load_4d(smem + L::kQ + buf * L::kQBytes + c * kBlock * 128, tm_q, bar, 64 * c, q0, h, w.b);
-    ptx::tma_load_4d(smem + L::kDo + buf * L::kQBytes + c * kBlock * 128, tm_do, bar, 64 * c, q0, h, w.b);
+    for (int c = 0; c < Cfg::kD / 64; ++c) {
+      ptx::tma_load_4d(smem + L::kQ + buf * L::kQBytes + c * kBlock * 128, tm_q, bar, 64 * c, q0, h, w.b);
+      ptx::tma_load_4d(smem + L::kDo + buf * L::kQBytes + c * kBlock * 128, tm_do, bar, 64 * c, q0, h, w.b);
+    }
   }
   const int64_t row = (int64_t(w.b) * p.heads_q + h) * p.rows + q0;
   cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, smem + L::kLse + buf * kBlock * 4,
@@ -137,26 +142,27 @@ __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CU
 
 // A dK/dV CTA's start: the ring's barriers, the CTA's K and V rows [k0, k0 + kKeys) (cp.async),
 // the first step's query side in flight, and every thread past K and V's landing.
-template <class L, int kKeys, int kD, bool kBF16>
+template <class L, int kKeys, class Cfg>
 __device__ __forceinline__ StepRing<L::kBufs> start_dkdv(const detail::BwdParams& p, const CUtensorMap* tm_q,
                                                          const CUtensorMap* tm_do, const Walk& walk, int k0, char* smem) {
   const auto ring = StepRing<L::kBufs>::at(smem + L::kBars);
   if (threadIdx.x == 0) ring.init();
-  load_kv<kKeys, kD, kBF16>(p, walk, k0, smem + L::kK, smem + L::kV);
+  load_kv<kKeys, Cfg::kD, Cfg::kBF16>(p, walk, k0, smem + L::kK, smem + L::kV);
   __pipeline_commit();
   __syncthreads();  // the barriers are initialised
-  if (threadIdx.x == 0 && walk.steps() > 0) load_q_step<L, kD>(p, tm_q, tm_do, walk, 0, smem, ring);
+  if (threadIdx.x == 0 && walk.steps() > 0) load_q_step<L, Cfg>(p, tm_q, tm_do, walk, 0, smem, ring);
   __pipeline_wait_prior(0);  // K and V have landed, for every thread
   ptx::fence_proxy_async_smem();
   __syncthreads();
   return ring;
 }
 
-template <int kD>
+template <class Cfg>
 struct WgSmem {
+  static constexpr int kD = Cfg::kD;
   static constexpr int kKVBytes = kWgKeys * kD * 2, kQBytes = kBlock * kD * 2;
   static constexpr int kK = 0, kV = kKVBytes;
-  static constexpr int kBufs = 3;  // Q, dO, LSE, D: loaded a step ahead, released a step after use
+  static constexpr int kBufs = Cfg::kStepBufs;  // Q, dO, LSE, D: loaded a step ahead (3 shipped)
   static constexpr int kQ = 2 * kKVBytes, kDo = kQ + kBufs * kQBytes;
   // dS^T [128 keys][64 queries]; at d128 two buffers, since both warpgroups read all of it.
   static constexpr int kDsBufs = kD == 128 ? 2 : 1, kDsBytes = kWgKeys * kBlock * 2;
@@ -168,14 +174,17 @@ struct WgSmem {
   static_assert(kBytes <= 227 * 1024, "the wgmma dK/dV kernel's shared memory");
 };
 
-// tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows.
-template <int kD, bool kBF16>
+// tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows (the _folded maps
+// with Cfg::kFoldedBoxes).
+template <class Cfg>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_dkdv_wgmma_kernel(const detail::BwdParams p, const __grid_constant__ CUtensorMap tm_q,
                           const __grid_constant__ CUtensorMap tm_do) {
+  constexpr int kD = Cfg::kD;
+  constexpr bool kBF16 = Cfg::kBF16;
   static_assert(kD == 64 || kD == 128, "the wgmma dK/dV kernel covers head dims 64 and 128");
   namespace wgmma = ptx::wgmma;
-  using L = WgSmem<kD>;
+  using L = WgSmem<Cfg>;
   constexpr auto kType = kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
   char* smem = smem_1024();
   const int k0 = blockIdx.x * kWgKeys;
@@ -187,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
-  const auto ring = start_dkdv<L, kWgKeys, kD, kBF16>(p, &tm_q, &tm_do, walk, k0, smem);
+  const auto ring = start_dkdv<L, kWgKeys, Cfg>(p, &tm_q, &tm_do, walk, k0, smem);
 
   // Descriptors (wgmma.h): K-major operands with LBO 16, MN-major ones with LBO = the bytes between
   // 64-column blocks; SBO 1024 (eight rows of 128 bytes) for both.
@@ -224,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int s = 0; s < steps; ++s) {
     const int h = walk.head(s), q0 = walk.q0(s), buf = s % L::kBufs;
     // d64: the next step's loads go out at the step's top (d128: below).
-    if (kD == 64 && threadIdx.x == 0 && s + 1 < steps) load_q_step<L, kD>(p, &tm_q, &tm_do, walk, s + 1, smem, ring);
+    if (kD == 64 && threadIdx.x == 0 && s + 1 < steps) load_q_step<L, Cfg>(p, &tm_q, &tm_do, walk, s + 1, smem, ring);
     ring.wait(s);
 
     // S^T and dP^T: this warpgroup's 64 keys x 64 queries, in two groups, so that P^T's
@@ -249,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // d128: the next step's loads go out while this step's S^T and dP^T are computed, where thread 0
     // would only wait; issued at the step's top, they held its warpgroup behind the other at the
     // CTA barrier before dQ (H100 A/B +2.2-2.7 %; d64 and d256 measured 1.00 and 0.96 this way).
-    if (kD == 128 && threadIdx.x == 0 && s + 1 < steps) load_q_step<L, kD>(p, &tm_q, &tm_do, walk, s + 1, smem, ring);
+    if (kD == 128 && threadIdx.x == 0 && s + 1 < steps) load_q_step<L, Cfg>(p, &tm_q, &tm_do, walk, s + 1, smem, ring);
 
     // P^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).
     // This thread's queries' LSE (log2 units), read while S^T is computed.
@@ -383,9 +392,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // shared memory holds no staging buffer beside double-buffered Q and dO). P^T and dS^T have two
 // buffers, so a step needs one CTA barrier (both warpgroups' halves of them written) and none at
 // its end: a warpgroup writes them again two steps on, past the next step's barrier.
+template <class Cfg>
 struct WgSmem256 {
   static constexpr int kD = 256, kTile = kBlock * kD * 2;  // K, V, Q or dO: 64 rows
-  static constexpr int kQBytes = kTile, kBufs = 2;
+  static constexpr int kQBytes = kTile, kBufs = Cfg::kStepBufs;  // 2 shipped
   static constexpr int kK = 0, kV = kTile, kQ = 2 * kTile, kDo = kQ + kBufs * kTile;
   static constexpr int kPBytes = kBlock * kBlock * 2;  // P^T or dS^T: [64 keys][64 queries]
   static constexpr int kPt = kDo + kBufs * kTile, kDst = kPt + 2 * kPBytes;
@@ -396,13 +406,16 @@ struct WgSmem256 {
 };
 
 // tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows.
-template <bool kBF16>
+template <class Cfg>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_dkdv_wgmma256_kernel(const detail::BwdParams p, const __grid_constant__ CUtensorMap tm_q,
                              const __grid_constant__ CUtensorMap tm_do) {
+  static_assert(Cfg::kD == 256, "the d256 dK/dV kernel");
   namespace wgmma = ptx::wgmma;
-  using L = WgSmem256;
+  using L = WgSmem256<Cfg>;
+  static_assert(L::kBufs == 2, "a step's Q/dO buffer is s & 1, as its P^T and dS^T buffer");
   constexpr int kD = 256;
+  constexpr bool kBF16 = Cfg::kBF16;
   constexpr auto kType = kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
   char* smem = smem_1024();
   const int k0 = blockIdx.x * kBlock;
@@ -414,7 +427,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
-  const auto ring = start_dkdv<L, kBlock, kD, kBF16>(p, &tm_q, &tm_do, walk, k0, smem);
+  const auto ring = start_dkdv<L, kBlock, Cfg>(p, &tm_q, &tm_do, walk, k0, smem);
 
   using ptx::smem_addr;
   // S^T, dP^T: A = K or V (K-major), B = this warpgroup's 32 queries of Q or dO (K-major).
@@ -434,7 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float dk[64] = {}, dv[64] = {};  // this warpgroup's 128 columns
   for (int s = 0; s < steps; ++s) {
     const int h = walk.head(s), q0 = walk.q0(s), buf = s & 1;
-    if (threadIdx.x == 0 && s + 1 < steps) load_q_step<L, kD>(p, &tm_q, &tm_do, walk, s + 1, smem, ring);
+    if (threadIdx.x == 0 && s + 1 < steps) load_q_step<L, Cfg>(p, &tm_q, &tm_do, walk, s + 1, smem, ring);
     ring.wait(s);
     const uint32_t p_off = buf * L::kPBytes;  // this step's P^T and dS^T buffer
 

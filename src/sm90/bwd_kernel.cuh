@@ -31,6 +31,19 @@ namespace fa4::sm90::bwd {
 inline constexpr int kBlock = 64;  // query rows of a dK/dV step (and keys of a d256 dK/dV CTA)
 inline constexpr int kThreads = 256;
 
+// A dK/dV kernel's configuration: the shipped one by default (sm90_bwd.cu), others for
+// tools/sm90_bwd_probe.cu, which times them against it.
+//   kStepBufs     buffers of the step ring (Q, dO and the step's LSE and D rows), loaded ahead
+//   kFoldedBoxes  Q and dO loaded as one TMA box a tile, the 64-column blocks folded into a box
+//                 dimension (ptx::map_bshd_16bit_sw128_folded), instead of a box a column block
+template <int kD_, bool kBF16_, int kStepBufs_ = kD_ == 256 ? 2 : 3, bool kFoldedBoxes_ = false>
+struct BwdConfig {
+  static constexpr int kD = kD_;
+  static constexpr bool kBF16 = kBF16_;
+  static constexpr int kStepBufs = kStepBufs_;
+  static constexpr bool kFoldedBoxes = kFoldedBoxes_;
+};
+
 template <bool kBF16>
 __device__ __forceinline__ float to_float(uint16_t bits) {
   if constexpr (kBF16) return __uint_as_float(uint32_t(bits) << 16);

@@ -1,100 +1,19 @@
-// sm90 backward: the launch sequence (the kernels: bwd_kernel.cuh, bwd_dkdv_wgmma.cuh,
-// bwd_dq_wgmma.cuh).
-//   1. D = rowsum(dO * O) and the LSE in log2 units into the workspace (and the fp32 dQ
-//      accumulator zeroed, unless deterministic);
-//   2. dK, dV a key block a CTA (and dQ's shares reduced into the accumulator, unless
-//      deterministic);
-//   3. dQ: the accumulator converted to the dtype, or, deterministic, 128 query rows a CTA
-//      (bwd_dq_wgmma.cuh).
+// sm90 backward: the shipped configuration of each head dim and dtype (the launch sequence:
+// bwd_launch.cuh).
 #include <string>
 
-#include "common/bwd_params.h"
-#include "common/per_device.h"
-#include "sm90/bwd_dkdv_wgmma.cuh"
-#include "sm90/bwd_dq_wgmma.cuh"
-#include "sm90/bwd_kernel.cuh"
+#include "sm90/bwd_launch.cuh"
 
 namespace fa4::detail {
 
 namespace {
 
-Status cuda_failure(const char* what, cudaError_t e) {
-  return {StatusCode::kCudaError, std::string("sm90 backward: ") + what + ": " + cudaGetErrorString(e)};
-}
-
-// A TMA map of the [batch, seq, heads, head_dim] tensor `name` in boxes of 64 columns x `rows` rows;
-// kNotSupported, naming it, where the driver refuses it.
-Status map_tensor(CUtensorMap* map, const char* name, const void* data, const int64_t (&stride)[3], const BwdParams& p,
-                  int seqlen, int heads, int rows) {
-  const int r = ptx::map_bshd_16bit_sw128(map, data, stride, p.batch, seqlen, heads, p.head_dim, rows);
-  if (r == 0) return Status::Ok();
-  return {StatusCode::kNotSupported, std::string("sm90 backward: cuTensorMapEncodeTiled refused ") + name +
-                                         " (driver error " + std::to_string(r) + ")"};
-}
-
-template <int kD, bool kBF16>
-Status launch_backward(const BwdParams& p, cudaStream_t stream) {
-  using namespace sm90::bwd;
-  const dim3 block(kThreads);
-  int device = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return cuda_failure("device query", e);
-  // The dK/dV kernels load Q and dO by TMA, in boxes of a step's 64 rows.
-  CUtensorMap tm_q{}, tm_do{};
-  Status s = map_tensor(&tm_q, "q", p.q, p.q_stride, p, p.seqlen_q, p.heads_q, kBlock);
-  if (s.ok()) s = map_tensor(&tm_do, "dout", p.dout, p.do_stride, p, p.seqlen_q, p.heads_q, kBlock);
-  if (!s.ok()) return s;
-  if (!p.deterministic) {
-    e = cudaMemsetAsync(p.dq_accum, 0, size_t(p.batch) * p.heads_q * p.rows * kD * sizeof(float), stream);
-    if (e != cudaSuccess) return cuda_failure("zeroing the dQ accumulator", e);
-  }
-  bwd_delta_kernel<kD, kBF16>
-      <<<dim3(unsigned(p.rows / kDeltaRowsPerCta<kD>), p.heads_q, p.batch), block, 0, stream>>>(p);
-  if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the D kernel", e);
-
-  // dK, dV: 128 keys a CTA at d64/d128; 64 at d256, whose warpgroups split the columns.
-  if constexpr (kD <= 128) {
-    constexpr int kSmem = WgSmem<kD>::kBytes;
-    if ((e = allow_dynamic_smem<bwd_dkdv_wgmma_kernel<kD, kBF16>>(device, kSmem)) != cudaSuccess)
-      return cuda_failure("setting the dK/dV kernel's shared memory", e);
-    const unsigned key_blocks = unsigned((p.seqlen_k + kWgKeys - 1) / kWgKeys);
-    bwd_dkdv_wgmma_kernel<kD, kBF16><<<dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, stream>>>(p, tm_q, tm_do);
-  } else {
-    constexpr int kSmem = WgSmem256::kBytes;
-    if ((e = allow_dynamic_smem<bwd_dkdv_wgmma256_kernel<kBF16>>(device, kSmem)) != cudaSuccess)
-      return cuda_failure("setting the dK/dV kernel's shared memory", e);
-    const unsigned key_blocks = unsigned((p.seqlen_k + kBlock - 1) / kBlock);
-    bwd_dkdv_wgmma256_kernel<kBF16><<<dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, stream>>>(p, tm_q, tm_do);
-  }
-  if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the dK/dV kernel", e);
-
-  if (!p.deterministic) {
-    const unsigned pieces = unsigned((p.seqlen_q + 63) / 64) * (kD / 64);
-    bwd_dq_convert_kernel<kD, kBF16><<<dim3(pieces, p.heads_q, p.batch), block, 0, stream>>>(p);
-    if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the dQ conversion", e);
-    return Status::Ok();
-  }
-  // Deterministic dQ: on wgmma, 128 query rows a CTA (bwd_dq_wgmma.cuh).
-  constexpr int kSmem = DqWgSmem<kD>::kBytes;
-  if ((e = allow_dynamic_smem<bwd_dq_wgmma_kernel<kD, kBF16>>(device, kSmem)) != cudaSuccess)
-    return cuda_failure("setting the dQ kernel's shared memory", e);
-  CUtensorMap tm_k{}, tm_v{};
-  s = map_tensor(&tm_k, "k", p.k, p.k_stride, p, p.seqlen_k, p.heads_kv, kDqKeys<kD>);
-  if (s.ok()) s = map_tensor(&tm_v, "v", p.v, p.v_stride, p, p.seqlen_k, p.heads_kv, kDqKeys<kD>);
-  if (!s.ok()) return s;
-  const unsigned query_blocks = unsigned((p.seqlen_q + kDqRows - 1) / kDqRows);
-  bwd_dq_wgmma_kernel<kD, kBF16>
-      <<<dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream>>>(p, tm_q, tm_do, tm_k, tm_v);
-  if ((e = cudaGetLastError()) != cudaSuccess) return cuda_failure("launching the dQ kernel", e);
-  return Status::Ok();
-}
-
 template <bool kBF16>
 Status dispatch_head_dim(const BwdParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
-    case 64: return launch_backward<64, kBF16>(p, stream);
-    case 128: return launch_backward<128, kBF16>(p, stream);
-    case 256: return launch_backward<256, kBF16>(p, stream);
+    case 64: return launch_backward<sm90::bwd::BwdConfig<64, kBF16>>(p, stream);
+    case 128: return launch_backward<sm90::bwd::BwdConfig<128, kBF16>>(p, stream);
+    case 256: return launch_backward<sm90::bwd::BwdConfig<256, kBF16>>(p, stream);
     default:
       return {StatusCode::kNotSupported, "head_dim = " + std::to_string(p.head_dim) + " has no sm90 backward kernel"};
   }

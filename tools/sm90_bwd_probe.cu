@@ -1,0 +1,338 @@
+// Kernel-level probe of the sm90 backward, below the public API: the shipped dK/dV configuration
+// of each head dim beside candidate ones (sm90::bwd::BwdConfig), each checked against float64 and
+// timed in alternating rounds in one process. For kernel development (cmake -DFA4_BUILD_PROBE=ON):
+//   sm90_bwd_probe check           every configuration on small shapes (odd lengths, GQA, causal,
+//                                  windows, deterministic) against the float64 backward, with the
+//                                  GPU tests' criterion
+//   sm90_bwd_probe time [ROUNDS]   FA3 shapes (16k tokens, hidden 2048, bf16, seqlen 512..16k,
+//                                  causal and not): each candidate's dK and dV must equal the
+//                                  shipped configuration's bit for bit and its dQ agree to the
+//                                  atomics' rounding, then all are timed in ROUNDS rounds (default
+//                                  5), the order rotating, L2 flushed before every launch; medians,
+//                                  and ratios against the shipped configuration. `RESULT {json}`
+//                                  lines carry every number for bench/results.
+//   FA4_PROBE_ONLY="128,256"       keeps only those head dims
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "common/validate.h"
+#include "convert.h"
+#include "fa4/attention.h"
+#include "reference.h"
+#include "sm90/bwd_launch.cuh"
+
+namespace {
+
+using fa4::detail::BwdParams;
+using fa4::sm90::bwd::BwdConfig;
+
+#define CK(x)                                                                                  \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);     \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+using Launcher = fa4::Status (*)(const BwdParams&, cudaStream_t);
+template <class Cfg>
+fa4::Status run_cfg(const BwdParams& p, cudaStream_t s) {
+  return fa4::detail::launch_backward<Cfg>(p, s);
+}
+
+struct Config {
+  const char* name;
+  int d;
+  Launcher fn;
+};
+
+// The shipped configuration first for each head dim. Candidates: the scheduler's step-ring depth
+// (scheduler/graphs/sm90_bwd_d*.graph: two buffers suffice), and Q and dO as one TMA box a tile.
+const Config kConfigs[] = {
+    {"shipped", 64, run_cfg<BwdConfig<64, true>>},
+    {"two-step-buffers", 64, run_cfg<BwdConfig<64, true, 2>>},
+    {"shipped", 128, run_cfg<BwdConfig<128, true>>},
+    {"two-step-buffers", 128, run_cfg<BwdConfig<128, true, 2>>},
+    {"folded-boxes", 128, run_cfg<BwdConfig<128, true, 3, true>>},
+    {"two-step-buffers-folded", 128, run_cfg<BwdConfig<128, true, 2, true>>},
+    {"shipped", 256, run_cfg<BwdConfig<256, true>>},
+    {"folded-boxes", 256, run_cfg<BwdConfig<256, true, 2, true>>},
+};
+
+bool wanted(int d) {
+  const char* only = std::getenv("FA4_PROBE_ONLY");
+  if (!only) return true;
+  const std::string s = std::string(",") + only + ",";
+  return s.find("," + std::to_string(d) + ",") != std::string::npos;
+}
+
+struct Shape {
+  int b, hq, hkv, sq, sk, d;
+  bool causal;
+  int left = -1, right = -1;
+  bool deterministic = false;
+};
+
+fa4::Problem problem_of(const Shape& s) {
+  fa4::Problem p;
+  p.dtype = fa4::DType::kBF16;
+  p.batch = s.b, p.seqlen_q = s.sq, p.seqlen_k = s.sk, p.heads_q = s.hq, p.heads_kv = s.hkv;
+  p.head_dim = s.d, p.causal = s.causal, p.window_left = s.left, p.window_right = s.right;
+  return p;
+}
+
+// One problem's device buffers (contiguous BSHD bf16; LSE fp32 [b][hq][sq]) and its parameters.
+struct Device {
+  size_t nq, nk;
+  void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *dout = nullptr;
+  void *dq = nullptr, *dk = nullptr, *dv = nullptr, *ws = nullptr;
+  float* lse = nullptr;
+  BwdParams p{};
+  explicit Device(const Shape& s) : nq(size_t(s.b) * s.sq * s.hq * s.d), nk(size_t(s.b) * s.sk * s.hkv * s.d) {
+    for (void** x : {&q, &o, &dout, &dq}) CK(cudaMalloc(x, std::max<size_t>(nq, 1) * 2));
+    for (void** x : {&k, &v, &dk, &dv}) CK(cudaMalloc(x, std::max<size_t>(nk, 1) * 2));
+    CK(cudaMalloc(&lse, std::max<size_t>(size_t(s.b) * s.hq * s.sq, 1) * 4));
+    fa4::BackwardArgs a;
+    a.problem = problem_of(s);
+    a.q = fa4::bshd(q, s.sq, s.hq, s.d), a.k = fa4::bshd(k, s.sk, s.hkv, s.d), a.v = fa4::bshd(v, s.sk, s.hkv, s.d);
+    a.o = fa4::bshd(o, s.sq, s.hq, s.d), a.dout = fa4::bshd(dout, s.sq, s.hq, s.d), a.lse = lse;
+    a.dq = fa4::bshd(dq, s.sq, s.hq, s.d), a.dk = fa4::bshd(dk, s.sk, s.hkv, s.d), a.dv = fa4::bshd(dv, s.sk, s.hkv, s.d);
+    a.deterministic = s.deterministic;
+    size_t bytes = 0;
+    fa4::Status st = fa4::backward_workspace_size(a, &bytes);
+    if (!st.ok()) { std::printf("workspace: %s\n", st.message.c_str()); std::exit(1); }
+    CK(cudaMalloc(&ws, bytes));
+    a.workspace = ws, a.workspace_bytes = bytes;
+    st = fa4::validate(a);
+    if (!st.ok()) { std::printf("validate: %s\n", st.message.c_str()); std::exit(1); }
+    p = fa4::detail::make_bwd_params(a);
+  }
+  ~Device() {
+    for (void* x : {q, k, v, o, dout, dq, dk, dv, ws}) cudaFree(x);
+    cudaFree(lse);
+  }
+  // Gradients and the workspace poisoned (NaN), then the configuration's backward.
+  void run(const Config& c) {
+    for (void* x : {dq, dk, dv}) CK(cudaMemset(x, 0xFF, (x == dq ? nq : nk) * 2));
+    const fa4::Status st = c.fn(p, 0);
+    if (!st.ok()) { std::printf("%s d%d: %s\n", c.name, c.d, st.message.c_str()); std::exit(1); }
+    CK(cudaDeviceSynchronize());
+  }
+};
+
+std::vector<uint16_t> download(const void* x, size_t n) {
+  std::vector<uint16_t> h(n);
+  CK(cudaMemcpy(h.data(), x, n * 2, cudaMemcpyDeviceToHost));
+  return h;
+}
+double bf16_value(uint16_t bits) {
+  uint32_t u = uint32_t(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+void upload(void* dst, const std::vector<double>& x) {
+  std::vector<__nv_bfloat16> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = __float2bfloat16(float(x[i]));
+  CK(cudaMemcpy(dst, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+}
+
+// DESIGN.md §3 for one gradient, as tests/test_backward_gpu.cu: max|out - ref| <= 2 max|plain - ref|
+// + 1e-3 and ||out - ref|| / ||ref|| <= 1e-2; NaN (an element never written) fails.
+bool within(const std::vector<uint16_t>& out, const std::vector<double>& ref, const std::vector<double>& plain,
+            double* max_err) {
+  double err = 0, bound = 0, e2 = 0, r2 = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double o = bf16_value(out[i]);
+    const double d = std::isnan(o) ? INFINITY : std::fabs(o - ref[i]);
+    err = std::max(err, d);
+    bound = std::max(bound, std::fabs(plain[i] - ref[i]));
+    e2 += std::isnan(o) ? 1e30 : d * d;
+    r2 += ref[i] * ref[i];
+  }
+  *max_err = err;
+  return err <= 2 * bound + 1e-3 && std::sqrt(e2 / std::max(r2, 1e-30)) <= 1e-2;
+}
+
+int check_all() {
+  const Shape shapes[] = {
+      {1, 2, 2, 239, 300, 0, false},          {2, 4, 2, 300, 239, 0, true},
+      {1, 8, 1, 17, 128, 0, false, 40, 7},    {1, 2, 2, 1, 1, 0, false},
+      {1, 4, 2, 200, 200, 0, true, -1, 0, true},
+  };
+  int fails = 0;
+  for (const int d : {64, 128, 256}) {
+    if (!wanted(d)) continue;
+    for (Shape s : shapes) {
+      s.d = d;
+      const fa4::Problem p = problem_of(s);
+      std::mt19937 rng(1234 + s.sq * 7 + s.sk + d);
+      std::normal_distribution<double> normal(0.0, 1.0);
+      auto random = [&](int64_t n) {
+        std::vector<double> x(n);
+        for (double& e : x) e = fa4::ref::round_to(p.dtype, float(normal(rng)));
+        return x;
+      };
+      const std::vector<double> q = random(fa4::ref::q_elems(p)), k = random(fa4::ref::kv_elems(p)),
+                                v = random(fa4::ref::kv_elems(p)), dout = random(fa4::ref::q_elems(p));
+      const fa4::ref::Forward64 f = fa4::ref::forward(p, q, k, v);
+      const fa4::ref::Backward64 exact = fa4::ref::backward(p, q, k, v, dout);
+      const fa4::ref::Backward64 plain = fa4::ref::backward_lowp(p, q, k, v, dout);
+      Device dev(s);
+      upload(dev.q, q), upload(dev.k, k), upload(dev.v, v), upload(dev.dout, dout);
+      upload(dev.o, fa4::ref::rounded(p.dtype, f.o));
+      std::vector<float> lse(f.lse.begin(), f.lse.end());
+      CK(cudaMemcpy(dev.lse, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
+      for (const Config& c : kConfigs) {
+        if (c.d != d) continue;
+        dev.run(c);
+        double eq, ek, ev;
+        const bool ok = within(download(dev.dq, dev.nq), exact.dq, plain.dq, &eq) &&
+                        within(download(dev.dk, dev.nk), exact.dk, plain.dk, &ek) &&
+                        within(download(dev.dv, dev.nk), exact.dv, plain.dv, &ev);
+        fails += !ok;
+        std::printf("%s %-24s d=%d b=%d hq=%d hkv=%d sq=%d sk=%d causal=%d win=(%d,%d) det=%d\n", ok ? "PASS" : "FAIL",
+                    c.name, d, s.b, s.hq, s.hkv, s.sq, s.sk, int(s.causal), s.left, s.right, int(s.deterministic));
+      }
+    }
+  }
+  std::printf("%s: %d failed\n", fails ? "FAIL" : "PASS", fails);
+  return fails ? 1 : 0;
+}
+
+// Roughly standard-normal bf16 values from a hash, made on the device (FA3-sized inputs).
+__global__ void fill_normal_bf16(__nv_bfloat16* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 0x9E3779B1u ^ seed * 0x85EBCA77u ^ uint32_t(i >> 32) * 0xC2B2AE3Du;
+    float acc = 0.0f;
+    for (int k = 0; k < 4; ++k) {
+      h ^= h >> 15; h *= 0x2C1B3C6Du; h ^= h >> 12; h *= 0x297A2D39u; h ^= h >> 15;
+      acc += float(h >> 8) * (1.0f / 16777216.0f);
+    }
+    x[i] = __float2bfloat16((acc - 2.0f) * 1.7320508f);
+  }
+}
+
+// Candidate against the shipped outputs: dK and dV bit for bit (the same sums in the same order),
+// dQ within the rounding that the order of its fp32 atomics leaves (2^-7 relative, plus 2^-7 of
+// the largest |dQ|).
+bool agrees(const std::vector<uint16_t>& ref_dq, const std::vector<uint16_t>& ref_dk, const std::vector<uint16_t>& ref_dv,
+            Device& dev) {
+  if (download(dev.dk, dev.nk) != ref_dk || download(dev.dv, dev.nk) != ref_dv) return false;
+  const std::vector<uint16_t> dq = download(dev.dq, dev.nq);
+  double amax = 0;
+  for (uint16_t x : ref_dq) amax = std::max(amax, std::fabs(bf16_value(x)));
+  for (size_t i = 0; i < dq.size(); ++i) {
+    const double a = bf16_value(dq[i]), b = bf16_value(ref_dq[i]);
+    if (!(std::fabs(a - b) <= 0x1p-7 * (std::max(std::fabs(a), std::fabs(b)) + amax))) return false;
+  }
+  return true;
+}
+
+int time_all(int rounds) {
+  constexpr int kIters = 10;
+  void* flush = nullptr;
+  const size_t flush_bytes = size_t(256) << 20;
+  CK(cudaMalloc(&flush, flush_bytes));
+  cudaEvent_t t0, t1;
+  CK(cudaEventCreate(&t0));
+  CK(cudaEventCreate(&t1));
+  int fails = 0;
+  for (const int d : {64, 128, 256}) {
+    if (!wanted(d)) continue;
+    std::vector<const Config*> cfgs;
+    for (const Config& c : kConfigs)
+      if (c.d == d) cfgs.push_back(&c);
+    for (const int seqlen : {512, 1024, 2048, 4096, 8192, 16384})
+      for (const bool causal : {false, true}) {
+        const Shape s{16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d, causal};
+        Device dev(s);
+        fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dev.q), dev.nq, 1);
+        fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dev.k), dev.nk, 2);
+        fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dev.v), dev.nk, 3);
+        fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dev.dout), dev.nq, 4);
+        CK(cudaGetLastError());
+        fa4::ForwardArgs fw;
+        fw.problem = problem_of(s);
+        fw.q = fa4::bshd(dev.q, s.sq, s.hq, d), fw.k = fa4::bshd(dev.k, s.sk, s.hkv, d);
+        fw.v = fa4::bshd(dev.v, s.sk, s.hkv, d), fw.o = fa4::bshd(dev.o, s.sq, s.hq, d), fw.lse = dev.lse;
+        const fa4::Status st = fa4::forward(fw, 0);
+        if (!st.ok()) { std::printf("forward: %s\n", st.message.c_str()); return 1; }
+        dev.run(*cfgs[0]);
+        const auto ref_dq = download(dev.dq, dev.nq), ref_dk = download(dev.dk, dev.nk), ref_dv = download(dev.dv, dev.nk);
+        std::vector<bool> ok(cfgs.size(), true);
+        for (size_t c = 1; c < cfgs.size(); ++c) {
+          dev.run(*cfgs[c]);
+          ok[c] = agrees(ref_dq, ref_dk, ref_dv, dev);
+          if (!ok[c]) {
+            ++fails;
+            std::printf("MISMATCH %s d=%d seqlen=%d causal=%d: outputs differ from the shipped configuration's\n",
+                        cfgs[c]->name, d, seqlen, int(causal));
+          }
+        }
+        // Rounds: each configuration kIters launches, L2 flushed before each; the order rotates.
+        std::vector<std::vector<double>> med(cfgs.size());
+        for (int r = 0; r < rounds; ++r)
+          for (size_t i = 0; i < cfgs.size(); ++i) {
+            const size_t c = (i + r) % cfgs.size();
+            if (!ok[c]) continue;
+            std::vector<double> ms;
+            for (int it = 0; it < kIters; ++it) {
+              CK(cudaMemsetAsync(flush, it & 0xFF, flush_bytes));
+              CK(cudaEventRecord(t0));
+              const fa4::Status rs = cfgs[c]->fn(dev.p, 0);
+              CK(cudaEventRecord(t1));
+              CK(cudaEventSynchronize(t1));
+              if (!rs.ok()) { std::printf("%s: %s\n", cfgs[c]->name, rs.message.c_str()); return 1; }
+              float t;
+              CK(cudaEventElapsedTime(&t, t0, t1));
+              ms.push_back(t);
+            }
+            std::sort(ms.begin(), ms.end());
+            med[c].push_back(ms[ms.size() / 2]);
+          }
+        const double flop = 2.5 * 4.0 * s.b * s.hq * double(s.sq) * s.sk * d * (causal ? 0.5 : 1.0);
+        double base = 0;
+        for (size_t c = 0; c < cfgs.size(); ++c) {
+          if (!ok[c]) continue;
+          std::vector<double> m = med[c];
+          std::sort(m.begin(), m.end());
+          const double ms = m[m.size() / 2];
+          if (c == 0) base = ms;
+          std::printf("RESULT {\"d\": %d, \"seqlen\": %d, \"causal\": %s, \"config\": \"%s\", \"ms\": %.4f, "
+                      "\"round_ms_min\": %.4f, \"round_ms_max\": %.4f, \"tflops\": %.1f, \"vs_shipped\": %.4f}\n",
+                      d, seqlen, causal ? "true" : "false", cfgs[c]->name, ms, m.front(), m.back(),
+                      flop / (ms * 1e-3) / 1e12, base / ms);
+        }
+      }
+  }
+  cudaFree(flush);
+  std::printf("%s: %d candidates disagreed with the shipped outputs\n", fails ? "FAIL" : "PASS", fails);
+  return fails ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int dev = 0;
+  cudaDeviceProp prop;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess || prop.major != 9) {
+    std::printf("sm90_bwd_probe: needs an sm_90 GPU\n");
+    return 1;
+  }
+  const std::string mode = argc > 1 ? argv[1] : "check";
+  if (mode == "check") return check_all();
+  if (mode == "time") return time_all(argc > 2 ? std::max(1, std::atoi(argv[2])) : 5);
+  std::printf("usage: sm90_bwd_probe [check | time [ROUNDS]]\n");
+  return 2;
+}
