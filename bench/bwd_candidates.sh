@@ -5,6 +5,8 @@
 #              bulk reduction cost, and each head dim's step mix alone on the TMA
 #   check      sm90_bwd_probe check: every dK/dV configuration against the float64 backward
 #   time       sm90_bwd_probe time ROUNDS: candidates against the shipped configuration, FA3 shapes
+#   trace      sm90_bwd_probe trace: the shipped kernels' clock64 timeline at 4k (in-place latencies
+#              for scheduler/graphs/sm90_bwd_d*.graph)
 #
 #   bash bench/bwd_candidates.sh [ROUNDS]     (outputs in $OUT, else build-probe/logs)
 # FA4_PROBE_ONLY="128,256" limits the probe to those head dims.
@@ -28,5 +30,6 @@ run build sh -c "cmake -S . -B build-probe -G Ninja -DCMAKE_BUILD_TYPE=Release -
 run calibrate sh -c "build-probe/calibrate_sm90 bwd > '$LOG/calibrate-bwd.json'"
 run check build-probe/sm90_bwd_probe check
 run time build-probe/sm90_bwd_probe time "$ROUNDS"
+run trace build-probe/sm90_bwd_probe trace "$LOG" 4096
 grep -h '^RESULT' "$LOG/time.log" 2>/dev/null | sed 's/^RESULT //' > "$LOG/time.jsonl"
 exit $failed

@@ -11,6 +11,12 @@
 //                                  5), the order rotating, L2 flushed before every launch; medians,
 //                                  and ratios against the shipped configuration. `RESULT {json}`
 //                                  lines carry every number for bench/results.
+//   sm90_bwd_probe trace DIR [SEQLEN]
+//                                  the shipped configurations with clock64 stamps (BwdConfig::kTrace,
+//                                  StepTrace in sm90/bwd_kernel.cuh) on the FA3 shape of SEQLEN
+//                                  (default 4096, non-causal): per warpgroup the median cycles
+//                                  between consecutive stamps and the step's period, the offset
+//                                  between the two warpgroups; every stamp in DIR/bwd-trace-dD.csv
 //   FA4_PROBE_ONLY="128,256"       keeps only those head dims
 #include <algorithm>
 #include <cmath>
@@ -321,6 +327,88 @@ int time_all(int rounds) {
   return fails ? 1 : 0;
 }
 
+// The traced twins of the shipped configurations.
+const Config kTraced[] = {
+    {"shipped-traced", 64, run_cfg<BwdConfig<64, true, 3, false, true>>},
+    {"shipped-traced", 128, run_cfg<BwdConfig<128, true, 3, false, true>>},
+    {"shipped-traced", 256, run_cfg<BwdConfig<256, true, 2, false, true>>},
+};
+
+double median_of(std::vector<double> x) {
+  if (x.empty()) return 0;
+  std::sort(x.begin(), x.end());
+  return x[x.size() / 2];
+}
+
+int trace_all(const std::string& dir, int seqlen) {
+  using fa4::sm90::bwd::kTraceCtas;
+  using fa4::sm90::bwd::kTraceEvents;
+  using fa4::sm90::bwd::kTraceSteps;
+  using fa4::sm90::bwd::kTraceWords;
+  static const char* kIntervals[kTraceEvents] = {"loads-wait", "S-ready", "exp+dV-issue", "dP-ready",
+                                                 "dS+dK-issue", "barrier", "dQ-ready", "stage+reduce", "to-next-top"};
+  uint64_t* trace = nullptr;
+  CK(cudaMalloc(&trace, kTraceWords * 8));
+  for (const Config& c : kTraced) {
+    if (!wanted(c.d)) continue;
+    const int d = c.d;
+    const Shape s{16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d, false};
+    Device dev(s);
+    fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dev.q), dev.nq, 1);
+    fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dev.k), dev.nk, 2);
+    fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dev.v), dev.nk, 3);
+    fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dev.dout), dev.nq, 4);
+    fa4::ForwardArgs fw;
+    fw.problem = problem_of(s);
+    fw.q = fa4::bshd(dev.q, s.sq, s.hq, d), fw.k = fa4::bshd(dev.k, s.sk, s.hkv, d);
+    fw.v = fa4::bshd(dev.v, s.sk, s.hkv, d), fw.o = fa4::bshd(dev.o, s.sq, s.hq, d), fw.lse = dev.lse;
+    if (const fa4::Status st = fa4::forward(fw, 0); !st.ok()) { std::printf("forward: %s\n", st.message.c_str()); return 1; }
+    dev.p.trace = trace;
+    for (int rep = 0; rep < 3; ++rep) {  // the last run's stamps are kept (warm L2 and clocks)
+      CK(cudaMemset(trace, 0, kTraceWords * 8));
+      dev.run(c);
+    }
+    std::vector<uint64_t> h(kTraceWords);
+    CK(cudaMemcpy(h.data(), trace, kTraceWords * 8, cudaMemcpyDeviceToHost));
+    const std::string path = dir + "/bwd-trace-d" + std::to_string(d) + ".csv";
+    FILE* csv = std::fopen(path.c_str(), "w");
+    if (!csv) { std::printf("cannot write %s\n", path.c_str()); return 1; }
+    std::fprintf(csv, "cta,wg,step");
+    for (int e = 0; e < kTraceEvents; ++e) std::fprintf(csv, ",t%d", e);
+    std::fprintf(csv, "\n");
+    auto at = [&](int cta, int wg, int step, int e) {
+      return h[((int64_t(cta) * 2 + wg) * kTraceSteps + step) * kTraceEvents + e];
+    };
+    std::vector<double> skew;
+    for (int cta = 0; cta < kTraceCtas; ++cta)
+      for (int wg = 0; wg < 2; ++wg) {
+        std::vector<std::vector<double>> iv(kTraceEvents + 1);
+        int steps = 0;
+        while (steps < kTraceSteps && at(cta, wg, steps, 0) != 0) ++steps;
+        for (int st = 0; st < steps; ++st) {
+          std::fprintf(csv, "%d,%d,%d", cta, wg, st);
+          for (int e = 0; e < kTraceEvents; ++e) std::fprintf(csv, ",%llu", (unsigned long long)at(cta, wg, st, e));
+          std::fprintf(csv, "\n");
+          if (st == 0 || st + 1 >= steps) continue;  // steady steps only
+          for (int e = 0; e + 1 < kTraceEvents; ++e)
+            if (at(cta, wg, st, e + 1) != 0 && at(cta, wg, st, e) != 0)
+              iv[e].push_back(double(at(cta, wg, st, e + 1)) - double(at(cta, wg, st, e)));
+          iv[kTraceEvents - 1].push_back(double(at(cta, wg, st + 1, 0)) - double(at(cta, wg, st, kTraceEvents - 1)));
+          iv[kTraceEvents].push_back(double(at(cta, wg, st + 1, 0)) - double(at(cta, wg, st, 0)));
+          if (wg == 1) skew.push_back(double(at(cta, 1, st, 0)) - double(at(cta, 0, st, 0)));
+        }
+        std::printf("TRACE d=%d seqlen=%d cta %d wg %d (%d steps, medians in cycles):", d, seqlen, cta, wg, steps);
+        for (int e = 0; e < kTraceEvents; ++e) std::printf(" %s %.0f", kIntervals[e], median_of(iv[e]));
+        std::printf("  period %.0f\n", median_of(iv[kTraceEvents]));
+      }
+    std::printf("TRACE d=%d seqlen=%d: warpgroup 1's step top after warpgroup 0's, median %.0f cycles\n", d, seqlen,
+                median_of(skew));
+    std::fclose(csv);
+  }
+  cudaFree(trace);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -333,6 +421,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
   if (mode == "check") return check_all();
   if (mode == "time") return time_all(argc > 2 ? std::max(1, std::atoi(argv[2])) : 5);
-  std::printf("usage: sm90_bwd_probe [check | time [ROUNDS]]\n");
+  if (mode == "trace" && argc > 2) return trace_all(argv[2], argc > 3 ? std::atoi(argv[3]) : 4096);
+  std::printf("usage: sm90_bwd_probe [check | time [ROUNDS] | trace DIR [SEQLEN]]\n");
   return 2;
 }

@@ -29,6 +29,9 @@ struct BwdParams {
   float* delta;
   float* lse_log2;
   int64_t rows;
+  // Development timeline (a dK/dV configuration with kTrace, tools/sm90_bwd_probe trace); null
+  // otherwise.
+  uint64_t* trace;
 };
 
 // Launches the sm90 backward; kNotSupported for configurations it does not cover.

@@ -229,12 +229,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
+  [[maybe_unused]] StepTrace tr;
+  if constexpr (Cfg::kTrace) tr.open(p.trace, wg);
   float dk[kD / 2] = {}, dv[kD / 2] = {};
   for (int s = 0; s < steps; ++s) {
     const int h = walk.head(s), q0 = walk.q0(s), buf = s % L::kBufs;
+    if constexpr (Cfg::kTrace) tr.stamp(s, 0);
     // d64: the next step's loads go out at the step's top (d128: below).
     if (kD == 64 && threadIdx.x == 0 && s + 1 < steps) load_q_step<L, Cfg>(p, &tm_q, &tm_do, walk, s + 1, smem, ring);
     ring.wait(s);
+    if constexpr (Cfg::kTrace) tr.stamp(s, 1);
 
     // S^T and dP^T: this warpgroup's 64 keys x 64 queries, in two groups, so that P^T's
     // exponentials run while dP^T is computed, and dS^T's arithmetic while dV's GEMMs run.
@@ -270,6 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool whole = vis.whole(q0, kBlock, k0, kWgKeys);
     wgmma::wait_group<1>();
     wgmma::pin(st);
+    if constexpr (Cfg::kTrace) tr.stamp(s, 2);
     uint32_t pf[16], dsf[16];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -295,6 +300,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::mma_rs<kD, kType>(dv, pa, wgmma::desc_advance(do_mn, buf * L::kQBytes + kk * 16 * 128), 1);
     }
     wgmma::commit_group();
+    if constexpr (Cfg::kTrace) tr.stamp(s, 3);
 
     // dS^T = P^T (dP^T - D) scale, kept for dK and stored for dQ (D read while dP^T is computed).
     char* ds_tile = smem + L::kDs + (s % L::kDsBufs) * L::kDsBytes;
@@ -303,6 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < 8; ++j) delta2[j] = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * t);
     wgmma::wait_group<1>();
     wgmma::pin(dpt);
+    if constexpr (Cfg::kTrace) tr.stamp(s, 4);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int qc = 8 * j + 2 * t;
@@ -322,6 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::mma_rs<kD, kType>(dk, da, wgmma::desc_advance(q_mn, buf * L::kQBytes + kk * 16 * 128), 1);
     }
     wgmma::commit_group();
+    if constexpr (Cfg::kTrace) tr.stamp(s, 5);
     // dS^T's stores, before the dQ wgmma reads them: at d128 every key's (both warpgroups'), at d64
     // this warpgroup's own. (At d128 this barrier also keeps a warpgroup from writing dS^T two
     // steps on, into this buffer, before the other's dQ has read it.)
@@ -330,6 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::named_bar_sync(3 + wg, 128);
     else
       __syncthreads();
+    if constexpr (Cfg::kTrace) tr.stamp(s, 6);
 
     if (!p.deterministic) {
       float dq[32];
@@ -341,6 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::commit_group();
       wgmma::wait_group<0>();
       wgmma::pin(dq);
+      if constexpr (Cfg::kTrace) tr.stamp(s, 7);
       // The warpgroup's previous reduction has read its stage; then the stage is rewritten.
       if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
       ptx::named_bar_sync(1 + wg, 128);
@@ -364,6 +374,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::pin(dv);
     wgmma::pin(pf);
     wgmma::pin(dsf);
+    if constexpr (Cfg::kTrace) tr.stamp(s, 8);
     ring.release(s);
   }
   if (tid == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
@@ -444,11 +455,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t ds_mn = wgmma::desc_sw128(smem_addr(smem + L::kDst), kBlock * 128, 1024);
   const uint64_t kq_mn = wgmma::desc_sw128(smem_addr(smem + L::kK), kBlock * 128, 1024);
 
+  [[maybe_unused]] StepTrace tr;
+  if constexpr (Cfg::kTrace) tr.open(p.trace, wg);
   float dk[64] = {}, dv[64] = {};  // this warpgroup's 128 columns
   for (int s = 0; s < steps; ++s) {
     const int h = walk.head(s), q0 = walk.q0(s), buf = s & 1;
+    if constexpr (Cfg::kTrace) tr.stamp(s, 0);
     if (threadIdx.x == 0 && s + 1 < steps) load_q_step<L, Cfg>(p, &tm_q, &tm_do, walk, s + 1, smem, ring);
     ring.wait(s);
+    if constexpr (Cfg::kTrace) tr.stamp(s, 1);
     const uint32_t p_off = buf * L::kPBytes;  // this step's P^T and dS^T buffer
 
     // acc = A B^T over the head dim: A the block's K or V, B this warpgroup's 32 queries of Q or dO.
@@ -477,6 +492,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool whole = vis.whole(q0, kBlock, k0, kBlock);
     wgmma::wait_group<1>();
     wgmma::pin(st);
+    if constexpr (Cfg::kTrace) tr.stamp(s, 2);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int qc = 32 * wg + 8 * j + 2 * t;
@@ -493,8 +509,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         *reinterpret_cast<uint32_t*>(smem + L::kPt + p_off + sw128<kBlock>(kr, qc)) = pack2<kBF16>(st[i], st[i + 1]);
       }
     }
+    if constexpr (Cfg::kTrace) tr.stamp(s, 3);
     wgmma::wait_group<0>();
     wgmma::pin(dpt);
+    if constexpr (Cfg::kTrace) tr.stamp(s, 4);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int qc = 32 * wg + 8 * j + 2 * t;
@@ -506,8 +524,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             pack2<kBF16>(st[i] * (dpt[i] - d0) * p.scale, st[i + 1] * (dpt[i + 1] - d1) * p.scale);
       }
     }
+    if constexpr (Cfg::kTrace) tr.stamp(s, 5);
     ptx::fence_proxy_async_smem();  // P^T and dS^T, before wgmma reads them
     __syncthreads();
+    if constexpr (Cfg::kTrace) tr.stamp(s, 6);
 
     // dV += P^T dO, dK += dS^T Q: this warpgroup's 128 columns, over the 64 queries.
     wgmma::fence();
@@ -533,6 +553,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma::commit_group();
         wgmma::wait_group<0>();
         wgmma::pin(dq);
+        if constexpr (Cfg::kTrace)
+          if (c == 0) tr.stamp(s, 7);
         // In the piece's order (dq_piece_offset); rows past seqlen_q add zeros to the piece's padding.
         float4* piece = reinterpret_cast<float4*>(dq_piece_at<kD>(p, b, h, q0, col0));
 #pragma unroll
@@ -543,6 +565,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::wait_group<0>();
     wgmma::pin(dk);
     wgmma::pin(dv);
+    if constexpr (Cfg::kTrace) tr.stamp(s, 8);
     ring.release(s);
   }
 

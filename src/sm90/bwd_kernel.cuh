@@ -36,12 +36,38 @@ inline constexpr int kThreads = 256;
 //   kStepBufs     buffers of the step ring (Q, dO and the step's LSE and D rows), loaded ahead
 //   kFoldedBoxes  Q and dO loaded as one TMA box a tile, the 64-column blocks folded into a box
 //                 dimension (ptx::map_bshd_16bit_sw128_folded), instead of a box a column block
-template <int kD_, bool kBF16_, int kStepBufs_ = kD_ == 256 ? 2 : 3, bool kFoldedBoxes_ = false>
+//   kTrace        clock64 stamps of each step into BwdParams::trace (StepTrace)
+template <int kD_, bool kBF16_, int kStepBufs_ = kD_ == 256 ? 2 : 3, bool kFoldedBoxes_ = false, bool kTrace_ = false>
 struct BwdConfig {
   static constexpr int kD = kD_;
   static constexpr bool kBF16 = kBF16_;
   static constexpr int kStepBufs = kStepBufs_;
   static constexpr bool kFoldedBoxes = kFoldedBoxes_;
+  static constexpr bool kTrace = kTrace_;
+};
+
+// Development timeline of the dK/dV kernels (a configuration with kTrace; tools/sm90_bwd_probe
+// trace): the first kTraceCtas CTAs of batch 0, KV head 0 record, per warpgroup (its thread 0) and
+// step, the clock64 at kTraceEvents points:
+//   0 step top, 1 the step's loads landed, 2 S^T in registers, 3 P^T done (dV issued; d256: P^T
+//   stored), 4 dP^T in registers, 5 dS^T stored (dK issued), 6 past the barrier before dQ (d256:
+//   before dV/dK), 7 dQ in registers (d256: the first piece), 8 the step's end (its reduction
+//   issued; d256: the second piece's atomics issued and every GEMM retired).
+// The stamps are global stores on the step's path: a traced kernel's schedule is a neighbour of the
+// untraced one's, and decisions rest on A/Bs of untraced builds.
+inline constexpr int kTraceCtas = 2, kTraceSteps = 1024, kTraceEvents = 9;
+inline constexpr int64_t kTraceWords = int64_t(kTraceCtas) * 2 * kTraceSteps * kTraceEvents;
+
+struct StepTrace {
+  uint64_t* rec = nullptr;
+  // Warpgroup wg's records, if this thread is its first and the CTA is traced.
+  __device__ __forceinline__ void open(uint64_t* base, int wg) {
+    if (base != nullptr && threadIdx.x % 128 == 0 && blockIdx.x < kTraceCtas && blockIdx.y == 0 && blockIdx.z == 0)
+      rec = base + (int64_t(blockIdx.x) * 2 + wg) * kTraceSteps * kTraceEvents;
+  }
+  __device__ __forceinline__ void stamp(int step, int event) const {
+    if (rec != nullptr && step < kTraceSteps) rec[step * kTraceEvents + event] = clock64();
+  }
 };
 
 template <bool kBF16>
