@@ -164,11 +164,13 @@ struct WgSmem {
   static constexpr int kK = 0, kV = kKVBytes;
   static constexpr int kBufs = Cfg::kStepBufs;  // Q, dO, LSE, D: loaded a step ahead (3 shipped)
   static constexpr int kQ = 2 * kKVBytes, kDo = kQ + kBufs * kQBytes;
-  // dS^T [128 keys][64 queries]; at d128 two buffers, since both warpgroups read all of it.
-  static constexpr int kDsBufs = kD == 128 ? 2 : 1, kDsBytes = kWgKeys * kBlock * 2;
+  // dQ's 64 x 64 pieces a warpgroup a step: by keys every column block of its own keys, else one.
+  static constexpr int kDqPieces = Cfg::kDqByKeys ? kD / 64 : 1;
+  // dS^T [128 keys][64 queries]; two buffers where both warpgroups read all of it (dQ by columns).
+  static constexpr int kDsBufs = Cfg::kDqByKeys ? 1 : 2, kDsBytes = kWgKeys * kBlock * 2;
   static constexpr int kDs = kDo + kBufs * kQBytes;
-  static constexpr int kStage = kDs + kDsBufs * kDsBytes;           // fp32 [64][64] a warpgroup
-  static constexpr int kLse = kStage + 2 * kBlock * 64 * 4, kDelta = kLse + kBufs * kBlock * 4;
+  static constexpr int kStage = kDs + kDsBufs * kDsBytes;  // fp32 pieces [64][64], kDqPieces a warpgroup
+  static constexpr int kLse = kStage + 2 * kDqPieces * kBlock * 64 * 4, kDelta = kLse + kBufs * kBlock * 4;
   static constexpr int kBars = kDelta + kBufs * kBlock * 4;         // StepRing's full and empty
   static constexpr int kBytes = kBars + 2 * kBufs * 8 + 1024;       // + slack to align the base
   static_assert(kBytes <= 227 * 1024, "the wgmma dK/dV kernel's shared memory");
@@ -207,13 +209,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t do_desc = wgmma::desc_sw128(smem_addr(smem + L::kDo), 16, 1024);
   const uint64_t q_mn = wgmma::desc_sw128(smem_addr(smem + L::kQ), kBlock * 128, 1024);
   const uint64_t do_mn = wgmma::desc_sw128(smem_addr(smem + L::kDo), kBlock * 128, 1024);
-  // dQ: at d128 all 128 keys and this warpgroup's 64 columns, at d64 this warpgroup's 64 keys.
-  constexpr int kDqKeys = kD == 64 ? 64 : kWgKeys;
-  const uint32_t dq_key0 = kD == 64 ? wg * 64 : 0, dq_col0 = kD == 64 ? 0 : wg * 64;
+  // dQ by columns (d128 shipped): all 128 keys and this warpgroup's 64 columns; by keys (d64): this
+  // warpgroup's 64 keys and every column, L::kDqPieces pieces of 64.
+  constexpr bool kByKeys = Cfg::kDqByKeys;
+  constexpr int kDqKeys = kByKeys ? 64 : kWgKeys;
+  const uint32_t dq_key0 = kByKeys ? wg * 64 : 0, dq_col0 = kByKeys ? 0 : wg * 64;
   const uint64_t ds_mn = wgmma::desc_sw128(smem_addr(smem + L::kDs) + dq_key0 * 128, kWgKeys * 128, 1024);
   const uint64_t kq_mn = wgmma::desc_sw128(smem_addr(smem + L::kK) + dq_key0 * 128 + (dq_col0 / 64) * kWgKeys * 128,
                                            kWgKeys * 128, 1024);
-  float* stage = reinterpret_cast<float*>(smem + L::kStage) + wg * kBlock * 64;
+  float* stage = reinterpret_cast<float*>(smem + L::kStage) + wg * L::kDqPieces * kBlock * 64;
 
   // At d64 this warpgroup's rows of K and V stay in registers as the A operand of S^T and dP^T
   // (16 registers each), so that those two GEMMs read only Q and dO from shared memory.
@@ -330,39 +334,47 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma::commit_group();
     if constexpr (Cfg::kTrace) tr.stamp(s, 5);
-    // dS^T's stores, before the dQ wgmma reads them: at d128 every key's (both warpgroups'), at d64
-    // this warpgroup's own. (At d128 this barrier also keeps a warpgroup from writing dS^T two
-    // steps on, into this buffer, before the other's dQ has read it.)
+    // dS^T's stores, before the dQ wgmma reads them: by columns every key's (both warpgroups'), by
+    // keys this warpgroup's own. (By columns this barrier also keeps a warpgroup from writing dS^T
+    // two steps on, into this buffer, before the other's dQ has read it.)
     ptx::fence_proxy_async_smem();
-    if constexpr (kD == 64)
+    if constexpr (kByKeys)
       ptx::named_bar_sync(3 + wg, 128);
     else
       __syncthreads();
     if constexpr (Cfg::kTrace) tr.stamp(s, 6);
 
     if (!p.deterministic) {
-      float dq[32];
-      wgmma::fence();
 #pragma unroll
-      for (int kk = 0; kk < kDqKeys / 16; ++kk)
-        wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, (s % L::kDsBufs) * L::kDsBytes + kk * 16 * 128),
-                                    wgmma::desc_advance(kq_mn, kk * 16 * 128), kk > 0);
-      wgmma::commit_group();
-      wgmma::wait_group<0>();
-      wgmma::pin(dq);
-      if constexpr (Cfg::kTrace) tr.stamp(s, 7);
-      // The warpgroup's previous reduction has read its stage; then the stage is rewritten.
-      if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
-      ptx::named_bar_sync(1 + wg, 128);
-      // In the piece's order (dq_piece_offset): float4 j of every thread, one after another.
+      for (int c = 0; c < L::kDqPieces; ++c) {
+        float dq[32];
+        wgmma::fence();
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        reinterpret_cast<float4*>(stage)[128 * j + tid] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+        for (int kk = 0; kk < kDqKeys / 16; ++kk)
+          wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, (s % L::kDsBufs) * L::kDsBytes + kk * 16 * 128),
+                                      wgmma::desc_advance(kq_mn, c * kWgKeys * 128 + kk * 16 * 128), kk > 0);
+        wgmma::commit_group();
+        wgmma::wait_group<0>();
+        wgmma::pin(dq);
+        if (c == 0) {
+          if constexpr (Cfg::kTrace) tr.stamp(s, 7);
+          // The warpgroup's previous reductions have read its stage; then the stage is rewritten.
+          if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+          ptx::named_bar_sync(1 + wg, 128);
+        }
+        // In the piece's order (dq_piece_offset): float4 j of every thread, one after another.
+        float4* piece = reinterpret_cast<float4*>(stage + c * kBlock * 64);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) piece[128 * j + tid] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      }
       ptx::fence_proxy_async_smem();
       ptx::named_bar_sync(1 + wg, 128);
       if (tid == 0) {
-        cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add,
-                                        dq_piece_at<kD>(p, b, h, q0, dq_col0), stage, uint32_t(kBlock * 64 * 4));
+#pragma unroll
+        for (int c = 0; c < L::kDqPieces; ++c)
+          cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add,
+                                          dq_piece_at<kD>(p, b, h, q0, dq_col0 + 64 * c), stage + c * kBlock * 64,
+                                          uint32_t(kBlock * 64 * 4));
         cuda::ptx::cp_async_bulk_commit_group();
       }
     } else {

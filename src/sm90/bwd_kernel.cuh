@@ -36,14 +36,21 @@ inline constexpr int kThreads = 256;
 //   kStepBufs     buffers of the step ring (Q, dO and the step's LSE and D rows), loaded ahead
 //   kFoldedBoxes  Q and dO loaded as one TMA box a tile, the 64-column blocks folded into a box
 //                 dimension (ptx::map_bshd_16bit_sw128_folded), instead of a box a column block
+//   kDqByKeys     d64/d128: each warpgroup's dQ share is its own 64 keys' over every column (in
+//                 head_dim / 64 pieces), so no CTA barrier waits for the other's dS^T; false: its 64
+//                 columns over all 128 keys (d128 shipped). d64 has only the first.
 //   kTrace        clock64 stamps of each step into BwdParams::trace (StepTrace)
-template <int kD_, bool kBF16_, int kStepBufs_ = kD_ == 256 ? 2 : 3, bool kFoldedBoxes_ = false, bool kTrace_ = false>
+template <int kD_, bool kBF16_, int kStepBufs_ = kD_ == 256 ? 2 : 3, bool kFoldedBoxes_ = false,
+          bool kDqByKeys_ = kD_ == 64, bool kTrace_ = false>
 struct BwdConfig {
   static constexpr int kD = kD_;
   static constexpr bool kBF16 = kBF16_;
   static constexpr int kStepBufs = kStepBufs_;
   static constexpr bool kFoldedBoxes = kFoldedBoxes_;
+  static constexpr bool kDqByKeys = kDqByKeys_;
   static constexpr bool kTrace = kTrace_;
+  static_assert(kD != 64 || kDqByKeys, "d64's dQ is by keys");
+  static_assert(kD != 256 || !kDqByKeys, "d256 splits dQ by columns");
 };
 
 // Development timeline of the dK/dV kernels (a configuration with kTrace; tools/sm90_bwd_probe
