@@ -3,6 +3,7 @@
 // the graphs give; docs/perf-notes.md ("## Scheduler") explains them. Solve times are printed by fa4-schedule-bench, not tested.
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 
 #include "emit.h"
@@ -81,6 +82,42 @@ TEST(Sm100Forward, WithoutPOverSTheUnitTimeIIIsFour) {
   EXPECT_EQ(sol.schedule.stages(), 3);
 }
 
+// FA4's SM100 backward (one CTA, d = 128): tensor memory holds S/P, dV, dP/dS/dQ and dK in its
+// 512 columns, so dQ shares dP's columns and the next block's dP waits for the reduction warps to
+// load dQ. With whole-tile latencies that recurrence binds above the tensor core's five MMAs; the
+// solver's ring depths are FA4's published ones (Q two stages, dO one).
+TEST(Sm100Backward, SharedTensorMemoryColumnsBind) {
+  const Graph g = shipped("sm100_bwd");
+  const Solution sol = solve(g);
+  const Schedule& s = sol.schedule;
+  EXPECT_EQ(sol.bounds.res_mii, 5 * 512);
+  EXPECT_EQ(g.units[sol.bounds.res_unit].name, "tc");
+  EXPECT_EQ(sol.bounds.unit_rec_mii, 4240);  // dK -> dQ -> LddQ -> dP -> LddP -> dS -> StdS -> dK
+  EXPECT_EQ(s.ii, sol.bounds.unit_rec_mii);
+  EXPECT_TRUE(check_schedule(g, s).empty());
+  EXPECT_EQ(s.slots[g.find_buffer("Q")], 2);
+  EXPECT_EQ(s.slots[g.find_buffer("dO")], 1);
+  const std::string cycle = describe(g, sol.bounds.unit_rec_cycle);
+  EXPECT_NE(cycle.find("LddQ"), std::string::npos) << cycle;
+  EXPECT_NE(cycle.find("dP"), std::string::npos) << cycle;
+  int64_t tmem = 0;
+  for (const Buffer& b : g.buffers)
+    if (g.capacities[b.capacity].name == "tmem") tmem += b.slot_size * s.slots[&b - g.buffers.data()];
+  EXPECT_EQ(tmem, 512);
+}
+
+TEST(Sm100Backward, WithoutDqOverDpThePOverSRecurrenceBinds) {
+  // dQ in columns of its own (which d = 128 does not leave): the next binding cycle is P over S,
+  // as in the forward: S -> tensor-memory load -> exponentials -> P stored -> dV -> next S.
+  Graph g = shipped("sm100_bwd");
+  std::erase_if(g.edges, [&](const Edge& e) { return g.ops[e.src].name == "LddQ" && g.ops[e.dst].name == "dP"; });
+  const Solution sol = solve(g);
+  EXPECT_EQ(sol.schedule.ii, 3364);
+  const std::string cycle = describe(g, sol.bounds.unit_rec_cycle);
+  EXPECT_NE(cycle.find("StP"), std::string::npos) << cycle;
+  EXPECT_NE(cycle.find("dV"), std::string::npos) << cycle;
+}
+
 TEST(Sm90Forward, TensorBoundWithSBeforeOwnPV) {
   const Graph g = shipped("sm90_fwd");
   const Solution sol = solve(g);
@@ -129,6 +166,8 @@ struct BwdCase {
   int ring, dst;    // the solver's buffer depths
   const char* dst_buffer;
 };
+
+void PrintTo(const BwdCase& c, std::ostream* os) { *os << c.graph; }
 
 class Sm90Backward : public ::testing::TestWithParam<BwdCase> {};
 
