@@ -33,6 +33,7 @@
 #include "common/validate.h"
 #include "convert.h"
 #include "fa4/attention.h"
+#include "probe_util.cuh"
 #include "reference.h"
 #include "sm90/bwd_launch.cuh"
 
@@ -41,14 +42,6 @@ namespace {
 using fa4::detail::BwdParams;
 using fa4::sm90::bwd::BwdConfig;
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);     \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
 
 using Launcher = fa4::Status (*)(const BwdParams&, cudaStream_t);
 template <class Cfg>
@@ -219,16 +212,19 @@ int check_all() {
   return fails ? 1 : 0;
 }
 
-// Roughly standard-normal bf16 values from a hash, made on the device (FA3-sized inputs).
-__global__ void fill_normal_bf16(__nv_bfloat16* x, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 0x9E3779B1u ^ seed * 0x85EBCA77u ^ uint32_t(i >> 32) * 0xC2B2AE3Du;
-    float acc = 0.0f;
-    for (int k = 0; k < 4; ++k) {
-      h ^= h >> 15; h *= 0x2C1B3C6Du; h ^= h >> 12; h *= 0x297A2D39u; h ^= h >> 15;
-      acc += float(h >> 8) * (1.0f / 16777216.0f);
-    }
-    x[i] = __float2bfloat16((acc - 2.0f) * 1.7320508f);
+// Random Q, K, V and dO on the device, and O and the LSE from fa4's forward (exits on failure).
+void fa3_inputs(const Shape& s, Device& dev) {
+  fill_device(dev.q, dev.nq, 1);
+  fill_device(dev.k, dev.nk, 2);
+  fill_device(dev.v, dev.nk, 3);
+  fill_device(dev.dout, dev.nq, 4);
+  fa4::ForwardArgs fw;
+  fw.problem = problem_of(s);
+  fw.q = fa4::bshd(dev.q, s.sq, s.hq, s.d), fw.k = fa4::bshd(dev.k, s.sk, s.hkv, s.d);
+  fw.v = fa4::bshd(dev.v, s.sk, s.hkv, s.d), fw.o = fa4::bshd(dev.o, s.sq, s.hq, s.d), fw.lse = dev.lse;
+  if (const fa4::Status st = fa4::forward(fw, 0); !st.ok()) {
+    std::printf("forward: %s\n", st.message.c_str());
+    std::exit(1);
   }
 }
 
@@ -266,17 +262,7 @@ int time_all(int rounds) {
       for (const bool causal : {false, true}) {
         const Shape s{16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d, causal};
         Device dev(s);
-        fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dev.q), dev.nq, 1);
-        fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dev.k), dev.nk, 2);
-        fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dev.v), dev.nk, 3);
-        fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dev.dout), dev.nq, 4);
-        CK(cudaGetLastError());
-        fa4::ForwardArgs fw;
-        fw.problem = problem_of(s);
-        fw.q = fa4::bshd(dev.q, s.sq, s.hq, d), fw.k = fa4::bshd(dev.k, s.sk, s.hkv, d);
-        fw.v = fa4::bshd(dev.v, s.sk, s.hkv, d), fw.o = fa4::bshd(dev.o, s.sq, s.hq, d), fw.lse = dev.lse;
-        const fa4::Status st = fa4::forward(fw, 0);
-        if (!st.ok()) { std::printf("forward: %s\n", st.message.c_str()); return 1; }
+        fa3_inputs(s, dev);
         dev.run(*cfgs[0]);
         const auto ref_dq = download(dev.dq, dev.nq), ref_dk = download(dev.dk, dev.nk), ref_dv = download(dev.dv, dev.nk);
         std::vector<bool> ok(cfgs.size(), true);
@@ -357,15 +343,7 @@ int trace_all(const std::string& dir, int seqlen) {
     const int d = c.d;
     const Shape s{16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d, false};
     Device dev(s);
-    fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dev.q), dev.nq, 1);
-    fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dev.k), dev.nk, 2);
-    fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dev.v), dev.nk, 3);
-    fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dev.dout), dev.nq, 4);
-    fa4::ForwardArgs fw;
-    fw.problem = problem_of(s);
-    fw.q = fa4::bshd(dev.q, s.sq, s.hq, d), fw.k = fa4::bshd(dev.k, s.sk, s.hkv, d);
-    fw.v = fa4::bshd(dev.v, s.sk, s.hkv, d), fw.o = fa4::bshd(dev.o, s.sq, s.hq, d), fw.lse = dev.lse;
-    if (const fa4::Status st = fa4::forward(fw, 0); !st.ok()) { std::printf("forward: %s\n", st.message.c_str()); return 1; }
+    fa3_inputs(s, dev);
     dev.p.trace = trace;
     for (int rep = 0; rep < 3; ++rep) {  // the last run's stamps are kept (warm L2 and clocks)
       CK(cudaMemset(trace, 0, kTraceWords * 8));

@@ -25,18 +25,11 @@
 #include "common/fwd_params.h"
 #include "common/validate.h"
 #include "reference.h"
+#include "probe_util.cuh"
 #include "sm90/fwd_launch.cuh"
 
 using fa4::detail::FwdParams;
 
-#define CK(x)                                                                  \
-  do {                                                                         \
-    cudaError_t e_ = (x);                                                      \
-    if (e_ != cudaSuccess) {                                                   \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
 
 struct Shape {
   int b, hq, hkv, sq, sk, d;
@@ -148,24 +141,6 @@ static bool check(const Shape& s, int row_step = 1) {
               ok ? "PASS" : "FAIL", row_step > 1 ? "(sampled rows)" : "", s.b, s.hq, s.hkv, s.sq, s.sk, s.d, s.causal, s.left, s.right, max_err, rel, max_lse_err);
   cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(dlse);
   return ok;
-}
-
-// Roughly standard-normal bf16 values from a hash (sum of four uniforms, rescaled), made on the
-// device: timing runs need FA3-sized inputs, which the host would take seconds to draw.
-__global__ void fill_normal_bf16(__nv_bfloat16* x, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 0x9E3779B1u ^ seed * 0x85EBCA77u ^ uint32_t(i >> 32) * 0xC2B2AE3Du;
-    float acc = 0.0f;
-    for (int k = 0; k < 4; ++k) {
-      h ^= h >> 15; h *= 0x2C1B3C6Du; h ^= h >> 12; h *= 0x297A2D39u; h ^= h >> 15;
-      acc += float(h >> 8) * (1.0f / 16777216.0f);
-    }
-    x[i] = __float2bfloat16((acc - 2.0f) * 1.7320508f);  // variance of the sum of 4 uniforms is 1/3
-  }
-}
-static void fill_device(void* dst, size_t n, uint32_t seed) {
-  fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dst), n, seed);
-  CK(cudaGetLastError());
 }
 
 using Launcher = fa4::Status (*)(const FwdParams&, cudaStream_t);

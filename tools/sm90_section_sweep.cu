@@ -10,16 +10,9 @@
 #include <cuda_runtime.h>
 #include "common/fwd_params.h"
 #include "common/validate.h"
+#include "probe_util.cuh"
 using fa4::detail::FwdParams;
 
-#define CK(x)                                                                                   \
-  do {                                                                                          \
-    const cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
 
 __global__ void fill(__nv_bfloat16* x, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {

@@ -367,46 +367,47 @@ __device__ __forceinline__ void tma_box(unsigned char* dst, const CUtensorMap* m
   }
 }
 
-// One thread keeps up to `depth` boxes of `bytes` in flight (a box per mbarrier) over the first
-// `rows` rows (L2-resident after the first pass); depth 1 gives the latency. out[block]: cycles for
-// all `iters`.
+// One thread keeps up to `depth` transfers of `bytes` in flight, one an mbarrier: issue(i, dst, bar)
+// starts transfer i into dst, completing on bar. Returns when every transfer has landed.
+template <class Issue>
+__device__ __forceinline__ void transfer_ring(uint64_t* bars, unsigned char* buf, int bytes, int depth, int iters,
+                                              Issue issue) {
+  for (int s = 0; s < depth; ++s) cptx::mbarrier_init(&bars[s], 1);
+  cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
+  for (int i = 0; i < iters; ++i) {
+    const int s = i % depth;
+    if (i >= depth) fptx::mbar_wait(&bars[s], ((i / depth) - 1) & 1);  // slot free again
+    cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &bars[s], bytes);
+    issue(i, buf + s * bytes, &bars[s]);
+  }
+  for (int i = iters > depth ? iters - depth : 0; i < iters; ++i) fptx::mbar_wait(&bars[i % depth], (i / depth) & 1);
+}
+
+// Boxes of `bytes` over the first `rows` rows (L2-resident after the first pass), up to `depth` in
+// flight; depth 1 gives the latency. out[block]: cycles for all `iters`.
 template <int kRank>
 __global__ void tma_box_ring(const __grid_constant__ CUtensorMap map, int box_rows, int bytes, int rows, int depth,
                              long long* out, int iters) {
   __shared__ __align__(8) uint64_t bars[kMaxRing];
-  unsigned char* tiles = smem_base();
   if (threadIdx.x != 0) return;
-  for (int s = 0; s < depth; ++s) cptx::mbarrier_init(&bars[s], 1);
-  cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
   const long long t0 = clock64();
-  for (int i = 0; i < iters; ++i) {
-    const int s = i % depth;
-    if (i >= depth) fptx::mbar_wait(&bars[s], ((i / depth) - 1) & 1);
-    cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &bars[s], bytes);
-    tma_box<kRank>(tiles + s * bytes, &map, (i * box_rows) % rows, &bars[s]);
-  }
-  for (int i = iters > depth ? iters - depth : 0; i < iters; ++i) fptx::mbar_wait(&bars[i % depth], (i / depth) & 1);
+  transfer_ring(bars, smem_base(), bytes, depth, iters, [&](int i, unsigned char* dst, uint64_t* bar) {
+    tma_box<kRank>(dst, &map, (i * box_rows) % rows, bar);
+  });
   out[blockIdx.x] = clock64() - t0;
 }
 
-// One thread keeps up to `depth` bulk copies (cp.async.bulk, global -> shared, not a tensor) of
-// `bytes` in flight, from consecutive chunks of a `region`-byte window (L2-resident); depth 1 gives
-// the latency. out[block]: cycles for all `iters`.
+// Bulk copies (cp.async.bulk, global -> shared, not a tensor) of `bytes` from consecutive chunks of
+// a `region`-byte window (L2-resident), up to `depth` in flight; depth 1 gives the latency.
+// out[block]: cycles for all `iters`.
 __global__ void bulk_copy_ring(const unsigned char* src, int bytes, int region, int depth, long long* out, int iters) {
   __shared__ __align__(8) uint64_t bars[kMaxRing];
-  unsigned char* buf = smem_base();
   if (threadIdx.x != 0) return;
-  for (int s = 0; s < depth; ++s) cptx::mbarrier_init(&bars[s], 1);
-  cptx::fence_mbarrier_init(cptx::sem_release, cptx::scope_cluster);
   const long long t0 = clock64();
-  for (int i = 0; i < iters; ++i) {
-    const int s = i % depth;
-    if (i >= depth) fptx::mbar_wait(&bars[s], ((i / depth) - 1) & 1);
-    cptx::mbarrier_arrive_expect_tx(cptx::sem_release, cptx::scope_cta, cptx::space_shared, &bars[s], bytes);
-    cptx::cp_async_bulk(cptx::space_shared, cptx::space_global, buf + s * bytes, src + (int64_t(i) * bytes) % region,
-                        uint32_t(bytes), &bars[s]);
-  }
-  for (int i = iters > depth ? iters - depth : 0; i < iters; ++i) fptx::mbar_wait(&bars[i % depth], (i / depth) & 1);
+  transfer_ring(bars, smem_base(), bytes, depth, iters, [&](int i, unsigned char* dst, uint64_t* bar) {
+    cptx::cp_async_bulk(cptx::space_shared, cptx::space_global, dst, src + (int64_t(i) * bytes) % region,
+                        uint32_t(bytes), bar);
+  });
   out[blockIdx.x] = clock64() - t0;
 }
 
