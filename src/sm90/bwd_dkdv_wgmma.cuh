@@ -134,10 +134,9 @@ __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CU
     }
   }
   const int64_t row = (int64_t(w.b) * p.heads_q + h) * p.rows + q0;
-  cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, smem + L::kLse + buf * kBlock * 4,
-                           p.lse_log2 + row, uint32_t(kBlock * 4), bar);
-  cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, smem + L::kDelta + buf * kBlock * 4,
-                           p.delta + row, uint32_t(kBlock * 4), bar);
+  load_row_stats<Cfg::kPairedStats, kBlock>(p, row,
+                                            reinterpret_cast<float*>(smem + L::kLse + buf * kBlock * (Cfg::kPairedStats ? 8 : 4)),
+                                            reinterpret_cast<float*>(smem + L::kDelta + buf * kBlock * 4), bar);
 }
 
 // A dK/dV CTA's start: the ring's barriers, the CTA's K and V rows [k0, k0 + kKeys) (cp.async),
@@ -196,8 +195,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane / 4, t = lane % 4;
   const Visibility vis{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
 
-  float* sLse = reinterpret_cast<float*>(smem + L::kLse);
-  float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
+  const float* sLse = reinterpret_cast<const float*>(smem + L::kLse);
+  const float* sDelta = reinterpret_cast<const float*>(smem + L::kDelta);
   const auto ring = start_dkdv<L, kWgKeys, Cfg>(p, &tm_q, &tm_do, walk, k0, smem);
 
   // Descriptors (wgmma.h): K-major operands with LBO 16, MN-major ones with LBO = the bytes between
@@ -270,11 +269,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // P^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).
     // This thread's queries' LSE (log2 units), read while S^T is computed.
-    const float* lse = sLse + buf * kBlock;
-    const float* delta = sDelta + buf * kBlock;
+    const auto stats = RowStats<Cfg::kPairedStats>::template at<kBlock>(sLse, sDelta, buf);
     float2 lse2[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) lse2[j] = *reinterpret_cast<const float2*>(lse + 8 * j + 2 * t);
+    for (int j = 0; j < 8; ++j) lse2[j] = stats.lse2(8 * j + 2 * t);
     const bool whole = vis.whole(q0, kBlock, k0, kWgKeys);
     wgmma::wait_group<1>();
     wgmma::pin(st);
@@ -310,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     char* ds_tile = smem + L::kDs + (s % L::kDsBufs) * L::kDsBytes;
     float2 delta2[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) delta2[j] = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * t);
+    for (int j = 0; j < 8; ++j) delta2[j] = stats.d2(8 * j + 2 * t);
     wgmma::wait_group<1>();
     wgmma::pin(dpt);
     if constexpr (Cfg::kTrace) tr.stamp(s, 4);
@@ -448,8 +446,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane / 4, t = lane % 4;
   const Visibility vis{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
 
-  float* sLse = reinterpret_cast<float*>(smem + L::kLse);
-  float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
+  const float* sLse = reinterpret_cast<const float*>(smem + L::kLse);
+  const float* sDelta = reinterpret_cast<const float*>(smem + L::kDelta);
   const auto ring = start_dkdv<L, kBlock, Cfg>(p, &tm_q, &tm_do, walk, k0, smem);
 
   using ptx::smem_addr;
@@ -493,13 +491,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // Element 4j + e: key 16 warp + g (+ 8 for e >= 2), query 32 wg + 8j + 2t + (e & 1). This
     // thread's queries' LSE (log2 units) and D, read while S^T and dP^T are computed.
-    const float* lse = sLse + buf * kBlock;
-    const float* delta = sDelta + buf * kBlock;
+    // This warpgroup's 32 query rows of the step's buffer.
+    const auto stats = RowStats<Cfg::kPairedStats>::template at<kBlock>(sLse, sDelta, buf).from(32 * wg);
     float2 lse2[4], delta2[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      lse2[j] = *reinterpret_cast<const float2*>(lse + 32 * wg + 8 * j + 2 * t);
-      delta2[j] = *reinterpret_cast<const float2*>(delta + 32 * wg + 8 * j + 2 * t);
+      lse2[j] = stats.lse2(8 * j + 2 * t);
+      delta2[j] = stats.d2(8 * j + 2 * t);
     }
     const bool whole = vis.whole(q0, kBlock, k0, kBlock);
     wgmma::wait_group<1>();

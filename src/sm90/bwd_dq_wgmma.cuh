@@ -34,8 +34,8 @@ struct DqWgSmem {
 };
 
 // tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows; tm_k, tm_v: K and V
-// in boxes of kDqKeys<kD> rows.
-template <int kD, bool kBF16>
+// in boxes of kDqKeys<kD> rows. kPaired: the workspace's LSE and D interleaved (BwdConfig).
+template <int kD, bool kBF16, bool kPaired = false>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_dq_wgmma_kernel(const detail::BwdParams p, const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_k,
@@ -58,6 +58,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
   float* sDelta = reinterpret_cast<float*>(smem + L::kDelta);
+  const auto stats = RowStats<kPaired>::template at<kDqRows>(sLse, sDelta, 0);
   const auto ring = StepRing<L::kBufs>::at(smem + L::kBars);
   uint64_t* q_full = ring.empty + L::kBufs;
   // Step s's K and V (rows past seqlen_k read as zeros).
@@ -87,10 +88,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         ptx::tma_load_4d(smem + L::kDo + c * kDqRows * 128 + r * 128, &tm_do, q_full, 64 * c, q0 + r, h, b);
       }
     const int64_t row = (int64_t(b) * p.heads_q + h) * p.rows + q0;
-    cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, sLse, p.lse_log2 + row,
-                             uint32_t(kDqRows * 4), q_full);
-    cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, sDelta, p.delta + row,
-                             uint32_t(kDqRows * 4), q_full);
+    load_row_stats<kPaired, kDqRows>(p, row, sLse, sDelta, q_full);
     load_step(0);
   }
   __syncthreads();  // the barriers are initialised
@@ -113,8 +111,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int r = wg * 64 + 16 * warp + g + 8 * hr;
-        row_lse[hr] = sLse[r];  // log2 units
-        row_d[hr] = sDelta[r];
+        row_lse[hr] = stats.lse1(r);  // log2 units
+        row_d[hr] = stats.d1(r);
       }
     }
     ring.wait(s);

@@ -19,6 +19,8 @@
 #include <cuda_fp16.h>
 #include <cuda_pipeline.h>
 
+#include <cuda/ptx>
+
 #include <cstdint>
 
 #include "common/bwd_params.h"
@@ -39,15 +41,19 @@ inline constexpr int kThreads = 256;
 //   kDqByKeys     d64/d128: each warpgroup's dQ share is its own 64 keys' over every column (in
 //                 head_dim / 64 pieces), so no CTA barrier waits for the other's dS^T; false: its 64
 //                 columns over all 128 keys (d128 shipped). d64 has only the first.
+//   kPairedStats  the rows' log2 LSE and D interleaved in the workspace ({LSE, D} a row from
+//                 BwdParams::delta, the same bytes as the two arrays), so a step loads them with one
+//                 bulk copy instead of two
 //   kTrace        clock64 stamps of each step into BwdParams::trace (StepTrace)
 template <int kD_, bool kBF16_, int kStepBufs_ = kD_ == 256 ? 2 : 3, bool kFoldedBoxes_ = false,
-          bool kDqByKeys_ = kD_ == 64, bool kTrace_ = false>
+          bool kDqByKeys_ = kD_ == 64, bool kPairedStats_ = false, bool kTrace_ = false>
 struct BwdConfig {
   static constexpr int kD = kD_;
   static constexpr bool kBF16 = kBF16_;
   static constexpr int kStepBufs = kStepBufs_;
   static constexpr bool kFoldedBoxes = kFoldedBoxes_;
   static constexpr bool kDqByKeys = kDqByKeys_;
+  static constexpr bool kPairedStats = kPairedStats_;
   static constexpr bool kTrace = kTrace_;
   static_assert(kD != 64 || kDqByKeys, "d64's dQ is by keys");
   static_assert(kD != 256 || !kDqByKeys, "d256 splits dQ by columns");
@@ -146,7 +152,61 @@ template <int kD>
 inline constexpr int kDeltaRowsPerCta = (kThreads / 32) * (256 / kD);
 static_assert(128 % kDeltaRowsPerCta<64> == 0, "a CTA's rows divide the workspace's row padding (128)");
 
-template <int kD, bool kBF16>
+// The row statistics of one buffer of kRows rows in shared memory, as the steps read them:
+// separate (the log2 LSE's rows at `lse`, D's at `d`) or paired ({LSE, D} a row, all at `lse`).
+template <bool kPaired>
+struct RowStats {
+  const float* lse;
+  const float* d;
+  // Buffer buf of kRows rows, the LSE's buffers at lse_rows and D's at d_rows.
+  template <int kRows>
+  __device__ __forceinline__ static RowStats at(const float* lse_rows, const float* d_rows, int buf) {
+    if constexpr (kPaired) return {lse_rows + 2 * buf * kRows, nullptr};
+    else return {lse_rows + buf * kRows, d_rows + buf * kRows};
+  }
+  // The same buffer from row `rows` on.
+  __device__ __forceinline__ RowStats from(int rows) const {
+    if constexpr (kPaired) return {lse + 2 * rows, nullptr};
+    else return {lse + rows, d + rows};
+  }
+  // Rows r and r + 1 (r even).
+  __device__ __forceinline__ float2 lse2(int r) const {
+    if constexpr (kPaired) {
+      const float4 v = *reinterpret_cast<const float4*>(lse + 2 * r);
+      return make_float2(v.x, v.z);
+    } else {
+      return *reinterpret_cast<const float2*>(lse + r);
+    }
+  }
+  __device__ __forceinline__ float2 d2(int r) const {
+    if constexpr (kPaired) {
+      const float4 v = *reinterpret_cast<const float4*>(lse + 2 * r);
+      return make_float2(v.y, v.w);
+    } else {
+      return *reinterpret_cast<const float2*>(d + r);
+    }
+  }
+  __device__ __forceinline__ float lse1(int r) const { return kPaired ? lse[2 * r] : lse[r]; }
+  __device__ __forceinline__ float d1(int r) const { return kPaired ? lse[2 * r + 1] : d[r]; }
+};
+
+// The rows [row, row + kRows) of (batch, head) row block `row` (workspace rows) into `dst`, as
+// RowStats reads them (one buffer); completes on bar.
+template <bool kPaired, int kRows>
+__device__ __forceinline__ void load_row_stats(const detail::BwdParams& p, int64_t row, float* lse_dst,
+                                               float* d_dst, uint64_t* bar) {
+  if constexpr (kPaired) {
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, lse_dst, p.delta + 2 * row,
+                             uint32_t(kRows * 8), bar);
+  } else {
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, lse_dst, p.lse_log2 + row,
+                             uint32_t(kRows * 4), bar);
+    cuda::ptx::cp_async_bulk(cuda::ptx::space_shared, cuda::ptx::space_global, d_dst, p.delta + row,
+                             uint32_t(kRows * 4), bar);
+  }
+}
+
+template <int kD, bool kBF16, bool kPaired = false>
 __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdParams p) {
   constexpr int kLanes = kD / 8;  // lanes a row
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -166,8 +226,13 @@ __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdPa
   for (int s = kLanes / 2; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
   if (lane % kLanes == 0 && i < p.rows) {
     const int64_t at = (int64_t(b) * p.heads_q + h) * p.rows + i;
-    p.delta[at] = sum;
-    p.lse_log2[at] = i < p.seqlen_q ? lse_log2(p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + i]) : INFINITY;
+    if constexpr (kPaired) {
+      const float l = i < p.seqlen_q ? lse_log2(p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + i]) : INFINITY;
+      reinterpret_cast<float2*>(p.delta)[at] = make_float2(l, sum);
+    } else {
+      p.delta[at] = sum;
+      p.lse_log2[at] = i < p.seqlen_q ? lse_log2(p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + i]) : INFINITY;
+    }
   }
 }
 

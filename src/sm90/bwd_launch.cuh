@@ -56,7 +56,7 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
     e = cudaMemsetAsync(p.dq_accum, 0, size_t(p.batch) * p.heads_q * p.rows * kD * sizeof(float), stream);
     if (e != cudaSuccess) return bwd_cuda_failure("zeroing the dQ accumulator", e);
   }
-  bwd_delta_kernel<kD, kBF16>
+  bwd_delta_kernel<kD, kBF16, Cfg::kPairedStats>
       <<<dim3(unsigned(p.rows / kDeltaRowsPerCta<kD>), p.heads_q, p.batch), block, 0, stream>>>(p);
   if ((e = cudaGetLastError()) != cudaSuccess) return bwd_cuda_failure("launching the D kernel", e);
 
@@ -84,14 +84,14 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   }
   // Deterministic dQ: on wgmma, 128 query rows a CTA (bwd_dq_wgmma.cuh).
   constexpr int kSmem = DqWgSmem<kD>::kBytes;
-  if ((e = allow_dynamic_smem<bwd_dq_wgmma_kernel<kD, kBF16>>(device, kSmem)) != cudaSuccess)
+  if ((e = allow_dynamic_smem<bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats>>(device, kSmem)) != cudaSuccess)
     return bwd_cuda_failure("setting the dQ kernel's shared memory", e);
   CUtensorMap tm_k{}, tm_v{};
   s = bwd_map_tensor(&tm_k, "k", p.k, p.k_stride, p, p.seqlen_k, p.heads_kv, kDqKeys<kD>);
   if (s.ok()) s = bwd_map_tensor(&tm_v, "v", p.v, p.v_stride, p, p.seqlen_k, p.heads_kv, kDqKeys<kD>);
   if (!s.ok()) return s;
   const unsigned query_blocks = unsigned((p.seqlen_q + kDqRows - 1) / kDqRows);
-  bwd_dq_wgmma_kernel<kD, kBF16>
+  bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats>
       <<<dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream>>>(p, tm_q, tm_do, tm_k, tm_v);
   if ((e = cudaGetLastError()) != cudaSuccess) return bwd_cuda_failure("launching the dQ kernel", e);
   return Status::Ok();
