@@ -1,0 +1,109 @@
+"""fa4's PyTorch layer where no GPU is needed (CI runs this; so does the GPU machine):
+
+- the extension loads and registers torch.ops.fa4.fwd / bwd;
+- CPU tensors are refused with a ValueError naming the tensor;
+- the fake kernels give the outputs' shapes and dtypes (GQA included) and refuse bad shapes;
+- flash_attn_func's own argument checks (softcap, window_size);
+- autograd and torch.compile(fullgraph=True) reach the operators: traced and run on meta tensors,
+  which take the fake kernels.
+
+Needs the built extension: `bash python/build.sh`, or FA4_TORCH_LIB naming a fa4_C.so (the ctest
+`python.torch_layer_without_gpu` builds one from the tree's libfa4.a).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+import fa4  # noqa: E402
+
+
+def meta(*shape, dtype=torch.bfloat16, grad=False):
+    return torch.empty(*shape, device="meta", dtype=dtype, requires_grad=grad)
+
+
+def test_operators_are_registered():
+    assert hasattr(torch.ops.fa4, "fwd") and hasattr(torch.ops.fa4, "bwd")
+    fwd = str(torch.ops.fa4.fwd.default._schema)
+    bwd = str(torch.ops.fa4.bwd.default._schema)
+    assert "float? softmax_scale" in fwd and "int window_left" in fwd
+    assert "bool deterministic" in bwd
+
+
+def test_cpu_tensors_are_refused_naming_the_tensor():
+    q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"fa4::fwd: q is on cpu: must be a CUDA tensor"):
+        fa4.flash_attn_func(q, q, q)
+    with pytest.raises(ValueError, match=r"fa4::bwd: q is on cpu: must be a CUDA tensor"):
+        lse = torch.zeros(1, 2, 8)
+        torch.ops.fa4.bwd(q, q, q, q, q, lse, None, False, -1, -1, False)
+
+
+def test_fake_kernels_give_shapes_and_dtypes():
+    q, k = meta(2, 100, 8, 128), meta(2, 300, 2, 128)
+    out, lse = torch.ops.fa4.fwd(q, k, k, None, True, -1, -1)
+    assert out.shape == (2, 100, 8, 128) and out.dtype == torch.bfloat16
+    assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32
+    dq, dk, dv = torch.ops.fa4.bwd(out, q, k, k, out, lse, None, True, -1, -1, False)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == k.shape
+    assert dq.dtype == dk.dtype == dv.dtype == torch.bfloat16
+    h = meta(1, 17, 4, 64, dtype=torch.float16)
+    out16, _ = torch.ops.fa4.fwd(h, h, h, 0.5, False, 3, 0)
+    assert out16.dtype == torch.float16 and out16.shape == h.shape
+
+
+@pytest.mark.parametrize(
+    "shapes, pattern",
+    [
+        (((1, 8, 64), (1, 8, 2, 64), (1, 8, 2, 64)), r"\bq\b.*4-d"),
+        (((1, 8, 2, 64), (1, 8, 2, 128), (1, 8, 2, 128)), r"head_dim"),
+        (((2, 8, 2, 64), (1, 8, 2, 64), (1, 8, 2, 64)), r"batch"),
+        (((1, 8, 2, 64), (1, 8, 2, 64), (1, 9, 2, 64)), r"\bv\b.*shape"),
+    ],
+    ids=["q-3d", "head_dim-mismatch", "batch-mismatch", "v-shape"],
+)
+def test_fake_kernels_refuse_bad_shapes(shapes, pattern):
+    q, k, v = (meta(*s) for s in shapes)
+    with pytest.raises(ValueError, match=pattern):
+        torch.ops.fa4.fwd(q, k, v, None, False, -1, -1)
+
+
+def test_flash_attn_func_checks_its_own_arguments():
+    q = meta(1, 8, 2, 64)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        fa4.flash_attn_func(q, q, q, softcap=30.0)
+    with pytest.raises(ValueError, match="window_size"):
+        fa4.flash_attn_func(q, q, q, window_size=5)
+    with pytest.raises(ValueError, match="window_size"):
+        fa4.flash_attn_func(q, q, q, window_size=(1, 2, 3))
+
+
+def test_autograd_reaches_the_backward_operator():
+    q = meta(2, 100, 8, 64, grad=True)
+    k = meta(2, 120, 4, 64, grad=True)
+    v = meta(2, 120, 4, 64, grad=True)
+    out, lse = fa4.flash_attn_func(q, k, v, causal=True, window_size=(32, 0), return_lse=True,
+                                   deterministic=True)
+    assert out.requires_grad and not lse.requires_grad
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    with torch.no_grad():  # no autograd node without grad
+        assert fa4.flash_attn_func(q, k, v).grad_fn is None
+
+
+def test_compile_fullgraph_traces_the_operators():
+    def f(q, k, v):
+        out, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True)
+        return out * 2, lse + 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    q, k = meta(2, 64, 8, 128), meta(2, 64, 2, 128)
+    out, lse = compiled(q, k, k)
+    assert out.shape == q.shape and lse.shape == (2, 8, 64)
