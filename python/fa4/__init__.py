@@ -4,7 +4,8 @@
     out = fa4.flash_attn_func(q, k, v, causal=True)          # q, k, v: [batch, seqlen, heads, dim]
 
 The operators torch.ops.fa4.fwd and torch.ops.fa4.bwd come from the C++ extension that
-python/build.sh builds (python/csrc/fa4_torch.cpp over the fa4 library); this module loads it,
+python/build.sh builds, or `pip install --no-build-isolation ./python` installs beside this file
+(python/csrc/fa4_torch.cpp over the fa4 library); this module loads it,
 gives the operators fake (meta) kernels so torch.compile traces them without graph breaks, and
 wires the backward through autograd.
 
@@ -20,7 +21,8 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["flash_attn_func", "library_path", "LIBRARY_NAME"]
+__all__ = ["flash_attn_func", "library_path", "LIBRARY_NAME", "__version__"]
+__version__ = "0.1.0"
 
 LIBRARY_NAME = "fa4_C.so"
 # Where python/build.sh puts the extension, relative to this package.
@@ -28,9 +30,13 @@ _DEFAULT_BUILD_DIR = Path(__file__).resolve().parent.parent / "build" / "ext"
 
 
 def library_path() -> Path:
-    """The extension to load: $FA4_TORCH_LIB if set, else python/build/ext/fa4_C.so."""
+    """The extension to load: $FA4_TORCH_LIB if set; else the one installed beside this file (pip
+    install ./python); else python/build/ext/fa4_C.so (python/build.sh)."""
     env = os.environ.get("FA4_TORCH_LIB")
-    return Path(env) if env else _DEFAULT_BUILD_DIR / LIBRARY_NAME
+    if env:
+        return Path(env)
+    installed = sorted(Path(__file__).resolve().parent.glob("fa4_C*.so"))
+    return installed[0] if installed else _DEFAULT_BUILD_DIR / LIBRARY_NAME
 
 
 def _load_library() -> None:
@@ -39,8 +45,8 @@ def _load_library() -> None:
     path = library_path()
     if not path.is_file():
         raise ImportError(
-            f"fa4: the PyTorch extension {path} is not built; run `bash python/build.sh` "
-            "(or set FA4_TORCH_LIB to the built fa4_C.so)"
+            f"fa4: the PyTorch extension {path} is not built; run `bash python/build.sh` or "
+            "`pip install --no-build-isolation ./python` (or set FA4_TORCH_LIB to a built fa4_C.so)"
         )
     torch.ops.load_library(str(path))
 
