@@ -21,7 +21,8 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["flash_attn_func", "library_path", "LIBRARY_NAME", "__version__"]
+__all__ = ["flash_attn_func", "scaled_dot_product_attention", "library_path", "LIBRARY_NAME",
+           "__version__"]
 __version__ = "0.1.0"
 
 LIBRARY_NAME = "fa4_C.so"
@@ -169,3 +170,61 @@ def flash_attn_func(
     else:
         out, lse = torch.ops.fa4.fwd(q, k, v, softmax_scale, causal, window_left, window_right)
     return (out, lse) if return_lse else out
+
+
+def _sdpa_window(seqlen_q: int, seqlen_k: int, is_causal: bool) -> Tuple[bool, Tuple[int, int]]:
+    """(causal, window_size) of fa4 for PyTorch's is_causal, whose mask is aligned top-left: query i
+    sees keys j <= i. fa4 aligns bottom-right (query i sees j <= i + seqlen_k - seqlen_q), so the two
+    agree when seqlen_q == seqlen_k; with more queries than keys the top-left mask is fa4's window
+    (-1, seqlen_q - seqlen_k); with fewer it has no fa4 form."""
+    if not is_causal:
+        return False, (-1, -1)
+    if seqlen_q == seqlen_k:
+        return True, (-1, -1)
+    if seqlen_q > seqlen_k:
+        return False, (-1, seqlen_q - seqlen_k)
+    raise NotImplementedError(
+        f"fa4.scaled_dot_product_attention: is_causal with seqlen_q = {seqlen_q} < seqlen_k = "
+        f"{seqlen_k}: PyTorch aligns that mask top-left, which fa4 does not implement for fewer "
+        "queries than keys (fa4.flash_attn_func(causal=True) aligns it bottom-right)"
+    )
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """torch.nn.functional.scaled_dot_product_attention's signature and meaning, on fa4's kernels.
+
+    query: [batch, heads_q, seqlen_q, head_dim]; key, value: [batch, heads_kv, seqlen_k, head_dim]
+    (bf16 or fp16, CUDA, head_dim contiguous); returns [batch, heads_q, seqlen_q, head_dim], a view
+    of a BSHD tensor, differentiable. is_causal is aligned top-left as in PyTorch (seqlen_q <
+    seqlen_k raises NotImplementedError); heads_q != heads_kv needs enable_gqa=True, as in
+    PyTorch. attn_mask must be None and dropout_p 0 (not implemented). scale: None is
+    1/sqrt(head_dim).
+    """
+    name = "fa4.scaled_dot_product_attention"
+    if attn_mask is not None:
+        raise NotImplementedError(f"{name}: attn_mask: arbitrary masks are not implemented "
+                                  "(is_causal is)")
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"{name}: dropout_p = {dropout_p}: dropout is not implemented "
+                                  "(dropout_p must be 0.0)")
+    for arg, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() != 4:
+            raise ValueError(f"{name}: {arg} has shape {tuple(t.shape)}: must be 4-d "
+                             "[batch, heads, seqlen, head_dim]")
+    if query.shape[1] != key.shape[1] and not enable_gqa:
+        raise ValueError(f"{name}: query has {query.shape[1]} heads, key {key.shape[1]}: "
+                         "different head counts need enable_gqa=True")
+    causal, window = _sdpa_window(query.shape[2], key.shape[2], bool(is_causal))
+    out = flash_attn_func(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                          softmax_scale=scale, causal=causal, window_size=window)
+    return out.transpose(1, 2)
+

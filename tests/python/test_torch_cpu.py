@@ -5,7 +5,10 @@
 - the fake kernels give the outputs' shapes and dtypes (GQA included) and refuse bad shapes;
 - flash_attn_func's own argument checks (softcap, window_size);
 - autograd and torch.compile(fullgraph=True) reach the operators: traced and run on meta tensors,
-  which take the fake kernels.
+  which take the fake kernels;
+- fa4.scaled_dot_product_attention: BHSD in and out, PyTorch's top-left causal mapped to fa4's
+  masks, and its refusals (attn_mask, dropout, heads without enable_gqa, causal with fewer queries
+  than keys).
 
 Needs the built extension: `bash python/build.sh`, or FA4_TORCH_LIB naming a fa4_C.so (the ctest
 `python.torch_layer_without_gpu` builds one from the tree's libfa4.a).
@@ -107,3 +110,48 @@ def test_compile_fullgraph_traces_the_operators():
     q, k = meta(2, 64, 8, 128), meta(2, 64, 2, 128)
     out, lse = compiled(q, k, k)
     assert out.shape == q.shape and lse.shape == (2, 8, 64)
+
+
+@pytest.mark.parametrize(
+    "sq, sk, is_causal, expect",
+    [
+        (64, 64, False, (False, (-1, -1))),
+        (64, 64, True, (True, (-1, -1))),
+        (100, 64, True, (False, (-1, 36))),  # top-left: query i sees keys <= i
+        (7, 300, False, (False, (-1, -1))),
+    ],
+)
+def test_sdpa_causal_is_aligned_top_left(sq, sk, is_causal, expect):
+    assert fa4._sdpa_window(sq, sk, is_causal) == expect
+    # The window it gives is the top-left mask: key j visible to query i iff j <= i.
+    causal, (left, right) = expect
+    if is_causal:
+        off = sk - sq
+        right = 0 if causal else right
+        for i in range(sq):
+            for j in range(sk):
+                assert (j - i - off <= right) == (j <= i), (i, j)
+
+
+def test_sdpa_takes_and_gives_bhsd():
+    q = meta(2, 8, 100, 128, grad=True)
+    k = meta(2, 2, 64, 128, grad=True)
+    out = fa4.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True)
+    assert out.shape == (2, 8, 100, 128)
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape
+
+
+def test_sdpa_refusals():
+    q, k = meta(1, 4, 16, 64), meta(1, 2, 32, 64)
+    with pytest.raises(NotImplementedError, match="attn_mask"):
+        fa4.scaled_dot_product_attention(q, q, q, attn_mask=meta(16, 16, dtype=torch.bool))
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        fa4.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        fa4.scaled_dot_product_attention(q, k, k)
+    with pytest.raises(NotImplementedError, match="top-left"):
+        fa4.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True)
+    with pytest.raises(ValueError, match="4-d"):
+        fa4.scaled_dot_product_attention(meta(4, 16, 64), q, q)
+

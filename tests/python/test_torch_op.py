@@ -8,7 +8,9 @@
 - torch.compile(fullgraph=True) traces the ops (fake kernels) and matches eager;
 - torch.library.opcheck passes;
 - backward: dq, dk and dv match the reference by the same criterion, in both the default and
-  the deterministic mode.
+  the deterministic mode;
+- fa4.scaled_dot_product_attention matches torch's (float64) by the same criterion, its causal
+  mask aligned top-left as torch's.
 
 A test that needs a kernel fa4 does not have (the op raises NotImplementedError) is skipped with
 fa4's message; every other failure fails.
@@ -264,6 +266,40 @@ def test_softcap_not_implemented():
     q = bf16(1, 8, 2, 64)
     with pytest.raises(NotImplementedError, match="softcap"):
         fa4.flash_attn_func(q, q, q, softcap=30.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# fa4.scaled_dot_product_attention against torch's own, in float64 (and its 16-bit math backend
+# for the criterion's bound)
+
+# (batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, is_causal, dtype)
+SDPA_CASES = [
+    (2, 8, 8, 128, 128, 64, True, torch.bfloat16),
+    (1, 8, 2, 300, 200, 128, True, torch.bfloat16),  # top-left causal, more queries than keys, GQA
+    (2, 4, 4, 77, 333, 128, False, torch.float16),
+    (1, 4, 1, 257, 257, 256, True, torch.float16),  # MQA
+]
+
+
+@pytest.mark.parametrize("case", SDPA_CASES,
+                         ids=[f"b{c[0]}-h{c[1]}_{c[2]}-sq{c[3]}-sk{c[4]}-d{c[5]}{'-causal' if c[6] else ''}-"
+                              f"{str(c[7]).replace('torch.', '')}" for c in SDPA_CASES])
+def test_sdpa_matches_torch(case):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as torch_sdpa
+
+    b, hq, hkv, sq, sk, d, causal, dtype = case
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    q = torch.randn(b, hq, sq, d, device=DEV, dtype=dtype, generator=gen)
+    k = torch.randn(b, hkv, sk, d, device=DEV, dtype=dtype, generator=gen)
+    v = torch.randn(b, hkv, sk, d, device=DEV, dtype=dtype, generator=gen)
+    gqa = hq != hkv
+    out = call_or_skip(fa4.scaled_dot_product_attention, q, k, v, is_causal=causal, enable_gqa=gqa)
+    assert out.shape == (b, hq, sq, d) and out.dtype == dtype
+    ref = torch_sdpa(q.double(), k.double(), v.double(), is_causal=causal, enable_gqa=gqa)
+    with sdpa_kernel(SDPBackend.MATH):
+        plain = torch_sdpa(q, k, v, is_causal=causal, enable_gqa=gqa)
+    assert_close_by_criterion(out, plain, ref, "sdpa")
 
 
 # ---------------------------------------------------------------------------------------------
