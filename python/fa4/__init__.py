@@ -21,8 +21,8 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["flash_attn_func", "scaled_dot_product_attention", "library_path", "LIBRARY_NAME",
-           "__version__"]
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
+           "scaled_dot_product_attention", "library_path", "LIBRARY_NAME", "__version__"]
 __version__ = "0.1.0"
 
 LIBRARY_NAME = "fa4_C.so"
@@ -141,6 +141,10 @@ def flash_attn_func(
     softcap: float = 0.0,
     deterministic: bool = False,
     return_lse: bool = False,
+    *,
+    dropout_p: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    return_attn_probs: bool = False,
 ):
     """Attention over BSHD tensors, flash-attn style.
 
@@ -152,7 +156,12 @@ def flash_attn_func(
     softcap: must be 0.0 (soft-capping is not implemented). deterministic: deterministic backward.
     Returns out [batch, seqlen_q, heads_q, head_dim], and with return_lse also the fp32
     log-sum-exp [batch, heads_q, seqlen_q] (natural log; -inf for a row that sees no key).
+    Keyword arguments of flash-attn's other versions, for code written against them:
+    dropout_p must be 0.0 and alibi_slopes None (neither is implemented); return_attn_probs is
+    return_lse, as in FlashAttention-3 (out, lse).
     """
+    _refuse_unimplemented("fa4.flash_attn_func", dropout_p, alibi_slopes)
+    return_lse = bool(return_lse or return_attn_probs)
     if softcap != 0.0:
         raise NotImplementedError(
             f"fa4.flash_attn_func: softcap = {softcap}: soft-capping is not implemented "
@@ -170,6 +179,41 @@ def flash_attn_func(
     else:
         out, lse = torch.ops.fa4.fwd(q, k, v, softmax_scale, causal, window_left, window_right)
     return (out, lse) if return_lse else out
+
+
+def _refuse_unimplemented(name: str, dropout_p: float, alibi_slopes) -> None:
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"{name}: dropout_p = {dropout_p}: dropout is not implemented "
+                                  "(dropout_p must be 0.0)")
+    if alibi_slopes is not None:
+        raise NotImplementedError(f"{name}: alibi_slopes: ALiBi is not implemented (alibi_slopes "
+                                  "must be None)")
+
+
+def flash_attn_qkvpacked_func(qkv: torch.Tensor, softmax_scale: Optional[float] = None,
+                              causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
+                              softcap: float = 0.0, deterministic: bool = False,
+                              return_lse: bool = False, **kwargs):
+    """flash_attn_func over qkv [batch, seqlen, 3, heads, head_dim] (q, k, v as views of it, no
+    copy; gradients flow back into qkv). Other keywords as flash_attn_func's."""
+    if qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError(f"fa4.flash_attn_qkvpacked_func: qkv has shape {tuple(qkv.shape)}: must be "
+                         "[batch, seqlen, 3, heads, head_dim]")
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], softmax_scale, causal,
+                           window_size, softcap, deterministic, return_lse, **kwargs)
+
+
+def flash_attn_kvpacked_func(q: torch.Tensor, kv: torch.Tensor,
+                             softmax_scale: Optional[float] = None, causal: bool = False,
+                             window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                             deterministic: bool = False, return_lse: bool = False, **kwargs):
+    """flash_attn_func with k and v packed as kv [batch, seqlen_k, 2, heads_kv, head_dim] (views,
+    no copy; gradients flow back into kv). Other keywords as flash_attn_func's."""
+    if kv.dim() != 5 or kv.shape[2] != 2:
+        raise ValueError(f"fa4.flash_attn_kvpacked_func: kv has shape {tuple(kv.shape)}: must be "
+                         "[batch, seqlen_k, 2, heads_kv, head_dim]")
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], softmax_scale, causal, window_size,
+                           softcap, deterministic, return_lse, **kwargs)
 
 
 def _sdpa_window(seqlen_q: int, seqlen_k: int, is_causal: bool) -> Tuple[bool, Tuple[int, int]]:
@@ -213,9 +257,7 @@ def scaled_dot_product_attention(
     if attn_mask is not None:
         raise NotImplementedError(f"{name}: attn_mask: arbitrary masks are not implemented "
                                   "(is_causal is)")
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"{name}: dropout_p = {dropout_p}: dropout is not implemented "
-                                  "(dropout_p must be 0.0)")
+    _refuse_unimplemented(name, dropout_p, None)
     for arg, t in (("query", query), ("key", key), ("value", value)):
         if t.dim() != 4:
             raise ValueError(f"{name}: {arg} has shape {tuple(t.shape)}: must be 4-d "

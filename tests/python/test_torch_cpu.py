@@ -6,6 +6,8 @@
 - flash_attn_func's own argument checks (softcap, window_size);
 - autograd and torch.compile(fullgraph=True) reach the operators: traced and run on meta tensors,
   which take the fake kernels;
+- flash-attn's other keywords (dropout_p, alibi_slopes refused; return_attn_probs) and its packed
+  forms (qkv, kv) as views, gradients into the packed tensor;
 - fa4.scaled_dot_product_attention: BHSD in and out, PyTorch's top-left causal mapped to fa4's
   masks, and its refusals (attn_mask, dropout, heads without enable_gqa, causal with fewer queries
   than keys).
@@ -154,4 +156,32 @@ def test_sdpa_refusals():
         fa4.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True)
     with pytest.raises(ValueError, match="4-d"):
         fa4.scaled_dot_product_attention(meta(4, 16, 64), q, q)
+
+
+def test_flash_attn_keywords_of_other_versions():
+    q = meta(1, 16, 4, 64)
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        fa4.flash_attn_func(q, q, q, dropout_p=0.1)
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):
+        fa4.flash_attn_func(q, q, q, alibi_slopes=meta(4, dtype=torch.float32))
+    out, lse = fa4.flash_attn_func(q, q, q, dropout_p=0.0, return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (1, 4, 16)
+
+
+def test_packed_forms_are_views_with_gradients():
+    qkv = meta(2, 50, 3, 8, 128, grad=True)
+    out = fa4.flash_attn_qkvpacked_func(qkv, causal=True)
+    assert out.shape == (2, 50, 8, 128)
+    out.sum().backward()
+    assert qkv.grad.shape == qkv.shape
+    q = meta(2, 30, 8, 64, grad=True)
+    kv = meta(2, 70, 2, 2, 64, grad=True)
+    out, lse = fa4.flash_attn_kvpacked_func(q, kv, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (2, 8, 30)
+    out.sum().backward()
+    assert kv.grad.shape == kv.shape and q.grad.shape == q.shape
+    with pytest.raises(ValueError, match="qkv"):
+        fa4.flash_attn_qkvpacked_func(meta(2, 50, 2, 8, 128))
+    with pytest.raises(ValueError, match=r"\bkv\b"):
+        fa4.flash_attn_kvpacked_func(q, meta(2, 70, 3, 2, 64))
 

@@ -10,7 +10,7 @@
 - backward: dq, dk and dv match the reference by the same criterion, in both the default and
   the deterministic mode;
 - fa4.scaled_dot_product_attention matches torch's (float64) by the same criterion, its causal
-  mask aligned top-left as torch's.
+  mask aligned top-left as torch's; the packed forms (qkv, kv) give the unpacked answer exactly.
 
 A test that needs a kernel fa4 does not have (the op raises NotImplementedError) is skipped with
 fa4's message; every other failure fails.
@@ -300,6 +300,19 @@ def test_sdpa_matches_torch(case):
     with sdpa_kernel(SDPBackend.MATH):
         plain = torch_sdpa(q, k, v, is_causal=causal, enable_gqa=gqa)
     assert_close_by_criterion(out, plain, ref, "sdpa")
+
+
+def test_packed_forms_match_unpacked():
+    # Views of a packed tensor (other strides, k and v at offsets) give the unpacked answer exactly.
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    qkv = torch.randn(2, 200, 3, 4, 128, device=DEV, dtype=torch.bfloat16, generator=gen)
+    out_p = call_or_skip(fa4.flash_attn_qkvpacked_func, qkv, causal=True)
+    q, k, v = (qkv[:, :, i].contiguous() for i in range(3))
+    torch.testing.assert_close(out_p, fa4.flash_attn_func(q, k, v, causal=True), atol=0, rtol=0)
+    kv = torch.randn(2, 300, 2, 2, 128, device=DEV, dtype=torch.bfloat16, generator=gen)
+    out_kv = fa4.flash_attn_kvpacked_func(q, kv)
+    ref = fa4.flash_attn_func(q, kv[:, :, 0].contiguous(), kv[:, :, 1].contiguous())
+    torch.testing.assert_close(out_kv, ref, atol=0, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------------
