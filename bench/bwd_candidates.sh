@@ -8,7 +8,9 @@
 #   trace      sm90_bwd_probe trace: the shipped kernels' clock64 timeline at 4k (in-place latencies
 #              for scheduler/graphs/sm90_bwd_d*.graph)
 #
-#   bash bench/bwd_candidates.sh [ROUNDS]     (outputs in $OUT, else build-probe/logs)
+#   bash bench/bwd_candidates.sh [ROUNDS]     (outputs in $OUT, else build-probe/logs; the timings
+#                                             and the calibration also as one bwd-candidates.json
+#                                             with the GPU, driver, commit and date, for bench/results)
 # FA4_PROBE_ONLY="128,256" limits the probe to those head dims.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,5 +33,26 @@ run calibrate sh -c "build-probe/calibrate_sm90 bwd > '$LOG/calibrate-bwd.json'"
 run check build-probe/sm90_bwd_probe check
 run time build-probe/sm90_bwd_probe time "$ROUNDS"
 run trace build-probe/sm90_bwd_probe trace "$LOG" 4096
-grep -h '^RESULT' "$LOG/time.log" 2>/dev/null | sed 's/^RESULT //' > "$LOG/time.jsonl"
+# One record for bench/results: the GPU, driver, commit, date and command beside every RESULT line.
+python3 - "$LOG" "$ROUNDS" <<'PY' || failed=1
+import json, subprocess, sys, datetime, pathlib
+log, rounds = pathlib.Path(sys.argv[1]), sys.argv[2]
+def run(*cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "unknown"
+smi = run("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader").splitlines()
+gpu, driver = (smi[0].split(", ") + ["unknown"])[:2] if smi else ("unknown", "unknown")
+results = [json.loads(l[len("RESULT "):]) for l in (log / "time.log").read_text().splitlines()
+           if l.startswith("RESULT ")] if (log / "time.log").exists() else []
+calib = log / "calibrate-bwd.json"
+record = {"what": "sm90 backward candidates against the shipped configuration (tools/sm90_bwd_probe time)",
+          "gpu": gpu, "driver": driver, "commit": run("git", "rev-parse", "--short", "HEAD") or "unknown",
+          "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+          "command": f"bash bench/bwd_candidates.sh {rounds}", "results": results,
+          "calibration": json.loads(calib.read_text()) if calib.exists() and calib.stat().st_size else None}
+(log / "bwd-candidates.json").write_text(json.dumps(record, indent=1) + "\n")
+print(f"[record] {len(results)} results -> {log / 'bwd-candidates.json'}")
+PY
 exit $failed

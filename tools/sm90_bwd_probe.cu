@@ -42,7 +42,6 @@ namespace {
 using fa4::detail::BwdParams;
 using fa4::sm90::bwd::BwdConfig;
 
-
 using Launcher = fa4::Status (*)(const BwdParams&, cudaStream_t);
 template <class Cfg>
 fa4::Status run_cfg(const BwdParams& p, cudaStream_t s) {
