@@ -190,6 +190,20 @@ extern "C" int fa4_forward(const fa4_problem* problem, fa4_tensor q, fa4_tensor 
   }
 }
 
+extern "C" int fa4_backward_workspace_size(const fa4_problem* problem, size_t* bytes, char* message,
+                                           size_t message_len) {
+  try {
+    if (problem == nullptr)
+      return to_c({fa4::StatusCode::kInvalidArgument, "problem = null: needs an fa4_problem*"},
+                  message, message_len);
+    fa4::BackwardArgs a;
+    a.problem = from_c(*problem);
+    return to_c(fa4::backward_workspace_size(a, bytes), message, message_len);
+  } catch (const std::exception& e) {
+    return to_c(host_failure(e.what()), message, message_len);
+  }
+}
+
 extern "C" int fa4_backward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
                             fa4_tensor o, fa4_tensor dout, fa4_tensor dq, fa4_tensor dk,
                             fa4_tensor dv, const float* lse, int deterministic, void* workspace,

@@ -509,6 +509,26 @@ TEST(CApi, NullProblem) {
   EXPECT_NE(std::string(msg).find("problem = null"), std::string::npos);
 }
 
+TEST(CApi, BackwardWorkspaceSizeAsTheCppOne) {
+  char msg[160];
+  BackwardArgs a;
+  a.problem = fa4::test::make_problem(3, 100, 200, 8, 2, 128);
+  size_t cpp = 0, c = 0;
+  ASSERT_TRUE(fa4::backward_workspace_size(a, &cpp).ok());
+  const fa4_problem p = to_c(a.problem);
+  EXPECT_EQ(fa4_backward_workspace_size(&p, &c, msg, sizeof msg), int(StatusCode::kOk));
+  EXPECT_EQ(c, cpp);
+  EXPECT_EQ(c, size_t(3) * 128 * 8 * (128 + 2) * 4);  // batch x round_up(100, 128) x heads_q x (d + 2) x 4
+  EXPECT_EQ(fa4_backward_workspace_size(nullptr, &c, msg, sizeof msg), int(StatusCode::kInvalidArgument));
+  EXPECT_NE(std::string(msg).find("problem = null"), std::string::npos) << msg;
+  EXPECT_EQ(fa4_backward_workspace_size(&p, nullptr, msg, sizeof msg), int(StatusCode::kInvalidArgument));
+  EXPECT_NE(std::string(msg).find("bytes = null"), std::string::npos) << msg;
+  fa4_problem bad = p;
+  bad.head_dim = 96;
+  EXPECT_EQ(fa4_backward_workspace_size(&bad, &c, msg, sizeof msg), int(StatusCode::kInvalidArgument));
+  EXPECT_NE(std::string(msg).find("head_dim = 96"), std::string::npos) << msg;
+}
+
 // ---------------------------------------------------------------------------------------------
 // On a GPU: the outputs of the kernel-free cases, written exactly where the strides say.
 

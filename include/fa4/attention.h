@@ -130,6 +130,9 @@ typedef struct fa4_problem {
 int fa4_forward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
                 float* lse, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                 char* message, size_t message_len);
+// The workspace fa4_backward needs for `problem`, in bytes, into *bytes
+// (fa4::backward_workspace_size); a StatusCode and message as above.
+int fa4_backward_workspace_size(const fa4_problem* problem, size_t* bytes, char* message, size_t message_len);
 int fa4_backward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
                  fa4_tensor o, fa4_tensor dout, fa4_tensor dq, fa4_tensor dk, fa4_tensor dv,
                  const float* lse, int deterministic, void* workspace, size_t workspace_bytes,
