@@ -109,32 +109,5 @@ Status backward(const BackwardArgs& args, cudaStream_t stream);
 
 }  // namespace fa4
 
-// C ABI over the same entry points, for other languages.
-extern "C" {
-
-typedef struct fa4_tensor {
-  void* data;
-  int64_t batch_stride, seq_stride, head_stride;
-} fa4_tensor;
-
-typedef struct fa4_problem {
-  int dtype;  // 0 = bf16, 1 = fp16
-  int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
-  float softmax_scale;
-  int causal;
-  int64_t window_left, window_right;
-} fa4_problem;
-
-// Returns a StatusCode; when `message` is non-null, the message (NUL-terminated, truncated to
-// message_len) is copied there.
-int fa4_forward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
-                float* lse, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                char* message, size_t message_len);
-// The workspace fa4_backward needs for `problem`, in bytes, into *bytes
-// (fa4::backward_workspace_size); a StatusCode and message as above.
-int fa4_backward_workspace_size(const fa4_problem* problem, size_t* bytes, char* message, size_t message_len);
-int fa4_backward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
-                 fa4_tensor o, fa4_tensor dout, fa4_tensor dq, fa4_tensor dk, fa4_tensor dv,
-                 const float* lse, int deterministic, void* workspace, size_t workspace_bytes,
-                 cudaStream_t stream, char* message, size_t message_len);
-}
+// C ABI over the same entry points, for other languages: fa4/attention_c.h (includable from C).
+#include "fa4/attention_c.h"

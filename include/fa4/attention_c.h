@@ -1,0 +1,49 @@
+/* fa4's C ABI: the entry points of fa4/attention.h for C and for other languages' foreign-function
+ * interfaces. Each returns an fa4 StatusCode (0 ok, 1 invalid argument, 2 not supported, 3 CUDA
+ * error, 4 no suitable device); when `message` is non-null, the status's message is copied there,
+ * NUL-terminated and truncated to message_len. Tensors are a base pointer and element strides for
+ * batch, sequence and head, the head dimension contiguous, as in fa4/attention.h. Link against
+ * fa4 (libfa4, which needs the C++ runtime and the CUDA runtime). */
+#ifndef FA4_ATTENTION_C_H_
+#define FA4_ATTENTION_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fa4_tensor {
+  void* data;
+  int64_t batch_stride, seq_stride, head_stride;
+} fa4_tensor;
+
+typedef struct fa4_problem {
+  int dtype;  // 0 = bf16, 1 = fp16
+  int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
+  float softmax_scale;
+  int causal;
+  int64_t window_left, window_right;
+} fa4_problem;
+
+// Returns a StatusCode; when `message` is non-null, the message (NUL-terminated, truncated to
+// message_len) is copied there.
+int fa4_forward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
+                float* lse, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                char* message, size_t message_len);
+// The workspace fa4_backward needs for `problem`, in bytes, into *bytes
+// (fa4::backward_workspace_size); a StatusCode and message as above.
+int fa4_backward_workspace_size(const fa4_problem* problem, size_t* bytes, char* message, size_t message_len);
+int fa4_backward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
+                 fa4_tensor o, fa4_tensor dout, fa4_tensor dq, fa4_tensor dk, fa4_tensor dv,
+                 const float* lse, int deterministic, void* workspace, size_t workspace_bytes,
+                 cudaStream_t stream, char* message, size_t message_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FA4_ATTENTION_C_H_ */

@@ -1,0 +1,35 @@
+/* fa4's C ABI from a C program (fa4/attention_c.h): argument checks and the backward's workspace
+ * size, which need no GPU. Prints what fa4 said; exit status 0 when each answer is as documented. */
+#include <stdio.h>
+#include <string.h>
+
+#include "fa4/attention_c.h"
+
+int main(void) {
+  char msg[200];
+  fa4_problem p;
+  memset(&p, 0, sizeof p);
+  p.dtype = 0; /* bf16 */
+  p.batch = 2, p.seqlen_q = 100, p.seqlen_k = 300, p.heads_q = 8, p.heads_kv = 2, p.head_dim = 64;
+  p.window_left = -1, p.window_right = -1;
+
+  size_t bytes = 0;
+  const int ok = fa4_backward_workspace_size(&p, &bytes, msg, sizeof msg);
+  printf("fa4_backward_workspace_size: %d, %zu bytes\n", ok, bytes);
+  /* batch x round_up(seqlen_q, 128) x heads_q x (head_dim + 2) x 4 */
+  const size_t expect = (size_t)2 * 128 * 8 * (64 + 2) * 4;
+
+  p.head_dim = 96;
+  size_t unused = 0;
+  const int bad = fa4_backward_workspace_size(&p, &unused, msg, sizeof msg);
+  printf("head_dim 96: %d, %s\n", bad, msg);
+
+  fa4_tensor t;
+  memset(&t, 0, sizeof t);
+  const int null_problem = fa4_forward(NULL, t, t, t, t, NULL, NULL, 0, NULL, msg, sizeof msg);
+  printf("fa4_forward(NULL problem): %d, %s\n", null_problem, msg);
+
+  const int as_documented = ok == 0 && bytes == expect && bad == 1 && null_problem == 1 &&
+                            strstr(msg, "problem = null") != NULL;
+  return as_documented ? 0 : 1;
+}
