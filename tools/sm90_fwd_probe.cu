@@ -3,6 +3,7 @@
 // side by side. For kernel development (cmake -DFA4_BUILD_PROBE=ON):
 //   sm90_fwd_probe [check|time|ablate|all]
 //   sm90_fwd_probe variants    candidate configurations against the shipped one, same run
+//                              (FA4_VARIANTS="NAME,..." keeps only those)
 //   sm90_fwd_probe trace DIR [variants]
 //                              clock64 timeline of the first CTAs (csv in DIR, medians printed);
 //                              with `variants` also the configurations measured and not shipped;
@@ -263,6 +264,16 @@ static void compare_variant(const Variant& var, int seqlen, bool causal) {
   std::printf("SAME %s d=%d seqlen=%d causal=%d: max|O_variant - O_shipped| = %.3g (max|O| %.3g) %s\n", var.name, d,
               seqlen, causal, diff, mag, diff <= 1e-2 * mag ? "ok" : "DIFFERS");
   cudaFree(o1);
+}
+
+// A configuration with K and V loaded as one TMA box a block (fwd_kernel.cuh, folded_kv).
+template <class Base>
+struct FoldedKV : Base {
+  static constexpr bool kFoldedKV = true;
+};
+template <class Cfg>
+fa4::Status run_folded(const FwdParams& p, cudaStream_t s) {
+  return fa4::sm90::launch_forward<FoldedKV<Cfg>>(p, s);
 }
 
 // The shipped configuration with its development timeline switched on: the parts of it in
@@ -576,14 +587,28 @@ int main(int argc, char** argv) {
         // the row-max-free step, d64 -7...-11 % and d128 -3...-5 % in fa4-bench A/B.
         {0, "d64_exact_step", 64, run_cfg<64, 128, 4, 0, 3, true, true, false, false, false>, 8.0f},
         {0, "d128_exact_step", 128, run_cfg<128, 128, 2, 0, 2, true, true, false, false, false>, 8.0f},
+        // K and V as one TMA box a block (FoldedKV), the shipped configurations otherwise: the
+        // calibration's per-box cost (343 cycles whatever the size) puts d256's eight boxes a
+        // block at 2744 cycles against 2560 of GEMMs (docs/perf-notes.md).
+        {0, "d128_folded_kv", 128,
+         run_folded<fa4::sm90::FwdConfig<128, 128, fa4::sched::sm90_fwd::kKVStages, true, 0>>, 8.0f},
+        {0, "d256_folded_kv", 256,
+         run_folded<fa4::sm90::FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, true>>, 8.0f},
         {3, "d128_old_order", 128, fa4::detail::sm90_forward, 8.0f},
         {4, "d128_dynamic_one_section", 128, fa4::detail::sm90_forward, 8.0f},
         {3, "d256_old_order", 256, fa4::detail::sm90_forward, 8.0f},
         {4, "d256_dynamic_one_section", 256, fa4::detail::sm90_forward, 8.0f},
     };
+    // FA4_VARIANTS="d256_folded_kv,..." keeps only the variants named.
+    auto wanted = [](const Variant& v) {
+      const char* only = std::getenv("FA4_VARIANTS");
+      return !only || (std::string(",") + only + ",").find(std::string(",") + v.name + ",") != std::string::npos;
+    };
     for (const Variant& v : variants)
-      for (bool causal : {false, true}) compare_variant(v, 4096, causal);
-    for (const Variant& v : variants)
+      if (wanted(v))
+        for (bool causal : {false, true}) compare_variant(v, 4096, causal);
+    for (const Variant& v : variants) {
+      if (!wanted(v)) continue;
       for (bool causal : {true, false})
         for (int seqlen : {512, 1024, 4096, 16384}) {
           for (int rep = 0; rep < 2; ++rep) {
@@ -591,6 +616,7 @@ int main(int argc, char** argv) {
             time_shape(v.d, seqlen, causal, &v);
           }
         }
+    }
     return 0;
   }
   if (std::strcmp(mode, "ablate") == 0 || std::strcmp(mode, "all") == 0) {

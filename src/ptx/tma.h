@@ -35,14 +35,15 @@ inline int map_bshd_16bit_sw128(CUtensorMap* map, const void* base, const int64_
 }
 
 // The same tensor as a map over (64 columns, seq, head_dim / 64 column blocks, heads, batch), read in
-// boxes of box_rows rows of every column block: one box lands as the column blocks one after
-// another, each box_rows x 128 bytes, the layout of head_dim / 64 boxes of map_bshd_16bit_sw128,
-// from one TMA operation. (The column blocks' stride, 128 bytes, is below the rows'.)
+// boxes of box_rows rows of box_blocks column blocks (0: all): one box lands as its column blocks
+// one after another, each box_rows x 128 bytes, the layout of that many boxes of
+// map_bshd_16bit_sw128, from one TMA operation. (The column blocks' stride, 128 bytes, is below the
+// rows'.)
 inline int map_bshd_16bit_sw128_folded(CUtensorMap* map, const void* base, const int64_t stride[3], int batch,
-                                       int seqlen, int heads, int head_dim, int box_rows) {
+                                       int seqlen, int heads, int head_dim, int box_rows, int box_blocks = 0) {
   const uint64_t dims[5] = {64, uint64_t(seqlen), uint64_t(head_dim / 64), uint64_t(heads), uint64_t(batch)};
   const uint64_t strides[4] = {uint64_t(stride[1]) * 2, 128, uint64_t(stride[2]) * 2, uint64_t(stride[0]) * 2};
-  const uint32_t box[5] = {64, uint32_t(box_rows), uint32_t(head_dim / 64), 1, 1};
+  const uint32_t box[5] = {64, uint32_t(box_rows), uint32_t(box_blocks > 0 ? box_blocks : head_dim / 64), 1, 1};
   return make_tensor_map_16bit_sw128(map, base, 5, dims, strides, box);
 }
 
@@ -65,6 +66,14 @@ __device__ __forceinline__ void tma_load_5d(void* smem_dst, const CUtensorMap* m
   const int32_t coords[5] = {c0, c1, c2, c3, c4};
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_shared, cuda::ptx::space_global, smem_dst, map,
                                   coords, bar);
+}
+
+// tma_load_5d into the same shared-memory offset of every CTA in `cta_mask` (as tma_load_4d_multicast).
+__device__ __forceinline__ void tma_load_5d_multicast(void* smem_dst, const CUtensorMap* map, uint64_t* bar, int c0,
+                                                      int c1, int c2, int c3, int c4, uint16_t cta_mask) {
+  const int32_t coords[5] = {c0, c1, c2, c3, c4};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem_dst, map,
+                                  coords, bar, cta_mask);
 }
 
 // Loads one box into the same shared-memory offset of every CTA in `cta_mask` (cluster ranks);

@@ -222,6 +222,17 @@ struct FwdKernelParams {
   uint64_t* trace;  // development timeline (a config with kTrace = true); null otherwise
 };
 
+// K and V loaded as one TMA box a block, the 64-column chunks folded into a box dimension
+// (ptx::map_bshd_16bit_sw128_folded), instead of a box a chunk: a config that derives from
+// FwdConfig and sets kFoldedKV = true (tools/sm90_fwd_probe variants). The shipped ones do not.
+template <class Cfg>
+constexpr bool folded_kv() {
+  if constexpr (requires { Cfg::kFoldedKV; })
+    return Cfg::kFoldedKV;
+  else
+    return false;
+}
+
 // Development timeline: a config that derives from FwdConfig and sets kTrace = true records clock64
 // stamps of its first kTraceCtas CTAs into FwdKernelParams::trace (tools/sm90_fwd_probe trace):
 // per warpgroup (slot 0 the producer, 1.. the consumers) kTraceSteps records of kTraceEvents.
@@ -555,9 +566,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       };
       // A K or V block: with clusters this CTA's half of its rows, multicast to both CTAs (each
-      // CTA's full barrier expects the whole block: its own half and its partner's).
+      // CTA's full barrier expects the whole block: its own half and its partner's). Folded
+      // (folded_kv): the block as one box, or with clusters this CTA's half of its column chunks.
       auto load_kv = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* full, int row, int head, int batch) {
-        if constexpr (kCluster == 1) {
+        if constexpr (folded_kv<Cfg>()) {
+          mbar_arrive_expect_tx(full, Cfg::kKVBytes);
+          if constexpr (kCluster == 1) {
+            tma_load_5d(dst, map, full, 0, row, 0, head, batch);
+          } else {
+            static_assert(Cfg::kChunks % 2 == 0, "folded K/V in clusters: each CTA loads half of the chunks");
+            constexpr int kHalfChunks = Cfg::kChunks / 2;
+            tma_load_5d_multicast(dst + rank * kHalfChunks * kBlockN * 128, map, full, 0, row, rank * kHalfChunks,
+                                  head, batch, uint16_t(0b11));
+          }
+        } else if constexpr (kCluster == 1) {
           load_tile(dst, map, full, Cfg::kKVBytes, kBlockN, row, head, batch, false);
         } else {
           constexpr int kHalf = kBlockN / 2;
