@@ -141,6 +141,25 @@ TEST(Sm90Forward, TensorBoundWithSBeforeOwnPV) {
   EXPECT_EQ(busy, s.ii);
 }
 
+// The d256 forward (80-key blocks): K and V in 64-column boxes, eight a block, hold the TMA engine
+// 2744 cycles at the calibrated 343 a box, above the four GEMMs' 2560; the ring the solver needs
+// is the kernel's two stages, which is all that 227 KB holds beside Q. With each tensor one folded
+// box a block (the probe's d256_folded_kv), the tensor core binds.
+TEST(Sm90ForwardD256, TmaBoundWithTheKernelsTwoStages) {
+  const Graph g = shipped("sm90_fwd_d256");
+  const Solution sol = solve(g);
+  EXPECT_EQ(sol.bounds.res_mii, 8 * 343);
+  EXPECT_EQ(g.units[sol.bounds.res_unit].name, "tma");
+  EXPECT_EQ(sol.schedule.ii, sol.bounds.res_mii);
+  EXPECT_EQ(sol.schedule.slots[g.find_buffer("KV")], 2);
+  EXPECT_TRUE(check_schedule(g, sol.schedule).empty());
+  Graph folded = g;
+  for (const char* load : {"LoadK", "LoadV"}) folded.ops[folded.find_op(load)].occ = 343;
+  const Bounds b = lower_bounds(folded);
+  EXPECT_EQ(b.res_mii, 4 * 640);
+  EXPECT_EQ(folded.units[b.res_unit].name, "tc");
+}
+
 TEST(Sm90Forward, InPlaceLatenciesMakeTheSoftmaxRecurrenceBind) {
   // sm90_fwd_measured.graph: the same kernel with the latencies its clock64 timeline shows on an
   // H200. The recurrence S -> softmax -> next S (2724) now exceeds the tensor core's 2048, as in

@@ -1,5 +1,6 @@
 // sm90 forward: the tile configuration of each head dim and dtype.
 #include "sm90/fwd_launch.cuh"
+#include "sm90_fwd_d256_schedule.h"
 
 namespace fa4::detail {
 
@@ -18,9 +19,11 @@ Status dispatch_head_dim(const FwdParams& a, cudaStream_t stream) {
       return sm90::launch_forward<FwdConfig<64, 128, 4, kBF16, 0, 3>>(a, stream);
     // The K/V ring depth of d128 is the solver's (scheduler/generated/sm90_fwd_schedule.h).
     case 128: return sm90::launch_forward<FwdConfig<128, 128, sched::sm90_fwd::kKVStages, kBF16, 0>>(a, stream);
-    // d256 stages O in each tile's last K/V slots (no other shared memory is left for it).
+    // d256 stages O in each tile's last K/V slots (no other shared memory is left for it); its K/V
+    // ring depth is the solver's (scheduler/generated/sm90_fwd_d256_schedule.h).
     case 256:
-      return sm90::launch_forward<FwdConfig<256, 80, 2, kBF16, 0, 2, true, true, false, false, false, true>>(a, stream);
+      return sm90::launch_forward<
+          FwdConfig<256, 80, sched::sm90_fwd_d256::kKVStages, kBF16, 0, 2, true, true, false, false, false, true>>(a, stream);
     default:
       return {StatusCode::kNotSupported, "head_dim = " + std::to_string(a.head_dim) + " has no sm90 kernel"};
   }
