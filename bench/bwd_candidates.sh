@@ -11,7 +11,8 @@
 #   bash bench/bwd_candidates.sh [ROUNDS]     (outputs in $OUT, else build-probe/logs; the timings
 #                                             and the calibration also as one bwd-candidates.json
 #                                             with the GPU, driver, commit and date, for bench/results)
-# FA4_PROBE_ONLY="128,256" limits the probe to those head dims.
+# FA4_PROBE_ONLY="128,256" limits the probe to those head dims; FA4_COMMIT names the commit in the
+# record where the tree has no git metadata.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
@@ -35,7 +36,7 @@ run time build-probe/sm90_bwd_probe time "$ROUNDS"
 run trace build-probe/sm90_bwd_probe trace "$LOG" 4096
 # One record for bench/results: the GPU, driver, commit, date and command beside every RESULT line.
 python3 - "$LOG" "$ROUNDS" <<'PY' || failed=1
-import json, subprocess, sys, datetime, pathlib
+import datetime, json, os, pathlib, subprocess, sys
 log, rounds = pathlib.Path(sys.argv[1]), sys.argv[2]
 def run(*cmd):
     try:
@@ -48,7 +49,8 @@ results = [json.loads(l[len("RESULT "):]) for l in (log / "time.log").read_text(
            if l.startswith("RESULT ")] if (log / "time.log").exists() else []
 calib = log / "calibrate-bwd.json"
 record = {"what": "sm90 backward candidates against the shipped configuration (tools/sm90_bwd_probe time)",
-          "gpu": gpu, "driver": driver, "commit": run("git", "rev-parse", "--short", "HEAD") or "unknown",
+          "gpu": gpu, "driver": driver,
+          "commit": os.environ.get("FA4_COMMIT") or run("git", "rev-parse", "--short", "HEAD") or "unknown",
           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
           "command": f"bash bench/bwd_candidates.sh {rounds}", "results": results,
           "calibration": json.loads(calib.read_text()) if calib.exists() and calib.stat().st_size else None}
