@@ -18,33 +18,57 @@ namespace fa4::ptx {
 int make_tensor_map_16bit_sw128(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
                                 const uint64_t* strides_bytes, const uint32_t* box);
 
-// The same over a [d3][d2][d1][d0] tensor, in boxes of box0 x box1 (x 1 x 1).
-inline int make_tensor_map_16bit_sw128(CUtensorMap* map, const void* base, const uint64_t dims[4],
-                                       const uint64_t strides_bytes[3], uint32_t box0, uint32_t box1) {
-  const uint32_t box[4] = {box0, box1, 1, 1};
-  return make_tensor_map_16bit_sw128(map, base, 4, dims, strides_bytes, box);
-}
+// A tiled map's geometry, before encoding: dims (innermost first), the byte strides of dims
+// 1..rank-1 (dim 0's elements are 2 bytes apart), and the box. Kept apart from the encoding so
+// that tests can check on the CPU which bytes a box covers.
+struct TensorMapSpec {
+  int rank = 0;
+  uint64_t dims[5] = {};
+  uint64_t strides_bytes[4] = {};
+  uint32_t box[5] = {};
+};
 
 // A [batch][seq][heads][dim] tensor (element strides [batch, seq, head], dim contiguous) as a map
 // over (dim, seq, heads, batch), read in boxes of 64 columns x box_rows rows.
-inline int map_bshd_16bit_sw128(CUtensorMap* map, const void* base, const int64_t stride[3], int batch,
-                                int seqlen, int heads, int head_dim, int box_rows) {
+inline TensorMapSpec bshd_spec(const int64_t stride[3], int batch, int seqlen, int heads, int head_dim, int box_rows) {
+  TensorMapSpec m;
+  m.rank = 4;
   const uint64_t dims[4] = {uint64_t(head_dim), uint64_t(seqlen), uint64_t(heads), uint64_t(batch)};
   const uint64_t strides[3] = {uint64_t(stride[1]) * 2, uint64_t(stride[2]) * 2, uint64_t(stride[0]) * 2};
-  return make_tensor_map_16bit_sw128(map, base, dims, strides, 64, uint32_t(box_rows));
+  const uint32_t box[4] = {64, uint32_t(box_rows), 1, 1};
+  for (int i = 0; i < 4; ++i) m.dims[i] = dims[i], m.box[i] = box[i];
+  for (int i = 0; i < 3; ++i) m.strides_bytes[i] = strides[i];
+  return m;
 }
 
 // The same tensor as a map over (64 columns, seq, head_dim / 64 column blocks, heads, batch), read in
 // boxes of box_rows rows of box_blocks column blocks (0: all): one box lands as its column blocks
-// one after another, each box_rows x 128 bytes, the layout of that many boxes of
-// map_bshd_16bit_sw128, from one TMA operation. (The column blocks' stride, 128 bytes, is below the
-// rows'.)
-inline int map_bshd_16bit_sw128_folded(CUtensorMap* map, const void* base, const int64_t stride[3], int batch,
-                                       int seqlen, int heads, int head_dim, int box_rows, int box_blocks = 0) {
+// one after another, each box_rows x 128 bytes, the layout of that many boxes of bshd_spec's, from
+// one TMA operation. (The column blocks' stride, 128 bytes, is below the rows'.)
+inline TensorMapSpec bshd_folded_spec(const int64_t stride[3], int batch, int seqlen, int heads, int head_dim,
+                                      int box_rows, int box_blocks = 0) {
+  TensorMapSpec m;
+  m.rank = 5;
   const uint64_t dims[5] = {64, uint64_t(seqlen), uint64_t(head_dim / 64), uint64_t(heads), uint64_t(batch)};
   const uint64_t strides[4] = {uint64_t(stride[1]) * 2, 128, uint64_t(stride[2]) * 2, uint64_t(stride[0]) * 2};
   const uint32_t box[5] = {64, uint32_t(box_rows), uint32_t(box_blocks > 0 ? box_blocks : head_dim / 64), 1, 1};
-  return make_tensor_map_16bit_sw128(map, base, 5, dims, strides, box);
+  for (int i = 0; i < 5; ++i) m.dims[i] = dims[i], m.box[i] = box[i];
+  for (int i = 0; i < 4; ++i) m.strides_bytes[i] = strides[i];
+  return m;
+}
+
+inline int make_tensor_map_16bit_sw128(CUtensorMap* map, const void* base, const TensorMapSpec& m) {
+  return make_tensor_map_16bit_sw128(map, base, m.rank, m.dims, m.strides_bytes, m.box);
+}
+
+inline int map_bshd_16bit_sw128(CUtensorMap* map, const void* base, const int64_t stride[3], int batch,
+                                int seqlen, int heads, int head_dim, int box_rows) {
+  return make_tensor_map_16bit_sw128(map, base, bshd_spec(stride, batch, seqlen, heads, head_dim, box_rows));
+}
+inline int map_bshd_16bit_sw128_folded(CUtensorMap* map, const void* base, const int64_t stride[3], int batch,
+                                       int seqlen, int heads, int head_dim, int box_rows, int box_blocks = 0) {
+  return make_tensor_map_16bit_sw128(
+      map, base, bshd_folded_spec(stride, batch, seqlen, heads, head_dim, box_rows, box_blocks));
 }
 
 #if defined(__CUDACC__)
