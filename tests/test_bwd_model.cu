@@ -72,4 +72,65 @@ TEST(BackwardModel, D256GraphHoldsTheKernelsSharedMemory) {
   EXPECT_EQ(m.slot.at("KV") + L::kBufs * m.slot.at("Ring") + 2 * (m.slot.at("PT") + m.slot.at("DsT")), L::kBytes - kSlack);
 }
 
+// Every dK/dV configuration the probe runs (shipped and candidates) lays out its shared memory
+// soundly: the swizzled tiles on 1024-byte boundaries (the 128-byte swizzle's atom), the row
+// statistics on 16 bytes (bulk copies), the mbarriers on 8, the regions in order without overlap,
+// and the whole within 227 KB with the base's alignment slack.
+template <class L>
+void expect_sound_layout(const char* name) {
+  const int tiles[] = {L::kK, L::kV, L::kQ, L::kDo};
+  for (int off : tiles) EXPECT_EQ(off % 1024, 0) << name << " offset " << off;
+  EXPECT_EQ(L::kLse % 16, 0) << name;
+  EXPECT_EQ(L::kDelta % 16, 0) << name;
+  EXPECT_EQ(L::kBars % 8, 0) << name;
+  EXPECT_LT(L::kK, L::kV) << name;
+  EXPECT_LE(L::kV + (L::kV - L::kK), L::kQ) << name;  // V as large as K
+  EXPECT_LE(L::kQ + L::kBufs * L::kQBytes, L::kDo) << name;
+  EXPECT_LE(L::kLse + L::kBufs * bwd::kBlock * 4, L::kDelta) << name;
+  EXPECT_LE(L::kDelta + L::kBufs * bwd::kBlock * 4, L::kBars) << name;
+  EXPECT_LE(L::kBytes, 227 * 1024) << name;
+}
+
+template <class Cfg>
+void expect_sound_wg(const char* name) {
+  using L = bwd::WgSmem<Cfg>;
+  expect_sound_layout<L>(name);
+  EXPECT_EQ(L::kDs % 1024, 0) << name;
+  EXPECT_EQ(L::kStage % 16, 0) << name;
+  EXPECT_LE(L::kDo + L::kBufs * L::kQBytes, L::kDs) << name;
+  EXPECT_LE(L::kDs + L::kDsBufs * L::kDsBytes, L::kStage) << name;
+  EXPECT_LE(L::kStage + 2 * L::kDqPieces * bwd::kBlock * 64 * 4, L::kLse) << name;
+}
+
+template <class Cfg>
+void expect_sound_256(const char* name) {
+  using L = bwd::WgSmem256<Cfg>;
+  expect_sound_layout<L>(name);
+  EXPECT_EQ(L::kPt % 1024, 0) << name;  // P^T and dS^T are SS wgmma operands too
+  EXPECT_EQ(L::kDst % 1024, 0) << name;
+  EXPECT_LE(L::kDo + L::kBufs * L::kQBytes, L::kPt) << name;
+  EXPECT_LE(L::kPt + 2 * L::kPBytes, L::kDst) << name;
+  EXPECT_LE(L::kDst + 2 * L::kPBytes, L::kLse) << name;
+}
+
+TEST(BackwardModel, EveryProbeConfigurationHasASoundLayout) {
+  using bwd::BwdConfig;
+  expect_sound_wg<BwdConfig<64, true>>("d64 shipped");
+  expect_sound_wg<BwdConfig<64, true, 2>>("d64 two step buffers");
+  expect_sound_wg<BwdConfig<64, true, 3, false, true, true>>("d64 paired");
+  expect_sound_wg<BwdConfig<128, true>>("d128 shipped");
+  expect_sound_wg<BwdConfig<128, true, 2>>("d128 two step buffers");
+  expect_sound_wg<BwdConfig<128, true, 3, true>>("d128 folded");
+  expect_sound_wg<BwdConfig<128, true, 2, false, true>>("d128 dQ by keys");
+  expect_sound_wg<BwdConfig<128, true, 3, true, false, true>>("d128 folded paired");
+  expect_sound_256<BwdConfig<256, true>>("d256 shipped");
+  expect_sound_256<BwdConfig<256, true, 2, true, false, true>>("d256 folded paired");
+  // dQ by keys at d128: two 64 x 64 pieces a warpgroup, one dS^T buffer.
+  using ByKeys = bwd::WgSmem<BwdConfig<128, true, 2, false, true>>;
+  EXPECT_EQ(ByKeys::kDqPieces, 2);
+  EXPECT_EQ(ByKeys::kDsBufs, 1);
+  EXPECT_EQ(ByKeys::kBytes, 215072);  // docs/perf-notes.md: "215,072 bytes"
+}
+
 }  // namespace
+
