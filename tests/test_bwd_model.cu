@@ -4,41 +4,18 @@
 // block may use less the base's alignment slack, and the buffers at the kernel's own depths add up
 // to the kernel's allocation. A change to either that the other does not follow fails here.
 #include <cstdint>
-#include <fstream>
-#include <map>
-#include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
 
+#include "graph_model.h"
 #include "sm90/bwd_dkdv_wgmma.cuh"
 
 namespace {
 
 namespace bwd = fa4::sm90::bwd;
-
-struct SmemModel {
-  int64_t capacity = -1;
-  std::map<std::string, int64_t> slot;  // buffer name -> slot bytes
-};
-
-// The `capacity smem` and `buffer NAME smem BYTES` lines of a graph.
-SmemModel read_model(const std::string& graph) {
-  const std::string path = std::string(FA4_SOURCE_DIR) + "/scheduler/graphs/" + graph + ".graph";
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << "cannot read " << path;
-  SmemModel m;
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    std::string key, name, pool;
-    int64_t bytes = 0;
-    ls >> key;
-    if (key == "capacity" && (ls >> name >> bytes) && name == "smem") m.capacity = bytes;
-    if (key == "buffer" && (ls >> name >> pool >> bytes) && pool == "smem") m.slot[name] = bytes;
-  }
-  return m;
-}
+using fa4_test::read_model;
+using fa4_test::SmemModel;
 
 constexpr int64_t kSlack = 1024;                        // the base moved up to 1024 bytes
 constexpr int64_t kStepRows = 2 * bwd::kBlock * 4 + 16;  // LSE and D rows, the two mbarriers
