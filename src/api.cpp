@@ -166,17 +166,28 @@ fa4::Status host_failure(const char* what) {
   return s;
 }
 
+// A C entry point's frame: a null problem refused, then the body's Status for the problem (an
+// exception becomes a host failure) handed back as a code, its message copied out.
+template <class Body>
+int c_entry(const fa4_problem* problem, char* message, size_t message_len, Body body) {
+  try {
+    if (problem == nullptr)
+      return to_c({fa4::StatusCode::kInvalidArgument, "problem = null: needs an fa4_problem*"},
+                  message, message_len);
+    return to_c(body(from_c(*problem)), message, message_len);
+  } catch (const std::exception& e) {
+    return to_c(host_failure(e.what()), message, message_len);
+  }
+}
+
 }  // namespace
 
 extern "C" int fa4_forward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
                            fa4_tensor o, float* lse, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, char* message, size_t message_len) {
-  try {
-    if (problem == nullptr)
-      return to_c({fa4::StatusCode::kInvalidArgument, "problem = null: needs an fa4_problem*"},
-                  message, message_len);
+  return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {
     fa4::ForwardArgs a;
-    a.problem = from_c(*problem);
+    a.problem = p;
     a.q = from_c(q);
     a.k = from_c(k);
     a.v = from_c(v);
@@ -184,24 +195,17 @@ extern "C" int fa4_forward(const fa4_problem* problem, fa4_tensor q, fa4_tensor 
     a.lse = lse;
     a.workspace = workspace;
     a.workspace_bytes = workspace_bytes;
-    return to_c(fa4::forward(a, stream), message, message_len);
-  } catch (const std::exception& e) {
-    return to_c(host_failure(e.what()), message, message_len);
-  }
+    return fa4::forward(a, stream);
+  });
 }
 
 extern "C" int fa4_backward_workspace_size(const fa4_problem* problem, size_t* bytes, char* message,
                                            size_t message_len) {
-  try {
-    if (problem == nullptr)
-      return to_c({fa4::StatusCode::kInvalidArgument, "problem = null: needs an fa4_problem*"},
-                  message, message_len);
+  return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {
     fa4::BackwardArgs a;
-    a.problem = from_c(*problem);
-    return to_c(fa4::backward_workspace_size(a, bytes), message, message_len);
-  } catch (const std::exception& e) {
-    return to_c(host_failure(e.what()), message, message_len);
-  }
+    a.problem = p;
+    return fa4::backward_workspace_size(a, bytes);
+  });
 }
 
 extern "C" int fa4_backward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
@@ -209,12 +213,9 @@ extern "C" int fa4_backward(const fa4_problem* problem, fa4_tensor q, fa4_tensor
                             fa4_tensor dv, const float* lse, int deterministic, void* workspace,
                             size_t workspace_bytes, cudaStream_t stream, char* message,
                             size_t message_len) {
-  try {
-    if (problem == nullptr)
-      return to_c({fa4::StatusCode::kInvalidArgument, "problem = null: needs an fa4_problem*"},
-                  message, message_len);
+  return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {
     fa4::BackwardArgs a;
-    a.problem = from_c(*problem);
+    a.problem = p;
     a.q = from_c(q);
     a.k = from_c(k);
     a.v = from_c(v);
@@ -227,8 +228,6 @@ extern "C" int fa4_backward(const fa4_problem* problem, fa4_tensor q, fa4_tensor
     a.deterministic = deterministic != 0;
     a.workspace = workspace;
     a.workspace_bytes = workspace_bytes;
-    return to_c(fa4::backward(a, stream), message, message_len);
-  } catch (const std::exception& e) {
-    return to_c(host_failure(e.what()), message, message_len);
-  }
+    return fa4::backward(a, stream);
+  });
 }
