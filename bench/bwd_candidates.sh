@@ -34,27 +34,6 @@ run calibrate sh -c "build-probe/calibrate_sm90 bwd > '$LOG/calibrate-bwd.json'"
 run check build-probe/sm90_bwd_probe check
 run time build-probe/sm90_bwd_probe time "$ROUNDS"
 run trace build-probe/sm90_bwd_probe trace "$LOG" 4096
-# One record for bench/results: the GPU, driver, commit, date and command beside every RESULT line.
-python3 - "$LOG" "$ROUNDS" <<'PY' || failed=1
-import datetime, json, os, pathlib, subprocess, sys
-log, rounds = pathlib.Path(sys.argv[1]), sys.argv[2]
-def run(*cmd):
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "unknown"
-smi = run("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader").splitlines()
-gpu, driver = (smi[0].split(", ") + ["unknown"])[:2] if smi else ("unknown", "unknown")
-results = [json.loads(l[len("RESULT "):]) for l in (log / "time.log").read_text().splitlines()
-           if l.startswith("RESULT ")] if (log / "time.log").exists() else []
-calib = log / "calibrate-bwd.json"
-record = {"what": "sm90 backward candidates against the shipped configuration (tools/sm90_bwd_probe time)",
-          "gpu": gpu, "driver": driver,
-          "commit": os.environ.get("FA4_COMMIT") or run("git", "rev-parse", "--short", "HEAD") or "unknown",
-          "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-          "command": f"bash bench/bwd_candidates.sh {rounds}", "results": results,
-          "calibration": json.loads(calib.read_text()) if calib.exists() and calib.stat().st_size else None}
-(log / "bwd-candidates.json").write_text(json.dumps(record, indent=1) + "\n")
-print(f"[record] {len(results)} results -> {log / 'bwd-candidates.json'}")
-PY
+# One record for bench/results (bench/candidates_record.py).
+python3 bench/candidates_record.py bwd "$LOG" "bash bench/bwd_candidates.sh $ROUNDS" || failed=1
 exit $failed
