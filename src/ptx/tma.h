@@ -31,14 +31,10 @@ struct TensorMapSpec {
 // A [batch][seq][heads][dim] tensor (element strides [batch, seq, head], dim contiguous) as a map
 // over (dim, seq, heads, batch), read in boxes of 64 columns x box_rows rows.
 inline TensorMapSpec bshd_spec(const int64_t stride[3], int batch, int seqlen, int heads, int head_dim, int box_rows) {
-  TensorMapSpec m;
-  m.rank = 4;
-  const uint64_t dims[4] = {uint64_t(head_dim), uint64_t(seqlen), uint64_t(heads), uint64_t(batch)};
-  const uint64_t strides[3] = {uint64_t(stride[1]) * 2, uint64_t(stride[2]) * 2, uint64_t(stride[0]) * 2};
-  const uint32_t box[4] = {64, uint32_t(box_rows), 1, 1};
-  for (int i = 0; i < 4; ++i) m.dims[i] = dims[i], m.box[i] = box[i];
-  for (int i = 0; i < 3; ++i) m.strides_bytes[i] = strides[i];
-  return m;
+  return {4,
+          {uint64_t(head_dim), uint64_t(seqlen), uint64_t(heads), uint64_t(batch)},
+          {uint64_t(stride[1]) * 2, uint64_t(stride[2]) * 2, uint64_t(stride[0]) * 2},
+          {64, uint32_t(box_rows), 1, 1}};
 }
 
 // The same tensor as a map over (64 columns, seq, head_dim / 64 column blocks, heads, batch), read in
@@ -47,14 +43,10 @@ inline TensorMapSpec bshd_spec(const int64_t stride[3], int batch, int seqlen, i
 // one TMA operation. (The column blocks' stride, 128 bytes, is below the rows'.)
 inline TensorMapSpec bshd_folded_spec(const int64_t stride[3], int batch, int seqlen, int heads, int head_dim,
                                       int box_rows, int box_blocks = 0) {
-  TensorMapSpec m;
-  m.rank = 5;
-  const uint64_t dims[5] = {64, uint64_t(seqlen), uint64_t(head_dim / 64), uint64_t(heads), uint64_t(batch)};
-  const uint64_t strides[4] = {uint64_t(stride[1]) * 2, 128, uint64_t(stride[2]) * 2, uint64_t(stride[0]) * 2};
-  const uint32_t box[5] = {64, uint32_t(box_rows), uint32_t(box_blocks > 0 ? box_blocks : head_dim / 64), 1, 1};
-  for (int i = 0; i < 5; ++i) m.dims[i] = dims[i], m.box[i] = box[i];
-  for (int i = 0; i < 4; ++i) m.strides_bytes[i] = strides[i];
-  return m;
+  return {5,
+          {64, uint64_t(seqlen), uint64_t(head_dim / 64), uint64_t(heads), uint64_t(batch)},
+          {uint64_t(stride[1]) * 2, 128, uint64_t(stride[2]) * 2, uint64_t(stride[0]) * 2},
+          {64, uint32_t(box_rows), uint32_t(box_blocks > 0 ? box_blocks : head_dim / 64), 1, 1}};
 }
 
 inline int make_tensor_map_16bit_sw128(CUtensorMap* map, const void* base, const TensorMapSpec& m) {

@@ -226,12 +226,12 @@ __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdPa
   for (int s = kLanes / 2; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
   if (lane % kLanes == 0 && i < p.rows) {
     const int64_t at = (int64_t(b) * p.heads_q + h) * p.rows + i;
+    auto row_lse = [&] { return i < p.seqlen_q ? lse_log2(p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + i]) : INFINITY; };
     if constexpr (kPaired) {
-      const float l = i < p.seqlen_q ? lse_log2(p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + i]) : INFINITY;
-      reinterpret_cast<float2*>(p.delta)[at] = make_float2(l, sum);
+      reinterpret_cast<float2*>(p.delta)[at] = make_float2(row_lse(), sum);
     } else {
-      p.delta[at] = sum;
-      p.lse_log2[at] = i < p.seqlen_q ? lse_log2(p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + i]) : INFINITY;
+      p.delta[at] = sum;  // (stored before the LSE is read, as the unpaired kernel always has)
+      p.lse_log2[at] = row_lse();
     }
   }
 }

@@ -278,16 +278,14 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // With O staged in K/V slots (one Q buffer), Q loads as each consumer's 64 rows (fwd_kernel's Q loaders).
   const int rq = ptx::map_bshd_16bit_sw128(&k.tm_q, a.q, a.q_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim,
                             Cfg::kStageOInKV ? 64 : Cfg::kBlockM);
-  // Folded K/V (folded_kv): boxes of the whole block's rows, of every chunk or, with clusters, of
-  // this CTA's half of them.
-  const int rk = folded_kv<Cfg>()
-                     ? ptx::map_bshd_16bit_sw128_folded(&k.tm_k, a.k, a.k_stride, a.batch, a.seqlen_k, a.heads_kv,
-                                                        a.head_dim, Cfg::kBlockN, Cfg::kChunks / cluster)
-                     : ptx::map_bshd_16bit_sw128(&k.tm_k, a.k, a.k_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, kv_box);
-  const int rv = folded_kv<Cfg>()
-                     ? ptx::map_bshd_16bit_sw128_folded(&k.tm_v, a.v, a.v_stride, a.batch, a.seqlen_k, a.heads_kv,
-                                                        a.head_dim, Cfg::kBlockN, Cfg::kChunks / cluster)
-                     : ptx::map_bshd_16bit_sw128(&k.tm_v, a.v, a.v_stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, kv_box);
+  // K or V; folded (folded_kv): boxes of the whole block's rows, of every chunk or, with clusters,
+  // of this CTA's half of them.
+  auto map_kv = [&](CUtensorMap* map, const void* base, const int64_t(&stride)[3]) {
+    return folded_kv<Cfg>() ? ptx::map_bshd_16bit_sw128_folded(map, base, stride, a.batch, a.seqlen_k, a.heads_kv,
+                                                               a.head_dim, Cfg::kBlockN, Cfg::kChunks / cluster)
+                            : ptx::map_bshd_16bit_sw128(map, base, stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, kv_box);
+  };
+  const int rk = map_kv(&k.tm_k, a.k, a.k_stride), rv = map_kv(&k.tm_v, a.v, a.v_stride);
   const int ro = Cfg::kTmaStoreO ? ptx::map_bshd_16bit_sw128(&k.tm_o, a.o, a.o_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 64) : 0;
   if (rq || rk || rv || ro)
     return {StatusCode::kNotSupported, "cuTensorMapEncodeTiled refused a tensor (driver error " +
