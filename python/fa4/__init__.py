@@ -190,30 +190,22 @@ def _refuse_unimplemented(name: str, dropout_p: float, alibi_slopes) -> None:
                                   "must be None)")
 
 
-def flash_attn_qkvpacked_func(qkv: torch.Tensor, softmax_scale: Optional[float] = None,
-                              causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
-                              softcap: float = 0.0, deterministic: bool = False,
-                              return_lse: bool = False, **kwargs):
+def flash_attn_qkvpacked_func(qkv: torch.Tensor, *args, **kwargs):
     """flash_attn_func over qkv [batch, seqlen, 3, heads, head_dim] (q, k, v as views of it, no
-    copy; gradients flow back into qkv). Other keywords as flash_attn_func's."""
+    copy; gradients flow back into qkv). The other arguments are flash_attn_func's."""
     if qkv.dim() != 5 or qkv.shape[2] != 3:
         raise ValueError(f"fa4.flash_attn_qkvpacked_func: qkv has shape {tuple(qkv.shape)}: must be "
                          "[batch, seqlen, 3, heads, head_dim]")
-    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], softmax_scale, causal,
-                           window_size, softcap, deterministic, return_lse, **kwargs)
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], *args, **kwargs)
 
 
-def flash_attn_kvpacked_func(q: torch.Tensor, kv: torch.Tensor,
-                             softmax_scale: Optional[float] = None, causal: bool = False,
-                             window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                             deterministic: bool = False, return_lse: bool = False, **kwargs):
+def flash_attn_kvpacked_func(q: torch.Tensor, kv: torch.Tensor, *args, **kwargs):
     """flash_attn_func with k and v packed as kv [batch, seqlen_k, 2, heads_kv, head_dim] (views,
-    no copy; gradients flow back into kv). Other keywords as flash_attn_func's."""
+    no copy; gradients flow back into kv). The other arguments are flash_attn_func's."""
     if kv.dim() != 5 or kv.shape[2] != 2:
         raise ValueError(f"fa4.flash_attn_kvpacked_func: kv has shape {tuple(kv.shape)}: must be "
                          "[batch, seqlen_k, 2, heads_kv, head_dim]")
-    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], softmax_scale, causal, window_size,
-                           softcap, deterministic, return_lse, **kwargs)
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], *args, **kwargs)
 
 
 def _sdpa_window(seqlen_q: int, seqlen_k: int, is_causal: bool) -> Tuple[bool, Tuple[int, int]]:
