@@ -98,9 +98,11 @@ TEST(BackwardModel, EveryProbeConfigurationHasASoundLayout) {
   expect_sound_wg<BwdConfig<128, true>>("d128 shipped");
   expect_sound_wg<BwdConfig<128, true, 2>>("d128 two step buffers");
   expect_sound_wg<BwdConfig<128, true, 3, true>>("d128 folded");
+  expect_sound_wg<BwdConfig<128, true, 2, true>>("d128 two step buffers, folded");
   expect_sound_wg<BwdConfig<128, true, 2, false, true>>("d128 dQ by keys");
   expect_sound_wg<BwdConfig<128, true, 3, true, false, true>>("d128 folded paired");
   expect_sound_256<BwdConfig<256, true>>("d256 shipped");
+  expect_sound_256<BwdConfig<256, true, 2, false>>("d256 unfolded");
   expect_sound_256<BwdConfig<256, true, 2, true, false, true>>("d256 folded paired");
   // dQ by keys at d128: two 64 x 64 pieces a warpgroup, one dS^T buffer.
   using ByKeys = bwd::WgSmem<BwdConfig<128, true, 2, false, true>>;

@@ -86,6 +86,13 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   constexpr int kSmem = DqWgSmem<kD>::kBytes;
   if ((e = allow_dynamic_smem<bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats>>(device, kSmem)) != cudaSuccess)
     return bwd_cuda_failure("setting the dQ kernel's shared memory", e);
+  // Its Q and dO come in 64-column boxes of 64 rows: where the dK/dV kernel took folded maps, the
+  // plain ones are made here (the launch above holds its own copy of the parameters).
+  if constexpr (Cfg::kFoldedBoxes) {
+    s = bwd_map_tensor(&tm_q, "q", p.q, p.q_stride, p, p.seqlen_q, p.heads_q, kBlock);
+    if (s.ok()) s = bwd_map_tensor(&tm_do, "dout", p.dout, p.do_stride, p, p.seqlen_q, p.heads_q, kBlock);
+    if (!s.ok()) return s;
+  }
   CUtensorMap tm_k{}, tm_v{};
   s = bwd_map_tensor(&tm_k, "k", p.k, p.k_stride, p, p.seqlen_k, p.heads_kv, kDqKeys<kD>);
   if (s.ok()) s = bwd_map_tensor(&tm_v, "v", p.v, p.v_stride, p, p.seqlen_k, p.heads_kv, kDqKeys<kD>);
