@@ -96,11 +96,11 @@ TEST(BackwardModel, EveryProbeConfigurationHasASoundLayout) {
   expect_sound_wg<BwdConfig<64, true, 2>>("d64 two step buffers");
   expect_sound_wg<BwdConfig<64, true, 3, false, true, true>>("d64 paired");
   expect_sound_wg<BwdConfig<128, true>>("d128 shipped");
-  expect_sound_wg<BwdConfig<128, true, 2>>("d128 two step buffers");
-  expect_sound_wg<BwdConfig<128, true, 3, true>>("d128 folded");
-  expect_sound_wg<BwdConfig<128, true, 2, true>>("d128 two step buffers, folded");
-  expect_sound_wg<BwdConfig<128, true, 2, false, true>>("d128 dQ by keys");
-  expect_sound_wg<BwdConfig<128, true, 3, true, false, true>>("d128 folded paired");
+  expect_sound_wg<BwdConfig<128, true, 3, false>>("d128 three step buffers, unfolded");
+  expect_sound_wg<BwdConfig<128, true, 2, false>>("d128 two step buffers, unfolded");
+  expect_sound_wg<BwdConfig<128, true, 3, true>>("d128 three step buffers");
+  expect_sound_wg<BwdConfig<128, true, 2, true, true>>("d128 dQ by keys");
+  expect_sound_wg<BwdConfig<128, true, 2, true, false, true>>("d128 folded paired");
   expect_sound_256<BwdConfig<256, true>>("d256 shipped");
   expect_sound_256<BwdConfig<256, true, 2, false>>("d256 unfolded");
   expect_sound_256<BwdConfig<256, true, 2, true, false, true>>("d256 folded paired");

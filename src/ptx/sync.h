@@ -117,6 +117,12 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t smem_row_addr, uint32_t r0,
                : "memory");
 }
 
+// --- st.shared.b32 (PTX ISA, data movement: st): one 32-bit store at a shared-memory address ---
+// A 32-bit address where a generic pointer would take a 64-bit register pair per hoisted address.
+__device__ __forceinline__ void st_shared_b32(uint32_t smem_addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(smem_addr), "r"(v) : "memory");
+}
+
 // --- setmaxnreg (PTX ISA 9.7.18.2): move registers between warpgroup roles ---
 template <int N>
 __device__ __forceinline__ void regs_decrease() {

@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (Cfg::kTrace) tr.stamp(s, 3);
 
     // dS^T = P^T (dP^T - D) scale, kept for dK and stored for dQ (D read while dP^T is computed).
-    char* ds_tile = smem + L::kDs + (s % L::kDsBufs) * L::kDsBytes;
+    const uint32_t ds_tile = smem_addr(smem + L::kDs + (s % L::kDsBufs) * L::kDsBytes);
     float2 delta2[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) delta2[j] = stats.d2(8 * j + 2 * t);
@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int hr = 0; hr < 2; ++hr) {
         const int kr = wg * 64 + 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
         dsf[2 * j + hr] = pack2<kBF16>(st[i] * (dpt[i] - d0) * p.scale, st[i + 1] * (dpt[i + 1] - d1) * p.scale);
-        *reinterpret_cast<uint32_t*>(ds_tile + sw128<kWgKeys>(kr, qc)) = dsf[2 * j + hr];
+        ptx::st_shared_b32(ds_tile + sw128<kWgKeys>(kr, qc), dsf[2 * j + hr]);
       }
     }
     // dK += dS^T Q over the 64 queries.

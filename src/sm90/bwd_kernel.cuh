@@ -34,9 +34,9 @@ inline constexpr int kBlock = 64;  // query rows of a dK/dV step (and keys of a 
 inline constexpr int kThreads = 256;
 
 // A dK/dV kernel's configuration: the shipped one by default (sm90_bwd.cu), others for
-// tools/sm90_bwd_probe.cu, which times them against it. Shipped: d64 and d128 three step buffers
-// and 64-column boxes; d256 two step buffers and folded boxes (docs/perf-notes.md, "The backward's
-// candidates on an H200").
+// tools/sm90_bwd_probe.cu, which times them against it. Shipped: d64 three step buffers and
+// 64-column boxes; d128 and d256 two step buffers (the scheduler's depth) and folded boxes
+// (docs/perf-notes.md, "The backward's candidates on an H200").
 //   kStepBufs     buffers of the step ring (Q, dO and the step's LSE and D rows), loaded ahead
 //   kFoldedBoxes  Q and dO loaded as one TMA box a tile, the 64-column blocks folded into a box
 //                 dimension (ptx::map_bshd_16bit_sw128_folded), instead of a box a column block
@@ -47,7 +47,7 @@ inline constexpr int kThreads = 256;
 //                 BwdParams::delta, the same bytes as the two arrays), so a step loads them with one
 //                 bulk copy instead of two
 //   kTrace        clock64 stamps of each step into BwdParams::trace (StepTrace)
-template <int kD_, bool kBF16_, int kStepBufs_ = kD_ == 256 ? 2 : 3, bool kFoldedBoxes_ = kD_ == 256,
+template <int kD_, bool kBF16_, int kStepBufs_ = kD_ == 64 ? 3 : 2, bool kFoldedBoxes_ = kD_ != 64,
           bool kDqByKeys_ = kD_ == 64, bool kPairedStats_ = false, bool kTrace_ = false>
 struct BwdConfig {
   static constexpr int kD = kD_;
