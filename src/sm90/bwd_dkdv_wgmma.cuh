@@ -361,9 +361,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           ptx::named_bar_sync(1 + wg, 128);
         }
         // In the piece's order (dq_piece_offset): float4 j of every thread, one after another.
-        float4* piece = reinterpret_cast<float4*>(stage + c * kBlock * 64);
+        const uint32_t piece = smem_addr(stage + c * kBlock * 64) + 16 * tid;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) piece[128 * j + tid] = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+        for (int j = 0; j < 8; ++j)
+          ptx::st_shared_v4_f32(piece + 16 * 128 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
       }
       ptx::fence_proxy_async_smem();
       ptx::named_bar_sync(1 + wg, 128);
@@ -475,6 +476,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ring.wait(s);
     if constexpr (Cfg::kTrace) tr.stamp(s, 1);
     const uint32_t p_off = buf * L::kPBytes;  // this step's P^T and dS^T buffer
+    const uint32_t pt_tile = smem_addr(smem + L::kPt) + p_off, dst_tile = smem_addr(smem + L::kDst) + p_off;
 
     // acc = A B^T over the head dim: A the block's K or V, B this warpgroup's 32 queries of Q or dO.
     auto gemm = [&](float(&acc)[16], uint64_t a_desc, uint64_t b_desc) {
@@ -516,7 +518,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (!vis(q0 + qc, k0 + kr)) st[i] = 0.0f;
           if (!vis(q0 + qc + 1, k0 + kr)) st[i + 1] = 0.0f;
         }
-        *reinterpret_cast<uint32_t*>(smem + L::kPt + p_off + sw128<kBlock>(kr, qc)) = pack2<kBF16>(st[i], st[i + 1]);
+        ptx::st_shared_b32(pt_tile + sw128<kBlock>(kr, qc), pack2<kBF16>(st[i], st[i + 1]));
       }
     }
     if constexpr (Cfg::kTrace) tr.stamp(s, 3);
@@ -530,8 +532,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int kr = 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
-        *reinterpret_cast<uint32_t*>(smem + L::kDst + p_off + sw128<kBlock>(kr, qc)) =
-            pack2<kBF16>(st[i] * (dpt[i] - d0) * p.scale, st[i + 1] * (dpt[i + 1] - d1) * p.scale);
+        ptx::st_shared_b32(dst_tile + sw128<kBlock>(kr, qc),
+                           pack2<kBF16>(st[i] * (dpt[i] - d0) * p.scale, st[i + 1] * (dpt[i + 1] - d1) * p.scale));
       }
     }
     if constexpr (Cfg::kTrace) tr.stamp(s, 5);
