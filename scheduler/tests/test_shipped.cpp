@@ -18,6 +18,14 @@ Graph shipped(const std::string& name) {
   return load_graph(std::string(FA4_SCHED_DIR) + "/graphs/" + name + ".graph");
 }
 
+// The summed occupancy of the ops on the unit named `unit`: its busy cycles an iteration.
+int64_t busy_on(const Graph& g, const std::string& unit) {
+  int64_t busy = 0;
+  for (const Op& op : g.ops)
+    if (g.units[op.unit].name == unit) busy += op.occ;
+  return busy;
+}
+
 std::vector<int> kind_counts(const Graph& g) {
   std::vector<int> k(3, 0);
   for (const Edge& e : g.edges) ++k[static_cast<int>(e.kind)];
@@ -136,10 +144,7 @@ TEST(Sm90Forward, TensorBoundWithSBeforeOwnPV) {
     EXPECT_GT(s.stage(O), s.stage(S)) << h;
   }
   // The tensor core is busy all the time: its four GEMMs fill the II window.
-  int64_t busy = 0;
-  for (size_t i = 0; i < g.ops.size(); ++i)
-    if (g.units[g.ops[i].unit].name == "tc") busy += g.ops[i].occ;
-  EXPECT_EQ(busy, s.ii);
+  EXPECT_EQ(busy_on(g, "tc"), s.ii);
 }
 
 // The d256 forward (80-key blocks): K and V in 64-column boxes, eight a block, hold the TMA engine
@@ -199,13 +204,8 @@ TEST_P(Sm90Backward, ResourceBoundWithTwoStepBuffers) {
   const Graph g = shipped(c.graph);
   const Solution sol = solve(g);
   const Schedule& s = sol.schedule;
-  int64_t tma = 0, tc = 0;
-  for (const Op& op : g.ops) {
-    if (g.units[op.unit].name == "tma") tma += op.occ;
-    if (g.units[op.unit].name == "tc") tc += op.occ;
-  }
-  EXPECT_EQ(tma, c.tma);
-  EXPECT_EQ(tc, c.tc);
+  EXPECT_EQ(busy_on(g, "tma"), c.tma);
+  EXPECT_EQ(busy_on(g, "tc"), c.tc);
   EXPECT_EQ(sol.bounds.res_mii, std::max(c.tma, c.tc));
   EXPECT_EQ(g.units[sol.bounds.res_unit].name, c.busiest);
   EXPECT_EQ(s.ii, sol.bounds.res_mii);  // no recurrence binds at isolated latencies
@@ -231,10 +231,7 @@ INSTANTIATE_TEST_SUITE_P(
 // minutes on this graph (it answered II 2839 with two step buffers; docs/perf-notes.md).
 TEST(Sm90Backward, D256FoldedLoadsLeaveTheTensorCoreTheResourceBound) {
   const Graph g = shipped("sm90_bwd_d256");
-  int64_t tma = 0;
-  for (const Op& op : g.ops)
-    if (g.units[op.unit].name == "tma") tma += op.occ;
-  EXPECT_EQ(tma, 4 * 343);
+  EXPECT_EQ(busy_on(g, "tma"), 4 * 343);
   const Bounds b = lower_bounds(g);
   EXPECT_EQ(b.res_mii, 10 * 256);
   EXPECT_EQ(g.units[b.res_unit].name, "tc");
