@@ -35,9 +35,10 @@ inline constexpr int kThreads = 256;
 
 // A dK/dV kernel's configuration: the shipped one by default (sm90_bwd.cu), others for
 // tools/sm90_bwd_probe.cu, which times them against it. Shipped: d64 three step buffers and
-// 64-column boxes; d128 and d256 two step buffers (measured faster at d128; the scheduler's depth
-// at d256, where it asks three at d128) and folded boxes (docs/perf-notes.md, "The backward's
-// candidates on an H200", "The backward graphs on the calibrated TMA costs").
+// 64-column boxes; d128 and d256 two step buffers and folded boxes. The scheduler's depths are
+// three at d64 and two at d256, as shipped; at d128 it asks three, where two measured faster
+// (docs/perf-notes.md, "The backward's candidates on an H200", "The backward graphs on the
+// calibrated TMA costs").
 //   kStepBufs     buffers of the step ring (Q, dO and the step's LSE and D rows), loaded ahead
 //   kFoldedBoxes  Q and dO loaded as one TMA box a tile, the 64-column blocks folded into a box
 //                 dimension (ptx::map_bshd_16bit_sw128_folded), instead of a box a column block
