@@ -444,6 +444,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Otherwise O in 16-byte stores, on one CTA (in clusters of two ptxas spilled 4 bytes at d64).
   constexpr bool kWideO = kCluster == 1;
   constexpr auto kType = Cfg::kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
+  // The window as the key ranges and the mask see it: in a kernel without a bound, unbounded at
+  // compile time, so each step's mask test and a masked block's mask are the key tail's alone and
+  // the window's runtime tests drop out (d64 non-causal: 512 +1.7 %, 1000 +3.2 %, H200;
+  // docs/perf-notes.md, "The window known unbounded at compile time"). Rows still come from
+  // p.window (its shift). Read afresh at each use: one copy held from here spilled (ptxas -v).
+  auto bound = [&p]() -> Window { return kBounded ? p.window : Window{-1, -1, 0}; };
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -653,7 +659,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         qw.advance();
         if constexpr (test_lags<Cfg>().tile > 0)  // (a test's config: the loaders held in turn too)
           if ((round + int(threadIdx.x) / 32 + rank) % 3 == 0) spin_cycles(test_lags<Cfg>().tile);
-        BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
+        BlockRange range = key_block_range<kBlockM, kBlockN>(bound(), tl.m_block, p.seqlen_q, p.seqlen_k);
         if constexpr (kSplit) range = piece_range(range, tl);
         const int h_kv = tl.head / p.head_ratio;
         // Trace events of a load: 0/1 before/after K's empty wait, 2/3 the same for V.
@@ -764,8 +770,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   // Masks S of key block n where the block needs it (mask.cuh); first_row: the tile's first row.
   auto mask = [&](int n, int first_row) {
-    if (block_needs_mask<kMaskRows, kBlockN>(n, p.window, first_row + mask_rows_at, p.seqlen_q, p.seqlen_k))
-      apply_mask<kBlockN, kOneSidedMask>(s, p.window, first_row + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
+    if (block_needs_mask<kMaskRows, kBlockN>(n, bound(), first_row + mask_rows_at, p.seqlen_q, p.seqlen_k))
+      apply_mask<kBlockN, kOneSidedMask>(s, bound(), first_row + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
   };
   // The mask, then the online-softmax step (sm90/softmax.cuh).
   auto softmax = [&](int n, int first_row, float (&corr)[2]) {
@@ -777,7 +783,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // consumer's rows see (kHalfFirst).
   auto softmax_lower_half = [&](int n, int first_row, float (&corr)[2]) {
     float(&lower)[kBlockN / 4] = reinterpret_cast<float(&)[kBlockN / 4]>(s);
-    apply_mask<kBlockN / 2>(lower, p.window, first_row + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
+    apply_mask<kBlockN / 2>(lower, bound(), first_row + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
     softmax_step<kBlockN / 2, Cfg::kPolyEvery, !Cfg::kTensorRowSum>(lower, rows, p.scale_log2, p.rescale_threshold,
                                                                   corr);
 #pragma unroll
@@ -899,6 +905,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tl.m_block = uniform(item.w);
     }
     const int first_row = tile_first_row<kBlockM>(p.window, tl.m_block);
+    // (p.window, not bound(): with bound() the d64 kernel without a bound spilled 4 bytes)
     BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
     if constexpr (kSplit) range = piece_range(range, tl);
 #pragma unroll
@@ -1069,7 +1076,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // the exact step (decided together: bar.red.or on this consumer's own barrier). Decided
             // here, before P V's wait: ptxas then keeps that wait among the exponentials, where it
             // measured best.
-            bool exact = block_needs_mask<kMaskRows, kBlockN>(n, p.window, first_row + mask_rows_at, p.seqlen_q, p.seqlen_k);
+            bool exact = block_needs_mask<kMaskRows, kBlockN>(n, bound(), first_row + mask_rows_at, p.seqlen_q, p.seqlen_k);
             if (!exact) {
               float bsum[2];
               const bool ok = softmax_step_no_max<kBlockN, Cfg::kPolyEvery>(s, bsum, rows, p.scale_log2,
