@@ -444,6 +444,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Otherwise O in 16-byte stores, on one CTA (in clusters of two ptxas spilled 4 bytes at d64).
   constexpr bool kWideO = kCluster == 1;
   constexpr auto kType = Cfg::kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
+  // A steady step's wgmma descriptors made before its waits and turn (StepDescs below): d64 on two
+  // consumers (128-row tiles: the causal short rows) only. H100, against making them at issue:
+  // that kernel's causal 1k +1.1 %; on the three-consumer d64 kernel 512 +1.7 % but 16k -3.7 %, and
+  // d128 / d256 within noise (docs/perf-notes.md, "Descriptors before the turn").
+  constexpr bool kDescsAhead = Cfg::kConsumers == 2 && kHeadDim == 64 && !Cfg::kSmemP && !Cfg::kTensorRowSum;
   // The window as the key ranges and the mask see it: in a kernel without a bound, unbounded at
   // compile time, so each step's mask test and a masked block's mask are the key tail's alone and
   // the window's runtime tests drop out (d64 non-causal: 512 +1.7 %, 1000 +3.2 %, H200;
@@ -764,6 +769,41 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
   };
+  // A steady step's descriptors, made before the step's waits and its turn (kDescsAhead): the low
+  // words of Q's and K_j's for S_j, V_{j-1}'s for P V (their high words are constants). Made at
+  // issue, their address arithmetic sits between the turn's wait and the last GEMM issue, where
+  // every consumer waits on it in turn (SASS: 98 instructions from the turn's wait to its pass in
+  // d64's three-consumer kernel, 75 with them made ahead).
+  struct StepDescs {
+    uint32_t a[kHeadDim / 16], b[kHeadDim / 16], v[kBlockN / 16];
+  };
+  auto step_descs = [&](int s_stage, int v_stage, StepDescs& d) {
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      d.a[kk] = uint32_t(q_desc) + uint32_t(((kk / 4) * kBlockM * 128 + (kk % 4) * 32) >> 4);
+      d.b[kk] = uint32_t(k_desc) + uint32_t(s_stage) * uint32_t(Cfg::kKVBytes >> 4) +
+                uint32_t(((kk / 4) * kBlockN * 128 + (kk % 4) * 32) >> 4);
+      asm volatile("" : "+r"(d.a[kk]), "+r"(d.b[kk]));
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      d.v[kk] = uint32_t(v_desc) + uint32_t(v_stage) * uint32_t(Cfg::kKVBytes >> 4) + uint32_t(kk * 16 * 128 >> 4);
+      asm volatile("" : "+r"(d.v[kk]));
+    }
+  };
+  auto issue_s_d = [&](const StepDescs& d) {
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      wgmma::mma_ss<kBlockN, kType>(s, (q_desc & 0xFFFFFFFF00000000ull) | d.a[kk],
+                                    (k_desc & 0xFFFFFFFF00000000ull) | d.b[kk], kk > 0);
+  };
+  auto issue_pv_d = [&](const StepDescs& d, const uint32_t(&pv)[kBlockN / 4]) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t a[4] = {pv[4 * kk], pv[4 * kk + 1], pv[4 * kk + 2], pv[4 * kk + 3]};
+      wgmma::mma_rs<kHeadDim, kType>(o, a, (v_desc & 0xFFFFFFFF00000000ull) | d.v[kk], 1);
+    }
+  };
   auto pin_o = [&] {  // O and, with kTensorRowSum, its row sums
     wgmma::pin(o);
     if constexpr (Cfg::kTensorRowSum) wgmma::pin(lsum);
@@ -1027,6 +1067,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       bool k_landed = false, v_landed = false;
       auto step = [&](int n, uint32_t(&p_prev)[kBlockN / 4], uint32_t(&p_next)[kBlockN / 4]) {
         stamp(0);
+        [[maybe_unused]] StepDescs d;
+        if constexpr (kDescsAhead) step_descs(r.stage, prev, d);
         if (!k_landed) mbar_wait(&bar.k_full[r.stage], r.phase);
         if (!v_landed) mbar_wait(&bar.v_full[prev], prev_phase);
         stamp(1);
@@ -1051,10 +1093,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           softmax(n, first_row, corr);
           softmax_turn_end();
         } else {  // S_j first: its softmax runs while P_{j-1} V_{j-1} is on the tensor cores
-          issue_s(r.stage);
+          if constexpr (kDescsAhead) issue_s_d(d); else issue_s(r.stage);
           wgmma::commit_group();
           if constexpr (Cfg::kTurnMode == 1) turn_pass();
-          issue_pv(prev, p_prev);
+          if constexpr (kDescsAhead) issue_pv_d(d, p_prev); else issue_pv(prev, p_prev);
           wgmma::commit_group();
           if constexpr (Cfg::kTurnMode != 1) turn_pass();
           stamp(3);
