@@ -444,11 +444,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Otherwise O in 16-byte stores, on one CTA (in clusters of two ptxas spilled 4 bytes at d64).
   constexpr bool kWideO = kCluster == 1;
   constexpr auto kType = Cfg::kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
-  // A steady step's wgmma descriptors made before its waits and turn (StepDescs below): d64 on two
-  // consumers (128-row tiles: the causal short rows) only. H100, against making them at issue:
-  // that kernel's causal 1k +1.1 %; on the three-consumer d64 kernel 512 +1.7 % but 16k -3.7 %, and
-  // d128 / d256 within noise (docs/perf-notes.md, "Descriptors before the turn").
-  constexpr bool kDescsAhead = Cfg::kConsumers == 2 && kHeadDim == 64 && !Cfg::kSmemP && !Cfg::kTensorRowSum;
+  // A steady step's wgmma descriptors made before its waits and turn (StepDescs below): in d64's
+  // three-consumer kernel with a bound only (the causal rows). H100, against making them at issue:
+  // causal 1k +1.1 %, 4k +0.5 %; the same kernel without a bound 512 +1.7 % but 16k -3.7 %; d128
+  // and d256 within noise (docs/perf-notes.md, "Descriptors before the turn").
+  constexpr bool kDescsAhead =
+      kBounded && Cfg::kConsumers == 3 && kHeadDim == 64 && !Cfg::kSmemP && !Cfg::kTensorRowSum;
   // The window as the key ranges and the mask see it: in a kernel without a bound, unbounded at
   // compile time, so each step's mask test and a masked block's mask are the key tail's alone and
   // the window's runtime tests drop out (d64 non-causal: 512 +1.7 %, 1000 +3.2 %, H200;
