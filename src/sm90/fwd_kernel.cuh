@@ -446,13 +446,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr auto kType = Cfg::kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
   // A steady step's wgmma descriptors made before its waits and turn (StepDescs below): in d64's
   // three-consumer kernel with a bound only (the causal rows). H100, against making them at issue:
-  // causal 1k +1.1 %, 4k +0.5 %; the same kernel without a bound 512 +1.7 % but 16k -3.7 %; d128
-  // and d256 within noise (docs/perf-notes.md, "Descriptors before the turn").
+  // causal 512 / 1k / 2k / 4k +1.2 / +1.3 / +0.7 / +1.3 %; the same kernel without a bound 512
+  // +1.7 % but 16k -3.7 %; d128 and d256 within noise (docs/perf-notes.md, "Descriptors before
+  // the turn").
   constexpr bool kDescsAhead =
       kBounded && Cfg::kConsumers == 3 && kHeadDim == 64 && !Cfg::kSmemP && !Cfg::kTensorRowSum;
   // The window as the key ranges and the mask see it: in a kernel without a bound, unbounded at
   // compile time, so each step's mask test and a masked block's mask are the key tail's alone and
-  // the window's runtime tests drop out (d64 non-causal: 512 +1.7 %, 1000 +3.2 %, H200;
+  // the window's runtime tests drop out (d64 non-causal: 512 +1.1 %, 1000 +3.2 %, H200;
   // docs/perf-notes.md, "The window known unbounded at compile time"). Rows still come from
   // p.window (its shift). Read afresh at each use: one copy held from here spilled (ptxas -v).
   auto bound = [&p]() -> Window { return kBounded ? p.window : Window{-1, -1, 0}; };
@@ -774,7 +775,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // words of Q's and K_j's for S_j, V_{j-1}'s for P V (their high words are constants). Made at
   // issue, their address arithmetic sits between the turn's wait and the last GEMM issue, where
   // every consumer waits on it in turn (SASS: 98 instructions from the turn's wait to its pass in
-  // d64's three-consumer kernel, 75 with them made ahead).
+  // d64's three-consumer kernel without a bound, 75 with them made ahead).
   struct StepDescs {
     uint32_t a[kHeadDim / 16], b[kHeadDim / 16], v[kBlockN / 16];
   };
