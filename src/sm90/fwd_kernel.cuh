@@ -758,18 +758,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma::mma_ss<kBlockN, kType>(s, a, b, kk > 0);
     }
   };
+  // k-step kk of O += P V, with V's descriptor b for that step.
+  auto pv_step = [&](int kk, uint64_t b, const uint32_t(&pv)[kBlockN / 4]) {
+    if constexpr (Cfg::kSmemP) {
+      wgmma::mma_ss_tb<kHeadDim, kType>(o, wgmma::desc_advance(p_desc, (kk / 4) * kBlockM * 128 + (kk % 4) * 32), b, 1);
+    } else {
+      const uint32_t a[4] = {pv[4 * kk], pv[4 * kk + 1], pv[4 * kk + 2], pv[4 * kk + 3]};
+      wgmma::mma_rs<kHeadDim, kType>(o, a, b, 1);
+      if constexpr (Cfg::kTensorRowSum) wgmma::mma_rs_kb<8, kType>(lsum, a, ones_desc, 1);
+    }
+  };
   auto issue_pv = [&](int stage, const uint32_t(&pv)[kBlockN / 4]) {
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint64_t b = wgmma::desc_advance(v_desc, stage * Cfg::kKVBytes + kk * 16 * 128);
-      if constexpr (Cfg::kSmemP) {
-        wgmma::mma_ss_tb<kHeadDim, kType>(o, wgmma::desc_advance(p_desc, (kk / 4) * kBlockM * 128 + (kk % 4) * 32), b, 1);
-      } else {
-        const uint32_t a[4] = {pv[4 * kk], pv[4 * kk + 1], pv[4 * kk + 2], pv[4 * kk + 3]};
-        wgmma::mma_rs<kHeadDim, kType>(o, a, b, 1);
-        if constexpr (Cfg::kTensorRowSum) wgmma::mma_rs_kb<8, kType>(lsum, a, ones_desc, 1);
-      }
-    }
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      pv_step(kk, wgmma::desc_advance(v_desc, stage * Cfg::kKVBytes + kk * 16 * 128), pv);
   };
   // A steady step's descriptors, made before the step's waits and its turn (kDescsAhead): the low
   // words of Q's and K_j's for S_j, V_{j-1}'s for P V (their high words are constants). Made at
@@ -801,10 +803,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   auto issue_pv_d = [&](const StepDescs& d, const uint32_t(&pv)[kBlockN / 4]) {
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t a[4] = {pv[4 * kk], pv[4 * kk + 1], pv[4 * kk + 2], pv[4 * kk + 3]};
-      wgmma::mma_rs<kHeadDim, kType>(o, a, (v_desc & 0xFFFFFFFF00000000ull) | d.v[kk], 1);
-    }
+    for (int kk = 0; kk < kBlockN / 16; ++kk) pv_step(kk, (v_desc & 0xFFFFFFFF00000000ull) | d.v[kk], pv);
   };
   auto pin_o = [&] {  // O and, with kTensorRowSum, its row sums
     wgmma::pin(o);
