@@ -405,11 +405,17 @@ __device__ __forceinline__ void pass_softmax_turn(int consumer) {
 // so the kernels without a bound carry none of that code: ptxas schedules them as before
 // (d64's three-consumer kernel instruction for instruction). Clusters and stream-K pieces run
 // tiles of one length only (fwd_launch.cuh), so they never have a bound.
-template <class Cfg, int kCluster = 1, bool kSplit = false, bool kBounded = false>
+// kCausal: a bounded kernel whose bound is causal (window (-1, 0)) at compile time; only the row
+// shift comes from the launch. The mask's and the key ranges' window tests become constants
+// (d64's three-consumer kernel 3200 -> 2776 instructions, d128's 5072 -> 4112). H100, against the
+// bounded kernel: d64 causal 512 / 1k / 2k / 4k +3.1 / +3.6 / +2.8 / +1.5 %, d128 causal 1k / 4k
+// +1.4 / +1.6 %, d256 +0.7…1.3 % (docs/perf-notes.md, "Causal known at compile time").
+template <class Cfg, int kCluster = 1, bool kSplit = false, bool kBounded = false, bool kCausal = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_kernel(const __grid_constant__ FwdKernelParams p) {
   static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
   static_assert(!kBounded || (kCluster == 1 && !kSplit), "bounds run on whole tiles, one CTA a unit");
+  static_assert(!kCausal || kBounded, "the causal kernel is a bounded one");
   static_assert(kCluster == 1 || Cfg::kBlockN / 2 * 128 % 1024 == 0, "a K/V half must keep 1024-byte alignment");
   using namespace fa4::ptx;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
@@ -437,8 +443,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr bool kHalfFirst = kBounded && kBlockN == 128;
   constexpr bool kSkipFirst = kBounded && Cfg::kConsumers == 3 && kBlockN == 128;
   // The mask's one-compare path for a launch without a left bound (mask.cuh): where ptxas keeps
-  // it without spilling, which is not d64's three-consumer kernel or d256's.
-  constexpr bool kOneSidedMask = Cfg::kConsumers == 2 && kHeadDim <= 128;
+  // it without spilling, which is not d64's three-consumer kernel or d256's with a runtime
+  // window; in the causal kernel it is the only path, no branch, and spill-free in all.
+  constexpr bool kOneSidedMask = (Cfg::kConsumers == 2 && kHeadDim <= 128) || kCausal;
   // O out by stmatrix and TMA (epilogue.cuh) wherever shared memory allows (FwdConfig::kStageO).
   constexpr bool kStaged = Cfg::kStageO || kOInKV;
   // Otherwise O in 16-byte stores, on one CTA (in clusters of two ptxas spilled 4 bytes at d64).
@@ -456,7 +463,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // the window's runtime tests drop out (d64 non-causal: 512 +1.1 %, 1000 +3.2 %, H200;
   // docs/perf-notes.md, "The window known unbounded at compile time"). Rows still come from
   // p.window (its shift). Read afresh at each use: one copy held from here spilled (ptxas -v).
-  auto bound = [&p]() -> Window { return kBounded ? p.window : Window{-1, -1, 0}; };
+  auto bound = [&p]() -> Window {
+    if constexpr (kCausal) return Window{-1, 0, p.window.shift};
+    return kBounded ? p.window : Window{-1, -1, 0};
+  };
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -946,8 +956,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tl.m_block = uniform(item.w);
     }
     const int first_row = tile_first_row<kBlockM>(p.window, tl.m_block);
-    // (p.window, not bound(): with bound() the d64 kernel without a bound spilled 4 bytes)
-    BlockRange range = key_block_range<kBlockM, kBlockN>(p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
+    // (p.window, not bound(), but in the causal kernel: with bound() the d64 kernel without a bound
+    // spilled 4 bytes)
+    BlockRange range = key_block_range<kBlockM, kBlockN>(kCausal ? bound() : p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
     if constexpr (kSplit) range = piece_range(range, tl);
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;

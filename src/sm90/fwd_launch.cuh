@@ -212,11 +212,11 @@ inline bool d64_two_consumers(const detail::FwdParams& a) {
 
 using detail::PerDevice;
 
-// Lets fwd_kernel<Cfg, kCluster, kSplit, kBounded> use Cfg::kSmemBytes of dynamic shared memory on
-// `device` (once a device: detail::allow_dynamic_smem).
-template <class Cfg, int kCluster, bool kSplit = false, bool kBounded = false>
+// Lets fwd_kernel<Cfg, kCluster, kSplit, kBounded, kCausal> use Cfg::kSmemBytes of dynamic shared
+// memory on `device` (once a device: detail::allow_dynamic_smem).
+template <class Cfg, int kCluster, bool kSplit = false, bool kBounded = false, bool kCausal = false>
 cudaError_t allow_smem(int device) {
-  return detail::allow_dynamic_smem<fwd_kernel<Cfg, kCluster, kSplit, kBounded>>(device, Cfg::kSmemBytes);
+  return detail::allow_dynamic_smem<fwd_kernel<Cfg, kCluster, kSplit, kBounded, kCausal>>(device, Cfg::kSmemBytes);
 }
 
 // A launch of `grid` CTAs of Cfg in clusters of two: the config and its one attribute (the
@@ -263,9 +263,13 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   cudaError_t e = cudaGetDevice(&device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("device query: ") + cudaGetErrorString(e)};
-  // With a causal or window bound the whole-tile kernel that carries it (fwd_kernel's kBounded).
+  // With a causal or window bound the whole-tile kernel that carries it (fwd_kernel's kBounded),
+  // the causal one with that bound at compile time (kCausal).
   const bool uniform = tiles_of_one_length(a);
-  const cudaError_t attr = uniform ? allow_smem<Cfg, 1>(device) : allow_smem<Cfg, 1, false, true>(device);
+  const bool causal = !uniform && a.window_left < 0 && a.window_right == 0;
+  const cudaError_t attr = uniform  ? allow_smem<Cfg, 1>(device)
+                           : causal ? allow_smem<Cfg, 1, false, true, true>(device)
+                                    : allow_smem<Cfg, 1, false, true>(device);
   if (attr != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr)};
 
   const int64_t m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
@@ -352,8 +356,10 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   }
   auto launch = [&](const FwdKernelParams& kp, bool split) {
     if (cluster == 1) {
-      (split ? fwd_kernel<Cfg, 1, true> : uniform ? fwd_kernel<Cfg, 1, false> : fwd_kernel<Cfg, 1, false, true>)<<<
-          grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
+      (split     ? fwd_kernel<Cfg, 1, true>
+       : uniform ? fwd_kernel<Cfg, 1, false>
+       : causal  ? fwd_kernel<Cfg, 1, false, true, true>
+                 : fwd_kernel<Cfg, 1, false, true>)<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
       return cudaGetLastError();
     }
     const PairLaunch<Cfg> pairs(grid, stream);
