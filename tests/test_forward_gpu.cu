@@ -219,6 +219,8 @@ TEST(ForwardGpu, LocalWindow) {
   run_case({FP16, 1, 300, 300, 2, 2, 256, true, 64, -1}, seed++);
   // Rows near the top see no key at all: O = 0 and LSE = -inf there.
   run_case({BF16, 1, 400, 100, 2, 2, 64, false, 10, 0}, seed++);
+  // The window (-1, 0) asked for as a window: the causal kernel, as causal is.
+  for (int64_t d : {64, 128, 256}) run_case({BF16, 1, 333, 555, 2, 2, d, false, -1, 0}, seed++);
 }
 
 TEST(ForwardGpu, DiagonalBlocksCutToEachConsumersRows) {

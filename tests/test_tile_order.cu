@@ -167,6 +167,38 @@ TEST(TileOrder, TileCounterWhereTilesVaryOrOnSingleCtas) {
   }
 }
 
+// The causal kernel (fwd_kernel's kCausal) takes causal launches and the window that equals
+// causal, and nothing else: every other window keeps the bounded kernel's runtime bound.
+TEST(TileOrder, CausalKernelForTheCausalBoundOnly) {
+  auto params = [](bool causal, int64_t left, int64_t right) {
+    fa4::ForwardArgs a;
+    a.problem.batch = 1;
+    a.problem.seqlen_q = 300;
+    a.problem.seqlen_k = 500;
+    a.problem.heads_q = a.problem.heads_kv = 2;
+    a.problem.head_dim = 64;
+    a.problem.causal = causal;
+    a.problem.window_left = left;
+    a.problem.window_right = right;
+    a.q = fa4::bshd(reinterpret_cast<void*>(256), 300, 2, 64);
+    a.k = a.v = fa4::bshd(reinterpret_cast<void*>(256), 500, 2, 64);
+    a.o = fa4::bshd(reinterpret_cast<void*>(256), 300, 2, 64);
+    EXPECT_TRUE(fa4::validate(a).ok()) << fa4::validate(a).message;
+    return fa4::detail::make_fwd_params(a);
+  };
+  using fa4::sm90::causal_bound;
+  using fa4::sm90::tiles_of_one_length;
+  EXPECT_TRUE(causal_bound(params(true, -1, -1)));
+  EXPECT_TRUE(causal_bound(params(false, -1, 0)));
+  EXPECT_TRUE(causal_bound(params(true, -1, 5)));  // causal clips the right bound to 0
+  EXPECT_FALSE(causal_bound(params(false, -1, -1)));
+  EXPECT_TRUE(tiles_of_one_length(params(false, -1, -1)));
+  EXPECT_FALSE(causal_bound(params(false, -1, 1)));
+  EXPECT_FALSE(causal_bound(params(false, 0, 0)));
+  EXPECT_FALSE(causal_bound(params(true, 64, -1)));
+  EXPECT_FALSE(causal_bound(params(false, 100, 20)));
+}
+
 // With clusters each tile is a pair: over every tile and both ranks, each (batch, head, query
 // block) comes once, both ranks of a tile share batch and head (so K and V), and the only extra
 // is block m_blocks (past seqlen_q) as rank 1 of a head's last pair when m_blocks is odd.

@@ -116,6 +116,10 @@ TailScratchLayout tail_scratch_layout(const TileOrder& order) {
 // may go to clusters (in static rounds) or take a stream-K tail.
 inline bool tiles_of_one_length(const detail::FwdParams& a) { return a.window_right < 0 && a.window_left < 0; }
 
+// Whether the bound is causal, (-1, 0) however it was asked for (causal, or that window): such
+// launches run the kernel with the bound at compile time (fwd_kernel's kCausal).
+inline bool causal_bound(const detail::FwdParams& a) { return a.window_left < 0 && a.window_right == 0; }
+
 // Whether a launch of `grid` units over `tiles` tiles takes each CTA's tiles past its first from
 // the tile counter (FwdKernelParams::tile_counter): where tile lengths vary, and for tiles of one
 // length on single CTAs without a stream-K tail; never for one CTA a tile (schedule 2), the static
@@ -266,7 +270,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // With a causal or window bound the whole-tile kernel that carries it (fwd_kernel's kBounded),
   // the causal one with that bound at compile time (kCausal).
   const bool uniform = tiles_of_one_length(a);
-  const bool causal = !uniform && a.window_left < 0 && a.window_right == 0;
+  const bool causal = causal_bound(a);
   const cudaError_t attr = uniform  ? allow_smem<Cfg, 1>(device)
                            : causal ? allow_smem<Cfg, 1, false, true, true>(device)
                                     : allow_smem<Cfg, 1, false, true>(device);
