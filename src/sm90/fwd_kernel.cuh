@@ -956,8 +956,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tl.m_block = uniform(item.w);
     }
     const int first_row = tile_first_row<kBlockM>(p.window, tl.m_block);
-    // (p.window, not bound(), but in the causal kernel: with bound() the d64 kernel without a bound
-    // spilled 4 bytes)
+    // (p.window, not bound(), except in the causal kernel: with bound() the d64 kernel without a
+    // bound spilled 4 bytes)
     BlockRange range = key_block_range<kBlockM, kBlockN>(kCausal ? bound() : p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
     if constexpr (kSplit) range = piece_range(range, tl);
 #pragma unroll
