@@ -4,8 +4,10 @@
 //                 difference constraints, pairwise non-overlap of the r-intervals on each unit,
 //                 buffer depths as integer variables under their capacities;
 //   the search    the smallest satisfiable II at or above max(ResMII, RecMII) (galloping, then
-//                 bisection: feasibility is monotone in II, see solve()), then the fewest stages,
-//                 the fewest slots and a canonical (earliest) start per op.
+//                 bisection: feasibility is monotone in II, see solve()), each II's check with
+//                 one op's offset pinned (rotation symmetry, Model::pin_rotation); then, on the
+//                 unpinned model, the fewest stages, the fewest slots and a canonical (earliest)
+//                 start per op.
 #include "solver.h"
 
 #include <z3++.h>
@@ -13,7 +15,6 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <memory>
 #include <sstream>
 
 namespace fa4::sched {
@@ -189,6 +190,14 @@ class Model {
     solver_.add(*stage_max_ <= iv(std::max<int64_t>(n - 1, 0) * step));
   }
 
+  // Rotation symmetry: shifting every start by one moves every offset r one step round the II
+  // circle and keeps the schedule legal (edges and unit intervals see differences only), so some
+  // rotation of any schedule puts op `anchor` at offset 0 (a shift by II - r, which keeps k >= 0;
+  // the least stages for the rotated offsets still meet the stage bound above). Pinning it loses
+  // no II and spares Z3 the rotated copies of each candidate when it proves an II infeasible. The
+  // optimisation runs on a model without the pin (a rotation may need fewer stages).
+  void pin_rotation(int anchor) { solver_.add(r_[anchor] == ctx_.int_val(0)); }
+
   bool check() {
     ++checks_;
     const z3::check_result r = solver_.check();
@@ -262,6 +271,13 @@ class Model {
   std::optional<z3::model> model_;
 };
 
+// The first op on `unit` (the rotation anchor: an op of the busiest unit).
+int first_op_of(const Graph& g, int unit) {
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (g.ops[i].unit == unit) return static_cast<int>(i);
+  return 0;
+}
+
 }  // namespace
 
 Bounds lower_bounds(const Graph& g) {
@@ -330,13 +346,13 @@ Solution solve(const Graph& g) {
   for (const Edge& e : g.edges) ordering |= e.kind == EdgeKind::kCarried && e.distance < 0;
   const int64_t sequential = std::max(sequential_ii(g), b.mii());
   const int64_t hi = g.max_ii ? *g.max_ii : (ordering ? 16 * sequential : sequential);
-  std::unique_ptr<Model> best;
+  // Each II's check with one op of the busiest unit pinned at offset 0 (Model::pin_rotation).
+  const int anchor = b.res_unit >= 0 ? first_op_of(g, b.res_unit) : 0;
   auto feasible = [&](int64_t ii) {
     ++sol.stats.iis_tried;
-    auto m = std::make_unique<Model>(g, ii, sol.stats.checks);
-    if (!m->check()) return false;
-    best = std::move(m);
-    return true;
+    Model m(g, ii, sol.stats.checks);
+    if (!g.ops.empty()) m.pin_rotation(anchor);
+    return m.check();
   };
   int64_t bad = b.mii() - 1, good = -1;
   for (int64_t ii = b.mii(), step = 1;; step *= 2) {
@@ -356,9 +372,11 @@ Solution solve(const Graph& g) {
     const int64_t mid = bad + (good - bad) / 2;
     if (feasible(mid)) good = mid; else bad = mid;
   }
-  // best holds the model of the last feasible II tried, which is `good`.
+  // The optimisation on the unpinned model of II `good`.
   sol.stats.seconds_ii = seconds_since(t0);
-  sol.schedule = best->optimise();
+  Model best(g, good, sol.stats.checks);
+  if (!best.check()) throw ScheduleError("II " + std::to_string(good) + " has no schedule without the rotation pin");
+  sol.schedule = best.optimise();
   sol.stats.seconds = seconds_since(t0);
   return sol;
 }
