@@ -238,8 +238,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // d256 loads Q and dO as one folded box each (two boxes and two bulk copies a step, no
 // reductions): the tensor core's ten GEMMs set the resource bound, and no recurrence reaches it.
-// The full solve is left out here: proving each II below the answer infeasible takes Z3 over ten
-// minutes on this graph (docs/perf-notes.md).
+// The full solve is left out here: proving each II below the answer infeasible takes Z3 about
+// seven minutes on this graph, with the rotation pin (docs/perf-notes.md).
 TEST(Sm90Backward, D256FoldedLoadsLeaveTheTensorCoreTheResourceBound) {
   const Graph g = shipped("sm90_bwd_d256");
   EXPECT_EQ(busy_on(g, "tma"), 1761);  // 2 x 350 + 2 x 530.5
