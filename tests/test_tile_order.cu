@@ -172,11 +172,7 @@ TEST(TileOrder, TileCounterWhereTilesVaryOrOnSingleCtas) {
 TEST(TileOrder, CausalKernelForTheCausalBoundOnly) {
   auto params = [](bool causal, int64_t left, int64_t right) {
     fa4::ForwardArgs a;
-    a.problem.batch = 1;
-    a.problem.seqlen_q = 300;
-    a.problem.seqlen_k = 500;
-    a.problem.heads_q = a.problem.heads_kv = 2;
-    a.problem.head_dim = 64;
+    a.problem = fa4::test::make_problem(1, 300, 500, 2, 2, 64);
     a.problem.causal = causal;
     a.problem.window_left = left;
     a.problem.window_right = right;

@@ -23,11 +23,14 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t lbo_
   return d;
 }
 
-// A descriptor moved by a byte offset inside shared memory. Start addresses stay below 2^18, so
+// A descriptor with its low word (start address, leading byte offset) replaced, and one moved by a
+// byte offset inside shared memory. Start addresses stay below 2^18, so
 // the 14-bit address field never carries into the next: a 32-bit add on the low word is enough.
-__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t byte_offset) {
-  const uint32_t lo = static_cast<uint32_t>(desc) + (byte_offset >> 4);
+__device__ __forceinline__ uint64_t desc_with_low(uint64_t desc, uint32_t lo) {
   return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t byte_offset) {
+  return desc_with_low(desc, static_cast<uint32_t>(desc) + (byte_offset >> 4));
 }
 
 // wgmma.fence: orders register writes before the wgmma that reads them (9.7.15.6.1).

@@ -760,11 +760,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // With kSmemP: this consumer's rows of the P tile, the A operand of P V.
   const uint64_t p_desc = wgmma::desc_sw128(smem_addr(smem + Cfg::kPOffset) + consumer * 64 * 128, 16, 1024);
 
+  // Byte offsets of k-step kk in this consumer's rows of Q, in a K slot and in a V slot (64-column
+  // swizzle atoms of kBlockM or kBlockN rows; V's steps are 16 keys of 128 bytes).
+  auto q_step = [](int kk) { return (kk / 4) * kBlockM * 128 + (kk % 4) * 32; };
+  auto k_step = [](int kk) { return (kk / 4) * kBlockN * 128 + (kk % 4) * 32; };
+  auto v_step = [](int kk) { return kk * 16 * 128; };
   auto issue_s = [&](int stage) {
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint64_t a = wgmma::desc_advance(q_desc, (kk / 4) * kBlockM * 128 + (kk % 4) * 32);
-      const uint64_t b = wgmma::desc_advance(k_desc, stage * Cfg::kKVBytes + (kk / 4) * kBlockN * 128 + (kk % 4) * 32);
+      const uint64_t a = wgmma::desc_advance(q_desc, q_step(kk));
+      const uint64_t b = wgmma::desc_advance(k_desc, stage * Cfg::kKVBytes + k_step(kk));
       wgmma::mma_ss<kBlockN, kType>(s, a, b, kk > 0);
     }
   };
@@ -781,7 +786,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto issue_pv = [&](int stage, const uint32_t(&pv)[kBlockN / 4]) {
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-      pv_step(kk, wgmma::desc_advance(v_desc, stage * Cfg::kKVBytes + kk * 16 * 128), pv);
+      pv_step(kk, wgmma::desc_advance(v_desc, stage * Cfg::kKVBytes + v_step(kk)), pv);
   };
   // A steady step's descriptors, made before the step's waits and its turn (kDescsAhead): the low
   // words of Q's and K_j's for S_j, V_{j-1}'s for P V (their high words are constants). Made at
@@ -794,26 +799,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto step_descs = [&](int s_stage, int v_stage, StepDescs& d) {
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      d.a[kk] = uint32_t(q_desc) + uint32_t(((kk / 4) * kBlockM * 128 + (kk % 4) * 32) >> 4);
-      d.b[kk] = uint32_t(k_desc) + uint32_t(s_stage) * uint32_t(Cfg::kKVBytes >> 4) +
-                uint32_t(((kk / 4) * kBlockN * 128 + (kk % 4) * 32) >> 4);
+      d.a[kk] = uint32_t(q_desc) + uint32_t(q_step(kk) >> 4);
+      d.b[kk] = uint32_t(k_desc) + uint32_t(s_stage) * uint32_t(Cfg::kKVBytes >> 4) + uint32_t(k_step(kk) >> 4);
       asm volatile("" : "+r"(d.a[kk]), "+r"(d.b[kk]));
     }
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      d.v[kk] = uint32_t(v_desc) + uint32_t(v_stage) * uint32_t(Cfg::kKVBytes >> 4) + uint32_t(kk * 16 * 128 >> 4);
+      d.v[kk] = uint32_t(v_desc) + uint32_t(v_stage) * uint32_t(Cfg::kKVBytes >> 4) + uint32_t(v_step(kk) >> 4);
       asm volatile("" : "+r"(d.v[kk]));
     }
   };
   auto issue_s_d = [&](const StepDescs& d) {
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk)
-      wgmma::mma_ss<kBlockN, kType>(s, (q_desc & 0xFFFFFFFF00000000ull) | d.a[kk],
-                                    (k_desc & 0xFFFFFFFF00000000ull) | d.b[kk], kk > 0);
+      wgmma::mma_ss<kBlockN, kType>(s, wgmma::desc_with_low(q_desc, d.a[kk]), wgmma::desc_with_low(k_desc, d.b[kk]), kk > 0);
   };
   auto issue_pv_d = [&](const StepDescs& d, const uint32_t(&pv)[kBlockN / 4]) {
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) pv_step(kk, (v_desc & 0xFFFFFFFF00000000ull) | d.v[kk], pv);
+    for (int kk = 0; kk < kBlockN / 16; ++kk) pv_step(kk, wgmma::desc_with_low(v_desc, d.v[kk]), pv);
   };
   auto pin_o = [&] {  // O and, with kTensorRowSum, its row sums
     wgmma::pin(o);
