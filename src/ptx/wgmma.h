@@ -33,6 +33,12 @@ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t byte_of
   return desc_with_low(desc, static_cast<uint32_t>(desc) + (byte_offset >> 4));
 }
 
+// Byte offsets of k-step kk (16 elements of K) in a tile with 128-byte swizzle, for desc_advance.
+// K-major operand: 64-column swizzle atoms of `rows` rows, four 32-byte steps to an atom.
+constexpr int kmajor_step(int kk, int rows) { return (kk / 4) * rows * 128 + (kk % 4) * 32; }
+// MN-major operand: 16 K rows of 128 bytes a step.
+constexpr int mn_step(int kk) { return kk * 16 * 128; }
+
 // wgmma.fence: orders register writes before the wgmma that reads them (9.7.15.6.1).
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 // Closes the wgmma issued so far into a group (9.7.15.6.2).

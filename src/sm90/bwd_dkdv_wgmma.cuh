@@ -250,11 +250,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                     uint64_t b_desc) {
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
-        const uint64_t b = wgmma::desc_advance(b_desc, buf * L::kQBytes + (kk / 4) * kBlock * 128 + (kk % 4) * 32);
+        const uint64_t b = wgmma::desc_advance(b_desc, buf * L::kQBytes + wgmma::kmajor_step(kk, kBlock));
         if constexpr (kKVInRegs)
           wgmma::mma_rs_kb<64, kType>(acc, a_regs[kk], b, kk > 0);
         else
-          wgmma::mma_ss<64, kType>(acc, wgmma::desc_advance(a_desc, (kk / 4) * kWgKeys * 128 + (kk % 4) * 32), b, kk > 0);
+          wgmma::mma_ss<64, kType>(acc, wgmma::desc_advance(a_desc, wgmma::kmajor_step(kk, kWgKeys)), b, kk > 0);
       }
       wgmma::commit_group();
     };
@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kBlock / 16; ++kk) {
       const uint32_t pa[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
-      wgmma::mma_rs<kD, kType>(dv, pa, wgmma::desc_advance(do_mn, buf * L::kQBytes + kk * 16 * 128), 1);
+      wgmma::mma_rs<kD, kType>(dv, pa, wgmma::desc_advance(do_mn, buf * L::kQBytes + wgmma::mn_step(kk)), 1);
     }
     wgmma::commit_group();
     if constexpr (Cfg::kTrace) tr.stamp(s, 3);
@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kBlock / 16; ++kk) {
       const uint32_t da[4] = {dsf[4 * kk], dsf[4 * kk + 1], dsf[4 * kk + 2], dsf[4 * kk + 3]};
-      wgmma::mma_rs<kD, kType>(dk, da, wgmma::desc_advance(q_mn, buf * L::kQBytes + kk * 16 * 128), 1);
+      wgmma::mma_rs<kD, kType>(dk, da, wgmma::desc_advance(q_mn, buf * L::kQBytes + wgmma::mn_step(kk)), 1);
     }
     wgmma::commit_group();
     if constexpr (Cfg::kTrace) tr.stamp(s, 5);
@@ -349,8 +349,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma::fence();
 #pragma unroll
         for (int kk = 0; kk < kDqKeys / 16; ++kk)
-          wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, (s % L::kDsBufs) * L::kDsBytes + kk * 16 * 128),
-                                      wgmma::desc_advance(kq_mn, c * kWgKeys * 128 + kk * 16 * 128), kk > 0);
+          wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, (s % L::kDsBufs) * L::kDsBytes + wgmma::mn_step(kk)),
+                                      wgmma::desc_advance(kq_mn, c * kWgKeys * 128 + wgmma::mn_step(kk)), kk > 0);
         wgmma::commit_group();
         wgmma::wait_group<0>();
         wgmma::pin(dq);
@@ -482,8 +482,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto gemm = [&](float(&acc)[16], uint64_t a_desc, uint64_t b_desc) {
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
-        wgmma::mma_ss<32, kType>(acc, wgmma::desc_advance(a_desc, (kk / 4) * kBlock * 128 + (kk % 4) * 32),
-                                 wgmma::desc_advance(b_desc, buf * L::kTile + (kk / 4) * kBlock * 128 + (kk % 4) * 32), kk > 0);
+        wgmma::mma_ss<32, kType>(acc, wgmma::desc_advance(a_desc, wgmma::kmajor_step(kk, kBlock)),
+                                 wgmma::desc_advance(b_desc, buf * L::kTile + wgmma::kmajor_step(kk, kBlock)), kk > 0);
       wgmma::commit_group();
     };
     float st[16], dpt[16];
@@ -545,7 +545,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kBlock / 16; ++kk) {
-      const uint32_t b_off = buf * L::kTile + kk * 16 * 128;
+      const uint32_t b_off = buf * L::kTile + wgmma::mn_step(kk);
       wgmma::mma_ss_tb<128, kType>(dv, wgmma::desc_advance(pt_desc, p_off + kk * 32), wgmma::desc_advance(do_mn, b_off), 1);
       wgmma::mma_ss_tb<128, kType>(dk, wgmma::desc_advance(dst_desc, p_off + kk * 32), wgmma::desc_advance(q_mn, b_off), 1);
     }
@@ -560,8 +560,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma::fence();
 #pragma unroll
         for (int kk = 0; kk < kBlock / 16; ++kk)
-          wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, p_off + kk * 16 * 128),
-                                      wgmma::desc_advance(kq_mn, (col0 / 64) * kBlock * 128 + kk * 16 * 128), kk > 0);
+          wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, p_off + wgmma::mn_step(kk)),
+                                      wgmma::desc_advance(kq_mn, (col0 / 64) * kBlock * 128 + wgmma::mn_step(kk)), kk > 0);
         wgmma::commit_group();
         wgmma::wait_group<0>();
         wgmma::pin(dq);

@@ -121,8 +121,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto gemm = [&](float(&acc)[kKeys / 2], uint64_t a_desc, uint64_t b_desc) {
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
-        const uint32_t a_off = (kk / 4) * kDqRows * 128 + (kk % 4) * 32;
-        const uint32_t b_off = buf * L::kKVBytes + (kk / 4) * kKeys * 128 + (kk % 4) * 32;
+        const uint32_t a_off = wgmma::kmajor_step(kk, kDqRows);
+        const uint32_t b_off = buf * L::kKVBytes + wgmma::kmajor_step(kk, kKeys);
         wgmma::mma_ss<kKeys, kType>(acc, wgmma::desc_advance(a_desc, a_off), wgmma::desc_advance(b_desc, b_off), kk > 0);
       }
       wgmma::commit_group();
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       const uint32_t a[4] = {dsf[4 * kk], dsf[4 * kk + 1], dsf[4 * kk + 2], dsf[4 * kk + 3]};
-      wgmma::mma_rs<kD, kType>(dq, a, wgmma::desc_advance(k_mn, buf * L::kKVBytes + kk * 16 * 128), 1);
+      wgmma::mma_rs<kD, kType>(dq, a, wgmma::desc_advance(k_mn, buf * L::kKVBytes + wgmma::mn_step(kk)), 1);
     }
     wgmma::commit_group();
     wgmma::wait_group<0>();
