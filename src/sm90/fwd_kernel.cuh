@@ -765,14 +765,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto q_step = [](int kk) { return (kk / 4) * kBlockM * 128 + (kk % 4) * 32; };
   auto k_step = [](int kk) { return (kk / 4) * kBlockN * 128 + (kk % 4) * 32; };
   auto v_step = [](int kk) { return kk * 16 * 128; };
-  auto issue_s = [&](int stage) {
+  // S from the K slot at byte `slot` of the K ring (the slot's index times Cfg::kKVBytes).
+  auto issue_s_at = [&](int slot) {
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       const uint64_t a = wgmma::desc_advance(q_desc, q_step(kk));
-      const uint64_t b = wgmma::desc_advance(k_desc, stage * Cfg::kKVBytes + k_step(kk));
+      const uint64_t b = wgmma::desc_advance(k_desc, slot + k_step(kk));
       wgmma::mma_ss<kBlockN, kType>(s, a, b, kk > 0);
     }
   };
+  auto issue_s = [&](int stage) { issue_s_at(stage * Cfg::kKVBytes); };
   // k-step kk of O += P V, with V's descriptor b for that step.
   auto pv_step = [&](int kk, uint64_t b, const uint32_t(&pv)[kBlockN / 4]) {
     if constexpr (Cfg::kSmemP) {
@@ -783,16 +785,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if constexpr (Cfg::kTensorRowSum) wgmma::mma_rs_kb<8, kType>(lsum, a, ones_desc, 1);
     }
   };
-  auto issue_pv = [&](int stage, const uint32_t(&pv)[kBlockN / 4]) {
+  // O += P V from the V slot at byte `slot` of the V ring.
+  auto issue_pv_at = [&](int slot, const uint32_t(&pv)[kBlockN / 4]) {
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
-      pv_step(kk, wgmma::desc_advance(v_desc, stage * Cfg::kKVBytes + v_step(kk)), pv);
+    for (int kk = 0; kk < kBlockN / 16; ++kk) pv_step(kk, wgmma::desc_advance(v_desc, slot + v_step(kk)), pv);
   };
+  auto issue_pv = [&](int stage, const uint32_t(&pv)[kBlockN / 4]) { issue_pv_at(stage * Cfg::kKVBytes, pv); };
   // A steady step's descriptors, made before the step's waits and its turn (kDescsAhead): the low
   // words of Q's and K_j's for S_j, V_{j-1}'s for P V (their high words are constants). Made at
   // issue, their address arithmetic sits between the turn's wait and the last GEMM issue, where
   // every consumer waits on it in turn (SASS: 98 instructions from the turn's wait to its pass in
-  // d64's three-consumer kernel without a bound, 75 with them made ahead).
+  // d64's three-consumer kernel without a bound, 75 with them made ahead; 73 made at issue from
+  // the warp-uniform slot offsets of the step below, which that kernel now uses).
   struct StepDescs {
     uint32_t a[kHeadDim / 16], b[kHeadDim / 16], v[kBlockN / 16];
   };
@@ -1037,13 +1041,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       int n = range.hi - 1;
       float corr[2];
       // First block: S_0 alone.
+      const int first_slot = uniform(r.stage * Cfg::kKVBytes);
       mbar_wait(&bar.k_full[r.stage], r.phase);
       if constexpr (kTurnFirstS)
         turn_wait();
       else  // the consumer's four warps meet before an issue whose slot thread 0 then frees
         named_bar_sync(own_barrier<Cfg>(consumer), 128);
       wgmma::fence();
-      issue_s(r.stage);
+      issue_s_at(first_slot);
       wgmma::commit_group();
       if constexpr (kTurnFirstS) turn_pass();
       stamp_b(5);
@@ -1082,6 +1087,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       bool k_landed = false, v_landed = false;
       auto step = [&](int n, uint32_t(&p_prev)[kBlockN / 4], uint32_t(&p_next)[kBlockN / 4]) {
         stamp(0);
+        // The slots' byte offsets shuffled from lane 0, read by the descriptors alone: warp-uniform
+        // to ptxas, so it builds those descriptors on the uniform datapath instead of in registers
+        // moved over by R2UR between the turn's wait and its pass.
+        const int s_slot = uniform(r.stage * Cfg::kKVBytes), v_slot = uniform(prev * Cfg::kKVBytes);
         [[maybe_unused]] StepDescs d;
         if constexpr (kDescsAhead) step_descs(r.stage, prev, d);
         if (!k_landed) mbar_wait(&bar.k_full[r.stage], r.phase);
@@ -1108,10 +1117,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           softmax(n, first_row, corr);
           softmax_turn_end();
         } else {  // S_j first: its softmax runs while P_{j-1} V_{j-1} is on the tensor cores
-          if constexpr (kDescsAhead) issue_s_d(d); else issue_s(r.stage);
+          if constexpr (kDescsAhead) issue_s_d(d); else issue_s_at(s_slot);
           wgmma::commit_group();
           if constexpr (Cfg::kTurnMode == 1) turn_pass();
-          if constexpr (kDescsAhead) issue_pv_d(d, p_prev); else issue_pv(prev, p_prev);
+          if constexpr (kDescsAhead) issue_pv_d(d, p_prev); else issue_pv_at(v_slot, p_prev);
           wgmma::commit_group();
           if constexpr (Cfg::kTurnMode != 1) turn_pass();
           stamp(3);
@@ -1200,16 +1209,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // its Q loader: q_free).
       release_q(&bar.q_empty[q_stage()]);
       // Last P V.
+      const int last_v_slot = uniform(prev * Cfg::kKVBytes);
       mbar_wait(&bar.v_full[prev], prev_phase);
       turn_wait();
       wgmma::fence();
       if constexpr (Cfg::kDoubleP) {
         if (last_in_pf2)
-          issue_pv(prev, pf2);
+          issue_pv_at(last_v_slot, pf2);
         else
-          issue_pv(prev, pf);
+          issue_pv_at(last_v_slot, pf);
       } else {
-        issue_pv(prev, pf);
+        issue_pv_at(last_v_slot, pf);
       }
       wgmma::commit_group();
       turn_pass();
