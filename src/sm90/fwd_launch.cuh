@@ -223,6 +223,17 @@ cudaError_t allow_smem(int device) {
   return detail::allow_dynamic_smem<fwd_kernel<Cfg, kCluster, kSplit, kBounded, kCausal>>(device, Cfg::kSmemBytes);
 }
 
+// Calls f.template operator()<kernel>() with the whole-tile kernel on single CTAs that a launch's
+// bound takes: none (`uniform`), the causal one with (-1, 0) at compile time (`causal`), or any
+// other at run time. The one place that choice is made, for the shared-memory attribute and the
+// launch alike.
+template <class Cfg, class F>
+cudaError_t with_whole_tile_kernel(bool uniform, bool causal, F&& f) {
+  if (uniform) return f.template operator()<fwd_kernel<Cfg, 1, false>>();
+  if (causal) return f.template operator()<fwd_kernel<Cfg, 1, false, true, true>>();
+  return f.template operator()<fwd_kernel<Cfg, 1, false, true>>();
+}
+
 // A launch of `grid` CTAs of Cfg in clusters of two: the config and its one attribute (the
 // config points at the attribute, so both live in this struct).
 template <class Cfg>
@@ -271,9 +282,8 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // the causal one with that bound at compile time (kCausal).
   const bool uniform = tiles_of_one_length(a);
   const bool causal = causal_bound(a);
-  const cudaError_t attr = uniform  ? allow_smem<Cfg, 1>(device)
-                           : causal ? allow_smem<Cfg, 1, false, true, true>(device)
-                                    : allow_smem<Cfg, 1, false, true>(device);
+  const cudaError_t attr = with_whole_tile_kernel<Cfg>(
+      uniform, causal, [&]<auto kKernel>() { return detail::allow_dynamic_smem<kKernel>(device, Cfg::kSmemBytes); });
   if (attr != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr)};
 
   const int64_t m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
@@ -360,11 +370,14 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   }
   auto launch = [&](const FwdKernelParams& kp, bool split) {
     if (cluster == 1) {
-      (split     ? fwd_kernel<Cfg, 1, true>
-       : uniform ? fwd_kernel<Cfg, 1, false>
-       : causal  ? fwd_kernel<Cfg, 1, false, true, true>
-                 : fwd_kernel<Cfg, 1, false, true>)<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
-      return cudaGetLastError();
+      if (split) {
+        fwd_kernel<Cfg, 1, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
+        return cudaGetLastError();
+      }
+      return with_whole_tile_kernel<Cfg>(uniform, causal, [&]<auto kKernel>() {
+        kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
+        return cudaGetLastError();
+      });
     }
     const PairLaunch<Cfg> pairs(grid, stream);
     return cudaLaunchKernelEx(&pairs.cfg, split ? fwd_kernel<Cfg, 2, true> : fwd_kernel<Cfg, 2, false>, kp);
