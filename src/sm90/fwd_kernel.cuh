@@ -762,9 +762,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   // Byte offsets of k-step kk in this consumer's rows of Q, in a K slot and in a V slot (64-column
   // swizzle atoms of kBlockM or kBlockN rows; V's steps are 16 keys of 128 bytes).
-  auto q_step = [](int kk) { return (kk / 4) * kBlockM * 128 + (kk % 4) * 32; };
-  auto k_step = [](int kk) { return (kk / 4) * kBlockN * 128 + (kk % 4) * 32; };
-  auto v_step = [](int kk) { return kk * 16 * 128; };
+  auto q_step = [](int kk) { return wgmma::kmajor_step(kk, kBlockM); };
+  auto k_step = [](int kk) { return wgmma::kmajor_step(kk, kBlockN); };
+  auto v_step = [](int kk) { return wgmma::mn_step(kk); };
   // S from the K slot at byte `slot` of the K ring (the slot's index times Cfg::kKVBytes).
   auto issue_s_at = [&](int slot) {
 #pragma unroll
