@@ -174,7 +174,8 @@ struct FwdConfig {
   // tile's last key block, consumer 0's in the K slot and consumer 1's in the V slot (one
   // consumer's 64 x 256 fits an 80-key slot), each held from the loader until its TMA store has
   // read it (FwdBarriers::kv_read); each consumer's rows of Q go back to its Q loader once its last
-  // S is done (FwdBarriers::q_free), so the next tile's Q loads under the last P V and the epilogue.
+  // S is done (FwdBarriers::q_free), so the next tile's Q loads under the last softmax, the last
+  // P V and the epilogue.
   // Storing 128 accumulators a thread straight to global memory took 5300-8000 cycles a tile,
   // staged 2800: +2...+9 % at d256 on an H100; staged in the Q buffer instead, the next Q waited
   // for the store (2.5-4.5k cycles at 512): H100 d256 512 +2.2 %, 1k +1.8 %, causal 512 +1.0 %
@@ -337,6 +338,10 @@ struct alignas(16) FwdBarriers {
   // has read its last K (kv_read[0]), consumer 1's in the V slot, once consumer 0's last P V has
   // read it (kv_read[1]); each holds its slot (no empty arrive) until its O store has read it.
   uint64_t kv_read[2];
+  // With kStageOInKV, consumer c's rows of Q land a 64-column chunk at a time: chunk 0 on
+  // q_full[c] (with the tile index), chunk k > 0 on q_chunk[c][k - 1], so a tile's first S issues
+  // each chunk's k-steps as it lands.
+  uint64_t q_chunk[2][3];
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
 
@@ -427,6 +432,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // ptxas spills (d64 72 bytes).
   constexpr bool kNoMaxHere = Cfg::kNoBlockMax && !kSplit;
   constexpr bool kTurnSub = kOInKV && kCluster == 1;
+  // A consumer's rows of Q go back to their loader (q_free) as soon as the tile's last S is done,
+  // inside its step, rather than after that step's softmax, P V wait and rescale: the next tile's Q
+  // (the boundary's longest wait with one Q buffer) loads that much earlier. H200, d256: causal 512
+  // +4.2 %, 512 +4.0 %, 1k +2.7 %, 4k +1.3 %, 16k unchanged (docs/perf-notes.md, "The next Q
+  // freed in the last S's step"). Not where a step may compute S again from Q (kNoMaxHere).
+  constexpr bool kEarlyQFree = kOInKV && !kNoMaxHere;
   // Consumers with no row of the sequence skip a tile's work. d64 on 192-row tiles, H100:
   // non-causal 512 +4.7 %, 1k +3.2 %, longer rows and causal unchanged (docs/perf-notes.md).
   // Whole tiles on one CTA with the turn ring only: the stream-K pieces keep every consumer's
@@ -501,6 +512,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int c = 0; c < 2; ++c) {
         mbar_init(&bar.q_free[c], 4);  // the consumer's four warps
         mbar_init(&bar.kv_read[c], 1);
+        static_assert(Cfg::kChunks - 1 <= 3, "FwdBarriers::q_chunk holds three chunks past the first");
+        for (int k = 0; k + 1 < Cfg::kChunks; ++k) mbar_init(&bar.q_chunk[c][k], 1);
       }
       mbar_init(&bar.tile_pub, 1);
     }
@@ -526,16 +539,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // ---------------- producer ----------------
     regs_decrease<kSplit ? Cfg::kProducerRegsSplit : Cfg::kProducerRegs>();
     // Consumer c's 64 rows of tile tl's Q (Q's map has 64-row boxes with FwdConfig::kStageOInKV):
-    // one TMA a 64-column chunk, signalling `full`, whose expected bytes the caller has set.
-    [[maybe_unused]] auto load_q_rows = [&](int c, const Tile& tl, uint64_t* full) {
+    // one TMA a 64-column chunk, signalling `full` (chunk k > 0: rest[k - 1] where given), whose
+    // expected bytes the caller has set.
+    [[maybe_unused]] auto load_q_rows = [&](int c, const Tile& tl, uint64_t* full, uint64_t* rest = nullptr) {
       const int row = tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64;
 #pragma unroll
       for (int k = 0; k < Cfg::kChunks; ++k) {
         uint8_t* dst = sQ + k * kBlockM * 128 + c * 64 * 128;
+        uint64_t* landed = rest != nullptr && k > 0 ? rest + (k - 1) : full;
         if constexpr (Cfg::kQOEvictFirst)  // Q is read once: evict_first in L2
-          tma_load_4d_hint(dst, &p.tm_q, full, k * 64, row, tl.head, tl.batch, l2_policy_evict_first());
+          tma_load_4d_hint(dst, &p.tm_q, landed, k * 64, row, tl.head, tl.batch, l2_policy_evict_first());
         else
-          tma_load_4d(dst, &p.tm_q, full, k * 64, row, tl.head, tl.batch);
+          tma_load_4d(dst, &p.tm_q, landed, k * 64, row, tl.head, tl.batch);
       }
     };
     if constexpr (kOInKV) {
@@ -556,8 +571,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
           const Tile tl = p.tiles.decode_tile(tile, rank);
           if (round > 0) mbar_wait(&bar.q_free[c], uint32_t(round - 1) & 1u);
-          mbar_arrive_expect_tx(&bar.q_full[c], Cfg::kQBytes / 2);
-          load_q_rows(c, tl, &bar.q_full[c]);
+          constexpr int kChunkBytes = Cfg::kQBytes / 2 / Cfg::kChunks;
+          mbar_arrive_expect_tx(&bar.q_full[c], kChunkBytes);
+          for (int k = 0; k + 1 < Cfg::kChunks; ++k) mbar_arrive_expect_tx(&bar.q_chunk[c][k], kChunkBytes);
+          load_q_rows(c, tl, &bar.q_full[c], bar.q_chunk[c]);
         }
         return;
       }
@@ -775,6 +792,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   };
   auto issue_s = [&](int stage) { issue_s_at(stage * Cfg::kKVBytes); };
+  // A tile's first S with kOInKV: each 64-column chunk's k-steps as soon as that chunk of this
+  // consumer's Q has landed (FwdBarriers::q_chunk; chunk 0 was q_full), so only the last chunk's
+  // k-steps stand between Q landed and S_0 done. H200 d256, with kEarlyQFree: causal 512 / 1k / 2k
+  // +0.4 / +0.5 / +0.6 % more, non-causal 512 +0.1 %, 1k -0.5 % (docs/perf-notes.md).
+  auto issue_s_chunks_at = [&](int slot, uint32_t phase) {
+    constexpr int kSteps = Cfg::kAtomCols / 16;
+#pragma unroll
+    for (int c = 0; c < Cfg::kChunks; ++c) {
+      if (c > 0) mbar_wait(&bar.q_chunk[consumer][c - 1], phase);
+#pragma unroll
+      for (int kk = c * kSteps; kk < (c + 1) * kSteps; ++kk) {
+        const uint64_t a = wgmma::desc_advance(q_desc, q_step(kk));
+        const uint64_t b = wgmma::desc_advance(k_desc, slot + k_step(kk));
+        wgmma::mma_ss<kBlockN, kType>(s, a, b, kk > 0);
+      }
+    }
+  };
+  // What a consumer that reads no Q this tile (idle, or no keys) waits before freeing it: every
+  // chunk's landing, so no phase of q_chunk is left unobserved when the loader arms the next.
+  auto wait_q_chunks = [&](uint32_t phase) {
+    if constexpr (kOInKV)
+      for (int c = 1; c < Cfg::kChunks; ++c) mbar_wait(&bar.q_chunk[consumer][c - 1], phase);
+  };
   // k-step kk of O += P V, with V's descriptor b for that step.
   auto pv_step = [&](int kk, uint64_t b, const uint32_t(&pv)[kBlockN / 4]) {
     if constexpr (Cfg::kSmemP) {
@@ -1032,6 +1072,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         prev_phase = r.phase;
         r.advance();
       }
+      wait_q_chunks(q_phase());
       release_q(&bar.q_empty[q_stage()]);
       mbar_wait(&bar.v_full[prev], prev_phase);
       turn_wait();
@@ -1048,13 +1089,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       else  // the consumer's four warps meet before an issue whose slot thread 0 then frees
         named_bar_sync(own_barrier<Cfg>(consumer), 128);
       wgmma::fence();
-      issue_s_at(first_slot);
+      if constexpr (kOInKV)
+        issue_s_chunks_at(first_slot, q_phase());
+      else
+        issue_s_at(first_slot);
       wgmma::commit_group();
       if constexpr (kTurnFirstS) turn_pass();
       stamp_b(5);
       wgmma::wait_group<0>();
       wgmma::pin(s);
       stamp_b(6);
+      if (kEarlyQFree && n == range.lo) release_q(&bar.q_empty[q_stage()]);
       release_k(n, r.stage);
       softmax_turn_begin();
       // With a right bound (causal), how much of the first block this consumer's rows see: none
@@ -1111,6 +1156,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           wgmma::pin(s);
           pin_o();
           wgmma::pin(p_prev);
+          if (kEarlyQFree && n == range.lo) release_q(&bar.q_empty[q_stage()]);
           release_k(n, r.stage);
           release(&bar.v_empty[prev]);
           softmax_turn_begin();
@@ -1127,6 +1173,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           wgmma::wait_group<1>();
           wgmma::pin(s);
           stamp(4);
+          if (kEarlyQFree && n == range.lo) release_q(&bar.q_empty[q_stage()]);
           // With the row-max-free step K_j is held until its check has stood (below).
           if constexpr (!kNoMaxHere) release_k(n, r.stage);
           {
@@ -1206,8 +1253,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       stamp_b(0);
       // (The idle consumer's walk above mirrors this path's waits, turns and frees.)
       // Every S of this tile is done: its Q buffer is free (with kOInKV this consumer's rows, to
-      // its Q loader: q_free).
-      release_q(&bar.q_empty[q_stage()]);
+      // its Q loader: q_free), unless the last S's step freed it (kEarlyQFree).
+      if constexpr (!kEarlyQFree) release_q(&bar.q_empty[q_stage()]);
       // Last P V.
       const int last_v_slot = uniform(prev * Cfg::kKVBytes);
       mbar_wait(&bar.v_full[prev], prev_phase);
@@ -1230,6 +1277,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       release_v_last(prev);
       last_slot = prev;
     } else {
+      wait_q_chunks(q_phase());
       release_q(&bar.q_empty[q_stage()]);
     }
     if constexpr (Cfg::kTensorRowSum)
