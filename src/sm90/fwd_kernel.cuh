@@ -782,14 +782,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto q_step = [](int kk) { return wgmma::kmajor_step(kk, kBlockM); };
   auto k_step = [](int kk) { return wgmma::kmajor_step(kk, kBlockN); };
   auto v_step = [](int kk) { return wgmma::mn_step(kk); };
-  // S from the K slot at byte `slot` of the K ring (the slot's index times Cfg::kKVBytes).
+  // k-step kk of S = Q K^T, K from the slot at byte `slot` of the K ring (the slot's index times
+  // Cfg::kKVBytes).
+  auto s_step = [&](int kk, int slot) {
+    const uint64_t a = wgmma::desc_advance(q_desc, q_step(kk));
+    const uint64_t b = wgmma::desc_advance(k_desc, slot + k_step(kk));
+    wgmma::mma_ss<kBlockN, kType>(s, a, b, kk > 0);
+  };
+  // S from the K slot at byte `slot`.
   auto issue_s_at = [&](int slot) {
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint64_t a = wgmma::desc_advance(q_desc, q_step(kk));
-      const uint64_t b = wgmma::desc_advance(k_desc, slot + k_step(kk));
-      wgmma::mma_ss<kBlockN, kType>(s, a, b, kk > 0);
-    }
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) s_step(kk, slot);
   };
   auto issue_s = [&](int stage) { issue_s_at(stage * Cfg::kKVBytes); };
   // A tile's first S with kOInKV: each 64-column chunk's k-steps as soon as that chunk of this
@@ -802,11 +805,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int c = 0; c < Cfg::kChunks; ++c) {
       if (c > 0) mbar_wait(&bar.q_chunk[consumer][c - 1], phase);
 #pragma unroll
-      for (int kk = c * kSteps; kk < (c + 1) * kSteps; ++kk) {
-        const uint64_t a = wgmma::desc_advance(q_desc, q_step(kk));
-        const uint64_t b = wgmma::desc_advance(k_desc, slot + k_step(kk));
-        wgmma::mma_ss<kBlockN, kType>(s, a, b, kk > 0);
-      }
+      for (int kk = c * kSteps; kk < (c + 1) * kSteps; ++kk) s_step(kk, slot);
     }
   };
   // What a consumer that reads no Q this tile (idle, or no keys) waits before freeing it: every
