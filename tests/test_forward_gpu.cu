@@ -188,6 +188,18 @@ TEST(ForwardGpu, CausalBothDirectionsOfSeqlenMismatch) {
       for (bool causal : {false, true}) run_case({BF16, 1, sq, sk, 2, 1, d, causal}, seed++);
 }
 
+// d256 under a causal bound runs on 64-key blocks where the key ranges are short and on 80-key
+// blocks where they are long (sm90::d256_narrow_blocks; TileOrder.D256KeyBlockWidthFollows... pins
+// which of these shapes takes which): both widths, both dtypes, a tail in each.
+TEST(ForwardGpu, D256CausalBothKeyBlockWidths) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 150;
+  for (fa4::DType t : {BF16, FP16}) {
+    run_case({t, 2, 300, 300, 2, 1, 256, true}, seed++);   // 64-key blocks
+    run_case({t, 1, 250, 4000, 2, 2, 256, true}, seed++);  // 80-key blocks
+  }
+}
+
 TEST(ForwardGpu, Fp16) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 200;

@@ -260,6 +260,38 @@ TEST(TileOrder, ClusterPairsOnlyForTilesOfOneLength) {
   EXPECT_FALSE(use_cluster_pairs(a, 32));
 }
 
+// The d256 key-block width: 64-key blocks under a causal or window bound where 80-key ones
+// compute at least 1.02 times their scores; 80 otherwise and always without a bound.
+TEST(TileOrder, D256KeyBlockWidthFollowsTheComputedScores) {
+  fa4::detail::FwdParams a = fwd_params(1, 1, 1, 512, 512, 256);
+  EXPECT_FALSE(fa4::sm90::d256_narrow_blocks(a));  // 7 blocks of 80 against 8 of 64: 1.094, no bound
+  a.window_right = 0;
+  // Causal 512: 2 + 4 + 5 + 7 blocks of 80 keys against 2 + 4 + 6 + 8 of 64.
+  EXPECT_EQ((fa4::sm90::computed_scores<128, 80>(a)), 18.0 * 128 * 80);
+  EXPECT_EQ((fa4::sm90::computed_scores<128, 64>(a)), 20.0 * 128 * 64);
+  EXPECT_TRUE(fa4::sm90::d256_narrow_blocks(a));  // 1.125
+  for (auto [s, narrow] : {std::pair{1024, true}, {2048, true}, {4096, false}, {16384, false}}) {
+    a = fwd_params(1, 1, 1, s, s, 256);
+    EXPECT_FALSE(fa4::sm90::d256_narrow_blocks(a)) << s;
+    a.window_right = 0;
+    const double ratio = fa4::sm90::computed_scores<128, 80>(a) / fa4::sm90::computed_scores<128, 64>(a);
+    EXPECT_EQ(fa4::sm90::d256_narrow_blocks(a), narrow) << s << " causal, " << ratio;
+    EXPECT_EQ(ratio >= fa4::sm90::kD256WideBlocksWorse, narrow) << s;
+  }
+  // ForwardGpu.D256CausalBothKeyBlockWidths's shapes.
+  a = fwd_params(2, 2, 1, 300, 300, 256);
+  a.window_right = 0;
+  EXPECT_TRUE(fa4::sm90::d256_narrow_blocks(a));
+  a = fwd_params(1, 2, 2, 250, 4000, 256);
+  a.window_right = 0;
+  EXPECT_FALSE(fa4::sm90::d256_narrow_blocks(a));
+  // A short window's tiles overrun both of its edges.
+  a = fwd_params(1, 1, 1, 4096, 4096, 256);
+  a.window_left = 200;
+  a.window_right = 0;
+  EXPECT_TRUE(fa4::sm90::d256_narrow_blocks(a));
+}
+
 // The d64 tile height: scores each height computes (padding and partial blocks included), and the
 // rule that takes 128-row tiles where 192-row ones would compute over 1.15 times as many (1.25
 // with a causal or window bound).

@@ -214,6 +214,19 @@ inline bool d64_two_consumers(const detail::FwdParams& a) {
   return computed_scores<192, 128>(a) > worse * computed_scores<128, 128>(a);
 }
 
+// d256 has two key-block widths: 80 keys, the widest that two K/V stages leave room for beside one
+// Q buffer, and 64. Under a causal or window bound a tile's last blocks overrun its diagonal, and
+// 80-key blocks overrun it more: at causal 512 they compute 1.125 times the scores of 64-key ones,
+// at 1k 1.059, 2k 1.029, 4k 1.015. A 64-key block costs more a score (a block's fixed costs are
+// the same), so the 64-key blocks only where the 80-key ones compute at least
+// kD256WideBlocksWorse times their scores (H200, four rounds: causal 512 +4.0 %, 1k +2.1 %, 2k
+// +0.8 %, 4k +0.3 %, 16k -3.1 %; without a bound 512 (1.094) -0.4 %, 1k -2.3 %, so never there;
+// docs/perf-notes.md, "d256 on 64-key blocks under a causal bound").
+inline constexpr double kD256WideBlocksWorse = 1.02;
+inline bool d256_narrow_blocks(const detail::FwdParams& a) {
+  return !tiles_of_one_length(a) && computed_scores<128, 80>(a) >= kD256WideBlocksWorse * computed_scores<128, 64>(a);
+}
+
 using detail::PerDevice;
 
 // Lets fwd_kernel<Cfg, kCluster, kSplit, kBounded, kCausal> use Cfg::kSmemBytes of dynamic shared

@@ -21,7 +21,11 @@ Status dispatch_head_dim(const FwdParams& a, cudaStream_t stream) {
     case 128: return sm90::launch_forward<FwdConfig<128, 128, sched::sm90_fwd::kKVStages, kBF16, 0>>(a, stream);
     // d256 stages O in each tile's last K/V slots (no other shared memory is left for it); its K/V
     // ring depth is the solver's (scheduler/generated/sm90_fwd_d256_schedule.h).
+    // Under a causal or window bound short key ranges take 64-key blocks (d256_narrow_blocks).
     case 256:
+      if (sm90::d256_narrow_blocks(a))
+        return sm90::launch_forward<
+            FwdConfig<256, 64, sched::sm90_fwd_d256::kKVStages, kBF16, 0, 2, true, true, false, false, false, true>>(a, stream);
       return sm90::launch_forward<
           FwdConfig<256, 80, sched::sm90_fwd_d256::kKVStages, kBF16, 0, 2, true, true, false, false, false, true>>(a, stream);
     default:
