@@ -91,8 +91,10 @@ struct FwdConfig {
   // Steady-state steps on unmasked key blocks take no row max (softmax.cuh, softmax_step_no_max):
   // the exponentials run against the running max as it stands and each thread's partial row sums
   // bound them; a warpgroup whose check fails computes S again and takes the exact step. On an
-  // H100 +7.5...+12 % at d64, +3...+5 % at d128 (docs/perf-notes.md). Not at d256, where ptxas
-  // spills 84-136 bytes with it.
+  // H100 +7.5...+12 % at d64, +3...+5 % at d128 (docs/perf-notes.md). Not at d256: a step that
+  // may compute S again keeps Q to the tile's end, so it would turn off the early Q free
+  // (fwd_kernel's kEarlyQFree; ptxas used to spill 84-136 bytes with it and no longer does, but it
+  // has not been timed against that).
   static constexpr bool kNoBlockMax = kNoBlockMax_ && !kTensorRowSum_ && !kSmemP_;
   // How consumers take turns at the tensor cores: 0 ping-pong (a consumer issues S_j and
   // P_{j-1} V_{j-1}, then passes the turn); 1 the turn passes right after S_j, so the next
@@ -171,11 +173,11 @@ struct FwdConfig {
   // d64 512 +4.9 %, 1k +1.0 % (docs/perf-notes.md, "O staged at three consumers").
   static constexpr bool kStageO = kOOffset + kQBytes + kBarBytes + kAlignSlack <= kSmemLimit;
   // Where no shared memory is left for O (d256: one Q buffer), O staged in the K/V slots of the
-  // tile's last key block, consumer 0's in the K slot and consumer 1's in the V slot (one
-  // consumer's 64 x 256 fits an 80-key slot), each held from the loader until its TMA store has
-  // read it (FwdBarriers::kv_read); each consumer's rows of Q go back to its Q loader once its last
-  // S is done (FwdBarriers::q_free), so the next tile's Q loads under the last softmax, the last
-  // P V and the epilogue.
+  // tile's last key block, consumer 0's in the K slot and consumer 1's in the V slot (a slot of
+  // 64 keys or more holds a consumer's 64 rows of O), each held from the loader until its TMA
+  // store has read it (FwdBarriers::kv_read); each consumer's rows of Q go back to its Q loader
+  // once its last S is done (FwdBarriers::q_free), so the next tile's Q loads under the last
+  // softmax, the last P V and the epilogue.
   // Storing 128 accumulators a thread straight to global memory took 5300-8000 cycles a tile,
   // staged 2800: +2...+9 % at d256 on an H100; staged in the Q buffer instead, the next Q waited
   // for the store (2.5-4.5k cycles at 512): H100 d256 512 +2.2 %, 1k +1.8 %, causal 512 +1.0 %
@@ -183,6 +185,7 @@ struct FwdConfig {
   // (fwd_kernel's kOInKV).
   static constexpr bool kStageOInKV = kStageOInKV_ && !kStageO && kQStages == 1 && kConsumers == 2;
   static constexpr bool kTmaStoreO = kStageO || kStageOInKV;
+  static_assert(!kStageOInKV || kBlockN >= 64, "O staged in K/V slots: a slot holds a consumer's 64 rows of O");
   // Q's TMA loads and O's TMA stores carry an L2 evict_first policy (each line is read or written
   // once), so the K and V that a head's other tiles read again stay in L2. H100, four rounds:
   // d256 causal 512 +1.5 %, causal 1k +0.8 %, d128 causal 512 +0.6 %, other rows 0.997-1.004; d64
@@ -450,7 +453,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // consumers, where 192-row tiles over 128-key blocks leave a consumer without a key in the
   // block). d64 causal 512 / 1k / 2k / 4k +4.4 / +6.3 / +5.1 / +3.4 % with kConsumerMask below,
   // H100 (docs/perf-notes.md, "The causal diagonal cut to each consumer's rows"). Not at d256
-  // (80-key blocks), nor skipping with two consumers, where ptxas spilled.
+  // (80- or 64-key blocks), nor skipping with two consumers, where ptxas spilled (d64 / d128).
   constexpr bool kHalfFirst = kBounded && kBlockN == 128;
   constexpr bool kSkipFirst = kBounded && Cfg::kConsumers == 3 && kBlockN == 128;
   // The mask's one-compare path for a launch without a left bound (mask.cuh): where ptxas keeps
