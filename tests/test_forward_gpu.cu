@@ -189,8 +189,8 @@ TEST(ForwardGpu, CausalBothDirectionsOfSeqlenMismatch) {
 }
 
 // d256 under a causal bound runs on 64-key blocks where the key ranges are short and on 80-key
-// blocks where they are long (sm90::d256_narrow_blocks; TileOrder.D256KeyBlockWidthFollows... pins
-// which of these shapes takes which): both widths, both dtypes, a tail in each.
+// blocks where they are long (sm90::d256_narrow_blocks; which of these shapes takes which is
+// pinned by TileOrder.D256KeyBlockWidthFollowsTheComputedScores): both widths, both dtypes, tails.
 TEST(ForwardGpu, D256CausalBothKeyBlockWidths) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 150;

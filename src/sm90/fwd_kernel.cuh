@@ -453,7 +453,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // consumers, where 192-row tiles over 128-key blocks leave a consumer without a key in the
   // block). d64 causal 512 / 1k / 2k / 4k +4.4 / +6.3 / +5.1 / +3.4 % with kConsumerMask below,
   // H100 (docs/perf-notes.md, "The causal diagonal cut to each consumer's rows"). Not at d256
-  // (80- or 64-key blocks), nor skipping with two consumers, where ptxas spilled (d64 / d128).
+  // (80-key blocks; on 64-key blocks consumer 0 could skip a tile's last block whole, not tried),
+  // nor skipping with two consumers, where ptxas spilled.
   constexpr bool kHalfFirst = kBounded && kBlockN == 128;
   constexpr bool kSkipFirst = kBounded && Cfg::kConsumers == 3 && kBlockN == 128;
   // The mask's one-compare path for a launch without a left bound (mask.cuh): where ptxas keeps
