@@ -19,21 +19,18 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-TOKENS, HIDDEN = 16384, 2048
+import side_by_side as sbs  # noqa: E402
+
 FLUSH_BYTES = 256 << 20
 
 
@@ -51,26 +48,17 @@ def main() -> int:
         print("dram_floor: no CUDA GPU here; run it on the GPU machine", file=sys.stderr)
         return 2
 
-    b, h, s, d = TOKENS // a.seqlen, HIDDEN // a.hdim, a.seqlen, a.hdim
-    g = torch.Generator(device="cuda").manual_seed(1)
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    b, h = sbs.shape(a.seqlen, a.hdim)
+    s, d = a.seqlen, a.hdim
+    t = sbs.make_tensors(b, h, s, d, torch.bfloat16, "fwd", seed=1)
+    q, k, v = t["q"], t["k"], t["v"]
     o = torch.empty_like(q)
-    qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     tensor_bytes = q.numel() * q.element_size()
-    flops = 4.0 * b * h * s * s * d * (0.5 if a.causal else 1.0)
 
     fns = {"floor": lambda: torch.addcmul(q, k, v, out=o)}
     for name in a.providers.split(","):
-        if name == "fa4":
-            import fa4
-            fns["fa4"] = lambda: fa4.flash_attn_func(q, k, v, causal=a.causal)
-        elif name in ("cudnn", "fa2"):
-            backend = SDPBackend.CUDNN_ATTENTION if name == "cudnn" else SDPBackend.FLASH_ATTENTION
-
-            def sdpa(backend=backend):
-                with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(qh, kh, vh, is_causal=a.causal)
-            fns[name] = sdpa
+        if name in ("fa4", "cudnn", "fa2"):
+            fns[name] = sbs.make_fn(name, "fwd", t, a.causal)
         elif name != "floor":
             sys.exit(f"dram_floor: --providers has '{name}': allowed are floor, fa4, cudnn, fa2")
 
@@ -104,22 +92,12 @@ def main() -> int:
                 times[(n, m)].append(time_once(fns[n], m))
 
     props = torch.cuda.get_device_properties(0)
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, check=True).stdout.split()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        driver = "unknown"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
-    commit = os.environ.get("FA4_COMMIT", commit)
-    rec = {"gpu": props.name, "driver": driver, "commit": commit,
+    driver = sbs.gpu_driver()
+    rec = {"gpu": props.name, "driver": driver, "commit": sbs.commit_hash(),
            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "command": "python3 bench/dram_floor.py " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
            "shape": {"batch": b, "heads": h, "seqlen": s, "head_dim": d, "causal": a.causal, "dtype": "bf16"},
-           "bytes_read": 3 * tensor_bytes, "bytes_written": tensor_bytes, "flops": flops,
+           "bytes_read": 3 * tensor_bytes, "bytes_written": tensor_bytes,
            "rounds": a.rounds, "reps": a.reps, "results": []}
     print(f"{props.name}, driver {driver}: b={b} h={h} s={s} d={d} causal={a.causal}; "
           f"{4 * tensor_bytes / 1e6:.0f} MB of Q, K, V and O")
@@ -128,7 +106,7 @@ def main() -> int:
         ms = statistics.median(ts)
         r = {"provider": n, "flush": m, "ms": ms, "rounds_ms": ts,
              "tb_per_s": 4 * tensor_bytes / (ms * 1e-3) / 1e12,
-             "tflops": None if n == "floor" else flops / (ms * 1e-3) / 1e12}
+             "tflops": None if n == "floor" else sbs.tflops(b, h, s, d, a.causal, "fwd", ms)}
         rec["results"].append(r)
         tf = "-" if r["tflops"] is None else f"{r['tflops']:.1f}"
         print(f"{n:8} {m:6} {ms * 1e3:8.1f} {tf:>8} {r['tb_per_s']:13.2f}  "
