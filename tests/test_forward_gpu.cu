@@ -200,6 +200,23 @@ TEST(ForwardGpu, D256CausalBothKeyBlockWidths) {
   }
 }
 
+// d256 under a bound: a consumer whose rows see no key of a tile's first block passes it over,
+// S, softmax and P V (fwd_kernel's kSkipFirstWhole): consumer 0 of every causal tile on 64-key
+// blocks. Beside a consumer 1 with one row (65), an idle consumer 1 (130), rows that see more keys
+// (200 x 400) or none (500 x 200: consumer 0 of the first tiles sees nothing at all), windows that
+// skip (100, 0) and do not (-1, 30), GQA and 80-key blocks (250 x 4000).
+TEST(ForwardGpu, D256FirstBlockPassedOver) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 160;
+  run_case({BF16, 2, 65, 65, 2, 1, 256, true}, seed++);
+  run_case({FP16, 1, 130, 130, 2, 2, 256, true}, seed++);
+  run_case({BF16, 1, 200, 400, 4, 2, 256, true}, seed++);
+  run_case({BF16, 1, 500, 200, 2, 2, 256, true}, seed++);
+  run_case({FP16, 1, 700, 700, 2, 2, 256, false, 100, 0}, seed++);
+  run_case({BF16, 1, 300, 300, 2, 2, 256, false, -1, 30}, seed++);
+  run_case({BF16, 1, 250, 4000, 4, 1, 256, true}, seed++);
+}
+
 TEST(ForwardGpu, Fp16) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 200;

@@ -452,11 +452,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // rows see (the consumer loop): the lower half alone (kHalfFirst), or nothing (kSkipFirst: three
   // consumers, where 192-row tiles over 128-key blocks leave a consumer without a key in the
   // block). d64 causal 512 / 1k / 2k / 4k +4.4 / +6.3 / +5.1 / +3.4 % with kConsumerMask below,
-  // H100 (docs/perf-notes.md, "The causal diagonal cut to each consumer's rows"). Not at d256
-  // (80-key blocks; on 64-key blocks consumer 0 could skip a tile's last block whole, not tried),
-  // nor skipping with two consumers, where ptxas spilled.
+  // H100 (docs/perf-notes.md, "The causal diagonal cut to each consumer's rows"). Not with two
+  // consumers' softmax skipped alone, where ptxas spilled.
   constexpr bool kHalfFirst = kBounded && kBlockN == 128;
   constexpr bool kSkipFirst = kBounded && Cfg::kConsumers == 3 && kBlockN == 128;
+  // d256 (kOInKV) with a bound: a consumer whose rows see no key of the tile's first block skips
+  // it whole, S and P V with the softmax. It takes that block's turn without issuing (the turn ring
+  // counts one turn a block for each consumer) and frees its K and V slots; its walk then starts
+  // on the next block. On 64-key blocks that is consumer 0 in every causal tile (rows 128i ...
+  // 128i + 63, keys 128i + 64 ... 128i + 127): at causal 512 4 of its 20 blocks a head; on 80-key
+  // blocks four tiles in five. H100, four rounds: causal 512 / 1k / 2k / 4k / 16k +0.4 / +1.2 /
+  // +0.8 / +0.9 / +0.7 %; the rows that wait on DRAM gain least (docs/perf-notes.md, "A first
+  // block passed over").
+  constexpr bool kSkipFirstWhole = kBounded && kOInKV;
   // The mask's one-compare path for a launch without a left bound (mask.cuh): where ptxas keeps
   // it without spilling, which is not d64's three-consumer kernel or d256's with a runtime
   // window; in the causal kernel it is the only path, no branch, and spill-free in all.
@@ -742,8 +750,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int col0 = 2 * (lane % 4);  // + 8 * chunk + {0, 1}
   // Which rows decide whether a key block needs the mask: with kConsumerMask this consumer's 64
   // (a block that the tile's diagonal crosses but these rows see whole takes the unmasked,
-  // row-max-free step), otherwise the tile's. Not at d256, where ptxas spilled (8-12 bytes).
-  constexpr bool kConsumerMask = kBounded && kHeadDim <= 128;
+  // row-max-free step), otherwise the tile's. At d256 on 64-key blocks (consumer 1 of a causal
+  // tile sees the block below the diagonal whole): H100, with kSkipFirstWhole, causal 512 / 1k /
+  // 2k +0.4 / +0.5 / +0.2 % more (docs/perf-notes.md, "A first block passed over"). Not timed on
+  // 80-key blocks (ptxas spilled 8-12 bytes there once; now it does not).
+  constexpr bool kConsumerMask = kBounded && (kHeadDim <= 128 || kBlockN <= 64);
   constexpr int kMaskRows = kConsumerMask ? 64 : kBlockM;
   const int mask_rows_at = kConsumerMask ? consumer * 64 : 0;
 
@@ -1084,6 +1095,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     } else if (range.hi > range.lo) {
       int n = range.hi - 1;
       float corr[2];
+      // With a right bound (causal), past the last key this consumer's last row sees.
+      const int seen_end = my_first + 64 + p.seqlen_k - p.seqlen_q + p.window.right;
+      // kSkipFirstWhole: a first block none of these rows see, with another block after it, is
+      // passed over: K_n seen landed (and the turn taken, so the other consumer has freed this
+      // slot's earlier use) before its slot is freed; its V slot is freed after the next S, once
+      // seen landed (which orders the free after the other consumer's free of the slot's earlier
+      // use, an O staged there included).
+      [[maybe_unused]] int skipped_v = -1;
+      [[maybe_unused]] uint32_t skipped_phase = 0;
+      if constexpr (kSkipFirstWhole) {
+        if (bound().right >= 0 && seen_end <= n * kBlockN && n > range.lo) {
+          mbar_wait(&bar.k_full[r.stage], r.phase);
+          turn_wait();
+          turn_pass();
+          release_k(n, r.stage);
+          skipped_v = r.stage;
+          skipped_phase = r.phase;
+          r.advance();
+          --n;
+        }
+      }
       // First block: S_0 alone.
       const int first_slot = uniform(r.stage * Cfg::kKVBytes);
       mbar_wait(&bar.k_full[r.stage], r.phase);
@@ -1104,13 +1136,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       stamp_b(6);
       if (kEarlyQFree && n == range.lo) release_q(&bar.q_empty[q_stage()]);
       release_k(n, r.stage);
+      if constexpr (kSkipFirstWhole)
+        if (skipped_v >= 0) {
+          mbar_wait(&bar.v_full[skipped_v], skipped_phase);
+          release(&bar.v_empty[skipped_v]);
+        }
       softmax_turn_begin();
       // With a right bound (causal), how much of the first block this consumer's rows see: none
       // (their keys all lie in lower blocks; P is zero and the rows stay as they were, as the
       // whole step would leave them), the lower half (the step on it, the upper half's P zero;
       // its mask takes the one-compare path where there is no left bound), or more (the whole
       // step).
-      const int seen_end = my_first + 64 + p.seqlen_k - p.seqlen_q + p.window.right;  // past the last row's last key
       if (kSkipFirst && p.window.right >= 0 && seen_end <= n * kBlockN) {
 #pragma unroll
         for (int i = 0; i < kBlockN / 2; ++i) s[i] = 0.0f;
