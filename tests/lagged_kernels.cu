@@ -10,14 +10,17 @@
 // ptxas's choices (the d128 ones have some wgmma serialized, C7519; the d64 ones spill 4-8 bytes).
 #include "lagged_kernels.h"
 
+#include "sm90/fwd_configs.cuh"
 #include "sm90/fwd_launch.cuh"
 
 namespace fa4::test {
 
 namespace {
-using D64 = sm90::FwdConfig<64, 128, 4, true, 0, 3>;
-using D128 = sm90::FwdConfig<128, 128, 2, true, 0>;
-using D256 = sm90::FwdConfig<256, 80, 2, true, 0, 2, true, true, false, false, false, true>;  // as shipped
+// As shipped (sm90/fwd_configs.cuh), bf16.
+using D64 = sm90::D64Config<true, 3>;
+using D128 = sm90::D128Config<true>;
+using D256 = sm90::D256Config<80, true>;
+using D256Narrow = sm90::D256Config<64, true>;  // where d256_narrow_blocks says (a causal or window bound)
 template <class Base>
 struct IdleWarpsLate : Base {
   static constexpr long long kIdleWarpLag = 40000;  // ~20 us at 2 GHz; a K block lands in ~1-2 us
@@ -48,7 +51,9 @@ Status forward_tile_warp_late(const detail::FwdParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
     case 64: return sm90::launch_forward<TileWarpLate<D64>>(p, stream);
     case 128: return sm90::launch_forward<TileWarpLate<D128>>(p, stream);
-    case 256: return sm90::launch_forward<TileWarpLate<D256>>(p, stream);
+    case 256:
+      if (sm90::d256_narrow_blocks(p)) return sm90::launch_forward<TileWarpLate<D256Narrow>>(p, stream);
+      return sm90::launch_forward<TileWarpLate<D256>>(p, stream);
     default: return {StatusCode::kNotSupported, "forward_tile_warp_late: head_dim 64, 128 or 256"};
   }
 }

@@ -7,19 +7,16 @@
 #include <gtest/gtest.h>
 
 #include "graph_model.h"
-#include "sm90/fwd_kernel.cuh"
-#include "sm90_fwd_d256_schedule.h"
-#include "sm90_fwd_schedule.h"
+#include "sm90/fwd_configs.cuh"
 
 namespace {
 
 using fa4_test::read_model;
 using fa4_test::SmemModel;
-using fa4::sm90::FwdConfig;
 
-// The shipped configurations (src/sm90/sm90_fwd.cu), bf16.
-using D128 = FwdConfig<128, 128, fa4::sched::sm90_fwd::kKVStages, true, 0>;
-using D256 = FwdConfig<256, 80, fa4::sched::sm90_fwd_d256::kKVStages, true, 0, 2, true, true, false, false, false, true>;
+// The shipped configurations (src/sm90/fwd_configs.cuh), bf16; d256 on its wider key blocks.
+using D128 = fa4::sm90::D128Config<true>;
+using D256 = fa4::sm90::D256Config<80, true>;
 
 TEST(ForwardModel, D128GraphHoldsTheKernelsSharedMemory) {
   const SmemModel m = read_model("sm90_fwd");

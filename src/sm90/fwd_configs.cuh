@@ -1,0 +1,29 @@
+// The shipped sm90 forward configurations. sm90_fwd.cu dispatches among them (which one a launch
+// takes: d64_two_consumers, d256_narrow_blocks in fwd_launch.cuh); tests that check a shipped
+// kernel's protocol or shared memory name them from here.
+#pragma once
+
+#include "sm90/fwd_kernel.cuh"
+#include "sm90_fwd_d256_schedule.h"
+#include "sm90_fwd_schedule.h"
+
+namespace fa4::sm90 {
+
+// d64 is exp-bound: 128-key blocks, a deep ring, and three consumers (192-row tiles) so that two
+// softmaxes hide under one GEMM, or two where 192-row tiles would compute too many scores.
+template <bool kBF16, int kConsumers>
+using D64Config = FwdConfig<64, 128, 4, kBF16, 0, kConsumers>;
+
+// d128: the K/V ring depth the solver's (scheduler/generated/sm90_fwd_schedule.h).
+template <bool kBF16>
+using D128Config = FwdConfig<128, 128, sched::sm90_fwd::kKVStages, kBF16, 0>;
+
+// d256 keeps O (128 fp32 registers a thread) beside a narrow S: 80-key blocks, or 64 under a causal
+// or window bound where the key ranges are short. O is staged in each tile's last K/V slots (no
+// other shared memory is left for it); the K/V ring depth the solver's
+// (scheduler/generated/sm90_fwd_d256_schedule.h).
+template <int kBlockN, bool kBF16>
+using D256Config =
+    FwdConfig<256, kBlockN, sched::sm90_fwd_d256::kKVStages, kBF16, 0, 2, true, true, false, false, false, true>;
+
+}  // namespace fa4::sm90
