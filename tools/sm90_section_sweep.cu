@@ -1,10 +1,15 @@
 // FA3 shapes, causal or not (bf16, batch 16384 / seqlen, heads 2048 / d) timed with several heads a
 // section (FwdParams::l2_section_bytes; 0 = the launch's own choice), the budgets interleaved in
 // rounds; medians of 20-launch timings after a clock warm-up. For the tile order's section rule
-// (sm90/fwd_launch.cuh; cmake -DFA4_BUILD_PROBE=ON):  sm90_section_sweep [ROUNDS [CAUSAL=1]]
+// (sm90/fwd_launch.cuh; cmake -DFA4_BUILD_PROBE=ON):
+//   sm90_section_sweep [ROUNDS [CAUSAL=1 [FLUSH=0 [ONLY]]]]
+// FLUSH=1 times each launch alone after 256 MB written (as triton's do_bench, and so the harness,
+// flushes the L2), instead of 20 back to back; ONLY: the shapes to run, as D:S pairs ("256:512,
+// 128:512"; all when absent).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -23,6 +28,14 @@ __global__ void fill(__nv_bfloat16* x, size_t n, uint32_t seed) {
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? atoi(argv[1]) : 3;
   const bool causal = argc > 2 ? atoi(argv[2]) != 0 : true;
+  const bool flush = argc > 3 && atoi(argv[3]) != 0;
+  const std::string only = argc > 4 ? argv[4] : "";
+  auto wanted = [&](int d, int s) {
+    return only.empty() || ("," + only + ",").find("," + std::to_string(d) + ":" + std::to_string(s) + ",") != std::string::npos;
+  };
+  void* scratch = nullptr;
+  constexpr size_t kFlushBytes = size_t(256) << 20;
+  if (flush) CK(cudaMalloc(&scratch, kFlushBytes));
   if (rounds < 1) {
     std::fprintf(stderr, "ROUNDS = %s: must be an integer >= 1\n", argv[1]);
     return 2;
@@ -38,6 +51,7 @@ int main(int argc, char** argv) {
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   for (int d : {64, 128, 256}) for (int s : {512, 1024, 2048, 4096}) {
+    if (!wanted(d, s)) continue;
     const int b = 16384 / s, h = 2048 / d;
     const size_t n = size_t(b) * s * h * d;
     void *q, *k, *v, *o;
@@ -53,6 +67,19 @@ int main(int argc, char** argv) {
       for (int i = 0; i < nsec; ++i) {
         p.l2_section_bytes = secs[i] * 4ll * s * d;
         for (int w = 0; w < 5; ++w) fa4::detail::sm90_forward(p, 0);
+        if (flush) {
+          for (int it = 0; it < 20; ++it) {
+            CK(cudaMemsetAsync(scratch, 0, kFlushBytes));
+            cudaEventRecord(e0);
+            if (const fa4::Status st = fa4::detail::sm90_forward(p, 0); !st.ok()) {
+              std::fprintf(stderr, "sm90_forward failed: %s\n", st.message.c_str());
+              return 1;
+            }
+            cudaEventRecord(e1); cudaEventSynchronize(e1);
+            float t; cudaEventElapsedTime(&t, e0, e1); ms[i].push_back(t);
+          }
+          continue;
+        }
         for (int it = 0; it < 5; ++it) {
           cudaEventRecord(e0);
           for (int j = 0; j < 20; ++j)
@@ -70,12 +97,14 @@ int main(int argc, char** argv) {
       std::sort(ms[i].begin(), ms[i].end());
       const float med = ms[i][ms[i].size() / 2];
       if (i == 0) base = med;
-      printf("SECTION d=%d s=%d causal=%d heads=%ld: %.1f us  base/this %.3f  (p10 %.1f p90 %.1f)\n", d, s, int(causal), secs[i], med * 1e3, base / med,
+      printf("SECTION%s d=%d s=%d causal=%d heads=%ld: %.1f us  base/this %.3f  (p10 %.1f p90 %.1f)\n",
+             flush ? " flushed" : "", d, s, int(causal), secs[i], med * 1e3, base / med,
              ms[i][ms[i].size() / 10] * 1e3, ms[i][ms[i].size() * 9 / 10] * 1e3);
     }
     for (void* x : {q, k, v, o}) CK(cudaFree(x));
   }
   CK(cudaEventDestroy(e0));
   CK(cudaEventDestroy(e1));
+  if (scratch != nullptr) CK(cudaFree(scratch));
   return 0;
 }
