@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
   const bool flush = argc > 3 && atoi(argv[3]) != 0;
   const std::string only = argc > 4 ? argv[4] : "";
   auto wanted = [&](int d, int s) {
-    return only.empty() || ("," + only + ",").find("," + std::to_string(d) + ":" + std::to_string(s) + ",") != std::string::npos;
+    const std::string pair = "," + std::to_string(d) + ":" + std::to_string(s) + ",";
+    return only.empty() || ("," + only + ",").find(pair) != std::string::npos;
   };
   void* scratch = nullptr;
   constexpr size_t kFlushBytes = size_t(256) << 20;
