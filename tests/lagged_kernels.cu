@@ -18,6 +18,8 @@ namespace fa4::test {
 namespace {
 // As shipped (sm90/fwd_configs.cuh), bf16.
 using D64 = sm90::D64Config<true, 3>;
+using D64Two = sm90::D64Config<true, 2>;
+using D64Four = sm90::D64Config<true, 4>;  // tiles of one length only (sm90::d64_consumers)
 using D128 = sm90::D128Config<true>;
 using D256 = sm90::D256Config<80, true>;
 using D256Narrow = sm90::D256Config<64, true>;  // where d256_narrow_blocks says (a causal or window bound)
@@ -43,13 +45,22 @@ Status forward_idle_warps_late(const detail::FwdParams& p, cudaStream_t stream) 
   return sm90::launch_forward<IdleWarpsLate<D64>>(p, stream);
 }
 
+Status forward_idle_warps_late_four(const detail::FwdParams& p, cudaStream_t stream) {
+  return sm90::launch_forward<IdleWarpsLate<D64Four>>(p, stream);
+}
+
 Status forward_idle_warps_late_d128(const detail::FwdParams& p, cudaStream_t stream) {
   return sm90::launch_forward<IdleWarpsLate<D128>>(p, stream);
 }
 
 Status forward_tile_warp_late(const detail::FwdParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
-    case 64: return sm90::launch_forward<TileWarpLate<D64>>(p, stream);
+    case 64:
+      switch (sm90::d64_consumers(p)) {
+        case 2: return sm90::launch_forward<TileWarpLate<D64Two>>(p, stream);
+        case 4: return sm90::launch_forward<TileWarpLate<D64Four>>(p, stream);
+        default: return sm90::launch_forward<TileWarpLate<D64>>(p, stream);
+      }
     case 128: return sm90::launch_forward<TileWarpLate<D128>>(p, stream);
     case 256:
       if (sm90::d256_narrow_blocks(p)) return sm90::launch_forward<TileWarpLate<D256Narrow>>(p, stream);

@@ -271,6 +271,36 @@ TEST(ForwardGpu, DiagonalBlocksCutToEachConsumersRows) {
   run_case({BF16, 1, 256, 256, 4, 2, 64, true}, seed++);  // two consumers (1.5 times the scores on 192 rows)
 }
 
+// d64 runs on three tile heights (sm90::d64_consumers; which of these shapes takes which is pinned
+// by TileOrder.D64TileHeightFollowsTheComputedScores): 128 rows on two consumers, 192 on three and,
+// without a bound, 256 on four (64-key blocks, eight K/V stages). Each with key tails and a last
+// tile whose last consumer is idle or has a few rows; both dtypes, GQA, MQA, BHSD, one key; four
+// consumers also with the running max rising block after block and scores far apart in a block.
+TEST(ForwardGpu, D64EveryTileHeight) {
+  FA4_REQUIRE_GPU();
+  const Case cases[] = {
+      {BF16, 2, 100, 333, 4, 2, 64, false},                           // two
+      {FP16, 1, 17, 1000, 2, 1, 64, false},                           // two
+      {BF16, 2, 1050, 239, 4, 1, 64, false},                          // three, the last consumer idle
+      {FP16, 1, 700, 1000, 2, 2, 64, false, -1, -1, Layout::kBHSD},   // three
+      {BF16, 2, 450, 333, 4, 2, 64, false},                           // four, the last consumer idle
+      {FP16, 2, 512, 512, 8, 1, 64, false},                           // four, MQA
+      {BF16, 1, 200, 1111, 4, 4, 64, false, -1, -1, Layout::kBHSD},   // four, one tile: 8 rows for the last
+      {BF16, 1, 1000, 1, 2, 2, 64, false},                            // four, one key
+      {FP16, 1, 420, 700, 2, 1, 64, false, -1, -1, Layout::kPadded},  // four, the last consumer idle
+  };
+  uint32_t seed = 2100;
+  for (const Case& c : cases) ASSERT_NO_FATAL_FAILURE(run_case(c, seed++));
+  for (DType t : {BF16, FP16}) {
+    Case ramp{t, 1, 450, 1111, 2, 1, 64, false};
+    ramp.key_ramp = 60.0;
+    run_case(ramp, seed++);
+    Case spread{t, 2, 512, 1111, 2, 1, 64, false};
+    spread.key_scale = 6.0;
+    run_case(spread, seed++);
+  }
+}
+
 TEST(ForwardGpu, RunningMaxRisesPastTheRescaleThreshold) {
   FA4_REQUIRE_GPU();
   // Steady-state steps on unmasked blocks take their exponentials against the running max without
@@ -330,6 +360,9 @@ TEST(ForwardGpu, IdleConsumersWarpsLateToTheirFirstBlock) {
   uint32_t seed = 1900;
   for (int64_t sq : {512, 3900})
     run_lagged({BF16, 2, sq, 640, 3, 1, 64, false}, fa4::test::forward_idle_warps_late, 4, seed++);
+  // Four consumers: 450 rows on 256-row tiles leave the second tile's last consumer idle; ten
+  // 64-key blocks on eight stages.
+  run_lagged({BF16, 2, 450, 640, 3, 1, 64, false}, fa4::test::forward_idle_warps_late_four, 4, seed++);
 }
 
 TEST(ForwardGpu, IdleConsumersWarpsLateOnTwoConsumers) {
@@ -346,15 +379,20 @@ TEST(ForwardGpu, WarpsSkewedEveryTile) {
   // within a consumer one warp trails the others and the consumers trail each other in turn; each
   // loader thread (K, V, Q) is held as it takes every third tile, the CTAs of a cluster apart. The
   // protocol must not care: each slot is freed only once every warp that reads it has seen it
-  // land. Each head dim's kernels (d64 on three consumers, d128, d256 with O staged in K/V slots),
-  // non-causal with partial tiles (idle consumers) and causal (the bounded kernels), on four CTAs,
-  // in clusters of two, and with a stream-K tail; then tiles without keys among tiles with keys.
+  // land. Each head dim's kernels (d64 on four consumers without a bound and on three, d128, d256
+  // with O staged in K/V slots), non-causal with partial tiles (idle consumers) and causal (the
+  // bounded kernels), on four CTAs, in clusters of two, and with a stream-K tail; then tiles
+  // without keys among tiles with keys.
   uint32_t seed = 1960;
   for (int64_t d : {64, 128, 256})
-    for (bool causal : {false, true})
+    for (int64_t sq : {700, 1000, 1050})
       for (auto [cluster, split, ctas] : {std::array<int, 3>{1, 1, 4}, {2, 1, 4}, {1, 2, 0}}) {
+        // Causal 700, non-causal 1000 (four consumers at d64) and, at d64, non-causal 1050 (three,
+        // the last tile's third consumer idle).
+        const bool causal = sq == 700;
+        if (sq == 1050 && d != 64) continue;
         if (causal && cluster == 2) continue;  // causal tiles vary: no clusters, no stream-K tail
-        Case c{BF16, 2, causal ? 700 : 1000, causal ? 900 : 650, 4, 2, d, causal};
+        Case c{BF16, 2, sq, causal ? 900 : 650, 4, 2, d, causal};
         c.cluster = cluster;
         c.split = split;
         c.max_ctas = ctas;
@@ -393,10 +431,12 @@ TEST(ForwardGpu, ManyTilesPersistentGrid) {
   run_case({BF16, 3, 700, 500, 12, 12, 128, true}, 703);
   run_case({FP16, 2, 600, 650, 16, 8, 256, true}, 704);
   run_case({BF16, 4, 600, 600, 16, 4, 128, false, 200, 0}, 705);
-  // Tiles of one length from the counter with a partial last query block: d64 on 192-row tiles
-  // (1000 rows: the sixth tile's last two consumers idle), d256 with O staged in the last K/V slots.
+  // Tiles of one length from the counter with a partial last query block: d64 on 256-row tiles
+  // (1000 rows: the fourth tile's last consumer has 40) and on 192-row ones (1050 rows: the sixth
+  // tile's last consumer idle), d256 with O staged in the last K/V slots.
   run_case({BF16, 8, 1000, 300, 16, 16, 64, false}, 706);
   run_case({BF16, 4, 333, 256, 16, 8, 256, false}, 707);
+  run_case({BF16, 4, 1050, 256, 16, 8, 64, false}, 708);
 }
 
 TEST(ForwardGpu, TilesWithoutKeysAmongTilesWithKeys) {
@@ -483,7 +523,8 @@ TEST(ForwardGpu, ClusterPairsMatchOneCtaBitForBit) {
   // both dtypes, BHSD, and more pairs than fit at once (CTAs walking several).
   const Case cases[] = {
       {BF16, 2, 300, 333, 3, 3, 128, false},  // 3 query blocks: one padding block a head
-      {BF16, 1, 500, 1000, 4, 2, 64, false},  // 192-row tiles: 3 blocks
+      {BF16, 1, 500, 1000, 4, 2, 64, false},  // 256-row tiles (four consumers): one pair
+      {BF16, 1, 1050, 700, 4, 2, 64, false},  // 192-row tiles: 6 blocks
       {BF16, 2, 200, 333, 4, 2, 64, false},   // d64 on 128-row tiles (two consumers): one pair
       {FP16, 1, 257, 100, 2, 1, 256, false},
       {BF16, 2, 190, 260, 4, 2, 128, false, -1, -1, Layout::kBHSD},
@@ -519,7 +560,8 @@ TEST(ForwardGpu, StreamKTailMatchesTheReference) {
   const Case cases[] = {
       {BF16, 2, 1000, 1000, 3, 3, 128, false},             // 8 blocks a tile
       {BF16, 1, 700, 2049, 4, 2, 64, false},               // 192-row tiles, 17 blocks (last 1 key)
-      {BF16, 2, 200, 1500, 4, 1, 64, false},               // d64 on 128-row tiles, MQA
+      {BF16, 2, 100, 1500, 4, 1, 64, false},               // d64 on 128-row tiles, MQA
+      {BF16, 1, 450, 2049, 4, 2, 64, false},               // 256-row tiles, 33 blocks
       {FP16, 1, 300, 777, 4, 2, 256, false},               // 80-wide blocks
       {BF16, 2, 500, 900, 6, 3, 128, false, -1, -1, Layout::kBHSD},
       {FP16, 1, 333, 4097, 2, 2, 128, false},

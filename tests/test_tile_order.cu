@@ -293,46 +293,71 @@ TEST(TileOrder, D256KeyBlockWidthFollowsTheComputedScores) {
 }
 
 // The d64 tile height: scores each height computes (padding and partial blocks included), and the
-// rule that takes 128-row tiles where 192-row ones would compute over 1.15 times as many (1.25
-// with a causal or window bound).
+// rule that weighs them: without a bound 128-row tiles at 1.15, 192-row ones at 1, 256-row ones (on
+// 64-key blocks) at 1.075, the cheapest taken; with a causal or window bound 128-row tiles where
+// 192-row ones would compute over 1.25 times as many, else 192.
 TEST(TileOrder, D64TileHeightFollowsTheComputedScores) {
+  using fa4::sm90::d64_consumers;
   fa4::detail::FwdParams a = fwd_params(1, 1, 1, 512, 512, 64);
   EXPECT_EQ((fa4::sm90::computed_scores<128, 128>(a)), 4.0 * 4 * 128 * 128);  // 4 tiles x 4 blocks
   EXPECT_EQ((fa4::sm90::computed_scores<192, 128>(a)), 3.0 * 4 * 192 * 128);  // 3 tiles, the last padded
-  EXPECT_FALSE(fa4::sm90::d64_two_consumers(a));  // 1.125
+  EXPECT_EQ((fa4::sm90::computed_scores<256, 64>(a)), 2.0 * 8 * 256 * 64);    // 2 tiles x 8 blocks
+  EXPECT_EQ(d64_consumers(a), 4);  // 1.125 x 192-row, 1.075 x 256-row
   // Causal: 1 + 2 + 3 + 4 blocks against 1 + 3 + 4 (192-row tiles from row -64: row_shift).
   a.window_right = 0;
   EXPECT_EQ(fa4::sm90::row_shift<128>(a), 0);
   EXPECT_EQ(fa4::sm90::row_shift<192>(a), 64);
   EXPECT_EQ((fa4::sm90::computed_scores<128, 128>(a)), 10.0 * 128 * 128);
   EXPECT_EQ((fa4::sm90::computed_scores<192, 128>(a)), 8.0 * 192 * 128);
-  EXPECT_FALSE(fa4::sm90::d64_two_consumers(a));  // 1.2: three with a bound
+  EXPECT_EQ(d64_consumers(a), 3);  // 1.2: three with a bound
   a.window_right = -1;
-  a.seqlen_q = a.seqlen_k = 640;  // 768 rows against 640: 1.2, two without a bound
-  EXPECT_TRUE(fa4::sm90::d64_two_consumers(a));
+  a.seqlen_q = a.seqlen_k = 640;  // 768 rows against 640: 1.2; 256-row tiles 768 rows too
+  EXPECT_EQ(d64_consumers(a), 2);
   a.window_right = 0;
-  EXPECT_FALSE(fa4::sm90::d64_two_consumers(a));
+  EXPECT_EQ(d64_consumers(a), 3);
   a.seqlen_q = a.seqlen_k = 384;  // causal 2 + 3 blocks of 192 rows against 1 + 2 + 3 of 128: 1.25
   EXPECT_EQ((fa4::sm90::computed_scores<192, 128>(a)), 5.0 * 192 * 128);
-  EXPECT_FALSE(fa4::sm90::d64_two_consumers(a));
+  EXPECT_EQ(d64_consumers(a), 3);
+  a.window_left = 500;  // a window is a bound too: never four
+  a.window_right = 1000;
+  EXPECT_EQ(d64_consumers(a), 3);
+  a.window_left = -1;
+  a.window_right = 0;
   a.seqlen_q = a.seqlen_k = 256;  // causal 1 + 2 blocks of 192 rows (from row -128) against 1 + 2: 1.5
-  EXPECT_TRUE(fa4::sm90::d64_two_consumers(a));
-  for (int s : {1024, 2048, 4096, 16384}) {
+  EXPECT_EQ(d64_consumers(a), 2);
+  a.window_right = -1;  // one 256-row tile against two of 128 rows and two of 192
+  EXPECT_EQ(d64_consumers(a), 4);
+  for (int s : {1000, 1024}) {  // 1152 rows against 1024
     a = fwd_params(1, 1, 1, s, s, 64);
-    EXPECT_FALSE(fa4::sm90::d64_two_consumers(a)) << s;
+    EXPECT_EQ(d64_consumers(a), 4) << s;
     a.window_right = 0;
-    EXPECT_FALSE(fa4::sm90::d64_two_consumers(a)) << s << " causal";  // 1k: 1.125
+    EXPECT_EQ(d64_consumers(a), 3) << s << " causal";  // 1.125
+  }
+  for (int s : {1536, 2048, 4096, 16384}) {  // 192-row tiles: 1, 1.031, 1.031, 1.008 x 256-row ones
+    a = fwd_params(1, 1, 1, s, s, 64);
+    EXPECT_EQ(d64_consumers(a), 3) << s;
+    a.window_right = 0;
+    EXPECT_EQ(d64_consumers(a), 3) << s << " causal";
   }
   // Causal 4k in 192-row tiles: the padding in the first tile, 363 key-block steps, not 384.
   a = fwd_params(1, 1, 1, 4096, 4096, 64);
   a.window_right = 0;
   EXPECT_EQ(fa4::sm90::row_shift<192>(a), 128);
   EXPECT_EQ((fa4::sm90::computed_scores<192, 128>(a)), 363.0 * 192 * 128);
-  a = fwd_params(2, 4, 4, 17, 239, 64);  // one tile either way: 192 rows against 128
-  EXPECT_TRUE(fa4::sm90::d64_two_consumers(a));
+  a = fwd_params(2, 4, 4, 17, 239, 64);  // one tile any way: 192 or 256 rows against 128
+  EXPECT_EQ(d64_consumers(a), 2);
+  a = fwd_params(2, 4, 4, 4096, 239, 64);  // 4224 rows against 4096: 1.031
+  EXPECT_EQ(d64_consumers(a), 3);
   // A long sequence counts a sample of its blocks and still gives the exact count when all are alike.
   a = fwd_params(1, 1, 1, 1 << 20, 1 << 20, 64);
   EXPECT_EQ((fa4::sm90::computed_scores<128, 128>(a)), 8192.0 * 8192 * 128 * 128);
+  // The heights the GPU tests name (ForwardGpu.D64EveryTileHeight, WarpsSkewedEveryTile,
+  // ManyTilesPersistentGrid, ClusterPairsMatchOneCtaBitForBit, StreamKTailMatchesTheReference).
+  for (auto [sq, sk, n] : {std::array<int, 3>{100, 333, 2}, {17, 1000, 2}, {1050, 239, 3}, {700, 1000, 3},
+                           {450, 333, 4}, {512, 512, 4}, {200, 1111, 4}, {1000, 1, 4}, {420, 700, 4},
+                           {450, 1111, 4}, {512, 1111, 4}, {1000, 650, 4}, {1050, 650, 3}, {1000, 300, 4},
+                           {1050, 256, 3}, {1050, 700, 3}, {500, 1000, 4}, {100, 1500, 2}, {450, 2049, 4}})
+    EXPECT_EQ(d64_consumers(fwd_params(1, 2, 1, sq, sk, 64)), n) << sq << " x " << sk;
 }
 
 

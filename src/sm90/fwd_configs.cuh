@@ -1,7 +1,9 @@
 // The shipped sm90 forward configurations. sm90_fwd.cu dispatches among them (which one a launch
-// takes: d64_two_consumers, d256_narrow_blocks in fwd_launch.cuh); tests that check a shipped
+// takes: d64_consumers, d256_narrow_blocks in fwd_launch.cuh); tests that check a shipped
 // kernel's protocol or shared memory name them from here.
 #pragma once
+
+#include <type_traits>
 
 #include "sm90/fwd_kernel.cuh"
 #include "sm90_fwd_d256_schedule.h"
@@ -10,9 +12,12 @@
 namespace fa4::sm90 {
 
 // d64 is exp-bound: 128-key blocks, a deep ring, and three consumers (192-row tiles) so that two
-// softmaxes hide under one GEMM, or two where 192-row tiles would compute too many scores.
+// softmaxes hide under one GEMM, or two where 192-row tiles would compute too many scores. Four
+// (256-row tiles, without a bound) where 192-row ones would compute too much padding: their 112
+// registers a thread hold S of 64 keys, so 64-key blocks in a ring of the same 512 keys.
 template <bool kBF16, int kConsumers>
-using D64Config = FwdConfig<64, 128, 4, kBF16, 0, kConsumers>;
+using D64Config = std::conditional_t<kConsumers == 4, FwdConfig<64, 64, 8, kBF16, 0, 4>,
+                                     FwdConfig<64, 128, 4, kBF16, 0, kConsumers>>;
 
 // d128: the K/V ring depth the solver's (scheduler/generated/sm90_fwd_schedule.h).
 template <bool kBF16>

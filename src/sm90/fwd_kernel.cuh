@@ -125,12 +125,16 @@ struct FwdConfig {
   // registers) take at most 192 of a consumer's 240 (two consumers) or 128 of its 160 (three):
   // d64 and d128 with 128-wide blocks and two consumers, d128 with 64-wide blocks and three (the
   // shipped d64, three consumers and 128-wide blocks, has one; d256 with 80-wide blocks would need
-  // 208: ptxas spills).
-  static constexpr bool kDoubleP =
-      kAllowDoubleP_ && !kSmemP_ && kHeadDim_ / 2 + kBlockN_ <= (kConsumers_ == 2 ? 192 : 128);
+  // 208: ptxas spills). Four consumers (112 registers) hold one.
+  static constexpr bool kDoubleP = kAllowDoubleP_ && !kSmemP_ && kConsumers_ <= 3 &&
+                                   kHeadDim_ / 2 + kBlockN_ <= (kConsumers_ == 2 ? 192 : 128);
   static_assert(!(kSmemP_ && kTensorRowSum_), "P in shared memory: no register A operand");
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 query rows each
+  static_assert(kConsumers >= 2 && kConsumers <= 4, "two to four consumers");
+  // Four consumers run tiles of one length only (no causal or window bound: fwd_launch.cuh's
+  // d64_consumers never takes them there), so their bounded kernels are not built.
+  static constexpr bool kTakesBounds = kConsumers <= 3;
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
@@ -140,13 +144,13 @@ struct FwdConfig {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // setmaxnreg: the producer gives its registers to the consumers. The pool is what the CTA got at
   // launch, kThreads x kLaunchRegs (65536 / kThreads rounded down to 8: 168 for two consumers, 128
-  // for three), not the register file: asking for more than it holds blocks setmaxnreg.inc for
-  // ever.
+  // for three, 96 for four), not the register file: asking for more than it holds blocks
+  // setmaxnreg.inc for ever.
   static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : kConsumers == 3 ? 160 : 112;
   static constexpr int kProducerRegs = 24;
-  // The stream-K kernel's producer walks pieces too: with three consumers it takes the 8 the pool
-  // has to spare.
+  // The stream-K kernel's producer walks pieces too: with three or four consumers it takes the 8
+  // the pool has to spare.
   static constexpr int kProducerRegsSplit = kConsumers == 2 ? 24 : 32;
   static_assert(kProducerRegsSplit + kConsumers * kConsumerRegs <= (1 + kConsumers) * kLaunchRegs,
                 "setmaxnreg would ask for more registers than the CTA's pool");
@@ -424,6 +428,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
   static_assert(!kBounded || (kCluster == 1 && !kSplit), "bounds run on whole tiles, one CTA a unit");
   static_assert(!kCausal || kBounded, "the causal kernel is a bounded one");
+  static_assert(!kBounded || Cfg::kTakesBounds, "this configuration runs tiles of one length only");
   static_assert(kCluster == 1 || Cfg::kBlockN / 2 * 128 % 1024 == 0, "a K/V half must keep 1024-byte alignment");
   using namespace fa4::ptx;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
@@ -962,8 +967,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   RingPos<Cfg::kStages> r;
   // The Q ring: one counter (one register fewer through the main loop) in the stream-K kernel, and
-  // where three consumers stage O (with stage and phase apart ptxas spilled the phase, 8 bytes).
-  constexpr bool kQCount = kSplit || (Cfg::kConsumers == 3 && kStaged);
+  // where three or four consumers stage O (with stage and phase apart ptxas spilled the phase at
+  // three, 8 bytes).
+  constexpr bool kQCount = kSplit || (Cfg::kConsumers >= 3 && kStaged);
   std::conditional_t<kQCount, RingCount<Cfg::kQStages>, RingPos<Cfg::kQStages>> qr;
   auto q_stage = [&] {
     if constexpr (kQCount)
@@ -1322,11 +1328,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (Cfg::kTensorRowSum)
       for (int i = 0; i < 2; ++i) rows[i].sum = lsum[2 * i];  // the whole row's sum in every thread
     uint8_t* s_o = smem + Cfg::kOOffset;
-    // In the bounded and stream-K three-consumer kernels the epilogue's thread index is read
-    // afresh: its per-thread shared-memory addresses are loop-invariant, and from `t` ptxas
+    // In the bounded and stream-K kernels of three or four consumers the epilogue's thread index
+    // is read afresh: its per-thread shared-memory addresses are loop-invariant, and from `t` ptxas
     // hoists them out of the tile loop, where they spilled 140-168 bytes through the main loop.
     // Elsewhere the fresh read cost 0.4-1 % (d64 512, 1k) (docs/perf-notes.md).
-    const int te = Cfg::kConsumers == 3 && (kBounded || kSplit) ? ptx::fresh_thread_index() % 128 : t;
+    const int te = Cfg::kConsumers >= 3 && (kBounded || kSplit) ? ptx::fresh_thread_index() % 128 : t;
     if constexpr (kOInKV) {
       if (range.hi <= range.lo) {
         store_keyless<Cfg>(p, tl, rows, consumer, t);

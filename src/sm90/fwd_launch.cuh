@@ -198,20 +198,33 @@ double computed_scores(const detail::FwdParams& a) {
   return blocks * kBlockM * kBlockN;
 }
 
-// d64 has two tile heights: three consumers (192 query rows) do 16-25 % more a computed score
-// than two (128 rows), but compute more padding where queries are few or causal tiles short. Two
-// when the 192-row tiles would compute more than kD64TallTilesWorse times the 128-row ones' scores
-// (measured on an H100 with tiles placed by row_shift: causal 1k, 1.125 times the scores with 192
-// rows, three consumers +1.6 %; causal 512, 1.2 times, two +3.4 %; docs/perf-notes.md). With a
-// causal or window bound three consumers cut each block to their own rows (fwd_kernel's
-// kConsumerMask, kSkipFirst), which the count does not see: there the bar is 1.25 (H100, 4fa857c:
-// causal 384 at 1.25 three +7.2 %, 512 at 1.2 +1.2…1.9 %, 640 at 1.2 −1.3 %; 256 at 1.5 two
-// +6.3 %, 256 x 2048 +12 %; docs/perf-notes.md).
+// d64 has three tile heights: two, three or four consumers of 64 query rows. Three consumers
+// (192 rows) do 16-25 % more a computed score than two (128 rows), but compute more padding where
+// queries are few or causal tiles short. Two when the 192-row tiles would compute more than
+// kD64TallTilesWorse times the 128-row ones' scores (measured on an H100 with tiles placed by
+// row_shift: causal 1k, 1.125 times the scores with 192 rows, three consumers +1.6 %; causal 512,
+// 1.2 times, two +3.4 %; docs/perf-notes.md). With a causal or window bound three consumers cut
+// each block to their own rows (fwd_kernel's kConsumerMask, kSkipFirst), which the count does not
+// see: there the bar is 1.25 (H100, 4fa857c: causal 384 at 1.25 three +7.2 %, 512 at 1.2
+// +1.2…1.9 %, 640 at 1.2 −1.3 %; 256 at 1.5 two +6.3 %, 256 x 2048 +12 %; docs/perf-notes.md).
+//
+// Four consumers (256 rows; their 112 registers hold S of 64-key blocks only) compute no padding
+// where seqlen_q is a multiple of 256 and do 2-7 % less a computed score than three: H100 against
+// three, 512 (1.125 times the scores on 192-row tiles) +4.2 %, 1000 and 1k (1.125) +2.3…2.6 %, 2k
+// and 4k (1.031) −1.5…−2.3 %, 16k (1.008) −1.7 % (docs/perf-notes.md, "Four consumers at d64").
+// So without a bound a height costs its computed scores times its weight (two 1.15, three 1,
+// four kD64WideTilesWorse), and the cheapest is taken, three on a tie. Under a bound four are not
+// built (FwdConfig::kTakesBounds): their diagonal would carry none of three's cuts.
 inline constexpr double kD64TallTilesWorse = 1.15;
 inline constexpr double kD64TallTilesWorseBounded = 1.25;
-inline bool d64_two_consumers(const detail::FwdParams& a) {
-  const double worse = tiles_of_one_length(a) ? kD64TallTilesWorse : kD64TallTilesWorseBounded;
-  return computed_scores<192, 128>(a) > worse * computed_scores<128, 128>(a);
+inline constexpr double kD64WideTilesWorse = 1.075;
+inline int d64_consumers(const detail::FwdParams& a) {
+  const double three = computed_scores<192, 128>(a);
+  if (!tiles_of_one_length(a)) return three > kD64TallTilesWorseBounded * computed_scores<128, 128>(a) ? 2 : 3;
+  const double two = kD64TallTilesWorse * computed_scores<128, 128>(a);
+  const double four = kD64WideTilesWorse * computed_scores<256, 64>(a);
+  if (three <= two && three <= four) return 3;
+  return two < four ? 2 : 4;
 }
 
 // d256 has two key-block widths: 80 keys, the widest that two K/V stages leave room for beside one
@@ -243,8 +256,12 @@ cudaError_t allow_smem(int device) {
 template <class Cfg, class F>
 cudaError_t with_whole_tile_kernel(bool uniform, bool causal, F&& f) {
   if (uniform) return f.template operator()<fwd_kernel<Cfg, 1, false>>();
-  if (causal) return f.template operator()<fwd_kernel<Cfg, 1, false, true, true>>();
-  return f.template operator()<fwd_kernel<Cfg, 1, false, true>>();
+  if constexpr (Cfg::kTakesBounds) {
+    if (causal) return f.template operator()<fwd_kernel<Cfg, 1, false, true, true>>();
+    return f.template operator()<fwd_kernel<Cfg, 1, false, true>>();
+  } else {
+    return cudaErrorNotSupported;  // launch_forward refuses such a launch first
+  }
 }
 
 // A launch of `grid` CTAs of Cfg in clusters of two: the config and its one attribute (the
@@ -295,6 +312,9 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // the causal one with that bound at compile time (kCausal).
   const bool uniform = tiles_of_one_length(a);
   const bool causal = causal_bound(a);
+  if (!Cfg::kTakesBounds && !uniform)
+    return {StatusCode::kNotSupported, "a causal or window bound on " + std::to_string(Cfg::kConsumers) +
+                                           " consumers: this configuration runs tiles of one length only"};
   const cudaError_t attr = with_whole_tile_kernel<Cfg>(
       uniform, causal, [&]<auto kKernel>() { return detail::allow_dynamic_smem<kKernel>(device, Cfg::kSmemBytes); });
   if (attr != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr)};

@@ -10,8 +10,11 @@ template <bool kBF16>
 Status dispatch_head_dim(const FwdParams& a, cudaStream_t stream) {
   switch (a.head_dim) {
     case 64:
-      if (sm90::d64_two_consumers(a)) return sm90::launch_forward<sm90::D64Config<kBF16, 2>>(a, stream);
-      return sm90::launch_forward<sm90::D64Config<kBF16, 3>>(a, stream);
+      switch (sm90::d64_consumers(a)) {
+        case 2: return sm90::launch_forward<sm90::D64Config<kBF16, 2>>(a, stream);
+        case 4: return sm90::launch_forward<sm90::D64Config<kBF16, 4>>(a, stream);
+        default: return sm90::launch_forward<sm90::D64Config<kBF16, 3>>(a, stream);
+      }
     case 128: return sm90::launch_forward<sm90::D128Config<kBF16>>(a, stream);
     case 256:
       if (sm90::d256_narrow_blocks(a)) return sm90::launch_forward<sm90::D256Config<64, kBF16>>(a, stream);
