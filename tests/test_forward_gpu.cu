@@ -268,14 +268,16 @@ TEST(ForwardGpu, DiagonalBlocksCutToEachConsumersRows) {
   run_case({BF16, 1, 700, 500, 2, 2, 128, false, -1, 40}, seed++);
   run_case({BF16, 1, 777, 777, 2, 2, 64, false, 150, 30}, seed++);
   run_case({FP16, 1, 500, 800, 2, 2, 128, false, 90, 0}, seed++);
-  run_case({BF16, 1, 256, 256, 4, 2, 64, true}, seed++);  // two consumers (1.5 times the scores on 192 rows)
+  run_case({BF16, 1, 256, 256, 4, 2, 64, true}, seed++);  // four consumers: one tile, 1 + 2 + 3 + 4 blocks
 }
 
 // d64 runs on three tile heights (sm90::d64_consumers; which of these shapes takes which is pinned
-// by TileOrder.D64TileHeightFollowsTheComputedScores): 128 rows on two consumers, 192 on three and,
-// without a bound, 256 on four (64-key blocks, eight K/V stages). Each with key tails and a last
-// tile whose last consumer is idle or has a few rows; both dtypes, GQA, MQA, BHSD, one key; four
-// consumers also with the running max rising block after block and scores far apart in a block.
+// by TileOrder.D64TileHeightFollowsTheComputedScores): 128 rows on two consumers, 192 on three and
+// 256 on four (64-key blocks, eight K/V stages). Each with key tails and a last tile whose last
+// consumer is idle or has a few rows; both dtypes, GQA, MQA, BHSD, one key; four consumers also
+// with the running max rising block after block and scores far apart in a block. Then with a
+// bound, where four consumers pass over the blocks above their rows' diagonal (fwd_kernel's
+// kSkipLeading): causal, a window's right bound, rows before row 0 and rows without keys.
 TEST(ForwardGpu, D64EveryTileHeight) {
   FA4_REQUIRE_GPU();
   const Case cases[] = {
@@ -299,6 +301,17 @@ TEST(ForwardGpu, D64EveryTileHeight) {
     spread.key_scale = 6.0;
     run_case(spread, seed++);
   }
+  const Case bounded[] = {
+      {FP16, 2, 512, 512, 4, 2, 64, true},                          // four
+      {BF16, 2, 1000, 300, 4, 2, 64, true},                         // four: the first rows see no key
+      {BF16, 1, 384, 384, 3, 3, 64, true, -1, -1, Layout::kBHSD},   // four: two consumers before row 0
+      {BF16, 1, 250, 4000, 4, 4, 64, true},                         // four
+      {BF16, 1, 600, 900, 2, 2, 64, false, -1, 70},                 // four, a window's right bound
+      {FP16, 1, 333, 500, 2, 1, 64, true},                          // three
+      {BF16, 1, 2048, 128, 2, 2, 64, true},                         // two
+      {BF16, 1, 777, 777, 2, 2, 64, false, 150, 30},                // two
+  };
+  for (const Case& c : bounded) ASSERT_NO_FATAL_FAILURE(run_case(c, seed++));
 }
 
 TEST(ForwardGpu, RunningMaxRisesPastTheRescaleThreshold) {
@@ -403,6 +416,8 @@ TEST(ForwardGpu, WarpsSkewedEveryTile) {
   // blocks see no key; at d256 neither consumer takes the kv_read hand-over there).
   for (int64_t d : {64, 128, 256})
     run_lagged({BF16, 2, 1000, 300, 3, 3, d, true}, fa4::test::forward_tile_warp_late, 3, seed++);
+  // d64 causal on three consumers (the shapes above take four).
+  run_lagged({BF16, 2, 333, 1111, 4, 2, 64, true}, fa4::test::forward_tile_warp_late, 3, seed++);
 }
 
 TEST(ForwardGpu, WarpLateToTheStepsIssue) {
@@ -449,7 +464,7 @@ TEST(ForwardGpu, TilesWithoutKeysAmongTilesWithKeys) {
   // zeros from registers.
   const Case cases[] = {
       {BF16, 2, 1000, 128, 3, 3, 128, true},  // 8 query blocks, the first 6 see no key
-      {BF16, 2, 500, 200, 4, 2, 64, true},  // d64 on 128-row tiles (1.5 times the scores on 192)
+      {BF16, 2, 500, 200, 4, 2, 64, true},  // d64 on 256-row tiles (four consumers)
       {FP16, 1, 900, 333, 4, 4, 128, false, 40, 0},  // window: the top rows see no key
       {BF16, 3, 500, 200, 2, 1, 128, false},  // every tile has keys: one key block, many tiles
       {BF16, 2, 1000, 128, 2, 2, 256, true},  // d256: 8 query blocks, the first 6 see no key

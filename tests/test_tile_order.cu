@@ -294,8 +294,9 @@ TEST(TileOrder, D256KeyBlockWidthFollowsTheComputedScores) {
 
 // The d64 tile height: scores each height computes (padding and partial blocks included), and the
 // rule that weighs them: without a bound 128-row tiles at 1.15, 192-row ones at 1, 256-row ones (on
-// 64-key blocks) at 1.075, the cheapest taken; with a causal or window bound 128-row tiles where
-// 192-row ones would compute over 1.25 times as many, else 192.
+// 64-key blocks) at 1.075; with a causal or window bound 128-row tiles at 1.25, 192-row ones at 1,
+// and, without a left bound, 256-row ones at 1.12 of what their consumers walk (each up to its
+// diagonal: four_consumer_scores); the cheapest taken, 192 rows on a tie.
 TEST(TileOrder, D64TileHeightFollowsTheComputedScores) {
   using fa4::sm90::d64_consumers;
   fa4::detail::FwdParams a = fwd_params(1, 1, 1, 512, 512, 64);
@@ -309,29 +310,43 @@ TEST(TileOrder, D64TileHeightFollowsTheComputedScores) {
   EXPECT_EQ(fa4::sm90::row_shift<192>(a), 64);
   EXPECT_EQ((fa4::sm90::computed_scores<128, 128>(a)), 10.0 * 128 * 128);
   EXPECT_EQ((fa4::sm90::computed_scores<192, 128>(a)), 8.0 * 192 * 128);
-  EXPECT_EQ(d64_consumers(a), 3);  // 1.2: three with a bound
+  // Four consumers walk 1 + 2 + 3 + 4 blocks of 64 keys in the first tile, 5 + 6 + 7 + 8 in the
+  // second: 36 against three's 8 x 3 (1.33 times) and two's 10 x 4 (1.11).
+  EXPECT_EQ(fa4::sm90::four_consumer_scores(a), 36.0 * 64 * 64);
+  EXPECT_EQ(d64_consumers(a), 4);
   a.window_right = -1;
   a.seqlen_q = a.seqlen_k = 640;  // 768 rows against 640: 1.2; 256-row tiles 768 rows too
   EXPECT_EQ(d64_consumers(a), 2);
   a.window_right = 0;
-  EXPECT_EQ(d64_consumers(a), 3);
+  EXPECT_EQ(d64_consumers(a), 4);
   a.seqlen_q = a.seqlen_k = 384;  // causal 2 + 3 blocks of 192 rows against 1 + 2 + 3 of 128: 1.25
   EXPECT_EQ((fa4::sm90::computed_scores<192, 128>(a)), 5.0 * 192 * 128);
-  EXPECT_EQ(d64_consumers(a), 3);
-  a.window_left = 500;  // a window is a bound too: never four
+  EXPECT_EQ(fa4::sm90::four_consumer_scores(a), 21.0 * 64 * 64);  // 1 + 2 + 3 + 4, then 5 + 6 (two idle)
+  EXPECT_EQ(d64_consumers(a), 4);
+  a.window_left = 500;  // a left bound: never four (their walks cannot cut it)
   a.window_right = 1000;
   EXPECT_EQ(d64_consumers(a), 3);
+  a.window_left = 150;
+  a.window_right = 30;
+  a.seqlen_q = a.seqlen_k = 777;
+  EXPECT_EQ(d64_consumers(a), 2);
   a.window_left = -1;
   a.window_right = 0;
   a.seqlen_q = a.seqlen_k = 256;  // causal 1 + 2 blocks of 192 rows (from row -128) against 1 + 2: 1.5
-  EXPECT_EQ(d64_consumers(a), 2);
+  EXPECT_EQ(fa4::sm90::four_consumer_scores(a), 10.0 * 64 * 64);
+  EXPECT_EQ(d64_consumers(a), 4);
   a.window_right = -1;  // one 256-row tile against two of 128 rows and two of 192
   EXPECT_EQ(d64_consumers(a), 4);
+  a.seqlen_q = 2048;  // causal against 128 keys: most rows see every key
+  a.seqlen_k = 128;
+  a.window_right = 0;
+  EXPECT_EQ(d64_consumers(a), 2);
   for (int s : {1000, 1024}) {  // 1152 rows against 1024
     a = fwd_params(1, 1, 1, s, s, 64);
     EXPECT_EQ(d64_consumers(a), 4) << s;
     a.window_right = 0;
-    EXPECT_EQ(d64_consumers(a), 3) << s << " causal";  // 1.125
+    EXPECT_EQ(fa4::sm90::four_consumer_scores(a), 136.0 * 64 * 64) << s;
+    EXPECT_EQ(d64_consumers(a), 4) << s << " causal";  // 1.19 times
   }
   for (int s : {1536, 2048, 4096, 16384}) {  // 192-row tiles: 1, 1.031, 1.031, 1.008 x 256-row ones
     a = fwd_params(1, 1, 1, s, s, 64);
@@ -358,6 +373,16 @@ TEST(TileOrder, D64TileHeightFollowsTheComputedScores) {
                            {450, 1111, 4}, {512, 1111, 4}, {1000, 650, 4}, {1050, 650, 3}, {1000, 300, 4},
                            {1050, 256, 3}, {1050, 700, 3}, {500, 1000, 4}, {100, 1500, 2}, {450, 2049, 4}})
     EXPECT_EQ(d64_consumers(fwd_params(1, 2, 1, sq, sk, 64)), n) << sq << " x " << sk;
+  // With a bound (window left, right; -1, 0 causal).
+  for (auto [sq, sk, left, right, n] :
+       {std::array<int, 5>{512, 512, -1, 0, 4}, {1000, 300, -1, 0, 4}, {384, 384, -1, 0, 4}, {250, 4000, -1, 0, 4},
+        {600, 900, -1, 70, 4}, {333, 500, -1, 0, 3}, {2048, 128, -1, 0, 2}, {777, 777, 150, 30, 2},
+        {700, 900, -1, 0, 4}, {333, 1111, -1, 0, 3}, {256, 256, -1, 0, 4}, {500, 200, -1, 0, 4}}) {
+    a = fwd_params(1, 2, 1, sq, sk, 64);
+    a.window_left = left;
+    a.window_right = right;
+    EXPECT_EQ(d64_consumers(a), n) << sq << " x " << sk << " window " << left << ", " << right;
+  }
 }
 
 

@@ -13,8 +13,9 @@ namespace fa4::sm90 {
 
 // d64 is exp-bound: 128-key blocks, a deep ring, and three consumers (192-row tiles) so that two
 // softmaxes hide under one GEMM, or two where 192-row tiles would compute too many scores. Four
-// (256-row tiles, without a bound) where 192-row ones would compute too much padding: their 112
-// registers a thread hold S of 64 keys, so 64-key blocks in a ring of the same 512 keys.
+// (256-row tiles) where 192-row ones would compute too much padding or, under a causal bound, too
+// much of the diagonal: their 112 registers a thread hold S of 64 keys, so 64-key blocks in a ring
+// of the same 512 keys.
 template <bool kBF16, int kConsumers>
 using D64Config = std::conditional_t<kConsumers == 4, FwdConfig<64, 64, 8, kBF16, 0, 4>,
                                      FwdConfig<64, 128, 4, kBF16, 0, kConsumers>>;

@@ -132,9 +132,6 @@ struct FwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;  // consumer warpgroups, 64 query rows each
   static_assert(kConsumers >= 2 && kConsumers <= 4, "two to four consumers");
-  // Four consumers run tiles of one length only (no causal or window bound: fwd_launch.cuh's
-  // d64_consumers never takes them there), so their bounded kernels are not built.
-  static constexpr bool kTakesBounds = kConsumers <= 3;
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
@@ -428,7 +425,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
   static_assert(!kBounded || (kCluster == 1 && !kSplit), "bounds run on whole tiles, one CTA a unit");
   static_assert(!kCausal || kBounded, "the causal kernel is a bounded one");
-  static_assert(!kBounded || Cfg::kTakesBounds, "this configuration runs tiles of one length only");
   static_assert(kCluster == 1 || Cfg::kBlockN / 2 * 128 % 1024 == 0, "a K/V half must keep 1024-byte alignment");
   using namespace fa4::ptx;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
@@ -470,6 +466,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // +0.8 / +0.9 / +0.7 %; the rows that wait on DRAM gain least (docs/perf-notes.md, "A first
   // block passed over").
   constexpr bool kSkipFirstWhole = kBounded && kOInKV;
+  // Four consumers with a bound (d64 on 256-row tiles over 64-key blocks): a consumer's rows see
+  // none of the last 3 - consumer key blocks of a causal tile (the diagonal's upper blocks), and
+  // it passes them all over as an idle consumer passes blocks (K landed, a turn, K's slot freed,
+  // the V slot of the block before freed), then starts its walk on the block its diagonal crosses.
+  constexpr bool kSkipLeading = kBounded && Cfg::kConsumers == 4 && !kOInKV;
   // The mask's one-compare path for a launch without a left bound (mask.cuh): where ptxas keeps
   // it without spilling, which is not d64's three-consumer kernel or d256's with a runtime
   // window; in the causal kernel it is the only path, no branch, and spill-free in all.
@@ -1110,6 +1111,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // use, an O staged there included).
       [[maybe_unused]] int skipped_v = -1;
       [[maybe_unused]] uint32_t skipped_phase = 0;
+      if constexpr (kSkipLeading) {
+        // Each block passed over takes a turn, as the working path's steps do (which also gathers
+        // this consumer's four warps past their waits before thread 0 frees the slots); the last
+        // one's V slot is freed once the first S's barrier has gathered them again.
+        while (bound().right >= 0 && seen_end <= n * kBlockN && n > range.lo) {
+          mbar_wait(&bar.k_full[r.stage], r.phase);
+          if (skipped_v >= 0) mbar_wait(&bar.v_full[skipped_v], skipped_phase);
+          turn_wait();
+          turn_pass();
+          release_k(n, r.stage);
+          if (skipped_v >= 0) release(&bar.v_empty[skipped_v]);
+          skipped_v = r.stage;
+          skipped_phase = r.phase;
+          r.advance();
+          --n;
+        }
+        if (skipped_v >= 0) mbar_wait(&bar.v_full[skipped_v], skipped_phase);
+      }
       if constexpr (kSkipFirstWhole) {
         if (bound().right >= 0 && seen_end <= n * kBlockN && n > range.lo) {
           mbar_wait(&bar.k_full[r.stage], r.phase);
@@ -1142,6 +1161,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       stamp_b(6);
       if (kEarlyQFree && n == range.lo) release_q(&bar.q_empty[q_stage()]);
       release_k(n, r.stage);
+      if constexpr (kSkipLeading)
+        if (skipped_v >= 0) release(&bar.v_empty[skipped_v]);  // seen landed before the barrier
       if constexpr (kSkipFirstWhole)
         if (skipped_v >= 0) {
           mbar_wait(&bar.v_full[skipped_v], skipped_phase);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "common/fwd_params.h"
@@ -198,6 +199,33 @@ double computed_scores(const detail::FwdParams& a) {
   return blocks * kBlockM * kBlockN;
 }
 
+// Score elements four consumers (256-row tiles, 64-key blocks) compute under a causal or window
+// bound: each consumer's 64 rows walk the tile's key range from its first block up to the last
+// block those rows see (fwd_kernel's kSkipLeading passes the blocks above it over; at least one),
+// and an idle consumer (rows all outside the sequence) none. Sampled as computed_scores is.
+inline double four_consumer_scores(const detail::FwdParams& a) {
+  constexpr int kBlockM = 256, kBlockN = 64;
+  const Window w{a.window_left, a.window_right, row_shift<kBlockM>(a)};
+  const int m_blocks = int((int64_t(a.seqlen_q) + kBlockM - 1) / kBlockM);
+  const int stride = m_blocks > 2048 ? m_blocks / 2048 : 1;
+  double blocks = 0;
+  for (int m = 0; m < m_blocks; m += stride) {
+    const BlockRange r = key_block_range<kBlockM, kBlockN>(w, m, a.seqlen_q, a.seqlen_k);
+    if (r.hi <= r.lo) continue;
+    for (int c = 0; c < kBlockM / 64; ++c) {
+      const int first = tile_first_row<kBlockM>(w, m) + 64 * c;
+      if (first >= a.seqlen_q || first + 64 <= 0) continue;
+      int hi = r.hi;
+      if (w.right >= 0) {
+        const int64_t seen_end = int64_t(first) + 64 + a.seqlen_k - a.seqlen_q + w.right;  // keys [0, seen_end)
+        hi = seen_end <= int64_t(r.lo + 1) * kBlockN ? r.lo + 1 : int(std::min<int64_t>(r.hi, (seen_end + kBlockN - 1) / kBlockN));
+      }
+      blocks += double(hi - r.lo) * stride;
+    }
+  }
+  return blocks * 64 * kBlockN;
+}
+
 // d64 has three tile heights: two, three or four consumers of 64 query rows. Three consumers
 // (192 rows) do 16-25 % more a computed score than two (128 rows), but compute more padding where
 // queries are few or causal tiles short. Two when the 192-row tiles would compute more than
@@ -212,17 +240,26 @@ double computed_scores(const detail::FwdParams& a) {
 // where seqlen_q is a multiple of 256 and do 2-7 % less a computed score than three: H100 against
 // three, 512 (1.125 times the scores on 192-row tiles) +4.2 %, 1000 and 1k (1.125) +2.3…2.6 %, 2k
 // and 4k (1.031) −1.5…−2.3 %, 16k (1.008) −1.7 % (docs/perf-notes.md, "Four consumers at d64").
-// So without a bound a height costs its computed scores times its weight (two 1.15, three 1,
-// four kD64WideTilesWorse), and the cheapest is taken, three on a tie. Under a bound four are not
-// built (FwdConfig::kTakesBounds): their diagonal would carry none of three's cuts.
+// Under a bound four consumers pass over the blocks above each one's diagonal
+// (four_consumer_scores counts what is left): H100 against two or three, causal 512 (three
+// compute 1.33 times the 64-row strips' scores) +8.6 %, 1k (1.19) +5.9 %, 2k (1.09) −0.8 %, 4k
+// (1.05) −2.4 %, 16k −4.1 %; a (256, 0) window at 4k, where four cannot cut the left edge,
+// −6.2 % against two (docs/perf-notes.md, "Four consumers at d64 under a bound"), so not with a
+// left bound.
+// So a height costs its computed scores times its weight (two 1.15, or 1.25 under a bound, where
+// three cut their diagonal finer than the count sees; three 1; four kD64WideTilesWorse, or
+// kD64WideTilesWorseBounded on four_consumer_scores), and the cheapest is taken, three on a tie.
 inline constexpr double kD64TallTilesWorse = 1.15;
 inline constexpr double kD64TallTilesWorseBounded = 1.25;
 inline constexpr double kD64WideTilesWorse = 1.075;
+inline constexpr double kD64WideTilesWorseBounded = 1.12;
 inline int d64_consumers(const detail::FwdParams& a) {
   const double three = computed_scores<192, 128>(a);
-  if (!tiles_of_one_length(a)) return three > kD64TallTilesWorseBounded * computed_scores<128, 128>(a) ? 2 : 3;
-  const double two = kD64TallTilesWorse * computed_scores<128, 128>(a);
-  const double four = kD64WideTilesWorse * computed_scores<256, 64>(a);
+  const bool uniform = tiles_of_one_length(a);
+  const double two = (uniform ? kD64TallTilesWorse : kD64TallTilesWorseBounded) * computed_scores<128, 128>(a);
+  const double four = uniform                ? kD64WideTilesWorse * computed_scores<256, 64>(a)
+                      : a.window_left < 0 ? kD64WideTilesWorseBounded * four_consumer_scores(a)
+                                          : std::numeric_limits<double>::infinity();
   if (three <= two && three <= four) return 3;
   return two < four ? 2 : 4;
 }
@@ -256,12 +293,8 @@ cudaError_t allow_smem(int device) {
 template <class Cfg, class F>
 cudaError_t with_whole_tile_kernel(bool uniform, bool causal, F&& f) {
   if (uniform) return f.template operator()<fwd_kernel<Cfg, 1, false>>();
-  if constexpr (Cfg::kTakesBounds) {
-    if (causal) return f.template operator()<fwd_kernel<Cfg, 1, false, true, true>>();
-    return f.template operator()<fwd_kernel<Cfg, 1, false, true>>();
-  } else {
-    return cudaErrorNotSupported;  // launch_forward refuses such a launch first
-  }
+  if (causal) return f.template operator()<fwd_kernel<Cfg, 1, false, true, true>>();
+  return f.template operator()<fwd_kernel<Cfg, 1, false, true>>();
 }
 
 // A launch of `grid` CTAs of Cfg in clusters of two: the config and its one attribute (the
@@ -312,9 +345,6 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // the causal one with that bound at compile time (kCausal).
   const bool uniform = tiles_of_one_length(a);
   const bool causal = causal_bound(a);
-  if (!Cfg::kTakesBounds && !uniform)
-    return {StatusCode::kNotSupported, "a causal or window bound on " + std::to_string(Cfg::kConsumers) +
-                                           " consumers: this configuration runs tiles of one length only"};
   const cudaError_t attr = with_whole_tile_kernel<Cfg>(
       uniform, causal, [&]<auto kKernel>() { return detail::allow_dynamic_smem<kKernel>(device, Cfg::kSmemBytes); });
   if (attr != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr)};
@@ -367,7 +397,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // dynamic grid over one such section.
   int64_t slots = cluster > 1 ? pair_clusters : sms;  // units (CTAs or clusters) at once
   if (a.max_ctas > 0) slots = std::max<int64_t>(1, std::min<int64_t>(slots, a.max_ctas / cluster));
-  constexpr int kShare = Cfg::kConsumers == 3 ? kVaryingSectionGridShareTall : kVaryingSectionGridShare;
+  constexpr int kShare = Cfg::kConsumers >= 3 ? kVaryingSectionGridShareTall : kVaryingSectionGridShare;
   k.tiles = make_tile_order(a, m_blocks, cluster, (a.schedule == 3 || a.schedule == 4) && !uniform, slots, kShare);
   int grid = int(a.schedule == 2 ? tiles : cluster * std::min<int64_t>(tiles, slots));
   LaunchScratch scratch;
