@@ -410,8 +410,8 @@ __device__ __forceinline__ void pass_softmax_turn(int consumer) {
 // pieces, and pieces merge (epilogue.cuh). Without it the kernel walks whole tiles only: a separate
 // instantiation, so the pieces' bookkeeping costs the other launches nothing.
 // kBounded: the launch has a causal or window bound (FwdKernelParams::window). Only such launches
-// run the mask's finer cuts (kConsumerMask, kHalfFirst, kSkipFirst), in their own instantiation,
-// so the kernels without a bound carry none of that code: ptxas schedules them as before
+// run the mask's finer cuts (kConsumerMask, kHalfFirst, kSkipFirst, kSkipLeading), in their own
+// instantiation, so the kernels without a bound carry none of that code: ptxas schedules them as before
 // (d64's three-consumer kernel instruction for instruction). Clusters and stream-K pieces run
 // tiles of one length only (fwd_launch.cuh), so they never have a bound.
 // kCausal: a bounded kernel whose bound is causal (window (-1, 0)) at compile time; only the row

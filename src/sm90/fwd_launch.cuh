@@ -217,8 +217,11 @@ inline double four_consumer_scores(const detail::FwdParams& a) {
       if (first >= a.seqlen_q || first + 64 <= 0) continue;
       int hi = r.hi;
       if (w.right >= 0) {
-        const int64_t seen_end = int64_t(first) + 64 + a.seqlen_k - a.seqlen_q + w.right;  // keys [0, seen_end)
-        hi = seen_end <= int64_t(r.lo + 1) * kBlockN ? r.lo + 1 : int(std::min<int64_t>(r.hi, (seen_end + kBlockN - 1) / kBlockN));
+        // The keys [0, seen_end) its last row sees; at least the range's first block.
+        const int64_t seen_end = int64_t(first) + 64 + a.seqlen_k - a.seqlen_q + w.right;
+        hi = seen_end <= int64_t(r.lo + 1) * kBlockN
+                 ? r.lo + 1
+                 : int(std::min<int64_t>(r.hi, (seen_end + kBlockN - 1) / kBlockN));
       }
       blocks += double(hi - r.lo) * stride;
     }
