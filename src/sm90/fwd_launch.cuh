@@ -183,36 +183,37 @@ int row_shift(const detail::FwdParams& a) {
   return (kBlockM - a.seqlen_q % kBlockM) % kBlockM / 64 * 64;
 }
 
-// Score elements a head's tiles of kBlockM x kBlockN compute (padding rows and masked keys of
-// partial blocks included): what the tile height costs a problem. Beyond 2048 query blocks every
-// stride-th is counted and the sum scaled (a heuristic's input; the loop stays short).
-template <int kBlockM, int kBlockN>
-double computed_scores(const detail::FwdParams& a) {
+// The sum over a head's query tiles of kBlockM rows (placed by row_shift) of f(window, m_block,
+// key block range). Beyond 2048 query blocks every stride-th is counted and the sum scaled (a
+// heuristic's input; the loop stays short).
+template <int kBlockM, int kBlockN, class F>
+double sum_over_tiles(const detail::FwdParams& a, F&& f) {
   const Window w{a.window_left, a.window_right, row_shift<kBlockM>(a)};
   const int m_blocks = int((int64_t(a.seqlen_q) + kBlockM - 1) / kBlockM);
   const int stride = m_blocks > 2048 ? m_blocks / 2048 : 1;
-  double blocks = 0;
-  for (int m = 0; m < m_blocks; m += stride) {
-    const BlockRange r = key_block_range<kBlockM, kBlockN>(w, m, a.seqlen_q, a.seqlen_k);
-    blocks += double(r.hi - r.lo) * stride;
-  }
-  return blocks * kBlockM * kBlockN;
+  double sum = 0;
+  for (int m = 0; m < m_blocks; m += stride)
+    sum += double(f(w, m, key_block_range<kBlockM, kBlockN>(w, m, a.seqlen_q, a.seqlen_k))) * stride;
+  return sum;
+}
+
+// Score elements a head's tiles of kBlockM x kBlockN compute (padding rows and masked keys of
+// partial blocks included): what the tile height costs a problem.
+template <int kBlockM, int kBlockN>
+double computed_scores(const detail::FwdParams& a) {
+  return sum_over_tiles<kBlockM, kBlockN>(a, [](const Window&, int, BlockRange r) { return r.hi - r.lo; }) *
+         kBlockM * kBlockN;
 }
 
 // Score elements four consumers (256-row tiles, 64-key blocks) compute under a causal or window
 // bound: each consumer's 64 rows walk the tile's key range from its first block up to the last
 // block those rows see (fwd_kernel's kSkipLeading passes the blocks above it over; at least one),
-// and an idle consumer (rows all outside the sequence) none. Sampled as computed_scores is.
+// and an idle consumer (rows all outside the sequence) none.
 inline double four_consumer_scores(const detail::FwdParams& a) {
   constexpr int kBlockM = 256, kBlockN = 64;
-  const Window w{a.window_left, a.window_right, row_shift<kBlockM>(a)};
-  const int m_blocks = int((int64_t(a.seqlen_q) + kBlockM - 1) / kBlockM);
-  const int stride = m_blocks > 2048 ? m_blocks / 2048 : 1;
-  double blocks = 0;
-  for (int m = 0; m < m_blocks; m += stride) {
-    const BlockRange r = key_block_range<kBlockM, kBlockN>(w, m, a.seqlen_q, a.seqlen_k);
-    if (r.hi <= r.lo) continue;
-    for (int c = 0; c < kBlockM / 64; ++c) {
+  auto walked = [&](const Window& w, int m, BlockRange r) {
+    int blocks = 0;
+    for (int c = 0; c < kBlockM / 64 && r.hi > r.lo; ++c) {
       const int first = tile_first_row<kBlockM>(w, m) + 64 * c;
       if (first >= a.seqlen_q || first + 64 <= 0) continue;
       int hi = r.hi;
@@ -223,10 +224,11 @@ inline double four_consumer_scores(const detail::FwdParams& a) {
                  ? r.lo + 1
                  : int(std::min<int64_t>(r.hi, (seen_end + kBlockN - 1) / kBlockN));
       }
-      blocks += double(hi - r.lo) * stride;
+      blocks += hi - r.lo;
     }
-  }
-  return blocks * 64 * kBlockN;
+    return blocks;
+  };
+  return sum_over_tiles<kBlockM, kBlockN>(a, walked) * 64 * kBlockN;
 }
 
 // d64 has three tile heights: two, three or four consumers of 64 query rows. Three consumers
