@@ -276,8 +276,8 @@ TEST(ForwardGpu, DiagonalBlocksCutToEachConsumersRows) {
 // 256 on four (64-key blocks, eight K/V stages). Each with key tails and a last tile whose last
 // consumer is idle or has a few rows; both dtypes, GQA, MQA, BHSD, one key; four consumers also
 // with the running max rising block after block and scores far apart in a block. Then with a
-// bound, where four consumers pass over the blocks above their rows' diagonal (fwd_kernel's
-// kSkipLeading): causal, a window's right bound, rows before row 0 and rows without keys.
+// bound, where four consumers walk only the blocks their rows see (fwd_kernel's kSkipLeading):
+// causal, windows with either edge or both, rows before row 0 and rows without keys.
 TEST(ForwardGpu, D64EveryTileHeight) {
   FA4_REQUIRE_GPU();
   const Case cases[] = {
@@ -309,7 +309,10 @@ TEST(ForwardGpu, D64EveryTileHeight) {
       {BF16, 1, 600, 900, 2, 2, 64, false, -1, 70},                 // four, a window's right bound
       {FP16, 1, 333, 500, 2, 1, 64, true},                          // three
       {BF16, 1, 2048, 128, 2, 2, 64, true},                         // two
-      {BF16, 1, 777, 777, 2, 2, 64, false, 150, 30},                // two
+      {BF16, 1, 777, 777, 2, 2, 64, false, 150, 30},                // four, both edges cut
+      {FP16, 2, 513, 700, 4, 2, 64, false, 64, -1},                 // four, a left bound alone
+      {BF16, 1, 400, 100, 2, 2, 64, false, 10, 0},                  // four: the first rows see no key
+      {BF16, 1, 384, 384, 2, 2, 64, false, 500, 1000},              // three
   };
   for (const Case& c : bounded) ASSERT_NO_FATAL_FAILURE(run_case(c, seed++));
 }

@@ -295,8 +295,8 @@ TEST(TileOrder, D256KeyBlockWidthFollowsTheComputedScores) {
 // The d64 tile height: scores each height computes (padding and partial blocks included), and the
 // rule that weighs them: without a bound 128-row tiles at 1.15, 192-row ones at 1, 256-row ones (on
 // 64-key blocks) at 1.075; with a causal or window bound 128-row tiles at 1.25, 192-row ones at 1,
-// and, without a left bound, 256-row ones at 1.12 of what their consumers walk (each up to its
-// diagonal: four_consumer_scores); the cheapest taken, 192 rows on a tie.
+// and 256-row ones at 1.12 of what their consumers walk (each the blocks its rows see:
+// four_consumer_scores); the cheapest taken, 192 rows on a tie.
 TEST(TileOrder, D64TileHeightFollowsTheComputedScores) {
   using fa4::sm90::d64_consumers;
   fa4::detail::FwdParams a = fwd_params(1, 1, 1, 512, 512, 64);
@@ -323,13 +323,22 @@ TEST(TileOrder, D64TileHeightFollowsTheComputedScores) {
   EXPECT_EQ((fa4::sm90::computed_scores<192, 128>(a)), 5.0 * 192 * 128);
   EXPECT_EQ(fa4::sm90::four_consumer_scores(a), 21.0 * 64 * 64);  // 1 + 2 + 3 + 4, then 5 + 6 (two idle)
   EXPECT_EQ(d64_consumers(a), 4);
-  a.window_left = 500;  // a left bound: never four (their walks cannot cut it)
+  a.window_left = 500;  // a window wider than the keys: the causal-free walk of every height
   a.window_right = 1000;
   EXPECT_EQ(d64_consumers(a), 3);
-  a.window_left = 150;
+  a.window_left = 150;  // each consumer walks 4 blocks of 64 keys at most, against 3 of 128
   a.window_right = 30;
   a.seqlen_q = a.seqlen_k = 777;
-  EXPECT_EQ(d64_consumers(a), 2);
+  EXPECT_EQ(d64_consumers(a), 4);
+  a = fwd_params(1, 1, 1, 4096, 4096, 64);
+  a.window_left = 256;  // 5 blocks of 64 a consumer (of the tile's 9), fewer in the first tile
+  a.window_right = 0;
+  EXPECT_EQ(fa4::sm90::four_consumer_scores(a), (15.0 * 4 * 5 + 1 + 2 + 3 + 4) * 64 * 64);
+  EXPECT_EQ(d64_consumers(a), 4);
+  a.window_left = 4096;  // (4096, 0) at 16k: three compute 1.05 times four's count
+  a.seqlen_q = a.seqlen_k = 16384;
+  EXPECT_EQ(d64_consumers(a), 3);
+  a = fwd_params(1, 1, 1, 256, 256, 64);
   a.window_left = -1;
   a.window_right = 0;
   a.seqlen_q = a.seqlen_k = 256;  // causal 1 + 2 blocks of 192 rows (from row -128) against 1 + 2: 1.5
@@ -376,8 +385,9 @@ TEST(TileOrder, D64TileHeightFollowsTheComputedScores) {
   // With a bound (window left, right; -1, 0 causal).
   for (auto [sq, sk, left, right, n] :
        {std::array<int, 5>{512, 512, -1, 0, 4}, {1000, 300, -1, 0, 4}, {384, 384, -1, 0, 4}, {250, 4000, -1, 0, 4},
-        {600, 900, -1, 70, 4}, {333, 500, -1, 0, 3}, {2048, 128, -1, 0, 2}, {777, 777, 150, 30, 2},
-        {700, 900, -1, 0, 4}, {333, 1111, -1, 0, 3}, {256, 256, -1, 0, 4}, {500, 200, -1, 0, 4}}) {
+        {600, 900, -1, 70, 4}, {333, 500, -1, 0, 3}, {2048, 128, -1, 0, 2}, {777, 777, 150, 30, 4},
+        {700, 900, -1, 0, 4}, {333, 1111, -1, 0, 3}, {256, 256, -1, 0, 4}, {500, 200, -1, 0, 4},
+        {513, 700, 64, -1, 4}, {400, 100, 10, 0, 4}, {384, 384, 500, 1000, 3}}) {
     a = fwd_params(1, 2, 1, sq, sk, 64);
     a.window_left = left;
     a.window_right = right;

@@ -470,6 +470,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // none of the last 3 - consumer key blocks of a causal tile (the diagonal's upper blocks), and
   // it passes them all over as an idle consumer passes blocks (K landed, a turn, K's slot freed,
   // the V slot of the block before freed), then starts its walk on the block its diagonal crosses.
+  // With a left bound it ends its walk on the lowest block its rows see, and passes the tile's
+  // blocks below over the same way.
   constexpr bool kSkipLeading = kBounded && Cfg::kConsumers == 4 && !kOInKV;
   // The mask's one-compare path for a launch without a left bound (mask.cuh): where ptxas keeps
   // it without spilling, which is not d64's three-consumer kernel or d256's with a runtime
@@ -1141,6 +1143,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           --n;
         }
       }
+      // With a left bound, the lowest block this consumer's first row sees (at most the first it
+      // walks): the blocks below it are passed over after the last P V (kSkipLeading).
+      int my_lo = range.lo;
+      if constexpr (kSkipLeading) {
+        const int lo_key = my_first + p.seqlen_k - p.seqlen_q - bound().left;
+        if (bound().left >= 0 && lo_key > range.lo * kBlockN) my_lo = min(n, lo_key / kBlockN);
+      }
       // First block: S_0 alone.
       const int first_slot = uniform(r.stage * Cfg::kKVBytes);
       mbar_wait(&bar.k_full[r.stage], r.phase);
@@ -1306,15 +1315,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // With two P buffers the loop alternates them (register arrays need constant indices).
       bool last_in_pf2 = false;
       if constexpr (Cfg::kDoubleP) {
-        for (--n; n >= range.lo; --n) {
+        for (--n; n >= my_lo; --n) {
           step(n, pf, pf2);
           last_in_pf2 = true;
-          if (--n < range.lo) break;
+          if (--n < my_lo) break;
           step(n, pf2, pf);
           last_in_pf2 = false;
         }
       } else {
-        for (--n; n >= range.lo; --n) step(n, pf, pf);
+        for (--n; n >= my_lo; --n) step(n, pf, pf);
       }
       stamp_b(0);
       // (The idle consumer's walk above mirrors this path's waits, turns and frees.)
@@ -1342,6 +1351,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       stamp_b(2);
       release_v_last(prev);
       last_slot = prev;
+      if constexpr (kSkipLeading) {
+        // The tile's blocks below this consumer's rows (a left bound): each landed, a turn (which
+        // gathers the four warps past their waits), both slots freed.
+        for (n = my_lo - 1; n >= range.lo; --n) {
+          mbar_wait(&bar.k_full[r.stage], r.phase);
+          mbar_wait(&bar.v_full[r.stage], r.phase);
+          turn_wait();
+          turn_pass();
+          release(&bar.k_empty[r.stage]);
+          release(&bar.v_empty[r.stage]);
+          r.advance();
+        }
+      }
     } else {
       wait_q_chunks(q_phase());
       release_q(&bar.q_empty[q_stage()]);

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <algorithm>
-#include <limits>
 #include <string>
 
 #include "common/fwd_params.h"
@@ -206,9 +205,9 @@ double computed_scores(const detail::FwdParams& a) {
 }
 
 // Score elements four consumers (256-row tiles, 64-key blocks) compute under a causal or window
-// bound: each consumer's 64 rows walk the tile's key range from its first block up to the last
-// block those rows see (fwd_kernel's kSkipLeading passes the blocks above it over; at least one),
-// and an idle consumer (rows all outside the sequence) none.
+// bound: each consumer's 64 rows walk the blocks of the tile's key range that those rows see
+// (fwd_kernel's kSkipLeading passes the others over; at least one), and an idle consumer (rows
+// all outside the sequence) none.
 inline double four_consumer_scores(const detail::FwdParams& a) {
   constexpr int kBlockM = 256, kBlockN = 64;
   auto walked = [&](const Window& w, int m, BlockRange r) {
@@ -216,7 +215,7 @@ inline double four_consumer_scores(const detail::FwdParams& a) {
     for (int c = 0; c < kBlockM / 64 && r.hi > r.lo; ++c) {
       const int first = tile_first_row<kBlockM>(w, m) + 64 * c;
       if (first >= a.seqlen_q || first + 64 <= 0) continue;
-      int hi = r.hi;
+      int hi = r.hi, lo = r.lo;
       if (w.right >= 0) {
         // The keys [0, seen_end) its last row sees; at least the range's first block.
         const int64_t seen_end = int64_t(first) + 64 + a.seqlen_k - a.seqlen_q + w.right;
@@ -224,7 +223,11 @@ inline double four_consumer_scores(const detail::FwdParams& a) {
                  ? r.lo + 1
                  : int(std::min<int64_t>(r.hi, (seen_end + kBlockN - 1) / kBlockN));
       }
-      blocks += hi - r.lo;
+      if (w.left >= 0) {  // from the lowest block its first row sees, at most its last
+        const int64_t lo_key = int64_t(first) + a.seqlen_k - a.seqlen_q - w.left;
+        if (lo_key > int64_t(r.lo) * kBlockN) lo = int(std::min<int64_t>(hi - 1, lo_key / kBlockN));
+      }
+      blocks += hi - lo;
     }
     return blocks;
   };
@@ -248,9 +251,10 @@ inline double four_consumer_scores(const detail::FwdParams& a) {
 // Under a bound four consumers pass over the blocks above each one's diagonal
 // (four_consumer_scores counts what is left): H100 against two or three, causal 512 (three
 // compute 1.33 times the 64-row strips' scores) +8.6 %, 1k (1.19) +5.9 %, 2k (1.09) −0.8 %, 4k
-// (1.05) −2.4 %, 16k −4.1 %; a (256, 0) window at 4k, where four cannot cut the left edge,
-// −6.2 % against two (docs/perf-notes.md, "Four consumers at d64 under a bound"), so not with a
-// left bound.
+// (1.05) −2.4 %, 16k −4.1 %. With a left bound each also ends its walk on the lowest block its
+// rows see: windows (256, 0) and (1024, 0) at 4k +18.7 / +10.4 %, (128, 128) at 2k +19.2 %,
+// (4096, 0) at 16k (three compute 1.05 times four's count) +0.6 % (docs/perf-notes.md, "Four
+// consumers at d64 under a bound", "... and a window's left edge").
 // So a height costs its computed scores times its weight (two 1.15, or 1.25 under a bound, where
 // three cut their diagonal finer than the count sees; three 1; four kD64WideTilesWorse, or
 // kD64WideTilesWorseBounded on four_consumer_scores), and the cheapest is taken, three on a tie.
@@ -262,9 +266,8 @@ inline int d64_consumers(const detail::FwdParams& a) {
   const double three = computed_scores<192, 128>(a);
   const bool uniform = tiles_of_one_length(a);
   const double two = (uniform ? kD64TallTilesWorse : kD64TallTilesWorseBounded) * computed_scores<128, 128>(a);
-  const double four = uniform                ? kD64WideTilesWorse * computed_scores<256, 64>(a)
-                      : a.window_left < 0 ? kD64WideTilesWorseBounded * four_consumer_scores(a)
-                                          : std::numeric_limits<double>::infinity();
+  const double four = uniform ? kD64WideTilesWorse * computed_scores<256, 64>(a)
+                              : kD64WideTilesWorseBounded * four_consumer_scores(a);
   if (three <= two && three <= four) return 3;
   return two < four ? 2 : 4;
 }
