@@ -40,7 +40,10 @@ import tempfile
 # fwd_launch.cuh (d64's tile height, clusters for non-causal d128/d256, the stream-K rule).
 CHECK_SHAPES = [
     "--b 4 --h 32 --s 4096 --d 64",                               # d64, three consumers
-    "--b 64 --h 32 --s 256 --d 64 --causal",                      # d64, two consumers, tile counter
+    "--b 16 --h 32 --s 512 --d 64",                               # d64, four consumers
+    "--b 64 --h 32 --s 256 --d 64 --causal",                      # d64, four under a bound, tile counter
+    "--b 8 --h 16 --sq 2048 --sk 128 --d 64 --causal",            # d64, two consumers
+    "--b 2 --h 8 --s 1000 --d 64 --window 256,0",                 # d64, a window's both edges cut
     "--b 2 --h 7 --sq 1000 --sk 4097 --d 64 --causal",            # tails, causal bottom-right
     "--b 3 --h 8 --hkv 2 --sq 4097 --sk 239 --d 64",              # GQA, seqlen_q > seqlen_k
     "--b 4 --h 16 --s 4096 --d 128",                              # d128 in clusters of two

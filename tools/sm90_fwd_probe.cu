@@ -513,14 +513,14 @@ int main(int argc, char** argv) {
     // 512: four key blocks a tile (80-wide at d256: seven), where the boundaries are most of a tile.
     trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 512, false);
     trace_shape<Traced<D256>>(dir, "d256", 256, 512, false);
-    // The rows under the FA2 bar: d256 causal 512 (two to seven 80-key blocks a tile), d64 512 on
-    // three consumers (a third of the tiles with one idle), d128 causal 512 beside them.
+    // The rows once under the FA2 bar: d256 causal 512 (two to seven 80-key blocks a tile), d64 512
+    // on three consumers (a third of the tiles with one idle; four consumers run it now), d128
+    // causal 512 beside them.
     trace_shape<Traced<D256>>(dir, "d256", 256, 512, true);
     trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 3>>>(dir, "d64", 64, 512, false);
     trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 512, true);
-    // d64 on two consumers (128-row tiles; shipped where 192-row tiles would compute over 1.15 times
-    // the scores, 1.25 with a bound), at the lengths where three consumers run instead, to compare
-    // their periods.
+    // d64 on two consumers (128-row tiles; shipped where fwd_launch.cuh's d64_consumers weighs them
+    // cheapest), at the lengths where three consumers run instead, to compare their periods.
     trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 2>>>(dir, "d64c2", 64, 16384, false);
     trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 2>>>(dir, "d64c2", 64, 4096, false);
     if (argc > 3) {  // variants (`trace DIR variants`): configurations measured and not shipped
