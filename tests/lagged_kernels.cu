@@ -18,11 +18,8 @@ namespace fa4::test {
 namespace {
 // As shipped (sm90/fwd_configs.cuh), bf16.
 using D64 = sm90::D64Config<true, 3>;
-using D64Two = sm90::D64Config<true, 2>;
-using D64Four = sm90::D64Config<true, 4>;  // tiles of one length only (sm90::d64_consumers)
+using D64Four = sm90::D64Config<true, 4>;
 using D128 = sm90::D128Config<true>;
-using D256 = sm90::D256Config<80, true>;
-using D256Narrow = sm90::D256Config<64, true>;  // where d256_narrow_blocks says (a causal or window bound)
 template <class Base>
 struct IdleWarpsLate : Base {
   static constexpr long long kIdleWarpLag = 40000;  // ~20 us at 2 GHz; a K block lands in ~1-2 us
@@ -54,19 +51,8 @@ Status forward_idle_warps_late_d128(const detail::FwdParams& p, cudaStream_t str
 }
 
 Status forward_tile_warp_late(const detail::FwdParams& p, cudaStream_t stream) {
-  switch (p.head_dim) {
-    case 64:
-      switch (sm90::d64_consumers(p)) {
-        case 2: return sm90::launch_forward<TileWarpLate<D64Two>>(p, stream);
-        case 4: return sm90::launch_forward<TileWarpLate<D64Four>>(p, stream);
-        default: return sm90::launch_forward<TileWarpLate<D64>>(p, stream);
-      }
-    case 128: return sm90::launch_forward<TileWarpLate<D128>>(p, stream);
-    case 256:
-      if (sm90::d256_narrow_blocks(p)) return sm90::launch_forward<TileWarpLate<D256Narrow>>(p, stream);
-      return sm90::launch_forward<TileWarpLate<D256>>(p, stream);
-    default: return {StatusCode::kNotSupported, "forward_tile_warp_late: head_dim 64, 128 or 256"};
-  }
+  return sm90::with_shipped_config<true>(
+      p, [&]<class Cfg>() { return sm90::launch_forward<TileWarpLate<Cfg>>(p, stream); });
 }
 
 }  // namespace fa4::test

@@ -1,11 +1,13 @@
-// The shipped sm90 forward configurations. sm90_fwd.cu dispatches among them (which one a launch
-// takes: d64_consumers, d256_narrow_blocks in fwd_launch.cuh); tests that check a shipped
-// kernel's protocol or shared memory name them from here.
+// The shipped sm90 forward configurations, and which one a launch takes (with_shipped_config:
+// d64_consumers, d256_narrow_blocks in fwd_launch.cuh). sm90_fwd.cu launches through it; tests
+// that check a shipped kernel's protocol or shared memory name the configurations from here.
 #pragma once
 
+#include <string>
 #include <type_traits>
 
 #include "sm90/fwd_kernel.cuh"
+#include "sm90/fwd_launch.cuh"
 #include "sm90_fwd_d256_schedule.h"
 #include "sm90_fwd_schedule.h"
 
@@ -31,5 +33,26 @@ using D128Config = FwdConfig<128, 128, sched::sm90_fwd::kKVStages, kBF16, 0>;
 template <int kBlockN, bool kBF16>
 using D256Config =
     FwdConfig<256, kBlockN, sched::sm90_fwd_d256::kKVStages, kBF16, 0, 2, true, true, false, false, false, true>;
+
+// f.template operator()<Cfg>() with the configuration the launch `a` takes at its head dim (16-bit
+// type kBF16 or fp16): the one dispatch, for the library and for tests that wrap the shipped
+// configurations (tests/lagged_kernels.cu).
+template <bool kBF16, class F>
+Status with_shipped_config(const detail::FwdParams& a, F&& f) {
+  switch (a.head_dim) {
+    case 64:
+      switch (d64_consumers(a)) {
+        case 2: return f.template operator()<D64Config<kBF16, 2>>();
+        case 4: return f.template operator()<D64Config<kBF16, 4>>();
+        default: return f.template operator()<D64Config<kBF16, 3>>();
+      }
+    case 128: return f.template operator()<D128Config<kBF16>>();
+    case 256:
+      if (d256_narrow_blocks(a)) return f.template operator()<D256Config<64, kBF16>>();
+      return f.template operator()<D256Config<80, kBF16>>();
+    default:
+      return {StatusCode::kNotSupported, "head_dim = " + std::to_string(a.head_dim) + " has no sm90 kernel"};
+  }
+}
 
 }  // namespace fa4::sm90

@@ -411,8 +411,8 @@ __device__ __forceinline__ void pass_softmax_turn(int consumer) {
 // instantiation, so the pieces' bookkeeping costs the other launches nothing.
 // kBounded: the launch has a causal or window bound (FwdKernelParams::window). Only such launches
 // run the mask's finer cuts (kConsumerMask, kHalfFirst, kSkipFirst, kSkipLeading), in their own
-// instantiation, so the kernels without a bound carry none of that code: ptxas schedules them as before
-// (d64's three-consumer kernel instruction for instruction). Clusters and stream-K pieces run
+// instantiation, so the kernels without a bound carry none of that code: ptxas schedules them as
+// before (d64's three-consumer kernel instruction for instruction). Clusters and stream-K pieces run
 // tiles of one length only (fwd_launch.cuh), so they never have a bound.
 // kCausal: a bounded kernel whose bound is causal (window (-1, 0)) at compile time; only the row
 // shift comes from the launch. The mask's and the key ranges' window tests become constants
@@ -1106,11 +1106,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       float corr[2];
       // With a right bound (causal), past the last key this consumer's last row sees.
       const int seen_end = my_first + 64 + p.seqlen_k - p.seqlen_q + p.window.right;
-      // kSkipFirstWhole: a first block none of these rows see, with another block after it, is
-      // passed over: K_n seen landed (and the turn taken, so the other consumer has freed this
-      // slot's earlier use) before its slot is freed; its V slot is freed after the next S, once
-      // seen landed (which orders the free after the other consumer's free of the slot's earlier
-      // use, an O staged there included).
+      // The V slot of the last block passed over (kSkipLeading, kSkipFirstWhole), freed after the
+      // first S.
       [[maybe_unused]] int skipped_v = -1;
       [[maybe_unused]] uint32_t skipped_phase = 0;
       if constexpr (kSkipLeading) {
@@ -1131,6 +1128,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
         if (skipped_v >= 0) mbar_wait(&bar.v_full[skipped_v], skipped_phase);
       }
+      // kSkipFirstWhole: a first block none of these rows see, with another block after it, is
+      // passed over: K_n seen landed (and the turn taken, so the other consumer has freed this
+      // slot's earlier use) before its slot is freed; its V slot is freed after the next S, once
+      // seen landed (which orders the free after the other consumer's free of the slot's earlier
+      // use, an O staged there included).
       if constexpr (kSkipFirstWhole) {
         if (bound().right >= 0 && seen_end <= n * kBlockN && n > range.lo) {
           mbar_wait(&bar.k_full[r.stage], r.phase);
