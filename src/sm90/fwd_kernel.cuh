@@ -1110,10 +1110,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // first S.
       [[maybe_unused]] int skipped_v = -1;
       [[maybe_unused]] uint32_t skipped_phase = 0;
-      if constexpr (kSkipLeading) {
-        // Each block passed over takes a turn, as the working path's steps do (which also gathers
-        // this consumer's four warps past their waits before thread 0 frees the slots); the last
-        // one's V slot is freed once the first S's barrier has gathered them again.
+      if constexpr (kSkipLeading || kSkipFirstWhole) {
+        // The blocks none of these rows see before the first S, all of them (kSkipLeading) or the
+        // first alone (kSkipFirstWhole), always leaving a block to walk. Each is seen landed and
+        // takes a turn, as the working path's steps do: the turn orders the free after the other
+        // consumers' free of the slot's earlier use, and gathers this consumer's four warps past
+        // their waits before thread 0 frees K's slot. A block's V slot is freed with the next
+        // block's K, the last one's after the first S: with kSkipLeading once the first S's
+        // barrier has gathered the warps past its wait (below), with kSkipFirstWhole after the S,
+        // seen landed there (an O staged in that slot included).
         while (bound().right >= 0 && seen_end <= n * kBlockN && n > range.lo) {
           mbar_wait(&bar.k_full[r.stage], r.phase);
           if (skipped_v >= 0) mbar_wait(&bar.v_full[skipped_v], skipped_phase);
@@ -1125,25 +1130,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           skipped_phase = r.phase;
           r.advance();
           --n;
+          if constexpr (kSkipFirstWhole) break;
         }
-        if (skipped_v >= 0) mbar_wait(&bar.v_full[skipped_v], skipped_phase);
-      }
-      // kSkipFirstWhole: a first block none of these rows see, with another block after it, is
-      // passed over: K_n seen landed (and the turn taken, so the other consumer has freed this
-      // slot's earlier use) before its slot is freed; its V slot is freed after the next S, once
-      // seen landed (which orders the free after the other consumer's free of the slot's earlier
-      // use, an O staged there included).
-      if constexpr (kSkipFirstWhole) {
-        if (bound().right >= 0 && seen_end <= n * kBlockN && n > range.lo) {
-          mbar_wait(&bar.k_full[r.stage], r.phase);
-          turn_wait();
-          turn_pass();
-          release_k(n, r.stage);
-          skipped_v = r.stage;
-          skipped_phase = r.phase;
-          r.advance();
-          --n;
-        }
+        if constexpr (kSkipLeading)
+          if (skipped_v >= 0) mbar_wait(&bar.v_full[skipped_v], skipped_phase);
       }
       // With a left bound, the lowest block this consumer's first row sees (at most the first it
       // walks): the blocks below it are passed over after the last P V (kSkipLeading).
@@ -1172,11 +1162,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       stamp_b(6);
       if (kEarlyQFree && n == range.lo) release_q(&bar.q_empty[q_stage()]);
       release_k(n, r.stage);
-      if constexpr (kSkipLeading)
-        if (skipped_v >= 0) release(&bar.v_empty[skipped_v]);  // seen landed before the barrier
-      if constexpr (kSkipFirstWhole)
+      if constexpr (kSkipLeading || kSkipFirstWhole)
         if (skipped_v >= 0) {
-          mbar_wait(&bar.v_full[skipped_v], skipped_phase);
+          if constexpr (kSkipFirstWhole) mbar_wait(&bar.v_full[skipped_v], skipped_phase);
           release(&bar.v_empty[skipped_v]);
         }
       softmax_turn_begin();
