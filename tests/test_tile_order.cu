@@ -167,6 +167,52 @@ TEST(TileOrder, TileCounterWhereTilesVaryOrOnSingleCtas) {
   }
 }
 
+// Paired causal tiles (tile_order.cuh): in static rounds of G CTAs every tile comes once; a CTA
+// takes a head's query blocks M - 1 - m and m in two consecutive rounds, the longer first; and the
+// launch pairs the tiles exactly where the pairs' key ranges are even (d256 causal, an even count).
+TEST(TileOrder, PairedCausalTilesCoverEveryTileOnceInEvenPairs) {
+  for (auto [batch_heads, m_blocks] : std::vector<std::array<int, 2>>{{256, 4}, {128, 8}, {7, 2}, {3, 16}, {1, 6}}) {
+    TileOrder order{batch_heads * m_blocks, m_blocks, batch_heads, batch_heads, batch_heads, 1, false};
+    order.paired = true;
+    for (int grid : {1, 5, 128, 132, 1000}) {
+      std::vector<int> seen(size_t(order.count), 0);
+      for (int cta = 0; cta < grid; ++cta)
+        for (int round = 0;; round += 2) {
+          const int first = order.nth(round, cta, grid), second = order.nth(round + 1, cta, grid);
+          if (first >= order.count) {
+            EXPECT_GE(second, order.count);
+            break;
+          }
+          ASSERT_LT(second, order.count);
+          const fa4::sm90::Tile a = order.decode(first), b = order.decode(second);
+          EXPECT_EQ(a.batch * batch_heads + a.head, b.batch * batch_heads + b.head);
+          EXPECT_EQ(a.m_block + b.m_block, m_blocks - 1);
+          EXPECT_GT(a.m_block, b.m_block);
+          ++seen[size_t(a.head) * m_blocks + a.m_block];
+          ++seen[size_t(b.head) * m_blocks + b.m_block];
+        }
+      for (int c : seen) EXPECT_EQ(c, 1) << batch_heads << " heads, " << m_blocks << " blocks, grid " << grid;
+    }
+  }
+  auto paired = [](int seqlen_q, int seqlen_k, int left, int right, int head_dim = 256) {
+    fa4::detail::FwdParams a = fwd_params(2, 4, 4, seqlen_q, seqlen_k, head_dim);
+    a.window_left = left;
+    a.window_right = right;
+    const fa4::sm90::Window w{left, right, fa4::sm90::row_shift<128>(a)};
+    return fa4::sm90::use_paired_tiles<128, 64>(a, w, (seqlen_q + 127) / 128, 1);
+  };
+  EXPECT_TRUE(paired(512, 512, -1, 0));
+  EXPECT_TRUE(paired(2048, 2048, -1, 0));
+  EXPECT_TRUE(paired(1000, 1000, -1, 0));    // 8 blocks, the last partial (shifted first)
+  EXPECT_FALSE(paired(384, 384, -1, 0));     // an odd count
+  EXPECT_FALSE(paired(512, 512, 100, 0));    // a window
+  EXPECT_FALSE(paired(512, 512, -1, -1));    // no bound
+  EXPECT_TRUE(paired(512, 4096, -1, 0));     // bottom-right: every tile sees 28 blocks more
+  EXPECT_FALSE(paired(4096, 512, -1, 0));    // rows without keys: pairs of uneven sums
+  EXPECT_FALSE(paired(512, 512, -1, 0, 128));  // d256 only
+  EXPECT_FALSE(paired(512, 512, -1, 0, 64));
+}
+
 // The causal kernel (fwd_kernel's kCausal) takes causal launches and the window that equals
 // causal, and nothing else: every other window keeps the bounded kernel's runtime bound.
 TEST(TileOrder, CausalKernelForTheCausalBoundOnly) {

@@ -364,7 +364,7 @@ struct RingCount {
 // the unit's stream-K pieces from the table in shared memory (FwdBarriers::unit_pieces; there,
 // pieces == 0 marks none).
 __device__ __forceinline__ bool decode_item(const TileOrder& order, const FwdBarriers& bar, int t, int rank, Tile& tl) {
-  return order.decode_with(t, rank, tl, [&](int, int k, Tile& piece) {
+  return order.template decode_with<false>(t, rank, tl, [&](int, int k, Tile& piece) {
     piece = bar.unit_pieces[k];
     return piece.pieces != 0;
   });
@@ -473,6 +473,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // With a left bound it ends its walk on the lowest block its rows see, and passes the tile's
   // blocks below over the same way.
   constexpr bool kSkipLeading = kBounded && Cfg::kConsumers == 4 && !kOInKV;
+  // Paired causal tiles (tile_order.cuh) run on d256's causal kernel alone (fwd_launch.cuh,
+  // use_paired_tiles); every other kernel keeps none of their decode.
+  constexpr bool kPairs = kCausal && kCluster == 1 && !kSplit && kHeadDim == 256;
   // The mask's one-compare path for a launch without a left bound (mask.cuh): where ptxas keeps
   // it without spilling, which is not d64's three-consumer kernel or d256's with a runtime
   // window; in the causal kernel it is the only path, no branch, and spill-free in all.
@@ -589,7 +592,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             mbar_arrive(&bar.q_full[c]);  // no Q: the phase completes on the arrive alone
             break;
           }
-          const Tile tl = p.tiles.decode_tile(tile, rank);
+          const Tile tl = p.tiles.template decode_tile<kPairs>(tile, rank);
           if (round > 0) mbar_wait(&bar.q_free[c], uint32_t(round - 1) & 1u);
           constexpr int kChunkBytes = Cfg::kQBytes / 2 / Cfg::kChunks;
           mbar_arrive_expect_tx(&bar.q_full[c], kChunkBytes);
@@ -660,7 +663,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       RingPos<Cfg::kQStages> qw;
       // The K loader's next work item (it also loads Q, unless kOInKV): the first is the CTA's (or
       // cluster's) own.
-      int next = kSplit ? p.tiles.item(0, unit, units) : unit;
+      int next = kSplit ? p.tiles.item(0, unit, units) : p.tiles.template nth<kPairs>(0, unit, units);
       // Whether the CTA has no more work (a tile index >= count, or no such piece).
       auto done = [&](int t) { return kSplit ? t == TileOrder::kEnd : t >= p.tiles.count; };
       for (int round = 0;; ++round) {
@@ -675,7 +678,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if constexpr (kSplit) {  // before the arrive that publishes it (release)
             bar.item[qw.stage].x = tile;
           } else {
-            if (!done(tile)) tl = p.tiles.decode_tile(tile, rank);
+            if (!done(tile)) tl = p.tiles.template decode_tile<kPairs>(tile, rank);
             bar.item[qw.stage] = done(tile) ? make_int4(tile, 0, 0, 0) : make_int4(tile, tl.batch, tl.head, tl.m_block);
           }
           if constexpr (kOInKV) mbar_arrive(&bar.tile_pub);  // the Q loaders take it from here
@@ -696,7 +699,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // The next tile now, so the atomic's latency passes under this tile's K/V loads.
           next = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
                       : kSplit ? p.tiles.item(round + 1, unit, units)
-                               : p.tiles.nth(round + 1, unit, units);
+                               : p.tiles.template nth<kPairs>(round + 1, unit, units);
         } else {  // the V loader: the tile the K loader published, then frees its slot
           if constexpr (kOInKV)
             mbar_wait(&bar.tile_pub, qw.phase);
@@ -708,7 +711,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if constexpr (kSplit)
             decode_item(p.tiles, bar, tile, rank, tl);
           else
-            tl = p.tiles.decode_tile(tile, rank);
+            tl = p.tiles.template decode_tile<kPairs>(tile, rank);
         }
         qw.advance();
         if constexpr (test_lags<Cfg>().tile > 0)  // (a test's config: the loaders held in turn too)

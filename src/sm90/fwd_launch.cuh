@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 #include <string>
 
 #include "common/fwd_params.h"
@@ -136,6 +137,26 @@ inline bool use_tile_counter(bool uniform, int cluster, bool stream_k_tail, int 
 inline bool use_cluster_pairs(const detail::FwdParams& a, int64_t m_blocks) {
   if (!tiles_of_one_length(a) || a.schedule == 2 || a.cluster == 1 || m_blocks < 2) return false;
   return a.cluster == 2 || (a.head_dim >= 128 && (m_blocks % 2 == 0 || m_blocks >= 16));
+}
+
+// Whether a causal launch takes its tiles in pairs (tile_order.cuh, "Paired causal tiles"): d256,
+// an even number of query blocks a head whose pairs m, M - 1 - m see key ranges summing to within
+// one block of each other, so the static rounds stay even. H100 against the sections' dynamic grid
+// (four rounds; docs/perf-notes.md): d256 causal 512 / 1k / 2k / 4k / 8k / 16k +3.4 / +2.4 / +2.5 /
+// +4.4 / +5.6 / +6.1 %; d128 512 -1.5 %, 1k-16k -1.2...+0.3 %; d64 512 -1.0 %, 1k / 2k 0, 16k -4.9 %.
+template <int kBlockM, int kBlockN>
+bool use_paired_tiles(const detail::FwdParams& a, Window w, int64_t m_blocks, int cluster) {
+  if (a.head_dim != 256 || !causal_bound(a) || cluster != 1 || a.schedule != 0 || a.l2_section_bytes != 0) return false;
+  if (m_blocks < 2 || m_blocks % 2 != 0 || m_blocks > 4096) return false;
+  int lo = INT_MAX, hi = 0;
+  for (int m = 0; m < int(m_blocks / 2); ++m) {
+    const BlockRange x = key_block_range<kBlockM, kBlockN>(w, m, a.seqlen_q, a.seqlen_k);
+    const BlockRange y = key_block_range<kBlockM, kBlockN>(w, int(m_blocks) - 1 - m, a.seqlen_q, a.seqlen_k);
+    const int sum = std::max(0, x.hi - x.lo) + std::max(0, y.hi - y.lo);
+    lo = std::min(lo, sum);
+    hi = std::max(hi, sum);
+  }
+  return hi - lo <= 1;
 }
 
 // Under a causal or window bound a section's tiles go longest first, so its heads' tiles of one
@@ -407,7 +428,11 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   if (a.max_ctas > 0) slots = std::max<int64_t>(1, std::min<int64_t>(slots, a.max_ctas / cluster));
   constexpr int kShare = Cfg::kConsumers >= 3 ? kVaryingSectionGridShareTall : kVaryingSectionGridShare;
   k.tiles = make_tile_order(a, m_blocks, cluster, (a.schedule == 3 || a.schedule == 4) && !uniform, slots, kShare);
-  int grid = int(a.schedule == 2 ? tiles : cluster * std::min<int64_t>(tiles, slots));
+  // Paired causal tiles go in static rounds of pairs.
+  k.tiles.paired = use_paired_tiles<Cfg::kBlockM, Cfg::kBlockN>(a, k.window, m_blocks, cluster);
+  int grid = int(a.schedule == 2       ? tiles
+                 : k.tiles.paired ? std::min<int64_t>(tiles / 2, slots)
+                                  : cluster * std::min<int64_t>(tiles, slots));
   LaunchScratch scratch;
   if (uniform && a.schedule != 2 && a.split != 1) {
     // Every unit takes part, also when there are fewer tiles than units (then every tile is cut).
@@ -427,7 +452,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
       }
     }
   }
-  if (use_tile_counter(uniform, cluster, k.tiles.has_tail(), a.schedule, grid, tiles)) {
+  if (!k.tiles.paired && use_tile_counter(uniform, cluster, k.tiles.has_tail(), a.schedule, grid, tiles)) {
     e = scratch.make(stream, sizeof(int), sizeof(int));
     if (e == cudaSuccess) {
       k.tile_counter = reinterpret_cast<int*>(scratch.ptr);
