@@ -53,6 +53,7 @@ CHECK_SHAPES = [
     "--b 2 --h 4 --s 2048 --d 128 --causal --dtype fp16",         # fp16
     "--b 2 --h 8 --s 4096 --d 256",                               # d256 in clusters
     "--b 2 --h 8 --sq 333 --sk 2048 --d 256 --causal",            # d256 causal, short queries
+    "--b 4 --h 8 --s 1000 --d 256 --causal",                      # d256 causal in pairs, partial last block
 ]
 
 

@@ -217,6 +217,27 @@ TEST(ForwardGpu, D256FirstBlockPassedOver) {
   run_case({BF16, 1, 250, 4000, 4, 1, 256, true}, seed++);
 }
 
+// d256 causal tiles in pairs (tile_order.cuh, "Paired causal tiles"; an even query-block count):
+// rounds of pairs on small grids (the last round partial), a partial last query block (1000),
+// bottom-right with every tile seeing most keys (256 x 4000, one pair a head), GQA, fp16, BHSD, and
+// more pairs than SMs through the public API.
+TEST(ForwardGpu, D256CausalPairs) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 170;
+  for (int ctas : {5, 0}) {
+    Case c{BF16, 4, 512, 512, 8, 8, 256, true};
+    c.max_ctas = ctas;
+    run_case(c, seed++);
+  }
+  run_case({FP16, 3, 1000, 1000, 4, 2, 256, true}, seed++);
+  run_case({BF16, 2, 256, 4000, 2, 1, 256, true}, seed++);
+  Case bhsd{BF16, 1, 1024, 1024, 3, 3, 256, true};
+  bhsd.layout = Layout::kBHSD;
+  bhsd.max_ctas = 7;
+  run_case(bhsd, seed++);
+  run_case({BF16, 16, 512, 512, 16, 16, 256, true}, seed++);
+}
+
 TEST(ForwardGpu, Fp16) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 200;
