@@ -148,6 +148,7 @@ template <int kBlockM, int kBlockN>
 bool use_paired_tiles(const detail::FwdParams& a, Window w, int64_t m_blocks, int cluster) {
   if (a.head_dim != 256 || !causal_bound(a) || cluster != 1 || a.schedule != 0 || a.l2_section_bytes != 0) return false;
   if (m_blocks < 2 || m_blocks % 2 != 0 || m_blocks > 4096) return false;
+  if (int64_t(a.batch) * a.heads_q * m_blocks > (int64_t(1) << 30)) return false;  // nth's 2 (r / 2 G + c) in int
   int lo = INT_MAX, hi = 0;
   for (int m = 0; m < int(m_blocks / 2); ++m) {
     const BlockRange x = key_block_range<kBlockM, kBlockN>(w, m, a.seqlen_q, a.seqlen_k);

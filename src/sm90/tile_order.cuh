@@ -21,10 +21,10 @@
 // block m_blocks (past seqlen_q): it loads and computes nothing that is stored, but it loads its
 // half of every K/V block for its partner.
 //
-// Paired causal tiles (static rounds): a head's query blocks m and M - 1 - m see m + 1 and M - m
-// diagonal-bounded key ranges, so each pair holds one head's worth of keys over two tiles (M + 1
-// blocks' rows), and pairs are units of equal work. A CTA takes a pair whole, the longer tile
-// first, in two consecutive rounds; a head's pairs are neighbouring units, so in each round its
+// Paired causal tiles (static rounds): under a causal bound with as many keys as queries, query
+// blocks m and M - 1 - m of a head see m + 1 and M - m blocks' worth of keys, M + 1 together for
+// every m, so pairs are units of equal work. A CTA takes a pair whole, the longer tile first, in
+// two consecutive rounds; a head's pairs are neighbouring units, so in each round its
 // tiles run side by side on neighbouring CTAs and read its K/V blocks close together. H100 d256
 // causal 512, ncu: 13 % fewer L2 sectors (fewer crossings between the L2's two partitions), the L2
 // at 75 % of its peak instead of 87 %, and 3 % fewer DRAM reads than the sections' longest-first
