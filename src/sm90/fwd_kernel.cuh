@@ -475,7 +475,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr bool kSkipLeading = kBounded && Cfg::kConsumers == 4 && !kOInKV;
   // Paired causal tiles (tile_order.cuh) run on d256's causal kernel alone (fwd_launch.cuh,
   // use_paired_tiles); every other kernel keeps none of their decode.
-  constexpr bool kPairs = kCausal && kCluster == 1 && !kSplit && kHeadDim == 256;
+  constexpr bool kPairs = kCausal && kCluster == 1 && !kSplit && pairs_at_head_dim(kHeadDim);
   // The mask's one-compare path for a launch without a left bound (mask.cuh): where ptxas keeps
   // it without spilling, which is not d64's three-consumer kernel or d256's with a runtime
   // window; in the causal kernel it is the only path, no branch, and spill-free in all.

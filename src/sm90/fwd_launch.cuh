@@ -146,7 +146,7 @@ inline bool use_cluster_pairs(const detail::FwdParams& a, int64_t m_blocks) {
 // +4.4 / +5.6 / +6.1 %; d128 512 -1.5 %, 1k-16k -1.2...+0.3 %; d64 512 -1.0 %, 1k / 2k 0, 16k -4.9 %.
 template <int kBlockM, int kBlockN>
 bool use_paired_tiles(const detail::FwdParams& a, Window w, int64_t m_blocks, int cluster) {
-  if (a.head_dim != 256 || !causal_bound(a) || cluster != 1 || a.schedule != 0 || a.l2_section_bytes != 0) return false;
+  if (!pairs_at_head_dim(a.head_dim) || !causal_bound(a) || cluster != 1 || a.schedule != 0 || a.l2_section_bytes != 0) return false;
   if (m_blocks < 2 || m_blocks % 2 != 0 || m_blocks > 4096) return false;
   if (int64_t(a.batch) * a.heads_q * m_blocks > (int64_t(1) << 30)) return false;  // nth's 2 (r / 2 G + c) in int
   int lo = INT_MAX, hi = 0;

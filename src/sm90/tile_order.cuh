@@ -87,6 +87,11 @@ struct TailSplit {
   }
 };
 
+// The head dims whose causal tiles may go in pairs: the launch's rule (fwd_launch.cuh,
+// use_paired_tiles) and the kernels that carry the pairs' decode (fwd_kernel.cuh, kPairs) both ask
+// this, so they cannot disagree.
+__host__ __device__ constexpr bool pairs_at_head_dim(int head_dim) { return head_dim == 256; }
+
 struct TileOrder {
   int count;        // batch * heads_q * m_blocks
   int m_blocks;     // tiles per head: query blocks, or pairs of them with clusters
