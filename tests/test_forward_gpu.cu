@@ -220,7 +220,8 @@ TEST(ForwardGpu, D256FirstBlockPassedOver) {
 // d256 causal tiles in pairs (tile_order.cuh, "Paired causal tiles"; an even query-block count):
 // rounds of pairs on small grids (the last round partial), a partial last query block (1000),
 // bottom-right with every tile seeing most keys (256 x 4000, one pair a head), GQA, fp16, BHSD, and
-// more pairs than SMs through the public API.
+// more pairs than SMs through the public API (192 pairs: on 132 SMs a second, partial round; kept
+// that small because the float64 reference on the CPU is what this test's time goes to).
 TEST(ForwardGpu, D256CausalPairs) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 170;
@@ -235,7 +236,7 @@ TEST(ForwardGpu, D256CausalPairs) {
   bhsd.layout = Layout::kBHSD;
   bhsd.max_ctas = 7;
   run_case(bhsd, seed++);
-  run_case({BF16, 16, 512, 512, 16, 16, 256, true}, seed++);
+  run_case({BF16, 6, 512, 512, 16, 16, 256, true}, seed++);
 }
 
 TEST(ForwardGpu, Fp16) {

@@ -595,8 +595,30 @@ struct Outputs {
 
 struct Gpu {
   std::string name;
-  int sms = 0, cc = 0, driver = 0, runtime = 0;
+  std::string driver;  // the kernel driver's version, as nvidia-smi prints it
+  int sms = 0, cc = 0, driver_api = 0, runtime = 0;
 };
+
+// The NVIDIA kernel driver's version ("580.159.04") from /proc/driver/nvidia/version; where that
+// file is absent, the CUDA driver API's version (cudaDriverGetVersion), named as such.
+std::string driver_version(int driver_api) {
+  if (FILE* f = std::fopen("/proc/driver/nvidia/version", "r")) {
+    char line[512] = {};
+    const bool got = std::fgets(line, sizeof line, f) != nullptr;
+    std::fclose(f);
+    // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue ..." (or "Open Kernel Module")
+    if (const char* m = got ? std::strstr(line, "Kernel Module") : nullptr) {
+      m += std::strlen("Kernel Module");
+      while (*m == ' ') ++m;
+      std::string v;
+      while ((*m >= '0' && *m <= '9') || *m == '.') v += *m++;
+      if (!v.empty()) return v;
+    }
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "cuda-driver-api %d.%d", driver_api / 1000, (driver_api % 1000) / 10);
+  return buf;
+}
 
 // Whether a usable GPU is there; `why` says why not.
 bool find_gpu(Gpu* gpu, std::string* why) {
@@ -613,8 +635,9 @@ bool find_gpu(Gpu* gpu, std::string* why) {
   gpu->name = prop.name;
   gpu->sms = prop.multiProcessorCount;
   gpu->cc = prop.major * 10 + prop.minor;
-  cudaDriverGetVersion(&gpu->driver);
+  cudaDriverGetVersion(&gpu->driver_api);
   cudaRuntimeGetVersion(&gpu->runtime);
+  gpu->driver = driver_version(gpu->driver_api);
   if (gpu->cc < fa4::kMinComputeCapability) {
     char buf[512];
     std::snprintf(buf, sizeof buf, "GPU 0 (%s) has compute capability %d.%d; fa4 needs %d.%d",
@@ -1070,9 +1093,9 @@ void write_json(const std::string& path, const std::vector<Record>& recs, const 
     if (!r.error.empty()) std::fprintf(f, "\"error\": \"%s\", ", json_escape(r.error).c_str());
     if (!r.check.empty()) std::fprintf(f, "\"check\": \"%s\", ", json_escape(r.check).c_str());
     std::fprintf(f,
-                 "\"gpu\": \"%s\", \"driver\": \"%d.%d\", \"commit\": \"%s\", \"date\": \"%s\", "
+                 "\"gpu\": \"%s\", \"driver\": \"%s\", \"commit\": \"%s\", \"date\": \"%s\", "
                  "\"command\": \"%s\"}%s\n",
-                 json_escape(gpu.name).c_str(), gpu.driver / 1000, (gpu.driver % 1000) / 10,
+                 json_escape(gpu.name).c_str(), json_escape(gpu.driver).c_str(),
                  json_escape(commit ? commit : "unknown").c_str(), date,
                  json_escape(command).c_str(), i + 1 < recs.size() ? "," : "");
   }
@@ -1162,9 +1185,9 @@ int run_case(const Options& o, Case& c, Inputs& in, Outputs& out, cudaStream_t s
 }
 
 void print_gpu(const Gpu& g) {
-  std::printf("fa4-bench: %s (sm_%d, %d SMs), driver %d.%d, runtime %d.%d\n", g.name.c_str(), g.cc,
-              g.sms, g.driver / 1000, (g.driver % 1000) / 10, g.runtime / 1000,
-              (g.runtime % 1000) / 10);
+  std::printf("fa4-bench: %s (sm_%d, %d SMs), driver %s (CUDA API %d.%d), runtime %d.%d\n", g.name.c_str(),
+              g.cc, g.sms, g.driver.c_str(), g.driver_api / 1000, (g.driver_api % 1000) / 10,
+              g.runtime / 1000, (g.runtime % 1000) / 10);
 }
 
 int run_single(const Options& o, const Gpu& gpu, const std::string& command) {
