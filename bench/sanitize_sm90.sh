@@ -20,23 +20,33 @@
 # from the tile counter, partial last query blocks: d64 on 192-row tiles (1000 rows) and d256 (333
 # rows, no clusters). d256 tiles without keys among tiles with keys (causal with seqlen_q >
 # seqlen_k, a window open on the left): zeros stored from registers where a tile has no key.
+# d256 causal tiles in pairs (tile_order.cuh, "Paired causal tiles"): a partial last query block
+# (1000 rows, 8 blocks) and bottom-right with GQA (512 x 700).
+# FA4_SANITIZE_SHAPES="ARGS; ARGS; ..." runs only the shapes given.
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:$LD_LIBRARY_PATH
 B=${1:-build/fa4-bench}
 OUTDIR=${2:-${OUT:-.}}
 mkdir -p "$OUTDIR"
 R=$OUTDIR/sanitizer.txt
+SHAPES=(
+  "--b 1 --h 2 --sq 300 --sk 300 --d 128 --causal" "--b 2 --h 4 --hkv 1 --sq 129 --sk 257 --d 64"
+  "--b 1 --h 2 --sq 70 --sk 333 --d 256 --causal" "--b 2 --h 16 --hkv 4 --sq 700 --sk 650 --d 128"
+  "--b 2 --h 16 --hkv 4 --sq 700 --sk 650 --d 128 --causal" "--b 1 --h 2 --sq 3259 --sk 400 --d 64"
+  "--b 1 --h 4 --hkv 2 --sq 500 --sk 333 --d 256" "--b 4 --h 16 --hkv 4 --sq 256 --sk 256 --d 64 --causal"
+  "--b 1 --h 4 --sq 100 --sk 5000 --d 128" "--b 1 --h 2 --hkv 1 --sq 700 --sk 3001 --d 64"
+  "--b 1 --h 4 --sq 500 --sk 2000 --d 256" "--b 1 --h 10 --sq 1792 --sk 1024 --d 128"
+  "--b 1 --h 3 --sq 300 --sk 500 --d 256" "--b 1 --h 2 --sq 1000 --sk 1000 --d 64 --causal"
+  "--b 1 --h 2 --sq 300 --sk 300 --d 256 --causal" "--b 1 --h 2 --sq 600 --sk 600 --d 64 --window 100,20"
+  "--b 1 --h 2 --sq 300 --sk 500 --d 128 --window -1,30" "--b 4 --h 16 --sq 1000 --sk 300 --d 64"
+  "--b 4 --h 16 --hkv 8 --sq 333 --sk 256 --d 256" "--b 1 --h 2 --sq 700 --sk 100 --d 256 --causal"
+  "--b 1 --h 2 --sq 900 --sk 333 --d 256 --window 40,0"
+  "--b 2 --h 3 --sq 1000 --sk 1000 --d 256 --causal" "--b 1 --h 2 --hkv 1 --sq 512 --sk 700 --d 256 --causal"
+)
+if [ -n "${FA4_SANITIZE_SHAPES:-}" ]; then
+  IFS=';' read -ra SHAPES <<< "$FA4_SANITIZE_SHAPES"
+fi
 for tool in ${FA4_SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
-  for args in "--b 1 --h 2 --sq 300 --sk 300 --d 128 --causal" "--b 2 --h 4 --hkv 1 --sq 129 --sk 257 --d 64" \
-              "--b 1 --h 2 --sq 70 --sk 333 --d 256 --causal" "--b 2 --h 16 --hkv 4 --sq 700 --sk 650 --d 128" \
-              "--b 2 --h 16 --hkv 4 --sq 700 --sk 650 --d 128 --causal" "--b 1 --h 2 --sq 3259 --sk 400 --d 64" \
-              "--b 1 --h 4 --hkv 2 --sq 500 --sk 333 --d 256" "--b 4 --h 16 --hkv 4 --sq 256 --sk 256 --d 64 --causal" \
-              "--b 1 --h 4 --sq 100 --sk 5000 --d 128" "--b 1 --h 2 --hkv 1 --sq 700 --sk 3001 --d 64" \
-              "--b 1 --h 4 --sq 500 --sk 2000 --d 256" "--b 1 --h 10 --sq 1792 --sk 1024 --d 128" \
-              "--b 1 --h 3 --sq 300 --sk 500 --d 256" "--b 1 --h 2 --sq 1000 --sk 1000 --d 64 --causal" \
-              "--b 1 --h 2 --sq 300 --sk 300 --d 256 --causal" "--b 1 --h 2 --sq 600 --sk 600 --d 64 --window 100,20" \
-              "--b 1 --h 2 --sq 300 --sk 500 --d 128 --window -1,30" "--b 4 --h 16 --sq 1000 --sk 300 --d 64" \
-              "--b 4 --h 16 --hkv 8 --sq 333 --sk 256 --d 256" "--b 1 --h 2 --sq 700 --sk 100 --d 256 --causal" \
-              "--b 1 --h 2 --sq 900 --sk 333 --d 256 --window 40,0"; do
+  for args in "${SHAPES[@]}"; do
     out=$(timeout 120 compute-sanitizer --tool $tool $B $args --check --iters 0 --warmup 0 2>&1)
     rc=$?
     echo "sanitizer $tool [$args] rc=$rc $(echo "$out" | grep -E 'SUMMARY' | tail -1) $(echo "$out" | grep -E '^check' | tail -1)" | tee -a $R
