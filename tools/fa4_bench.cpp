@@ -36,6 +36,7 @@
 #include <vector>
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include "fa4/attention.h"
 #include "fa4/numerics/online_softmax.h"
@@ -599,9 +600,26 @@ struct Gpu {
   int sms = 0, cc = 0, driver_api = 0, runtime = 0;
 };
 
-// The NVIDIA kernel driver's version ("580.159.04") from /proc/driver/nvidia/version; where that
-// file is absent, the CUDA driver API's version (cudaDriverGetVersion), named as such.
+// The NVIDIA kernel driver's version ("580.159.04"), as nvidia-smi prints it: from NVML, loaded at
+// run time (it ships with the driver, so a machine without one still runs the CPU reference), else
+// from /proc/driver/nvidia/version; where neither answers, the CUDA driver API's version
+// (cudaDriverGetVersion), named as such.
 std::string driver_version(int driver_api) {
+  if (void* nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL)) {
+    using Init = int (*)();
+    using Version = int (*)(char*, unsigned);
+    const auto init = reinterpret_cast<Init>(dlsym(nvml, "nvmlInit_v2"));
+    const auto version = reinterpret_cast<Version>(dlsym(nvml, "nvmlSystemGetDriverVersion"));
+    const auto shutdown = reinterpret_cast<Init>(dlsym(nvml, "nvmlShutdown"));
+    char v[96] = {};
+    bool got = false;
+    if (init && version && shutdown && init() == 0) {  // NVML_SUCCESS
+      got = version(v, sizeof v) == 0 && v[0] != '\0';
+      shutdown();
+    }
+    dlclose(nvml);
+    if (got) return v;
+  }
   if (FILE* f = std::fopen("/proc/driver/nvidia/version", "r")) {
     char line[512] = {};
     const bool got = std::fgets(line, sizeof line, f) != nullptr;
