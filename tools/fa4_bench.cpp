@@ -600,10 +600,9 @@ struct Gpu {
   int sms = 0, cc = 0, driver_api = 0, runtime = 0;
 };
 
-// The NVIDIA kernel driver's version ("580.159.04"), as nvidia-smi prints it: from NVML, loaded at
-// run time (it ships with the driver, so a machine without one still runs the CPU reference), else
-// from /proc/driver/nvidia/version; where neither answers, the CUDA driver API's version
-// (cudaDriverGetVersion), named as such.
+// The NVIDIA kernel driver's version ("580.159.04"), as nvidia-smi prints it, from NVML loaded at
+// run time (it ships with the driver, so a machine without one still runs the CPU reference); where
+// NVML does not answer, the CUDA driver API's version (cudaDriverGetVersion), named as such.
 std::string driver_version(int driver_api) {
   if (void* nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL)) {
     using Init = int (*)();
@@ -619,19 +618,6 @@ std::string driver_version(int driver_api) {
     }
     dlclose(nvml);
     if (got) return v;
-  }
-  if (FILE* f = std::fopen("/proc/driver/nvidia/version", "r")) {
-    char line[512] = {};
-    const bool got = std::fgets(line, sizeof line, f) != nullptr;
-    std::fclose(f);
-    // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue ..." (or "Open Kernel Module")
-    if (const char* m = got ? std::strstr(line, "Kernel Module") : nullptr) {
-      m += std::strlen("Kernel Module");
-      while (*m == ' ') ++m;
-      std::string v;
-      while ((*m >= '0' && *m <= '9') || *m == '.') v += *m++;
-      if (!v.empty()) return v;
-    }
   }
   char buf[64];
   std::snprintf(buf, sizeof buf, "cuda-driver-api %d.%d", driver_api / 1000, (driver_api % 1000) / 10);
