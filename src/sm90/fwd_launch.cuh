@@ -428,9 +428,12 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   int64_t slots = cluster > 1 ? pair_clusters : sms;  // units (CTAs or clusters) at once
   if (a.max_ctas > 0) slots = std::max<int64_t>(1, std::min<int64_t>(slots, a.max_ctas / cluster));
   constexpr int kShare = Cfg::kConsumers >= 3 ? kVaryingSectionGridShareTall : kVaryingSectionGridShare;
-  k.tiles = make_tile_order(a, m_blocks, cluster, (a.schedule == 3 || a.schedule == 4) && !uniform, slots, kShare);
-  // Paired causal tiles go in static rounds of pairs.
-  k.tiles.paired = use_paired_tiles<Cfg::kBlockM, Cfg::kBlockN>(a, k.window, m_blocks, cluster);
+  // Paired causal tiles go in static rounds of pairs; their decode reads no sections, so they take
+  // one section of every head.
+  const bool paired = use_paired_tiles<Cfg::kBlockM, Cfg::kBlockN>(a, k.window, m_blocks, cluster);
+  k.tiles = make_tile_order(a, m_blocks, cluster, paired || ((a.schedule == 3 || a.schedule == 4) && !uniform), slots,
+                            kShare);
+  k.tiles.paired = paired;
   int grid = int(a.schedule == 2       ? tiles
                  : k.tiles.paired ? std::min<int64_t>(tiles / 2, slots)
                                   : cluster * std::min<int64_t>(tiles, slots));
