@@ -22,6 +22,10 @@
 # seqlen_k, a window open on the left): zeros stored from registers where a tile has no key.
 # d256 causal tiles in pairs (tile_order.cuh, "Paired causal tiles"): a partial last query block
 # (1000 rows, 8 blocks) and bottom-right with GQA (512 x 700).
+# d256's serial step on 128-key blocks (the short causal rows in pairs): causal 512, both tiles'
+# first blocks passed over (256 x 300, GQA), consumer 0 idle over two blocks (129 x 230), and idle
+# in the first tile then passing over the second's first block (192; it hung memcheck before the
+# passed-over V was waited on once, ahead of the turn).
 # FA4_SANITIZE_SHAPES="ARGS; ARGS; ..." runs only the shapes given.
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:$LD_LIBRARY_PATH
 B=${1:-build/fa4-bench}
@@ -41,6 +45,8 @@ SHAPES=(
   "--b 4 --h 16 --hkv 8 --sq 333 --sk 256 --d 256" "--b 1 --h 2 --sq 700 --sk 100 --d 256 --causal"
   "--b 1 --h 2 --sq 900 --sk 333 --d 256 --window 40,0"
   "--b 2 --h 3 --sq 1000 --sk 1000 --d 256 --causal" "--b 1 --h 2 --hkv 1 --sq 512 --sk 700 --d 256 --causal"
+  "--b 2 --h 4 --sq 512 --sk 512 --d 256 --causal" "--b 1 --h 4 --hkv 2 --sq 256 --sk 300 --d 256 --causal"
+  "--b 2 --h 2 --sq 129 --sk 230 --d 256 --causal" "--b 1 --h 2 --sq 192 --sk 192 --d 256 --causal"
 )
 if [ -n "${FA4_SANITIZE_SHAPES:-}" ]; then
   IFS=';' read -ra SHAPES <<< "$FA4_SANITIZE_SHAPES"

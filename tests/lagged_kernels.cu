@@ -20,6 +20,7 @@ namespace {
 using D64 = sm90::D64Config<true, 3>;
 using D64Four = sm90::D64Config<true, 4>;
 using D128 = sm90::D128Config<true>;
+using D256Serial = sm90::D256SerialConfig<true>;
 template <class Base>
 struct IdleWarpsLate : Base {
   static constexpr long long kIdleWarpLag = 40000;  // ~20 us at 2 GHz; a K block lands in ~1-2 us
@@ -48,6 +49,10 @@ Status forward_idle_warps_late_four(const detail::FwdParams& p, cudaStream_t str
 
 Status forward_idle_warps_late_d128(const detail::FwdParams& p, cudaStream_t stream) {
   return sm90::launch_forward<IdleWarpsLate<D128>>(p, stream);
+}
+
+Status forward_idle_warps_late_d256_serial(const detail::FwdParams& p, cudaStream_t stream) {
+  return sm90::launch_forward<IdleWarpsLate<D256Serial>>(p, stream);
 }
 
 Status forward_tile_warp_late(const detail::FwdParams& p, cudaStream_t stream) {

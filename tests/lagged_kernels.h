@@ -13,6 +13,8 @@ Status forward_idle_warps_late(const detail::FwdParams& p, cudaStream_t stream);
 Status forward_idle_warps_late_four(const detail::FwdParams& p, cudaStream_t stream);
 // The same at bf16 d128 on two consumers (128-row tiles, two K/V stages).
 Status forward_idle_warps_late_d128(const detail::FwdParams& p, cudaStream_t stream);
+// The same at bf16 d256 on 128-key blocks with the serial step (one K and one V slot).
+Status forward_idle_warps_late_d256_serial(const detail::FwdParams& p, cudaStream_t stream);
 // The bf16 forward at head_dim 64, 128 or 256 (the configuration the shipped dispatch takes) with
 // one warp of each consumer held ~3 us every tile, another warp each time.
 Status forward_tile_warp_late(const detail::FwdParams& p, cudaStream_t stream);

@@ -239,6 +239,33 @@ TEST(ForwardGpu, D256CausalPairs) {
   run_case({BF16, 6, 512, 512, 16, 16, 256, true}, seed++);
 }
 
+// d256's short causal rows on 128-key blocks with one K and one V slot and the serial step
+// (sm90::d256_serial_step; TileOrder.D256SerialStepOnTheShortCausalRows pins that these shapes take
+// it): pairs on a small grid and more pairs than SMs; fp16 with GQA and key and query tails (500);
+// consumer 0 idle in each head's first tile, of one block, and passing over the second tile's
+// first block (192: a causal launch starts the first tile 64 rows before row 0; with one V slot
+// the passed-over block's V is refilled as soon as it is freed); both tiles' first blocks passed
+// over, with a key tail (256 x 300); consumer 0 idle over two blocks in the first tile and one row
+// for consumer 1 in the second (129 x 230); BHSD. Every square shape's consumer 0 sees only the
+// lower half of its diagonal block: S and P V over that half.
+TEST(ForwardGpu, D256SerialStep) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 180;
+  for (int ctas : {5, 0}) {
+    Case c{BF16, 4, 512, 512, 8, 8, 256, true};
+    c.max_ctas = ctas;
+    run_case(c, seed++);
+  }
+  run_case({FP16, 3, 500, 500, 4, 2, 256, true}, seed++);
+  run_case({BF16, 2, 192, 192, 2, 1, 256, true}, seed++);
+  run_case({BF16, 3, 256, 300, 6, 2, 256, true}, seed++);
+  run_case({FP16, 2, 129, 230, 4, 4, 256, true}, seed++);
+  Case bhsd{BF16, 2, 512, 512, 3, 1, 256, true};
+  bhsd.layout = Layout::kBHSD;
+  bhsd.max_ctas = 3;
+  run_case(bhsd, seed++);
+}
+
 TEST(ForwardGpu, Fp16) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 200;
@@ -409,6 +436,10 @@ TEST(ForwardGpu, IdleConsumersWarpsLateOnTwoConsumers) {
   // first tile 64 rows before row 0, so its consumer 0 is idle; that tile sees six key blocks on
   // two K/V stages.
   run_lagged({BF16, 2, 300, 1000, 4, 2, 128, true}, fa4::test::forward_idle_warps_late_d128, 4, 1950);
+  // d256's serial step (one K and one V slot, two turns a block): 129 rows start each head's first
+  // tile 64 rows before row 0, so its consumer 0 is idle, and its walk of two blocks (101 keys more
+  // than queries) reuses each slot at every block.
+  run_lagged({BF16, 2, 129, 230, 4, 2, 256, true}, fa4::test::forward_idle_warps_late_d256_serial, 4, 1951);
 }
 
 TEST(ForwardGpu, WarpsSkewedEveryTile) {
@@ -443,6 +474,10 @@ TEST(ForwardGpu, WarpsSkewedEveryTile) {
     run_lagged({BF16, 2, 1000, 300, 3, 3, d, true}, fa4::test::forward_tile_warp_late, 3, seed++);
   // d64 causal on three consumers (the shapes above take four).
   run_lagged({BF16, 2, 333, 1111, 4, 2, 64, true}, fa4::test::forward_tile_warp_late, 3, seed++);
+  // d256's serial step: consumer 0 idle in each head's first tile and passing over the second
+  // tile's first block (192), and passing over both tiles' first blocks (256 x 300).
+  run_lagged({BF16, 2, 192, 192, 4, 2, 256, true}, fa4::test::forward_tile_warp_late, 3, seed++);
+  run_lagged({BF16, 2, 256, 300, 4, 2, 256, true}, fa4::test::forward_tile_warp_late, 3, seed++);
 }
 
 TEST(ForwardGpu, WarpLateToTheStepsIssue) {

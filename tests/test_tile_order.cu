@@ -338,6 +338,33 @@ TEST(TileOrder, D256KeyBlockWidthFollowsTheComputedScores) {
   EXPECT_TRUE(fa4::sm90::d256_narrow_blocks(a));
 }
 
+// d256's serial step on 128-key blocks: causal launches whose 128-row tiles see at most three
+// 128-key blocks on average (causal 512: 1 + 2 + 3 + 4 over four tiles) and go in pairs (an even
+// query-block count); never without a bound or under a window. The shapes of
+// ForwardGpu.D256SerialStep and of the lagged tests on it take it; those of D256CausalPairs,
+// D256CausalBothKeyBlockWidths and the odd query-block counts do not.
+TEST(TileOrder, D256SerialStepOnTheShortCausalRows) {
+  auto causal = [](int b, int h, int sq, int sk) {
+    fa4::detail::FwdParams a = fwd_params(b, h, h, sq, sk, 256);
+    a.window_right = 0;
+    return a;
+  };
+  fa4::detail::FwdParams a = causal(32, 8, 512, 512);
+  EXPECT_EQ((fa4::sm90::computed_scores<128, 128>(a)), 10.0 * 128 * 128);
+  EXPECT_TRUE(fa4::sm90::d256_serial_step(a));
+  EXPECT_FALSE(fa4::sm90::d256_serial_step(causal(16, 8, 1024, 1024)));  // 36 blocks over 8 tiles
+  EXPECT_FALSE(fa4::sm90::d256_serial_step(causal(8, 8, 2048, 2048)));
+  a = fwd_params(32, 8, 8, 512, 512, 256);
+  EXPECT_FALSE(fa4::sm90::d256_serial_step(a));  // no bound
+  a.window_left = 100;
+  a.window_right = 0;
+  EXPECT_FALSE(fa4::sm90::d256_serial_step(a));  // a window
+  for (auto [sq, sk] : {std::pair{512, 512}, {500, 500}, {192, 192}, {256, 300}, {129, 230}})
+    EXPECT_TRUE(fa4::sm90::d256_serial_step(causal(2, 4, sq, sk))) << sq << " x " << sk;
+  for (auto [sq, sk] : {std::pair{300, 300}, {65, 65}, {128, 308}, {170, 300}, {130, 130}, {1000, 300}, {1000, 1000}, {512, 700}, {250, 4000}})
+    EXPECT_FALSE(fa4::sm90::d256_serial_step(causal(2, 4, sq, sk))) << sq << " x " << sk;
+}
+
 // The d64 tile height: scores each height computes (padding and partial blocks included), and the
 // rule that weighs them: without a bound 128-row tiles at 1.15, 192-row ones at 1, 256-row ones (on
 // 64-key blocks) at 1.075; with a causal or window bound 128-row tiles at 1.25, 192-row ones at 1,

@@ -1,6 +1,7 @@
 // The shipped sm90 forward configurations, and which one a launch takes (with_shipped_config:
-// d64_consumers, d256_narrow_blocks in fwd_launch.cuh). sm90_fwd.cu launches through it; tests
-// that check a shipped kernel's protocol or shared memory name the configurations from here.
+// d64_consumers, d256_serial_step, d256_narrow_blocks in fwd_launch.cuh). sm90_fwd.cu launches
+// through it; tests that check a shipped kernel's protocol or shared memory name the
+// configurations from here.
 #pragma once
 
 #include <string>
@@ -34,6 +35,11 @@ template <int kBlockN, bool kBF16>
 using D256Config =
     FwdConfig<256, kBlockN, sched::sm90_fwd_d256::kKVStages, kBF16, 0, 2, true, true, false, false, false, true>;
 
+// d256 on 128-key blocks with one K slot and one V slot (Q 64 KB, K 64 KB, V 64 KB, consumer 0's
+// O 32 KB) and the serial step (FwdConfig::kSerialStep): the short causal rows (d256_serial_step).
+template <bool kBF16>
+using D256SerialConfig = FwdConfig<256, 128, 1, kBF16, 0, 2, true, true, false, false, false, true, 0, false, true>;
+
 // f.template operator()<Cfg>() with the configuration the launch `a` takes at its head dim (16-bit
 // type kBF16 or fp16): the one dispatch, for the library and for tests that wrap the shipped
 // configurations (tests/lagged_kernels.cu).
@@ -48,6 +54,7 @@ Status with_shipped_config(const detail::FwdParams& a, F&& f) {
       }
     case 128: return f.template operator()<D128Config<kBF16>>();
     case 256:
+      if (d256_serial_step(a)) return f.template operator()<D256SerialConfig<kBF16>>();
       if (d256_narrow_blocks(a)) return f.template operator()<D256Config<64, kBF16>>();
       return f.template operator()<D256Config<80, kBF16>>();
     default:

@@ -29,6 +29,10 @@
 //   only if a row max moved. The next step's K and V barriers are tested (non-blocking) during the
 //   softmax, so a step whose tiles have landed goes straight to its turn; wgmma descriptors are
 //   built once and moved by constant offsets.
+// Or, with FwdConfig::kSerialStep (d256's short causal rows, 128-key blocks, one K and one V slot):
+//   P_{j-1} V_{j-1} in one turn  ->  wait it, free V_{j-1}  ->  S_j in the next turn  ->  wait S_j,
+//   free K_j  ->  softmax(S_j), rescale O, pack P_j. The consumers' turns alternate one GEMM each,
+//   so one's softmax runs under the other's GEMM and K_{j+1} lands under both P V.
 //
 // Where each idea lives: softmax.cuh (conditional rescaling, software exp2 share), mask.cuh
 // (causal / window / tails), tile_order.cuh (persistent tile walk, stream-K pieces), epilogue.cuh
@@ -86,8 +90,15 @@ __host__ __device__ __forceinline__ BlockRange piece_range(BlockRange r, const T
 template <int kHeadDim_, int kBlockN_, int kStages_, bool kBF16_, int kPolyEvery_, int kConsumers_ = 2,
           bool kScheduledOrder_ = true, bool kAllowDoubleP_ = true, bool kSoftmaxTurns_ = false,
           bool kTensorRowSum_ = false, bool kSmemP_ = false, bool kStageOInKV_ = false, int kTurnMode_ = 0,
-          bool kNoBlockMax_ = (kHeadDim_ <= 128)>
+          bool kNoBlockMax_ = (kHeadDim_ <= 128), bool kSerial_ = false>
 struct FwdConfig {
+  // A step without the overlap inside a warpgroup (d256 on 128-key blocks, one K and one V slot):
+  // P_{j-1} V_{j-1} in one turn, S_j in the next, then the softmax of S_j while the other
+  // consumer's GEMMs run. S_j is issued only once P_{j-1} V_{j-1} is done, so S and P never hold
+  // registers together (O 128 + S 64 a thread), and K_{j+1} loads under both consumers' P V.
+  // Consumer 0's O is staged in a buffer of its own, so the next tile's first K need not wait for
+  // its store (FwdConfig::kStageO0Apart).
+  static constexpr bool kSerialStep = kSerial_;
   // Steady-state steps on unmasked key blocks take no row max (softmax.cuh, softmax_step_no_max):
   // the exponentials run against the running max as it stands and each thread's partial row sums
   // bound them; a warpgroup whose check fails computes S again and takes the exact step. On an
@@ -193,7 +204,10 @@ struct FwdConfig {
   // causal 512 0.997, so not at d64 (docs/perf-notes.md, "L2 eviction priorities").
   static constexpr bool kQOEvictFirst = kHeadDim >= 128;
   // 1 KB of ones (eight 128-byte rows): the B operand of the row-sum wgmma.
-  static constexpr int kOnesOffset = kOOffset + (kStageO ? kQBytes : 0);
+  // With the serial step consumer 0's 64 rows of O are staged in a buffer of their own after the
+  // K/V slots (kOOffset), consumer 1's still in the tile's last V slot.
+  static constexpr bool kStageO0Apart = kSerialStep && kStageOInKV;
+  static constexpr int kOnesOffset = kOOffset + (kStageO ? kQBytes : kStageO0Apart ? kQBytes / 2 : 0);
   static constexpr int kBarOffset = kOnesOffset + (kTensorRowSum ? 1024 : 0);
   static constexpr int kSmemBytes = kBarOffset + kBarBytes + kAlignSlack;
 
@@ -201,7 +215,7 @@ struct FwdConfig {
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep 1024-byte alignment");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory over the sm90 limit");
-  static_assert(kStages >= 2, "S_{j+1} is issued while V_j is still read: two stages at least");
+  static_assert(kStages >= 2 || kSerialStep, "S_{j+1} is issued while V_j is still read: two stages at least");
   static_assert(kStages <= 8, "FwdBarriers holds eight stages");
 };
 
@@ -457,6 +471,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // consumers' softmax skipped alone, where ptxas spilled.
   constexpr bool kHalfFirst = kBounded && kBlockN == 128;
   constexpr bool kSkipFirst = kBounded && Cfg::kConsumers == 3 && kBlockN == 128;
+  // With the serial step (FwdConfig::kSerialStep) the first block's S and P V over its lower half
+  // alone where the consumer's rows see no more of it.
+  constexpr bool kHalfGemms = kHalfFirst && Cfg::kSerialStep;
   // d256 (kOInKV) with a bound: a consumer whose rows see no key of the tile's first block skips
   // it whole, S and P V with the softmax. It takes that block's turn without issuing (the turn ring
   // counts one turn a block for each consumer) and frees its K and V slots; its walk then starts
@@ -834,6 +851,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int kk = c * kSteps; kk < (c + 1) * kSteps; ++kk) s_step(kk, slot);
     }
   };
+  // The same over the block's first kBlockN / 2 keys alone, into the first half of s (the
+  // accumulator layout puts 8-column chunk c in s[4c ... 4c + 3]): kHalfGemms.
+  auto issue_s_chunks_lower_at = [&](int slot, uint32_t phase) {
+    constexpr int kSteps = Cfg::kAtomCols / 16;
+#pragma unroll
+    for (int c = 0; c < Cfg::kChunks; ++c) {
+      if (c > 0) mbar_wait(&bar.q_chunk[consumer][c - 1], phase);
+#pragma unroll
+      for (int kk = c * kSteps; kk < (c + 1) * kSteps; ++kk) {
+        const uint64_t a = wgmma::desc_advance(q_desc, q_step(kk));
+        const uint64_t b = wgmma::desc_advance(k_desc, slot + k_step(kk));
+        wgmma::mma_ss<kBlockN / 2, kType>(reinterpret_cast<float(&)[kBlockN / 4]>(s), a, b, kk > 0);
+      }
+    }
+  };
   // What a consumer that reads no Q this tile (idle, or no keys) waits before freeing it: every
   // chunk's landing, so no phase of q_chunk is left unobserved when the loader arms the next.
   auto wait_q_chunks = [&](uint32_t phase) {
@@ -856,6 +888,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int kk = 0; kk < kBlockN / 16; ++kk) pv_step(kk, wgmma::desc_advance(v_desc, slot + v_step(kk)), pv);
   };
   auto issue_pv = [&](int stage, const uint32_t(&pv)[kBlockN / 4]) { issue_pv_at(stage * Cfg::kKVBytes, pv); };
+  // The same over the block's first kBlockN / 2 keys where `lower` (P of the rest is zero).
+  auto issue_pv_maybe_lower = [&](int slot, const uint32_t(&pv)[kBlockN / 4], bool lower) {
+    if (lower) {
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 32; ++kk) pv_step(kk, wgmma::desc_advance(v_desc, slot + v_step(kk)), pv);
+    } else {
+      issue_pv_at(slot, pv);
+    }
+  };
   // A steady step's descriptors, made before the step's waits and its turn (kDescsAhead): the low
   // words of Q's and K_j's for S_j, V_{j-1}'s for P V (their high words are constants). Made at
   // issue, their address arithmetic sits between the turn's wait and the last GEMM issue, where
@@ -1047,9 +1088,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const bool idle = kSkipIdle && (my_first >= p.seqlen_q || my_first + 64 <= 0);
     // K_n's slot back to the loader once S_n is done. With kOInKV the tile's last K (n == range.lo)
     // is where consumer 0 stages its O: consumer 1 tells it when it has read it, and consumer 0,
-    // unless idle, keeps it until its O store has read it (the epilogue below).
+    // unless idle, keeps it until its O store has read it (the epilogue below). With
+    // FwdConfig::kStageO0Apart consumer 0's O has a buffer of its own: the slot goes back now, and
+    // there is no hand-over.
     auto release_k = [&](int n, int stage) {
-      if (kOInKV && n == range.lo) {
+      if (kOInKV && !Cfg::kStageO0Apart && n == range.lo) {
         if (consumer == 0 && !idle) return;
         if (consumer == 1 && t == 0) mbar_arrive(&bar.kv_read[0]);
       }
@@ -1085,6 +1128,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if (kTurnFirstS || n < range.hi - 1) {  // the turns the working consumers take
           turn_wait();
           turn_pass();
+          if (Cfg::kSerialStep && n < range.hi - 1) {  // a serial step takes two
+            turn_wait();
+            turn_pass();
+          }
         } else {
           // Every warp has seen K_n land before thread 0 frees its slot, as before the working
           // path's first S. Without this a warp that reached its wait only after the slot had been
@@ -1127,6 +1174,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if (skipped_v >= 0) mbar_wait(&bar.v_full[skipped_v], skipped_phase);
           turn_wait();
           turn_pass();
+          if constexpr (Cfg::kSerialStep) {  // as many turns as the other consumer's serial step
+            turn_wait();
+            turn_pass();
+          }
           release_k(n, r.stage);
           if (skipped_v >= 0) release(&bar.v_empty[skipped_v]);
           skipped_v = r.stage;
@@ -1145,18 +1196,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int lo_key = my_first + p.seqlen_k - p.seqlen_q - bound().left;
         if (bound().left >= 0 && lo_key > range.lo * kBlockN) my_lo = min(n, lo_key / kBlockN);
       }
-      // First block: S_0 alone.
+      // First block: S_0 alone. With the serial step, where these rows see only the block's lower
+      // half, S_0 and its P V cover that half alone (kHalfGemms).
+      [[maybe_unused]] const bool lower_first =
+          kHalfGemms && p.window.right >= 0 && seen_end <= n * kBlockN + kBlockN / 2;
+      [[maybe_unused]] bool pv_lower = lower_first;
       const int first_slot = uniform(r.stage * Cfg::kKVBytes);
       mbar_wait(&bar.k_full[r.stage], r.phase);
+      // With one V slot the block after a passed-over one loads its V into that block's slot as
+      // soon as it is freed (after this S): every warp sees the passed-over V land before the turn
+      // below gathers them, so none waits on its parity after the refill.
+      if constexpr (kSkipFirstWhole && Cfg::kStages == 1)
+        if (skipped_v >= 0) mbar_wait(&bar.v_full[skipped_v], skipped_phase);
       if constexpr (kTurnFirstS)
         turn_wait();
       else  // the consumer's four warps meet before an issue whose slot thread 0 then frees
         named_bar_sync(own_barrier<Cfg>(consumer), 128);
       wgmma::fence();
-      if constexpr (kOInKV)
+      if constexpr (kHalfGemms) {
+        if (lower_first)
+          issue_s_chunks_lower_at(first_slot, q_phase());
+        else
+          issue_s_chunks_at(first_slot, q_phase());
+      } else if constexpr (kOInKV) {
         issue_s_chunks_at(first_slot, q_phase());
-      else
+      } else {
         issue_s_at(first_slot);
+      }
       wgmma::commit_group();
       if constexpr (kTurnFirstS) turn_pass();
       stamp_b(5);
@@ -1167,7 +1233,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       release_k(n, r.stage);
       if constexpr (kSkipLeading || kSkipFirstWhole)
         if (skipped_v >= 0) {
-          if constexpr (kSkipFirstWhole) mbar_wait(&bar.v_full[skipped_v], skipped_phase);
+          // (With one V slot every warp saw it land before the turn above; a second wait here could
+          // come after the slot's refill, on a parity the barrier had passed twice: a hang.)
+          if constexpr (kSkipFirstWhole && Cfg::kStages > 1) mbar_wait(&bar.v_full[skipped_v], skipped_phase);
           release(&bar.v_empty[skipped_v]);
         }
       softmax_turn_begin();
@@ -1204,6 +1272,39 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // to ptxas, so it builds those descriptors on the uniform datapath instead of in registers
         // moved over by R2UR between the turn's wait and its pass.
         const int s_slot = uniform(r.stage * Cfg::kKVBytes), v_slot = uniform(prev * Cfg::kKVBytes);
+        if constexpr (Cfg::kSerialStep) {
+          // P_{j-1} V_{j-1} in one turn; S_j in the next once it is done (P's registers free).
+          mbar_wait(&bar.v_full[prev], prev_phase);
+          turn_wait();
+          wgmma::fence();
+          issue_pv_maybe_lower(v_slot, p_prev, pv_lower);
+          pv_lower = false;
+          wgmma::commit_group();
+          turn_pass();
+#pragma unroll
+          for (int i = 0; i < kBlockN / 2; ++i) s[i] = 0.0f;  // S's old values dead: its registers may be P's
+          wgmma::wait_group<0>();
+          pin_o();
+          wgmma::pin(p_prev);
+          release(&bar.v_empty[prev]);
+          mbar_wait(&bar.k_full[r.stage], r.phase);
+          turn_wait();
+          wgmma::fence();
+          issue_s_at(s_slot);
+          wgmma::commit_group();
+          turn_pass();
+          wgmma::wait_group<0>();
+          wgmma::pin(s);
+          if (kEarlyQFree && n == range.lo) release_q(&bar.q_empty[q_stage()]);
+          release_k(n, r.stage);
+          softmax(n, first_row, corr);
+          rescale_o(o, corr);
+          to_p(p_next);
+          prev = r.stage;
+          prev_phase = r.phase;
+          r.advance();
+          return;
+        }
         [[maybe_unused]] StepDescs d;
         if constexpr (kDescsAhead) step_descs(r.stage, prev, d);
         if (!k_landed) mbar_wait(&bar.k_full[r.stage], r.phase);
@@ -1333,6 +1434,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           issue_pv_at(last_v_slot, pf2);
         else
           issue_pv_at(last_v_slot, pf);
+      } else if constexpr (kHalfGemms) {
+        issue_pv_maybe_lower(last_v_slot, pf, pv_lower);
       } else {
         issue_pv_at(last_v_slot, pf);
       }
@@ -1377,12 +1480,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // kv_read is observed: skipped, it left a phase no thread waited on before the other
         // consumer arrived again (synccheck's "missing wait", d256 causal with consumer 0 idle in
         // each head's first tile, ForwardGpu.WarpsSkewedEveryTile).
-        mbar_wait(&bar.kv_read[consumer], kv_phase);
+        // (Consumer 0's O in a buffer of its own, kStageO0Apart: no hand-over, neither arrive nor wait.)
+        if (!Cfg::kStageO0Apart || consumer == 1) mbar_wait(&bar.kv_read[consumer], kv_phase);
         if (!idle) {  // O through the tile's last K (consumer 0) or V (consumer 1) slot
           uint8_t* slot = (consumer == 0 ? sK : sV) + last_slot * Cfg::kKVBytes;
+          if constexpr (Cfg::kStageO0Apart)  // consumer 0's in a buffer of its own: nothing to give back
+            if (consumer == 0) slot = s_o;
           store_output<Cfg, true, FwdKernelParams, kWideO, 64>(p, tl, o, rows, consumer, te, slot);
-          if (t == 0) tma_store_wait_read();  // the store has read the slot: back to the loader
-          release(consumer == 0 ? &bar.k_empty[last_slot] : &bar.v_empty[last_slot]);
+          if (!Cfg::kStageO0Apart || consumer == 1) {
+            if (t == 0) tma_store_wait_read();  // the store has read the slot: back to the loader
+            release(consumer == 0 ? &bar.k_empty[last_slot] : &bar.v_empty[last_slot]);
+          }
         }
         kv_phase ^= 1u;
       }

@@ -307,6 +307,22 @@ inline bool d256_narrow_blocks(const detail::FwdParams& a) {
   return !tiles_of_one_length(a) && computed_scores<128, 80>(a) >= kD256WideBlocksWorse * computed_scores<128, 64>(a);
 }
 
+// Under a causal bound where a head's 128-row tiles see at most kD256SerialMaxBlocks 128-key
+// blocks on average (causal 512: 2.5; 1k: 4.5) and go in pairs (use_paired_tiles, on 128-key
+// blocks), d256 runs on 128-key blocks with one K and one V slot and the serial step
+// (FwdConfig::kSerialStep), cuDNN's design point there: the tile boundary waits on fewer, larger
+// loads, and consumer 0's O leaves through a buffer of its own. H100, four rounds against the
+// 64-key blocks: causal 512 +3.4 %, 1k -1.1 %, 2k -4.5 %, and causal 300 (three query blocks: no
+// pairs) -2.6 % (docs/perf-notes.md, "The serial step on 128-key blocks at d256").
+inline constexpr double kD256SerialMaxBlocks = 3.0;
+inline bool d256_serial_step(const detail::FwdParams& a) {
+  if (!causal_bound(a) || !d256_narrow_blocks(a)) return false;
+  const int64_t m_blocks = (int64_t(a.seqlen_q) + 127) / 128;
+  const Window w{a.window_left, a.window_right, row_shift<128>(a)};
+  return use_paired_tiles<128, 128>(a, w, m_blocks, 1) &&
+         computed_scores<128, 128>(a) / (128.0 * 128.0) <= kD256SerialMaxBlocks * double(m_blocks);
+}
+
 using detail::PerDevice;
 
 // Lets fwd_kernel<Cfg, kCluster, kSplit, kBounded, kCausal> use Cfg::kSmemBytes of dynamic shared
