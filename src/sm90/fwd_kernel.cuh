@@ -842,27 +842,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // consumer's Q has landed (FwdBarriers::q_chunk; chunk 0 was q_full), so only the last chunk's
   // k-steps stand between Q landed and S_0 done. H200 d256, with kEarlyQFree: causal 512 / 1k / 2k
   // +0.4 / +0.5 / +0.6 % more, non-causal 512 +0.1 %, 1k -0.5 % (docs/perf-notes.md).
-  auto issue_s_chunks_at = [&](int slot, uint32_t phase) {
-    constexpr int kSteps = Cfg::kAtomCols / 16;
-#pragma unroll
-    for (int c = 0; c < Cfg::kChunks; ++c) {
-      if (c > 0) mbar_wait(&bar.q_chunk[consumer][c - 1], phase);
-#pragma unroll
-      for (int kk = c * kSteps; kk < (c + 1) * kSteps; ++kk) s_step(kk, slot);
-    }
-  };
-  // The same over the block's first kBlockN / 2 keys alone, into the first half of s (the
-  // accumulator layout puts 8-column chunk c in s[4c ... 4c + 3]): kHalfGemms.
-  auto issue_s_chunks_lower_at = [&](int slot, uint32_t phase) {
+  // kLower (kHalfGemms below): S over the block's first kBlockN / 2 keys alone, into the first half
+  // of s (the accumulator layout puts 8-column chunk c in s[4c ... 4c + 3]).
+  auto issue_s_chunks_at = [&]<bool kLower = false>(int slot, uint32_t phase) {
     constexpr int kSteps = Cfg::kAtomCols / 16;
 #pragma unroll
     for (int c = 0; c < Cfg::kChunks; ++c) {
       if (c > 0) mbar_wait(&bar.q_chunk[consumer][c - 1], phase);
 #pragma unroll
       for (int kk = c * kSteps; kk < (c + 1) * kSteps; ++kk) {
-        const uint64_t a = wgmma::desc_advance(q_desc, q_step(kk));
-        const uint64_t b = wgmma::desc_advance(k_desc, slot + k_step(kk));
-        wgmma::mma_ss<kBlockN / 2, kType>(reinterpret_cast<float(&)[kBlockN / 4]>(s), a, b, kk > 0);
+        if constexpr (kLower) {
+          const uint64_t a = wgmma::desc_advance(q_desc, q_step(kk));
+          const uint64_t b = wgmma::desc_advance(k_desc, slot + k_step(kk));
+          wgmma::mma_ss<kBlockN / 2, kType>(reinterpret_cast<float(&)[kBlockN / 4]>(s), a, b, kk > 0);
+        } else {
+          s_step(kk, slot);
+        }
       }
     }
   };
@@ -1215,7 +1210,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma::fence();
       if constexpr (kHalfGemms) {
         if (lower_first)
-          issue_s_chunks_lower_at(first_slot, q_phase());
+          issue_s_chunks_at.template operator()<true>(first_slot, q_phase());
         else
           issue_s_chunks_at(first_slot, q_phase());
       } else if constexpr (kOInKV) {
