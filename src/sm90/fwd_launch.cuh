@@ -311,9 +311,10 @@ inline bool d256_narrow_blocks(const detail::FwdParams& a) {
 // blocks on average (causal 512: 2.5; 1k: 4.5) and go in pairs (use_paired_tiles, on 128-key
 // blocks), d256 runs on 128-key blocks with one K and one V slot and the serial step
 // (FwdConfig::kSerialStep), cuDNN's design point there: the tile boundary waits on fewer, larger
-// loads, and consumer 0's O leaves through a buffer of its own. H100, four rounds against the
-// 64-key blocks: causal 512 +3.4 %, 1k -1.1 %, 2k -4.5 %, and causal 300 (three query blocks: no
-// pairs) -2.6 % (docs/perf-notes.md, "The serial step on 128-key blocks at d256").
+// loads, and consumer 0's O leaves through a buffer of its own. Four rounds against the 64-key
+// blocks, H100 / H200: causal 512 +3.5 / +2.4 %, 256 +0.5 / +2.4 %; where it is not taken, H100:
+// 1k -1.1 %, 2k -4.5 %, and causal 300 (three query blocks: no pairs) -2.6 % (docs/perf-notes.md,
+// "The serial step on 128-key blocks at d256").
 inline constexpr double kD256SerialMaxBlocks = 3.0;
 inline bool d256_serial_step(const detail::FwdParams& a) {
   if (!causal_bound(a) || !d256_narrow_blocks(a)) return false;
