@@ -993,6 +993,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto turn_pass = [&] {
     if constexpr (Cfg::kTurnMode != 2) pass_turn<Cfg::kConsumers, kTurnSub>(consumer);
   };
+  // The turns a working consumer's steady step takes, for a consumer that passes a block over:
+  // one, or two with the serial step (P V, then S).
+  auto step_turns = [&] {
+    turn_wait();
+    turn_pass();
+    if constexpr (Cfg::kSerialStep) {
+      turn_wait();
+      turn_pass();
+    }
+  };
   // Steady-state issue order of this consumer's two GEMMs, from the generated modulo schedule.
   // (A constant false when the schedule puts S first everywhere: the other path folds away.)
   constexpr bool kAnyPvFirst = Cfg::kScheduledOrder && (kSchedPvFirst0 || kSchedPvFirst1);
@@ -1120,13 +1130,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int n = range.hi - 1; n >= range.lo; --n) {
         mbar_wait(&bar.k_full[r.stage], r.phase);
         if (n < range.hi - 1) mbar_wait(&bar.v_full[prev], prev_phase);
-        if (kTurnFirstS || n < range.hi - 1) {  // the turns the working consumers take
+        if (n < range.hi - 1) {  // the turns the working consumers take
+          step_turns();
+        } else if (kTurnFirstS) {  // (their first S takes one)
           turn_wait();
           turn_pass();
-          if (Cfg::kSerialStep && n < range.hi - 1) {  // a serial step takes two
-            turn_wait();
-            turn_pass();
-          }
         } else {
           // Every warp has seen K_n land before thread 0 frees its slot, as before the working
           // path's first S. Without this a warp that reached its wait only after the slot had been
@@ -1167,12 +1175,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         while (bound().right >= 0 && seen_end <= n * kBlockN && n > range.lo) {
           mbar_wait(&bar.k_full[r.stage], r.phase);
           if (skipped_v >= 0) mbar_wait(&bar.v_full[skipped_v], skipped_phase);
-          turn_wait();
-          turn_pass();
-          if constexpr (Cfg::kSerialStep) {  // as many turns as the other consumer's serial step
-            turn_wait();
-            turn_pass();
-          }
+          step_turns();
           release_k(n, r.stage);
           if (skipped_v >= 0) release(&bar.v_empty[skipped_v]);
           skipped_v = r.stage;
@@ -1475,14 +1478,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // kv_read is observed: skipped, it left a phase no thread waited on before the other
         // consumer arrived again (synccheck's "missing wait", d256 causal with consumer 0 idle in
         // each head's first tile, ForwardGpu.WarpsSkewedEveryTile).
-        // (Consumer 0's O in a buffer of its own, kStageO0Apart: no hand-over, neither arrive nor wait.)
-        if (!Cfg::kStageO0Apart || consumer == 1) mbar_wait(&bar.kv_read[consumer], kv_phase);
+        // Consumer 0's O in a buffer of its own (kStageO0Apart): no hand-over, nothing to give back.
+        const bool own_buffer = Cfg::kStageO0Apart && consumer == 0;
+        if (!own_buffer) mbar_wait(&bar.kv_read[consumer], kv_phase);
         if (!idle) {  // O through the tile's last K (consumer 0) or V (consumer 1) slot
           uint8_t* slot = (consumer == 0 ? sK : sV) + last_slot * Cfg::kKVBytes;
-          if constexpr (Cfg::kStageO0Apart)  // consumer 0's in a buffer of its own: nothing to give back
-            if (consumer == 0) slot = s_o;
+          if constexpr (Cfg::kStageO0Apart)
+            if (own_buffer) slot = s_o;
           store_output<Cfg, true, FwdKernelParams, kWideO, 64>(p, tl, o, rows, consumer, te, slot);
-          if (!Cfg::kStageO0Apart || consumer == 1) {
+          if (!own_buffer) {
             if (t == 0) tma_store_wait_read();  // the store has read the slot: back to the loader
             release(consumer == 0 ? &bar.k_empty[last_slot] : &bar.v_empty[last_slot]);
           }

@@ -204,12 +204,18 @@ int row_shift(const detail::FwdParams& a) {
   return (kBlockM - a.seqlen_q % kBlockM) % kBlockM / 64 * 64;
 }
 
+// The launch's bound as tiles of kBlockM rows see it (shifted by row_shift).
+template <int kBlockM>
+Window tile_window(const detail::FwdParams& a) {
+  return Window{a.window_left, a.window_right, row_shift<kBlockM>(a)};
+}
+
 // The sum over a head's query tiles of kBlockM rows (placed by row_shift) of f(window, m_block,
 // key block range). Beyond 2048 query blocks every stride-th is counted and the sum scaled (a
 // heuristic's input; the loop stays short).
 template <int kBlockM, int kBlockN, class F>
 double sum_over_tiles(const detail::FwdParams& a, F&& f) {
-  const Window w{a.window_left, a.window_right, row_shift<kBlockM>(a)};
+  const Window w = tile_window<kBlockM>(a);
   const int m_blocks = int((int64_t(a.seqlen_q) + kBlockM - 1) / kBlockM);
   const int stride = m_blocks > 2048 ? m_blocks / 2048 : 1;
   double sum = 0;
@@ -319,8 +325,7 @@ inline constexpr double kD256SerialMaxBlocks = 3.0;
 inline bool d256_serial_step(const detail::FwdParams& a) {
   if (!causal_bound(a) || !d256_narrow_blocks(a)) return false;
   const int64_t m_blocks = (int64_t(a.seqlen_q) + 127) / 128;
-  const Window w{a.window_left, a.window_right, row_shift<128>(a)};
-  return use_paired_tiles<128, 128>(a, w, m_blocks, 1) &&
+  return use_paired_tiles<128, 128>(a, tile_window<128>(a), m_blocks, 1) &&
          computed_scores<128, 128>(a) / (128.0 * 128.0) <= kD256SerialMaxBlocks * double(m_blocks);
 }
 
@@ -428,7 +433,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   k.head_ratio = a.heads_q / a.heads_kv;
   k.scale_log2 = a.scale_log2;
   k.rescale_threshold = a.rescale_threshold;
-  k.window = {a.window_left, a.window_right, row_shift<Cfg::kBlockM>(a)};
+  k.window = tile_window<Cfg::kBlockM>(a);
 
   const int64_t batch_heads = int64_t(a.batch) * a.heads_q;
   const int64_t tiles = (m_blocks + cluster - 1) / cluster * batch_heads;
