@@ -170,6 +170,27 @@ TEST(TileOrder, TileCounterWhereTilesVaryOrOnSingleCtas) {
 // Paired causal tiles (tile_order.cuh): in static rounds of G CTAs every tile comes once; a CTA
 // takes a head's query blocks M - 1 - m and m in two consecutive rounds, the longer first; and the
 // launch pairs the tiles exactly where the pairs' key ranges are even (d256 causal, an even count).
+// The paired launch's grid (fwd_launch.cuh, paired_grid): the rounds of a grid of at most `slots`
+// CTAs, filled; never more CTAs than units or slots.
+TEST(TileOrder, PairedGridFillsItsRounds) {
+  using fa4::sm90::paired_grid;
+  EXPECT_EQ(paired_grid(512, 132), 128);  // FA3 shapes at d256: four whole rounds
+  EXPECT_EQ(paired_grid(528, 132), 132);
+  EXPECT_EQ(paired_grid(529, 132), 106);  // five rounds, the last one short by a unit
+  EXPECT_EQ(paired_grid(133, 132), 67);
+  EXPECT_EQ(paired_grid(100, 132), 100);
+  EXPECT_EQ(paired_grid(1, 132), 1);
+  EXPECT_EQ(paired_grid(7, 1), 1);
+  EXPECT_EQ(paired_grid(0, 132), 0);
+  for (int64_t slots : {1, 5, 78, 114, 132})
+    for (int64_t units = 1; units <= 2000; ++units) {
+      const int64_t g = paired_grid(units, slots), rounds = (units + slots - 1) / slots;
+      ASSERT_GE(g, 1);
+      ASSERT_LE(g, std::min(units, slots)) << units << " units, " << slots << " slots";
+      ASSERT_EQ((units + g - 1) / g, rounds) << units << " units, " << slots << " slots";
+    }
+}
+
 TEST(TileOrder, PairedCausalTilesCoverEveryTileOnceInEvenPairs) {
   for (auto [batch_heads, m_blocks] : std::vector<std::array<int, 2>>{{256, 4}, {128, 8}, {7, 2}, {3, 16}, {1, 6}}) {
     TileOrder order{batch_heads * m_blocks, m_blocks, batch_heads, batch_heads, batch_heads, 1, false};

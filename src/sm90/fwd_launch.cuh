@@ -160,6 +160,18 @@ bool use_paired_tiles(const detail::FwdParams& a, Window w, int64_t m_blocks, in
   return hi - lo <= 1;
 }
 
+// CTAs for `units` paired units (two tiles each) in static rounds over at most `slots` CTAs: as
+// many rounds as `slots` CTAs would take, but every round full where the units allow, so no CTA
+// of the last round sits idle while the others run one more unit. The busiest CTA runs as many units
+// either way; fewer CTAs share the DRAM and L2 in the rounds before. FA3 shapes have 512 units at
+// d256 (128 CTAs on 132 SMs). H100 against min(units, slots), four rounds: d256 causal 512 / 1k /
+// 2k / 4k +0.4 / +0.6 / +0.8 / +0.5 % (docs/perf-notes.md, "Whole rounds of pairs").
+inline int64_t paired_grid(int64_t units, int64_t slots) {
+  if (units <= 0 || slots <= 0) return 0;
+  const int64_t rounds = (units + slots - 1) / slots;
+  return (units + rounds - 1) / rounds;
+}
+
 // Under a causal or window bound a section's tiles go longest first, so its heads' tiles of one
 // query block (one length) are taken together: with as many heads as the grid has CTAs, whole
 // rounds run on long tiles (reading every head's K and V at once: DRAM-bound on an H100), then
@@ -457,7 +469,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
                             kShare);
   k.tiles.paired = paired;
   int grid = int(a.schedule == 2       ? tiles
-                 : k.tiles.paired ? std::min<int64_t>(tiles / 2, slots)
+                 : k.tiles.paired ? paired_grid(tiles / 2, slots)
                                   : cluster * std::min<int64_t>(tiles, slots));
   LaunchScratch scratch;
   if (uniform && a.schedule != 2 && a.split != 1) {
