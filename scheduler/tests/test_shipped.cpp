@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <ostream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "emit.h"
 #include "graph.h"
@@ -164,6 +166,79 @@ TEST(Sm90ForwardD256, TmaBoundWithTheKernelsTwoStages) {
   const Bounds b = lower_bounds(folded);
   EXPECT_EQ(b.res_mii, 4 * 640);
   EXPECT_EQ(folded.units[b.res_unit].name, "tc");
+}
+
+// The d256 serial step (sm90_fwd_d256_serial.graph: 128-key blocks, K and V in rings of their own,
+// S_{j+1} after P_j V_j): the tensor core binds at its four GEMMs, the consumer's chain S -> softmax
+// -> P V -> next S under it; one K slot and one V slot are the fewest that keep that II (the
+// kernel's D256SerialConfig takes them from the header), with 227 KB or with room for more; and
+// the tensor core's order is the kernel's turn ring: S of both consumers, then their P V.
+TEST(Sm90ForwardD256Serial, TensorCoreBoundOnOneKAndOneVSlot) {
+  const Graph g = shipped("sm90_fwd_d256_serial");
+  const Solution sol = solve(g);
+  const Schedule& s = sol.schedule;
+  EXPECT_EQ(sol.bounds.res_mii, 4 * 1024);
+  EXPECT_EQ(g.units[sol.bounds.res_unit].name, "tc");
+  EXPECT_EQ(sol.bounds.rec_mii, 1084 + 613 + 54 + 1092);
+  EXPECT_EQ(s.ii, 4 * 1024);
+  EXPECT_TRUE(check_schedule(g, s).empty());
+  for (const char* ring : {"K", "V"}) {
+    EXPECT_EQ(s.slots[g.find_buffer(ring)], 1) << ring;
+    EXPECT_EQ(g.slot_bound(g.find_buffer(ring)), 1) << ring;  // Q, O and the other ring's slot leave 67 KB
+  }
+  std::vector<std::pair<int64_t, std::string>> tc;
+  for (const char* op : {"S0", "S1", "O0", "O1"}) tc.emplace_back(s.offset(g.find_op(op)), op);
+  std::sort(tc.begin(), tc.end());
+  std::string order;
+  for (size_t k = 0; k < tc.size(); ++k) order += tc[k].second;
+  order += order;  // cyclic
+  EXPECT_NE(order.find("S0S1O0O1"), std::string::npos) << order;
+
+  Graph roomy = g;
+  roomy.capacities[roomy.find_capacity("smem")].amount = 1 << 20;
+  const Solution r = solve(roomy);
+  EXPECT_EQ(r.schedule.ii, 4 * 1024);
+  EXPECT_EQ(r.schedule.slots[g.find_buffer("K")], 1);
+  EXPECT_EQ(r.schedule.slots[g.find_buffer("V")], 1);
+}
+
+// `g` with the latencies the traced d128 kernel showed in place (sm90_fwd_measured.graph: a GEMM's
+// 826 against 568 isolated, the softmax's 1690 against 667) in place of the isolated ones: each
+// GEMM's and softmax op's latency scaled by that ratio, and each edge out of the op that waits for
+// its result moved by the same amount (issue-order edges, latency 0, stay).
+Graph with_d128_in_place_latencies(Graph g) {
+  for (Op& op : g.ops) {
+    const std::string& unit = g.units[op.unit].name;
+    const double ratio = unit == "tc" ? 826.0 / 568.0 : unit == "mufu" || unit == "fma" ? 1690.0 / 667.0 : 1.0;
+    const int64_t old_lat = op.lat;
+    op.lat = static_cast<int64_t>(old_lat * ratio + 0.5);
+    for (Edge& e : g.edges)
+      if (&g.ops[e.src] == &op && e.lat >= old_lat) e.lat += op.lat - old_lat;
+  }
+  return g;
+}
+
+// Which d256 design the steady state favours turns on those latencies. Isolated, the serial step's
+// II is the tensor core's 4096 a 128-key block (32.0 cycles a key) against the 80-key ring's TMA
+// 2744 (34.3). In place, as d128's trace measured them, the serial chain binds: 4854 cycles, and
+// the two consumers' chains cannot then share the tensor core without overlapping until the II is
+// 5314 (41.5 cycles a key), while the ring stays at its TMA bound: the order the GPU shows at the longer
+// causal rows, where the serial step measured 1.1-4.5 % slower (docs/perf-notes.md, "The serial
+// step on 128-key blocks at d256"). At 512 the tile boundary decides, and there it is 3.5 % faster.
+TEST(Sm90ForwardD256Serial, InPlaceLatenciesMakeTheChainBindAboveTheRing) {
+  const Graph serial = shipped("sm90_fwd_d256_serial"), ring = shipped("sm90_fwd_d256");
+  const int64_t serial_ii = solve(serial).schedule.ii, ring_ii = solve(ring).schedule.ii;
+  EXPECT_LT(serial_ii * 80, ring_ii * 128);  // per key, isolated: the serial step ahead
+  const Graph serial_in_place = with_d128_in_place_latencies(serial);
+  const Graph ring_in_place = with_d128_in_place_latencies(ring);
+  const Solution s = solve(serial_in_place), r = solve(ring_in_place);
+  EXPECT_EQ(s.bounds.rec_mii, 1576 + 1553 + 137 + 1588);  // the chain, above the tensor core's 4096
+  EXPECT_EQ(s.schedule.ii, 5314);
+  const std::string cycle = describe(serial_in_place, s.bounds.rec_cycle);
+  EXPECT_NE(cycle.find("O0 -> S0"), std::string::npos) << cycle;
+  EXPECT_EQ(r.schedule.ii, ring_ii);  // still the TMA's
+  EXPECT_GT(s.schedule.ii * 80, r.schedule.ii * 128);  // per key, in place: the ring ahead
+  EXPECT_TRUE(check_schedule(serial_in_place, s.schedule).empty());
 }
 
 TEST(Sm90Forward, InPlaceLatenciesMakeTheSoftmaxRecurrenceBind) {

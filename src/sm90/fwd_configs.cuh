@@ -10,6 +10,7 @@
 #include "sm90/fwd_kernel.cuh"
 #include "sm90/fwd_launch.cuh"
 #include "sm90_fwd_d256_schedule.h"
+#include "sm90_fwd_d256_serial_schedule.h"
 #include "sm90_fwd_schedule.h"
 
 namespace fa4::sm90 {
@@ -35,10 +36,15 @@ template <int kBlockN, bool kBF16>
 using D256Config =
     FwdConfig<256, kBlockN, sched::sm90_fwd_d256::kKVStages, kBF16, 0, 2, true, true, false, false, false, true>;
 
-// d256 on 128-key blocks with one K slot and one V slot (Q 64 KB, K 64 KB, V 64 KB, consumer 0's
-// O 32 KB) and the serial step (FwdConfig::kSerialStep): the short causal rows (d256_serial_step).
+// d256 on 128-key blocks with the serial step (FwdConfig::kSerialStep): the short causal rows
+// (d256_serial_step). Q 64 KB, consumer 0's O 32 KB, and K and V rings of the solver's depths
+// (scheduler/generated/sm90_fwd_d256_serial_schedule.h: one slot each, 64 KB a slot, keeps the
+// tensor core's II; FwdConfig takes one depth for both).
+static_assert(sched::sm90_fwd_d256_serial::kKStages == sched::sm90_fwd_d256_serial::kVStages,
+              "FwdConfig has one ring depth for K and V");
 template <bool kBF16>
-using D256SerialConfig = FwdConfig<256, 128, 1, kBF16, 0, 2, true, true, false, false, false, true, 0, false, true>;
+using D256SerialConfig = FwdConfig<256, 128, sched::sm90_fwd_d256_serial::kKStages, kBF16, 0, 2, true, true, false,
+                                   false, false, true, 0, false, true>;
 
 // f.template operator()<Cfg>() with the configuration the launch `a` takes at its head dim (16-bit
 // type kBF16 or fp16): the one dispatch, for the library and for tests that wrap the shipped
