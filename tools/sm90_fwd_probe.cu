@@ -27,6 +27,7 @@
 #include "common/validate.h"
 #include "reference.h"
 #include "probe_util.cuh"
+#include "sm90/fwd_configs.cuh"
 #include "sm90/fwd_launch.cuh"
 
 using fa4::detail::FwdParams;
@@ -519,6 +520,9 @@ int main(int argc, char** argv) {
     trace_shape<Traced<D256>>(dir, "d256", 256, 512, true);
     trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 3>>>(dir, "d64", 64, 512, false);
     trace_shape<Traced<FwdConfig<128, 128, 2, true, 0>>>(dir, "d128", 128, 512, true);
+    // The shipped d256 causal 512 kernel (the serial step on 128-key blocks, d256_serial_step): only
+    // each CTA's entry and end, where the launch's start and end go.
+    trace_shape<Traced<D256SerialConfig<true>, kTraceCta>>(dir, "d256s", 256, 512, true);
     // d64 on two consumers (128-row tiles; shipped where fwd_launch.cuh's d64_consumers weighs them
     // cheapest), at the lengths where three consumers run instead, to compare their periods.
     trace_shape<Traced<FwdConfig<64, 128, 4, true, 0, 2>>>(dir, "d64c2", 64, 16384, false);
