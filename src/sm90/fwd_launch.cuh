@@ -164,8 +164,9 @@ bool use_paired_tiles(const detail::FwdParams& a, Window w, int64_t m_blocks, in
 // many rounds as `slots` CTAs would take, but every round full where the units allow, so no CTA
 // of the last round sits idle while the others run one more unit. The busiest CTA runs as many units
 // either way; fewer CTAs share the DRAM and L2 in the rounds before. FA3 shapes have 512 units at
-// d256 (128 CTAs on 132 SMs). H100 against min(units, slots), four rounds: d256 causal 512 / 1k /
-// 2k / 4k +0.4 / +0.6 / +0.8 / +0.5 % (docs/perf-notes.md, "Whole rounds of pairs").
+// d256 (128 CTAs on 132 SMs). H100 / H200 against min(units, slots), four rounds: d256 causal 512 /
+// 1k / 2k / 4k +0.4 / +0.6 / +0.8 / +0.5 % and +0.7 / +0.6 / +1.1 / +0.8 % (docs/perf-notes.md,
+// "Whole rounds of pairs").
 inline int64_t paired_grid(int64_t units, int64_t slots) {
   if (units <= 0 || slots <= 0) return 0;
   const int64_t rounds = (units + slots - 1) / slots;
