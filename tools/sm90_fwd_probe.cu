@@ -404,7 +404,7 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
   {  // every CTA's entry and end: when they start and finish within the launch, and the SM clock
     constexpr int kW = fa4::sm90::kCtaStamps;  // entry ns, end ns, entry clock, end clock
     const uint64_t* cs = ht.data() + 2 * words;
-    std::vector<double> start, end, mhz;
+    std::vector<double> start, end, mhz, end_even, end_odd;
     uint64_t t0 = ~uint64_t(0);
     for (int c = 0; c < kMaxCtas && cs[c * kW] != 0; ++c) t0 = std::min(t0, cs[c * kW]);
     for (int c = 0; c < kMaxCtas && cs[c * kW] != 0; ++c) {
@@ -412,6 +412,7 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
       if (x[1] == 0) continue;
       start.push_back(double(x[0] - t0) * 1e-3);
       end.push_back(double(x[1] - t0) * 1e-3);
+      (c % 2 == 0 ? end_even : end_odd).push_back(end.back());
       mhz.push_back(double(x[3] - x[2]) / double(x[1] - x[0]) * 1e3);
     }
     if (!end.empty()) {
@@ -423,6 +424,15 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
                   "/ %.1f us after the first start; SM clock %.0f-%.0f MHz; launch %.1f us (event to event)\n",
                   name, d, seqlen, int(causal), e.size(), start.back(), e.front(), e[e.size() / 2], e.back(),
                   mhz.front(), mhz.back(), ms * 1e3);
+      // Even and odd CTAs apart: with paired tiles in static rounds on an even grid, CTA c takes
+      // the pairs of parity c % 2 (tile_order.cuh), so a difference between them is the pairs'.
+      auto mean = [](const std::vector<double>& v) {
+        double t = 0;
+        for (double x : v) t += x;
+        return v.empty() ? 0.0 : t / double(v.size());
+      };
+      std::printf("CTAS %s d=%d seqlen=%d causal=%d: mean end of even CTAs %.1f us, of odd CTAs %.1f us\n", name, d,
+                  seqlen, int(causal), mean(end_even), mean(end_odd));
     }
   }
   {  // CTA 0 from its producer's first stamp to its last O stored, against the launch's time
