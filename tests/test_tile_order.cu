@@ -167,9 +167,6 @@ TEST(TileOrder, TileCounterWhereTilesVaryOrOnSingleCtas) {
   }
 }
 
-// Paired causal tiles (tile_order.cuh): in static rounds of G CTAs every tile comes once; a CTA
-// takes a head's query blocks M - 1 - m and m in two consecutive rounds, the longer first; and the
-// launch pairs the tiles exactly where the pairs' key ranges are even (d256 causal, an even count).
 // The paired launch's grid (fwd_launch.cuh, paired_grid): the rounds of a grid of at most `slots`
 // CTAs, filled; never more CTAs than units or slots.
 TEST(TileOrder, PairedGridFillsItsRounds) {
@@ -191,6 +188,9 @@ TEST(TileOrder, PairedGridFillsItsRounds) {
     }
 }
 
+// Paired causal tiles (tile_order.cuh): in static rounds of G CTAs every tile comes once; a CTA
+// takes a head's query blocks M - 1 - m and m in two consecutive rounds, the longer first; and the
+// launch pairs the tiles exactly where the pairs' key ranges are even (d256 causal, an even count).
 TEST(TileOrder, PairedCausalTilesCoverEveryTileOnceInEvenPairs) {
   for (auto [batch_heads, m_blocks] : std::vector<std::array<int, 2>>{{256, 4}, {128, 8}, {7, 2}, {3, 16}, {1, 6}}) {
     TileOrder order{batch_heads * m_blocks, m_blocks, batch_heads, batch_heads, batch_heads, 1, false};
