@@ -827,38 +827,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   auto v_step = [](int kk) { return wgmma::mn_step(kk); };
   // k-step kk of S = Q K^T, K from the slot at byte `slot` of the K ring (the slot's index times
   // Cfg::kKVBytes).
-  auto s_step = [&](int kk, int slot) {
+  // keys (a std::integral_constant) < kBlockN: over the block's first keys.value keys alone, into
+  // the first keys.value / 2 accumulators of s (the accumulator layout puts 8-column chunk c in
+  // s[4c ... 4c + 3]).
+  auto s_step = [&](int kk, int slot, auto keys) {
+    constexpr int kN = decltype(keys)::value;
     const uint64_t a = wgmma::desc_advance(q_desc, q_step(kk));
     const uint64_t b = wgmma::desc_advance(k_desc, slot + k_step(kk));
-    wgmma::mma_ss<kBlockN, kType>(s, a, b, kk > 0);
+    wgmma::mma_ss<kN, kType>(reinterpret_cast<float(&)[kN / 2]>(s), a, b, kk > 0);
   };
+  constexpr std::integral_constant<int, kBlockN> kWholeBlock{};
   // S from the K slot at byte `slot`.
   auto issue_s_at = [&](int slot) {
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) s_step(kk, slot);
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) s_step(kk, slot, kWholeBlock);
   };
   auto issue_s = [&](int stage) { issue_s_at(stage * Cfg::kKVBytes); };
   // A tile's first S with kOInKV: each 64-column chunk's k-steps as soon as that chunk of this
   // consumer's Q has landed (FwdBarriers::q_chunk; chunk 0 was q_full), so only the last chunk's
   // k-steps stand between Q landed and S_0 done. H200 d256, with kEarlyQFree: causal 512 / 1k / 2k
   // +0.4 / +0.5 / +0.6 % more, non-causal 512 +0.1 %, 1k -0.5 % (docs/perf-notes.md).
-  // kLower (kHalfGemms below): S over the block's first kBlockN / 2 keys alone, into the first half
-  // of s (the accumulator layout puts 8-column chunk c in s[4c ... 4c + 3]).
+  // kLower (kHalfGemms below): S over the block's first kBlockN / 2 keys alone (s_step).
   auto issue_s_chunks_at = [&]<bool kLower = false>(int slot, uint32_t phase) {
     constexpr int kSteps = Cfg::kAtomCols / 16;
 #pragma unroll
     for (int c = 0; c < Cfg::kChunks; ++c) {
       if (c > 0) mbar_wait(&bar.q_chunk[consumer][c - 1], phase);
 #pragma unroll
-      for (int kk = c * kSteps; kk < (c + 1) * kSteps; ++kk) {
-        if constexpr (kLower) {
-          const uint64_t a = wgmma::desc_advance(q_desc, q_step(kk));
-          const uint64_t b = wgmma::desc_advance(k_desc, slot + k_step(kk));
-          wgmma::mma_ss<kBlockN / 2, kType>(reinterpret_cast<float(&)[kBlockN / 4]>(s), a, b, kk > 0);
-        } else {
-          s_step(kk, slot);
-        }
-      }
+      for (int kk = c * kSteps; kk < (c + 1) * kSteps; ++kk)
+        s_step(kk, slot, std::integral_constant<int, kLower ? kBlockN / 2 : kBlockN>{});
     }
   };
   // What a consumer that reads no Q this tile (idle, or no keys) waits before freeing it: every
@@ -877,20 +874,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if constexpr (Cfg::kTensorRowSum) wgmma::mma_rs_kb<8, kType>(lsum, a, ones_desc, 1);
     }
   };
-  // O += P V from the V slot at byte `slot` of the V ring.
-  auto issue_pv_at = [&](int slot, const uint32_t(&pv)[kBlockN / 4]) {
+  // O += P V from the V slot at byte `slot` of the V ring; over the block's first `keys` keys alone
+  // where fewer are given (a constant at the call; P of the rest is zero).
+  auto issue_pv_at = [&](int slot, const uint32_t(&pv)[kBlockN / 4], int keys = Cfg::kBlockN) {
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) pv_step(kk, wgmma::desc_advance(v_desc, slot + v_step(kk)), pv);
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      if (kk < keys / 16) pv_step(kk, wgmma::desc_advance(v_desc, slot + v_step(kk)), pv);
   };
   auto issue_pv = [&](int stage, const uint32_t(&pv)[kBlockN / 4]) { issue_pv_at(stage * Cfg::kKVBytes, pv); };
-  // The same over the block's first kBlockN / 2 keys where `lower` (P of the rest is zero).
+  // The same over the block's first half alone where `lower`.
   auto issue_pv_maybe_lower = [&](int slot, const uint32_t(&pv)[kBlockN / 4], bool lower) {
-    if (lower) {
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 32; ++kk) pv_step(kk, wgmma::desc_advance(v_desc, slot + v_step(kk)), pv);
-    } else {
+    if (lower)
+      issue_pv_at(slot, pv, kBlockN / 2);
+    else
       issue_pv_at(slot, pv);
-    }
   };
   // A steady step's descriptors, made before the step's waits and its turn (kDescsAhead): the low
   // words of Q's and K_j's for S_j, V_{j-1}'s for P V (their high words are constants). Made at
