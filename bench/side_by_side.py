@@ -12,9 +12,11 @@ hidden 2048 (heads = 2048 / head_dim). Providers:
   flex   torch.compile'd FlexAttention (Triton); compiling costs seconds per shape, so by default
          it runs at --flex-seqlens only
 Times are medians of triton.testing.do_bench(return_mode="median") after its warm-up, on random
-normal inputs. TFLOP/s = 4·b·h·s²·d, halved for causal, ×2.5 for bwd. Before timing, fa4's
-output for batch 0 and two heads is checked against a float64 reference by DESIGN.md §3's
-criterion (bounded by a plain 16-bit attention).
+normal inputs; with --rounds R each provider is timed R times a shape, the providers' order
+rotating by round, and the median of its R medians is recorded (each in "ms_rounds").
+TFLOP/s = 4·b·h·s²·d, halved for causal, ×2.5 for bwd. Before timing, fa4's output for batch 0
+and two heads is checked against a float64 reference by DESIGN.md §3's criterion (bounded by a
+plain 16-bit attention).
 
 Writes bench/results/<date>-<what>.json (and a copy under $OUT when set): one record per
 (op, provider, shape) with ms and tflops (null plus "error" when a provider cannot run it), and
@@ -31,6 +33,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -97,6 +100,9 @@ def parse_args(argv=None):
     ap.add_argument("--no-check", action="store_true", help="skip fa4's correctness check")
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms (default 25)")
     ap.add_argument("--rep", type=int, default=100, help="do_bench repetition, ms (default 100)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="timings a provider a shape, the providers' order rotating by round; the "
+                         "median is recorded (default 1)")
     ap.add_argument("--name", default=None, help="<what> in the results file name")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"),
                     help="results folder (default bench/results)")
@@ -121,6 +127,8 @@ def parse_args(argv=None):
             ap.error(f"--seqlen-q {a.seqlen_q}: expected >= 1")
         if a.causal != "no" or a.ops != ["fwd"]:
             ap.error("--seqlen-q: forward, non-causal only (use --causal no)")
+    if a.rounds < 1:
+        ap.error(f"--rounds {a.rounds}: expected >= 1")
     for d in a.hdims:
         if HIDDEN % d:
             ap.error(f"--hdims: {d} does not divide hidden {HIDDEN}")
@@ -388,12 +396,16 @@ def main(argv=None) -> int:
             f"({time.time() - t_start:.0f} s)")
         sq = a.seqlen_q if a.seqlen_q is not None else s
         tensors = make_tensors(b, h, s, d, dtype, op, seed=n, sq=sq)
+        # Each provider's check and callable first; then the timings in rounds, the providers'
+        # order rotating by round, so that each meets the GPU's clock and power states in turn.
+        recs, fns = {}, {}
         for p in providers:
             if p == "flex" and s not in a.flex_seqlens:
                 continue
             rec = {"op": op, "provider": p, "dtype": a.dtype, "batch": b, "heads_q": h,
                    "heads_kv": h, "seqlen_q": sq, "seqlen_k": s, "head_dim": d, "causal": causal,
                    "ms": None, "tflops": None, **meta}
+            recs[p] = rec
             try:
                 if p == "fa4" and fa4_import_error:
                     raise ImportError(fa4_import_error)
@@ -407,22 +419,46 @@ def main(argv=None) -> int:
                                                  causal)
                     del out
                     failed_checks += not rec["check"]["pass"]
-                fn = make_fn(p, op, tensors, causal)
-                ctx = torch.no_grad() if op == "fwd" else torch.enable_grad()
-                with ctx:
-                    t0 = time.time()
-                    ms = bench_ms(fn, a.warmup, a.rep)
-                    rec["sm_clock_mhz"], rec["power_w"] = sampler.window(t0, time.time())
-                rec["ms"] = ms
-                rec["tflops"] = tflops(b, h, s, d, causal, op, ms, sq)
+                fns[p] = make_fn(p, op, tensors, causal)
             except Exception as e:  # a provider that cannot run this shape: record why
                 rec["error"] = short(e)
                 if os.environ.get("FA4_BENCH_TRACE"):
                     traceback.print_exc(file=sys.stderr)
+        timed = {p: [] for p in fns}  # (ms, clock, power) a round
+        for r in range(a.rounds):
+            turn = list(fns)[r % max(1, len(fns)):] + list(fns)[:r % max(1, len(fns))]
+            for p in turn:
+                if p not in fns:  # failed in an earlier round
+                    continue
+                ctx = torch.no_grad() if op == "fwd" else torch.enable_grad()
+                try:
+                    with ctx:
+                        t0 = time.time()
+                        ms = bench_ms(fns[p], a.warmup, a.rep)
+                        timed[p].append((ms, *sampler.window(t0, time.time())))
+                except Exception as e:
+                    recs[p]["error"] = short(e)
+                    del fns[p]
+                    timed[p] = []
+                    if os.environ.get("FA4_BENCH_TRACE"):
+                        traceback.print_exc(file=sys.stderr)
+        for p, rec in recs.items():
+            rounds = timed.get(p) or []
+            if rounds and "error" not in rec:
+                rec["ms"] = statistics.median(x[0] for x in rounds)
+                rec["tflops"] = tflops(b, h, s, d, causal, op, rec["ms"], sq)
+                clocks = [x[1] for x in rounds if x[1] is not None]
+                powers = [x[2] for x in rounds if x[2] is not None]
+                rec["sm_clock_mhz"] = statistics.median(clocks) if clocks else None
+                rec["power_w"] = statistics.median(powers) if powers else None
+                if a.rounds > 1:
+                    rec["ms_rounds"] = [x[0] for x in rounds]
             records.append(rec)
             status = (f"{rec['tflops']:.1f} TFLOP/s" if rec["tflops"] else rec.get("error", "?"))
             if rec.get("sm_clock_mhz") is not None and rec.get("power_w") is not None:
                 status += f" @ {rec['sm_clock_mhz']:.0f} MHz, {rec['power_w']:.0f} W"
+            if a.rounds > 1 and rec.get("ms_rounds"):
+                status += f", rounds {min(rec['ms_rounds']):.4f}-{max(rec['ms_rounds']):.4f} ms"
             chk = rec.get("check")
             if chk:
                 status += (f", check {'PASS' if chk['pass'] else 'FAIL'} max|err| "
