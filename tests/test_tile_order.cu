@@ -386,6 +386,27 @@ TEST(TileOrder, D256SerialStepOnTheShortCausalRows) {
     EXPECT_FALSE(fa4::sm90::d256_serial_step(causal(2, 4, sq, sk))) << sq << " x " << sk;
 }
 
+// The dispatch's one reading of d256's key-block width agrees with the two rules it asks, over
+// causal, windowed and unbounded shapes: 128 where the serial step holds, 64 where only the narrow
+// blocks do, 80 elsewhere.
+TEST(TileOrder, D256BlockKeysFollowTheRules) {
+  int seen[3] = {0, 0, 0};
+  for (int sq : {1, 65, 129, 192, 300, 500, 512, 1000, 1024, 2048, 4097})
+    for (int sk : {1, 128, 300, 512, 1024, 4000})
+      for (int bound = 0; bound < 3; ++bound) {
+        fa4::detail::FwdParams a = fwd_params(2, 4, 4, sq, sk, 256);
+        if (bound >= 1) a.window_right = 0;
+        if (bound == 2) a.window_left = 100;
+        const int keys = fa4::sm90::d256_block_keys(a);
+        const int want = fa4::sm90::d256_serial_step(a) ? 128 : fa4::sm90::d256_narrow_blocks(a) ? 64 : 80;
+        EXPECT_EQ(keys, want) << sq << " x " << sk << ", bound " << bound;
+        ++seen[keys == 128 ? 0 : keys == 64 ? 1 : 2];
+      }
+  EXPECT_GT(seen[0], 0);
+  EXPECT_GT(seen[1], 0);
+  EXPECT_GT(seen[2], 0);
+}
+
 // The d64 tile height: scores each height computes (padding and partial blocks included), and the
 // rule that weighs them: without a bound 128-row tiles at 1.15, 192-row ones at 1, 256-row ones (on
 // 64-key blocks) at 1.075; with a causal or window bound 128-row tiles at 1.25, 192-row ones at 1,

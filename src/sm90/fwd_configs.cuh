@@ -1,5 +1,5 @@
 // The shipped sm90 forward configurations, and which one a launch takes (with_shipped_config:
-// d64_consumers, d256_serial_step, d256_narrow_blocks in fwd_launch.cuh). sm90_fwd.cu launches
+// d64_consumers and d256_block_keys in fwd_launch.cuh). sm90_fwd.cu launches
 // through it; tests that check a shipped kernel's protocol or shared memory name the
 // configurations from here.
 #pragma once
@@ -60,9 +60,11 @@ Status with_shipped_config(const detail::FwdParams& a, F&& f) {
       }
     case 128: return f.template operator()<D128Config<kBF16>>();
     case 256:
-      if (d256_serial_step(a)) return f.template operator()<D256SerialConfig<kBF16>>();
-      if (d256_narrow_blocks(a)) return f.template operator()<D256Config<64, kBF16>>();
-      return f.template operator()<D256Config<80, kBF16>>();
+      switch (d256_block_keys(a)) {
+        case 128: return f.template operator()<D256SerialConfig<kBF16>>();
+        case 64: return f.template operator()<D256Config<64, kBF16>>();
+        default: return f.template operator()<D256Config<80, kBF16>>();
+      }
     default:
       return {StatusCode::kNotSupported, "head_dim = " + std::to_string(a.head_dim) + " has no sm90 kernel"};
   }
