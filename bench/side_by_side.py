@@ -33,7 +33,6 @@ import json
 import math
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -50,6 +49,7 @@ import triton  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from gpu_sampler import GpuSampler  # noqa: E402
+from rounds import summary, time_in_rounds  # noqa: E402
 
 TOKENS, HIDDEN = 16384, 2048
 ALL_HDIMS = (64, 128, 256)
@@ -424,35 +424,23 @@ def main(argv=None) -> int:
                 rec["error"] = short(e)
                 if os.environ.get("FA4_BENCH_TRACE"):
                     traceback.print_exc(file=sys.stderr)
-        timed = {p: [] for p in fns}  # (ms, clock, power) a round
-        for r in range(a.rounds):
-            turn = list(fns)[r % max(1, len(fns)):] + list(fns)[:r % max(1, len(fns))]
-            for p in turn:
-                if p not in fns:  # failed in an earlier round
-                    continue
-                ctx = torch.no_grad() if op == "fwd" else torch.enable_grad()
-                try:
-                    with ctx:
-                        t0 = time.time()
-                        ms = bench_ms(fns[p], a.warmup, a.rep)
-                        timed[p].append((ms, *sampler.window(t0, time.time())))
-                except Exception as e:
-                    recs[p]["error"] = short(e)
-                    del fns[p]
-                    timed[p] = []
-                    if os.environ.get("FA4_BENCH_TRACE"):
-                        traceback.print_exc(file=sys.stderr)
+        ctx = torch.no_grad if op == "fwd" else torch.enable_grad
+
+        def time_one(p, fn):
+            with ctx():
+                t0 = time.time()
+                ms = bench_ms(fn, a.warmup, a.rep)
+                return (ms, *sampler.window(t0, time.time()))
+
+        timed, errors = time_in_rounds(fns, a.rounds, time_one)
+        for p, e in errors.items():
+            recs[p]["error"] = short(e)
+            if os.environ.get("FA4_BENCH_TRACE"):
+                traceback.print_exception(e, file=sys.stderr)
         for p, rec in recs.items():
-            rounds = timed.get(p) or []
-            if rounds and "error" not in rec:
-                rec["ms"] = statistics.median(x[0] for x in rounds)
+            if "error" not in rec and timed.get(p):
+                rec.update(summary(timed[p], a.rounds > 1))
                 rec["tflops"] = tflops(b, h, s, d, causal, op, rec["ms"], sq)
-                clocks = [x[1] for x in rounds if x[1] is not None]
-                powers = [x[2] for x in rounds if x[2] is not None]
-                rec["sm_clock_mhz"] = statistics.median(clocks) if clocks else None
-                rec["power_w"] = statistics.median(powers) if powers else None
-                if a.rounds > 1:
-                    rec["ms_rounds"] = [x[0] for x in rounds]
             records.append(rec)
             status = (f"{rec['tflops']:.1f} TFLOP/s" if rec["tflops"] else rec.get("error", "?"))
             if rec.get("sm_clock_mhz") is not None and rec.get("power_w") is not None:
