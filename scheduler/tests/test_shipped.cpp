@@ -241,6 +241,45 @@ TEST(Sm90ForwardD256Serial, InPlaceLatenciesMakeTheChainBindAboveTheRing) {
   EXPECT_TRUE(check_schedule(serial_in_place, s.schedule).empty());
 }
 
+// The serial step's row, causal 512, as a launch sees it: every SM's share of DRAM is one more
+// unit. A head's Q, K, V and O (four 512 x 256 bf16 tensors) cross DRAM once over its ten
+// block-steps (pairs of tiles of 4 + 1 and 3 + 2 blocks, the partner's rereads hitting in L2), at
+// the rate of a kernel that only reads and writes the attention's bytes (268.4 MB in 86.4 us after
+// a clean flush), shared by 132 CTAs at 1980 MHz: 8822 cycles a block-step, twice the tensor core's
+// four GEMMs. The steady state measured 9425 (four more rounds of 132 CTAs, 20 block-steps each,
+// took 95.2 us; docs/perf-notes.md, "Whole rounds of pairs"), 94 % of it at this rate; without
+// tensor work the kernel ran the row 4 % faster, not twice as fast ("The serial step on 128-key
+// blocks at d256"). The model puts the bound where those measurements do: on the bytes.
+TEST(Sm90ForwardD256Serial, DramBindsTheCausal512Row) {
+  Graph g = shipped("sm90_fwd_d256_serial");
+  constexpr double kBytesPerStep = 4.0 * 512 * 256 * 2 / 10;
+  constexpr double kBytesPerCycle = 268.4e6 / 86.4e-6 / 1.98e9 / 132;
+  const int64_t dram = static_cast<int64_t>(kBytesPerStep / kBytesPerCycle + 0.5);
+  EXPECT_EQ(dram, 8822);
+  g.units.push_back(Unit{"dram", 0});
+  Op op;
+  op.name = "Dram";
+  op.unit = static_cast<int>(g.units.size()) - 1;
+  op.lat = dram;
+  op.occ = dram;
+  g.ops.push_back(op);
+  for (const char* load : {"LoadK", "LoadV"}) {  // a block's bytes come through before its loads land
+    Edge e;
+    e.src = g.find_op("Dram");
+    e.dst = g.find_op(load);
+    e.lat = 0;
+    g.edges.push_back(e);
+  }
+  const Solution sol = solve(g);
+  EXPECT_EQ(g.units[sol.bounds.res_unit].name, "dram");
+  EXPECT_EQ(sol.schedule.ii, dram);
+  EXPECT_TRUE(check_schedule(g, sol.schedule).empty());
+  constexpr int64_t kMeasured = 9425;  // 95.2 us / 20 block-steps at 1980 MHz
+  EXPECT_LE(sol.schedule.ii, kMeasured);
+  EXPECT_GE(sol.schedule.ii, kMeasured * 9 / 10);
+  EXPECT_LT(2 * busy_on(g, "tc"), sol.schedule.ii);  // the tensor core idle more than half the time
+}
+
 TEST(Sm90Forward, InPlaceLatenciesMakeTheSoftmaxRecurrenceBind) {
   // sm90_fwd_measured.graph: the same kernel with the latencies its clock64 timeline shows on an
   // H200. The recurrence S -> softmax -> next S (2724) now exceeds the tensor core's 2048, as in
