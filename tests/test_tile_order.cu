@@ -386,9 +386,9 @@ TEST(TileOrder, D256SerialStepOnTheShortCausalRows) {
     EXPECT_FALSE(fa4::sm90::d256_serial_step(causal(2, 4, sq, sk))) << sq << " x " << sk;
 }
 
-// The dispatch's one reading of d256's key-block width agrees with the two rules it asks, over
-// causal, windowed and unbounded shapes: 128 where the serial step holds, 64 where only the narrow
-// blocks do, 80 elsewhere.
+// d256's key-block width over causal, windowed and unbounded shapes: 80 where the narrow blocks'
+// rule does not hold, 64 or 128 (the serial step, D256SerialStepOnTheShortCausalRows) where it
+// does, and each of the three somewhere.
 TEST(TileOrder, D256BlockKeysFollowTheRules) {
   int seen[3] = {0, 0, 0};
   for (int sq : {1, 65, 129, 192, 300, 500, 512, 1000, 1024, 2048, 4097})

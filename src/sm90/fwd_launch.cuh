@@ -335,25 +335,18 @@ inline bool d256_narrow_blocks(const detail::FwdParams& a) {
 // 1k -1.1 %, 2k -4.5 %, and causal 300 (three query blocks: no pairs) -2.6 % (docs/perf-notes.md,
 // "The serial step on 128-key blocks at d256").
 inline constexpr double kD256SerialMaxBlocks = 3.0;
-namespace detail_d256 {
-// The serial step's own conditions, where d256_narrow_blocks holds.
-inline bool serial_among_narrow(const detail::FwdParams& a) {
-  if (!causal_bound(a)) return false;
-  const int64_t m_blocks = (int64_t(a.seqlen_q) + 127) / 128;
-  return use_paired_tiles<128, 128>(a, tile_window<128>(a), m_blocks, 1) &&
-         computed_scores<128, 128>(a) / (128.0 * 128.0) <= kD256SerialMaxBlocks * double(m_blocks);
-}
-}  // namespace detail_d256
-inline bool d256_serial_step(const detail::FwdParams& a) {
-  return d256_narrow_blocks(a) && detail_d256::serial_among_narrow(a);
-}
 
-// The key-block width a d256 launch takes, each rule above asked once: 128 (the serial step), 64
-// (d256_narrow_blocks) or 80.
+// The key-block width a d256 launch takes, each rule above asked once: 80, 64 where
+// d256_narrow_blocks holds, and 128 (the serial step) where the serial step's conditions hold too.
 inline int d256_block_keys(const detail::FwdParams& a) {
   if (!d256_narrow_blocks(a)) return 80;
-  return detail_d256::serial_among_narrow(a) ? 128 : 64;
+  if (!causal_bound(a)) return 64;
+  const int64_t m_blocks = (int64_t(a.seqlen_q) + 127) / 128;
+  const bool serial = use_paired_tiles<128, 128>(a, tile_window<128>(a), m_blocks, 1) &&
+                      computed_scores<128, 128>(a) / (128.0 * 128.0) <= kD256SerialMaxBlocks * double(m_blocks);
+  return serial ? 128 : 64;
 }
+inline bool d256_serial_step(const detail::FwdParams& a) { return d256_block_keys(a) == 128; }
 
 using detail::PerDevice;
 
