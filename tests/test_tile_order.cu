@@ -234,6 +234,48 @@ TEST(TileOrder, PairedCausalTilesCoverEveryTileOnceInEvenPairs) {
   EXPECT_FALSE(paired(512, 512, -1, 0, 64));
 }
 
+// The paired order's rereads, with every CTA taken a key block a step (the rounds in lockstep) and
+// each tile walked as the kernels walk it, from its diagonal block down: a head's K/V block is read
+// again one 128-key block's worth of steps after its previous read, never later (one step on
+// 128-key blocks, two on 64-key ones). At d256 causal 512 the L2 keeps a block for about two
+// 128-key steps: a walk that reread block 2 three steps later read 16 MB more from DRAM and lost
+// 9 % (docs/perf-notes.md, "The head's last tile walking its low blocks first").
+template <int kBlockN>
+int paired_reread_gap(int batch_heads, int seqlen, int grid) {
+  constexpr int kBlockM = 128;
+  const int m_blocks = seqlen / kBlockM, key_blocks = seqlen / kBlockN;
+  TileOrder order{batch_heads * m_blocks, m_blocks, batch_heads, batch_heads, batch_heads, 1, false};
+  order.paired = true;
+  const fa4::sm90::Window causal{-1, 0, 0};
+  std::vector<std::vector<int>> reads(size_t(batch_heads) * key_blocks);  // the steps of each block's reads
+  for (int cta = 0; cta < grid; ++cta) {
+    int step = 0;
+    for (int round = 0;; ++round) {
+      const int t = order.nth(round, cta, grid);
+      if (t >= order.count) break;
+      const fa4::sm90::Tile tl = order.decode(t);
+      const fa4::sm90::BlockRange r =
+          fa4::sm90::key_block_range<kBlockM, kBlockN>(causal, tl.m_block, seqlen, seqlen);
+      for (int n = r.hi - 1; n >= r.lo; --n) reads[size_t(tl.batch * order.heads_q + tl.head) * key_blocks + n].push_back(step++);
+    }
+  }
+  int gap = 0;
+  for (std::vector<int>& steps : reads) {
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 1; i < steps.size(); ++i) gap = std::max(gap, steps[i] - steps[i - 1]);
+  }
+  return gap;
+}
+
+TEST(TileOrder, PairedCausalTilesRereadEachBlockWithinABlockStep) {
+  EXPECT_EQ(paired_reread_gap<128>(256, 512, 128), 1);  // d256 causal 512 (the serial step), FA3's shape
+  EXPECT_EQ(paired_reread_gap<128>(512, 256, 128), 1);  // causal 256
+  EXPECT_EQ(paired_reread_gap<64>(128, 1024, 128), 2);  // 1k, 2k, 16k on 64-key blocks
+  EXPECT_EQ(paired_reread_gap<64>(64, 2048, 128), 2);
+  EXPECT_EQ(paired_reread_gap<64>(8, 16384, 64), 2);
+  EXPECT_EQ(paired_reread_gap<128>(256, 512, 132), 1);  // on any grid that keeps a head's pairs side by side
+}
+
 // The causal kernel (fwd_kernel's kCausal) takes causal launches and the window that equals
 // causal, and nothing else: every other window keeps the bounded kernel's runtime bound.
 TEST(TileOrder, CausalKernelForTheCausalBoundOnly) {
