@@ -403,7 +403,7 @@ TEST(TileOrder, D256KeyBlockWidthFollowsTheComputedScores) {
 
 // d256's serial step on 128-key blocks: causal launches whose 128-row tiles see at most three
 // 128-key blocks on average (causal 512: 1 + 2 + 3 + 4 over four tiles) and go in pairs (an even
-// query-block count); never without a bound or under a window. The shapes of
+// query-block count); without a bound, at most 512 keys; never under a window. The shapes of
 // ForwardGpu.D256SerialStep and of the lagged tests on it take it; those of D256CausalPairs,
 // D256CausalBothKeyBlockWidths and the odd query-block counts do not.
 TEST(TileOrder, D256SerialStepOnTheShortCausalRows) {
@@ -418,7 +418,11 @@ TEST(TileOrder, D256SerialStepOnTheShortCausalRows) {
   EXPECT_FALSE(fa4::sm90::d256_serial_step(causal(16, 8, 1024, 1024)));  // 36 blocks over 8 tiles
   EXPECT_FALSE(fa4::sm90::d256_serial_step(causal(8, 8, 2048, 2048)));
   a = fwd_params(32, 8, 8, 512, 512, 256);
-  EXPECT_FALSE(fa4::sm90::d256_serial_step(a));  // no bound
+  EXPECT_TRUE(fa4::sm90::d256_serial_step(a));  // no bound: four key blocks
+  for (auto [sq, sk] : {std::pair{1, 1}, {256, 256}, {384, 384}, {4096, 512}, {512, 300}})
+    EXPECT_TRUE(fa4::sm90::d256_serial_step(fwd_params(2, 4, 4, sq, sk, 256))) << sq << " x " << sk << ", no bound";
+  for (auto [sq, sk] : {std::pair{512, 513}, {640, 640}, {1024, 1024}, {4096, 4096}, {256, 4000}})
+    EXPECT_FALSE(fa4::sm90::d256_serial_step(fwd_params(2, 4, 4, sq, sk, 256))) << sq << " x " << sk << ", no bound";
   a.window_left = 100;
   a.window_right = 0;
   EXPECT_FALSE(fa4::sm90::d256_serial_step(a));  // a window

@@ -335,10 +335,18 @@ inline bool d256_narrow_blocks(const detail::FwdParams& a) {
 // 1k -1.1 %, 2k -4.5 %, and causal 300 (three query blocks: no pairs) -2.6 % (docs/perf-notes.md,
 // "The serial step on 128-key blocks at d256").
 inline constexpr double kD256SerialMaxBlocks = 3.0;
+// Without a bound, where every tile sees at most kD256SerialMaxKeys keys (four 128-key blocks), the
+// serial step too, in the launch's clusters as the 80-key blocks would be. Four rounds against the
+// 80-key blocks, H100 (seqlen_q = seqlen_k but where given): 256 +4.4 %, 384 +0.1 %, 512 +2.6 / +3.1
+// %, 512 with one K/V head +3.9 %, 4096 x 512 keys +4.2 %; where it is not taken, 640 -2.4 %, 768
+// -0.4 %, 1k -2.7 %, 2k -4.6 %, 4k -5.5 % (docs/perf-notes.md, "The serial step without a bound").
+inline constexpr int kD256SerialMaxKeys = 512;
 
-// The key-block width a d256 launch takes, each rule above asked once: 80, 64 where
-// d256_narrow_blocks holds, and 128 (the serial step) where the serial step's conditions hold too.
+// The key-block width a d256 launch takes, each rule above asked once: 128 (the serial step) for
+// short keys without a bound; otherwise 80, 64 where d256_narrow_blocks holds, and 128 where the
+// serial step's causal conditions hold too.
 inline int d256_block_keys(const detail::FwdParams& a) {
+  if (tiles_of_one_length(a) && a.seqlen_k <= kD256SerialMaxKeys) return 128;
   if (!d256_narrow_blocks(a)) return 80;
   if (!causal_bound(a)) return 64;
   const int64_t m_blocks = (int64_t(a.seqlen_q) + 127) / 128;
