@@ -432,9 +432,10 @@ TEST(TileOrder, D256SerialStepOnTheShortCausalRows) {
     EXPECT_FALSE(fa4::sm90::d256_serial_step(causal(2, 4, sq, sk))) << sq << " x " << sk;
 }
 
-// d256's key-block width over causal, windowed and unbounded shapes: 80 where the narrow blocks'
-// rule does not hold, 64 or 128 (the serial step, D256SerialStepOnTheShortCausalRows) where it
-// does, and each of the three somewhere.
+// d256's key-block width over causal, windowed and unbounded shapes: 128 without a bound on keys
+// <= 512; otherwise 80 where the narrow blocks' rule does not hold, 64 or, under the causal bound,
+// 128 (the serial step, whose causal shapes D256SerialStepOnTheShortCausalRows names) where it
+// does; and each of the three somewhere.
 TEST(TileOrder, D256BlockKeysFollowTheRules) {
   int seen[3] = {0, 0, 0};
   for (int sq : {1, 65, 129, 192, 300, 500, 512, 1000, 1024, 2048, 4097})
@@ -444,7 +445,10 @@ TEST(TileOrder, D256BlockKeysFollowTheRules) {
         if (bound >= 1) a.window_right = 0;
         if (bound == 2) a.window_left = 100;
         const int keys = fa4::sm90::d256_block_keys(a);
-        const int want = fa4::sm90::d256_serial_step(a) ? 128 : fa4::sm90::d256_narrow_blocks(a) ? 64 : 80;
+        const int want = bound == 0 && sk <= 512                   ? 128
+                         : !fa4::sm90::d256_narrow_blocks(a)           ? 80
+                         : bound == 1 && fa4::sm90::d256_serial_step(a) ? 128
+                                                                        : 64;
         EXPECT_EQ(keys, want) << sq << " x " << sk << ", bound " << bound;
         ++seen[keys == 128 ? 0 : keys == 64 ? 1 : 2];
       }

@@ -37,9 +37,9 @@ using D256Config =
     FwdConfig<256, kBlockN, sched::sm90_fwd_d256::kKVStages, kBF16, 0, 2, true, true, false, false, false, true>;
 
 // d256 on 128-key blocks with the serial step (FwdConfig::kSerialStep): the short causal rows and
-// short keys without a bound (d256_block_keys). Q 64 KB, consumer 0's O 32 KB, and K and V rings of the solver's depths
-// (scheduler/generated/sm90_fwd_d256_serial_schedule.h: one slot each, 64 KB a slot, keeps the
-// tensor core's II; FwdConfig takes one depth for both).
+// short keys without a bound (d256_block_keys). Q 64 KB, consumer 0's O 32 KB, and K and V rings
+// of the solver's depths (scheduler/generated/sm90_fwd_d256_serial_schedule.h: one slot each,
+// 64 KB a slot, keeps the tensor core's II; FwdConfig takes one depth for both).
 static_assert(sched::sm90_fwd_d256_serial::kKStages == sched::sm90_fwd_d256_serial::kVStages,
               "FwdConfig has one ring depth for K and V");
 template <bool kBF16>
