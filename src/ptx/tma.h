@@ -121,6 +121,18 @@ __device__ __forceinline__ void tma_load_4d_hint(void* smem_dst, const CUtensorM
       : "memory");
 }
 
+// tma_load_5d with an L2 eviction policy.
+__device__ __forceinline__ void tma_load_5d_hint(void* smem_dst, const CUtensorMap* map, uint64_t* bar, int c0,
+                                                 int c1, int c2, int c3, int c4, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cta.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8;"
+      :
+      : "r"(uint32_t(__cvta_generic_to_shared(smem_dst))), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+        "r"(uint32_t(__cvta_generic_to_shared(bar))), "l"(policy)
+      : "memory");
+}
+
 // Stores one box from shared memory at coordinates (c0, c1, c2, c3); joins the bulk group.
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* smem_src, int c0,
                                              int c1, int c2, int c3) {
@@ -136,6 +148,23 @@ __device__ __forceinline__ void tma_store_4d_hint(const CUtensorMap* map, const 
                :
                : "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(uint32_t(__cvta_generic_to_shared(smem_src))),
                  "l"(policy)
+               : "memory");
+}
+// Stores one box of a rank-5 map from shared memory at coordinates (c0, ..., c4); joins the bulk group.
+__device__ __forceinline__ void tma_store_5d(const CUtensorMap* map, const void* smem_src, int c0, int c1, int c2,
+                                             int c3, int c4) {
+  const int32_t coords[5] = {c0, c1, c2, c3, c4};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords,
+                                  smem_src);
+}
+// tma_store_5d with an L2 eviction policy.
+__device__ __forceinline__ void tma_store_5d_hint(const CUtensorMap* map, const void* smem_src, int c0, int c1,
+                                                  int c2, int c3, int c4, uint64_t policy) {
+  asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.tile.bulk_group.L2::cache_hint"
+               " [%0, {%1, %2, %3, %4, %5}], [%6], %7;"
+               :
+               : "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+                 "r"(uint32_t(__cvta_generic_to_shared(smem_src))), "l"(policy)
                : "memory");
 }
 __device__ __forceinline__ void tma_store_commit() { cuda::ptx::cp_async_bulk_commit_group(); }

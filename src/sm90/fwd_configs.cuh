@@ -39,12 +39,17 @@ using D256Config =
 // d256 on 128-key blocks with the serial step (FwdConfig::kSerialStep): the short causal rows and
 // short keys without a bound (d256_block_keys). Q 64 KB, consumer 0's O 32 KB, and K and V rings
 // of the solver's depths (scheduler/generated/sm90_fwd_d256_serial_schedule.h: one slot each,
-// 64 KB a slot, keeps the tensor core's II; FwdConfig takes one depth for both).
+// 64 KB a slot, keeps the tensor core's II; FwdConfig takes one depth for both). A K or V block
+// loads as one TMA box (folded_kv; in clusters each CTA's half of the column chunks): with Q and O
+// folded too (FwdConfig::kFoldedQO), H100 d256 causal 512 +0.5 / +0.6 %, 512 +0.7 %, H200 causal 512
+// +0.7 / +0.8 %, the other d256 rows within +-0.3 % (docs/perf-notes.md, "Folded boxes at d256").
 static_assert(sched::sm90_fwd_d256_serial::kKStages == sched::sm90_fwd_d256_serial::kVStages,
               "FwdConfig has one ring depth for K and V");
 template <bool kBF16>
-using D256SerialConfig = FwdConfig<256, 128, sched::sm90_fwd_d256_serial::kKStages, kBF16, 0, 2, true, true, false,
-                                   false, false, true, 0, false, true>;
+struct D256SerialConfig : FwdConfig<256, 128, sched::sm90_fwd_d256_serial::kKStages, kBF16, 0, 2, true, true, false,
+                                    false, false, true, 0, false, true> {
+  static constexpr bool kFoldedKV = true;
+};
 
 // f.template operator()<Cfg>() with the configuration the launch `a` takes at its head dim (16-bit
 // type kBF16 or fp16): the one dispatch, for the library and for tests that wrap the shipped

@@ -197,6 +197,12 @@ struct FwdConfig {
   // (fwd_kernel's kOInKV).
   static constexpr bool kStageOInKV = kStageOInKV_ && !kStageO && kQStages == 1 && kConsumers == 2;
   static constexpr bool kTmaStoreO = kStageO || kStageOInKV;
+  // With O staged in K/V slots each consumer's 64 rows of Q and of O move as one TMA box of every
+  // 64-column chunk (ptx::map_bshd_16bit_sw128_folded), not a box a chunk: the engine takes about
+  // as long for a box of 32 KB as for one of 8 KB (docs/perf-notes.md, "Calibration"). So Q's
+  // buffer is laid out a consumer's rows at a time ([consumer][chunk][64 rows][64]).
+  static constexpr bool kFoldedQO = kStageOInKV;
+
   static_assert(!kStageOInKV || kBlockN >= 64, "O staged in K/V slots: a slot holds a consumer's 64 rows of O");
   // Q's TMA loads and O's TMA stores carry an L2 evict_first policy (each line is read or written
   // once), so the K and V that a head's other tiles read again stay in L2. H100, four rounds:
@@ -583,6 +589,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // expected bytes the caller has set.
     [[maybe_unused]] auto load_q_rows = [&](int c, const Tile& tl, uint64_t* full, uint64_t* rest = nullptr) {
       const int row = tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64;
+      if constexpr (Cfg::kFoldedQO) {  // the consumer's rows as one box (`rest` arrived by the caller)
+        uint8_t* dst = sQ + c * (Cfg::kQBytes / 2);
+        if constexpr (Cfg::kQOEvictFirst)
+          tma_load_5d_hint(dst, &p.tm_q, full, 0, row, 0, tl.head, tl.batch, l2_policy_evict_first());
+        else
+          tma_load_5d(dst, &p.tm_q, full, 0, row, 0, tl.head, tl.batch);
+        return;
+      }
 #pragma unroll
       for (int k = 0; k < Cfg::kChunks; ++k) {
         uint8_t* dst = sQ + k * kBlockM * 128 + c * 64 * 128;
@@ -611,10 +625,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
           const Tile tl = p.tiles.template decode_tile<kPairs>(tile, rank);
           if (round > 0) mbar_wait(&bar.q_free[c], uint32_t(round - 1) & 1u);
-          constexpr int kChunkBytes = Cfg::kQBytes / 2 / Cfg::kChunks;
-          mbar_arrive_expect_tx(&bar.q_full[c], kChunkBytes);
-          for (int k = 0; k + 1 < Cfg::kChunks; ++k) mbar_arrive_expect_tx(&bar.q_chunk[c][k], kChunkBytes);
-          load_q_rows(c, tl, &bar.q_full[c], bar.q_chunk[c]);
+          if constexpr (Cfg::kFoldedQO) {
+            // One box lands every chunk on q_full; the consumer waits for it before any chunk's.
+            mbar_arrive_expect_tx(&bar.q_full[c], Cfg::kQBytes / 2);
+            for (int k = 0; k + 1 < Cfg::kChunks; ++k) mbar_arrive(&bar.q_chunk[c][k]);
+            load_q_rows(c, tl, &bar.q_full[c]);
+          } else {
+            constexpr int kChunkBytes = Cfg::kQBytes / 2 / Cfg::kChunks;
+            mbar_arrive_expect_tx(&bar.q_full[c], kChunkBytes);
+            for (int k = 0; k + 1 < Cfg::kChunks; ++k) mbar_arrive_expect_tx(&bar.q_chunk[c][k], kChunkBytes);
+            load_q_rows(c, tl, &bar.q_full[c], bar.q_chunk[c]);
+          }
         }
         return;
       }
@@ -822,7 +843,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   // Byte offsets of k-step kk in this consumer's rows of Q, in a K slot and in a V slot (64-column
   // swizzle atoms of kBlockM or kBlockN rows; V's steps are 16 keys of 128 bytes).
-  auto q_step = [](int kk) { return wgmma::kmajor_step(kk, kBlockM); };
+  auto q_step = [](int kk) { return wgmma::kmajor_step(kk, Cfg::kFoldedQO ? 64 : kBlockM); };
   auto k_step = [](int kk) { return wgmma::kmajor_step(kk, kBlockN); };
   auto v_step = [](int kk) { return wgmma::mn_step(kk); };
   // k-step kk of S = Q K^T, K from the slot at byte `slot` of the K ring (the slot's index times
@@ -1081,7 +1102,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 4; ++i) lsum[i] = 0.0f;
     rows[0] = rows[1] = numerics::row_state_init();
-    q_desc = wgmma::desc_sw128(smem_addr(sQ + q_stage() * Cfg::kQBytes) + consumer * 64 * 128, 16, 1024);
+    q_desc = wgmma::desc_sw128(
+        smem_addr(sQ + q_stage() * Cfg::kQBytes) + consumer * (Cfg::kFoldedQO ? Cfg::kQBytes / 2 : 64 * 128), 16, 1024);
     // A consumer whose 64 rows all lie outside the sequence (a partial last tile's padding, or a
     // first tile's rows before row 0) computes nothing: it takes its turns at the tensor cores and
     // frees each K/V slot once it has landed, as the others do, so the ring runs at the working

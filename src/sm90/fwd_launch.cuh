@@ -369,11 +369,16 @@ cudaError_t allow_smem(int device) {
 // bound takes: none (`uniform`), the causal one with (-1, 0) at compile time (`causal`), or any
 // other at run time. The one place that choice is made, for the shared-memory attribute and the
 // launch alike.
+// The serial step has no kernel for other bounds (d256_block_keys never takes it there; launch_forward
+// refuses them), so none is built.
 template <class Cfg, class F>
 cudaError_t with_whole_tile_kernel(bool uniform, bool causal, F&& f) {
   if (uniform) return f.template operator()<fwd_kernel<Cfg, 1, false>>();
   if (causal) return f.template operator()<fwd_kernel<Cfg, 1, false, true, true>>();
-  return f.template operator()<fwd_kernel<Cfg, 1, false, true>>();
+  if constexpr (Cfg::kSerialStep)
+    return cudaErrorNotSupported;
+  else
+    return f.template operator()<fwd_kernel<Cfg, 1, false, true>>();
 }
 
 // A launch of `grid` CTAs of Cfg in clusters of two: the config and its one attribute (the
@@ -424,6 +429,11 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // the causal one with that bound at compile time (kCausal).
   const bool uniform = tiles_of_one_length(a);
   const bool causal = causal_bound(a);
+  if constexpr (Cfg::kSerialStep)
+    if (!uniform && !causal)
+      return {StatusCode::kNotSupported, "window = (" + std::to_string(a.window_left) + ", " +
+                                             std::to_string(a.window_right) +
+                                             "): the serial step runs without a bound or under a causal one"};
   const cudaError_t attr = with_whole_tile_kernel<Cfg>(
       uniform, causal, [&]<auto kKernel>() { return detail::allow_dynamic_smem<kKernel>(device, Cfg::kSmemBytes); });
   if (attr != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr)};
@@ -436,8 +446,11 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   const int kv_box = Cfg::kBlockN / cluster;  // with clusters each CTA loads half of a block
 
   // With O staged in K/V slots (one Q buffer), Q loads as each consumer's 64 rows (fwd_kernel's Q loaders).
-  const int rq = ptx::map_bshd_16bit_sw128(&k.tm_q, a.q, a.q_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim,
-                            Cfg::kStageOInKV ? 64 : Cfg::kBlockM);
+  // Folded (FwdConfig::kFoldedQO): those rows of every 64-column chunk as one box, and O's the same.
+  const int rq = Cfg::kFoldedQO ? ptx::map_bshd_16bit_sw128_folded(&k.tm_q, a.q, a.q_stride, a.batch, a.seqlen_q,
+                                                                   a.heads_q, a.head_dim, 64)
+                                : ptx::map_bshd_16bit_sw128(&k.tm_q, a.q, a.q_stride, a.batch, a.seqlen_q, a.heads_q,
+                                                            a.head_dim, Cfg::kStageOInKV ? 64 : Cfg::kBlockM);
   // K or V; folded (folded_kv): boxes of the whole block's rows, of every chunk or, with clusters,
   // of this CTA's half of them.
   auto map_kv = [&](CUtensorMap* map, const void* base, const int64_t(&stride)[3]) {
@@ -446,7 +459,10 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
                             : ptx::map_bshd_16bit_sw128(map, base, stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, kv_box);
   };
   const int rk = map_kv(&k.tm_k, a.k, a.k_stride), rv = map_kv(&k.tm_v, a.v, a.v_stride);
-  const int ro = Cfg::kTmaStoreO ? ptx::map_bshd_16bit_sw128(&k.tm_o, a.o, a.o_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 64) : 0;
+  const int ro = !Cfg::kTmaStoreO ? 0
+                 : Cfg::kFoldedQO
+                     ? ptx::map_bshd_16bit_sw128_folded(&k.tm_o, a.o, a.o_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 64)
+                     : ptx::map_bshd_16bit_sw128(&k.tm_o, a.o, a.o_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 64);
   if (rq || rk || rv || ro)
     return {StatusCode::kNotSupported, "cuTensorMapEncodeTiled refused a tensor (driver error " +
                                            std::to_string(rq ? rq : rk ? rk : rv ? rv : ro) + ")"};
