@@ -433,11 +433,12 @@ TEST(TileOrder, D256SerialStepOnTheShortCausalRows) {
 }
 
 // d256's key-block width over causal, windowed and unbounded shapes: 128 without a bound on keys
-// <= 512; otherwise 80 where the narrow blocks' rule does not hold, 64 or, under the causal bound,
-// 128 (the serial step, whose causal shapes D256SerialStepOnTheShortCausalRows names) where it
-// does; and each of the three somewhere.
+// <= 512; otherwise 80 where the narrow blocks' rule does not hold, 64 or, under the causal bound
+// with tiles in pairs and at most three 128-key blocks a tile on average, 128 (the serial step,
+// whose causal shapes D256SerialStepOnTheShortCausalRows names) where it does; each of the three
+// somewhere, and the causal serial step too.
 TEST(TileOrder, D256BlockKeysFollowTheRules) {
-  int seen[3] = {0, 0, 0};
+  int seen[3] = {0, 0, 0}, causal_serial = 0;
   for (int sq : {1, 65, 129, 192, 300, 500, 512, 1000, 1024, 2048, 4097})
     for (int sk : {1, 128, 300, 512, 1024, 4000})
       for (int bound = 0; bound < 3; ++bound) {
@@ -445,16 +446,25 @@ TEST(TileOrder, D256BlockKeysFollowTheRules) {
         if (bound >= 1) a.window_right = 0;
         if (bound == 2) a.window_left = 100;
         const int keys = fa4::sm90::d256_block_keys(a);
-        const int want = bound == 0 && sk <= 512                   ? 128
-                         : !fa4::sm90::d256_narrow_blocks(a)           ? 80
-                         : bound == 1 && fa4::sm90::d256_serial_step(a) ? 128
-                                                                        : 64;
+        // The causal serial step's rule from its inputs: tiles in pairs, at most three 128-key
+        // blocks a tile on average.
+        const int64_t m_blocks = (sq + 127) / 128;
+        const bool serial_causal =
+            bound == 1 &&
+            fa4::sm90::use_paired_tiles<128, 128>(a, fa4::sm90::tile_window<128>(a), m_blocks, 1) &&
+            fa4::sm90::computed_scores<128, 128>(a) / (128.0 * 128.0) <= 3.0 * double(m_blocks);
+        const int want = bound == 0 && sk <= 512            ? 128
+                         : !fa4::sm90::d256_narrow_blocks(a) ? 80
+                         : serial_causal                     ? 128
+                                                             : 64;
         EXPECT_EQ(keys, want) << sq << " x " << sk << ", bound " << bound;
         ++seen[keys == 128 ? 0 : keys == 64 ? 1 : 2];
+        if (serial_causal) ++causal_serial;
       }
   EXPECT_GT(seen[0], 0);
   EXPECT_GT(seen[1], 0);
   EXPECT_GT(seen[2], 0);
+  EXPECT_GT(causal_serial, 0);
 }
 
 // The d64 tile height: scores each height computes (padding and partial blocks included), and the
