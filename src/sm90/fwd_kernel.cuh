@@ -198,11 +198,11 @@ struct FwdConfig {
   static constexpr bool kStageOInKV = kStageOInKV_ && !kStageO && kQStages == 1 && kConsumers == 2;
   static constexpr bool kTmaStoreO = kStageO || kStageOInKV;
   // With O staged in K/V slots each consumer's 64 rows of Q and of O move as one TMA box of every
-  // 64-column chunk (ptx::map_bshd_16bit_sw128_folded), not a box a chunk: the engine takes about
-  // as long for a box of 32 KB as for one of 8 KB (docs/perf-notes.md, "Calibration"). So Q's
-  // buffer is laid out a consumer's rows at a time ([consumer][chunk][64 rows][64]).
+  // 64-column chunk (ptx::map_bshd_16bit_sw128_folded), not a box a chunk, so Q's buffer is laid
+  // out a consumer's rows at a time ([consumer][chunk][64 rows][64]). The engine takes about as
+  // long for a box of 32 KB as for one of 8 KB; with the serial step's K/V folded too, H100 d256
+  // causal 512 +0.5 %, 512 +0.7 % (docs/perf-notes.md, "Folded boxes at d256").
   static constexpr bool kFoldedQO = kStageOInKV;
-
   static_assert(!kStageOInKV || kBlockN >= 64, "O staged in K/V slots: a slot holds a consumer's 64 rows of O");
   // Q's TMA loads and O's TMA stores carry an L2 evict_first policy (each line is read or written
   // once), so the K and V that a head's other tiles read again stay in L2. H100, four rounds:
@@ -364,7 +364,8 @@ struct alignas(16) FwdBarriers {
   uint64_t kv_read[2];
   // With kStageOInKV, consumer c's rows of Q land a 64-column chunk at a time: chunk 0 on
   // q_full[c] (with the tile index), chunk k > 0 on q_chunk[c][k - 1], so a tile's first S issues
-  // each chunk's k-steps as it lands.
+  // each chunk's k-steps as it lands. Folded (FwdConfig::kFoldedQO) all chunks land on q_full[c]
+  // and the loader arrives on q_chunk without bytes.
   uint64_t q_chunk[2][3];
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
