@@ -26,22 +26,22 @@ struct Step {
 // The steady state in issue order.
 inline constexpr Step kSteadyState[kNumOps] = {
     {Op::LoadK, Unit::tma, 0, 0},
-    {Op::Fin1, Unit::fma, 1, 246},
-    {Op::O1, Unit::tc, 1, 597},
-    {Op::S0, Unit::tc, 0, 1621},
-    {Op::LoadV, Unit::tma, 0, 1775},
-    {Op::S1, Unit::tc, 0, 2645},
-    {Op::Exp0, Unit::mufu, 0, 2705},
-    {Op::Fin0, Unit::fma, 0, 3318},
-    {Op::O0, Unit::tc, 0, 3669},
-    {Op::Exp1, Unit::mufu, 0, 3729},
+    {Op::O1, Unit::tc, 1, 0},
+    {Op::S0, Unit::tc, 0, 1024},
+    {Op::LoadV, Unit::tma, 0, 1178},
+    {Op::S1, Unit::tc, 0, 2048},
+    {Op::Exp0, Unit::mufu, 0, 2108},
+    {Op::Fin0, Unit::fma, 0, 2721},
+    {Op::O0, Unit::tc, 0, 3072},
+    {Op::Exp1, Unit::mufu, 0, 3132},
+    {Op::Fin1, Unit::fma, 0, 3745},
 };
 
 // Stage of each op, indexed by Op.
-inline constexpr int kStageOf[kNumOps] = {0, 0, 0, 0, 0, 0, 0, 1, 0, 1};
+inline constexpr int kStageOf[kNumOps] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
 
 // Start of each op in iteration 0, indexed by Op; iteration i adds i * kII. (Op a of
 // iteration i starts before op b of iteration k when kStart[a] + i * kII < kStart[b] + k * kII.)
-inline constexpr int kStart[kNumOps] = {0, 1775, 1621, 2645, 2705, 3729, 3318, 4342, 3669, 4693};
+inline constexpr int kStart[kNumOps] = {0, 1178, 1024, 2048, 2108, 3132, 2721, 3745, 3072, 4096};
 
 }  // namespace fa4::sched::sm90_fwd_d256_serial

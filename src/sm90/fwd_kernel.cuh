@@ -586,8 +586,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // ---------------- producer ----------------
     regs_decrease<kSplit ? Cfg::kProducerRegsSplit : Cfg::kProducerRegs>();
     // Consumer c's 64 rows of tile tl's Q (Q's map has 64-row boxes with FwdConfig::kStageOInKV):
-    // one TMA a 64-column chunk, signalling `full` (chunk k > 0: rest[k - 1] where given), whose
-    // expected bytes the caller has set.
+    // one TMA a 64-column chunk, signalling `full` (chunk k > 0: rest[k - 1] where given), or folded
+    // (FwdConfig::kFoldedQO) one box on `full`, whose expected bytes the caller has set.
     [[maybe_unused]] auto load_q_rows = [&](int c, const Tile& tl, uint64_t* full, uint64_t* rest = nullptr) {
       const int row = tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64;
       if constexpr (Cfg::kFoldedQO) {  // the consumer's rows as one box (`rest` arrived by the caller)
@@ -596,16 +596,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           tma_load_5d_hint(dst, &p.tm_q, full, 0, row, 0, tl.head, tl.batch, l2_policy_evict_first());
         else
           tma_load_5d(dst, &p.tm_q, full, 0, row, 0, tl.head, tl.batch);
-        return;
-      }
+      } else {
 #pragma unroll
-      for (int k = 0; k < Cfg::kChunks; ++k) {
-        uint8_t* dst = sQ + k * kBlockM * 128 + c * 64 * 128;
-        uint64_t* landed = rest != nullptr && k > 0 ? rest + (k - 1) : full;
-        if constexpr (Cfg::kQOEvictFirst)  // Q is read once: evict_first in L2
-          tma_load_4d_hint(dst, &p.tm_q, landed, k * 64, row, tl.head, tl.batch, l2_policy_evict_first());
-        else
-          tma_load_4d(dst, &p.tm_q, landed, k * 64, row, tl.head, tl.batch);
+        for (int k = 0; k < Cfg::kChunks; ++k) {
+          uint8_t* dst = sQ + k * kBlockM * 128 + c * 64 * 128;
+          uint64_t* landed = rest != nullptr && k > 0 ? rest + (k - 1) : full;
+          if constexpr (Cfg::kQOEvictFirst)  // Q is read once: evict_first in L2
+            tma_load_4d_hint(dst, &p.tm_q, landed, k * 64, row, tl.head, tl.batch, l2_policy_evict_first());
+          else
+            tma_load_4d(dst, &p.tm_q, landed, k * 64, row, tl.head, tl.batch);
+        }
       }
     };
     if constexpr (kOInKV) {
