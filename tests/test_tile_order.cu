@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "common/validate.h"
+#include "lagged_kernels.h"
 #include "sm90/fwd_launch.cuh"
 #include "test_support.h"
 
@@ -465,6 +466,18 @@ TEST(TileOrder, D256BlockKeysFollowTheRules) {
   EXPECT_GT(seen[1], 0);
   EXPECT_GT(seen[2], 0);
   EXPECT_GT(causal_serial, 0);
+}
+
+// The serial step has no kernel for a window other than the causal one (d256_block_keys never
+// gives it one): a launch of it with such a window is refused by name before any device work.
+TEST(TileOrder, SerialStepRefusesAWindow) {
+  fa4::detail::FwdParams a = fwd_params(2, 4, 4, 512, 512, 256);
+  a.window_left = 100;
+  a.window_right = 0;
+  EXPECT_NE(fa4::sm90::d256_block_keys(a), 128);
+  const fa4::Status s = fa4::test::forward_idle_warps_late_d256_serial(a, nullptr);
+  EXPECT_EQ(s.code, fa4::StatusCode::kNotSupported) << s.message;
+  EXPECT_NE(s.message.find("window = (100, 0)"), std::string::npos) << s.message;
 }
 
 // The d64 tile height: scores each height computes (padding and partial blocks included), and the

@@ -419,12 +419,6 @@ int max_cluster_pairs(int device) {
 
 template <class Cfg>
 Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t* trace = nullptr) {
-  FwdKernelParams k{};
-  k.trace = trace;
-  int device = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("device query: ") + cudaGetErrorString(e)};
   // With a causal or window bound the whole-tile kernel that carries it (fwd_kernel's kBounded),
   // the causal one with that bound at compile time (kCausal).
   const bool uniform = tiles_of_one_length(a);
@@ -434,6 +428,12 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
       return {StatusCode::kNotSupported, "window = (" + std::to_string(a.window_left) + ", " +
                                              std::to_string(a.window_right) +
                                              "): the serial step runs without a bound or under a causal one"};
+  FwdKernelParams k{};
+  k.trace = trace;
+  int device = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("device query: ") + cudaGetErrorString(e)};
   const cudaError_t attr = with_whole_tile_kernel<Cfg>(
       uniform, causal, [&]<auto kKernel>() { return detail::allow_dynamic_smem<kKernel>(device, Cfg::kSmemBytes); });
   if (attr != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr)};
