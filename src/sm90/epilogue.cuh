@@ -119,24 +119,22 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
     stmatrix_tile<Cfg::kHeadDim, kStageRows, Cfg::kBF16, true>(ptx::smem_addr(s_o), kOwn ? 0 : consumer, t, o, inv);
     ptx::fence_proxy_async_smem();
     ptx::named_bar_sync(bar_id, 128);
-    if constexpr (kOwn && Cfg::kFoldedQO) {  // the consumer's rows as one box of every chunk
-      if (t == 0 && first + consumer * 64 >= 0) {
-        const int row = first + consumer * 64;
+    if (t == 0 && first + consumer * 64 >= 0) {
+      const int row = first + consumer * 64;
+      if constexpr (kOwn && Cfg::kFoldedQO) {  // the consumer's rows as one box of every chunk
         if constexpr (Cfg::kQOEvictFirst)
           ptx::tma_store_5d_hint(&p.tm_o, s_o, 0, row, 0, tl.head, tl.batch, ptx::l2_policy_evict_first());
         else
           ptx::tma_store_5d(&p.tm_o, s_o, 0, row, 0, tl.head, tl.batch);
-        ptx::tma_store_commit();
-      }
-    } else if (t == 0 && first + consumer * 64 >= 0) {
+      } else {
 #pragma unroll
-      for (int c = 0; c < Cfg::kChunks; ++c) {
-        const uint8_t* src = s_o + c * kStageRows * 128 + (kOwn ? 0 : consumer * 64 * 128);
-        const int row = first + consumer * 64;
-        if constexpr (Cfg::kQOEvictFirst)  // O is written once: evict_first in L2
-          ptx::tma_store_4d_hint(&p.tm_o, src, c * 64, row, tl.head, tl.batch, ptx::l2_policy_evict_first());
-        else
-          ptx::tma_store_4d(&p.tm_o, src, c * 64, row, tl.head, tl.batch);
+        for (int c = 0; c < Cfg::kChunks; ++c) {
+          const uint8_t* src = s_o + c * kStageRows * 128 + (kOwn ? 0 : consumer * 64 * 128);
+          if constexpr (Cfg::kQOEvictFirst)  // O is written once: evict_first in L2
+            ptx::tma_store_4d_hint(&p.tm_o, src, c * 64, row, tl.head, tl.batch, ptx::l2_policy_evict_first());
+          else
+            ptx::tma_store_4d(&p.tm_o, src, c * 64, row, tl.head, tl.batch);
+        }
       }
       ptx::tma_store_commit();
     }
