@@ -265,19 +265,35 @@ def causal_mod(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
+def memory_of(provider):
+    """'NAME@MEM' -> (NAME, MEM): the memory a provider's q, k, v live in, 'bshd' (sequence-major,
+    the tensors fa4.flash_attn_func takes) or 'bhsd' (head-major, what SDPA's callers pass); each
+    provider gets views of the one layout, so both read the same bytes. Without '@', fa4 reads
+    BSHD memory and the peers BHSD memory (each its own layout)."""
+    name, _, mem = provider.partition("@")
+    if not mem:
+        mem = "bshd" if name == "fa4" else "bhsd"
+    if mem not in ("bshd", "bhsd"):
+        raise ValueError(f"provider {provider!r}: memory {mem!r} is not bshd or bhsd")
+    return name, mem
+
+
 def make_fn(provider, op, tensors, causal):
-    """tensors: dict with q, k, v in BSHD ('q'...) and BHSD ('qh'...), and dout for bwd."""
+    """tensors: dict with q, k, v in BSHD ('q'...) and BHSD ('qh'...), and dout for bwd.
+    provider may name the memory its inputs live in, 'NAME@bshd' or 'NAME@bhsd' (memory_of);
+    without it fa4 reads the BSHD tensors and the peers the BHSD ones."""
+    provider, mem = memory_of(provider)
     if provider == "fa4":
         import fa4
 
-        q, k, v = tensors["q"], tensors["k"], tensors["v"]
+        q, k, v = (tensors[n] if mem == "bshd" else tensors[n + "h"].transpose(1, 2) for n in "qkv")
         if op == "fwd":
             return lambda: fa4.flash_attn_func(q, k, v, causal=causal)
         out = fa4.flash_attn_func(q, k, v, causal=causal)
         dout = tensors["dout"]
         return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
-    q, k, v = tensors["qh"], tensors["kh"], tensors["vh"]
+    q, k, v = (tensors[n + "h"] if mem == "bhsd" else tensors[n].transpose(1, 2) for n in "qkv")
     if provider in ("cudnn", "fa2"):
         backend = SDPBackend.CUDNN_ATTENTION if provider == "cudnn" else SDPBackend.FLASH_ATTENTION
 
