@@ -365,7 +365,7 @@ struct alignas(16) FwdBarriers {
   // With kStageOInKV, consumer c's rows of Q land a 64-column chunk at a time: chunk 0 on
   // q_full[c] (with the tile index), chunk k > 0 on q_chunk[c][k - 1], so a tile's first S issues
   // each chunk's k-steps as it lands. Folded (FwdConfig::kFoldedQO) all chunks land on q_full[c]
-  // and the loader arrives on q_chunk without bytes.
+  // as one box, and q_chunk is not used.
   uint64_t q_chunk[2][3];
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
@@ -560,7 +560,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         mbar_init(&bar.q_free[c], 4);  // the consumer's four warps
         mbar_init(&bar.kv_read[c], 1);
         static_assert(Cfg::kChunks - 1 <= 3, "FwdBarriers::q_chunk holds three chunks past the first");
-        for (int k = 0; k + 1 < Cfg::kChunks; ++k) mbar_init(&bar.q_chunk[c][k], 1);
+        if constexpr (!Cfg::kFoldedQO)
+          for (int k = 0; k + 1 < Cfg::kChunks; ++k) mbar_init(&bar.q_chunk[c][k], 1);
       }
       mbar_init(&bar.tile_pub, 1);
     }
@@ -590,7 +591,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // (FwdConfig::kFoldedQO) one box on `full`, whose expected bytes the caller has set.
     [[maybe_unused]] auto load_q_rows = [&](int c, const Tile& tl, uint64_t* full, uint64_t* rest = nullptr) {
       const int row = tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64;
-      if constexpr (Cfg::kFoldedQO) {  // the consumer's rows as one box (`rest` arrived by the caller)
+      if constexpr (Cfg::kFoldedQO) {  // the consumer's rows as one box (`rest` unused)
         uint8_t* dst = sQ + c * (Cfg::kQBytes / 2);
         if constexpr (Cfg::kQOEvictFirst)
           tma_load_5d_hint(dst, &p.tm_q, full, 0, row, 0, tl.head, tl.batch, l2_policy_evict_first());
@@ -627,9 +628,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const Tile tl = p.tiles.template decode_tile<kPairs>(tile, rank);
           if (round > 0) mbar_wait(&bar.q_free[c], uint32_t(round - 1) & 1u);
           if constexpr (Cfg::kFoldedQO) {
-            // One box lands every chunk on q_full; the consumer waits for it before any chunk's.
+            // One box lands every chunk on q_full, which the consumer waits for before its first S.
             mbar_arrive_expect_tx(&bar.q_full[c], Cfg::kQBytes / 2);
-            for (int k = 0; k + 1 < Cfg::kChunks; ++k) mbar_arrive(&bar.q_chunk[c][k]);
             load_q_rows(c, tl, &bar.q_full[c]);
           } else {
             constexpr int kChunkBytes = Cfg::kQBytes / 2 / Cfg::kChunks;
@@ -874,7 +874,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     constexpr int kSteps = Cfg::kAtomCols / 16;
 #pragma unroll
     for (int c = 0; c < Cfg::kChunks; ++c) {
-      if (c > 0) mbar_wait(&bar.q_chunk[consumer][c - 1], phase);
+      if constexpr (!Cfg::kFoldedQO)
+        if (c > 0) mbar_wait(&bar.q_chunk[consumer][c - 1], phase);
 #pragma unroll
       for (int kk = c * kSteps; kk < (c + 1) * kSteps; ++kk)
         s_step(kk, slot, std::integral_constant<int, kLower ? kBlockN / 2 : kBlockN>{});
@@ -883,7 +884,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // What a consumer that reads no Q this tile (idle, or no keys) waits before freeing it: every
   // chunk's landing, so no phase of q_chunk is left unobserved when the loader arms the next.
   auto wait_q_chunks = [&](uint32_t phase) {
-    if constexpr (kOInKV)
+    if constexpr (kOInKV && !Cfg::kFoldedQO)
       for (int c = 1; c < Cfg::kChunks; ++c) mbar_wait(&bar.q_chunk[consumer][c - 1], phase);
   };
   // k-step kk of O += P V, with V's descriptor b for that step.
