@@ -11,6 +11,8 @@ hidden 2048 (heads = 2048 / head_dim). Providers:
   fa2    torch SDPA, flash backend (FA2)  }
   flex   torch.compile'd FlexAttention (Triton); compiling costs seconds per shape, so by default
          it runs at --flex-seqlens only
+make_fn also takes NAME@bshd or NAME@bhsd: that provider on views of the other layout's tensors,
+so two providers can read the same memory (bench/peer_rounds.py --providers fa4@bhsd,fa2,...).
 Times are medians of triton.testing.do_bench(return_mode="median") after its warm-up, on random
 normal inputs; with --rounds R each provider is timed R times a shape, the providers' order
 rotating by round, and the median of its R medians is recorded (each in "ms_rounds").
