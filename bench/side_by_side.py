@@ -51,6 +51,7 @@ import triton  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from gpu_sampler import GpuSampler  # noqa: E402
+from memory import memory_of  # noqa: E402
 from rounds import summary, time_in_rounds  # noqa: E402
 
 TOKENS, HIDDEN = 16384, 2048
@@ -267,22 +268,9 @@ def causal_mod(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
-def memory_of(provider):
-    """'NAME@MEM' -> (NAME, MEM): the memory a provider's q, k, v live in, 'bshd' (sequence-major,
-    the tensors fa4.flash_attn_func takes) or 'bhsd' (head-major, what SDPA's callers pass); each
-    provider gets views of the one layout, so both read the same bytes. Without '@', fa4 reads
-    BSHD memory and the peers BHSD memory (each its own layout)."""
-    name, _, mem = provider.partition("@")
-    if not mem:
-        mem = "bshd" if name == "fa4" else "bhsd"
-    if mem not in ("bshd", "bhsd"):
-        raise ValueError(f"provider {provider!r}: memory {mem!r} is not bshd or bhsd")
-    return name, mem
-
-
 def make_fn(provider, op, tensors, causal):
     """tensors: dict with q, k, v in BSHD ('q'...) and BHSD ('qh'...), and dout for bwd.
-    provider may name the memory its inputs live in, 'NAME@bshd' or 'NAME@bhsd' (memory_of);
+    provider may name the memory its inputs live in, 'NAME@bshd' or 'NAME@bhsd' (bench/memory.py);
     without it fa4 reads the BSHD tensors and the peers the BHSD ones."""
     provider, mem = memory_of(provider)
     if provider == "fa4":
