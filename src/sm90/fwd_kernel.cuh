@@ -362,11 +362,6 @@ struct alignas(16) FwdBarriers {
   // has read its last K (kv_read[0]), consumer 1's in the V slot, once consumer 0's last P V has
   // read it (kv_read[1]); each holds its slot (no empty arrive) until its O store has read it.
   uint64_t kv_read[2];
-  // With kStageOInKV, consumer c's rows of Q land a 64-column chunk at a time: chunk 0 on
-  // q_full[c] (with the tile index), chunk k > 0 on q_chunk[c][k - 1], so a tile's first S issues
-  // each chunk's k-steps as it lands. Folded (FwdConfig::kFoldedQO) all chunks land on q_full[c]
-  // as one box, and q_chunk is not used.
-  uint64_t q_chunk[2][3];
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
 
@@ -559,9 +554,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int c = 0; c < 2; ++c) {
         mbar_init(&bar.q_free[c], 4);  // the consumer's four warps
         mbar_init(&bar.kv_read[c], 1);
-        static_assert(Cfg::kChunks - 1 <= 3, "FwdBarriers::q_chunk holds three chunks past the first");
-        if constexpr (!Cfg::kFoldedQO)
-          for (int k = 0; k + 1 < Cfg::kChunks; ++k) mbar_init(&bar.q_chunk[c][k], 1);
       }
       mbar_init(&bar.tile_pub, 1);
     }
@@ -586,27 +578,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (wg == 0) {
     // ---------------- producer ----------------
     regs_decrease<kSplit ? Cfg::kProducerRegsSplit : Cfg::kProducerRegs>();
-    // Consumer c's 64 rows of tile tl's Q (Q's map has 64-row boxes with FwdConfig::kStageOInKV):
-    // one TMA a 64-column chunk, signalling `full` (chunk k > 0: rest[k - 1] where given), or folded
-    // (FwdConfig::kFoldedQO) one box on `full`, whose expected bytes the caller has set.
-    [[maybe_unused]] auto load_q_rows = [&](int c, const Tile& tl, uint64_t* full, uint64_t* rest = nullptr) {
-      const int row = tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64;
-      if constexpr (Cfg::kFoldedQO) {  // the consumer's rows as one box (`rest` unused)
+    // Consumer c's 64 rows of tile tl's Q (FwdConfig::kStageOInKV, whose Q is folded:
+    // FwdConfig::kFoldedQO) as one TMA box of every 64-column chunk, on `full`, whose expected bytes
+    // the caller has set.
+    [[maybe_unused]] auto load_q_rows = [&](int c, const Tile& tl, uint64_t* full) {
+      if constexpr (Cfg::kFoldedQO) {
+        const int row = tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64;
         uint8_t* dst = sQ + c * (Cfg::kQBytes / 2);
         if constexpr (Cfg::kQOEvictFirst)
           tma_load_5d_hint(dst, &p.tm_q, full, 0, row, 0, tl.head, tl.batch, l2_policy_evict_first());
         else
           tma_load_5d(dst, &p.tm_q, full, 0, row, 0, tl.head, tl.batch);
-      } else {
-#pragma unroll
-        for (int k = 0; k < Cfg::kChunks; ++k) {
-          uint8_t* dst = sQ + k * kBlockM * 128 + c * 64 * 128;
-          uint64_t* landed = rest != nullptr && k > 0 ? rest + (k - 1) : full;
-          if constexpr (Cfg::kQOEvictFirst)  // Q is read once: evict_first in L2
-            tma_load_4d_hint(dst, &p.tm_q, landed, k * 64, row, tl.head, tl.batch, l2_policy_evict_first());
-          else
-            tma_load_4d(dst, &p.tm_q, landed, k * 64, row, tl.head, tl.batch);
-        }
       }
     };
     if constexpr (kOInKV) {
@@ -627,16 +609,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
           const Tile tl = p.tiles.template decode_tile<kPairs>(tile, rank);
           if (round > 0) mbar_wait(&bar.q_free[c], uint32_t(round - 1) & 1u);
-          if constexpr (Cfg::kFoldedQO) {
-            // One box lands every chunk on q_full, which the consumer waits for before its first S.
-            mbar_arrive_expect_tx(&bar.q_full[c], Cfg::kQBytes / 2);
-            load_q_rows(c, tl, &bar.q_full[c]);
-          } else {
-            constexpr int kChunkBytes = Cfg::kQBytes / 2 / Cfg::kChunks;
-            mbar_arrive_expect_tx(&bar.q_full[c], kChunkBytes);
-            for (int k = 0; k + 1 < Cfg::kChunks; ++k) mbar_arrive_expect_tx(&bar.q_chunk[c][k], kChunkBytes);
-            load_q_rows(c, tl, &bar.q_full[c], bar.q_chunk[c]);
-          }
+          // One box lands every chunk on q_full, which the consumer waits for before its first S.
+          mbar_arrive_expect_tx(&bar.q_full[c], Cfg::kQBytes / 2);
+          load_q_rows(c, tl, &bar.q_full[c]);
         }
         return;
       }
@@ -858,35 +833,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const uint64_t b = wgmma::desc_advance(k_desc, slot + k_step(kk));
     wgmma::mma_ss<kN, kType>(reinterpret_cast<float(&)[kN / 2]>(s), a, b, kk > 0);
   };
-  constexpr std::integral_constant<int, kBlockN> kWholeBlock{};
-  // S from the K slot at byte `slot`.
-  auto issue_s_at = [&](int slot) {
+  // S from the K slot at byte `slot`; kLower (kHalfGemms below): over the block's first
+  // kBlockN / 2 keys alone.
+  auto issue_s_at = [&]<bool kLower = false>(int slot) {
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) s_step(kk, slot, kWholeBlock);
+    for (int kk = 0; kk < kHeadDim / 16; ++kk)
+      s_step(kk, slot, std::integral_constant<int, kLower ? kBlockN / 2 : kBlockN>{});
   };
   auto issue_s = [&](int stage) { issue_s_at(stage * Cfg::kKVBytes); };
-  // A tile's first S with kOInKV: each 64-column chunk's k-steps as soon as that chunk of this
-  // consumer's Q has landed (FwdBarriers::q_chunk; chunk 0 was q_full), so only the last chunk's
-  // k-steps stand between Q landed and S_0 done. H200 d256, with kEarlyQFree: causal 512 / 1k / 2k
-  // +0.4 / +0.5 / +0.6 % more, non-causal 512 +0.1 %, 1k -0.5 % (docs/perf-notes.md).
-  // kLower (kHalfGemms below): S over the block's first kBlockN / 2 keys alone (s_step).
-  auto issue_s_chunks_at = [&]<bool kLower = false>(int slot, uint32_t phase) {
-    constexpr int kSteps = Cfg::kAtomCols / 16;
-#pragma unroll
-    for (int c = 0; c < Cfg::kChunks; ++c) {
-      if constexpr (!Cfg::kFoldedQO)
-        if (c > 0) mbar_wait(&bar.q_chunk[consumer][c - 1], phase);
-#pragma unroll
-      for (int kk = c * kSteps; kk < (c + 1) * kSteps; ++kk)
-        s_step(kk, slot, std::integral_constant<int, kLower ? kBlockN / 2 : kBlockN>{});
-    }
-  };
-  // What a consumer that reads no Q this tile (idle, or no keys) waits before freeing it: every
-  // chunk's landing, so no phase of q_chunk is left unobserved when the loader arms the next.
-  auto wait_q_chunks = [&](uint32_t phase) {
-    if constexpr (kOInKV && !Cfg::kFoldedQO)
-      for (int c = 1; c < Cfg::kChunks; ++c) mbar_wait(&bar.q_chunk[consumer][c - 1], phase);
-  };
   // k-step kk of O += P V, with V's descriptor b for that step.
   auto pv_step = [&](int kk, uint64_t b, const uint32_t(&pv)[kBlockN / 4]) {
     if constexpr (Cfg::kSmemP) {
@@ -1169,7 +1123,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         prev_phase = r.phase;
         r.advance();
       }
-      wait_q_chunks(q_phase());
       release_q(&bar.q_empty[q_stage()]);
       mbar_wait(&bar.v_full[prev], prev_phase);
       turn_wait();
@@ -1234,11 +1187,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma::fence();
       if constexpr (kHalfGemms) {
         if (lower_first)
-          issue_s_chunks_at.template operator()<true>(first_slot, q_phase());
+          issue_s_at.template operator()<true>(first_slot);
         else
-          issue_s_chunks_at(first_slot, q_phase());
-      } else if constexpr (kOInKV) {
-        issue_s_chunks_at(first_slot, q_phase());
+          issue_s_at(first_slot);
       } else {
         issue_s_at(first_slot);
       }
@@ -1480,7 +1431,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
     } else {
-      wait_q_chunks(q_phase());
       release_q(&bar.q_empty[q_stage()]);
     }
     if constexpr (Cfg::kTensorRowSum)
