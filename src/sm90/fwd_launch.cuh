@@ -445,12 +445,13 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   const int cluster = pair_clusters > 0 ? 2 : 1;
   const int kv_box = Cfg::kBlockN / cluster;  // with clusters each CTA loads half of a block
 
-  // With O staged in K/V slots (one Q buffer), Q loads as each consumer's 64 rows (fwd_kernel's Q loaders).
-  // Folded (FwdConfig::kFoldedQO): those rows of every 64-column chunk as one box, and O's the same.
+  // With O staged in K/V slots (one Q buffer; FwdConfig::kFoldedQO) Q loads as each consumer's 64 rows
+  // of every 64-column chunk in one box (fwd_kernel's Q loaders), and O leaves the same way; otherwise
+  // a box is a tile's rows of one chunk.
   const int rq = Cfg::kFoldedQO ? ptx::map_bshd_16bit_sw128_folded(&k.tm_q, a.q, a.q_stride, a.batch, a.seqlen_q,
                                                                    a.heads_q, a.head_dim, 64)
                                 : ptx::map_bshd_16bit_sw128(&k.tm_q, a.q, a.q_stride, a.batch, a.seqlen_q, a.heads_q,
-                                                            a.head_dim, Cfg::kStageOInKV ? 64 : Cfg::kBlockM);
+                                                            a.head_dim, Cfg::kBlockM);
   // K or V; folded (folded_kv): boxes of the whole block's rows, of every chunk or, with clusters,
   // of this CTA's half of them.
   auto map_kv = [&](CUtensorMap* map, const void* base, const int64_t(&stride)[3]) {
