@@ -787,14 +787,24 @@ struct CheckResult {
 
 // The whole output against fa4::ref::gpu_forward (fp32): max |out - oracle| within DESIGN.md
 // §3's bound, 2 x (plain 16-bit error) + 1e-3, where the plain 16-bit error over every element is
-// taken as the larger of the sampled rows' and the oracle's own rounding to the 16-bit type
+// taken as the larger of the checked rows' and the oracle's own rounding to the 16-bit type
 // (which plain16 also pays, at every element); relative Frobenius error within §3's; LSE likewise.
+// The checked rows are the sample and the rows where the output is farthest from the oracle
+// (worst_rows): those get the float64 row and the plain 16-bit row too, so the bound at the
+// worst elements is §3's own, not the oracle's rounding alone.
 struct OracleStats {
   bool ran = false, pass = false;
   std::string error;
-  double max_err = 0, rel_fro = 0, lse_err = 0;
+  double max_err = 0, rel_fro = 0, lse_err = 0, round_err = 0;
   double bound = 0;  // the output bound used
   int64_t lse_bad = 0;
+  bool finite = true;
+  std::vector<RowId> worst_rows;  // the rows holding the largest |out - oracle|, largest first
+  void judge(double row_bound, double lse_bound) {
+    bound = std::max(row_bound, 2.0 * round_err + kCheckAtol);
+    pass = ran && finite && max_err <= bound && rel_fro <= kCheckRelFrobenius && lse_bad == 0 &&
+           lse_err <= lse_bound;
+  }
   void print(double lse_bound) const {
     if (!ran) {
       std::printf("  oracle: could not run (%s): FAIL\n", error.c_str());
@@ -807,8 +817,10 @@ struct OracleStats {
   }
 };
 
+constexpr int kOracleWorstRows = 16;
+
 OracleStats compare_with_oracle(const Case& c, const HostView& ov, const std::vector<float>& lse,
-                                double bound, double lse_bound, cudaStream_t st) {
+                                cudaStream_t st) {
   const Problem& p = c.p;
   OracleStats r;
   DeviceBuffer o32(c.nq * 4), lse32(c.nlse * 4);
@@ -823,23 +835,32 @@ OracleStats compare_with_oracle(const Case& c, const HostView& ov, const std::ve
   std::vector<float> ho(c.nq), hl(c.nlse);
   CUDA_OK(cudaMemcpy(ho.data(), o32.ptr, c.nq * 4, cudaMemcpyDeviceToHost));
   CUDA_OK(cudaMemcpy(hl.data(), lse32.ptr, c.nlse * 4, cudaMemcpyDeviceToHost));
-  double sq_err = 0, sq_ref = 0, round_err = 0;
-  bool finite = true;
+  double sq_err = 0, sq_ref = 0;
+  std::vector<std::pair<double, RowId>> row_err;
+  row_err.reserve(size_t(p.batch * p.seqlen_q * p.heads_q));
   size_t n = 0;
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t i = 0; i < p.seqlen_q; ++i)
-      for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t h = 0; h < p.heads_q; ++h) {
+        double worst = 0;
         for (int64_t d = 0; d < p.head_dim; ++d, ++n) {
           const double o = ov.at(b, i, h, d), ref = ho[n];
           if (!std::isfinite(o)) {
-            finite = false;
+            r.finite = false;
             continue;
           }
-          r.max_err = std::max(r.max_err, std::fabs(o - ref));
-          round_err = std::max(round_err, std::fabs(double(round_to(p.dtype, float(ref))) - ref));
+          worst = std::max(worst, std::fabs(o - ref));
+          r.round_err = std::max(r.round_err, std::fabs(double(round_to(p.dtype, float(ref))) - ref));
           sq_err += (o - ref) * (o - ref);
           sq_ref += ref * ref;
         }
+        r.max_err = std::max(r.max_err, worst);
+        row_err.push_back({worst, RowId{b, h, i}});
+      }
+  const size_t k = std::min<size_t>(kOracleWorstRows, row_err.size());
+  std::partial_sort(row_err.begin(), row_err.begin() + std::ptrdiff_t(k), row_err.end(),
+                    [](const auto& x, const auto& y) { return x.first > y.first; });
+  for (size_t j = 0; j < k; ++j) r.worst_rows.push_back(row_err[j].second);
   r.rel_fro = sq_ref > 0 ? std::sqrt(sq_err / sq_ref) : (sq_err > 0 ? INFINITY : 0.0);
   for (size_t i = 0; i < c.nlse; ++i) {
     if (std::isnan(lse[i]) || std::isinf(lse[i]) != std::isinf(hl[i])) {
@@ -849,9 +870,6 @@ OracleStats compare_with_oracle(const Case& c, const HostView& ov, const std::ve
     if (!std::isinf(hl[i])) r.lse_err = std::max(r.lse_err, double(std::fabs(lse[i] - hl[i])));
   }
   r.ran = true;
-  r.bound = std::max(bound, 2.0 * round_err + kCheckAtol);
-  r.pass = finite && r.max_err <= r.bound && r.rel_fro <= kCheckRelFrobenius && r.lse_bad == 0 &&
-           r.lse_err <= lse_bound;
   return r;
 }
 
@@ -888,7 +906,7 @@ CheckResult check_forward(const Case& c, const Inputs& in, const Outputs& out, i
   LseStats el;
   std::vector<double> r64(static_cast<size_t>(D));
   std::vector<float> rlp(static_cast<size_t>(D));
-  for (const RowId& r : rows) {
+  auto check_row = [&](const RowId& r) {
     const size_t li = size_t((r.b * p.heads_q + r.h) * p.seqlen_q + r.i);
     double lse64, lselp;
     if (whole) {
@@ -905,12 +923,22 @@ CheckResult check_forward(const Case& c, const Inputs& in, const Outputs& out, i
     }
     for (int64_t d = 0; d < D; ++d) eo.add(ov.at(r.b, r.i, r.h, d), rlp[size_t(d)], r64[size_t(d)]);
     el.add(lse[li], lselp, lse64);
-  }
-  // Large problems: every element against the GPU fp32 oracle too, within the bounds the sampled
-  // rows set, or the oracle's own rounding where that is larger (rows the sample missed can hold
-  // larger outputs; the oracle's own error is ~1e-6, far below either).
+  };
+  for (const RowId& r : rows) check_row(r);
+  // Large problems: every element against the GPU fp32 oracle too, within the bounds the checked
+  // rows set, or the oracle's own rounding where that is larger (the oracle's own error is ~1e-6,
+  // far below either). The rows where the output is farthest from the oracle are checked against
+  // float64 and the plain 16-bit row as the sample is, so a large error there meets §3's bound
+  // itself: a plain 16-bit implementation errs more on some rows than on others.
   OracleStats os;
-  if (!whole) os = compare_with_oracle(c, ov, lse, eo.bound(), el.bound(), st);
+  if (!whole) {
+    os = compare_with_oracle(c, ov, lse, st);
+    for (const RowId& w : os.worst_rows)
+      if (std::none_of(rows.begin(), rows.end(),
+                       [&](const RowId& r) { return r.b == w.b && r.h == w.h && r.i == w.i; }))
+        check_row(w);
+    os.judge(eo.bound(), el.bound());
+  }
   CheckResult res;
   res.ran = true;
   res.pass = eo.pass() && el.pass() && unwritten_o == 0 && unwritten_lse == 0 && (whole || os.pass);
@@ -925,8 +953,9 @@ CheckResult check_forward(const Case& c, const Inputs& in, const Outputs& out, i
                   " %zu query rows\n",
                   rows.size());
     else
-      std::printf("check: float64 CPU rows, %zu sampled query rows (problem above %.0e MACs)\n",
-                  rows.size(), kFullCheckMacs);
+      std::printf("check: float64 CPU rows, %zu sampled query rows and the oracle's %zu farthest"
+                  " (problem above %.0e MACs)\n",
+                  rows.size(), os.worst_rows.size(), kFullCheckMacs);
     eo.print("out");
     el.print();
     if (!whole) os.print(el.bound());
