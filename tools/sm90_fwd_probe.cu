@@ -402,7 +402,7 @@ static void trace_shape(const char* dir, const char* name, int d, int seqlen, bo
   std::vector<uint64_t> ht(all);
   CK(cudaMemcpy(ht.data(), tr, all * 8, cudaMemcpyDeviceToHost));
   {  // every CTA's entry and end: when they start and finish within the launch, and the SM clock
-    constexpr int kW = fa4::sm90::kCtaStamps;  // entry ns, end ns, entry clock, end clock
+    constexpr int kW = fa4::sm90::kCtaStamps;  // entry ns, end ns, entry clock, end clock, SM
     const uint64_t* cs = ht.data() + 2 * words;
     std::vector<double> start, end, mhz, end_even, end_odd;
     uint64_t t0 = ~uint64_t(0);

@@ -264,14 +264,16 @@ constexpr bool folded_kv() {
 // After them, as many again: each consumer's tile boundaries, one record a boundary (events 0-3
 // the end of a tile: steady loop done, last P V issued, done, O stored; 4-7 the next tile's
 // start: Q landed, S_0 issued, done, softmax and P done). Last, every CTA's entry and end (its
-// first consumer's last store issued): %globaltimer and clock64 of each, kCtaStamps words a CTA.
+// first consumer's last store issued): %globaltimer and clock64 of each, then the SM it ran on
+// (%smid, from the K loader: read in stamp_cta it made ptxas serialize the traced causal serial
+// kernel's wgmma), kCtaStamps words a CTA.
 // The stamps are not free of the schedule: ptxas does not move the wait for P_{j-1} V_{j-1} above
 // the "softmax done" clock read, so a traced kernel waits after all its exponentials, where the
 // shipped one waits after ~10 (d64), ~39 (d128) or ~22 (d256) of them; at d64 every later placement
 // measured 3-7 % slower (docs/perf-notes.md, "Where the single-P kernels wait for P V"). Without
 // that stamp ptxas places the wait elsewhere again (d64 after 34, d128 after 2): traces show a
 // neighbouring schedule, and decisions rest on A/Bs of untraced builds.
-inline constexpr int kTraceCtas = 4, kTraceSteps = 512, kTraceEvents = 8, kCtaStamps = 4;
+inline constexpr int kTraceCtas = 4, kTraceSteps = 512, kTraceEvents = 8, kCtaStamps = 5;
 // Words of one of the first two regions (steps, boundaries) with kConsumers consumers.
 template <int kConsumers>
 inline constexpr int64_t kTraceRegionWords = int64_t(kTraceCtas) * (1 + kConsumers) * kTraceSteps * kTraceEvents;
@@ -623,6 +625,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       [[maybe_unused]] TraceLog tr;
       if constexpr (traced<Cfg>(kTraceStep)) tr.open(p.trace, 1 + Cfg::kConsumers, 0);
       if (loads_k) {
+        if constexpr (traced<Cfg>(kTraceCta))  // the SM, beside the CTA's entry and end
+          if (p.trace != nullptr) {
+            uint32_t sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            p.trace[2 * kTraceRegionWords<Cfg::kConsumers> + int64_t(blockIdx.x) * kCtaStamps + 4] = sm;
+          }
         prefetch_tensor_map(&p.tm_q);
         prefetch_tensor_map(&p.tm_k);
         if constexpr (Cfg::kTmaStoreO) prefetch_tensor_map(&p.tm_o);

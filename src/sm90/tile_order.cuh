@@ -114,7 +114,9 @@ struct TileOrder {
   // the pieces.
   bool tail_only = false;
   // Paired causal tiles in static rounds (m_blocks even, cluster 1): item 2u + k is unit u's k-th
-  // tile, unit u being pair u % (m_blocks / 2) of head u / (m_blocks / 2).
+  // tile, unit u being pair u % (m_blocks / 2) of head u / (m_blocks / 2). A head's pairs go to
+  // neighbouring CTAs, which the hardware places on one TPC: half the grid apart they ran H100
+  // d256 causal 512 6 % slower (docs/perf-notes.md, "Where each CTA of d256 causal 512 ends").
   bool paired = false;
 
   static constexpr int kEnd = INT_MAX;  // no more work for this CTA
