@@ -1,0 +1,79 @@
+"""Random forward shapes checked against float64 with fa4-bench --check, outputs poisoned first.
+
+    python3 bench/random_checks.py --bench build/fa4-bench [--count 60] [--seed 20261128]
+    python3 bench/random_checks.py --list [--count 60] [--seed 20261128]   # the shapes only (no GPU)
+
+The shapes are drawn from a seed, so a run can be repeated: every head dim, GQA groups of 1 to 8
+over 1 to 8 KV heads, batch 1 to 5, query and key lengths from 1 to 4097 (equal, or either way
+apart), causal (45 %), a sliding window (15 %), fp16 (30 %), BHSD memory (30 %), and a fresh input
+seed each. Prints one line a shape (its error against its bound) and a count; exits 1 if any
+shape fails its check or fa4 cannot run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import subprocess
+import sys
+
+LENGTHS = (1, 17, 64, 127, 128, 239, 300, 511, 513, 700, 1000, 1500, 2049, 4097)
+KEYS = (1, 33, 129, 256, 333, 900, 1024, 2000, 3000, 4097)
+
+
+def shapes(count, seed):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        d = rng.choice((64, 128, 256))
+        hkv = rng.choice((1, 2, 4, 8))
+        h = hkv * rng.choice((1, 2, 4, 8))
+        b = rng.choice((1, 2, 3, 5))
+        sq = rng.choice(LENGTHS)
+        sk = rng.choice((sq, sq) + KEYS)
+        flags = f"--b {b} --h {h} --hkv {hkv} --sq {sq} --sk {sk} --d {d}"
+        r = rng.random()
+        if r < 0.45:
+            flags += " --causal"
+        elif r < 0.6:
+            flags += f" --window {rng.choice((-1, 0, 64, 200, 1000))},{rng.choice((-1, 0, 31, 300))}"
+        if rng.random() < 0.3:
+            flags += " --dtype fp16"
+        if rng.random() < 0.3:
+            flags += " --layout bhsd"
+        flags += f" --seed {rng.randrange(1, 10**6)}"
+        out.append(flags)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bench", help="the fa4-bench to run")
+    ap.add_argument("--count", type=int, default=60)
+    ap.add_argument("--seed", type=int, default=20261128)
+    ap.add_argument("--list", action="store_true", help="print the shapes and stop")
+    a = ap.parse_args(argv)
+    if a.count < 1:
+        ap.error(f"--count {a.count}: must be at least 1")
+    todo = shapes(a.count, a.seed)
+    if a.list:
+        print("\n".join(todo))
+        return 0
+    if not a.bench:
+        ap.error("--bench PATH is needed to run the checks (or --list)")
+    failed = 0
+    for s in todo:
+        p = subprocess.run([a.bench, *s.split(), "--check", "--iters", "0", "--warmup", "0"],
+                           capture_output=True, text=True)
+        lines = [x.strip() for x in p.stdout.splitlines() if x.strip().startswith(("out ", "every element"))]
+        if p.returncode != 0:
+            failed += 1
+            print(f"FAIL (exit {p.returncode}) {s}\n  " + "\n  ".join((p.stdout + p.stderr).splitlines()[-8:]))
+        else:
+            print(f"ok {s} | " + " | ".join(lines))
+    print(f"random checks: {len(todo)} shapes, {failed} failed (seed {a.seed})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
