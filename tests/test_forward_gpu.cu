@@ -542,9 +542,10 @@ TEST(ForwardGpu, TilesWithoutKeysAmongTilesWithKeys) {
 
 TEST(ForwardGpu, NoRoomForLaunchScratchFallsBackToWholeTiles) {
   FA4_REQUIRE_GPU();
-  // A launch's stream-ordered scratch (the stream-K tail's counters and partials, the tile counter
-  // where tile lengths vary) comes from the device's current memory pool. With that pool full the
-  // launch runs whole tiles in static rounds instead, and its answer passes the same check.
+  // A launch's stream-ordered scratch (the stream-K tail's counters and partials; the tile counter
+  // where its stream has none of its own) comes from the device's current memory pool. With that
+  // pool full the launch runs whole tiles in static rounds instead, and its answer passes the same
+  // check.
   int dev = 0;
   CUDA_OK(cudaGetDevice(&dev));
   cudaMemPool_t original;
@@ -709,10 +710,74 @@ TEST(ForwardGpu, RepeatedRunsAreBitIdentical) {
   }
 }
 
+TEST(ForwardGpu, TileCounterOfEachStreamStaysRight) {
+  FA4_REQUIRE_GPU();
+  // Launches outside graph capture take their stream's own tile counter, which each launch's last
+  // CTA zeroes for the next (detail::stream_counters). Two streams at once, launch after launch,
+  // and the per-thread default stream of two threads at once: every output bit for bit the
+  // first direct call's. (A counter shared between concurrent launches, or left non-zero, hands
+  // out tiles twice or not at all: outputs left at their poison or computed twice differ.)
+  const int64_t b = 4, s = 600, h = 16, hkv = 4, d = 64;
+  const size_t nq = size_t(b * s * h * d), nkv = size_t(b * s * hkv * d);
+  std::mt19937 rng(12);
+  uint16_t *q, *kv;
+  ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nq, &q));
+  ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nkv, &kv));
+  std::array<uint16_t*, 3> o{};
+  for (auto& x : o) CUDA_OK(cudaMalloc(&x, nq * 2));
+  auto args = [&](uint16_t* out) {
+    fa4::ForwardArgs a;
+    a.problem = fa4::test::make_problem(b, s, s, h, hkv, d, BF16);
+    a.problem.causal = true;
+    a.q = fa4::bshd(q, s, h, d);
+    a.k = a.v = fa4::bshd(kv, s, hkv, d);
+    a.o = fa4::bshd(out, s, h, d);
+    return a;
+  };
+  std::vector<uint16_t> ref(nq), got(nq);
+  ASSERT_NO_FATAL_FAILURE(run_and_download(args(o[0]), nullptr, o[0], ref));
+  std::array<cudaStream_t, 2> st{};
+  for (auto& x : st) CUDA_OK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
+  for (int round = 0; round < 6; ++round) {
+    for (int i = 0; i < 2; ++i) {  // both queued before either is waited for
+      CUDA_OK(cudaMemsetAsync(o[1 + i], 0xFF, nq * 2, st[i]));
+      const fa4::Status status = fa4::forward(args(o[1 + i]), st[i]);
+      ASSERT_TRUE(status.ok()) << status.message;
+    }
+    for (int i = 0; i < 2; ++i) {
+      CUDA_OK(cudaStreamSynchronize(st[i]));
+      CUDA_OK(cudaMemcpy(got.data(), o[1 + i], nq * 2, cudaMemcpyDeviceToHost));
+      ASSERT_EQ(std::memcmp(ref.data(), got.data(), nq * 2), 0) << "round " << round << ", stream " << i;
+    }
+  }
+  for (auto& x : st) CUDA_OK(cudaStreamDestroy(x));
+  std::array<std::string, 2> failure;
+  std::array<std::thread, 2> threads;
+  for (int i = 0; i < 2; ++i)
+    threads[size_t(i)] = std::thread([&, i] {
+      std::vector<uint16_t> mine(nq);
+      for (int round = 0; round < 4 && failure[size_t(i)].empty(); ++round) {
+        if (cudaMemsetAsync(o[1 + i], 0xFF, nq * 2, cudaStreamPerThread) != cudaSuccess ||
+            !fa4::forward(args(o[1 + i]), cudaStreamPerThread).ok() ||
+            cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess ||
+            cudaMemcpy(mine.data(), o[1 + i], nq * 2, cudaMemcpyDeviceToHost) != cudaSuccess)
+          failure[size_t(i)] = "a CUDA call or the launch failed in round " + std::to_string(round);
+        else if (std::memcmp(ref.data(), mine.data(), nq * 2) != 0)
+          failure[size_t(i)] = "output differs in round " + std::to_string(round);
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(failure[size_t(i)].empty()) << "thread " << i << ": " << failure[size_t(i)];
+  for (auto& x : o) cudaFree(x);
+  cudaFree(q);
+  cudaFree(kv);
+}
+
 TEST(ForwardGpu, CapturedInACudaGraphMatchesADirectCall) {
   FA4_REQUIRE_GPU();
-  // Causal with more tiles than SMs, so the launch allocates and zeroes its tile counter in
-  // stream order: that must capture into a graph and replay, bit for bit the direct call's output.
+  // Causal with more tiles than SMs, so the launch takes a tile counter. Under capture that is
+  // stream-ordered scratch, allocated and zeroed in the graph (the stream's own counter is not
+  // used there): it must capture and replay, bit for bit the direct call's output.
   const int64_t b = 4, s = 600, h = 16, hkv = 4, d = 64;
   const size_t nq = size_t(b * s * h * d), nkv = size_t(b * s * hkv * d);
   std::mt19937 rng(11);

@@ -238,7 +238,8 @@ struct FwdKernelParams {
   TileOrder tiles;
   // Tiles past each CTA's first come from this counter (atomicAdd; zero at launch), so a CTA that
   // finishes early takes the next (whole tiles on single CTAs); null: the static rounds of
-  // TileOrder::nth (clusters, stream-K tails).
+  // TileOrder::nth (clusters, stream-K tails). tile_counter[1] counts the CTAs that have made their
+  // last claim (zero at launch); the last one zeroes both.
   int* tile_counter;
   // Stream-K tail (TileOrder::split): each piece's unnormalised O and row stats, per consumer in
   // the accumulator layout, and a counter per (tail tile, rank, consumer), zero at launch.
@@ -759,6 +760,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           w.advance();
         }
       }
+      // The tile counter and its finish count go back to zero with the launch's last CTA, ready for
+      // the stream's next launch (detail::stream_counters): each CTA counts itself finished once
+      // its last claim is made, and the one that finds all the others finished zeroes both.
+      if constexpr (!kSplit)
+        if (loads_k && p.tile_counter != nullptr) {
+          __threadfence();  // this CTA's claims before its finish
+          if (atomicAdd(p.tile_counter + 1, 1) == int(gridDim.x) - 1) {
+            atomicExch(p.tile_counter, 0);
+            atomicExch(p.tile_counter + 1, 0);
+          }
+        }
       // With clusters the partner's consumers arrive on this CTA's empty barriers until they have
       // released the last blocks: this CTA stays until every slot is free again.
       if constexpr (kCluster > 1)

@@ -7,6 +7,7 @@
 
 #include "common/fwd_params.h"
 #include "common/per_device.h"
+#include "common/stream_counters.h"
 #include "sm90/fwd_kernel.cuh"
 
 namespace fa4::sm90 {
@@ -44,8 +45,9 @@ inline constexpr double kTailSplitGain = 0.025;
 inline constexpr double kTailSplitCostBlocks = 3.0;
 
 // Launch-private device memory whose first `zeroed` bytes are zero at the kernel's start (the
-// dynamic grid's tile counter; the stream-K tail's counters and partials): stream-ordered
-// allocation, so concurrent launches on other streams and graph capture each get their own.
+// stream-K tail's counters and partials; the dynamic grid's tile counter in graph capture, where
+// the stream has no counter of its own: detail::stream_counters): stream-ordered allocation, so
+// concurrent launches on other streams and graph capture each get their own.
 struct LaunchScratch {
   uint8_t* ptr = nullptr;
   cudaStream_t stream{};
@@ -523,9 +525,11 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     }
   }
   if (!k.tiles.paired && use_tile_counter(uniform, cluster, k.tiles.has_tail(), a.schedule, grid, tiles)) {
-    e = scratch.make(stream, sizeof(int), sizeof(int));
+    // The stream's own counter, zero from its last launch; else scratch zeroed for this one.
+    int* counter = detail::stream_counters(device, stream);
+    e = counter != nullptr ? cudaSuccess : scratch.make(stream, 2 * sizeof(int), 2 * sizeof(int));
     if (e == cudaSuccess) {
-      k.tile_counter = reinterpret_cast<int*>(scratch.ptr);
+      k.tile_counter = counter != nullptr ? counter : reinterpret_cast<int*>(scratch.ptr);
     } else if (LaunchScratch::unavailable(e)) {
       // The static rounds; where lengths vary, over one section of every head so their
       // longest-first order keeps the grid even.
