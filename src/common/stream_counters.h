@@ -12,7 +12,7 @@ namespace fa4::detail {
 // captured (a graph may run beside another graph made on the same stream, or beside the stream),
 // where its id cannot be read, or once kMaxStreamCounters streams have one: the caller then takes
 // stream-ordered scratch and zeroes it (fwd_launch.cuh, LaunchScratch). Zeroing scratch before
-// every launch cost the launches that use the tile counter 1-1.5 % on an H100 at 512-1k keys
+// every launch cost the launches that use the tile counter 0.7-2 % on an H100 at 512-1k keys
 // (docs/perf-notes.md, "The tile counter without a memset a launch"). The first use on a stream
 // zeroes its pair on that stream.
 inline constexpr int kMaxStreamCounters = 4096;
