@@ -2,6 +2,7 @@
 
     python3 bench/random_checks.py --bench build/fa4-bench [--count 60] [--seed 20261128]
     python3 bench/random_checks.py --list [--count 60] [--seed 20261128]   # the shapes only (no GPU)
+    python3 bench/random_checks.py --self-test   # the drawing checked (no GPU)
 
 The shapes are drawn from a seed, so a run can be repeated: every head dim, GQA groups of 1 to 8
 over 1 to 8 KV heads, batch 1 to 5, query and key lengths from 1 to 4097 (equal, or either way
@@ -46,13 +47,38 @@ def shapes(count, seed):
     return out
 
 
+def _self_test():
+    a, b = shapes(60, 20261128), shapes(60, 20261128)
+    assert a == b, "the same seed must draw the same shapes"
+    assert shapes(60, 1) != a
+    seen = set()
+    for s in a:
+        f = s.split()
+        v = {f[i]: f[i + 1] for i in range(len(f) - 1) if f[i].startswith("--") and not f[i + 1].startswith("--")}
+        assert int(v["--h"]) % int(v["--hkv"]) == 0, s
+        assert int(v["--d"]) in (64, 128, 256), s
+        assert int(v["--sq"]) >= 1 and int(v["--sk"]) >= 1 and int(v["--b"]) >= 1, s
+        seen.update(x for x in ("--causal", "--window", "--dtype", "--layout") if x in f)
+        if int(v["--hkv"]) < int(v["--h"]):
+            seen.add("gqa")
+        if v["--sq"] != v["--sk"]:
+            seen.add("sq != sk")
+    missing = {"--causal", "--window", "--dtype", "--layout", "gqa", "sq != sk"} - seen
+    assert not missing, f"60 shapes draw none with {sorted(missing)}"
+    print("random_checks self-test: ok")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", help="the fa4-bench to run")
     ap.add_argument("--count", type=int, default=60)
     ap.add_argument("--seed", type=int, default=20261128)
     ap.add_argument("--list", action="store_true", help="print the shapes and stop")
+    ap.add_argument("--self-test", action="store_true", help="check the shapes' drawing (no GPU)")
     a = ap.parse_args(argv)
+    if a.self_test:
+        _self_test()
+        return 0
     if a.count < 1:
         ap.error(f"--count {a.count}: must be at least 1")
     todo = shapes(a.count, a.seed)
