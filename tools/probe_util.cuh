@@ -1,5 +1,6 @@
-// What the kernel probes share (tools/sm90_fwd_probe.cu, sm90_bwd_probe.cu, sm90_section_sweep.cu):
-// a CUDA call that exits on failure, and FA3-sized random inputs made on the device.
+// What the kernel probes share (tools/sm90_fwd_probe.cu, sm90_bwd_probe.cu, sm90_section_sweep.cu,
+// sm90_cta_ends.cu): a CUDA call that exits on failure, FA3-sized random inputs made on the device,
+// and the forward's arguments for BSHD tensors.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,8 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include "fa4/attention.h"
 
 #define CK(x)                                                                                  \
   do {                                                                                         \
@@ -34,4 +37,24 @@ __global__ inline void fill_normal_bf16(__nv_bfloat16* x, size_t n, uint32_t see
 inline void fill_device(void* dst, size_t n, uint32_t seed) {
   fill_normal_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(dst), n, seed);
   CK(cudaGetLastError());
+}
+
+// The forward's arguments for contiguous BSHD bf16 tensors of b x s x h x d (MHA, seqlen_q =
+// seqlen_k = s), as the API takes them from a caller.
+inline fa4::ForwardArgs bshd_forward_args(int b, int h, int s, int d, bool causal, void* q, void* k, void* v,
+                                          void* o) {
+  fa4::ForwardArgs a;
+  a.problem.dtype = fa4::DType::kBF16;
+  a.problem.batch = b;
+  a.problem.seqlen_q = s;
+  a.problem.seqlen_k = s;
+  a.problem.heads_q = h;
+  a.problem.heads_kv = h;
+  a.problem.head_dim = d;
+  a.problem.causal = causal;
+  a.q = fa4::bshd(q, s, h, d);
+  a.k = fa4::bshd(k, s, h, d);
+  a.v = fa4::bshd(v, s, h, d);
+  a.o = fa4::bshd(o, s, h, d);
+  return a;
 }

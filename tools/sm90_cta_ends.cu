@@ -46,19 +46,7 @@ int main(int argc, char** argv) {
   fill_device(q, n, 1);
   fill_device(k, n, 2);
   fill_device(v, n, 3);
-  fa4::ForwardArgs a;
-  a.problem.dtype = fa4::DType::kBF16;
-  a.problem.batch = b;
-  a.problem.seqlen_q = s;
-  a.problem.seqlen_k = s;
-  a.problem.heads_q = h;
-  a.problem.heads_kv = h;
-  a.problem.head_dim = d;
-  a.problem.causal = true;
-  a.q = fa4::bshd(q, s, h, d);
-  a.k = fa4::bshd(k, s, h, d);
-  a.v = fa4::bshd(v, s, h, d);
-  a.o = fa4::bshd(o, s, h, d);
+  const fa4::ForwardArgs a = bshd_forward_args(b, h, s, d, true, q, k, v, o);
   if (const fa4::Status st = fa4::validate(a); !st.ok()) {
     std::fprintf(stderr, "%s\n", st.message.c_str());
     return 2;

@@ -58,11 +58,7 @@ int main(int argc, char** argv) {
     void *q, *k, *v, *o;
     for (void** x : {&q, &k, &v, &o}) CK(cudaMalloc(x, n * 2));
     fill<<<1024, 256>>>((__nv_bfloat16*)q, n, 1); fill<<<1024, 256>>>((__nv_bfloat16*)k, n, 2); fill<<<1024, 256>>>((__nv_bfloat16*)v, n, 3);
-    fa4::ForwardArgs a;
-    a.problem.dtype = fa4::DType::kBF16; a.problem.batch = b; a.problem.seqlen_q = s; a.problem.seqlen_k = s;
-    a.problem.heads_q = h; a.problem.heads_kv = h; a.problem.head_dim = d; a.problem.causal = causal;
-    a.q = fa4::bshd(q, s, h, d); a.k = fa4::bshd(k, s, h, d); a.v = fa4::bshd(v, s, h, d); a.o = fa4::bshd(o, s, h, d);
-    FwdParams p = fa4::detail::make_fwd_params(a);
+    FwdParams p = fa4::detail::make_fwd_params(bshd_forward_args(b, h, s, d, causal, q, k, v, o));
     std::vector<std::vector<float>> ms(nsec);
     for (int r = 0; r < rounds; ++r)
       for (int i = 0; i < nsec; ++i) {
