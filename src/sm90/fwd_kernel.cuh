@@ -278,10 +278,15 @@ inline constexpr int kTraceCtas = 4, kTraceSteps = 512, kTraceEvents = 8, kCtaSt
 // Words of one of the first two regions (steps, boundaries) with kConsumers consumers.
 template <int kConsumers>
 inline constexpr int64_t kTraceRegionWords = int64_t(kTraceCtas) * (1 + kConsumers) * kTraceSteps * kTraceEvents;
+// This CTA's kCtaStamps words of the last region.
+template <int kConsumers>
+__device__ __forceinline__ uint64_t* cta_stamps(uint64_t* trace) {
+  return trace + 2 * kTraceRegionWords<kConsumers> + int64_t(blockIdx.x) * kCtaStamps;
+}
 // This CTA's entry (end = 0) or end (1) into the last region: %globaltimer, then clock64.
 template <int kConsumers>
 __device__ __forceinline__ void stamp_cta(uint64_t* trace, int end) {
-  uint64_t* cs = trace + 2 * kTraceRegionWords<kConsumers> + int64_t(blockIdx.x) * kCtaStamps;
+  uint64_t* cs = cta_stamps<kConsumers>(trace);
   uint64_t ns;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
   cs[end] = ns;
@@ -630,7 +635,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if (p.trace != nullptr) {
             uint32_t sm;
             asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-            p.trace[2 * kTraceRegionWords<Cfg::kConsumers> + int64_t(blockIdx.x) * kCtaStamps + 4] = sm;
+            cta_stamps<Cfg::kConsumers>(p.trace)[4] = sm;
           }
         prefetch_tensor_map(&p.tm_q);
         prefetch_tensor_map(&p.tm_k);
