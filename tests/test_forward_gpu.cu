@@ -710,22 +710,18 @@ TEST(ForwardGpu, RepeatedRunsAreBitIdentical) {
   }
 }
 
-TEST(ForwardGpu, TileCounterOfEachStreamStaysRight) {
-  FA4_REQUIRE_GPU();
-  // Launches outside graph capture take their stream's own tile counter, which each launch's last
-  // CTA zeroes for the next (detail::stream_counters). Two streams at once, launch after launch,
-  // and the per-thread default stream of two threads at once: every output bit for bit the
-  // first direct call's. (A counter shared between concurrent launches, or left non-zero, hands
-  // out tiles twice or not at all: outputs left at their poison or computed twice differ.)
-  const int64_t b = 4, s = 600, h = 16, hkv = 4, d = 64;
-  const size_t nq = size_t(b * s * h * d), nkv = size_t(b * s * hkv * d);
-  std::mt19937 rng(12);
-  uint16_t *q, *kv;
-  ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nq, &q));
-  ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nkv, &kv));
-  std::array<uint16_t*, 3> o{};
-  for (auto& x : o) CUDA_OK(cudaMalloc(&x, nq * 2));
-  auto args = [&](uint16_t* out) {
+// Causal GQA with more tiles than SMs, so a launch takes the tile counter: 4 x 600, 16 query heads
+// on 4 KV heads, d 64, K = V, drawn from `seed` (Q, then K/V); the outputs are the caller's.
+struct CounterCase {
+  static constexpr int64_t b = 4, s = 600, h = 16, hkv = 4, d = 64;
+  static constexpr size_t nq = size_t(b * s * h * d), nkv = size_t(b * s * hkv * d);
+  uint16_t *q = nullptr, *kv = nullptr;
+  void upload(uint32_t seed) {
+    std::mt19937 rng(seed);
+    ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nq, &q));
+    ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nkv, &kv));
+  }
+  fa4::ForwardArgs args(uint16_t* out) const {
     fa4::ForwardArgs a;
     a.problem = fa4::test::make_problem(b, s, s, h, hkv, d, BF16);
     a.problem.causal = true;
@@ -733,15 +729,33 @@ TEST(ForwardGpu, TileCounterOfEachStreamStaysRight) {
     a.k = a.v = fa4::bshd(kv, s, hkv, d);
     a.o = fa4::bshd(out, s, h, d);
     return a;
-  };
+  }
+  ~CounterCase() {
+    cudaFree(q);
+    cudaFree(kv);
+  }
+};
+
+TEST(ForwardGpu, TileCounterOfEachStreamStaysRight) {
+  FA4_REQUIRE_GPU();
+  // Launches outside graph capture take their stream's own tile counter, which each launch's last
+  // CTA zeroes for the next (detail::stream_counters). Two streams at once, launch after launch,
+  // and the per-thread default stream of two threads at once: every output bit for bit the
+  // first direct call's. (A counter shared between concurrent launches, or left non-zero, hands
+  // out tiles twice or not at all: outputs left at their poison or computed twice differ.)
+  CounterCase cc;
+  ASSERT_NO_FATAL_FAILURE(cc.upload(12));
+  constexpr size_t nq = CounterCase::nq;
+  std::array<uint16_t*, 3> o{};
+  for (auto& x : o) CUDA_OK(cudaMalloc(&x, nq * 2));
   std::vector<uint16_t> ref(nq), got(nq);
-  ASSERT_NO_FATAL_FAILURE(run_and_download(args(o[0]), nullptr, o[0], ref));
+  ASSERT_NO_FATAL_FAILURE(run_and_download(cc.args(o[0]), nullptr, o[0], ref));
   std::array<cudaStream_t, 2> st{};
   for (auto& x : st) CUDA_OK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
   for (int round = 0; round < 6; ++round) {
     for (int i = 0; i < 2; ++i) {  // both queued before either is waited for
       CUDA_OK(cudaMemsetAsync(o[1 + i], 0xFF, nq * 2, st[i]));
-      const fa4::Status status = fa4::forward(args(o[1 + i]), st[i]);
+      const fa4::Status status = fa4::forward(cc.args(o[1 + i]), st[i]);
       ASSERT_TRUE(status.ok()) << status.message;
     }
     for (int i = 0; i < 2; ++i) {
@@ -758,7 +772,7 @@ TEST(ForwardGpu, TileCounterOfEachStreamStaysRight) {
       std::vector<uint16_t> mine(nq);
       for (int round = 0; round < 4 && failure[size_t(i)].empty(); ++round) {
         if (cudaMemsetAsync(o[1 + i], 0xFF, nq * 2, cudaStreamPerThread) != cudaSuccess ||
-            !fa4::forward(args(o[1 + i]), cudaStreamPerThread).ok() ||
+            !fa4::forward(cc.args(o[1 + i]), cudaStreamPerThread).ok() ||
             cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess ||
             cudaMemcpy(mine.data(), o[1 + i], nq * 2, cudaMemcpyDeviceToHost) != cudaSuccess)
           failure[size_t(i)] = "a CUDA call or the launch failed in round " + std::to_string(round);
@@ -769,8 +783,6 @@ TEST(ForwardGpu, TileCounterOfEachStreamStaysRight) {
   for (auto& t : threads) t.join();
   for (int i = 0; i < 2; ++i) EXPECT_TRUE(failure[size_t(i)].empty()) << "thread " << i << ": " << failure[size_t(i)];
   for (auto& x : o) cudaFree(x);
-  cudaFree(q);
-  cudaFree(kv);
 }
 
 TEST(ForwardGpu, CapturedInACudaGraphMatchesADirectCall) {
@@ -778,19 +790,12 @@ TEST(ForwardGpu, CapturedInACudaGraphMatchesADirectCall) {
   // Causal with more tiles than SMs, so the launch takes a tile counter. Under capture that is
   // stream-ordered scratch, allocated and zeroed in the graph (the stream's own counter is not
   // used there): it must capture and replay, bit for bit the direct call's output.
-  const int64_t b = 4, s = 600, h = 16, hkv = 4, d = 64;
-  const size_t nq = size_t(b * s * h * d), nkv = size_t(b * s * hkv * d);
-  std::mt19937 rng(11);
-  uint16_t *q, *kv, *o;
-  ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nq, &q));
-  ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nkv, &kv));
+  CounterCase cc;
+  ASSERT_NO_FATAL_FAILURE(cc.upload(11));
+  constexpr size_t nq = CounterCase::nq;
+  uint16_t* o;
   CUDA_OK(cudaMalloc(&o, nq * 2));
-  fa4::ForwardArgs a;
-  a.problem = fa4::test::make_problem(b, s, s, h, hkv, d, BF16);
-  a.problem.causal = true;
-  a.q = fa4::bshd(q, s, h, d);
-  a.k = a.v = fa4::bshd(kv, s, hkv, d);
-  a.o = fa4::bshd(o, s, h, d);
+  const fa4::ForwardArgs a = cc.args(o);
   cudaStream_t st;
   CUDA_OK(cudaStreamCreate(&st));
   std::vector<uint16_t> direct(nq), replay(nq);
@@ -812,8 +817,6 @@ TEST(ForwardGpu, CapturedInACudaGraphMatchesADirectCall) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
-  cudaFree(q);
-  cudaFree(kv);
   cudaFree(o);
 }
 
