@@ -542,8 +542,8 @@ TEST(ForwardGpu, TilesWithoutKeysAmongTilesWithKeys) {
 
 TEST(ForwardGpu, NoRoomForLaunchScratchFallsBackToWholeTiles) {
   FA4_REQUIRE_GPU();
-  // A launch's stream-ordered scratch (the stream-K tail's counters and partials; the tile counter
-  // where its stream has none of its own) comes from the device's current memory pool. With that
+  // A launch's stream-ordered scratch (the stream-K tail's partials; its counters and the tile
+  // counter where the stream has none of its own) comes from the device's current memory pool. With that
   // pool full the launch runs whole tiles in static rounds instead, and its answer passes the same
   // check.
   int dev = 0;
@@ -710,42 +710,49 @@ TEST(ForwardGpu, RepeatedRunsAreBitIdentical) {
   }
 }
 
-// Causal GQA with more tiles than SMs, so a launch takes the tile counter: 4 x 600, 16 query heads
-// on 4 KV heads, d 64, K = V, drawn from `seed` (Q, then K/V); the outputs are the caller's.
-struct CounterCase {
-  static constexpr int64_t b = 4, s = 600, h = 16, hkv = 4, d = 64;
-  static constexpr size_t nq = size_t(b * s * h * d), nkv = size_t(b * s * hkv * d);
+// A BSHD bf16 problem with K = V, drawn from `seed` (Q, then K/V); the outputs are the caller's.
+struct SharedKvCase {
+  int64_t b, sq, sk, h, hkv, d;
+  bool causal;
   uint16_t *q = nullptr, *kv = nullptr;
+  size_t nq() const { return size_t(b * sq * h * d); }
+  size_t nkv() const { return size_t(b * sk * hkv * d); }
   void upload(uint32_t seed) {
     std::mt19937 rng(seed);
-    ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nq, &q));
-    ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nkv, &kv));
+    ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nq(), &q));
+    ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nkv(), &kv));
   }
   fa4::ForwardArgs args(uint16_t* out) const {
     fa4::ForwardArgs a;
-    a.problem = fa4::test::make_problem(b, s, s, h, hkv, d, BF16);
-    a.problem.causal = true;
-    a.q = fa4::bshd(q, s, h, d);
-    a.k = a.v = fa4::bshd(kv, s, hkv, d);
-    a.o = fa4::bshd(out, s, h, d);
+    a.problem = fa4::test::make_problem(b, sq, sk, h, hkv, d, BF16);
+    a.problem.causal = causal;
+    a.q = fa4::bshd(q, sq, h, d);
+    a.k = a.v = fa4::bshd(kv, sk, hkv, d);
+    a.o = fa4::bshd(out, sq, h, d);
     return a;
   }
-  ~CounterCase() {
+  ~SharedKvCase() {
     cudaFree(q);
     cudaFree(kv);
   }
 };
 
-TEST(ForwardGpu, TileCounterOfEachStreamStaysRight) {
-  FA4_REQUIRE_GPU();
-  // Launches outside graph capture take their stream's own tile counter, which each launch's last
-  // CTA zeroes for the next (detail::stream_counters). Two streams at once, launch after launch,
-  // and the per-thread default stream of two threads at once: every output bit for bit the
-  // first direct call's. (A counter shared between concurrent launches, or left non-zero, hands
-  // out tiles twice or not at all: outputs left at their poison or computed twice differ.)
-  CounterCase cc;
-  ASSERT_NO_FATAL_FAILURE(cc.upload(12));
-  constexpr size_t nq = CounterCase::nq;
+// Causal GQA with more tiles than SMs, so a launch takes the tile counter: 4 x 600, 16 query heads
+// on 4 KV heads, d 64.
+SharedKvCase counter_case() { return {4, 600, 600, 16, 4, 64, true}; }
+// 100 queries against 16384 keys, 4 heads of d 128: four query tiles, each cut into stream-K
+// pieces over every SM, whose last piece merges them at its tile's piece counter.
+SharedKvCase tail_case() { return {1, 100, 16384, 4, 4, 128, false}; }
+
+// Launches outside graph capture take their stream's own counters, which each launch leaves zero
+// for the next (detail::stream_counters). Two streams at once, launch after launch, and the
+// per-thread default stream of two threads at once: every output bit for bit the first direct
+// call's. (A counter shared between concurrent launches, or left non-zero, hands out tiles twice
+// or not at all, or merges pieces too soon or never: outputs left at their poison or computed
+// twice differ.)
+void expect_each_streams_counters_stay_right(SharedKvCase& cc, uint32_t seed) {
+  ASSERT_NO_FATAL_FAILURE(cc.upload(seed));
+  const size_t nq = cc.nq();
   std::array<uint16_t*, 3> o{};
   for (auto& x : o) CUDA_OK(cudaMalloc(&x, nq * 2));
   std::vector<uint16_t> ref(nq), got(nq);
@@ -785,14 +792,24 @@ TEST(ForwardGpu, TileCounterOfEachStreamStaysRight) {
   for (auto& x : o) cudaFree(x);
 }
 
-TEST(ForwardGpu, CapturedInACudaGraphMatchesADirectCall) {
+TEST(ForwardGpu, TileCounterOfEachStreamStaysRight) {
   FA4_REQUIRE_GPU();
-  // Causal with more tiles than SMs, so the launch takes a tile counter. Under capture that is
-  // stream-ordered scratch, allocated and zeroed in the graph (the stream's own counter is not
-  // used there): it must capture and replay, bit for bit the direct call's output.
-  CounterCase cc;
-  ASSERT_NO_FATAL_FAILURE(cc.upload(11));
-  constexpr size_t nq = CounterCase::nq;
+  SharedKvCase cc = counter_case();
+  expect_each_streams_counters_stay_right(cc, 12);
+}
+
+TEST(ForwardGpu, PieceCountersOfEachStreamStayRight) {
+  FA4_REQUIRE_GPU();
+  SharedKvCase cc = tail_case();
+  expect_each_streams_counters_stay_right(cc, 13);
+}
+
+// Under capture the counters are stream-ordered scratch, allocated and zeroed in the graph (the
+// stream's own are not used there): the call must capture and replay, twice, bit for bit the
+// direct call's output.
+void expect_graph_replays_match_a_direct_call(SharedKvCase& cc, uint32_t seed) {
+  ASSERT_NO_FATAL_FAILURE(cc.upload(seed));
+  const size_t nq = cc.nq();
   uint16_t* o;
   CUDA_OK(cudaMalloc(&o, nq * 2));
   const fa4::ForwardArgs a = cc.args(o);
@@ -807,7 +824,7 @@ TEST(ForwardGpu, CapturedInACudaGraphMatchesADirectCall) {
   CUDA_OK(cudaStreamEndCapture(st, &graph));
   ASSERT_TRUE(captured.ok()) << captured.message;
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int run = 0; run < 2; ++run) {  // twice: the counter must start from zero each replay
+  for (int run = 0; run < 2; ++run) {  // twice: the counters must start from zero each replay
     CUDA_OK(cudaMemsetAsync(o, 0xFF, nq * 2, st));
     CUDA_OK(cudaGraphLaunch(exec, st));
     CUDA_OK(cudaStreamSynchronize(st));
@@ -818,6 +835,18 @@ TEST(ForwardGpu, CapturedInACudaGraphMatchesADirectCall) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
   cudaFree(o);
+}
+
+TEST(ForwardGpu, CapturedInACudaGraphMatchesADirectCall) {
+  FA4_REQUIRE_GPU();
+  {
+    SCOPED_TRACE("the tile counter");
+    SharedKvCase cc = counter_case();
+    expect_graph_replays_match_a_direct_call(cc, 11);
+  }
+  SCOPED_TRACE("stream-K pieces");
+  SharedKvCase cc = tail_case();
+  expect_graph_replays_match_a_direct_call(cc, 14);
 }
 
 }  // namespace

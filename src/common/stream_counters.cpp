@@ -30,11 +30,11 @@ int* stream_counters(int device, cudaStream_t s) {
   if (const auto it = counters.find(key); it != counters.end()) return it->second;
   if (counters.size() >= size_t(kMaxStreamCounters)) return nullptr;
   int* p = nullptr;
-  if (cudaMalloc(reinterpret_cast<void**>(&p), 2 * sizeof(int)) != cudaSuccess) {
+  if (cudaMalloc(reinterpret_cast<void**>(&p), kStreamCounterInts * sizeof(int)) != cudaSuccess) {
     cudaGetLastError();
     return nullptr;
   }
-  if (cudaMemsetAsync(p, 0, 2 * sizeof(int), s) != cudaSuccess) {
+  if (cudaMemsetAsync(p, 0, kStreamCounterInts * sizeof(int), s) != cudaSuccess) {
     cudaGetLastError();
     cudaFree(p);
     return nullptr;

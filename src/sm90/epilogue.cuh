@@ -239,9 +239,13 @@ __device__ __forceinline__ bool merge_pieces(const Params& p, const Tile& tl, fl
   cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
   ptx::named_bar_sync(bar_id, 128);
   bool last = false;
-  if (t == 0)
-    last = cuda::atomic_ref<int, cuda::thread_scope_device>(p.piece_counters[slot]).fetch_add(1, cuda::memory_order_acq_rel) ==
-           tl.pieces - 1;
+  if (t == 0) {
+    cuda::atomic_ref<int, cuda::thread_scope_device> counter(p.piece_counters[slot]);
+    last = counter.fetch_add(1, cuda::memory_order_acq_rel) == tl.pieces - 1;
+    // Every piece of the tile has arrived: the counter is zero again for the stream's next launch
+    // (detail::stream_counters), which runs after this one.
+    if (last) counter.store(0, cuda::memory_order_relaxed);
+  }
   if (!ptx::named_bar_any(bar_id, 128, last)) return false;
   cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
 

@@ -45,9 +45,10 @@ inline constexpr double kTailSplitGain = 0.025;
 inline constexpr double kTailSplitCostBlocks = 3.0;
 
 // Launch-private device memory whose first `zeroed` bytes are zero at the kernel's start (the
-// stream-K tail's counters and partials; the dynamic grid's tile counter in graph capture, where
-// the stream has no counter of its own: detail::stream_counters): stream-ordered allocation, so
-// concurrent launches on other streams and graph capture each get their own.
+// stream-K tail's partials, and its counters where the stream has none of its own; the dynamic
+// grid's tile counter in graph capture, where no stream has: detail::stream_counters):
+// stream-ordered allocation, so concurrent launches on other streams and graph capture each get
+// their own.
 struct LaunchScratch {
   uint8_t* ptr = nullptr;
   cudaStream_t stream{};
@@ -512,13 +513,19 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     TileOrder order = k.tiles;
     if (plan_tail_split(order, int(slots), kr.hi - kr.lo, a.split == 2) &&
         (cluster == 1 ? allow_smem<Cfg, 1, true>(device) : allow_smem<Cfg, 2, true>(device)) == cudaSuccess) {
+      // The piece counters: the stream's own, zero from its last launch, where they fit; else
+      // zeroed scratch before the partials. The partials need no zeroing.
       const TailScratchLayout layout = tail_scratch_layout<Cfg>(order);
-      e = scratch.make(stream, layout.total(), layout.counter_bytes);
+      int* own = layout.counter_bytes <= detail::kStreamPieceCounters * sizeof(int)
+                     ? detail::stream_counters(device, stream)
+                     : nullptr;
+      e = own != nullptr ? scratch.make(stream, layout.partial_bytes, 0)
+                         : scratch.make(stream, layout.total(), layout.counter_bytes);
       if (e == cudaSuccess) {
         k.tiles = order;
         grid = int(slots) * cluster;
-        k.piece_counters = reinterpret_cast<int*>(scratch.ptr);
-        k.partials = reinterpret_cast<float*>(scratch.ptr + layout.partial_offset());
+        k.piece_counters = own != nullptr ? own + 2 : reinterpret_cast<int*>(scratch.ptr);
+        k.partials = reinterpret_cast<float*>(own != nullptr ? scratch.ptr : scratch.ptr + layout.partial_offset());
       } else if (!LaunchScratch::unavailable(e)) {  // (when unavailable: whole tiles only)
         return {StatusCode::kCudaError, std::string("stream-K scratch: ") + cudaGetErrorString(e)};
       }
