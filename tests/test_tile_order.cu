@@ -760,4 +760,36 @@ TEST(TileOrder, TailSplitWhereTheLastRoundIsMostlyIdle) {
   EXPECT_GE(layout.partial_offset(), layout.counter_bytes);
 }
 
+
+TEST(TileOrder, TailPieceCountersFitTheStreamsOwnSet) {
+  // A stream-K tail takes its piece counters from the stream's own set (detail::stream_counters)
+  // where they fit in kStreamPieceCounters: one a consumer of each tail tile (and cluster rank),
+  // with fewer tail tiles than units. On a 132-SM H100 the most is 131 tiles x 4 consumers (d64's
+  // 256-row tiles), 524; 66 clusters of two d128 CTAs take at most 65 x 2 x 2. Every tile count
+  // that takes a tail there, and on single CTAs of a 256-SM GPU, fits.
+  using fa4::sm90::plan_tail_split;
+  using fa4::sm90::tail_scratch_layout;
+  using D64Four = fa4::sm90::FwdConfig<64, 64, 8, true, 0, 4>;
+  using D128 = fa4::sm90::FwdConfig<128, 128, 2, true, 0>;
+  constexpr size_t kFit = fa4::detail::kStreamPieceCounters * sizeof(int);
+  size_t most = 0;
+  for (int units : {132, 256})
+    for (int count = 1; count <= 4 * units; ++count) {
+      TileOrder order{count, count, 1, 1, 1};
+      if (!plan_tail_split(order, units, 64, true)) continue;
+      const size_t bytes = tail_scratch_layout<D64Four>(order).counter_bytes;
+      EXPECT_LE(bytes, kFit) << units << " units, " << count << " tiles";
+      if (units == 132) most = std::max(most, bytes);
+    }
+  EXPECT_EQ(most, 524 * sizeof(int));
+  most = 0;
+  for (int count = 1; count <= 4 * 66; ++count) {
+    TileOrder order{count, count, 1, 1, 1};
+    order.cluster = 2;
+    if (!plan_tail_split(order, 66, 64, true)) continue;
+    most = std::max(most, tail_scratch_layout<D128>(order).counter_bytes);
+  }
+  EXPECT_EQ(most, size_t(65 * 2 * 2) * sizeof(int));
+}
+
 }  // namespace
