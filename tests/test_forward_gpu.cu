@@ -804,6 +804,32 @@ TEST(ForwardGpu, PieceCountersOfEachStreamStayRight) {
   expect_each_streams_counters_stay_right(cc, 13);
 }
 
+TEST(ForwardGpu, RunsAfterADeviceReset) {
+  FA4_REQUIRE_GPU();
+  // A device reset (cudaDeviceReset) ends the context in which fa4 raised its kernels' shared-memory
+  // limits and made its stream counters; both belong to a context (PerDevice and stream_counters
+  // key them by current_context_id), so the next context sets and makes its own. A launch on the
+  // tile counter and one with a stream-K tail, before and after a reset, on the default stream:
+  // the launches succeed and give the same bits. (This test resets the device; ctest runs each
+  // test in a process of its own.)
+  auto run = [](SharedKvCase&& cc, uint32_t seed, std::vector<uint16_t>& out) {
+    ASSERT_NO_FATAL_FAILURE(cc.upload(seed));
+    uint16_t* o;
+    CUDA_OK(cudaMalloc(&o, cc.nq() * 2));
+    out.resize(cc.nq());
+    ASSERT_NO_FATAL_FAILURE(run_and_download(cc.args(o), nullptr, o, out));
+    cudaFree(o);
+  };
+  std::array<std::vector<uint16_t>, 2> before, after;
+  ASSERT_NO_FATAL_FAILURE(run(counter_case(), 21, before[0]));
+  ASSERT_NO_FATAL_FAILURE(run(tail_case(), 22, before[1]));
+  CUDA_OK(cudaDeviceReset());
+  ASSERT_NO_FATAL_FAILURE(run(counter_case(), 21, after[0]));
+  ASSERT_NO_FATAL_FAILURE(run(tail_case(), 22, after[1]));
+  EXPECT_TRUE(before[0] == after[0]) << "the tile counter's launch differs after the reset";
+  EXPECT_TRUE(before[1] == after[1]) << "the stream-K launch differs after the reset";
+}
+
 // Under capture the counters are stream-ordered scratch, allocated and zeroed in the graph (the
 // stream's own are not used there): the call must capture and replay, twice, bit for bit the
 // direct call's output.

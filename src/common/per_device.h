@@ -7,15 +7,29 @@
 
 namespace fa4::detail {
 
-// A value found once a device: kept for devices 0..63 once `make` has given a nonzero one
-// (zero, a failure, is asked again next time; devices past 63 always ask).
+// The unique id (cuCtxGetId) of the calling thread's current CUDA context; 0 where none is current
+// or the driver cannot say. A device reset (cudaDeviceReset) or a context the caller made itself
+// has a new id: what PerDevice keeps and the stream counters (stream_counters.h) belong to the
+// context they were made in.
+unsigned long long current_context_id();
+
+// A value found once a device and context: kept for devices 0..63 once `make` has given a nonzero
+// one in the current context (zero, a failure, is asked again next time; devices past 63 always
+// ask). A context's function attributes and memory are its own, so another context (a device
+// reset's, or the caller's own) asks again.
 struct PerDevice {
   std::atomic<int> value[64]{};
+  std::atomic<unsigned long long> context[64]{};
   template <class Make>
   int get(int device, Make make) {
     if (device < 0 || device >= 64) return make();
+    const unsigned long long ctx = current_context_id();
     int v = value[device].load();
-    if (v == 0) value[device].store(v = make());
+    if (v == 0 || context[device].load() != ctx) {
+      v = make();
+      context[device].store(ctx);
+      value[device].store(v);
+    }
     return v;
   }
 };

@@ -7,6 +7,8 @@
 #include <thread>
 #include <tuple>
 
+#include "common/per_device.h"
+
 namespace fa4::detail {
 
 int* stream_counters(int device, cudaStream_t s) {
@@ -23,10 +25,13 @@ int* stream_counters(int device, cudaStream_t s) {
   }
   // The per-thread default stream is told apart by thread too (its handle is every thread's).
   const size_t thread = s == cudaStreamPerThread ? std::hash<std::thread::id>{}(std::this_thread::get_id()) : 0;
+  // And by context: a device reset frees the memory the context before it held, whatever the
+  // stream's id says.
+  const unsigned long long context = current_context_id();
   static std::mutex mutex;
-  static std::map<std::tuple<int, unsigned long long, size_t>, int*> counters;  // kept for the process
+  static std::map<std::tuple<int, unsigned long long, unsigned long long, size_t>, int*> counters;  // for the process
   const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_tuple(device, id, thread);
+  const auto key = std::make_tuple(device, context, id, thread);
   if (const auto it = counters.find(key); it != counters.end()) return it->second;
   if (counters.size() >= size_t(kMaxStreamCounters)) return nullptr;
   int* p = nullptr;

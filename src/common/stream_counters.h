@@ -6,11 +6,11 @@
 
 namespace fa4::detail {
 
-// kStreamCounterInts ints of device memory for launches on stream `s` of `device`, zero whenever
-// no launch that uses them is running: [0, 2) the tile counter and its finish count, which a
-// launch's last CTA zeroes (fwd_kernel.cuh); [2, 2 + kStreamPieceCounters) the stream-K tail's
-// piece counters, each zeroed by the last piece to arrive at it (epilogue.cuh, merge_pieces).
-// Launches on one stream run in turn. nullptr where the stream is being captured (a graph may run
+// kStreamCounterInts ints of device memory for launches on stream `s` of `device` in the current
+// context (current_context_id, per_device.h), zero whenever no launch that uses them is running:
+// [0, 2) the tile counter and its finish count, which a launch's last CTA zeroes (fwd_kernel.cuh);
+// [2, 2 + kStreamPieceCounters) the stream-K tail's piece counters, each zeroed by the last piece
+// to arrive at it (epilogue.cuh, merge_pieces). Launches on one stream run in turn. nullptr where the stream is being captured (a graph may run
 // beside another graph made on the same stream, or beside the stream), where its id cannot be
 // read, or once kMaxStreamCounters streams have one: the caller then takes stream-ordered scratch
 // and zeroes it (fwd_launch.cuh, LaunchScratch). Zeroing scratch before every launch cost the
