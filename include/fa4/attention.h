@@ -95,9 +95,10 @@ float effective_scale(const Problem& p);
 // Workspace bytes that forward / backward need for these arguments (0 if none). Only
 // args.problem is read, so they may be asked before the tensors exist. Forward needs none: its
 // counters (the tile counter of causal tiles, the key-split pieces' counters where a last round
-// leaves SMs idle) are the stream's own, 4 KB a stream allocated at its first call and kept, and
-// the pieces' fp32 partials come from the stream-ordered allocator, cudaMallocAsync, on the
-// call's stream; under CUDA graph capture the counters come from that allocator too;
+// leaves SMs idle) are the stream's own, 4 KB a stream (and context) allocated at its first call
+// and kept, and the pieces' fp32 partials come from the stream-ordered allocator,
+// cudaMallocAsync, on the call's stream; under CUDA graph capture the counters come from that
+// allocator too;
 // backward needs an fp32 dQ accumulator and two fp32 a query row (rowsum(dO * O), and the LSE in
 // log2 units): batch * round_up(seqlen_q, 128) * heads_q * (head_dim + 2) * 4 bytes, 16-byte aligned, passed as
 // args.workspace / args.workspace_bytes.

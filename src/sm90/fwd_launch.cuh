@@ -524,7 +524,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
       if (e == cudaSuccess) {
         k.tiles = order;
         grid = int(slots) * cluster;
-        k.piece_counters = own != nullptr ? own + 2 : reinterpret_cast<int*>(scratch.ptr);
+        k.piece_counters = own != nullptr ? own + detail::kStreamTileCounterInts : reinterpret_cast<int*>(scratch.ptr);
         k.partials = reinterpret_cast<float*>(own != nullptr ? scratch.ptr : scratch.ptr + layout.partial_offset());
       } else if (!LaunchScratch::unavailable(e)) {  // (when unavailable: whole tiles only)
         return {StatusCode::kCudaError, std::string("stream-K scratch: ") + cudaGetErrorString(e)};
