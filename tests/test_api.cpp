@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "common/fwd_params.h"
+#include "common/per_device.h"
 #include "common/validate.h"
 #include "fa4/attention.h"
 #include "gpu_guard.h"
@@ -164,6 +165,28 @@ TEST(Api, WorkspaceSizes) {
 
 // ---------------------------------------------------------------------------------------------
 // The device rule, as a pure function.
+
+TEST(Api, ContextIdFollowsTheCurrentContext) {
+  // detail::current_context_id keys what fa4 keeps a context (PerDevice, the stream counters).
+  // Without a GPU no context is current: 0, and those keep their values as before. With one, the
+  // primary context's id is nonzero and stable, and a device reset's next context has another.
+  // (With a GPU this test resets the device; ctest runs each test in a process of its own.)
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    EXPECT_EQ(fa4::detail::current_context_id(), 0u);
+    return;
+  }
+  ASSERT_EQ(cudaFree(nullptr), cudaSuccess);  // the primary context, current
+  const unsigned long long first = fa4::detail::current_context_id();
+  EXPECT_NE(first, 0u);
+  EXPECT_EQ(fa4::detail::current_context_id(), first);
+  ASSERT_EQ(cudaDeviceReset(), cudaSuccess);
+  ASSERT_EQ(cudaFree(nullptr), cudaSuccess);
+  const unsigned long long second = fa4::detail::current_context_id();
+  EXPECT_NE(second, 0u);
+  EXPECT_NE(second, first);
+}
 
 TEST(Api, ComputeCapabilityBelowHopperRefused) {
   for (auto [major, minor] : {std::pair{8, 0}, std::pair{8, 9}, std::pair{7, 5}}) {
