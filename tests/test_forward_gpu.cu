@@ -543,9 +543,9 @@ TEST(ForwardGpu, TilesWithoutKeysAmongTilesWithKeys) {
 TEST(ForwardGpu, NoRoomForLaunchScratchFallsBackToWholeTiles) {
   FA4_REQUIRE_GPU();
   // A launch's stream-ordered scratch (the stream-K tail's partials; its counters and the tile
-  // counter where the stream has none of its own) comes from the device's current memory pool. With that
-  // pool full the launch runs whole tiles in static rounds instead, and its answer passes the same
-  // check.
+  // counter where the stream has none of its own) comes from the device's current memory pool.
+  // With that pool full the launch runs whole tiles in static rounds instead, and its answer
+  // passes the same check.
   int dev = 0;
   CUDA_OK(cudaGetDevice(&dev));
   cudaMemPool_t original;

@@ -533,8 +533,9 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   }
   if (!k.tiles.paired && use_tile_counter(uniform, cluster, k.tiles.has_tail(), a.schedule, grid, tiles)) {
     // The stream's own counter, zero from its last launch; else scratch zeroed for this one.
+    constexpr size_t kCounterBytes = detail::kStreamTileCounterInts * sizeof(int);
     int* counter = detail::stream_counters(device, stream);
-    e = counter != nullptr ? cudaSuccess : scratch.make(stream, 2 * sizeof(int), 2 * sizeof(int));
+    e = counter != nullptr ? cudaSuccess : scratch.make(stream, kCounterBytes, kCounterBytes);
     if (e == cudaSuccess) {
       k.tile_counter = counter != nullptr ? counter : reinterpret_cast<int*>(scratch.ptr);
     } else if (LaunchScratch::unavailable(e)) {
