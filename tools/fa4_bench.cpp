@@ -99,6 +99,7 @@ struct Options {
   bool bwd = false, deterministic = false, check = false;
   int iters = 20, warmup = 5;
   bool flush_l2 = false;
+  bool lse = true;  // timed forward calls write the LSE
   bool sweep = false;
   uint64_t seed = 1234;
   int rows = 128;  // query rows sampled by --check on large problems
@@ -125,6 +126,8 @@ const char kUsage[] =
     "  --iters N        timed calls (default 20; 0 = no timing)\n"
     "  --warmup N       untimed calls first (default 5)\n"
     "  --flush-l2       write 256 MB before each timed call, as triton's do_bench does\n"
+    "  --lse[=B]        timed forward calls write the LSE (default on; --lse=0: inference calls\n"
+    "                   without it, as fa4.flash_attn_func makes; the check's call writes it)\n"
     "  --sweep fa3      FA3 shapes: 16k tokens, hidden 2048, d 64/128/256, seqlen 512..16k,\n"
     "                   causal and not (shape flags are ignored)\n"
     "  --rows N         query rows --check samples on large problems (default 128)\n"
@@ -224,6 +227,8 @@ Options parse_flags(int argc, char** argv) {
       bool_flag(&o.check);
     } else if (arg == "--flush-l2") {
       bool_flag(&o.flush_l2);
+    } else if (arg == "--lse") {
+      bool_flag(&o.lse);
     } else if (arg == "--iters") {
       o.iters = int(parse_int(arg, next(), 0, kNonNeg));
     } else if (arg == "--warmup") {
@@ -1204,7 +1209,9 @@ int run_case(const Options& o, Case& c, Inputs& in, Outputs& out, cudaStream_t s
     }
   }
   Status ts = Status::Ok();
-  rec->ms = time_ms(c, out, o.warmup, o.iters, o.flush_l2, st, &ts);
+  Case timed = c;
+  if (!o.lse) timed.fwd.lse = nullptr;
+  rec->ms = time_ms(timed, out, o.warmup, o.iters, o.flush_l2, st, &ts);
   if (!ts.ok()) {
     rec->error = status_line(ts);
     if (verbose) std::printf("timing stopped: %s\n", rec->error.c_str());

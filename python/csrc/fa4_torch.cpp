@@ -1,6 +1,7 @@
 // PyTorch operators over fa4, registered with TORCH_LIBRARY so torch.compile sees them as ops:
 //
-//   fa4::fwd(q, k, v, softmax_scale, causal, window_left, window_right) -> (out, lse)
+//   fa4::fwd(q, k, v, softmax_scale, causal, window_left, window_right, with_lse=True)
+//       -> (out, lse)      (with_lse false: no LSE written, lse empty [0])
 //   fa4::bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
 //            deterministic) -> (dq, dk, dv)
 //
@@ -165,13 +166,16 @@ at::Tensor workspace(size_t bytes, const at::Tensor& like) {
 std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor& k,
                                             const at::Tensor& v,
                                             std::optional<double> softmax_scale, bool causal,
-                                            int64_t window_left, int64_t window_right) {
+                                            int64_t window_left, int64_t window_right,
+                                            bool with_lse) {
   const char* op = "fa4::fwd";
   const fa4::Problem p =
       check_qkv(q, k, v, softmax_scale, causal, window_left, window_right, op);
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty({p.batch, p.seqlen_q, p.heads_q, p.head_dim}, q.options());
-  at::Tensor lse = at::empty({p.batch, p.heads_q, p.seqlen_q}, q.options().dtype(at::kFloat));
+  // Without with_lse (an inference call) the kernels write no LSE: lse comes back empty, [0].
+  at::Tensor lse = with_lse ? at::empty({p.batch, p.heads_q, p.seqlen_q}, q.options().dtype(at::kFloat))
+                            : at::empty({0}, q.options().dtype(at::kFloat));
 
   fa4::ForwardArgs args;
   args.problem = p;
@@ -253,7 +257,7 @@ TORCH_LIBRARY(fa4, m) {
   m.set_python_module("fa4");
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal, int window_left, "
-      "int window_right) -> (Tensor out, Tensor lse)");
+      "int window_right, bool with_lse=True) -> (Tensor out, Tensor lse)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "float? softmax_scale, bool causal, int window_left, int window_right, bool deterministic) "

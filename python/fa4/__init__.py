@@ -75,11 +75,11 @@ def _check_fake_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, op: str) 
 
 
 @torch.library.register_fake("fa4::fwd")
-def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right):
+def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, with_lse=True):
     _check_fake_qkv(q, k, v, "fa4::fwd")
     b, sq, hq, d = q.shape
     out = q.new_empty((b, sq, hq, d))
-    lse = q.new_empty((b, hq, sq), dtype=torch.float32)
+    lse = q.new_empty((b, hq, sq) if with_lse else (0,), dtype=torch.float32)
     return out, lse
 
 
@@ -155,7 +155,8 @@ def flash_attn_func(
     j <= i + seqlen_k - seqlen_q). window_size: (left, right), -1 = unbounded.
     softcap: must be 0.0 (soft-capping is not implemented). deterministic: deterministic backward.
     Returns out [batch, seqlen_q, heads_q, head_dim], and with return_lse also the fp32
-    log-sum-exp [batch, heads_q, seqlen_q] (natural log; -inf for a row that sees no key).
+    log-sum-exp [batch, heads_q, seqlen_q] (natural log; -inf for a row that sees no key). An
+    inference call (no gradient needed, return_lse False) has the kernels write no LSE.
     Keyword arguments of flash-attn's other versions, for code written against them:
     dropout_p must be 0.0 and alibi_slopes None (neither is implemented); return_attn_probs is
     return_lse, as in FlashAttention-3 (out, lse).
@@ -177,7 +178,9 @@ def flash_attn_func(
             q, k, v, softmax_scale, causal, window_left, window_right, bool(deterministic)
         )
     else:
-        out, lse = torch.ops.fa4.fwd(q, k, v, softmax_scale, causal, window_left, window_right)
+        # Inference: the kernels write an LSE only when the caller asks for it.
+        out, lse = torch.ops.fa4.fwd(q, k, v, softmax_scale, causal, window_left, window_right,
+                                     return_lse)
     return (out, lse) if return_lse else out
 
 

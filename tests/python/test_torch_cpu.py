@@ -63,6 +63,40 @@ def test_fake_kernels_give_shapes_and_dtypes():
     assert out16.dtype == torch.float16 and out16.shape == h.shape
 
 
+def test_fake_kernel_without_lse_gives_an_empty_lse():
+    assert "bool with_lse=True" in str(torch.ops.fa4.fwd.default._schema)
+    q, k = meta(2, 100, 8, 128), meta(2, 300, 2, 128)
+    out, lse = torch.ops.fa4.fwd(q, k, k, None, True, -1, -1, False)
+    assert out.shape == q.shape and lse.shape == (0,) and lse.dtype == torch.float32
+
+
+def fwd_calls_traced(f, *args):
+    """The argument tuples of every fa4::fwd call torch.compile traces in f(*args)."""
+    calls = []
+
+    def backend(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and "fa4" in str(node.target) and "fwd" in str(node.target):
+                calls.append(node.args)
+        return gm
+
+    torch._dynamo.reset()
+    torch.compile(f, fullgraph=True, backend=backend)(*args)
+    return calls
+
+
+def test_inference_calls_ask_for_no_lse():
+    # Without grad and without return_lse the operator is told to skip the LSE; with either, not.
+    q, k = meta(2, 64, 8, 128), meta(2, 64, 2, 128)
+    with torch.no_grad():
+        calls = fwd_calls_traced(lambda q, k: fa4.flash_attn_func(q, k, k, causal=True), q, k)
+        assert len(calls) == 1 and calls[0][-1] is False, calls
+        calls = fwd_calls_traced(lambda q, k: fa4.flash_attn_func(q, k, k, return_lse=True)[1], q, k)
+        assert len(calls) == 1 and calls[0][-1] is True, calls
+    out = fa4.flash_attn_func(meta(2, 64, 8, 128, grad=True), k, k)
+    assert out.grad_fn is not None  # training: the autograd node keeps its LSE for the backward
+
+
 @pytest.mark.parametrize(
     "shapes, pattern",
     [

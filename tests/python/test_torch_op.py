@@ -370,6 +370,21 @@ def test_opcheck_fwd():
     torch.library.opcheck(torch.ops.fa4.fwd.default, (q, k, v, 0.1, False, 16, 8))
 
 
+def test_inference_call_writes_no_lse_and_the_same_out():
+    # with_lse=False: an empty LSE and O bit for bit the call's that writes one, on d256 causal
+    # pairs, the tile counter, stream-K pieces (short queries over many keys) and d64 with MQA.
+    for b, sq, sk, hq, hkv, d, causal in ((2, 512, 512, 8, 8, 256, True), (2, 777, 777, 4, 4, 128, True),
+                                          (1, 100, 16384, 4, 4, 128, False), (2, 150, 8000, 2, 1, 64, False)):
+        q, k, v = make_inputs(b, sq, sk, hq, hkv, d, torch.bfloat16)
+        out, lse = call_or_skip(torch.ops.fa4.fwd, q, k, v, None, causal, -1, -1, True)
+        out_n, lse_n = torch.ops.fa4.fwd(q, k, v, None, causal, -1, -1, False)
+        assert lse.shape == (b, hq, sq) and lse_n.shape == (0,) and lse_n.dtype == torch.float32
+        assert torch.equal(out, out_n)
+        with torch.no_grad():
+            assert torch.equal(fa4.flash_attn_func(q, k, v, causal=causal), out)
+    torch.library.opcheck(torch.ops.fa4.fwd.default, (q, k, v, None, True, -1, -1, False))
+
+
 def test_opcheck_bwd():
     q, k, v = make_inputs(1, 128, 192, 4, 2, 64, torch.bfloat16)
     out, lse = call_or_skip(torch.ops.fa4.fwd, q, k, v, None, True, -1, -1)
