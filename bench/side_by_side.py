@@ -16,6 +16,8 @@ so two providers can read the same memory (bench/peer_rounds.py --providers fa4@
 Times are medians of triton.testing.do_bench(return_mode="median") after its warm-up, on random
 normal inputs; with --rounds R each provider is timed R times a shape, the providers' order
 rotating by round, and the median of its R medians is recorded (each in "ms_rounds").
+Forward calls are inference calls (inputs without requires_grad): fa4 then writes no LSE, and
+cuDNN computes no statistics; FA2's kernel writes its LSE in every call.
 TFLOP/s = 4·b·h·s²·d, halved for causal, ×2.5 for bwd. Before timing, fa4's output for batch 0
 and two heads is checked against a float64 reference by DESIGN.md §3's criterion (bounded by a
 plain 16-bit attention).
