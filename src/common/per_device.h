@@ -1,7 +1,7 @@
 // Host-side values found once a device, and the shared-memory attribute set that way.
 #pragma once
 
-#include <atomic>
+#include <mutex>
 
 #include <cuda_runtime_api.h>
 
@@ -17,20 +17,22 @@ unsigned long long current_context_id();
 // one in the current context (zero, a failure, is asked again next time; devices past 63 always
 // ask). A context's function attributes and memory are its own, so another context (a device
 // reset's, or the caller's own) asks again.
+// A value and the context it was made in change together, under one lock: two atomics read apart
+// could pair one context's value with another's id when threads in two contexts share a device.
 struct PerDevice {
-  std::atomic<int> value[64]{};
-  std::atomic<unsigned long long> context[64]{};
+  std::mutex mutex;
+  int value[64]{};
+  unsigned long long context[64]{};
   template <class Make>
   int get(int device, Make make) {
     if (device < 0 || device >= 64) return make();
     const unsigned long long ctx = current_context_id();
-    int v = value[device].load();
-    if (v == 0 || context[device].load() != ctx) {
-      v = make();
-      context[device].store(ctx);
-      value[device].store(v);
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (value[device] == 0 || context[device] != ctx) {
+      value[device] = make();
+      context[device] = ctx;
     }
-    return v;
+    return value[device];
   }
 };
 
