@@ -711,63 +711,6 @@ TEST(ForwardGpu, RepeatedRunsAreBitIdentical) {
   }
 }
 
-TEST(ForwardGpu, WithoutLseTheSameOutput) {
-  FA4_REQUIRE_GPU();
-  // An inference call (lse = nullptr) writes no LSE; its O must be the bits of the call that
-  // writes one, on each kernel these shapes reach through the public API: d256 causal pairs of
-  // four query blocks and the serial step, the tile counter, clusters sharing K/V, stream-K pieces
-  // (short queries over many keys), d64, MQA, a seqlen tail. The LSE call's LSE is poisoned first
-  // and must come back finite: that call is not the one skipping it.
-  struct Shape {
-    int64_t b, sq, sk, h, hkv, d;
-    bool causal;
-  };
-  const Shape shapes[] = {
-      {2, 512, 512, 8, 8, 256, true},  {1, 1000, 1000, 4, 2, 256, true}, {2, 777, 777, 4, 4, 128, true},
-      {2, 1000, 1000, 4, 4, 128, false}, {1, 100, 16384, 4, 4, 128, false}, {2, 150, 8000, 2, 1, 64, false},
-      {1, 300, 300, 2, 2, 64, true},
-  };
-  std::mt19937 rng(31);
-  for (const Shape& s : shapes) {
-    SCOPED_TRACE("b" + std::to_string(s.b) + " sq" + std::to_string(s.sq) + " sk" + std::to_string(s.sk) + " h" +
-                 std::to_string(s.h) + "/" + std::to_string(s.hkv) + " d" + std::to_string(s.d) +
-                 (s.causal ? " causal" : ""));
-    const size_t nq = size_t(s.b * s.sq * s.h * s.d), nkv = size_t(s.b * s.sk * s.hkv * s.d);
-    const size_t nlse = size_t(s.b * s.h * s.sq);
-    uint16_t *q, *k, *v, *o;
-    float* lse;
-    ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nq, &q));
-    ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nkv, &k));
-    ASSERT_NO_FATAL_FAILURE(upload_normal_bf16(rng, nkv, &v));
-    CUDA_OK(cudaMalloc(&o, nq * 2));
-    CUDA_OK(cudaMalloc(&lse, nlse * 4));
-    fa4::ForwardArgs a;
-    a.problem = fa4::test::make_problem(s.b, s.sq, s.sk, s.h, s.hkv, s.d, BF16);
-    a.problem.causal = s.causal;
-    a.q = fa4::bshd(q, s.sq, s.h, s.d);
-    a.k = fa4::bshd(k, s.sk, s.hkv, s.d);
-    a.v = fa4::bshd(v, s.sk, s.hkv, s.d);
-    a.o = fa4::bshd(o, s.sq, s.h, s.d);
-    std::vector<uint16_t> without(nq), with(nq);
-    a.lse = nullptr;
-    ASSERT_NO_FATAL_FAILURE(run_and_download(a, nullptr, o, without));
-    a.lse = lse;
-    CUDA_OK(cudaMemset(lse, 0xFF, nlse * 4));
-    ASSERT_NO_FATAL_FAILURE(run_and_download(a, nullptr, o, with));
-    EXPECT_EQ(std::memcmp(without.data(), with.data(), nq * 2), 0) << "O differs without the LSE";
-    std::vector<float> lse_host(nlse);
-    CUDA_OK(cudaMemcpy(lse_host.data(), lse, nlse * 4, cudaMemcpyDeviceToHost));
-    EXPECT_TRUE(std::all_of(lse_host.begin(), lse_host.end(), [](float x) { return std::isfinite(x); }))
-        << "the call with an LSE left some of it unwritten";
-    int64_t nan_out = 0;
-    for (uint16_t x : without) nan_out += std::isnan(fa4::ref::bf16_bits_to_float(x));
-    EXPECT_EQ(nan_out, 0) << "the call without an LSE left O unwritten (NaN poison)";
-    for (void* ptr : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(o),
-                      static_cast<void*>(lse)})
-      cudaFree(ptr);
-  }
-}
-
 // A BSHD bf16 problem with K = V, drawn from `seed` (Q, then K/V); the outputs are the caller's.
 struct SharedKvCase {
   int64_t b, sq, sk, h, hkv, d;
@@ -801,6 +744,48 @@ SharedKvCase counter_case() { return {4, 600, 600, 16, 4, 64, true}; }
 // 100 queries against 16384 keys, 4 heads of d 128: four query tiles, each cut into stream-K
 // pieces over every SM, whose last piece merges them at its tile's piece counter.
 SharedKvCase tail_case() { return {1, 100, 16384, 4, 4, 128, false}; }
+
+TEST(ForwardGpu, WithoutLseTheSameOutput) {
+  FA4_REQUIRE_GPU();
+  // An inference call (lse = nullptr) writes no LSE; its O must be the bits of the call that
+  // writes one, on each kernel these shapes reach through the public API: d256 causal pairs of
+  // four query blocks and the serial step, the tile counter, clusters sharing K/V, stream-K pieces
+  // (short queries over many keys), d64, MQA, a seqlen tail. The LSE call's LSE is poisoned first
+  // and must come back finite: that call is not the one skipping it.
+  const SharedKvCase shapes[] = {
+      {2, 512, 512, 8, 8, 256, true},  {1, 1000, 1000, 4, 2, 256, true}, {2, 777, 777, 4, 4, 128, true},
+      {2, 1000, 1000, 4, 4, 128, false}, {1, 100, 16384, 4, 4, 128, false}, {2, 150, 8000, 2, 1, 64, false},
+      {1, 300, 300, 2, 2, 64, true},
+  };
+  uint32_t seed = 31;
+  for (SharedKvCase cc : shapes) {  // a copy without buffers; it uploads and frees its own
+    SCOPED_TRACE("b" + std::to_string(cc.b) + " sq" + std::to_string(cc.sq) + " sk" + std::to_string(cc.sk) +
+                 " h" + std::to_string(cc.h) + "/" + std::to_string(cc.hkv) + " d" + std::to_string(cc.d) +
+                 (cc.causal ? " causal" : ""));
+    ASSERT_NO_FATAL_FAILURE(cc.upload(seed++));
+    const size_t nq = cc.nq(), nlse = size_t(cc.b * cc.h * cc.sq);
+    uint16_t* o;
+    float* lse;
+    CUDA_OK(cudaMalloc(&o, nq * 2));
+    CUDA_OK(cudaMalloc(&lse, nlse * 4));
+    fa4::ForwardArgs a = cc.args(o);
+    std::vector<uint16_t> without(nq), with(nq);
+    ASSERT_NO_FATAL_FAILURE(run_and_download(a, nullptr, o, without));
+    a.lse = lse;
+    CUDA_OK(cudaMemset(lse, 0xFF, nlse * 4));
+    ASSERT_NO_FATAL_FAILURE(run_and_download(a, nullptr, o, with));
+    EXPECT_EQ(std::memcmp(without.data(), with.data(), nq * 2), 0) << "O differs without the LSE";
+    std::vector<float> lse_host(nlse);
+    CUDA_OK(cudaMemcpy(lse_host.data(), lse, nlse * 4, cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(std::all_of(lse_host.begin(), lse_host.end(), [](float x) { return std::isfinite(x); }))
+        << "the call with an LSE left some of it unwritten";
+    int64_t nan_out = 0;
+    for (uint16_t x : without) nan_out += std::isnan(fa4::ref::bf16_bits_to_float(x));
+    EXPECT_EQ(nan_out, 0) << "the call without an LSE left O unwritten (NaN poison)";
+    cudaFree(o);
+    cudaFree(lse);
+  }
+}
 
 // Launches outside graph capture take their stream's own counters, which each launch leaves zero
 // for the next (detail::stream_counters). Two streams at once, launch after launch, and the
