@@ -174,8 +174,8 @@ std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor&
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty({p.batch, p.seqlen_q, p.heads_q, p.head_dim}, q.options());
   // Without with_lse (an inference call) the kernels write no LSE: lse comes back empty, [0].
-  at::Tensor lse = with_lse ? at::empty({p.batch, p.heads_q, p.seqlen_q}, q.options().dtype(at::kFloat))
-                            : at::empty({0}, q.options().dtype(at::kFloat));
+  const auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor lse = with_lse ? at::empty({p.batch, p.heads_q, p.seqlen_q}, f32) : at::empty({0}, f32);
 
   fa4::ForwardArgs args;
   args.problem = p;
