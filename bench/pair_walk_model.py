@@ -27,6 +27,15 @@ import sys
 # (even CTA's tiles, odd CTA's tiles): query block q sees key blocks 0..q (causal, sq = sk).
 EVEN, ODD = (3, 0), (2, 1)
 
+# Walks of docs/perf-notes.md, as (even CTA's steps, odd CTA's steps), a step (query block, key block).
+SHIPPED_ODD = ((2, 2), (2, 1), (2, 0), (1, 1), (1, 0))
+NAMED = {
+    "shipped": (((3, 3), (3, 2), (3, 1), (3, 0), (0, 0)), SHIPPED_ODD),
+    "diagonal last": (((3, 2), (3, 1), (3, 0), (3, 3), (0, 0)), SHIPPED_ODD),
+    "short first, diagonal last": (((0, 0), (3, 2), (3, 1), (3, 0), (3, 3)), SHIPPED_ODD),
+    "rotated": (((3, 3), (3, 0), (3, 1), (3, 2), (0, 0)), SHIPPED_ODD),  # measured 0.912: block 2 reread late
+}
+
 
 def walks():
     """Every walk: for each CTA a tile order and each tile's key-block order."""
@@ -77,14 +86,9 @@ def describe(w):
 
 
 def self_test():
-    shipped = (((3, 3), (3, 2), (3, 1), (3, 0), (0, 0)), ((2, 2), (2, 1), (2, 0), (1, 1), (1, 0)))
-    assert score(*shipped, 2)[:2] == (0, 2), score(*shipped, 2)
-    diag_last = (((3, 2), (3, 1), (3, 0), (3, 3), (0, 0)), shipped[1])
-    assert score(*diag_last, 2)[:2] == (0, 1), score(*diag_last, 2)
-    short_first = (((0, 0), (3, 2), (3, 1), (3, 0), (3, 3)), shipped[1])
-    assert score(*short_first, 2)[:2] == (0, 0), score(*short_first, 2)
-    rotated = (((3, 3), (3, 0), (3, 1), (3, 2), (0, 0)), shipped[1])  # measured 0.912: block 2 reread late
-    assert score(*rotated, 2)[0] > 0, score(*rotated, 2)
+    for name, want in (("shipped", (0, 2)), ("diagonal last", (0, 1)), ("short first, diagonal last", (0, 0))):
+        assert score(*NAMED[name], 2)[:2] == want, (name, score(*NAMED[name], 2))
+    assert score(*NAMED["rotated"], 2)[0] > 0, score(*NAMED["rotated"], 2)
     assert sum(1 for _ in walks()) == 2 * 24 * 1 * 2 * 6 * 2
     print("pair_walk_model self-test: ok")
 
@@ -98,14 +102,8 @@ def main():
     if a.self_test:
         self_test()
         return 0
-    named = {
-        "shipped": (((3, 3), (3, 2), (3, 1), (3, 0), (0, 0)), ((2, 2), (2, 1), (2, 0), (1, 1), (1, 0))),
-        "diagonal last": (((3, 2), (3, 1), (3, 0), (3, 3), (0, 0)), ((2, 2), (2, 1), (2, 0), (1, 1), (1, 0))),
-        "short first, diagonal last": (((0, 0), (3, 2), (3, 1), (3, 0), (3, 3)),
-                                       ((2, 2), (2, 1), (2, 0), (1, 1), (1, 0))),
-    }
     print(f"window {a.window} steps; extra misses, tail (steps after the last miss), misses by step")
-    for name, (e, o) in named.items():
+    for name, (e, o) in NAMED.items():
         extra, tail, _, m = score(e, o, a.window)
         print(f"  {name:28s} extra {extra}  tail {tail}  misses {m}   even {describe(e)}  odd {describe(o)}")
     ranked = sorted(((score(e, o, a.window), e, o) for e, o in walks()), key=lambda x: (x[0][0], x[0][1]))
