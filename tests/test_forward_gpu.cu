@@ -50,7 +50,11 @@ struct Case {
   // round is partial) and FwdParams::max_ctas (a small grid, so small problems take rounds).
   int split = 0;
   int max_ctas = 0;
-  // Set: the launch in its place (through FwdParams, with cluster, split and max_ctas applied).
+  // Also through the sm90 launch where set: FwdParams::diagonal_last (1 never, 2 the last round, 3
+  // every round).
+  int diagonal_last = 0;
+  // Set: the launch in its place (through FwdParams, with cluster, split, max_ctas and
+  // diagonal_last applied).
   fa4::Status (*launch)(const fa4::detail::FwdParams&, cudaStream_t) = nullptr;
 
   std::string name() const {
@@ -62,7 +66,8 @@ struct Case {
            (key_ramp > 0 ? " key_ramp " + std::to_string(key_ramp) : "") +
            (key_scale != 1.0 ? " key_scale " + std::to_string(key_scale) : "") +
            (cluster > 0 ? " cluster " + std::to_string(cluster) : "") +
-           (split > 0 ? " split " + std::to_string(split) : "") + (max_ctas > 0 ? " ctas " + std::to_string(max_ctas) : "");
+           (split > 0 ? " split " + std::to_string(split) : "") + (max_ctas > 0 ? " ctas " + std::to_string(max_ctas) : "") +
+           (diagonal_last > 0 ? " diagonal_last " + std::to_string(diagonal_last) : "");
   }
 };
 
@@ -125,7 +130,7 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
   args.o = dout.ref;
   args.lse = lse;
   fa4::Status st;
-  if (c.cluster == 0 && c.split == 0 && c.max_ctas == 0 && c.launch == nullptr) {
+  if (c.cluster == 0 && c.split == 0 && c.max_ctas == 0 && c.diagonal_last == 0 && c.launch == nullptr) {
     st = fa4::forward(args, nullptr);
   } else {
     st = fa4::validate(args);
@@ -134,6 +139,7 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
     fp.cluster = c.cluster;
     fp.split = c.split;
     fp.max_ctas = c.max_ctas;
+    fp.diagonal_last = c.diagonal_last;
     st = c.launch ? c.launch(fp, nullptr) : fa4::detail::sm90_forward(fp, nullptr);
   }
   ASSERT_TRUE(st.ok()) << st.message;
@@ -222,13 +228,23 @@ TEST(ForwardGpu, D256FirstBlockPassedOver) {
 // rounds of pairs on small grids (the last round partial), a partial last query block (1000),
 // bottom-right with every tile seeing most keys (256 x 4000, one pair a head), GQA, fp16, BHSD, and
 // more pairs than SMs through the public API (192 pairs: on 132 SMs a second, partial round; kept
-// that small because the float64 reference on the CPU is what this test's time goes to).
+// that small because the float64 reference on the CPU is what this test's time goes to). With four
+// query blocks a head (512; 420, the last block's second consumer idle) the longest tile walks its
+// diagonal block last (TileOrder::diagonal_last_from): in every round, the last round only (on 5
+// CTAs: rounds, the last partial with an odd head count) and never, each set through
+// FwdParams::diagonal_last, and as the device picks.
 TEST(ForwardGpu, D256CausalPairs) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 170;
   for (int ctas : {5, 0}) {
     Case c{BF16, 4, 512, 512, 8, 8, 256, true};
     c.max_ctas = ctas;
+    run_case(c, seed++);
+  }
+  for (int diagonal_last : {1, 2, 3}) {  // each walk, whichever the device takes by default
+    Case c{BF16, 2, 512, 512, 9, 3, 256, true};
+    c.max_ctas = 5;
+    c.diagonal_last = diagonal_last;
     run_case(c, seed++);
   }
   run_case({FP16, 3, 1000, 1000, 4, 2, 256, true}, seed++);
@@ -238,6 +254,9 @@ TEST(ForwardGpu, D256CausalPairs) {
   bhsd.max_ctas = 7;
   run_case(bhsd, seed++);
   run_case({BF16, 6, 512, 512, 16, 16, 256, true}, seed++);
+  Case idle{BF16, 2, 420, 420, 6, 3, 256, true};
+  idle.max_ctas = 3;
+  run_case(idle, seed++);
 }
 
 // d256's short causal rows on 128-key blocks with one K and one V slot and the serial step
@@ -255,6 +274,12 @@ TEST(ForwardGpu, D256SerialStep) {
   for (int ctas : {5, 0}) {
     Case c{BF16, 4, 512, 512, 8, 8, 256, true};
     c.max_ctas = ctas;
+    run_case(c, seed++);
+  }
+  for (int diagonal_last : {1, 2, 3}) {  // each walk, whichever the device takes by default
+    Case c{BF16, 2, 512, 512, 9, 3, 256, true};
+    c.max_ctas = 5;
+    c.diagonal_last = diagonal_last;
     run_case(c, seed++);
   }
   run_case({FP16, 3, 500, 500, 4, 2, 256, true}, seed++);

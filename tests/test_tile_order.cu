@@ -189,6 +189,37 @@ TEST(TileOrder, PairedGridFillsItsRounds) {
     }
 }
 
+// The walk's order of key blocks (TileOrder::walk_block): every block of [lo, hi) once, down from
+// the diagonal block (hi - 1), or with it last (hi - 2, ..., lo, hi - 1); and which paired tiles
+// take that order (TileOrder::diagonal_last: a head's longest tile, from diagonal_last_from on).
+TEST(TileOrder, DiagonalLastWalkTakesEveryBlockOnce) {
+  for (auto [lo, hi] : std::vector<std::array<int, 2>>{{0, 4}, {0, 1}, {0, 2}, {3, 9}}) {
+    for (bool last : {false, true}) {
+      std::vector<int> walk;
+      for (int n = hi - 1; n >= lo; --n) walk.push_back(TileOrder::walk_block(last, n, lo, hi));
+      std::vector<int> sorted = walk;
+      std::sort(sorted.begin(), sorted.end());
+      for (int i = 0; i < hi - lo; ++i) EXPECT_EQ(sorted[size_t(i)], lo + i) << lo << ".." << hi << " last " << last;
+      EXPECT_EQ(walk.front(), last && hi - lo > 1 ? hi - 2 : hi - 1);
+      EXPECT_EQ(walk.back(), last ? hi - 1 : lo);
+    }
+  }
+  EXPECT_EQ((std::vector<int>{TileOrder::walk_block(true, 3, 0, 4), TileOrder::walk_block(true, 2, 0, 4),
+                              TileOrder::walk_block(true, 1, 0, 4), TileOrder::walk_block(true, 0, 0, 4)}),
+            (std::vector<int>{2, 1, 0, 3}));
+  TileOrder order{256 * 4, 4, 256, 256, 256, 1, false};
+  order.paired = true;
+  EXPECT_FALSE(order.diagonal_last(2 * 384, 3));  // off unless the launch sets where it starts
+  order.diagonal_last_from = 384;
+  EXPECT_TRUE(order.diagonal_last(2 * 384, 3));       // unit 384's first tile: query block 3
+  EXPECT_TRUE(order.diagonal_last(2 * 511, 3));
+  EXPECT_FALSE(order.diagonal_last(2 * 384 + 1, 0));  // the unit's short tile
+  EXPECT_FALSE(order.diagonal_last(2 * 385, 2));      // the head's other pair
+  EXPECT_FALSE(order.diagonal_last(2 * 383, 3));      // the round before
+  order.paired = false;
+  EXPECT_FALSE(order.diagonal_last(2 * 384, 3));
+}
+
 // Paired causal tiles (tile_order.cuh): in static rounds of G CTAs every tile comes once; a CTA
 // takes a head's query blocks M - 1 - m and m in two consecutive rounds, the longer first; and the
 // launch pairs the tiles exactly where the pairs' key ranges are even (d256 causal, an even count).

@@ -748,18 +748,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if constexpr (kSplit) range = piece_range(range, tl);
         const int h_kv = tl.head / p.head_ratio;
         // Trace events of a load: 0/1 before/after K's empty wait, 2/3 the same for V.
+        // The walk's order of key blocks (TileOrder::walk_block), as the consumers take it.
+        const bool diag_last = kPairs && p.tiles.diagonal_last(tile, tl.m_block);
         for (int n = range.hi - 1; n >= range.lo; --n) {
+          const int nb = TileOrder::walk_block(diag_last, n, range.lo, range.hi);
           if (loads_k) {
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(0);
             wait_empty(&bar.k_empty[w.stage], w.phase ^ 1);
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(1);
-            load_kv(sK + w.stage * Cfg::kKVBytes, &p.tm_k, &bar.k_full[w.stage], n * kBlockN, h_kv, tl.batch);
+            load_kv(sK + w.stage * Cfg::kKVBytes, &p.tm_k, &bar.k_full[w.stage], nb * kBlockN, h_kv, tl.batch);
           }
           if (loads_v) {
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(2);
             wait_empty(&bar.v_empty[w.stage], w.phase ^ 1);
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(3);
-            load_kv(sV + w.stage * Cfg::kKVBytes, &p.tm_v, &bar.v_full[w.stage], n * kBlockN, h_kv, tl.batch);
+            load_kv(sV + w.stage * Cfg::kKVBytes, &p.tm_v, &bar.v_full[w.stage], nb * kBlockN, h_kv, tl.batch);
           }
           if constexpr (traced<Cfg>(kTraceStep)) tr.next();
           w.advance();
@@ -1051,6 +1054,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const auto uniform = [&](int x) { return __shfl_sync(0xffffffff, x, 0); };
     Tile tl;
     uint32_t place = 0;
+    // The walk's order of key blocks (TileOrder::walk_block): n counts walk positions down from
+    // range.hi - 1 to range.lo, and blk(n) is the key block at position n (for masks and softmax;
+    // the rings, turns and frees go by position).
+    bool diag_last = false;
     if constexpr (kSplit) {
       const int tile = uniform(lane == 0 ? ld_shared(&bar.item[q_stage()].x) : 0);
       if (tile == TileOrder::kEnd) break;
@@ -1072,12 +1079,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tl.batch = uniform(item.y);
       tl.head = uniform(item.z);
       tl.m_block = uniform(item.w);
+      if constexpr (kPairs) diag_last = p.tiles.diagonal_last(uniform(item.x), tl.m_block);
     }
     const int first_row = tile_first_row<kBlockM>(p.window, tl.m_block);
     // (p.window, not bound(), except in the causal kernel: with bound() the d64 kernel without a
     // bound spilled 4 bytes)
     BlockRange range = key_block_range<kBlockM, kBlockN>(kCausal ? bound() : p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
     if constexpr (kSplit) range = piece_range(range, tl);
+    auto blk = [&](int n) {
+      if constexpr (kPairs)
+        return TileOrder::walk_block(diag_last, n, range.lo, range.hi);
+      else
+        return n;
+    };
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
 #pragma unroll
@@ -1171,7 +1185,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         // block's K, the last one's after the first S: with kSkipLeading once the first S's
         // barrier has gathered the warps past its wait (below), with kSkipFirstWhole after the S,
         // seen landed there (an O staged in that slot included).
-        while (bound().right >= 0 && seen_end <= n * kBlockN && n > range.lo) {
+        while (bound().right >= 0 && seen_end <= blk(n) * kBlockN && n > range.lo) {
           mbar_wait(&bar.k_full[r.stage], r.phase);
           if (skipped_v >= 0) mbar_wait(&bar.v_full[skipped_v], skipped_phase);
           step_turns();
@@ -1196,7 +1210,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // First block: S_0 alone. With the serial step, where these rows see only the block's lower
       // half, S_0 and its P V cover that half alone (kHalfGemms).
       [[maybe_unused]] const bool lower_first =
-          kHalfGemms && p.window.right >= 0 && seen_end <= n * kBlockN + kBlockN / 2;
+          kHalfGemms && p.window.right >= 0 && seen_end <= blk(n) * kBlockN + kBlockN / 2;
       [[maybe_unused]] bool pv_lower = lower_first;
       const int first_slot = uniform(r.stage * Cfg::kKVBytes);
       mbar_wait(&bar.k_full[r.stage], r.phase);
@@ -1239,14 +1253,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // whole step would leave them), the lower half (the step on it, the upper half's P zero;
       // its mask takes the one-compare path where there is no left bound), or more (the whole
       // step).
-      if (kSkipFirst && p.window.right >= 0 && seen_end <= n * kBlockN) {
+      if (kSkipFirst && p.window.right >= 0 && seen_end <= blk(n) * kBlockN) {
 #pragma unroll
         for (int i = 0; i < kBlockN / 2; ++i) s[i] = 0.0f;
         corr[0] = corr[1] = 1.0f;
-      } else if (kHalfFirst && p.window.right >= 0 && seen_end <= n * kBlockN + kBlockN / 2) {
-        softmax_lower_half(n, first_row, corr);
+      } else if (kHalfFirst && p.window.right >= 0 && seen_end <= blk(n) * kBlockN + kBlockN / 2) {
+        softmax_lower_half(blk(n), first_row, corr);
       } else {
-        softmax(n, first_row, corr);
+        softmax(blk(n), first_row, corr);
       }
       softmax_turn_end();
       to_p(pf);
@@ -1292,7 +1306,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           wgmma::pin(s);
           if (kEarlyQFree && n == range.lo) release_q(&bar.q_empty[q_stage()]);
           release_k(n, r.stage);
-          softmax(n, first_row, corr);
+          softmax(blk(n), first_row, corr);
           rescale_o(o, corr);
           to_p(p_next);
           prev = r.stage;
@@ -1324,7 +1338,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           release_k(n, r.stage);
           release(&bar.v_empty[prev]);
           softmax_turn_begin();
-          softmax(n, first_row, corr);
+          softmax(blk(n), first_row, corr);
           softmax_turn_end();
         } else {  // S_j first: its softmax runs while P_{j-1} V_{j-1} is on the tensor cores
           if constexpr (kDescsAhead) issue_s_d(d); else issue_s_at(s_slot);
@@ -1353,7 +1367,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // the exact step (decided together: bar.red.or on this consumer's own barrier). Decided
             // here, before P V's wait: ptxas then keeps that wait among the exponentials, where it
             // measured best.
-            bool exact = block_needs_mask<kMaskRows, kBlockN>(n, bound(), first_row + mask_rows_at, p.seqlen_q, p.seqlen_k);
+            bool exact = block_needs_mask<kMaskRows, kBlockN>(blk(n), bound(), first_row + mask_rows_at, p.seqlen_q, p.seqlen_k);
             if (!exact) {
               float bsum[2];
               const bool ok = softmax_step_no_max<kBlockN, Cfg::kPolyEvery>(s, bsum, rows, p.scale_log2,
@@ -1371,11 +1385,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                 rows[1].sum += bsum[1];
               }
             }
-            if (exact) softmax(n, first_row, corr);
+            if (exact) softmax(blk(n), first_row, corr);
             release_k(n, r.stage);
             if constexpr (Cfg::kDoubleP) to_p(p_next);
           } else {
-            softmax(n, first_row, corr);
+            softmax(blk(n), first_row, corr);
             if constexpr (Cfg::kDoubleP) to_p(p_next);
           }
           softmax_turn_end();

@@ -118,6 +118,12 @@ struct TileOrder {
   // neighbouring CTAs, which the hardware places on one TPC: half the grid apart they ran H100
   // d256 causal 512 6 % slower (docs/perf-notes.md, "Where each CTA of d256 causal 512 ends").
   bool paired = false;
+  // Paired tiles from this unit on (0, or the launch's last round; fwd_launch.cuh) walk a head's
+  // longest tile with its diagonal block last: 2, 1, 0, 3 for four blocks, where the others walk
+  // down from their diagonal. The head's last DRAM read is then the block that only this step
+  // reads, and less compute is left after it (docs/perf-notes.md, "The long tile's diagonal read
+  // last").
+  int diagonal_last_from = INT_MAX;
 
   static constexpr int kEnd = INT_MAX;  // no more work for this CTA
 
@@ -181,6 +187,16 @@ struct TileOrder {
     if (t >= count) return false;
     tl = decode_tile<kMayPair>(t, rank);
     return true;
+  }
+
+  // Whether paired tile t, of query block m_block, walks its diagonal block last.
+  __host__ __device__ bool diagonal_last(int t, int m_block) const {
+    return paired && (t >> 1) >= diagonal_last_from && m_block == m_blocks - 1;
+  }
+  // The key block at walk position n (counting down from hi - 1 to lo, as every walk does) of a
+  // tile over blocks [lo, hi): n itself, or with the diagonal last hi - 2, ..., lo, hi - 1.
+  __host__ __device__ static int walk_block(bool diagonal_last, int n, int lo, int hi) {
+    return !diagonal_last ? n : n == lo ? hi - 1 : n - 1;
   }
 
   // Tile t (< count) as seen by cluster rank `rank`.
