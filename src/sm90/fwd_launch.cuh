@@ -421,15 +421,20 @@ int max_cluster_pairs(int device) {
 }
 
 // The device's peak DRAM bandwidth in GB/s by its memory clock and bus width (double data rate);
-// 0 where the driver does not say.
-inline int64_t dram_gbps(int device) {
-  int khz = 0, bits = 0;
-  if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return int64_t(khz) * bits * 2 / 8 / 1000000;
+// 0 where the driver does not say. Kept once a device: the memory clock's query took about 0.6 ms
+// a call on an H200, six times the launch it decides (docs/perf-notes.md, "The long tile's diagonal
+// read last, built").
+inline int dram_gbps(int device) {
+  static PerDevice gbps;
+  return gbps.get(device, [device] {
+    int khz = 0, bits = 0;
+    if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return int(int64_t(khz) * bits * 2 / 8 / 1000000);
+  });
 }
 
 template <class Cfg>
