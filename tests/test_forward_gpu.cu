@@ -229,10 +229,10 @@ TEST(ForwardGpu, D256FirstBlockPassedOver) {
 // bottom-right with every tile seeing most keys (256 x 4000, one pair a head), GQA, fp16, BHSD, and
 // more pairs than SMs through the public API (192 pairs: on 132 SMs a second, partial round; kept
 // that small because the float64 reference on the CPU is what this test's time goes to). With four
-// query blocks a head (512; 420, the last block's second consumer idle) the longest tile walks its
-// diagonal block last (TileOrder::diagonal_last_from): in every round, the last round only (on 5
-// CTAs: rounds, the last partial with an odd head count) and never, each set through
-// FwdParams::diagonal_last, and as the device picks.
+// or more query blocks a head (512; 420, the last block's second consumer idle; 1000; 1024) the
+// longest tile walks its diagonal block last (TileOrder::diagonal_last_from): in every round, the
+// last round only (on 5 CTAs: rounds, the last partial with an odd head count) and never, each set
+// through FwdParams::diagonal_last, and as the device picks.
 TEST(ForwardGpu, D256CausalPairs) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 170;
@@ -246,6 +246,10 @@ TEST(ForwardGpu, D256CausalPairs) {
     c.max_ctas = 5;
     c.diagonal_last = diagonal_last;
     run_case(c, seed++);
+    Case six{BF16, 1, 768, 768, 5, 5, 256, true};  // six blocks: 4, 3, 2, 1, 0 and then 5
+    six.max_ctas = 4;
+    six.diagonal_last = diagonal_last;
+    run_case(six, seed++);
   }
   run_case({FP16, 3, 1000, 1000, 4, 2, 256, true}, seed++);
   run_case({BF16, 2, 256, 4000, 2, 1, 256, true}, seed++);
@@ -274,12 +278,6 @@ TEST(ForwardGpu, D256SerialStep) {
   for (int ctas : {5, 0}) {
     Case c{BF16, 4, 512, 512, 8, 8, 256, true};
     c.max_ctas = ctas;
-    run_case(c, seed++);
-  }
-  for (int diagonal_last : {1, 2, 3}) {  // each walk, whichever the device takes by default
-    Case c{BF16, 2, 512, 512, 9, 3, 256, true};
-    c.max_ctas = 5;
-    c.diagonal_last = diagonal_last;
     run_case(c, seed++);
   }
   run_case({FP16, 3, 500, 500, 4, 2, 256, true}, seed++);

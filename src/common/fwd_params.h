@@ -41,8 +41,8 @@ struct FwdParams {
   // At most this many CTAs in the persistent grid (0 = one a multiprocessor). For tests and
   // measurements: small problems then take several rounds.
   int max_ctas = 0;
-  // A head's longest tile walking its diagonal block last (sm90 paired causal tiles of four query
-  // blocks; sm90/fwd_launch.cuh): 0 = by the device (every round where DRAM runs 4 TB/s or more,
+  // A head's longest tile walking its diagonal block last (sm90 paired causal tiles, four or more
+  // query blocks; sm90/fwd_launch.cuh): 0 = by the device (every round where DRAM runs 4 TB/s or more,
   // else the last round), 1 = never, 2 = the last round only, 3 = every round.
   int diagonal_last = 0;
 };

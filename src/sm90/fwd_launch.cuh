@@ -523,13 +523,13 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   int grid = int(a.schedule == 2       ? tiles
                  : k.tiles.paired ? paired_grid(tiles / 2, slots)
                                   : cluster * std::min<int64_t>(tiles, slots));
-  // Pairs of four query blocks under the plain causal bound (as many keys as queries): a head's
-  // longest tile walks its diagonal block last (TileOrder::diagonal_last_from). Where DRAM is fast
-  // (4 TB/s or more by its clock and width: an H200) in every round, which measured 1 % faster
-  // there. Otherwise (an H100) in the last round only, from its first whole head: in every round
+  // Pairs of four or more query blocks under the plain causal bound (as many keys as queries): a
+  // head's longest tile walks its diagonal block last (TileOrder::diagonal_last_from). Where DRAM
+  // is fast (4 TB/s or more by its clock and width: an H200) in every round, which measured 1 %
+  // faster there at four blocks, 0.1-0.5 % at six to sixteen. Otherwise (an H100) in the last round only, from its first whole head: in every round
   // the load order alone measured 1.8 % slower on an H100, in the last round 0.5 % faster
   // (docs/perf-notes.md, "The long tile's diagonal read last").
-  if (k.tiles.paired && m_blocks == 4 && a.seqlen_q == a.seqlen_k && a.diagonal_last != 1) {
+  if (k.tiles.paired && m_blocks >= 4 && a.seqlen_q == a.seqlen_k && a.diagonal_last != 1) {
     const bool every_round = a.diagonal_last == 3 || (a.diagonal_last == 0 && dram_gbps(device) >= 4000);
     k.tiles.diagonal_last_from = every_round ? 0 : int(((tiles / 2 - 1) / grid * grid + 1) / 2 * 2);
   }
