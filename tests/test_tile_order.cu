@@ -218,6 +218,14 @@ TEST(TileOrder, DiagonalLastWalkTakesEveryBlockOnce) {
   EXPECT_FALSE(order.diagonal_last(2 * 383, 3));      // the round before
   order.paired = false;
   EXPECT_FALSE(order.diagonal_last(2 * 384, 3));
+  // Where the last round's walk starts: the first whole head of the last round.
+  EXPECT_EQ(TileOrder::last_round_first_head(512, 132, 2), 396);  // 256 heads of 4 blocks: round at 396
+  EXPECT_EQ(TileOrder::last_round_first_head(528, 132, 2), 396);  // 528 units: four whole rounds
+  EXPECT_EQ(TileOrder::last_round_first_head(264, 131, 2), 262);  // round at 262, a head boundary
+  EXPECT_EQ(TileOrder::last_round_first_head(300, 131, 3), 264);  // 100 heads of 6 blocks: round at 262
+  EXPECT_EQ(TileOrder::last_round_first_head(512, 132, 4), 396);  // 128 heads of 8 blocks
+  EXPECT_EQ(TileOrder::last_round_first_head(512, 131, 4), 396);  // round at 393
+  EXPECT_EQ(TileOrder::last_round_first_head(10, 132, 2), 0);     // one round: every head
 }
 
 // Paired causal tiles (tile_order.cuh): in static rounds of G CTAs every tile comes once; a CTA

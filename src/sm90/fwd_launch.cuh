@@ -421,9 +421,9 @@ int max_cluster_pairs(int device) {
 }
 
 // The device's peak DRAM bandwidth in GB/s by its memory clock and bus width (double data rate);
-// 0 where the driver does not say. Kept once a device: the memory clock's query took about 0.6 ms
-// a call on an H200, six times the launch it decides (docs/perf-notes.md, "The long tile's diagonal
-// read last, built").
+// 0 where the query fails (asked again next launch), at least 1 where it answers. Kept once a
+// device: the memory clock's query took about 0.7 ms a call on an H200, several times the launch
+// it decides (docs/perf-notes.md, "The long tile's diagonal read last, built").
 inline int dram_gbps(int device) {
   static PerDevice gbps;
   return gbps.get(device, [device] {
@@ -433,7 +433,8 @@ inline int dram_gbps(int device) {
       cudaGetLastError();
       return 0;
     }
-    return int(int64_t(khz) * bits * 2 / 8 / 1000000);
+    // A clock or width of 0 still answers: kept as 1 (slow DRAM), so it is not asked every launch.
+    return std::max(1, int(int64_t(khz) * bits * 2 / 8 / 1000000));
   });
 }
 
@@ -526,12 +527,13 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // Pairs of four or more query blocks under the plain causal bound (as many keys as queries): a
   // head's longest tile walks its diagonal block last (TileOrder::diagonal_last_from). Where DRAM
   // is fast (4 TB/s or more by its clock and width: an H200) in every round, which measured 1 %
-  // faster there at four blocks, 0.1-0.5 % at six to sixteen. Otherwise (an H100) in the last round only, from its first whole head: in every round
-  // the load order alone measured 1.8 % slower on an H100, in the last round 0.5 % faster
-  // (docs/perf-notes.md, "The long tile's diagonal read last").
+  // faster there at four blocks, 0.1-0.5 % at six to sixteen. Otherwise (an H100) in the last
+  // round only, from its first whole head: in every round the load order alone measured 1.8 %
+  // slower on an H100, in the last round 0.5 % faster (docs/perf-notes.md, "The long tile's
+  // diagonal read last").
   if (k.tiles.paired && m_blocks >= 4 && a.seqlen_q == a.seqlen_k && a.diagonal_last != 1) {
     const bool every_round = a.diagonal_last == 3 || (a.diagonal_last == 0 && dram_gbps(device) >= 4000);
-    k.tiles.diagonal_last_from = every_round ? 0 : int(((tiles / 2 - 1) / grid * grid + 1) / 2 * 2);
+    k.tiles.diagonal_last_from = every_round ? 0 : TileOrder::last_round_first_head(tiles / 2, grid, m_blocks / 2);
   }
   LaunchScratch scratch;
   if (uniform && a.schedule != 2 && a.split != 1) {

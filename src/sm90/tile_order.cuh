@@ -193,6 +193,12 @@ struct TileOrder {
   __host__ __device__ bool diagonal_last(int t, int m_block) const {
     return paired && (t >> 1) >= diagonal_last_from && m_block == m_blocks - 1;
   }
+  // The first unit of the first head that starts in the last of the static rounds of `grid` units
+  // over `units` (paired tiles: a head is head_units = m_blocks / 2 units; units > 0).
+  static int last_round_first_head(int64_t units, int64_t grid, int64_t head_units) {
+    const int64_t last_round = (units - 1) / grid * grid;
+    return int((last_round + head_units - 1) / head_units * head_units);
+  }
   // The key block at walk position n (counting down from hi - 1 to lo, as every walk does) of a
   // tile over blocks [lo, hi): n itself, or with the diagonal last hi - 2, ..., lo, hi - 1.
   __host__ __device__ static int walk_block(bool diagonal_last, int n, int lo, int hi) {
