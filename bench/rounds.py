@@ -40,7 +40,7 @@ def time_in_rounds(fns, rounds, time_one):
 
 def summary(timings, keep_rounds):
     """A provider's rounds as a record's fields: the median time, SM clock and power (None where
-    unknown), and with keep_rounds the time of each round in the order they ran."""
+    unknown), and with keep_rounds the time, SM clock and power of each round in the order they ran."""
     if not timings:
         return {}
     clocks = [c for _, c, _ in timings if c is not None]
@@ -50,6 +50,8 @@ def summary(timings, keep_rounds):
            "power_w": statistics.median(powers) if powers else None}
     if keep_rounds:
         out["ms_rounds"] = [t for t, _, _ in timings]
+        out["sm_clock_rounds"] = [c for _, c, _ in timings]
+        out["power_rounds"] = [w for _, _, w in timings]
     return out
 
 
@@ -78,7 +80,8 @@ def _self_test():
     assert timed["fa2"] == []
     assert [t for t, _, _ in timed["fa4"]] == [1.0, 3.0, 2.0]
     s = summary(timed["fa4"], True)
-    assert s == {"ms": 2.0, "sm_clock_mhz": 1980.0, "power_w": 500.0, "ms_rounds": [1.0, 3.0, 2.0]}, s
+    assert s == {"ms": 2.0, "sm_clock_mhz": 1980.0, "power_w": 500.0, "ms_rounds": [1.0, 3.0, 2.0],
+                 "sm_clock_rounds": [1980.0] * 3, "power_rounds": [500.0] * 3}, s
     s = summary(timed["cudnn"], False)
     assert s == {"ms": 5.0, "sm_clock_mhz": None, "power_w": 500.0}, s
     assert summary([], True) == {}
