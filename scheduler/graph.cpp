@@ -154,6 +154,7 @@ std::string Graph::describe(const Edge& e) const {
   s += kind_name(e.kind);
   if (e.kind == EdgeKind::kCarried) s += " " + std::to_string(e.distance);
   if (e.kind == EdgeKind::kAnti) s += " " + buffers[e.buffer].name;
+  if (e.kind == EdgeKind::kAnti && e.after > 0) s += " after " + std::to_string(e.after);
   s += ", line " + std::to_string(e.line) + ")";
   return s;
 }
@@ -272,10 +273,18 @@ Graph parse_graph(const std::string& text, const std::string& file) {
             if (e.buffer < 0)
               ln.fail("unknown buffer '" + buf + "' (declared: " + join(names_of(g.buffers)) + ")");
           }
+        } else if (w == "after") {
+          if (e.kind != EdgeKind::kAnti) ln.fail("'after K' belongs to an anti edge, after its buffer");
+          e.after = static_cast<int>(ln.number("iterations after the fill", 1));
+          const Buffer& b = g.buffers[e.buffer];
+          if (b.max_slots && *b.max_slots < e.after)
+            ln.fail("buffer '" + b.name + "' holds at most " + std::to_string(*b.max_slots) +
+                    " slots; a reader " + std::to_string(e.after) + " iterations after the fill needs " +
+                    std::to_string(e.after));
         } else if (w == "lat") {
           e.lat = ln.number("edge latency", 0);
         } else {
-          ln.fail("unknown edge attribute '" + w + "' (want flow, carried D, anti BUFFER or lat N)");
+          ln.fail("unknown edge attribute '" + w + "' (want flow, carried D, anti BUFFER [after K] or lat N)");
         }
       }
       e.line = number;

@@ -52,13 +52,16 @@ enum class EdgeKind { kFlow, kCarried, kAnti };
 //   start(dst) - start(src) >= lat - II * distance
 // kFlow: distance 0. kCarried: distance given in the file, >= 1 for a loop-carried dependence,
 // <= -1 for an ordering against a later iteration (dst of block j-1 after src of block j).
-// kAnti: distance = slots of `buffer` (src is the slot's last reader, dst the op that refills it).
+// kAnti: distance = slots of `buffer` less `after` (src is the slot's last reader, dst the op that
+// refills it; the reader runs `after` iterations after the one that filled the slot, 0 unless the
+// graph says `after K`, and the buffer then needs at least `after` slots).
 struct Edge {
   int src = -1;
   int dst = -1;
   EdgeKind kind = EdgeKind::kFlow;
   int distance = 0;  // kCarried only
   int buffer = -1;   // kAnti only
+  int after = 0;     // kAnti only: iterations between the slot's fill and its last read
   int64_t lat = 0;   // the producer's latency unless the line overrides it
   int line = 0;
 };

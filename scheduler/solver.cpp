@@ -34,7 +34,7 @@ int64_t edge_distance(const Edge& e, const std::vector<int>& slots) {
   switch (e.kind) {
     case EdgeKind::kFlow: return 0;
     case EdgeKind::kCarried: return e.distance;
-    case EdgeKind::kAnti: return slots[e.buffer];
+    case EdgeKind::kAnti: return slots[e.buffer] - e.after;
   }
   return 0;
 }
@@ -76,15 +76,16 @@ std::vector<int64_t> deepest_distances(const Graph& g) {
       d.push_back(e.kind == EdgeKind::kCarried ? e.distance : 0);
     } else {
       auto bound = g.slot_bound(e.buffer);
-      d.push_back(bound ? *bound : kUnbounded);
+      d.push_back(bound ? *bound - e.after : kUnbounded);
     }
   }
   return d;
 }
 
-// The smallest distance an edge can have (anti edges at their buffer's minimum depth).
+// The smallest distance an edge can have (anti edges at the least depth their buffer may take:
+// its minimum, and at least the iterations between a slot's fill and its read).
 int64_t least_distance(const Graph& g, const Edge& e) {
-  return e.kind == EdgeKind::kAnti ? g.buffers[e.buffer].min_slots : edge_distance(e, {});
+  return e.kind == EdgeKind::kAnti ? std::max(g.buffers[e.buffer].min_slots, e.after) - e.after : edge_distance(e, {});
 }
 
 // A cycle whose summed (lat - II * distance) is positive, i.e. one that II cannot satisfy, found
@@ -166,7 +167,8 @@ class Model {
       solver_.add(used <= iv(g.capacities[c].amount));
     }
     for (const Edge& e : g.edges) {
-      z3::expr dist = e.kind == EdgeKind::kAnti ? slots_[e.buffer] : iv(edge_distance(e, {}));
+      z3::expr dist = e.kind == EdgeKind::kAnti ? slots_[e.buffer] - iv(e.after) : iv(edge_distance(e, {}));
+      if (e.kind == EdgeKind::kAnti && e.after > 0) solver_.add(slots_[e.buffer] >= iv(e.after));
       solver_.add(tau_[e.dst] - tau_[e.src] >= iv(effective_lat(g, e)) - II * dist);
     }
     // Two ops of one unit: going round the II circle from either, the other starts only after it
@@ -399,6 +401,9 @@ std::vector<std::string> check_schedule(const Graph& g, const Schedule& s) {
                          ", more than its " + num(g.capacities[c].amount));
   }
   for (const Edge& e : g.edges) {
+    if (e.kind == EdgeKind::kAnti && s.slots[e.buffer] < e.after)
+      problems.push_back(g.describe(e) + ": buffer " + g.buffers[e.buffer].name + " has " + num(s.slots[e.buffer]) +
+                         " slots, fewer than the " + num(e.after) + " iterations between a slot's fill and its read");
     const int64_t d = edge_distance(e, s.slots);
     const int64_t have = s.start[e.dst] - s.start[e.src];
     const int64_t need = e.lat - s.ii * d;

@@ -6,10 +6,13 @@
 //   Q has landed, and each loader thread as it takes every third tile (ForwardGpu.WarpsSkewedEveryTile);
 // - kStepWarpLag: warp 1 or 2 of each consumer held that many cycles between its turn and its GEMM
 //   issue in every steady step (ForwardGpu.WarpLateToTheStepsIssue).
+// And the backward's (sm90/bwd_kernel.cuh, step_warp_lag): kStepWarpLag holds warps and warpgroups
+// of the d64/d128 dK/dV kernel apart by more than a step (BackwardGpu.WarpsSkewed).
 // What they test is the protocol (waits, turns, frees), not the schedule: the spin loops move
 // ptxas's choices (the d128 ones have some wgmma serialized, C7519; the d64 ones spill 4-8 bytes).
 #include "lagged_kernels.h"
 
+#include "sm90/bwd_launch.cuh"
 #include "sm90/fwd_configs.cuh"
 #include "sm90/fwd_launch.cuh"
 
@@ -33,7 +36,18 @@ template <class Base>
 struct StepWarpLate : Base {
   static constexpr long long kStepWarpLag = 20000;  // ~10 us: a K slot refilled meanwhile
 };
+template <class Base>
+struct BwdStepWarpLate : Base {
+  static constexpr long long kStepWarpLag = 6000;  // ~3 us: more than a d128 step
+};
 }  // namespace
+
+Status backward_warps_skewed(const detail::BwdParams& p, cudaStream_t stream) {
+  if (p.dtype != DType::kBF16 || (p.head_dim != 64 && p.head_dim != 128))
+    return {StatusCode::kNotSupported, "backward_warps_skewed: bf16 at head_dim 64 or 128"};
+  return p.head_dim == 64 ? detail::launch_backward<BwdStepWarpLate<sm90::bwd::BwdConfig<64, true>>>(p, stream)
+                          : detail::launch_backward<BwdStepWarpLate<sm90::bwd::BwdConfig<128, true>>>(p, stream);
+}
 
 Status forward_step_warp_late(const detail::FwdParams& p, cudaStream_t stream) {
   return sm90::launch_forward<StepWarpLate<D128>>(p, stream);

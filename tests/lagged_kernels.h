@@ -2,6 +2,7 @@
 // Kernels built for the tests alone (tests/lagged_kernels.cu).
 #include <cuda_runtime.h>
 
+#include "common/bwd_params.h"
 #include "common/fwd_params.h"
 
 namespace fa4::test {
@@ -21,5 +22,10 @@ Status forward_tile_warp_late(const detail::FwdParams& p, cudaStream_t stream);
 // bf16 d128 with warp 1 or 2 of each consumer held ~10 us between its turn and its GEMM issue in
 // every steady step.
 Status forward_step_warp_late(const detail::FwdParams& p, cudaStream_t stream);
+
+// The bf16 backward at head_dim 64 or 128 (the shipped dK/dV configuration) with, in step s of
+// each dK/dV CTA, warp s % 4 of warpgroup (s / 4) % 2 held ~3 us before its dS^T stores, warpgroup 1
+// held at the top of every fifth step and warpgroup 0 of every seventh.
+Status backward_warps_skewed(const detail::BwdParams& p, cudaStream_t stream);
 
 }  // namespace fa4::test

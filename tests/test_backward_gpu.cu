@@ -24,7 +24,9 @@
 #include "convert.h"
 #include "device_tensor.h"
 #include "fa4/attention.h"
+#include "common/validate.h"
 #include "gpu_guard.h"
+#include "lagged_kernels.h"
 #include "test_support.h"
 #include "reference.h"
 
@@ -44,6 +46,8 @@ struct Case {
   Layout layout = Layout::kBSHD;
   float scale = 0.0f;  // 0: the default 1/sqrt(head_dim)
   bool deterministic = false;
+  // Set: the launch in the public API's place (through BwdParams, after the same validation).
+  fa4::Status (*launch)(const fa4::detail::BwdParams&, cudaStream_t) = nullptr;
 
   fa4::Problem problem() const {
     fa4::Problem p = fa4::test::make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype);
@@ -130,7 +134,13 @@ void run_backward(const Case& c, const Reference& r, Gradients* g) {
   }
   a.workspace = workspace.ptr;
   a.workspace_bytes = bytes;
-  st = fa4::backward(a, nullptr);
+  if (c.launch != nullptr) {
+    st = fa4::validate(a);
+    ASSERT_TRUE(st.ok()) << st.message;
+    st = c.launch(fa4::detail::make_bwd_params(a), nullptr);
+  } else {
+    st = fa4::backward(a, nullptr);
+  }
   ASSERT_TRUE(st.ok()) << fa4::to_string(st.code) << ": " << st.message;
   fa4_test::finish_or_exit(c.name());
   CUDA_OK(cudaDeviceSynchronize());
@@ -310,6 +320,39 @@ TEST(BackwardGpu, DeterministicEveryHeadDimAndMask) {
   }
   for (Case& c : cases) c.deterministic = true;
   run_cases(cases, 700);
+}
+
+TEST(BackwardGpu, EveryStepCountAtD128) {
+  FA4_REQUIRE_GPU();
+  // d128's dQ runs a step behind its dK/dV step, on two dS^T buffers, three step buffers and
+  // warpgroup 1 started late: walks of 1 to 8 steps (query blocks of 64; one query head a KV head)
+  // reach the last step's dQ after the loop, the first reuse of each buffer and the ring's first
+  // refill; then the same walks over a GQA group of three.
+  std::vector<Case> cases;
+  for (int64_t steps = 1; steps <= 8; ++steps) cases.push_back({BF16, 1, 64 * steps - 5, 150, 2, 2, 128, false});
+  for (int64_t steps : {1, 2, 3}) cases.push_back({BF16, 1, 64 * steps - 5, 150, 3, 1, 128, false});
+  run_cases(cases, 800);
+}
+
+TEST(BackwardGpu, WarpsSkewed) {
+  FA4_REQUIRE_GPU();
+  // A test-only build of the d64/d128 dK/dV kernels (tests/lagged_kernels.cu) holds, every step,
+  // one warp ~3 us before its dS^T stores (another warp each step, in either warpgroup), and a
+  // whole warpgroup at the top of some steps, so the warpgroups run more than a step apart: every
+  // refill of the step ring and, at d128, every reuse of a dS^T buffer and every dQ a step behind
+  // must wait for what it needs. GQA, causal both ways, tails, a window, and the deterministic dQ.
+  std::vector<Case> cases;
+  for (int64_t d : {64, 128}) {
+    cases.push_back({BF16, 2, 700, 650, 8, 2, d, false});
+    cases.push_back({BF16, 1, 1000, 900, 4, 1, d, true});
+    cases.push_back({BF16, 1, 600, 1000, 3, 3, d, true});
+    cases.push_back({BF16, 1, 500, 500, 4, 2, d, false, 100, 30});
+    Case det{BF16, 1, 700, 650, 4, 2, d, true};
+    det.deterministic = true;
+    cases.push_back(det);
+  }
+  for (Case& c : cases) c.launch = fa4::test::backward_warps_skewed;
+  run_cases(cases, 900);
 }
 
 TEST(BackwardGpu, ScaleNotDefault) {

@@ -22,12 +22,14 @@ constexpr int64_t kStepRows = 2 * bwd::kBlock * 4 + 16;  // LSE and D rows, the 
 
 template <int kD>
 void expect_wg_model(const std::string& graph) {
-  using L = bwd::WgSmem<bwd::BwdConfig<kD, true>>;  // the shipped configuration
+  using Cfg = bwd::BwdConfig<kD, true>;  // the shipped configuration
+  using L = bwd::WgSmem<Cfg>;
   const SmemModel m = read_model(graph);
   EXPECT_EQ(m.capacity, 227 * 1024 - kSlack);
   EXPECT_EQ(m.slot.at("KV"), 2 * L::kKVBytes);
   EXPECT_EQ(m.slot.at("Ring"), 2 * L::kQBytes + kStepRows);
-  EXPECT_EQ(m.slot.at("DsT"), L::kDsBytes);
+  // dQ a step behind (d128): each dS^T buffer has its full and empty mbarriers.
+  EXPECT_EQ(m.slot.at("DsT"), L::kDsBytes + (Cfg::kDqLag ? 16 : 0));
   EXPECT_EQ(m.slot.at("Stage0"), bwd::kBlock * 64 * 4);
   EXPECT_EQ(m.slot.at("Stage1"), bwd::kBlock * 64 * 4);
   EXPECT_EQ(m.slot.at("KV") + L::kBufs * m.slot.at("Ring") + L::kDsBufs * m.slot.at("DsT") + 2 * m.slot.at("Stage0"),
@@ -77,6 +79,8 @@ void expect_sound_wg(const char* name) {
   EXPECT_LE(L::kDo + L::kBufs * L::kQBytes, L::kDs) << name;
   EXPECT_LE(L::kDs + L::kDsBufs * L::kDsBytes, L::kStage) << name;
   EXPECT_LE(L::kStage + 2 * L::kDqPieces * bwd::kBlock * 64 * 4, L::kLse) << name;
+  EXPECT_EQ(L::kDsBars, L::kBars + 2 * L::kBufs * 8) << name;  // dS^T's mbarriers after the ring's
+  EXPECT_LE(L::kDsBars + (Cfg::kDqLag ? 2 * L::kDsBufs * 8 : 0) + 1024, L::kBytes) << name;
 }
 
 template <class Cfg>
@@ -96,16 +100,17 @@ TEST(BackwardModel, EveryProbeConfigurationHasASoundLayout) {
   expect_sound_wg<BwdConfig<64, true, 2>>("d64 two step buffers");
   expect_sound_wg<BwdConfig<64, true, 3, false, true, true>>("d64 paired");
   expect_sound_wg<BwdConfig<128, true>>("d128 shipped");
-  expect_sound_wg<BwdConfig<128, true, 3, false>>("d128 three step buffers, unfolded");
-  expect_sound_wg<BwdConfig<128, true, 2, false>>("d128 two step buffers, unfolded");
-  expect_sound_wg<BwdConfig<128, true, 3, true>>("d128 three step buffers");
-  expect_sound_wg<BwdConfig<128, true, 2, true, true>>("d128 dQ by keys");
-  expect_sound_wg<BwdConfig<128, true, 2, true, false, true>>("d128 folded paired");
+  expect_sound_wg<BwdConfig<128, true, 2, true, false, false, false, 0, 0>>("d128 lockstep (dQ in its step)");
+  expect_sound_wg<BwdConfig<128, true, 3, true, false, false, false, 2, 0>>("d128 dQ a step behind, together");
+  expect_sound_wg<BwdConfig<128, true, 2, true, false, false, false, 3>>("d128 three dS^T buffers");
+  expect_sound_wg<BwdConfig<128, true, 3, false>>("d128 unfolded");
+  expect_sound_wg<BwdConfig<128, true, 2, true, true, false, false, 0, 0>>("d128 dQ by keys");
+  expect_sound_wg<BwdConfig<128, true, 3, true, false, true>>("d128 folded paired");
   expect_sound_256<BwdConfig<256, true>>("d256 shipped");
   expect_sound_256<BwdConfig<256, true, 2, false>>("d256 unfolded");
   expect_sound_256<BwdConfig<256, true, 2, true, false, true>>("d256 folded paired");
   // dQ by keys at d128: two 64 x 64 pieces a warpgroup, one dS^T buffer.
-  using ByKeys = bwd::WgSmem<BwdConfig<128, true, 2, false, true>>;
+  using ByKeys = bwd::WgSmem<BwdConfig<128, true, 2, false, true, false, false, 0, 0>>;
   EXPECT_EQ(ByKeys::kDqPieces, 2);
   EXPECT_EQ(ByKeys::kDsBufs, 1);
   EXPECT_EQ(ByKeys::kBytes, 215072);  // docs/perf-notes.md: "215,072 bytes"

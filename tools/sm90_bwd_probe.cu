@@ -18,6 +18,7 @@
 //                                  between consecutive stamps and the step's period, the offset
 //                                  between the two warpgroups; every stamp in DIR/bwd-trace-dD.csv
 //   FA4_PROBE_ONLY="128,256"       keeps only those head dims
+//   FA4_PROBE_CONFIGS="shipped"    check: keeps only the configurations named
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -53,24 +54,17 @@ struct Config {
   Launcher fn;
 };
 
-// The shipped configuration first for each head dim. Candidates: the step-ring depth (the
-// scheduler's graphs find two buffers enough), Q and dO as one folded TMA box a tile or in 64-column
-// boxes (d128 and d256 ship the folded box since an H200 measured it faster), the LSE and D rows as one
-// bulk copy (paired), and at d128 dQ split by keys (no CTA barrier before dQ; its 64 KB of stages
-// fit with two step buffers).
+// The shipped configuration first for each head dim. Candidates at d128: the configuration shipped
+// before dQ ran a step behind (two step buffers, the CTA barrier before dQ, the warpgroups in
+// lockstep), and dQ a step behind with both warpgroups started together. Candidates measured before
+// (step-ring depths, folded boxes, paired row statistics, dQ by keys at d128) are recorded in
+// docs/perf-notes.md and bench/results/; BwdConfig still builds them.
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
-    {"two-step-buffers", 64, run_cfg<BwdConfig<64, true, 2>>},
-    {"paired-stats", 64, run_cfg<BwdConfig<64, true, 3, false, true, true>>},
     {"shipped", 128, run_cfg<BwdConfig<128, true>>},
-    {"three-step-buffers-unfolded", 128, run_cfg<BwdConfig<128, true, 3, false>>},
-    {"two-step-buffers-unfolded", 128, run_cfg<BwdConfig<128, true, 2, false>>},
-    {"three-step-buffers", 128, run_cfg<BwdConfig<128, true, 3, true>>},
-    {"dq-by-keys", 128, run_cfg<BwdConfig<128, true, 2, true, true>>},
-    {"folded-paired", 128, run_cfg<BwdConfig<128, true, 2, true, false, true>>},
+    {"lockstep", 128, run_cfg<BwdConfig<128, true, 2, true, false, false, false, 0, 0>>},
+    {"lag-together", 128, run_cfg<BwdConfig<128, true, 3, true, false, false, false, 2, 0>>},
     {"shipped", 256, run_cfg<BwdConfig<256, true>>},
-    {"unfolded", 256, run_cfg<BwdConfig<256, true, 2, false>>},
-    {"folded-paired", 256, run_cfg<BwdConfig<256, true, 2, true, false, true>>},
 };
 
 bool wanted(int d) {
@@ -78,6 +72,14 @@ bool wanted(int d) {
   if (!only) return true;
   const std::string s = std::string(",") + only + ",";
   return s.find("," + std::to_string(d) + ",") != std::string::npos;
+}
+
+// check: FA4_PROBE_CONFIGS="shipped,dq-lag-3ds" keeps only the configurations named.
+bool wanted_config(const char* name) {
+  const char* only = std::getenv("FA4_PROBE_CONFIGS");
+  if (!only) return true;
+  const std::string s = std::string(",") + only + ",";
+  return s.find("," + std::string(name) + ",") != std::string::npos;
 }
 
 struct Shape {
@@ -187,7 +189,7 @@ int check_all() {
       std::vector<float> lse(f.lse.begin(), f.lse.end());
       CK(cudaMemcpy(dev.lse, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
       for (const Config& c : kConfigs) {
-        if (c.d != d) continue;
+        if (c.d != d || !wanted_config(c.name)) continue;
         dev.run(c);
         double eq = 0, ek = 0, ev = 0;
         const bool ok_q = within(download(dev.dq, dev.nq), exact.dq, plain.dq, &eq);
@@ -310,10 +312,11 @@ int time_all(int rounds) {
   return fails ? 1 : 0;
 }
 
-// The traced twins of the shipped configurations.
+// The traced twins of the shipped configurations, and of candidates (their CSV named after them).
 const Config kTraced[] = {
     {"shipped-traced", 64, run_cfg<BwdConfig<64, true, 3, false, true, false, true>>},
-    {"shipped-traced", 128, run_cfg<BwdConfig<128, true, 2, true, false, false, true>>},
+    {"shipped-traced", 128, run_cfg<BwdConfig<128, true, 3, true, false, false, true>>},
+    {"lockstep-traced", 128, run_cfg<BwdConfig<128, true, 2, true, false, false, true, 0, 0>>},
     {"shipped-traced", 256, run_cfg<BwdConfig<256, true, 2, true, false, false, true>>},
 };
 
@@ -345,7 +348,8 @@ int trace_all(const std::string& dir, int seqlen) {
     }
     std::vector<uint64_t> h(kTraceWords);
     CK(cudaMemcpy(h.data(), trace, kTraceWords * 8, cudaMemcpyDeviceToHost));
-    const std::string path = dir + "/bwd-trace-d" + std::to_string(d) + ".csv";
+    const std::string tag = std::string(c.name) == "shipped-traced" ? "" : "-" + std::string(c.name);
+    const std::string path = dir + "/bwd-trace-d" + std::to_string(d) + tag + ".csv";
     FILE* csv = std::fopen(path.c_str(), "w");
     if (!csv) { std::printf("cannot write %s\n", path.c_str()); return 1; }
     std::fprintf(csv, "cta,wg,step");
@@ -372,12 +376,13 @@ int trace_all(const std::string& dir, int seqlen) {
           iv[kTraceEvents].push_back(double(at(cta, wg, st + 1, 0)) - double(at(cta, wg, st, 0)));
           if (wg == 1) skew.push_back(double(at(cta, 1, st, 0)) - double(at(cta, 0, st, 0)));
         }
-        std::printf("TRACE d=%d seqlen=%d cta %d wg %d (%d steps, medians in cycles):", d, seqlen, cta, wg, steps);
+        std::printf("TRACE %s d=%d seqlen=%d cta %d wg %d (%d steps, medians in cycles):", c.name, d, seqlen, cta, wg,
+                    steps);
         for (int e = 0; e < kTraceEvents; ++e) std::printf(" %s %.0f", kIntervals[e], median_of(iv[e]));
         std::printf("  period %.0f\n", median_of(iv[kTraceEvents]));
       }
-    std::printf("TRACE d=%d seqlen=%d: warpgroup 1's step top after warpgroup 0's, median %.0f cycles\n", d, seqlen,
-                median_of(skew));
+    std::printf("TRACE %s d=%d seqlen=%d: warpgroup 1's step top after warpgroup 0's, median %.0f cycles\n", c.name, d,
+                seqlen, median_of(skew));
     std::fclose(csv);
   }
   cudaFree(trace);
@@ -387,6 +392,7 @@ int trace_all(const std::string& dir, int seqlen) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines in order with compute-sanitizer's reports
   int dev = 0;
   cudaDeviceProp prop;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess || prop.major != 9) {

@@ -140,6 +140,19 @@ TEST(GraphFormat, NegativeDistanceOrdersAgainstALaterIteration) {
 TEST(GraphErrors, AntiUnknownBuffer) {
   expect_error(kUnits + "op A u lat 1\nedge A -> A anti ring\n", 4, "unknown buffer 'ring'");
 }
+TEST(GraphFormat, AntiAfter) {
+  const Graph g = parse_graph(kUnits + "capacity smem 64\nbuffer ring smem 16 slots 2..\nop A u lat 1\nedge A -> A anti ring after 1 lat 5\n");
+  EXPECT_EQ(g.edges[0].after, 1);
+  EXPECT_EQ(g.edges[0].lat, 5);
+  EXPECT_EQ(g.describe(g.edges[0]), "edge A -> A (anti ring after 1, line 6)");
+}
+TEST(GraphErrors, AfterOutsideAnAntiEdge) {
+  expect_error(kUnits + "op A u lat 1\nedge A -> A carried 1 after 1\n", 4, "'after K' belongs to an anti edge");
+}
+TEST(GraphErrors, AfterBeyondTheBuffersDepth) {
+  expect_error(kUnits + "capacity smem 64\nbuffer ring smem 16 slots 1..2\nop A u lat 1\nedge A -> A anti ring after 3\n", 6,
+               "buffer 'ring' holds at most 2 slots; a reader 3 iterations after the fill needs 3");
+}
 TEST(GraphErrors, EdgeKindTwice) {
   expect_error(kUnits + "op A u lat 1\nedge A -> A carried 1 flow\n", 4, "edge kind given twice");
 }

@@ -42,6 +42,7 @@ INSTANTIATE_TEST_SUITE_P(
                     Expected{"distance2", 1, 4, 4, 2},    // recurrence over two iterations
                     Expected{"anti", 1, 2, 2, 3},         // anti-dependence, deep ring
                     Expected{"anti_tight", 1, 4, 4, 2},   // anti-dependence, capacity-bound ring
+                    Expected{"anti_after", 1, 4, 4, 1},   // slot read an iteration after its fill
                     Expected{"occupancy", 7, 5, 7, 1},    // same-unit edge shorter than occupancy
                     Expected{"interplay", 3, 3, 4, 1},    // II above both bounds
                     Expected{"buffers", 4, 1, 4, 2},      // slots minimised after stages
@@ -52,6 +53,25 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Solver, AntiDependenceDepthFollowsCapacity) {
   EXPECT_EQ(solve(test_graph("anti")).schedule.slots, std::vector<int>{4});
   EXPECT_EQ(solve(test_graph("anti_tight")).schedule.slots, std::vector<int>{2});
+  EXPECT_EQ(solve(test_graph("anti_after")).schedule.slots, std::vector<int>{2});
+}
+
+TEST(Solver, AntiAfterNeedsTheReadersIterationsOfSlots) {
+  // A reader two iterations after the fill needs two slots at least, even where one more would not
+  // fit the II's bound: P fills, C reads two iterations on; with one slot the refill would come
+  // before the read.
+  const Graph g = parse_graph(
+      "unit u\nunit v\ncapacity smem 4096 bytes\nbuffer ring smem 1024 slots 1..\nop P u lat 1\nop C v lat 1\n"
+      "edge P -> C carried 2\nedge C -> P anti ring after 2\n");
+  const Solution sol = solve(g);
+  EXPECT_GE(sol.schedule.slots[0], 2);
+  EXPECT_TRUE(check_schedule(g, sol.schedule).empty());
+  Schedule one = sol.schedule;
+  one.slots[0] = 1;
+  const auto problems = check_schedule(g, one);
+  ASSERT_FALSE(problems.empty());
+  EXPECT_NE(problems[0].find("fewer than the 2 iterations between a slot's fill and its read"), std::string::npos)
+      << problems[0];
 }
 
 TEST(Solver, MinimisesBufferDepthAfterStages) {

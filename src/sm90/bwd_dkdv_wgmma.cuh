@@ -6,7 +6,8 @@
 //   P^T, dS^T in registers (the accumulator layout is the A operand's)
 //   dV  += P^T dO  (RS, dO MN-major)             dK  += dS^T Q (RS, Q MN-major)
 //   dS^T to shared memory; dQ = dS K over the 128 keys (SS, both MN-major): at d128 each warpgroup
-//   takes 64 of the columns, at d64 each its own 64 keys (the two pieces then add in L2).
+//   takes 64 of the columns, a step late (below), at d64 each its own 64 keys (the two pieces then
+//   add in L2).
 //
 // Tiles lie in the 128-byte-swizzled layout wgmma reads (64-column blocks of rows x 128 bytes). K
 // and V load once by cp.async. Each step's Q and dO come by TMA, and its rows of D and of the LSE
@@ -15,7 +16,11 @@
 // at d256): no CTA barrier opens or closes a step, so the warpgroups are held together only where
 // one reads what the other wrote (d128: dQ reads both's dS^T; d256: dV/dK read both's P^T and
 // dS^T), and those tiles have two buffers so that a warpgroup may write the next step's while
-// the other still reads this one's.
+// the other still reads this one's. At d256 a CTA barrier inside the step waits for both halves.
+// At d128 (BwdConfig::kDqLagBufs) dQ of step s is computed at the end of step s + 1, behind the
+// dS^T buffer's full and empty mbarriers, and warpgroup 1 starts its walk once warpgroup 0's first
+// dP^T has landed (BwdConfig::kSkew): the warpgroups run apart, one's exponentials under the
+// other's GEMMs, where a CTA barrier before dQ held them in lockstep.
 #pragma once
 
 #include <cuda/ptx>
@@ -78,9 +83,11 @@ __device__ __forceinline__ void load_kv(const detail::BwdParams& p, const Walk& 
 }
 
 // A ring of kBufs buffers that one thread fills a step ahead: step s's loads go into buffer
-// s % kBufs and land on full[buf]; every warp arrives on empty[buf] once done with it, and the
-// buffer is refilled for step s + kBufs after that.
-template <int kBufs>
+// s % kBufs and land on full[buf]; every warp (kEveryThread: every thread) arrives on empty[buf]
+// once done with it, and the buffer is refilled for step s + kBufs after that. Where no CTA barrier
+// falls between a step's reads and the refill (BwdConfig::kDqLag), every thread arrives: its own
+// release then orders its reads before the refill, as compute-sanitizer's racecheck follows it.
+template <int kBufs, bool kEveryThread = false>
 struct StepRing {
   uint64_t* full;   // [kBufs]: the step's loads have landed
   uint64_t* empty;  // [kBufs]: every warp is done with the buffer
@@ -95,7 +102,7 @@ struct StepRing {
   __device__ __forceinline__ void init() const {
     for (int i = 0; i < kBufs; ++i) {
       ptx::mbar_init(&full[i], 1);
-      ptx::mbar_init(&empty[i], kThreads / 32);
+      ptx::mbar_init(&empty[i], kEveryThread ? kThreads : kThreads / 32);
     }
     ptx::fence_barrier_init();
   }
@@ -110,8 +117,12 @@ struct StepRing {
   __device__ __forceinline__ void wait(int s) const { ptx::mbar_wait(&full[s % kBufs], (s / kBufs) & 1); }
   // Every thread of the warp is done with step s's buffer (its GEMMs retired, its reads done).
   __device__ __forceinline__ void release(int s) const {
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&empty[s % kBufs]);
+    if constexpr (kEveryThread) {
+      ptx::mbar_arrive(&empty[s % kBufs]);
+    } else {
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&empty[s % kBufs]);
+    }
   }
 };
 
@@ -120,7 +131,7 @@ struct StepRing {
 // workspace). Rows past seqlen_q read as zeros (TMA) and as D 0 and LSE +inf (bwd_delta_kernel).
 template <class L, class Cfg>
 __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_do,
-                                            const Walk& w, int s, char* smem, const StepRing<L::kBufs>& ring) {
+                                            const Walk& w, int s, char* smem, const typename L::Ring& ring) {
   const int buf = s % L::kBufs, h = w.head(s), q0 = w.q0(s);
   uint64_t* bar = ring.claim(s, 2 * L::kQBytes + 2 * kBlock * 4);
   if constexpr (Cfg::kFoldedBoxes) {
@@ -142,9 +153,9 @@ __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CU
 // A dK/dV CTA's start: the ring's barriers, the CTA's K and V rows [k0, k0 + kKeys) (cp.async),
 // the first step's query side in flight, and every thread past K and V's landing.
 template <class L, int kKeys, class Cfg>
-__device__ __forceinline__ StepRing<L::kBufs> start_dkdv(const detail::BwdParams& p, const CUtensorMap* tm_q,
+__device__ __forceinline__ typename L::Ring start_dkdv(const detail::BwdParams& p, const CUtensorMap* tm_q,
                                                          const CUtensorMap* tm_do, const Walk& walk, int k0, char* smem) {
-  const auto ring = StepRing<L::kBufs>::at(smem + L::kBars);
+  const auto ring = L::Ring::at(smem + L::kBars);
   if (threadIdx.x == 0) ring.init();
   load_kv<kKeys, Cfg::kD, Cfg::kBF16>(p, walk, k0, smem + L::kK, smem + L::kV);
   __pipeline_commit();
@@ -165,13 +176,16 @@ struct WgSmem {
   static constexpr int kQ = 2 * kKVBytes, kDo = kQ + kBufs * kQBytes;
   // dQ's 64 x 64 pieces a warpgroup a step: by keys every column block of its own keys, else one.
   static constexpr int kDqPieces = Cfg::kDqByKeys ? kD / 64 : 1;
-  // dS^T [128 keys][64 queries]; two buffers where both warpgroups read all of it (dQ by columns).
-  static constexpr int kDsBufs = Cfg::kDqByKeys ? 1 : 2, kDsBytes = kWgKeys * kBlock * 2;
+  // dS^T [128 keys][64 queries]; two buffers where both warpgroups read all of it (dQ by columns),
+  // Cfg::kDqLagBufs where dQ runs a step behind.
+  static constexpr int kDsBufs = Cfg::kDqByKeys ? 1 : Cfg::kDqLag ? Cfg::kDqLagBufs : 2, kDsBytes = kWgKeys * kBlock * 2;
   static constexpr int kDs = kDo + kBufs * kQBytes;
   static constexpr int kStage = kDs + kDsBufs * kDsBytes;  // fp32 pieces [64][64], kDqPieces a warpgroup
   static constexpr int kLse = kStage + 2 * kDqPieces * kBlock * 64 * 4, kDelta = kLse + kBufs * kBlock * 4;
   static constexpr int kBars = kDelta + kBufs * kBlock * 4;         // StepRing's full and empty
-  static constexpr int kBytes = kBars + 2 * kBufs * 8 + 1024;       // + slack to align the base
+  using Ring = StepRing<kBufs, Cfg::kDqLag>;
+  static constexpr int kDsBars = kBars + 2 * kBufs * 8;             // Cfg::kDqLag: dS^T's full, empty
+  static constexpr int kBytes = kDsBars + (Cfg::kDqLag ? 2 * kDsBufs * 8 : 0) + 1024;  // + slack to align the base
   static_assert(kBytes <= 227 * 1024, "the wgmma dK/dV kernel's shared memory");
 };
 
@@ -197,7 +211,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const float* sLse = reinterpret_cast<const float*>(smem + L::kLse);
   const float* sDelta = reinterpret_cast<const float*>(smem + L::kDelta);
-  const auto ring = start_dkdv<L, kWgKeys, Cfg>(p, &tm_q, &tm_do, walk, k0, smem);
+  // Cfg::kDqLag: dS^T buffer u is full once every warp has stored its rows of it, empty once every
+  // warp's dQ GEMM has read it.
+  uint64_t* ds_full = reinterpret_cast<uint64_t*>(smem + L::kDsBars);
+  uint64_t* ds_empty = ds_full + L::kDsBufs;
+  if constexpr (Cfg::kDqLag) {
+    if (threadIdx.x == 0)
+      for (int i = 0; i < L::kDsBufs; ++i) {
+        ptx::mbar_init(&ds_full[i], kThreads / 32);
+        ptx::mbar_init(&ds_empty[i], kThreads / 32);
+      }
+  }
+  const auto ring = start_dkdv<L, kWgKeys, Cfg>(p, &tm_q, &tm_do, walk, k0, smem);  // fences the inits
 
   // Descriptors (wgmma.h): K-major operands with LBO 16, MN-major ones with LBO = the bytes between
   // 64-column blocks; SBO 1024 (eight rows of 128 bytes) for both.
@@ -234,12 +259,71 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   [[maybe_unused]] StepTrace tr;
   if constexpr (Cfg::kTrace) tr.open(p.trace, wg);
+
+  // dQ of step sq (query head h, rows from q0) from its dS^T buffer, reduced into the fp32
+  // accumulator: each piece's GEMM, its wait (which retires every GEMM of the warpgroup), the
+  // stage's stores and the bulk reductions (stamp: the step whose trace records it). With
+  // Cfg::kDqLag it first waits for dS^T to be full and marks it empty once read.
+  auto dq_of = [&](int sq, int h, int q0, [[maybe_unused]] int stamp) {
+    const int ds_buf = sq % L::kDsBufs;
+    if constexpr (Cfg::kDqLag) ptx::mbar_wait(&ds_full[ds_buf], (sq / L::kDsBufs) & 1);
+    if constexpr (Cfg::kTrace) tr.stamp(stamp, 6);
+#pragma unroll
+    for (int c = 0; c < L::kDqPieces; ++c) {
+      float dq[32];
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kDqKeys / 16; ++kk)
+        wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, ds_buf * L::kDsBytes + wgmma::mn_step(kk)),
+                                    wgmma::desc_advance(kq_mn, c * kWgKeys * 128 + wgmma::mn_step(kk)), kk > 0);
+      wgmma::commit_group();
+      wgmma::wait_group<0>();
+      wgmma::pin(dq);
+      if (c == 0) {
+        if constexpr (Cfg::kDqLag) {
+          __syncwarp();
+          if (lane == 0) ptx::mbar_arrive(&ds_empty[ds_buf]);
+        }
+        if constexpr (Cfg::kTrace) tr.stamp(stamp, 7);
+        // The warpgroup's previous reductions have read its stage; then the stage is rewritten.
+        if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+        ptx::named_bar_sync(1 + wg, 128);
+      }
+      // In the piece's order (dq_piece_offset): float4 j of every thread, one after another.
+      const uint32_t piece = smem_addr(stage + c * kBlock * 64) + 16 * tid;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        ptx::st_shared_v4_f32(piece + 16 * 128 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    }
+    ptx::fence_proxy_async_smem();
+    ptx::named_bar_sync(1 + wg, 128);
+    if (tid == 0) {
+#pragma unroll
+      for (int c = 0; c < L::kDqPieces; ++c)
+        cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add,
+                                        dq_piece_at<kD>(p, b, h, q0, dq_col0 + 64 * c),
+                                        stage + c * kBlock * 64, uint32_t(kBlock * 64 * 4));
+      cuda::ptx::cp_async_bulk_commit_group();
+    }
+  };
+
   float dk[kD / 2] = {}, dv[kD / 2] = {};
+  [[maybe_unused]] int h_prev = 0, q0_prev = 0;  // Cfg::kDqLag: the previous step's
+  // Cfg::kSkew: warpgroup 1 starts once warpgroup 0's first step has reached point Cfg::kSkew (named
+  // barrier 5; skew_signal).
+  if constexpr (Cfg::kSkew != 0)
+    if (wg == 1 && steps > 0) ptx::named_bar_sync(5, kThreads);
+  auto skew_signal = [&](int s, [[maybe_unused]] int point) {
+    if constexpr (Cfg::kSkew != 0)
+      if (wg == 0 && s == 0 && point == Cfg::kSkew) ptx::named_bar_arrive(5, kThreads);
+  };
   for (int s = 0; s < steps; ++s) {
     const int h = walk.head(s), q0 = walk.q0(s), buf = s % L::kBufs;
     if constexpr (Cfg::kTrace) tr.stamp(s, 0);
     // d64: the next step's loads go out at the step's top (d128: below).
     if (kD == 64 && threadIdx.x == 0 && s + 1 < steps) load_q_step<L, Cfg>(p, &tm_q, &tm_do, walk, s + 1, smem, ring);
+    if constexpr (step_warp_lag<Cfg>() > 0)  // (a test's config)
+      if ((wg == 1 && s % 5 == 0) || (wg == 0 && s % 7 == 3)) spin_cycles(step_warp_lag<Cfg>());
     ring.wait(s);
     if constexpr (Cfg::kTrace) tr.stamp(s, 1);
 
@@ -276,6 +360,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool whole = vis.whole(q0, kBlock, k0, kWgKeys);
     wgmma::wait_group<1>();
     wgmma::pin(st);
+    skew_signal(s, 1);
     if constexpr (Cfg::kTrace) tr.stamp(s, 2);
     uint32_t pf[16], dsf[16];
 #pragma unroll
@@ -311,7 +396,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < 8; ++j) delta2[j] = stats.d2(8 * j + 2 * t);
     wgmma::wait_group<1>();
     wgmma::pin(dpt);
+    skew_signal(s, 2);
     if constexpr (Cfg::kTrace) tr.stamp(s, 4);
+    // dQ a step behind: the buffer's dQ of step s - kDsBufs has been read by both warpgroups.
+    if constexpr (Cfg::kDqLag)
+      if (!p.deterministic && s >= L::kDsBufs) ptx::mbar_wait(&ds_empty[s % L::kDsBufs], (s / L::kDsBufs - 1) & 1);
+    if constexpr (step_warp_lag<Cfg>() > 0)  // (a test's config)
+      if (warp == s % 4 && wg == (s / 4) % 2) spin_cycles(step_warp_lag<Cfg>());
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int qc = 8 * j + 2 * t;
@@ -331,53 +422,31 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::mma_rs<kD, kType>(dk, da, wgmma::desc_advance(q_mn, buf * L::kQBytes + wgmma::mn_step(kk)), 1);
     }
     wgmma::commit_group();
+    skew_signal(s, 3);
     if constexpr (Cfg::kTrace) tr.stamp(s, 5);
-    // dS^T's stores, before the dQ wgmma reads them: by columns every key's (both warpgroups'), by
-    // keys this warpgroup's own. (By columns this barrier also keeps a warpgroup from writing dS^T
-    // two steps on, into this buffer, before the other's dQ has read it.)
-    ptx::fence_proxy_async_smem();
-    if constexpr (kByKeys)
-      ptx::named_bar_sync(3 + wg, 128);
-    else
-      __syncthreads();
-    if constexpr (Cfg::kTrace) tr.stamp(s, 6);
-
-    if (!p.deterministic) {
-#pragma unroll
-      for (int c = 0; c < L::kDqPieces; ++c) {
-        float dq[32];
-        wgmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < kDqKeys / 16; ++kk)
-          wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, (s % L::kDsBufs) * L::kDsBytes + wgmma::mn_step(kk)),
-                                      wgmma::desc_advance(kq_mn, c * kWgKeys * 128 + wgmma::mn_step(kk)), kk > 0);
-        wgmma::commit_group();
-        wgmma::wait_group<0>();
-        wgmma::pin(dq);
-        if (c == 0) {
-          if constexpr (Cfg::kTrace) tr.stamp(s, 7);
-          // The warpgroup's previous reductions have read its stage; then the stage is rewritten.
-          if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
-          ptx::named_bar_sync(1 + wg, 128);
-        }
-        // In the piece's order (dq_piece_offset): float4 j of every thread, one after another.
-        const uint32_t piece = smem_addr(stage + c * kBlock * 64) + 16 * tid;
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          ptx::st_shared_v4_f32(piece + 16 * 128 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    if constexpr (Cfg::kDqLag) {
+      // dS^T stored for both warpgroups' dQ in the next step; then the previous step's dQ.
+      if (!p.deterministic) {
+        ptx::fence_proxy_async_smem();
+        __syncwarp();
+        if (lane == 0) ptx::mbar_arrive(&ds_full[s % L::kDsBufs]);
+        if (s > 0) dq_of(s - 1, h_prev, q0_prev, s);
       }
-      ptx::fence_proxy_async_smem();
-      ptx::named_bar_sync(1 + wg, 128);
-      if (tid == 0) {
-#pragma unroll
-        for (int c = 0; c < L::kDqPieces; ++c)
-          cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add,
-                                          dq_piece_at<kD>(p, b, h, q0, dq_col0 + 64 * c), stage + c * kBlock * 64,
-                                          uint32_t(kBlock * 64 * 4));
-        cuda::ptx::cp_async_bulk_commit_group();
-      }
-    } else {
       wgmma::wait_group<0>();
+      h_prev = h, q0_prev = q0;
+    } else {
+      // dS^T's stores, before the dQ wgmma reads them: by columns every key's (both warpgroups'), by
+      // keys this warpgroup's own. (By columns this barrier also keeps a warpgroup from writing
+      // dS^T two steps on, into this buffer, before the other's dQ has read it.)
+      ptx::fence_proxy_async_smem();
+      if constexpr (kByKeys)
+        ptx::named_bar_sync(3 + wg, 128);
+      else
+        __syncthreads();
+      if (!p.deterministic)
+        dq_of(s, h, q0, s);
+      else
+        wgmma::wait_group<0>();
     }
     // Every GEMM of the step is done: its accumulators, and the registers it read (P^T, dS^T), may
     // be touched again.
@@ -388,6 +457,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (Cfg::kTrace) tr.stamp(s, 8);
     ring.release(s);
   }
+  if constexpr (Cfg::kDqLag)
+    if (!p.deterministic && steps > 0) dq_of(steps - 1, h_prev, q0_prev, kTraceSteps);  // (no stamps)
   if (tid == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
 
   // dK, dV of the block's real keys.
@@ -423,6 +494,7 @@ struct WgSmem256 {
   static constexpr int kPt = kDo + kBufs * kTile, kDst = kPt + 2 * kPBytes;
   static constexpr int kLse = kDst + 2 * kPBytes, kDelta = kLse + kBufs * kBlock * 4;
   static constexpr int kBars = kDelta + kBufs * kBlock * 4;  // StepRing's full and empty
+  using Ring = StepRing<kBufs>;
   static constexpr int kBytes = kBars + 2 * kBufs * 8 + 1024;
   static_assert(kBytes <= 227 * 1024, "the d256 wgmma dK/dV kernel's shared memory");
 };

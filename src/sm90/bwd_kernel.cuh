@@ -35,10 +35,11 @@ inline constexpr int kThreads = 256;
 
 // A dK/dV kernel's configuration: the shipped one by default (sm90_bwd.cu), others for
 // tools/sm90_bwd_probe.cu, which times them against it. Shipped: d64 three step buffers and
-// 64-column boxes; d128 and d256 two step buffers and folded boxes. The scheduler's depths are
-// three at d64 and two at d256, as shipped; at d128 it asks three, where two measured faster
-// (docs/perf-notes.md, "The backward's candidates on an H200", "The backward graphs on the
-// calibrated TMA costs").
+// 64-column boxes; d128 three step buffers, folded boxes, dQ a step behind on two dS^T buffers and
+// warpgroup 1 started behind warpgroup 0; d256 two step buffers and folded boxes. The scheduler's
+// depths are three at d64 and d128 and two at d256, as shipped (docs/perf-notes.md, "The
+// backward's candidates on an H200", "The backward graphs on the calibrated TMA costs", "The d128
+// backward's warpgroups apart").
 //   kStepBufs     buffers of the step ring (Q, dO and the step's LSE and D rows), loaded ahead
 //   kFoldedBoxes  Q and dO loaded as one TMA box a tile, the 64-column blocks folded into a box
 //                 dimension (ptx::map_bshd_16bit_sw128_folded), instead of a box a column block
@@ -49,8 +50,17 @@ inline constexpr int kThreads = 256;
 //                 BwdParams::delta, the same bytes as the two arrays), so a step loads them with one
 //                 bulk copy instead of two
 //   kTrace        clock64 stamps of each step into BwdParams::trace (StepTrace)
-template <int kD_, bool kBF16_, int kStepBufs_ = kD_ == 64 ? 3 : 2, bool kFoldedBoxes_ = kD_ != 64,
-          bool kDqByKeys_ = kD_ == 64, bool kPairedStats_ = false, bool kTrace_ = false>
+//   kDqLagBufs    d128 by columns, if not 0: dQ of step s computed at the end of step s + 1, from a
+//                 ring of this many dS^T buffers behind mbarriers (full: both warpgroups stored it;
+//                 empty: both warpgroups' dQ read it) in place of the CTA barrier before dQ, so that
+//                 neither warpgroup waits on the other within a step and the two may run apart
+//                 (d128 shipped: 2); 0: dQ of each step in the step, after a CTA barrier
+//   kSkew         with kDqLagBufs: warpgroup 1 starts its first step once warpgroup 0's first step
+//                 has reached point kSkew (1 S^T landed, 2 dP^T landed (d128 shipped), 3 dK
+//                 issued), so that the two run apart from the start; 0: together
+template <int kD_, bool kBF16_, int kStepBufs_ = kD_ == 256 ? 2 : 3, bool kFoldedBoxes_ = kD_ != 64,
+          bool kDqByKeys_ = kD_ == 64, bool kPairedStats_ = false, bool kTrace_ = false,
+          int kDqLagBufs_ = kD_ == 128 ? 2 : 0, int kSkew_ = kD_ == 128 ? 2 : 0>
 struct BwdConfig {
   static constexpr int kD = kD_;
   static constexpr bool kBF16 = kBF16_;
@@ -59,8 +69,14 @@ struct BwdConfig {
   static constexpr bool kDqByKeys = kDqByKeys_;
   static constexpr bool kPairedStats = kPairedStats_;
   static constexpr bool kTrace = kTrace_;
+  static constexpr bool kDqLag = kDqLagBufs_ > 0;
+  static constexpr int kDqLagBufs = kDqLagBufs_;
+  static constexpr int kSkew = kSkew_;
   static_assert(kD != 64 || kDqByKeys, "d64's dQ is by keys");
   static_assert(kD != 256 || !kDqByKeys, "d256 splits dQ by columns");
+  static_assert(!kDqLag || (kD == 128 && !kDqByKeys && kDqLagBufs >= 2),
+                "dQ a step behind: d128 with dQ by columns, two dS^T buffers or more");
+  static_assert(kSkew == 0 || (kDqLag && kSkew <= 3), "warpgroups started apart need dQ a step behind");
 };
 
 // Development timeline of the dK/dV kernels (a configuration with kTrace; tools/sm90_bwd_probe
@@ -86,6 +102,21 @@ struct StepTrace {
     if (rec != nullptr && step < kTraceSteps) rec[step * kTraceEvents + event] = clock64();
   }
 };
+
+// Tests' hook (tests/lagged_kernels.cu), absent from BwdConfig: a d64/d128 dK/dV configuration with
+// kStepWarpLag holds, in step s, warp s % 4 of warpgroup (s / 4) % 2 that many cycles before its
+// dS^T stores, and a whole warpgroup at the top of some steps (warpgroup 1 every fifth, warpgroup 0
+// every seventh), so that warps and warpgroups run apart by more than a step against every wait of
+// the step ring and of dS^T's.
+template <class Cfg>
+constexpr long long step_warp_lag() {
+  if constexpr (requires { Cfg::kStepWarpLag; }) return Cfg::kStepWarpLag;
+  else return 0;
+}
+__device__ __forceinline__ void spin_cycles(long long n) {
+  for (const long long t0 = clock64(); clock64() - t0 < n;) {
+  }
+}
 
 template <bool kBF16>
 __device__ __forceinline__ float to_float(uint16_t bits) {
