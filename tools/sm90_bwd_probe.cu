@@ -56,7 +56,8 @@ struct Config {
 
 // The shipped configuration first for each head dim. Candidates at d128: the configuration shipped
 // before dQ ran a step behind (two step buffers, the CTA barrier before dQ, the warpgroups in
-// lockstep), and dQ a step behind with both warpgroups started together. Candidates measured before
+// lockstep), dQ a step behind with both warpgroups started together, on three dS^T buffers and two
+// step buffers, and with warpgroup 1 started at warpgroup 0's first S^T instead of its dP^T. Candidates measured before
 // (step-ring depths, folded boxes, paired row statistics, dQ by keys at d128) are recorded in
 // docs/perf-notes.md and bench/results/; BwdConfig still builds them.
 const Config kConfigs[] = {
@@ -64,6 +65,8 @@ const Config kConfigs[] = {
     {"shipped", 128, run_cfg<BwdConfig<128, true>>},
     {"lockstep", 128, run_cfg<BwdConfig<128, true, 2, true, false, false, false, 0, 0>>},
     {"lag-together", 128, run_cfg<BwdConfig<128, true, 3, true, false, false, false, 2, 0>>},
+    {"lag-3ds-2steps", 128, run_cfg<BwdConfig<128, true, 2, true, false, false, false, 3, 2>>},
+    {"lag-skew-s", 128, run_cfg<BwdConfig<128, true, 3, true, false, false, false, 2, 1>>},
     {"shipped", 256, run_cfg<BwdConfig<256, true>>},
 };
 
