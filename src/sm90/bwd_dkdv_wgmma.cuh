@@ -348,7 +348,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     gemm(dpt, vf, v_desc, do_desc);
     // d128: the next step's loads go out while this step's S^T and dP^T are computed, where thread 0
     // would only wait; issued at the step's top, they held its warpgroup behind the other at the
-    // CTA barrier before dQ (H100 A/B +2.2-2.7 %; d64 and d256 measured 1.00 and 0.96 this way).
+    // lockstep configuration's CTA barrier before dQ (H100 A/B +2.2-2.7 %; d64 and d256 measured 1.00
+    // and 0.96 this way).
     if (kD == 128 && threadIdx.x == 0 && s + 1 < steps) load_q_step<L, Cfg>(p, &tm_q, &tm_do, walk, s + 1, smem, ring);
 
     // P^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).
