@@ -80,7 +80,8 @@ void expect_sound_wg(const char* name) {
   EXPECT_LE(L::kDs + L::kDsBufs * L::kDsBytes, L::kStage) << name;
   EXPECT_LE(L::kStage + 2 * L::kDqPieces * bwd::kBlock * 64 * 4, L::kLse) << name;
   EXPECT_EQ(L::kDsBars, L::kBars + 2 * L::kBufs * 8) << name;  // dS^T's mbarriers after the ring's
-  EXPECT_LE(L::kDsBars + (Cfg::kDqLag ? 2 * L::kDsBufs * 8 : 0) + 1024, L::kBytes) << name;
+  EXPECT_EQ(L::kPairBars, L::kDsBars + (Cfg::kDqLag ? 2 * L::kDsBufs * 8 : 0)) << name;
+  EXPECT_LE(L::kPairBars + (Cfg::kDqPairSum ? 32 : 0) + 1024, L::kBytes) << name;
 }
 
 template <class Cfg>
@@ -99,6 +100,7 @@ TEST(BackwardModel, EveryProbeConfigurationHasASoundLayout) {
   expect_sound_wg<BwdConfig<64, true>>("d64 shipped");
   expect_sound_wg<BwdConfig<64, true, 2>>("d64 two step buffers");
   expect_sound_wg<BwdConfig<64, true, 3, false, true, true>>("d64 paired");
+  expect_sound_wg<BwdConfig<64, true, 3, false, true, false, false, 0, 0, true>>("d64 partials summed in shared memory");
   expect_sound_wg<BwdConfig<128, true>>("d128 shipped");
   expect_sound_wg<BwdConfig<128, true, 2, true, false, false, false, 0, 0>>("d128 lockstep (dQ in its step)");
   expect_sound_wg<BwdConfig<128, true, 3, true, false, false, false, 2, 0>>("d128 dQ a step behind, together");

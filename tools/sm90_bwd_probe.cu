@@ -62,6 +62,7 @@ struct Config {
 // docs/perf-notes.md and bench/results/; BwdConfig still builds them.
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
+    {"pair-sum", 64, run_cfg<BwdConfig<64, true, 3, false, true, false, false, 0, 0, true>>},
     {"shipped", 128, run_cfg<BwdConfig<128, true>>},
     {"lockstep", 128, run_cfg<BwdConfig<128, true, 2, true, false, false, false, 0, 0>>},
     {"lag-together", 128, run_cfg<BwdConfig<128, true, 3, true, false, false, false, 2, 0>>},

@@ -185,7 +185,8 @@ struct WgSmem {
   static constexpr int kBars = kDelta + kBufs * kBlock * 4;         // StepRing's full and empty
   using Ring = StepRing<kBufs, Cfg::kDqLag>;
   static constexpr int kDsBars = kBars + 2 * kBufs * 8;             // Cfg::kDqLag: dS^T's full, empty
-  static constexpr int kBytes = kDsBars + (Cfg::kDqLag ? 2 * kDsBufs * 8 : 0) + 1024;  // + slack to align the base
+  static constexpr int kPairBars = kDsBars + (Cfg::kDqLag ? 2 * kDsBufs * 8 : 0);  // Cfg::kDqPairSum: half, free
+  static constexpr int kBytes = kPairBars + (Cfg::kDqPairSum ? 4 * 8 : 0) + 1024;  // + slack to align the base
   static_assert(kBytes <= 227 * 1024, "the wgmma dK/dV kernel's shared memory");
 };
 
@@ -215,6 +216,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   // warp's dQ GEMM has read it.
   uint64_t* ds_full = reinterpret_cast<uint64_t*>(smem + L::kDsBars);
   uint64_t* ds_empty = ds_full + L::kDsBufs;
+  // Cfg::kDqPairSum: stage buffer u (the stage's two pieces, a step's parity each) holds warpgroup 0's
+  // partial once pair_half[u] completes (every thread of warpgroup 0 arrives), and is free again
+  // once warpgroup 1's reduction from it has read it (pair_free[u], warpgroup 1's thread 0).
+  uint64_t* pair_half = reinterpret_cast<uint64_t*>(smem + L::kPairBars);
+  uint64_t* pair_free = pair_half + 2;
+  if constexpr (Cfg::kDqPairSum)
+    if (threadIdx.x == 0)
+      for (int i = 0; i < 2; ++i) {
+        ptx::mbar_init(&pair_half[i], 128);
+        ptx::mbar_init(&pair_free[i], 1);
+      }
   if constexpr (Cfg::kDqLag) {
     if (threadIdx.x == 0)
       for (int i = 0; i < L::kDsBufs; ++i) {
@@ -266,6 +278,51 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Cfg::kDqLag it first waits for dS^T to be full and marks it empty once read.
   auto dq_of = [&](int sq, int h, int q0, [[maybe_unused]] int stamp) {
     const int ds_buf = sq % L::kDsBufs;
+    if constexpr (Cfg::kDqPairSum) {
+      // d64: warpgroup 0's partial over its 64 keys into stage buffer sq % 2, then warpgroup 1's
+      // added to it, and one bulk reduction of the sum.
+      float dq[32];
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kDqKeys / 16; ++kk)
+        wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, wgmma::mn_step(kk)),
+                                    wgmma::desc_advance(kq_mn, wgmma::mn_step(kk)), kk > 0);
+      wgmma::commit_group();
+      wgmma::wait_group<0>();
+      wgmma::pin(dq);
+      if constexpr (Cfg::kTrace) tr.stamp(stamp, 7);
+      const int u = sq & 1;
+      float* sum = reinterpret_cast<float*>(smem + L::kStage) + u * kBlock * 64;
+      const uint32_t piece = smem_addr(sum) + 16 * tid;  // float4 j of every thread, in the piece's order
+      if (wg == 0) {
+        if (sq >= 2) ptx::mbar_wait(&pair_free[u], ((sq >> 1) - 1) & 1);  // step sq - 2's reduction read it
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          ptx::st_shared_v4_f32(piece + 16 * 128 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+        ptx::mbar_arrive(&pair_half[u]);
+      } else {
+        ptx::mbar_wait(&pair_half[u], (sq >> 1) & 1);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int4 w = ptx::ld_shared_v4(reinterpret_cast<const int4*>(sum) + 128 * j + tid);
+          ptx::st_shared_v4_f32(piece + 16 * 128 * j, __int_as_float(w.x) + dq[4 * j], __int_as_float(w.y) + dq[4 * j + 1],
+                                __int_as_float(w.z) + dq[4 * j + 2], __int_as_float(w.w) + dq[4 * j + 3]);
+        }
+        ptx::fence_proxy_async_smem();
+        ptx::named_bar_sync(2, 128);
+        if (tid == 0) {
+          cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add,
+                                          dq_piece_at<kD>(p, b, h, q0, 0), sum, uint32_t(kBlock * 64 * 4));
+          cuda::ptx::cp_async_bulk_commit_group();
+          // Step sq - 1's reduction has read its buffer: warpgroup 0 may store into it at step sq + 1.
+          if (sq >= 1) {
+            cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
+            ptx::mbar_arrive(&pair_free[(sq - 1) & 1]);
+          }
+        }
+      }
+      return;
+    }
     if constexpr (Cfg::kDqLag) ptx::mbar_wait(&ds_full[ds_buf], (sq / L::kDsBufs) & 1);
     if constexpr (Cfg::kTrace) tr.stamp(stamp, 6);
 #pragma unroll

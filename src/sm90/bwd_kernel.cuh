@@ -58,9 +58,13 @@ inline constexpr int kThreads = 256;
 //   kSkew         with kDqLagBufs: warpgroup 1 starts its first step once warpgroup 0's first step
 //                 has reached point kSkew (1 S^T landed, 2 dP^T landed (d128 shipped), 3 dK
 //                 issued), so that the two run apart from the start; 0: together
+//   kDqPairSum    d64 (dQ by keys): the two warpgroups' dQ partials summed in shared memory and
+//                 reduced into the workspace once a step (warpgroup 0 stores its partial, warpgroup 1
+//                 adds its own and issues the bulk reduction; mbarriers hand the stage over), instead
+//                 of a reduction of each warpgroup's partial: half the reductions' bytes
 template <int kD_, bool kBF16_, int kStepBufs_ = kD_ == 256 ? 2 : 3, bool kFoldedBoxes_ = kD_ != 64,
           bool kDqByKeys_ = kD_ == 64, bool kPairedStats_ = false, bool kTrace_ = false,
-          int kDqLagBufs_ = kD_ == 128 ? 2 : 0, int kSkew_ = kD_ == 128 ? 2 : 0>
+          int kDqLagBufs_ = kD_ == 128 ? 2 : 0, int kSkew_ = kD_ == 128 ? 2 : 0, bool kDqPairSum_ = false>
 struct BwdConfig {
   static constexpr int kD = kD_;
   static constexpr bool kBF16 = kBF16_;
@@ -72,11 +76,13 @@ struct BwdConfig {
   static constexpr bool kDqLag = kDqLagBufs_ > 0;
   static constexpr int kDqLagBufs = kDqLagBufs_;
   static constexpr int kSkew = kSkew_;
+  static constexpr bool kDqPairSum = kDqPairSum_;
   static_assert(kD != 64 || kDqByKeys, "d64's dQ is by keys");
   static_assert(kD != 256 || !kDqByKeys, "d256 splits dQ by columns");
   static_assert(!kDqLag || (kD == 128 && !kDqByKeys && kDqLagBufs >= 2),
                 "dQ a step behind: d128 with dQ by columns, two dS^T buffers or more");
   static_assert(kSkew == 0 || (kDqLag && kSkew <= 3), "warpgroups started apart need dQ a step behind");
+  static_assert(!kDqPairSum || kD == 64, "dQ's partials summed in shared memory: d64 (dQ by keys)");
 };
 
 // Development timeline of the dK/dV kernels (a configuration with kTrace; tools/sm90_bwd_probe
