@@ -54,7 +54,8 @@ struct Config {
   Launcher fn;
 };
 
-// The shipped configuration first for each head dim. Candidates at d128: the configuration shipped
+// The shipped configuration first for each head dim. At d64 the configuration shipped before the
+// warpgroups' dQ partials were summed in shared memory (a reduction of each). Candidates at d128: the configuration shipped
 // before dQ ran a step behind (two step buffers, the CTA barrier before dQ, the warpgroups in
 // lockstep), dQ a step behind with both warpgroups started together, on three dS^T buffers and two
 // step buffers, and with warpgroup 1 started at warpgroup 0's first S^T instead of its dP^T. Candidates measured before
@@ -62,7 +63,7 @@ struct Config {
 // docs/perf-notes.md and bench/results/; BwdConfig still builds them.
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
-    {"pair-sum", 64, run_cfg<BwdConfig<64, true, 3, false, true, false, false, 0, 0, true>>},
+    {"two-reductions", 64, run_cfg<BwdConfig<64, true, 3, false, true, false, false, 0, 0, false>>},
     {"shipped", 128, run_cfg<BwdConfig<128, true>>},
     {"lockstep", 128, run_cfg<BwdConfig<128, true, 2, true, false, false, false, 0, 0>>},
     {"lag-together", 128, run_cfg<BwdConfig<128, true, 3, true, false, false, false, 2, 0>>},

@@ -297,11 +297,12 @@ TEST(Sm90Forward, InPlaceLatenciesMakeTheSoftmaxRecurrenceBind) {
 
 // The backward's dK/dV kernels, one graph a head dim (sm90_bwd_d64, _d128, _d256), on the TMA
 // costs an H200 measured (the calibration part of
-// bench/results/2026-11-26-sm90-bwd-candidates-6ac8858-h200.json). At d64 and d128 a step's TMA
-// ops hold the engine for the measured step mix (d64 2297, d128 2397), carried by the two dQ
-// reductions (the loads hide under them: Ld 1); d256, which has no reductions, holds it for its
-// parts' sum (two folded boxes, two bulk copies: 1761). The TMA engine binds d64; the tensor
-// core d128 and d256. d64 and d128 need three step buffers, as the kernels have. d128's dQ runs a
+// bench/results/2026-11-26-sm90-bwd-candidates-6ac8858-h200.json). At d128 a step's TMA ops hold
+// the engine for the measured step mix (2397), carried by the two dQ reductions (the loads hide
+// under them: Ld 1); d64, which now reduces its warpgroups' summed dQ once a step, holds it for one
+// reduction (1180, its step mix with two reductions having read 2297); d256, which has no
+// reductions, holds it for its parts' sum (two folded boxes, two bulk copies: 1761). The tensor
+// core bounds every head dim. d128 needs three step buffers, as the kernel has. d128's dQ runs a
 // step behind (it reads the dS^T buffer filled a step earlier: `anti DsT after 1`), so no step
 // waits on its own dS^T for dQ: the solver places every op at the tensor core's bound, with two
 // dS^T buffers (the kernel's) and warpgroup 1's step half a dozen GEMMs behind warpgroup 0's. With
@@ -313,6 +314,7 @@ TEST(Sm90Forward, InPlaceLatenciesMakeTheSoftmaxRecurrenceBind) {
 struct BwdCase {
   const char* graph;
   int64_t tma, tc;  // the two units' summed occupancy a step
+  int64_t rec;      // the recurrence bound
   int64_t ii;       // the solver's II
   int stages;
   int ring, dst;    // the solver's buffer depths
@@ -333,7 +335,7 @@ TEST_P(Sm90Backward, ScheduleOnTheCalibratedTma) {
   EXPECT_EQ(busy_on(g, "tc"), c.tc);
   EXPECT_EQ(sol.bounds.res_mii, std::max(c.tma, c.tc));
   EXPECT_EQ(g.units[sol.bounds.res_unit].name, c.busiest);
-  EXPECT_LT(sol.bounds.rec_mii, sol.bounds.res_mii);  // no recurrence alone reaches the bound
+  EXPECT_EQ(sol.bounds.rec_mii, c.rec);
   EXPECT_EQ(s.ii, c.ii);
   EXPECT_EQ(s.stages(), c.stages);
   EXPECT_EQ(s.slots[g.find_buffer("Ring")], c.ring);
@@ -345,12 +347,16 @@ TEST_P(Sm90Backward, ScheduleOnTheCalibratedTma) {
   EXPECT_LT(s.start[s1] - s.start[s0], s.ii);
 }
 
-// d64: the TMA's 2297 binds (1 + 2 x 1148), at the bound. d128: the tensor core's 2560, at the
-// bound.
+// d64 sums its warpgroups' dQ partials in shared memory and reduces once a step (1 + 1180 on the
+// TMA): the tensor core's 1280 is the resource bound, and the recurrence through thread 0's load
+// issue (S0 ... StQ0 -> Ld -> S0 over two steps) binds above it at 1417; the solver places the ops
+// at II 1486 with four step buffers (the kernel has three) and two stage buffers (the kernel's).
+// With a reduction of each partial the TMA's 2297 bound it (II 2297, three step buffers). d128:
+// the tensor core's 2560, at the bound.
 INSTANTIATE_TEST_SUITE_P(
     HeadDims, Sm90Backward,
-    ::testing::Values(BwdCase{"sm90_bwd_d64", 2297, 10 * 128, 2297, 3, 3, 1, "DsT", "tma"},
-                      BwdCase{"sm90_bwd_d128", 2397, 10 * 256, 10 * 256, 3, 3, 2, "DsT", "tc"}),
+    ::testing::Values(BwdCase{"sm90_bwd_d64", 1181, 10 * 128, 1417, 1486, 4, 4, 1, "DsT", "tc"},
+                      BwdCase{"sm90_bwd_d128", 2397, 10 * 256, 1863, 10 * 256, 3, 3, 2, "DsT", "tc"}),
     [](const ::testing::TestParamInfo<BwdCase>& i) { return std::string(i.param.graph); });
 
 // d256 loads Q and dO as one folded box each (two boxes and two bulk copies a step, no
@@ -367,24 +373,26 @@ TEST(Sm90Backward, D256FoldedLoadsLeaveTheTensorCoreTheResourceBound) {
 }
 
 // What the bound says of one bulk copy a step for the LSE and D rows (kPairedStats), on the step
-// mixes the H200 measured for it with the shipped boxes: "d64_one_bulk" 2299, carried by the
-// reductions as in the graph; "d128_folded_one_bulk" 2397, the mix the d128 graph holds already;
-// "d256_folded_one_bulk" 828 for d256's loads. d64 stays bound by the TMA above its 1280 of GEMMs
-// (the candidate measured 0.979-1.001 of the shipped kernel); d128 and d256 by the tensor core.
+// mixes the H200 measured for it with the shipped boxes: "d128_folded_one_bulk" 2397, the mix the
+// d128 graph holds already; "d256_folded_one_bulk" 828 for d256's loads. d64's mixes were measured
+// with a reduction of each warpgroup's dQ partial ("d64_one_bulk" 2299); with the partials summed
+// and one reduction a step its graph takes the reduction alone (1180), and the loads (Ld 1) move
+// nothing. Every head dim stays bound by the tensor core.
 TEST(Sm90BackwardLoads, OneBulkCopyMovesNoBound) {
   struct Case {
     const char* graph;
     int64_t ld_occ, red_occ;  // red_occ 0: the graph has no reductions
+    std::vector<const char*> reds;
     int64_t expect_res;
     const char* unit;
   };
-  for (const Case c : {Case{"sm90_bwd_d64", 1, 1149, 2299, "tma"}, Case{"sm90_bwd_d128", 1, 1198, 10 * 256, "tc"},
-                       Case{"sm90_bwd_d256", 828, 0, 10 * 256, "tc"}}) {
+  for (const Case& c : {Case{"sm90_bwd_d64", 1, 1180, {"Red"}, 10 * 128, "tc"},
+                        Case{"sm90_bwd_d128", 1, 1198, {"Red0", "Red1"}, 10 * 256, "tc"},
+                        Case{"sm90_bwd_d256", 828, 0, {}, 10 * 256, "tc"}}) {
     Graph g = shipped(c.graph);
     g.ops[g.find_op("Ld")].occ = c.ld_occ;
-    if (c.red_occ > 0)
-      for (const char* red : {"Red0", "Red1"}) g.ops[g.find_op(red)].occ = c.red_occ;
-    EXPECT_EQ(busy_on(g, "tma"), c.ld_occ + 2 * c.red_occ) << c.graph;
+    for (const char* red : c.reds) g.ops[g.find_op(red)].occ = c.red_occ;
+    EXPECT_EQ(busy_on(g, "tma"), c.ld_occ + int64_t(c.reds.size()) * c.red_occ) << c.graph;
     const Bounds b = lower_bounds(g);
     EXPECT_EQ(b.res_mii, c.expect_res) << c.graph;
     EXPECT_EQ(g.units[b.res_unit].name, c.unit) << c.graph;

@@ -34,8 +34,8 @@ inline constexpr int kBlock = 64;  // query rows of a dK/dV step (and keys of a 
 inline constexpr int kThreads = 256;
 
 // A dK/dV kernel's configuration: the shipped one by default (sm90_bwd.cu), others for
-// tools/sm90_bwd_probe.cu, which times them against it. Shipped: d64 three step buffers and
-// 64-column boxes; d128 three step buffers, folded boxes, dQ a step behind on two dS^T buffers and
+// tools/sm90_bwd_probe.cu, which times them against it. Shipped: d64 three step buffers, 64-column
+// boxes and the warpgroups' dQ partials summed in shared memory; d128 three step buffers, folded boxes, dQ a step behind on two dS^T buffers and
 // warpgroup 1 started behind warpgroup 0; d256 two step buffers and folded boxes. The scheduler's
 // depths are three at d64 and d128 and two at d256, as shipped (docs/perf-notes.md, "The
 // backward's candidates on an H200", "The backward graphs on the calibrated TMA costs", "The d128
@@ -61,10 +61,10 @@ inline constexpr int kThreads = 256;
 //   kDqPairSum    d64 (dQ by keys): the two warpgroups' dQ partials summed in shared memory and
 //                 reduced into the workspace once a step (warpgroup 0 stores its partial, warpgroup 1
 //                 adds its own and issues the bulk reduction; mbarriers hand the stage over), instead
-//                 of a reduction of each warpgroup's partial: half the reductions' bytes
+//                 of a reduction of each warpgroup's partial: half the reductions' bytes (d64 shipped)
 template <int kD_, bool kBF16_, int kStepBufs_ = kD_ == 256 ? 2 : 3, bool kFoldedBoxes_ = kD_ != 64,
           bool kDqByKeys_ = kD_ == 64, bool kPairedStats_ = false, bool kTrace_ = false,
-          int kDqLagBufs_ = kD_ == 128 ? 2 : 0, int kSkew_ = kD_ == 128 ? 2 : 0, bool kDqPairSum_ = false>
+          int kDqLagBufs_ = kD_ == 128 ? 2 : 0, int kSkew_ = kD_ == 128 ? 2 : 0, bool kDqPairSum_ = kD_ == 64>
 struct BwdConfig {
   static constexpr int kD = kD_;
   static constexpr bool kBF16 = kBF16_;
