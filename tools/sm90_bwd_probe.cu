@@ -55,12 +55,13 @@ struct Config {
 };
 
 // The shipped configuration first for each head dim. At d64 the configuration shipped before the
-// warpgroups' dQ partials were summed in shared memory (a reduction of each). Candidates at d128: the configuration shipped
-// before dQ ran a step behind (two step buffers, the CTA barrier before dQ, the warpgroups in
-// lockstep), dQ a step behind with both warpgroups started together, on three dS^T buffers and two
-// step buffers, and with warpgroup 1 started at warpgroup 0's first S^T instead of its dP^T. Candidates measured before
-// (step-ring depths, folded boxes, paired row statistics, dQ by keys at d128) are recorded in
-// docs/perf-notes.md and bench/results/; BwdConfig still builds them.
+// warpgroups' dQ partials were summed in shared memory (a reduction of each). At d128 the
+// configuration shipped before dQ ran a step behind (two step buffers, the CTA barrier before dQ,
+// the warpgroups in lockstep), dQ a step behind with both warpgroups started together, on three
+// dS^T buffers and two step buffers, and with warpgroup 1 started at warpgroup 0's first S^T
+// instead of its dP^T. Candidates measured before (step-ring depths, folded boxes, paired row
+// statistics, dQ by keys at d128) are recorded in docs/perf-notes.md and bench/results/;
+// BwdConfig still builds them.
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
     {"two-reductions", 64, run_cfg<BwdConfig<64, true, 3, false, true, false, false, 0, 0, false>>},
@@ -72,20 +73,16 @@ const Config kConfigs[] = {
     {"shipped", 256, run_cfg<BwdConfig<256, true>>},
 };
 
-bool wanted(int d) {
-  const char* only = std::getenv("FA4_PROBE_ONLY");
+// Whether `item` is in the comma-separated list of environment variable `env` (unset: every item).
+bool listed(const char* env, const std::string& item) {
+  const char* only = std::getenv(env);
   if (!only) return true;
   const std::string s = std::string(",") + only + ",";
-  return s.find("," + std::to_string(d) + ",") != std::string::npos;
+  return s.find("," + item + ",") != std::string::npos;
 }
-
-// check: FA4_PROBE_CONFIGS="shipped,dq-lag-3ds" keeps only the configurations named.
-bool wanted_config(const char* name) {
-  const char* only = std::getenv("FA4_PROBE_CONFIGS");
-  if (!only) return true;
-  const std::string s = std::string(",") + only + ",";
-  return s.find("," + std::string(name) + ",") != std::string::npos;
-}
+bool wanted(int d) { return listed("FA4_PROBE_ONLY", std::to_string(d)); }
+// check: FA4_PROBE_CONFIGS="shipped,lockstep" keeps only the configurations named.
+bool wanted_config(const char* name) { return listed("FA4_PROBE_CONFIGS", name); }
 
 struct Shape {
   int b, hq, hkv, sq, sk, d;

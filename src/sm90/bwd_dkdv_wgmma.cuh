@@ -272,33 +272,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   [[maybe_unused]] StepTrace tr;
   if constexpr (Cfg::kTrace) tr.open(p.trace, wg);
 
+  // dQ's 64-column piece c of the dS^T buffer ds_buf into dq (this warpgroup's keys and columns),
+  // and the wait that retires every GEMM of the warpgroup.
+  auto dq_gemm = [&](float(&dq)[32], int ds_buf, int c) {
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kDqKeys / 16; ++kk)
+      wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, ds_buf * L::kDsBytes + wgmma::mn_step(kk)),
+                                  wgmma::desc_advance(kq_mn, c * kWgKeys * 128 + wgmma::mn_step(kk)), kk > 0);
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::pin(dq);
+  };
+  // A 64 x 64 fp32 piece into shared memory at `piece` (this thread's first float4) in the piece's
+  // order (dq_piece_offset): float4 j of every thread, one after another.
+  auto store_piece = [&](uint32_t piece, const float(&dq)[32]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      ptx::st_shared_v4_f32(piece + 16 * 128 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+  };
+
   // dQ of step sq (query head h, rows from q0) from its dS^T buffer, reduced into the fp32
-  // accumulator: each piece's GEMM, its wait (which retires every GEMM of the warpgroup), the
-  // stage's stores and the bulk reductions (stamp: the step whose trace records it). With
-  // Cfg::kDqLag it first waits for dS^T to be full and marks it empty once read.
+  // accumulator: each piece's GEMM, its wait, the stage's stores and the bulk reductions (stamp:
+  // the step whose trace records it). With Cfg::kDqLag it first waits for dS^T to be full and marks
+  // it empty once read; with Cfg::kDqPairSum (d64) the two warpgroups' partials are summed in the
+  // stage buffer of the step's parity and reduced once.
   auto dq_of = [&](int sq, int h, int q0, [[maybe_unused]] int stamp) {
     const int ds_buf = sq % L::kDsBufs;
     if constexpr (Cfg::kDqPairSum) {
-      // d64: warpgroup 0's partial over its 64 keys into stage buffer sq % 2, then warpgroup 1's
-      // added to it, and one bulk reduction of the sum.
       float dq[32];
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < kDqKeys / 16; ++kk)
-        wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, wgmma::mn_step(kk)),
-                                    wgmma::desc_advance(kq_mn, wgmma::mn_step(kk)), kk > 0);
-      wgmma::commit_group();
-      wgmma::wait_group<0>();
-      wgmma::pin(dq);
+      dq_gemm(dq, ds_buf, 0);
       if constexpr (Cfg::kTrace) tr.stamp(stamp, 7);
       const int u = sq & 1;
       float* sum = reinterpret_cast<float*>(smem + L::kStage) + u * kBlock * 64;
-      const uint32_t piece = smem_addr(sum) + 16 * tid;  // float4 j of every thread, in the piece's order
+      const uint32_t piece = smem_addr(sum) + 16 * tid;
       if (wg == 0) {
         if (sq >= 2) ptx::mbar_wait(&pair_free[u], ((sq >> 1) - 1) & 1);  // step sq - 2's reduction read it
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          ptx::st_shared_v4_f32(piece + 16 * 128 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+        store_piece(piece, dq);
         ptx::mbar_arrive(&pair_half[u]);
       } else {
         ptx::mbar_wait(&pair_half[u], (sq >> 1) & 1);
@@ -321,46 +331,35 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-      return;
-    }
-    if constexpr (Cfg::kDqLag) ptx::mbar_wait(&ds_full[ds_buf], (sq / L::kDsBufs) & 1);
-    if constexpr (Cfg::kTrace) tr.stamp(stamp, 6);
+    } else {
+      if constexpr (Cfg::kDqLag) ptx::mbar_wait(&ds_full[ds_buf], (sq / L::kDsBufs) & 1);
+      if constexpr (Cfg::kTrace) tr.stamp(stamp, 6);
 #pragma unroll
-    for (int c = 0; c < L::kDqPieces; ++c) {
-      float dq[32];
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < kDqKeys / 16; ++kk)
-        wgmma::mma_ss_tt<64, kType>(dq, wgmma::desc_advance(ds_mn, ds_buf * L::kDsBytes + wgmma::mn_step(kk)),
-                                    wgmma::desc_advance(kq_mn, c * kWgKeys * 128 + wgmma::mn_step(kk)), kk > 0);
-      wgmma::commit_group();
-      wgmma::wait_group<0>();
-      wgmma::pin(dq);
-      if (c == 0) {
-        if constexpr (Cfg::kDqLag) {
-          __syncwarp();
-          if (lane == 0) ptx::mbar_arrive(&ds_empty[ds_buf]);
+      for (int c = 0; c < L::kDqPieces; ++c) {
+        float dq[32];
+        dq_gemm(dq, ds_buf, c);
+        if (c == 0) {
+          if constexpr (Cfg::kDqLag) {
+            __syncwarp();
+            if (lane == 0) ptx::mbar_arrive(&ds_empty[ds_buf]);
+          }
+          if constexpr (Cfg::kTrace) tr.stamp(stamp, 7);
+          // The warpgroup's previous reductions have read its stage; then the stage is rewritten.
+          if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+          ptx::named_bar_sync(1 + wg, 128);
         }
-        if constexpr (Cfg::kTrace) tr.stamp(stamp, 7);
-        // The warpgroup's previous reductions have read its stage; then the stage is rewritten.
-        if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
-        ptx::named_bar_sync(1 + wg, 128);
+        store_piece(smem_addr(stage + c * kBlock * 64) + 16 * tid, dq);
       }
-      // In the piece's order (dq_piece_offset): float4 j of every thread, one after another.
-      const uint32_t piece = smem_addr(stage + c * kBlock * 64) + 16 * tid;
+      ptx::fence_proxy_async_smem();
+      ptx::named_bar_sync(1 + wg, 128);
+      if (tid == 0) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        ptx::st_shared_v4_f32(piece + 16 * 128 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-    }
-    ptx::fence_proxy_async_smem();
-    ptx::named_bar_sync(1 + wg, 128);
-    if (tid == 0) {
-#pragma unroll
-      for (int c = 0; c < L::kDqPieces; ++c)
-        cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add,
-                                        dq_piece_at<kD>(p, b, h, q0, dq_col0 + 64 * c),
-                                        stage + c * kBlock * 64, uint32_t(kBlock * 64 * 4));
-      cuda::ptx::cp_async_bulk_commit_group();
+        for (int c = 0; c < L::kDqPieces; ++c)
+          cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add,
+                                          dq_piece_at<kD>(p, b, h, q0, dq_col0 + 64 * c),
+                                          stage + c * kBlock * 64, uint32_t(kBlock * 64 * 4));
+        cuda::ptx::cp_async_bulk_commit_group();
+      }
     }
   };
 

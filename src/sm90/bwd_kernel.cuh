@@ -35,8 +35,9 @@ inline constexpr int kThreads = 256;
 
 // A dK/dV kernel's configuration: the shipped one by default (sm90_bwd.cu), others for
 // tools/sm90_bwd_probe.cu, which times them against it. Shipped: d64 three step buffers, 64-column
-// boxes and the warpgroups' dQ partials summed in shared memory; d128 three step buffers, folded boxes, dQ a step behind on two dS^T buffers and
-// warpgroup 1 started behind warpgroup 0; d256 two step buffers and folded boxes. The scheduler's
+// boxes and the warpgroups' dQ partials summed in shared memory; d128 three step buffers, folded
+// boxes, dQ a step behind on two dS^T buffers and warpgroup 1 started behind warpgroup 0; d256 two
+// step buffers and folded boxes. The scheduler's
 // depths are three at d64 and d128 and two at d256, as shipped (docs/perf-notes.md, "The
 // backward's candidates on an H200", "The backward graphs on the calibrated TMA costs", "The d128
 // backward's warpgroups apart").
