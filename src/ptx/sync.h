@@ -89,6 +89,20 @@ __device__ __forceinline__ int4 ld_shared_v4(const int4* p) {
   return v;
 }
 
+// Two or four floats from shared memory (8- or 16-byte aligned) by ld.shared, where a generic
+// pointer would make a generic load: volatile, so that it stays after the barrier wait before it,
+// but without a memory clobber, so that the compiler may move other loads and stores around it.
+__device__ __forceinline__ float2 ld_shared_v2_f32(const float* p) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(smem_addr(p)));
+  return v;
+}
+__device__ __forceinline__ float4 ld_shared_v4_f32(const float* p) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(smem_addr(p)));
+  return v;
+}
+
 // --- named barriers (PTX ISA 9.7.13.1, bar.sync / bar.arrive) ---
 // bar.red.or over the `threads` threads of barrier `id`: a barrier that also tells each thread
 // whether any of them passed true (PTX ISA 9.7.13.1).

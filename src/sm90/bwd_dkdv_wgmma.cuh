@@ -42,15 +42,22 @@ __device__ __forceinline__ uint32_t sw128(int r, int c) {
 }
 
 // Rows [0, kRows) of a [seq, kCols] slice into a swizzled tile; rows from `valid` on are zeros.
-template <int kRows, int kCols>
+template <int kRows, int kCols, int kCtaThreads = kThreads>
 __device__ __forceinline__ void load_sw128(char* tile, const uint16_t* src, int64_t row_stride, int valid) {
   constexpr int kChunks = kCols / 8;
-  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kCtaThreads) {
     const int r = i / kChunks, c = (i % kChunks) * 8;
     const bool ok = r < valid;
     __pipeline_memcpy_async(tile + sw128<kRows>(r, c), ok ? src + r * row_stride + c : src, 16, ok ? 0 : 16);
   }
 }
+
+// A step's query head and first query row: advanced a step at a time (Walk::first, next), so
+// that the loop divides nothing, or (BwdConfig::kStepCursor false) found from the step's index
+// (Walk::at).
+struct StepAt {
+  int h, q0, left;  // left: the head's blocks after this one
+};
 
 // What a dK/dV CTA walks: every query head of KV head hk's group, each over the query blocks
 // [lo, lo + count) that see the CTA's keys (query_blocks); step s is head s / count's block
@@ -58,8 +65,17 @@ __device__ __forceinline__ void load_sw128(char* tile, const uint16_t* src, int6
 struct Walk {
   int b, hk, group, lo, count;
   __device__ __forceinline__ int steps() const { return group * count; }
-  __device__ __forceinline__ int head(int s) const { return hk * group + s / count; }
-  __device__ __forceinline__ int q0(int s) const { return (lo + s % count) * kBlock; }
+  __device__ __forceinline__ StepAt first() const { return {hk * group, lo * kBlock, count - 1}; }
+  __device__ __forceinline__ StepAt next(StepAt at) const {
+    return at.left > 0 ? StepAt{at.h, at.q0 + kBlock, at.left - 1} : StepAt{at.h + 1, lo * kBlock, count - 1};
+  }
+  __device__ __forceinline__ StepAt at(int s) const { return {hk * group + s / count, (lo + s % count) * kBlock, 0}; }
+  // Step s's, from the cursor `c` that has walked to it (Cfg::kStepCursor) or from s.
+  template <class Cfg>
+  __device__ __forceinline__ StepAt step(int s, StepAt c) const {
+    if constexpr (Cfg::kStepCursor) return c;
+    else return at(s);
+  }
 };
 
 // The walk of the CTA (blockIdx: key block, KV head, batch) whose keys start at k0.
@@ -76,10 +92,12 @@ __device__ __forceinline__ char* smem_1024() {
 }
 
 // The CTA's K and V rows [k0, k0 + kKeys) into their tiles (rows past seqlen_k are zeros).
-template <int kKeys, int kD, bool kBF16>
+template <int kKeys, int kD, int kCtaThreads>
 __device__ __forceinline__ void load_kv(const detail::BwdParams& p, const Walk& w, int k0, char* k_tile, char* v_tile) {
-  load_sw128<kKeys, kD>(k_tile, row0(p.k, p.k_stride, w.b, w.hk) + k0 * p.k_stride[1], p.k_stride[1], p.seqlen_k - k0);
-  load_sw128<kKeys, kD>(v_tile, row0(p.v, p.v_stride, w.b, w.hk) + k0 * p.v_stride[1], p.v_stride[1], p.seqlen_k - k0);
+  load_sw128<kKeys, kD, kCtaThreads>(k_tile, row0(p.k, p.k_stride, w.b, w.hk) + k0 * p.k_stride[1], p.k_stride[1],
+                                     p.seqlen_k - k0);
+  load_sw128<kKeys, kD, kCtaThreads>(v_tile, row0(p.v, p.v_stride, w.b, w.hk) + k0 * p.v_stride[1], p.v_stride[1],
+                                     p.seqlen_k - k0);
 }
 
 // A ring of kBufs buffers that one thread fills a step ahead: step s's loads go into buffer
@@ -131,20 +149,20 @@ struct StepRing {
 // workspace). Rows past seqlen_q read as zeros (TMA) and as D 0 and LSE +inf (bwd_delta_kernel).
 template <class L, class Cfg>
 __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_do,
-                                            const Walk& w, int s, char* smem, const typename L::Ring& ring) {
-  const int buf = s % L::kBufs, h = w.head(s), q0 = w.q0(s);
+                                            int b, int s, StepAt at, char* smem, const typename L::Ring& ring) {
+  const int buf = s % L::kBufs, h = at.h, q0 = at.q0;
   uint64_t* bar = ring.claim(s, 2 * L::kQBytes + 2 * kBlock * 4);
   if constexpr (Cfg::kFoldedBoxes) {
-    ptx::tma_load_5d(smem + L::kQ + buf * L::kQBytes, tm_q, bar, 0, q0, 0, h, w.b);
-    ptx::tma_load_5d(smem + L::kDo + buf * L::kQBytes, tm_do, bar, 0, q0, 0, h, w.b);
+    ptx::tma_load_5d(smem + L::kQ + buf * L::kQBytes, tm_q, bar, 0, q0, 0, h, b);
+    ptx::tma_load_5d(smem + L::kDo + buf * L::kQBytes, tm_do, bar, 0, q0, 0, h, b);
   } else {
 #pragma unroll
     for (int c = 0; c < Cfg::kD / 64; ++c) {
-      ptx::tma_load_4d(smem + L::kQ + buf * L::kQBytes + c * kBlock * 128, tm_q, bar, 64 * c, q0, h, w.b);
-      ptx::tma_load_4d(smem + L::kDo + buf * L::kQBytes + c * kBlock * 128, tm_do, bar, 64 * c, q0, h, w.b);
+      ptx::tma_load_4d(smem + L::kQ + buf * L::kQBytes + c * kBlock * 128, tm_q, bar, 64 * c, q0, h, b);
+      ptx::tma_load_4d(smem + L::kDo + buf * L::kQBytes + c * kBlock * 128, tm_do, bar, 64 * c, q0, h, b);
     }
   }
-  const int64_t row = (int64_t(w.b) * p.heads_q + h) * p.rows + q0;
+  const int64_t row = (int64_t(b) * p.heads_q + h) * p.rows + q0;
   load_row_stats<Cfg::kPairedStats, kBlock>(p, row,
                                             reinterpret_cast<float*>(smem + L::kLse + buf * kBlock * (Cfg::kPairedStats ? 8 : 4)),
                                             reinterpret_cast<float*>(smem + L::kDelta + buf * kBlock * 4), bar);
@@ -157,10 +175,10 @@ __device__ __forceinline__ typename L::Ring start_dkdv(const detail::BwdParams& 
                                                          const CUtensorMap* tm_do, const Walk& walk, int k0, char* smem) {
   const auto ring = L::Ring::at(smem + L::kBars);
   if (threadIdx.x == 0) ring.init();
-  load_kv<kKeys, Cfg::kD, Cfg::kBF16>(p, walk, k0, smem + L::kK, smem + L::kV);
+  load_kv<kKeys, Cfg::kD, Cfg::kCtaThreads>(p, walk, k0, smem + L::kK, smem + L::kV);
   __pipeline_commit();
   __syncthreads();  // the barriers are initialised
-  if (threadIdx.x == 0 && walk.steps() > 0) load_q_step<L, Cfg>(p, tm_q, tm_do, walk, 0, smem, ring);
+  if (threadIdx.x == 0 && walk.steps() > 0) load_q_step<L, Cfg>(p, tm_q, tm_do, walk.b, 0, walk.first(), smem, ring);
   __pipeline_wait_prior(0);  // K and V have landed, for every thread
   ptx::fence_proxy_async_smem();
   __syncthreads();
@@ -193,7 +211,7 @@ struct WgSmem {
 // tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows (the _folded maps
 // with Cfg::kFoldedBoxes).
 template <class Cfg>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     bwd_dkdv_wgmma_kernel(const detail::BwdParams p, const __grid_constant__ CUtensorMap tm_q,
                           const __grid_constant__ CUtensorMap tm_do) {
   constexpr int kD = Cfg::kD;
@@ -235,6 +253,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
   }
   const auto ring = start_dkdv<L, kWgKeys, Cfg>(p, &tm_q, &tm_do, walk, k0, smem);  // fences the inits
+  // Cfg::kLoadIssue 2: a third warpgroup gives its registers to the two (setmaxnreg), and its first
+  // thread issues every later step's loads as soon as the ring frees a buffer; then it leaves.
+  if constexpr (Cfg::kLoadIssue == 2) {
+    if (threadIdx.x >= kThreads) {
+      ptx::regs_decrease<Cfg::kLoaderRegs>();
+      if (threadIdx.x == kThreads) {
+        StepAt at = walk.first();
+        for (int s = 1; s < steps; ++s) {
+          at = walk.next(at);
+          load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s, at, smem, ring);
+        }
+      }
+      return;
+    }
+    ptx::regs_increase<Cfg::kComputeRegs>();
+  }
 
   // Descriptors (wgmma.h): K-major operands with LBO 16, MN-major ones with LBO = the bytes between
   // 64-column blocks; SBO 1024 (eight rows of 128 bytes) for both.
@@ -373,11 +407,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (Cfg::kSkew != 0)
       if (wg == 0 && s == 0 && point == Cfg::kSkew) ptx::named_bar_arrive(5, kThreads);
   };
-  for (int s = 0; s < steps; ++s) {
-    const int h = walk.head(s), q0 = walk.q0(s), buf = s % L::kBufs;
+  StepAt at = walk.first(), at_next = walk.next(at);  // steps s and s + 1
+  for (int s = 0; s < steps; ++s, at = at_next, at_next = walk.next(at_next)) {
+    const StepAt here = walk.step<Cfg>(s, at);
+    const int h = here.h, q0 = here.q0, buf = s % L::kBufs;
     if constexpr (Cfg::kTrace) tr.stamp(s, 0);
-    // d64: the next step's loads go out at the step's top (d128: below).
-    if (kD == 64 && threadIdx.x == 0 && s + 1 < steps) load_q_step<L, Cfg>(p, &tm_q, &tm_do, walk, s + 1, smem, ring);
+    // Cfg::kLoadIssue 0: the next step's loads go out at the step's top (1: below).
+    if (Cfg::kLoadIssue == 0 && threadIdx.x == 0 && s + 1 < steps)
+      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk.step<Cfg>(s + 1, at_next), smem, ring);
     if constexpr (step_warp_lag<Cfg>() > 0)  // (a test's config)
       if ((wg == 1 && s % 5 == 0) || (wg == 0 && s % 7 == 3)) spin_cycles(step_warp_lag<Cfg>());
     ring.wait(s);
@@ -406,11 +443,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     // would only wait; issued at the step's top, they held its warpgroup behind the other at the
     // lockstep configuration's CTA barrier before dQ (H100 A/B +2.2-2.7 %; d64 and d256 measured 1.00
     // and 0.96 this way).
-    if (kD == 128 && threadIdx.x == 0 && s + 1 < steps) load_q_step<L, Cfg>(p, &tm_q, &tm_do, walk, s + 1, smem, ring);
+    if (Cfg::kLoadIssue == 1 && threadIdx.x == 0 && s + 1 < steps)
+      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk.step<Cfg>(s + 1, at_next), smem, ring);
 
     // P^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).
     // This thread's queries' LSE (log2 units), read while S^T is computed.
-    const auto stats = RowStats<Cfg::kPairedStats>::template at<kBlock>(sLse, sDelta, buf);
+    const auto stats = RowStats<Cfg::kPairedStats, Cfg::kStatsLds>::template at<kBlock>(sLse, sDelta, buf);
     float2 lse2[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) lse2[j] = stats.lse2(8 * j + 2 * t);
@@ -420,22 +458,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     skew_signal(s, 1);
     if constexpr (Cfg::kTrace) tr.stamp(s, 2);
     uint32_t pf[16], dsf[16];
+    with_mask<Cfg::kMaskHoist>(!whole, [&](auto masked) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int qc = 8 * j + 2 * t;
-      const float l0 = lse2[j].x, l1 = lse2[j].y;
+      for (int j = 0; j < 8; ++j) {
+        const int qc = 8 * j + 2 * t;
+        const float l0 = lse2[j].x, l1 = lse2[j].y;
 #pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int kr = wg * 64 + 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
-        st[i] = numerics::exp2_mufu(fmaf(st[i], p.scale_log2, -l0));
-        st[i + 1] = numerics::exp2_mufu(fmaf(st[i + 1], p.scale_log2, -l1));
-        if (!whole) {
-          if (!vis(q0 + qc, k0 + kr)) st[i] = 0.0f;
-          if (!vis(q0 + qc + 1, k0 + kr)) st[i + 1] = 0.0f;
+        for (int hr = 0; hr < 2; ++hr) {
+          const int kr = wg * 64 + 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
+          st[i] = exp2_share<Cfg::kPolyEvery>(j, fmaf(st[i], p.scale_log2, -l0));
+          st[i + 1] = exp2_share<Cfg::kPolyEvery>(j, fmaf(st[i + 1], p.scale_log2, -l1));
+          if (masked) {
+            if (!vis(q0 + qc, k0 + kr)) st[i] = 0.0f;
+            if (!vis(q0 + qc + 1, k0 + kr)) st[i + 1] = 0.0f;
+          }
+          pf[2 * j + hr] = pack2<kBF16>(st[i], st[i + 1]);
         }
-        pf[2 * j + hr] = pack2<kBF16>(st[i], st[i + 1]);
       }
-    }
+    });
     // dV += P^T dO over the 64 queries.
     wgmma::fence();
 #pragma unroll
@@ -598,10 +638,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   [[maybe_unused]] StepTrace tr;
   if constexpr (Cfg::kTrace) tr.open(p.trace, wg);
   float dk[64] = {}, dv[64] = {};  // this warpgroup's 128 columns
-  for (int s = 0; s < steps; ++s) {
-    const int h = walk.head(s), q0 = walk.q0(s), buf = s & 1;
+  StepAt at = walk.first(), at_next = walk.next(at);  // steps s and s + 1
+  for (int s = 0; s < steps; ++s, at = at_next, at_next = walk.next(at_next)) {
+    const StepAt here = walk.step<Cfg>(s, at);
+    const int h = here.h, q0 = here.q0, buf = s & 1;
     if constexpr (Cfg::kTrace) tr.stamp(s, 0);
-    if (threadIdx.x == 0 && s + 1 < steps) load_q_step<L, Cfg>(p, &tm_q, &tm_do, walk, s + 1, smem, ring);
+    if (threadIdx.x == 0 && s + 1 < steps)
+      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk.step<Cfg>(s + 1, at_next), smem, ring);
     ring.wait(s);
     if constexpr (Cfg::kTrace) tr.stamp(s, 1);
     const uint32_t p_off = buf * L::kPBytes;  // this step's P^T and dS^T buffer
@@ -623,7 +666,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Element 4j + e: key 16 warp + g (+ 8 for e >= 2), query 32 wg + 8j + 2t + (e & 1). This
     // thread's queries' LSE (log2 units) and D, read while S^T and dP^T are computed.
     // This warpgroup's 32 query rows of the step's buffer.
-    const auto stats = RowStats<Cfg::kPairedStats>::template at<kBlock>(sLse, sDelta, buf).from(32 * wg);
+    const auto stats = RowStats<Cfg::kPairedStats, Cfg::kStatsLds>::template at<kBlock>(sLse, sDelta, buf).from(32 * wg);
     float2 lse2[4], delta2[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -634,22 +677,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::wait_group<1>();
     wgmma::pin(st);
     if constexpr (Cfg::kTrace) tr.stamp(s, 2);
+    with_mask<Cfg::kMaskHoist>(!whole, [&](auto masked) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int qc = 32 * wg + 8 * j + 2 * t;
-      const float l0 = lse2[j].x, l1 = lse2[j].y;
+      for (int j = 0; j < 4; ++j) {
+        const int qc = 32 * wg + 8 * j + 2 * t;
+        const float l0 = lse2[j].x, l1 = lse2[j].y;
 #pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int kr = 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
-        st[i] = numerics::exp2_mufu(fmaf(st[i], p.scale_log2, -l0));
-        st[i + 1] = numerics::exp2_mufu(fmaf(st[i + 1], p.scale_log2, -l1));
-        if (!whole) {
-          if (!vis(q0 + qc, k0 + kr)) st[i] = 0.0f;
-          if (!vis(q0 + qc + 1, k0 + kr)) st[i + 1] = 0.0f;
+        for (int hr = 0; hr < 2; ++hr) {
+          const int kr = 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
+          st[i] = exp2_share<Cfg::kPolyEvery>(j, fmaf(st[i], p.scale_log2, -l0));
+          st[i + 1] = exp2_share<Cfg::kPolyEvery>(j, fmaf(st[i + 1], p.scale_log2, -l1));
+          if (masked) {
+            if (!vis(q0 + qc, k0 + kr)) st[i] = 0.0f;
+            if (!vis(q0 + qc + 1, k0 + kr)) st[i + 1] = 0.0f;
+          }
+          ptx::st_shared_b32(pt_tile + sw128<kBlock>(kr, qc), pack2<kBF16>(st[i], st[i + 1]));
         }
-        ptx::st_shared_b32(pt_tile + sw128<kBlock>(kr, qc), pack2<kBF16>(st[i], st[i + 1]));
       }
-    }
+    });
     if constexpr (Cfg::kTrace) tr.stamp(s, 3);
     wgmma::wait_group<0>();
     wgmma::pin(dpt);

@@ -22,6 +22,7 @@
 #include <cuda/ptx>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/bwd_params.h"
 #include "fa4/numerics/exp2.h"
@@ -63,9 +64,25 @@ inline constexpr int kThreads = 256;
 //                 reduced into the workspace once a step (warpgroup 0 stores its partial, warpgroup 1
 //                 adds its own and issues the bulk reduction; mbarriers hand the stage over), instead
 //                 of a reduction of each warpgroup's partial: half the reductions' bytes (d64 shipped)
+//   kPolyEvery    P^T's exponentials of every kPolyEvery-th 8-query chunk on the FMA pipe (the
+//                 software exp2, numerics/exp2.h), the rest on MUFU; 0: all on MUFU
+//   kLoadIssue    who issues a step's loads, and when: thread 0 at the top of the step before (0,
+//                 d64 and d256 shipped), thread 0 once that step's S^T and dP^T are issued (1, d128
+//                 shipped), or a third warpgroup (2, d64/d128; setmaxnreg gives its registers to
+//                 the two), whose first thread issues each as soon as the ring frees its buffer
+//   kStatsLds     a step's LSE and D rows read by ld.shared (d64 and d128 shipped), else by generic
+//                 loads (d256 shipped: the same there)
+//   kMaskHoist    P^T's exponentials in two loops, one with the mask's tests and one without
+//                 (with_mask; shipped), else one loop that tests each element where the block is not
+//                 whole (a branch an element, which starved the warps' instruction fetch)
+//   kStepCursor   each step's query head and first row advanced from the step before's (no division
+//                 in the loop; d128 and d256 shipped); false: found from the step's index (s / count,
+//                 s % count; d64 shipped, where ptxas schedules that form's loop better)
 template <int kD_, bool kBF16_, int kStepBufs_ = kD_ == 256 ? 2 : 3, bool kFoldedBoxes_ = kD_ != 64,
           bool kDqByKeys_ = kD_ == 64, bool kPairedStats_ = false, bool kTrace_ = false,
-          int kDqLagBufs_ = kD_ == 128 ? 2 : 0, int kSkew_ = kD_ == 128 ? 2 : 0, bool kDqPairSum_ = kD_ == 64>
+          int kDqLagBufs_ = kD_ == 128 ? 2 : 0, int kSkew_ = kD_ == 128 ? 2 : 0, bool kDqPairSum_ = kD_ == 64,
+          int kPolyEvery_ = 0, int kLoadIssue_ = kD_ == 128 ? 1 : 0, bool kStepCursor_ = kD_ != 64,
+          bool kStatsLds_ = kD_ != 256, bool kMaskHoist_ = true>
 struct BwdConfig {
   static constexpr int kD = kD_;
   static constexpr bool kBF16 = kBF16_;
@@ -78,12 +95,27 @@ struct BwdConfig {
   static constexpr int kDqLagBufs = kDqLagBufs_;
   static constexpr int kSkew = kSkew_;
   static constexpr bool kDqPairSum = kDqPairSum_;
+  static constexpr int kPolyEvery = kPolyEvery_;
+  static constexpr int kLoadIssue = kLoadIssue_;
+  static constexpr bool kStepCursor = kStepCursor_;
+  static constexpr bool kStatsLds = kStatsLds_;
+  static constexpr bool kMaskHoist = kMaskHoist_;
+  static constexpr int kCtaThreads = kThreads + (kLoadIssue == 2 ? 128 : 0);  // the dK/dV kernel's block
+  // kLoadIssue 2: the pool is kCtaThreads x 168 registers (65536 / 384, rounded down to 8); the
+  // loading warpgroup keeps 24 a thread, the two computing ones get 240.
+  static constexpr int kLoaderRegs = 24, kComputeRegs = 240;
+  static_assert(kLoadIssue != 2 || 128 * kLoaderRegs + kThreads * kComputeRegs <= kCtaThreads * (65536 / kCtaThreads / 8 * 8),
+                "setmaxnreg would ask for more registers than the CTA's pool");
   static_assert(kD != 64 || kDqByKeys, "d64's dQ is by keys");
   static_assert(kD != 256 || !kDqByKeys, "d256 splits dQ by columns");
   static_assert(!kDqLag || (kD == 128 && !kDqByKeys && kDqLagBufs >= 2),
                 "dQ a step behind: d128 with dQ by columns, two dS^T buffers or more");
   static_assert(kSkew == 0 || (kDqLag && kSkew <= 3), "warpgroups started apart need dQ a step behind");
   static_assert(!kDqPairSum || kD == 64, "dQ's partials summed in shared memory: d64 (dQ by keys)");
+  static_assert(kLoadIssue >= 0 && kLoadIssue <= 2 && (kD != 256 || kLoadIssue == 0),
+                "a step's loads: at the step's top, after its first GEMMs, or by a warp of their own (d64/d128)");
+  // The loading warp leaves once it has issued the walk's loads: no CTA barrier may follow them.
+  static_assert(kLoadIssue != 2 || kDqByKeys || kDqLagBufs_ > 0, "a loading warp with no CTA barrier in the step");
 };
 
 // Development timeline of the dK/dV kernels (a configuration with kTrace; tools/sm90_bwd_probe
@@ -187,6 +219,19 @@ __device__ __forceinline__ const uint16_t* row0(const void* base, const int64_t 
   return static_cast<const uint16_t*>(base) + b * stride[0] + h * stride[2];
 }
 
+// f(masked) for a step's element loop: with kHoist, f(std::true_type) where `masked` and
+// f(std::false_type) elsewhere, the loop compiled twice so that the common unmasked one tests no
+// element; without, f(masked) (one loop, a test an element).
+template <bool kHoist, class F>
+__device__ __forceinline__ void with_mask(bool masked, F&& f) {
+  if constexpr (kHoist) {
+    if (masked) f(std::true_type{});
+    else f(std::false_type{});
+  } else {
+    f(masked);
+  }
+}
+
 // ---- D = rowsum(dO * O) and the LSE in log2 units; rows past seqlen_q get 0 and +inf ------------
 // A row's head_dim elements are kD / 8 lanes' 16-byte loads, so a warp takes 32 / (kD / 8) rows
 // (4 at d64, 2 at d128, 1 at d256): one warp a row left three quarters of the lanes idle at d64.
@@ -195,8 +240,9 @@ inline constexpr int kDeltaRowsPerCta = (kThreads / 32) * (256 / kD);
 static_assert(128 % kDeltaRowsPerCta<64> == 0, "a CTA's rows divide the workspace's row padding (128)");
 
 // The row statistics of one buffer of kRows rows in shared memory, as the steps read them:
-// separate (the log2 LSE's rows at `lse`, D's at `d`) or paired ({LSE, D} a row, all at `lse`).
-template <bool kPaired>
+// separate (the log2 LSE's rows at `lse`, D's at `d`) or paired ({LSE, D} a row, all at `lse`);
+// kLds: the pairs read by ld.shared (else through the generic pointers).
+template <bool kPaired, bool kLds = false>
 struct RowStats {
   const float* lse;
   const float* d;
@@ -212,20 +258,28 @@ struct RowStats {
     else return {lse + rows, d + rows};
   }
   // Rows r and r + 1 (r even).
+  __device__ __forceinline__ static float2 two(const float* x) {
+    if constexpr (kLds) return ptx::ld_shared_v2_f32(x);
+    else return *reinterpret_cast<const float2*>(x);
+  }
+  __device__ __forceinline__ static float4 four(const float* x) {
+    if constexpr (kLds) return ptx::ld_shared_v4_f32(x);
+    else return *reinterpret_cast<const float4*>(x);
+  }
   __device__ __forceinline__ float2 lse2(int r) const {
     if constexpr (kPaired) {
-      const float4 v = *reinterpret_cast<const float4*>(lse + 2 * r);
+      const float4 v = four(lse + 2 * r);
       return make_float2(v.x, v.z);
     } else {
-      return *reinterpret_cast<const float2*>(lse + r);
+      return two(lse + r);
     }
   }
   __device__ __forceinline__ float2 d2(int r) const {
     if constexpr (kPaired) {
-      const float4 v = *reinterpret_cast<const float4*>(lse + 2 * r);
+      const float4 v = four(lse + 2 * r);
       return make_float2(v.y, v.w);
     } else {
-      return *reinterpret_cast<const float2*>(d + r);
+      return two(d + r);
     }
   }
   __device__ __forceinline__ float lse1(int r) const { return kPaired ? lse[2 * r] : lse[r]; }

@@ -66,7 +66,8 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
     if ((e = allow_dynamic_smem<bwd_dkdv_wgmma_kernel<Cfg>>(device, kSmem)) != cudaSuccess)
       return bwd_cuda_failure("setting the dK/dV kernel's shared memory", e);
     const unsigned key_blocks = unsigned((p.seqlen_k + kWgKeys - 1) / kWgKeys);
-    bwd_dkdv_wgmma_kernel<Cfg><<<dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, stream>>>(p, tm_q, tm_do);
+    bwd_dkdv_wgmma_kernel<Cfg><<<dim3(key_blocks, p.heads_kv, p.batch), dim3(Cfg::kCtaThreads), kSmem, stream>>>(
+        p, tm_q, tm_do);
   } else {
     constexpr int kSmem = WgSmem256<Cfg>::kBytes;
     if ((e = allow_dynamic_smem<bwd_dkdv_wgmma256_kernel<Cfg>>(device, kSmem)) != cudaSuccess)
