@@ -136,14 +136,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool whole = vis.whole(q0 + wg * 64, 64, k0, kKeys);
     wgmma::wait_group<1>();
     wgmma::pin(sc);
+    with_mask<true>(!whole, [&](auto masked) {
 #pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j)
+      for (int j = 0; j < kKeys / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 4 * j + e, hr = e >> 1;
-        sc[i] = numerics::exp2_mufu(fmaf(sc[i], p.scale_log2, -row_lse[hr]));
-        if (!whole && !vis(q0 + wg * 64 + 16 * warp + g + 8 * hr, k0 + 8 * j + 2 * t + (e & 1))) sc[i] = 0.0f;
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int i = 4 * j + e, hr = e >> 1;
+          sc[i] = numerics::exp2_mufu(fmaf(sc[i], p.scale_log2, -row_lse[hr]));
+          if (masked && !vis(q0 + wg * 64 + 16 * warp + g + 8 * hr, k0 + 8 * j + 2 * t + (e & 1))) sc[i] = 0.0f;
+        }
+    });
     wgmma::wait_group<0>();
     wgmma::pin(dp);
     uint32_t dsf[kKeys / 4];
