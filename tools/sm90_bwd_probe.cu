@@ -57,29 +57,33 @@ struct Config {
   bool exact = true;  // the shipped configuration's arithmetic: dK and dV equal to its bit for bit
 };
 
-// The shipped configuration first for each head dim, then candidates: the configurations shipped
-// before a step's LSE and D rows were read by ld.shared (BwdConfig::kStatsLds; d64 and d128) and
-// P^T's exponentials were split into a loop with the mask's tests and one without (kMaskHoist),
-// d256 with ld.shared, and d64's loads issued by a warpgroup of their own (kLoadIssue 2, measured
-// and not kept; kept here so that it builds and checks). Candidates measured before (step-ring
+// The shipped configuration first for each head dim, then candidates: dS^T (d256: P^T and dS^T)
+// stored a pair at a time by st.shared, as before stmatrix (BwdConfig::kStMatrix); the
+// configurations shipped before a step's LSE and D rows were read by ld.shared (kStatsLds; d64
+// and d128) and P^T's exponentials were split into a loop with the mask's tests and one without
+// (kMaskHoist); d256 with ld.shared; and d64's loads issued by a warpgroup of their own
+// (kLoadIssue 2, measured and not kept; kept here so that it builds and checks). Candidates measured before (step-ring
 // depths, folded boxes, paired row statistics, dQ by keys at d128, the d128 lockstep and dQ-lag
 // forms, d64's reduction of each partial, shares of the exponentials on the FMA pipe (kPolyEvery),
 // the load issue after the first GEMMs, the other form of the walk's step (kStepCursor)) are
 // recorded in docs/perf-notes.md and bench/results/; BwdConfig still builds them.
-template <int kD, int kLoadIssue, bool kStatsLds, bool kMaskHoist>
+template <int kD, int kLoadIssue, bool kStatsLds, bool kMaskHoist, bool kStMatrix = true>
 using Variant = BwdConfig<kD, true, kD == 256 ? 2 : 3, kD != 64, kD == 64, false, false, kD == 128 ? 2 : 0,
-                          kD == 128 ? 2 : 0, kD == 64, 0, kLoadIssue, kD != 64, kStatsLds, kMaskHoist>;
+                          kD == 128 ? 2 : 0, kD == 64, 0, kLoadIssue, kD != 64, kStatsLds, kMaskHoist, kStMatrix>;
 static_assert(std::is_same_v<Variant<64, 0, true, true>, BwdConfig<64, true>> &&
               std::is_same_v<Variant<128, 1, true, true>, BwdConfig<128, true>> &&
               std::is_same_v<Variant<256, 0, false, true>, BwdConfig<256, true>>);
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
-    {"per-element-mask", 64, run_cfg<Variant<64, 0, false, false>>},
+    {"st-shared", 64, run_cfg<Variant<64, 0, true, true, false>>},
+    {"per-element-mask", 64, run_cfg<Variant<64, 0, false, false, false>>},
     {"loading-warp", 64, run_cfg<Variant<64, 2, true, true>>},
     {"shipped", 128, run_cfg<BwdConfig<128, true>>},
-    {"per-element-mask", 128, run_cfg<Variant<128, 1, false, false>>},
+    {"st-shared", 128, run_cfg<Variant<128, 1, true, true, false>>},
+    {"per-element-mask", 128, run_cfg<Variant<128, 1, false, false, false>>},
     {"shipped", 256, run_cfg<BwdConfig<256, true>>},
-    {"per-element-mask", 256, run_cfg<Variant<256, 0, false, false>>},
+    {"st-shared", 256, run_cfg<Variant<256, 0, false, true, false>>},
+    {"per-element-mask", 256, run_cfg<Variant<256, 0, false, false, false>>},
     {"stats-lds", 256, run_cfg<Variant<256, 0, true, true>>},
 };
 

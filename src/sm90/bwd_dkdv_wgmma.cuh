@@ -41,6 +41,18 @@ __device__ __forceinline__ uint32_t sw128(int r, int c) {
   return uint32_t((c >> 6) * kRows * 128 + r * 128 + ((((c >> 3) & 7) ^ (r & 7)) << 4) + (c & 7) * 2);
 }
 
+// A warp's 16 rows x 16 kChunks columns of 16-bit pairs in the accumulator's layout (v[2j + h]:
+// row row0 + 8h + g, columns col0 + 8j + 2t and + 1) into a 128-byte-swizzled tile of kRows rows
+// by stmatrix, four 8 x 8 blocks an instruction (lanes 8i..8i+7 address block i's rows).
+template <int kRows, int kChunks>
+__device__ __forceinline__ void stsm_rows(uint32_t tile, const uint32_t (&v)[2 * kChunks], int row0, int col0, int lane) {
+  const int m = lane / 8;
+#pragma unroll
+  for (int j = 0; j < kChunks; j += 2)
+    ptx::stmatrix_x4(tile + sw128<kRows>(row0 + 8 * (m % 2) + lane % 8, col0 + 8 * (j + m / 2)), v[2 * j], v[2 * j + 1],
+                     v[2 * j + 2], v[2 * j + 3]);
+}
+
 // Rows [0, kRows) of a [seq, kCols] slice into a swizzled tile; rows from `valid` on are zeros.
 template <int kRows, int kCols, int kCtaThreads = kThreads>
 __device__ __forceinline__ void load_sw128(char* tile, const uint16_t* src, int64_t row_stride, int valid) {
@@ -508,9 +520,10 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
       for (int hr = 0; hr < 2; ++hr) {
         const int kr = wg * 64 + 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
         dsf[2 * j + hr] = pack2<kBF16>(st[i] * (dpt[i] - d0) * p.scale, st[i + 1] * (dpt[i + 1] - d1) * p.scale);
-        ptx::st_shared_b32(ds_tile + sw128<kWgKeys>(kr, qc), dsf[2 * j + hr]);
+        if constexpr (!Cfg::kStMatrix) ptx::st_shared_b32(ds_tile + sw128<kWgKeys>(kr, qc), dsf[2 * j + hr]);
       }
     }
+    if constexpr (Cfg::kStMatrix) stsm_rows<kWgKeys, 8>(ds_tile, dsf, wg * 64 + 16 * warp, 0, lane);
     // dK += dS^T Q over the 64 queries.
     wgmma::fence();
 #pragma unroll
@@ -677,6 +690,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::wait_group<1>();
     wgmma::pin(st);
     if constexpr (Cfg::kTrace) tr.stamp(s, 2);
+    uint32_t pv[8];  // Cfg::kStMatrix: P^T's pairs, stored after the loop
     with_mask<Cfg::kMaskHoist>(!whole, [&](auto masked) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -691,10 +705,12 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (!vis(q0 + qc, k0 + kr)) st[i] = 0.0f;
             if (!vis(q0 + qc + 1, k0 + kr)) st[i + 1] = 0.0f;
           }
-          ptx::st_shared_b32(pt_tile + sw128<kBlock>(kr, qc), pack2<kBF16>(st[i], st[i + 1]));
+          pv[2 * j + hr] = pack2<kBF16>(st[i], st[i + 1]);
+          if constexpr (!Cfg::kStMatrix) ptx::st_shared_b32(pt_tile + sw128<kBlock>(kr, qc), pv[2 * j + hr]);
         }
       }
     });
+    if constexpr (Cfg::kStMatrix) stsm_rows<kBlock, 4>(pt_tile, pv, 16 * warp, 32 * wg, lane);
     if constexpr (Cfg::kTrace) tr.stamp(s, 3);
     wgmma::wait_group<0>();
     wgmma::pin(dpt);
@@ -706,10 +722,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int kr = 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
-        ptx::st_shared_b32(dst_tile + sw128<kBlock>(kr, qc),
-                           pack2<kBF16>(st[i] * (dpt[i] - d0) * p.scale, st[i + 1] * (dpt[i + 1] - d1) * p.scale));
+        pv[2 * j + hr] = pack2<kBF16>(st[i] * (dpt[i] - d0) * p.scale, st[i + 1] * (dpt[i + 1] - d1) * p.scale);
+        if constexpr (!Cfg::kStMatrix) ptx::st_shared_b32(dst_tile + sw128<kBlock>(kr, qc), pv[2 * j + hr]);
       }
     }
+    if constexpr (Cfg::kStMatrix) stsm_rows<kBlock, 4>(dst_tile, pv, 16 * warp, 32 * wg, lane);
     if constexpr (Cfg::kTrace) tr.stamp(s, 5);
     ptx::fence_proxy_async_smem();  // P^T and dS^T, before wgmma reads them
     __syncthreads();

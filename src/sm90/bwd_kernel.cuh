@@ -75,6 +75,8 @@ inline constexpr int kThreads = 256;
 //   kMaskHoist    P^T's exponentials in two loops, one with the mask's tests and one without
 //                 (with_mask; shipped), else one loop that tests each element where the block is not
 //                 whole (a branch an element, which starved the warps' instruction fetch)
+//   kStMatrix     dS^T (d256: P^T and dS^T) stored by stmatrix, four 8 x 8 blocks an instruction
+//                 (shipped), else a 32-bit st.shared a pair
 //   kStepCursor   each step's query head and first row advanced from the step before's (no division
 //                 in the loop; d128 and d256 shipped); false: found from the step's index (s / count,
 //                 s % count; d64 shipped, where ptxas schedules that form's loop better)
@@ -82,7 +84,7 @@ template <int kD_, bool kBF16_, int kStepBufs_ = kD_ == 256 ? 2 : 3, bool kFolde
           bool kDqByKeys_ = kD_ == 64, bool kPairedStats_ = false, bool kTrace_ = false,
           int kDqLagBufs_ = kD_ == 128 ? 2 : 0, int kSkew_ = kD_ == 128 ? 2 : 0, bool kDqPairSum_ = kD_ == 64,
           int kPolyEvery_ = 0, int kLoadIssue_ = kD_ == 128 ? 1 : 0, bool kStepCursor_ = kD_ != 64,
-          bool kStatsLds_ = kD_ != 256, bool kMaskHoist_ = true>
+          bool kStatsLds_ = kD_ != 256, bool kMaskHoist_ = true, bool kStMatrix_ = true>
 struct BwdConfig {
   static constexpr int kD = kD_;
   static constexpr bool kBF16 = kBF16_;
@@ -100,6 +102,7 @@ struct BwdConfig {
   static constexpr bool kStepCursor = kStepCursor_;
   static constexpr bool kStatsLds = kStatsLds_;
   static constexpr bool kMaskHoist = kMaskHoist_;
+  static constexpr bool kStMatrix = kStMatrix_;
   static constexpr int kCtaThreads = kThreads + (kLoadIssue == 2 ? 128 : 0);  // the dK/dV kernel's block
   // kLoadIssue 2: the pool is kCtaThreads x 168 registers (65536 / 384, rounded down to 8); the
   // loading warpgroup keeps 24 a thread, the two computing ones get 240.
