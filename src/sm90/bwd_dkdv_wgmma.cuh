@@ -53,6 +53,21 @@ __device__ __forceinline__ void stsm_rows(uint32_t tile, const uint32_t (&v)[2 *
                      v[2 * j + 2], v[2 * j + 3]);
 }
 
+// P^T's pair of S^T elements s0, s1 (key `key`, queries q and q + 1 of 8-query chunk j), in place:
+// 2^(s scale - LSE) from the two queries' log2 LSE l0, l1, zero where `masked` (with_mask) and the
+// query does not see the key; returns the pair packed.
+template <class Cfg, class Masked>
+__device__ __forceinline__ uint32_t p_pair(float& s0, float& s1, int j, float l0, float l1, float scale_log2,
+                                           Masked masked, const Visibility& vis, int q, int key) {
+  s0 = exp2_share<Cfg::kPolyEvery>(j, fmaf(s0, scale_log2, -l0));
+  s1 = exp2_share<Cfg::kPolyEvery>(j, fmaf(s1, scale_log2, -l1));
+  if (masked) {
+    if (!vis(q, key)) s0 = 0.0f;
+    if (!vis(q + 1, key)) s1 = 0.0f;
+  }
+  return pack2<Cfg::kBF16>(s0, s1);
+}
+
 // Rows [0, kRows) of a [seq, kCols] slice into a swizzled tile; rows from `valid` on are zeros.
 template <int kRows, int kCols, int kCtaThreads = kThreads>
 __device__ __forceinline__ void load_sw128(char* tile, const uint16_t* src, int64_t row_stride, int valid) {
@@ -478,13 +493,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int kr = wg * 64 + 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
-          st[i] = exp2_share<Cfg::kPolyEvery>(j, fmaf(st[i], p.scale_log2, -l0));
-          st[i + 1] = exp2_share<Cfg::kPolyEvery>(j, fmaf(st[i + 1], p.scale_log2, -l1));
-          if (masked) {
-            if (!vis(q0 + qc, k0 + kr)) st[i] = 0.0f;
-            if (!vis(q0 + qc + 1, k0 + kr)) st[i + 1] = 0.0f;
-          }
-          pf[2 * j + hr] = pack2<kBF16>(st[i], st[i + 1]);
+          pf[2 * j + hr] = p_pair<Cfg>(st[i], st[i + 1], j, l0, l1, p.scale_log2, masked, vis, q0 + qc, k0 + kr);
         }
       }
     });
@@ -699,13 +708,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int kr = 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
-          st[i] = exp2_share<Cfg::kPolyEvery>(j, fmaf(st[i], p.scale_log2, -l0));
-          st[i + 1] = exp2_share<Cfg::kPolyEvery>(j, fmaf(st[i + 1], p.scale_log2, -l1));
-          if (masked) {
-            if (!vis(q0 + qc, k0 + kr)) st[i] = 0.0f;
-            if (!vis(q0 + qc + 1, k0 + kr)) st[i + 1] = 0.0f;
-          }
-          pv[2 * j + hr] = pack2<kBF16>(st[i], st[i + 1]);
+          pv[2 * j + hr] = p_pair<Cfg>(st[i], st[i + 1], j, l0, l1, p.scale_log2, masked, vis, q0 + qc, k0 + kr);
           if constexpr (!Cfg::kStMatrix) ptx::st_shared_b32(pt_tile + sw128<kBlock>(kr, qc), pv[2 * j + hr]);
         }
       }
