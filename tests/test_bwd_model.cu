@@ -3,7 +3,10 @@
 // layout (WgSmem, WgSmem256 in src/sm90/bwd_dkdv_wgmma.cuh, shipped configuration) gives it, the capacity is what a
 // block may use less the base's alignment slack, and the buffers at the kernel's own depths add up
 // to the kernel's allocation. A change to either that the other does not follow fails here.
+// Also on the host: the dK/dV kernels' stmatrix stores of dS^T (and d256's P^T) put every pair
+// where the per-pair stores did (BackwardLayout).
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -126,5 +129,31 @@ TEST(BackwardModel, EveryProbeConfigurationHasASoundLayout) {
   EXPECT_EQ(ByKeys::kBytes, 215072);  // docs/perf-notes.md: "215,072 bytes"
 }
 
-}  // namespace
+// stsm_rows puts each of a warp's accumulator-layout pairs where a 32-bit store of the pair did:
+// stmatrix's lane 8i + r gives row r of block i's address, and thread t's register i lands in that
+// block's row t / 4 at bytes 4 (t % 4); the pair v[2jj + h] of thread t is row row0 + t / 4 + 8h,
+// columns col0 + 8jj + 2 (t % 4) (the wgmma accumulator's layout). Every pair lands once.
+template <int kRows, int kChunks>
+void expect_stsm_rows_layout(int row0, int col0) {
+  std::set<uint32_t> seen;
+  for (int j = 0; j < kChunks; j += 2)
+    for (int i = 0; i < 4; ++i)
+      for (int t = 0; t < 32; ++t) {
+        const uint32_t at = bwd::stsm_row_addr<kRows>(j, row0, col0, 8 * i + t / 4) + 4 * (t % 4);
+        const int jj = j + i / 2, h = i % 2;  // the pair v[2j + i] = v[2jj + h]
+        EXPECT_EQ(at, bwd::sw128<kRows>(row0 + t / 4 + 8 * h, col0 + 8 * jj + 2 * (t % 4)))
+            << "instruction " << j << " block " << i << " thread " << t;
+        EXPECT_TRUE(seen.insert(at).second) << "two pairs at byte " << at;
+      }
+  EXPECT_EQ(seen.size(), size_t(2 * kChunks * 32));
+}
 
+TEST(BackwardLayout, StmatrixPairsLandWhereTheirStoresDid) {
+  // d64/d128: a warp's 16 keys of warpgroup 1's dS^T, all 64 queries; d256: 32 queries from 32.
+  for (int warp = 0; warp < 4; ++warp) {
+    expect_stsm_rows_layout<bwd::kWgKeys, 8>(64 + 16 * warp, 0);
+    expect_stsm_rows_layout<bwd::kBlock, 4>(16 * warp, 32);
+  }
+}
+
+}  // namespace

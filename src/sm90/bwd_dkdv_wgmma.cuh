@@ -37,20 +37,25 @@ inline constexpr int kWgKeys = 128;  // keys a CTA, 64 a warpgroup
 
 // Byte offset of element (r, c) in a 128-byte-swizzled tile of kRows rows.
 template <int kRows>
-__device__ __forceinline__ uint32_t sw128(int r, int c) {
+__host__ __device__ __forceinline__ uint32_t sw128(int r, int c) {
   return uint32_t((c >> 6) * kRows * 128 + r * 128 + ((((c >> 3) & 7) ^ (r & 7)) << 4) + (c & 7) * 2);
 }
 
 // A warp's 16 rows x 16 kChunks columns of 16-bit pairs in the accumulator's layout (v[2j + h]:
 // row row0 + 8h + g, columns col0 + 8j + 2t and + 1) into a 128-byte-swizzled tile of kRows rows
 // by stmatrix, four 8 x 8 blocks an instruction (lanes 8i..8i+7 address block i's rows).
+// Instruction j (j even) stores v[2j .. 2j + 3]: block i of it is v[2j + i], rows row0 + 8 (i % 2),
+// columns col0 + 8 (j + i / 2); stsm_row_addr is the offset of the row that `lane` addresses.
+template <int kRows>
+__host__ __device__ __forceinline__ uint32_t stsm_row_addr(int j, int row0, int col0, int lane) {
+  const int i = lane / 8;
+  return sw128<kRows>(row0 + 8 * (i % 2) + lane % 8, col0 + 8 * (j + i / 2));
+}
 template <int kRows, int kChunks>
 __device__ __forceinline__ void stsm_rows(uint32_t tile, const uint32_t (&v)[2 * kChunks], int row0, int col0, int lane) {
-  const int m = lane / 8;
 #pragma unroll
   for (int j = 0; j < kChunks; j += 2)
-    ptx::stmatrix_x4(tile + sw128<kRows>(row0 + 8 * (m % 2) + lane % 8, col0 + 8 * (j + m / 2)), v[2 * j], v[2 * j + 1],
-                     v[2 * j + 2], v[2 * j + 3]);
+    ptx::stmatrix_x4(tile + stsm_row_addr<kRows>(j, row0, col0, lane), v[2 * j], v[2 * j + 1], v[2 * j + 2], v[2 * j + 3]);
 }
 
 // P^T's pair of S^T elements s0, s1 (key `key`, queries q and q + 1 of 8-query chunk j), in place:
