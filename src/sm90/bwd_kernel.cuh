@@ -116,9 +116,9 @@ struct BwdConfig {
   static_assert(kSkew == 0 || (kDqLag && kSkew <= 3), "warpgroups started apart need dQ a step behind");
   static_assert(!kDqPairSum || kD == 64, "dQ's partials summed in shared memory: d64 (dQ by keys)");
   static_assert(kLoadIssue >= 0 && kLoadIssue <= 2 && (kD != 256 || kLoadIssue == 0),
-                "a step's loads: at the step's top, after its first GEMMs, or by a warp of their own (d64/d128)");
-  // The loading warp leaves once it has issued the walk's loads: no CTA barrier may follow them.
-  static_assert(kLoadIssue != 2 || kDqByKeys || kDqLagBufs_ > 0, "a loading warp with no CTA barrier in the step");
+                "a step's loads: at the step's top, after its first GEMMs, or by a warpgroup of their own (d64/d128)");
+  // The loading warpgroup leaves once it has issued the walk's loads: no CTA barrier may follow them.
+  static_assert(kLoadIssue != 2 || kDqByKeys || kDqLagBufs_ > 0, "a loading warpgroup, and a CTA barrier in the step");
 };
 
 // Development timeline of the dK/dV kernels (a configuration with kTrace; tools/sm90_bwd_probe
@@ -260,7 +260,7 @@ struct RowStats {
     if constexpr (kPaired) return {lse + 2 * rows, nullptr};
     else return {lse + rows, d + rows};
   }
-  // Rows r and r + 1 (r even).
+  // Two or four floats from x.
   __device__ __forceinline__ static float2 two(const float* x) {
     if constexpr (kLds) return ptx::ld_shared_v2_f32(x);
     else return *reinterpret_cast<const float2*>(x);
@@ -269,6 +269,7 @@ struct RowStats {
     if constexpr (kLds) return ptx::ld_shared_v4_f32(x);
     else return *reinterpret_cast<const float4*>(x);
   }
+  // Rows r and r + 1 (r even).
   __device__ __forceinline__ float2 lse2(int r) const {
     if constexpr (kPaired) {
       const float4 v = four(lse + 2 * r);
