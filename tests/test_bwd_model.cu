@@ -106,24 +106,42 @@ void expect_sound_256(const char* name) {
   EXPECT_LE(L::kDst + 2 * L::kPBytes, L::kLse) << name;
 }
 
+// The configurations the probe has measured (docs/perf-notes.md), as knobs edited from the shipped.
+using bwd::bwd_knobs;
+using bwd::BwdKnobs;
+constexpr BwdKnobs kD64TwoBufs = bwd_knobs(64, [](BwdKnobs& k) { k.step_bufs = 2; });
+constexpr BwdKnobs kD64Paired = bwd_knobs(64, [](BwdKnobs& k) { k.paired_stats = true; });
+constexpr BwdKnobs kD64TwoReductions = bwd_knobs(64, [](BwdKnobs& k) { k.dq_pair_sum = false; });
+constexpr BwdKnobs kD64LoadingWarp = bwd_knobs(64, [](BwdKnobs& k) { k.load_issue = 2; });
+constexpr BwdKnobs kD128Lockstep = bwd_knobs(128, [](BwdKnobs& k) { k.step_bufs = 2, k.dq_lag_bufs = 0, k.skew = 0; });
+constexpr BwdKnobs kD128LagTogether = bwd_knobs(128, [](BwdKnobs& k) { k.skew = 0; });
+constexpr BwdKnobs kD128ThreeDs = bwd_knobs(128, [](BwdKnobs& k) { k.step_bufs = 2, k.dq_lag_bufs = 3; });
+constexpr BwdKnobs kD128Unfolded = bwd_knobs(128, [](BwdKnobs& k) { k.folded_boxes = false; });
+constexpr BwdKnobs kD128ByKeys =
+    bwd_knobs(128, [](BwdKnobs& k) { k.step_bufs = 2, k.dq_by_keys = true, k.dq_lag_bufs = 0, k.skew = 0; });
+constexpr BwdKnobs kD128Paired = bwd_knobs(128, [](BwdKnobs& k) { k.paired_stats = true; });
+constexpr BwdKnobs kD256Unfolded = bwd_knobs(256, [](BwdKnobs& k) { k.folded_boxes = false; });
+constexpr BwdKnobs kD256Paired = bwd_knobs(256, [](BwdKnobs& k) { k.paired_stats = true; });
+
 TEST(BackwardModel, EveryProbeConfigurationHasASoundLayout) {
   using bwd::BwdConfig;
   expect_sound_wg<BwdConfig<64, true>>("d64 shipped");
-  expect_sound_wg<BwdConfig<64, true, 2>>("d64 two step buffers");
-  expect_sound_wg<BwdConfig<64, true, 3, false, true, true>>("d64 paired");
-  expect_sound_wg<BwdConfig<64, true, 3, false, true, false, false, 0, 0, false>>("d64 a reduction of each partial");
+  expect_sound_wg<BwdConfig<64, true, kD64TwoBufs>>("d64 two step buffers");
+  expect_sound_wg<BwdConfig<64, true, kD64Paired>>("d64 paired");
+  expect_sound_wg<BwdConfig<64, true, kD64TwoReductions>>("d64 a reduction of each partial");
+  expect_sound_wg<BwdConfig<64, true, kD64LoadingWarp>>("d64 a loading warpgroup");
   expect_sound_wg<BwdConfig<128, true>>("d128 shipped");
-  expect_sound_wg<BwdConfig<128, true, 2, true, false, false, false, 0, 0>>("d128 lockstep (dQ in its step)");
-  expect_sound_wg<BwdConfig<128, true, 3, true, false, false, false, 2, 0>>("d128 dQ a step behind, together");
-  expect_sound_wg<BwdConfig<128, true, 2, true, false, false, false, 3>>("d128 three dS^T buffers");
-  expect_sound_wg<BwdConfig<128, true, 3, false>>("d128 unfolded");
-  expect_sound_wg<BwdConfig<128, true, 2, true, true, false, false, 0, 0>>("d128 dQ by keys");
-  expect_sound_wg<BwdConfig<128, true, 3, true, false, true>>("d128 folded paired");
+  expect_sound_wg<BwdConfig<128, true, kD128Lockstep>>("d128 lockstep (dQ in its step)");
+  expect_sound_wg<BwdConfig<128, true, kD128LagTogether>>("d128 dQ a step behind, together");
+  expect_sound_wg<BwdConfig<128, true, kD128ThreeDs>>("d128 three dS^T buffers");
+  expect_sound_wg<BwdConfig<128, true, kD128Unfolded>>("d128 unfolded");
+  expect_sound_wg<BwdConfig<128, true, kD128ByKeys>>("d128 dQ by keys");
+  expect_sound_wg<BwdConfig<128, true, kD128Paired>>("d128 folded paired");
   expect_sound_256<BwdConfig<256, true>>("d256 shipped");
-  expect_sound_256<BwdConfig<256, true, 2, false>>("d256 unfolded");
-  expect_sound_256<BwdConfig<256, true, 2, true, false, true>>("d256 folded paired");
+  expect_sound_256<BwdConfig<256, true, kD256Unfolded>>("d256 unfolded");
+  expect_sound_256<BwdConfig<256, true, kD256Paired>>("d256 folded paired");
   // dQ by keys at d128: two 64 x 64 pieces a warpgroup, one dS^T buffer.
-  using ByKeys = bwd::WgSmem<BwdConfig<128, true, 2, false, true, false, false, 0, 0>>;
+  using ByKeys = bwd::WgSmem<BwdConfig<128, true, kD128ByKeys>>;
   EXPECT_EQ(ByKeys::kDqPieces, 2);
   EXPECT_EQ(ByKeys::kDsBufs, 1);
   EXPECT_EQ(ByKeys::kBytes, 215072);  // docs/perf-notes.md: "215,072 bytes"

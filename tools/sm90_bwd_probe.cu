@@ -26,7 +26,6 @@
 #include <cstdlib>
 #include <random>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -57,34 +56,38 @@ struct Config {
   bool exact = true;  // the shipped configuration's arithmetic: dK and dV equal to its bit for bit
 };
 
-// The shipped configuration first for each head dim, then candidates: dS^T (d256: P^T and dS^T)
-// stored a pair at a time by st.shared, as before stmatrix (BwdConfig::kStMatrix); the
-// configurations shipped before a step's LSE and D rows were read by ld.shared (kStatsLds; d64
+// The shipped configuration first for each head dim, then candidates (BwdKnobs): dS^T (d256: P^T
+// and dS^T) stored a pair at a time by st.shared, as before stmatrix (`stmatrix`); the
+// configurations shipped before a step's LSE and D rows were read by ld.shared (`stats_lds`; d64
 // and d128) and P^T's exponentials were split into a loop with the mask's tests and one without
-// (kMaskHoist); d256 with ld.shared; and d64's loads issued by a warpgroup of their own
-// (kLoadIssue 2, measured and not kept; kept here so that it builds and checks). Candidates measured before (step-ring
-// depths, folded boxes, paired row statistics, dQ by keys at d128, the d128 lockstep and dQ-lag
-// forms, d64's reduction of each partial, shares of the exponentials on the FMA pipe (kPolyEvery),
-// the load issue after the first GEMMs, the other form of the walk's step (kStepCursor)) are
-// recorded in docs/perf-notes.md and bench/results/; BwdConfig still builds them.
-template <int kD, int kLoadIssue, bool kStatsLds, bool kMaskHoist, bool kStMatrix = true>
-using Variant = BwdConfig<kD, true, kD == 256 ? 2 : 3, kD != 64, kD == 64, false, false, kD == 128 ? 2 : 0,
-                          kD == 128 ? 2 : 0, kD == 64, 0, kLoadIssue, kD != 64, kStatsLds, kMaskHoist, kStMatrix>;
-static_assert(std::is_same_v<Variant<64, 0, true, true>, BwdConfig<64, true>> &&
-              std::is_same_v<Variant<128, 1, true, true>, BwdConfig<128, true>> &&
-              std::is_same_v<Variant<256, 0, false, true>, BwdConfig<256, true>>);
+// (`mask_hoist`); d256 with ld.shared; and d64's loads issued by a warpgroup of their own
+// (`load_issue` 2, measured and not kept; here so that it builds and checks). Candidates measured
+// before (step-ring depths, folded boxes, paired row statistics, dQ by keys at d128, the d128
+// lockstep and dQ-lag forms, d64's reduction of each partial, shares of the exponentials on the
+// FMA pipe, the load issue after the first GEMMs, the other form of the walk's step) are recorded
+// in docs/perf-notes.md and bench/results/; BwdKnobs still builds them.
+using fa4::sm90::bwd::bwd_knobs;
+using fa4::sm90::bwd::BwdKnobs;
+constexpr auto kStShared = [](BwdKnobs& k) { k.stmatrix = false; };
+constexpr auto kPerElementMask = [](BwdKnobs& k) { k.stats_lds = k.mask_hoist = k.stmatrix = false; };
+constexpr BwdKnobs kStShared64 = bwd_knobs(64, kStShared), kStShared128 = bwd_knobs(128, kStShared),
+                   kStShared256 = bwd_knobs(256, kStShared);
+constexpr BwdKnobs kPerElementMask64 = bwd_knobs(64, kPerElementMask), kPerElementMask128 = bwd_knobs(128, kPerElementMask),
+                   kPerElementMask256 = bwd_knobs(256, kPerElementMask);
+constexpr BwdKnobs kLoadingWarp64 = bwd_knobs(64, [](BwdKnobs& k) { k.load_issue = 2; });
+constexpr BwdKnobs kStatsLds256 = bwd_knobs(256, [](BwdKnobs& k) { k.stats_lds = true; });
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
-    {"st-shared", 64, run_cfg<Variant<64, 0, true, true, false>>},
-    {"per-element-mask", 64, run_cfg<Variant<64, 0, false, false, false>>},
-    {"loading-warp", 64, run_cfg<Variant<64, 2, true, true>>},
+    {"st-shared", 64, run_cfg<BwdConfig<64, true, kStShared64>>},
+    {"per-element-mask", 64, run_cfg<BwdConfig<64, true, kPerElementMask64>>},
+    {"loading-warp", 64, run_cfg<BwdConfig<64, true, kLoadingWarp64>>},
     {"shipped", 128, run_cfg<BwdConfig<128, true>>},
-    {"st-shared", 128, run_cfg<Variant<128, 1, true, true, false>>},
-    {"per-element-mask", 128, run_cfg<Variant<128, 1, false, false, false>>},
+    {"st-shared", 128, run_cfg<BwdConfig<128, true, kStShared128>>},
+    {"per-element-mask", 128, run_cfg<BwdConfig<128, true, kPerElementMask128>>},
     {"shipped", 256, run_cfg<BwdConfig<256, true>>},
-    {"st-shared", 256, run_cfg<Variant<256, 0, false, true, false>>},
-    {"per-element-mask", 256, run_cfg<Variant<256, 0, false, false, false>>},
-    {"stats-lds", 256, run_cfg<Variant<256, 0, true, true>>},
+    {"st-shared", 256, run_cfg<BwdConfig<256, true, kStShared256>>},
+    {"per-element-mask", 256, run_cfg<BwdConfig<256, true, kPerElementMask256>>},
+    {"stats-lds", 256, run_cfg<BwdConfig<256, true, kStatsLds256>>},
 };
 
 // Whether `item` is in the comma-separated list of environment variable `env` (unset: every item).
@@ -336,10 +339,13 @@ int time_all(int rounds) {
 }
 
 // The traced twins of the shipped configurations, and of candidates (their CSV named after them).
+constexpr auto kWithTrace = [](BwdKnobs& k) { k.trace = true; };
+constexpr BwdKnobs kTraced64 = bwd_knobs(64, kWithTrace), kTraced128 = bwd_knobs(128, kWithTrace),
+                   kTraced256 = bwd_knobs(256, kWithTrace);
 const Config kTraced[] = {
-    {"shipped-traced", 64, run_cfg<BwdConfig<64, true, 3, false, true, false, true>>},
-    {"shipped-traced", 128, run_cfg<BwdConfig<128, true, 3, true, false, false, true>>},
-    {"shipped-traced", 256, run_cfg<BwdConfig<256, true, 2, true, false, false, true>>},
+    {"shipped-traced", 64, run_cfg<BwdConfig<64, true, kTraced64>>},
+    {"shipped-traced", 128, run_cfg<BwdConfig<128, true, kTraced128>>},
+    {"shipped-traced", 256, run_cfg<BwdConfig<256, true, kTraced256>>},
 };
 
 double median_of(std::vector<double> x) {

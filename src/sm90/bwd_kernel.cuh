@@ -34,75 +34,112 @@ namespace fa4::sm90::bwd {
 inline constexpr int kBlock = 64;  // query rows of a dK/dV step (and keys of a d256 dK/dV CTA)
 inline constexpr int kThreads = 256;
 
-// A dK/dV kernel's configuration: the shipped one by default (sm90_bwd.cu), others for
-// tools/sm90_bwd_probe.cu, which times them against it. Shipped: d64 three step buffers, 64-column
-// boxes and the warpgroups' dQ partials summed in shared memory; d128 three step buffers, folded
-// boxes, dQ a step behind on two dS^T buffers and warpgroup 1 started behind warpgroup 0; d256 two
-// step buffers and folded boxes. The scheduler's
-// depths are three at d64 and d128 and two at d256, as shipped (docs/perf-notes.md, "The
-// backward's candidates on an H200", "The backward graphs on the calibrated TMA costs", "The d128
-// backward's warpgroups apart").
-//   kStepBufs     buffers of the step ring (Q, dO and the step's LSE and D rows), loaded ahead
-//   kFoldedBoxes  Q and dO loaded as one TMA box a tile, the 64-column blocks folded into a box
-//                 dimension (ptx::map_bshd_16bit_sw128_folded), instead of a box a column block
-//   kDqByKeys     d64/d128: each warpgroup's dQ share is its own 64 keys' over every column (in
-//                 head_dim / 64 pieces), so no CTA barrier waits for the other's dS^T; false: its 64
-//                 columns over all 128 keys (d128 shipped). d64 has only the first.
-//   kPairedStats  the rows' log2 LSE and D interleaved in the workspace ({LSE, D} a row from
-//                 BwdParams::delta, the same bytes as the two arrays), so a step loads them with one
-//                 bulk copy instead of two
-//   kTrace        clock64 stamps of each step into BwdParams::trace (StepTrace)
-//   kDqLagBufs    d128 by columns, if not 0: dQ of step s computed at the end of step s + 1, from a
-//                 ring of this many dS^T buffers behind mbarriers (full: both warpgroups stored it;
-//                 empty: both warpgroups' dQ read it) in place of the CTA barrier before dQ, so that
-//                 neither warpgroup waits on the other within a step and the two may run apart
-//                 (d128 shipped: 2); 0: dQ of each step in the step, after a CTA barrier
-//   kSkew         with kDqLagBufs: warpgroup 1 starts its first step once warpgroup 0's first step
-//                 has reached point kSkew (1 S^T landed, 2 dP^T landed (d128 shipped), 3 dK
-//                 issued), so that the two run apart from the start; 0: together
-//   kDqPairSum    d64 (dQ by keys): the two warpgroups' dQ partials summed in shared memory and
-//                 reduced into the workspace once a step (warpgroup 0 stores its partial, warpgroup 1
-//                 adds its own and issues the bulk reduction; mbarriers hand the stage over), instead
-//                 of a reduction of each warpgroup's partial: half the reductions' bytes (d64 shipped)
-//   kPolyEvery    P^T's exponentials of every kPolyEvery-th 8-query chunk on the FMA pipe (the
-//                 software exp2, numerics/exp2.h), the rest on MUFU; 0: all on MUFU
-//   kLoadIssue    who issues a step's loads, and when: thread 0 at the top of the step before (0,
-//                 d64 and d256 shipped), thread 0 once that step's S^T and dP^T are issued (1, d128
-//                 shipped), or a third warpgroup (2, d64/d128; setmaxnreg gives its registers to
-//                 the two), whose first thread issues each as soon as the ring frees its buffer
-//   kStatsLds     a step's LSE and D rows read by ld.shared (d64 and d128 shipped), else by generic
-//                 loads (d256 shipped: the same there)
-//   kMaskHoist    P^T's exponentials in two loops, one with the mask's tests and one without
-//                 (with_mask; shipped), else one loop that tests each element where the block is not
-//                 whole (a branch an element, which starved the warps' instruction fetch)
-//   kStMatrix     dS^T (d256: P^T and dS^T) stored by stmatrix, four 8 x 8 blocks an instruction
-//                 (shipped), else a 32-bit st.shared a pair
-//   kStepCursor   each step's query head and first row advanced from the step before's (no division
-//                 in the loop; d128 and d256 shipped); false: found from the step's index (s / count,
-//                 s % count; d64 shipped, where ptxas schedules that form's loop better)
-template <int kD_, bool kBF16_, int kStepBufs_ = kD_ == 256 ? 2 : 3, bool kFoldedBoxes_ = kD_ != 64,
-          bool kDqByKeys_ = kD_ == 64, bool kPairedStats_ = false, bool kTrace_ = false,
-          int kDqLagBufs_ = kD_ == 128 ? 2 : 0, int kSkew_ = kD_ == 128 ? 2 : 0, bool kDqPairSum_ = kD_ == 64,
-          int kPolyEvery_ = 0, int kLoadIssue_ = kD_ == 128 ? 1 : 0, bool kStepCursor_ = kD_ != 64,
-          bool kStatsLds_ = kD_ != 256, bool kMaskHoist_ = true, bool kStMatrix_ = true>
+// A dK/dV kernel's knobs (BwdConfig's third argument): the shipped ones by default (bwd_knobs,
+// sm90_bwd.cu), others for tools/sm90_bwd_probe.cu, which times them against those. Shipped: d64
+// three step buffers, 64-column boxes and the warpgroups' dQ partials summed in shared memory;
+// d128 three step buffers, folded boxes, dQ a step behind on two dS^T buffers and warpgroup 1
+// started behind warpgroup 0; d256 two step buffers and folded boxes. The scheduler's depths are
+// three at d64 and d128 and two at d256, as shipped (docs/perf-notes.md, "The backward's
+// candidates on an H200", "The backward graphs on the calibrated TMA costs", "The d128 backward's
+// warpgroups apart"). BwdConfig names each kX after its knob x (step_bufs: kStepBufs).
+struct BwdKnobs {
+  // Buffers of the step ring (Q, dO and the step's LSE and D rows), loaded ahead.
+  int step_bufs = 3;
+  // Q and dO loaded as one TMA box a tile, the 64-column blocks folded into a box dimension
+  // (ptx::map_bshd_16bit_sw128_folded), instead of a box a column block.
+  bool folded_boxes = true;
+  // d64/d128: each warpgroup's dQ share is its own 64 keys' over every column (in head_dim / 64
+  // pieces), so no CTA barrier waits for the other's dS^T; false: its 64 columns over all 128 keys
+  // (d128 shipped). d64 has only the first.
+  bool dq_by_keys = false;
+  // The rows' log2 LSE and D interleaved in the workspace ({LSE, D} a row from BwdParams::delta,
+  // the same bytes as the two arrays), so a step loads them with one bulk copy instead of two.
+  bool paired_stats = false;
+  // clock64 stamps of each step into BwdParams::trace (StepTrace).
+  bool trace = false;
+  // d128 by columns, if not 0: dQ of step s computed at the end of step s + 1, from a ring of this
+  // many dS^T buffers behind mbarriers (full: both warpgroups stored it; empty: both warpgroups'
+  // dQ read it) in place of the CTA barrier before dQ, so that neither warpgroup waits on the
+  // other within a step and the two may run apart (d128 shipped: 2); 0: dQ of each step in the
+  // step, after a CTA barrier.
+  int dq_lag_bufs = 0;
+  // With dq_lag_bufs: warpgroup 1 starts its first step once warpgroup 0's first step has reached
+  // point `skew` (1 S^T landed, 2 dP^T landed (d128 shipped), 3 dK issued), so that the two run
+  // apart from the start; 0: together.
+  int skew = 0;
+  // d64 (dQ by keys): the two warpgroups' dQ partials summed in shared memory and reduced into the
+  // workspace once a step (warpgroup 0 stores its partial, warpgroup 1 adds its own and issues the
+  // bulk reduction; mbarriers hand the stage over), instead of a reduction of each warpgroup's
+  // partial: half the reductions' bytes (d64 shipped).
+  bool dq_pair_sum = false;
+  // P^T's exponentials of every poly_every-th 8-query chunk on the FMA pipe (the software exp2,
+  // numerics/exp2.h), the rest on MUFU; 0: all on MUFU (shipped).
+  int poly_every = 0;
+  // Who issues a step's loads, and when: thread 0 at the top of the step before (0, d64 and d256
+  // shipped), thread 0 once that step's S^T and dP^T are issued (1, d128 shipped), or a third
+  // warpgroup (2, d64/d128; setmaxnreg gives its registers to the two), whose first thread issues
+  // each as soon as the ring frees its buffer.
+  int load_issue = 0;
+  // Each step's query head and first row advanced from the step before's (no division in the
+  // loop; d128 and d256 shipped); false: found from the step's index (s / count, s % count; d64
+  // shipped, where ptxas schedules that form's loop better).
+  bool step_cursor = true;
+  // A step's LSE and D rows read by ld.shared (d64 and d128 shipped), else by generic loads (d256
+  // shipped: the same there).
+  bool stats_lds = true;
+  // P^T's exponentials in two loops, one with the mask's tests and one without (with_mask;
+  // shipped), else one loop that tests each element where the block is not whole (a branch an
+  // element, which starved the warps' instruction fetch).
+  bool mask_hoist = true;
+  // dS^T (d256: P^T and dS^T) stored by stmatrix, four 8 x 8 blocks an instruction (shipped), else
+  // a 32-bit st.shared a pair.
+  bool stmatrix = true;
+};
+
+// The shipped knobs of head dim d.
+constexpr BwdKnobs bwd_knobs(int d) {
+  BwdKnobs k;
+  k.step_bufs = d == 256 ? 2 : 3;
+  k.folded_boxes = d != 64;
+  k.dq_by_keys = d == 64;
+  k.dq_lag_bufs = d == 128 ? 2 : 0;
+  k.skew = d == 128 ? 2 : 0;
+  k.dq_pair_sum = d == 64;
+  k.load_issue = d == 128 ? 1 : 0;
+  k.step_cursor = d != 64;
+  k.stats_lds = d != 256;
+  return k;
+}
+// The shipped knobs of head dim d as `edit` changes them (a candidate's):
+//   constexpr auto kTraced = bwd_knobs(64, [](BwdKnobs& k) { k.trace = true; });
+template <class Edit>
+constexpr BwdKnobs bwd_knobs(int d, Edit edit) {
+  BwdKnobs k = bwd_knobs(d);
+  edit(k);
+  return k;
+}
+
+// A dK/dV kernel's configuration: head dim, dtype and knobs, as the kernels read them.
+template <int kD_, bool kBF16_, BwdKnobs K = bwd_knobs(kD_)>
 struct BwdConfig {
   static constexpr int kD = kD_;
   static constexpr bool kBF16 = kBF16_;
-  static constexpr int kStepBufs = kStepBufs_;
-  static constexpr bool kFoldedBoxes = kFoldedBoxes_;
-  static constexpr bool kDqByKeys = kDqByKeys_;
-  static constexpr bool kPairedStats = kPairedStats_;
-  static constexpr bool kTrace = kTrace_;
-  static constexpr bool kDqLag = kDqLagBufs_ > 0;
-  static constexpr int kDqLagBufs = kDqLagBufs_;
-  static constexpr int kSkew = kSkew_;
-  static constexpr bool kDqPairSum = kDqPairSum_;
-  static constexpr int kPolyEvery = kPolyEvery_;
-  static constexpr int kLoadIssue = kLoadIssue_;
-  static constexpr bool kStepCursor = kStepCursor_;
-  static constexpr bool kStatsLds = kStatsLds_;
-  static constexpr bool kMaskHoist = kMaskHoist_;
-  static constexpr bool kStMatrix = kStMatrix_;
+  static constexpr BwdKnobs kKnobs = K;
+  static constexpr int kStepBufs = K.step_bufs;
+  static constexpr bool kFoldedBoxes = K.folded_boxes;
+  static constexpr bool kDqByKeys = K.dq_by_keys;
+  static constexpr bool kPairedStats = K.paired_stats;
+  static constexpr bool kTrace = K.trace;
+  static constexpr bool kDqLag = K.dq_lag_bufs > 0;
+  static constexpr int kDqLagBufs = K.dq_lag_bufs;
+  static constexpr int kSkew = K.skew;
+  static constexpr bool kDqPairSum = K.dq_pair_sum;
+  static constexpr int kPolyEvery = K.poly_every;
+  static constexpr int kLoadIssue = K.load_issue;
+  static constexpr bool kStepCursor = K.step_cursor;
+  static constexpr bool kStatsLds = K.stats_lds;
+  static constexpr bool kMaskHoist = K.mask_hoist;
+  static constexpr bool kStMatrix = K.stmatrix;
   static constexpr int kCtaThreads = kThreads + (kLoadIssue == 2 ? 128 : 0);  // the dK/dV kernel's block
   // kLoadIssue 2: the pool is kCtaThreads x 168 registers (65536 / 384, rounded down to 8); the
   // loading warpgroup keeps 24 a thread, the two computing ones get 240.
@@ -118,7 +155,7 @@ struct BwdConfig {
   static_assert(kLoadIssue >= 0 && kLoadIssue <= 2 && (kD != 256 || kLoadIssue == 0),
                 "a step's loads: at the step's top, after its first GEMMs, or by a warpgroup of their own (d64/d128)");
   // The loading warpgroup leaves once it has issued the walk's loads: no CTA barrier may follow them.
-  static_assert(kLoadIssue != 2 || kDqByKeys || kDqLagBufs_ > 0, "a loading warpgroup, and a CTA barrier in the step");
+  static_assert(kLoadIssue != 2 || kDqByKeys || kDqLag, "a loading warpgroup, and a CTA barrier in the step");
 };
 
 // Development timeline of the dK/dV kernels (a configuration with kTrace; tools/sm90_bwd_probe
