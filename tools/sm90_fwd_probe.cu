@@ -4,6 +4,12 @@
 //   sm90_fwd_probe [check|time|ablate|all]
 //   sm90_fwd_probe variants    candidate configurations against the shipped one, same run
 //                              (FA4_VARIANTS="NAME,..." keeps only those)
+//   sm90_fwd_probe walks [ROUNDS]
+//                              d256 causal FA3 shapes at 512, 768 and 1024: the launch's choice of
+//                              the long tile's diagonal-last walk beside each walk forced
+//                              (FwdParams::diagonal_last: never, the last round, every round),
+//                              ROUNDS alternating rounds (default 6); first the device's memory
+//                              clock, bus width and the DRAM bandwidth the launch decides by
 //   sm90_fwd_probe trace DIR [variants]
 //                              clock64 timeline of the first CTAs (csv in DIR, medians printed);
 //                              with `variants` also the configurations measured and not shipped;
@@ -153,6 +159,7 @@ struct Variant {
   int d;
   Launcher fn;
   float threshold;
+  int diagonal_last = 0;  // FwdParams::diagonal_last: 0 the launch's choice
 };
 
 template <int D, int N, int S, int Poly, int C = 2, bool Sched = true, bool DoubleP = true,
@@ -182,6 +189,7 @@ struct Fa3Problem {
 static void apply(const Variant& var, FwdParams& p) {
   p.rescale_threshold = var.threshold;
   p.schedule = var.schedule;
+  p.diagonal_last = var.diagonal_last;
 }
 
 static void time_shape(int d, int seqlen, bool causal, const Variant* var = nullptr) {
@@ -589,6 +597,27 @@ int main(int argc, char** argv) {
     for (int d : {64, 128, 256})
       for (bool causal : {false, true})
         for (int seqlen : {512, 1024, 2048, 4096, 8192, 16384}) time_shape(d, seqlen, causal);
+  }
+  if (std::strcmp(mode, "walks") == 0) {  // the diagonal-last walks of d256's causal pairs, same run
+    int dev = 0, khz = 0, bits = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev));
+    CK(cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev));
+    std::printf("DRAM memory clock %d kHz, bus %d bits: %d GB/s (the launch walks every round from 4000)\n", khz, bits,
+                fa4::sm90::dram_gbps(dev));
+    static const Variant walks[] = {
+        {0, "walk_never", 256, fa4::detail::sm90_forward, 8.0f, 1},
+        {0, "walk_last_round", 256, fa4::detail::sm90_forward, 8.0f, 2},
+        {0, "walk_every_round", 256, fa4::detail::sm90_forward, 8.0f, 3},
+    };
+    const int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 6;
+    for (const Variant& w : walks) compare_variant(w, 512, true);
+    for (int seqlen : {512, 768, 1024})
+      for (int r = 0; r < rounds; ++r) {
+        time_shape(256, seqlen, true);
+        for (const Variant& w : walks) time_shape(256, seqlen, true, &w);
+      }
+    return 0;
   }
   if (std::strcmp(mode, "variants") == 0) {  // candidates against the shipped kernel, same run
     // Candidates against the shipped kernel, each timed twice in turn: the earlier tile order
