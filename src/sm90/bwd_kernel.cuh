@@ -124,7 +124,6 @@ template <int kD_, bool kBF16_, BwdKnobs K = bwd_knobs(kD_)>
 struct BwdConfig {
   static constexpr int kD = kD_;
   static constexpr bool kBF16 = kBF16_;
-  static constexpr BwdKnobs kKnobs = K;
   static constexpr int kStepBufs = K.step_bufs;
   static constexpr bool kFoldedBoxes = K.folded_boxes;
   static constexpr bool kDqByKeys = K.dq_by_keys;
