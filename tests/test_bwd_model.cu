@@ -31,12 +31,17 @@ void expect_wg_model(const std::string& graph) {
   EXPECT_EQ(m.capacity, 227 * 1024 - kSlack);
   EXPECT_EQ(m.slot.at("KV"), 2 * L::kKVBytes);
   EXPECT_EQ(m.slot.at("Ring"), 2 * L::kQBytes + kStepRows);
-  // dQ a step behind (d128): each dS^T buffer has its full and empty mbarriers.
+  // dQ a step behind (d64, d128): each dS^T buffer has its full and empty mbarriers.
   EXPECT_EQ(m.slot.at("DsT"), L::kDsBytes + (Cfg::kDqLag ? 16 : 0));
-  if constexpr (Cfg::kDqPairSum) {
+  if constexpr (Cfg::kDqPairSum) {  // (d64 before dQ by alternate warpgroups)
     // d64: one stage of two buffers (a step's parity each) holding the two warpgroups' summed dQ,
     // each with its half and free mbarriers.
     EXPECT_EQ(m.slot.at("Stage"), bwd::kBlock * 64 * 4 + 16);
+    EXPECT_EQ(m.slot.at("KV") + L::kBufs * m.slot.at("Ring") + L::kDsBufs * m.slot.at("DsT") + 2 * m.slot.at("Stage"),
+              L::kBytes - kSlack);
+  } else if constexpr (Cfg::kDqAlternate) {
+    // d64: each warpgroup's stage, which the steps take in turn: one buffer of two slots.
+    EXPECT_EQ(m.slot.at("Stage"), bwd::kBlock * 64 * 4);
     EXPECT_EQ(m.slot.at("KV") + L::kBufs * m.slot.at("Ring") + L::kDsBufs * m.slot.at("DsT") + 2 * m.slot.at("Stage"),
               L::kBytes - kSlack);
   } else {
@@ -109,10 +114,19 @@ void expect_sound_256(const char* name) {
 // The configurations the probe has measured (docs/perf-notes.md), as knobs edited from the shipped.
 using bwd::bwd_knobs;
 using bwd::BwdKnobs;
-constexpr BwdKnobs kD64TwoBufs = bwd_knobs(64, [](BwdKnobs& k) { k.step_bufs = 2; });
-constexpr BwdKnobs kD64Paired = bwd_knobs(64, [](BwdKnobs& k) { k.paired_stats = true; });
-constexpr BwdKnobs kD64TwoReductions = bwd_knobs(64, [](BwdKnobs& k) { k.dq_pair_sum = false; });
+// d64 before dQ by alternate warpgroups: dQ by keys, partials summed, in lockstep.
+constexpr void pair_sum_form(BwdKnobs& k) {
+  k.dq_alternate = false;
+  k.dq_by_keys = k.dq_pair_sum = true;
+  k.dq_lag_bufs = k.skew = k.load_issue = 0;
+  k.step_cursor = false;
+}
+constexpr BwdKnobs kD64PairSum = bwd_knobs(64, pair_sum_form);
+constexpr BwdKnobs kD64TwoBufs = bwd_knobs(64, [](BwdKnobs& k) { pair_sum_form(k), k.step_bufs = 2; });
+constexpr BwdKnobs kD64Paired = bwd_knobs(64, [](BwdKnobs& k) { pair_sum_form(k), k.paired_stats = true; });
+constexpr BwdKnobs kD64TwoReductions = bwd_knobs(64, [](BwdKnobs& k) { pair_sum_form(k), k.dq_pair_sum = false; });
 constexpr BwdKnobs kD64LoadingWarp = bwd_knobs(64, [](BwdKnobs& k) { k.load_issue = 2; });
+constexpr BwdKnobs kD64AlternateTwoDs = bwd_knobs(64, [](BwdKnobs& k) { k.dq_lag_bufs = 2; });
 constexpr BwdKnobs kD128Lockstep = bwd_knobs(128, [](BwdKnobs& k) { k.step_bufs = 2, k.dq_lag_bufs = 0, k.skew = 0; });
 constexpr BwdKnobs kD128LagTogether = bwd_knobs(128, [](BwdKnobs& k) { k.skew = 0; });
 constexpr BwdKnobs kD128ThreeDs = bwd_knobs(128, [](BwdKnobs& k) { k.step_bufs = 2, k.dq_lag_bufs = 3; });
@@ -126,6 +140,8 @@ constexpr BwdKnobs kD256Paired = bwd_knobs(256, [](BwdKnobs& k) { k.paired_stats
 TEST(BackwardModel, EveryProbeConfigurationHasASoundLayout) {
   using bwd::BwdConfig;
   expect_sound_wg<BwdConfig<64, true>>("d64 shipped");
+  expect_sound_wg<BwdConfig<64, true, kD64PairSum>>("d64 partials summed");
+  expect_sound_wg<BwdConfig<64, true, kD64AlternateTwoDs>>("d64 alternate, two dS^T buffers");
   expect_sound_wg<BwdConfig<64, true, kD64TwoBufs>>("d64 two step buffers");
   expect_sound_wg<BwdConfig<64, true, kD64Paired>>("d64 paired");
   expect_sound_wg<BwdConfig<64, true, kD64TwoReductions>>("d64 a reduction of each partial");
@@ -145,6 +161,10 @@ TEST(BackwardModel, EveryProbeConfigurationHasASoundLayout) {
   EXPECT_EQ(ByKeys::kDqPieces, 2);
   EXPECT_EQ(ByKeys::kDsBufs, 1);
   EXPECT_EQ(ByKeys::kBytes, 215072);  // docs/perf-notes.md: "215,072 bytes"
+  // dQ by alternate warpgroups at d64: one 64 x 64 piece a warpgroup's stage, three dS^T buffers.
+  using Alternate = bwd::WgSmem<BwdConfig<64, true>>;
+  EXPECT_EQ(Alternate::kDqPieces, 1);
+  EXPECT_EQ(Alternate::kDsBufs, 3);
 }
 
 // stsm_rows puts each of a warp's accumulator-layout pairs where a 32-bit store of the pair did:

@@ -59,12 +59,13 @@ struct Config {
 // and dS^T) stored a pair at a time by st.shared, as before stmatrix (`stmatrix`); the
 // configurations shipped before a step's LSE and D rows were read by ld.shared (`stats_lds`; d64
 // and d128) and P^T's exponentials were split into a loop with the mask's tests and one without
-// (`mask_hoist`); d256 with ld.shared; and d64's loads issued by a warpgroup of their own
-// (`load_issue` 2, measured and not kept; here so that it builds and checks). Candidates measured
-// before (step-ring depths, folded boxes, paired row statistics, dQ by keys at d128, the d128
-// lockstep and dQ-lag forms, d64's reduction of each partial, shares of the exponentials on the
-// FMA pipe, the load issue after the first GEMMs, the other form of the walk's step) are recorded
-// in docs/perf-notes.md and bench/results/; BwdKnobs still builds them.
+// (`mask_hoist`); d256 with ld.shared; d64's loads issued by a warpgroup of their own (`load_issue`
+// 2, measured and not kept; here so that it builds and checks); d64 as shipped before its dQ went
+// to alternate warpgroups (`pair-sum`), and that form on two dS^T buffers or with the loads at the
+// step's top. Candidates measured before (step-ring depths, folded boxes, paired row statistics,
+// dQ by keys at d128, the d128 lockstep and dQ-lag forms, d64's reduction of each partial, shares
+// of the exponentials on the FMA pipe, the load issue after the first GEMMs, the other form of the
+// walk's step) are recorded in docs/perf-notes.md and bench/results/; BwdKnobs still builds them.
 using fa4::sm90::bwd::bwd_knobs;
 using fa4::sm90::bwd::BwdKnobs;
 constexpr auto kStShared = [](BwdKnobs& k) { k.stmatrix = false; };
@@ -75,11 +76,25 @@ constexpr BwdKnobs kPerElementMask64 = bwd_knobs(64, kPerElementMask), kPerEleme
                    kPerElementMask256 = bwd_knobs(256, kPerElementMask);
 constexpr BwdKnobs kLoadingWarp64 = bwd_knobs(64, [](BwdKnobs& k) { k.load_issue = 2; });
 constexpr BwdKnobs kStatsLds256 = bwd_knobs(256, [](BwdKnobs& k) { k.stats_lds = true; });
+// d64 as shipped before dQ by alternate warpgroups: dQ by keys, the two partials summed in shared
+// memory, in lockstep (no lag, no skew), the loads at the step's top, the step from its index.
+constexpr BwdKnobs kPairSum64 = bwd_knobs(64, [](BwdKnobs& k) {
+  k.dq_alternate = false;
+  k.dq_by_keys = k.dq_pair_sum = true;
+  k.dq_lag_bufs = k.skew = k.load_issue = 0;
+  k.step_cursor = false;
+});
+// d64 by alternate warpgroups on two dS^T buffers, and with the loads at the step's top.
+constexpr BwdKnobs kAlternateTwoDs64 = bwd_knobs(64, [](BwdKnobs& k) { k.dq_lag_bufs = 2; });
+constexpr BwdKnobs kAlternateLoadsAtTop64 = bwd_knobs(64, [](BwdKnobs& k) { k.load_issue = 0; });
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
     {"st-shared", 64, run_cfg<BwdConfig<64, true, kStShared64>>},
     {"per-element-mask", 64, run_cfg<BwdConfig<64, true, kPerElementMask64>>},
     {"loading-warp", 64, run_cfg<BwdConfig<64, true, kLoadingWarp64>>},
+    {"pair-sum", 64, run_cfg<BwdConfig<64, true, kPairSum64>>},
+    {"alternate-two-ds", 64, run_cfg<BwdConfig<64, true, kAlternateTwoDs64>>},
+    {"alternate-loads-at-top", 64, run_cfg<BwdConfig<64, true, kAlternateLoadsAtTop64>>},
     {"shipped", 128, run_cfg<BwdConfig<128, true>>},
     {"st-shared", 128, run_cfg<BwdConfig<128, true, kStShared128>>},
     {"per-element-mask", 128, run_cfg<BwdConfig<128, true, kPerElementMask128>>},

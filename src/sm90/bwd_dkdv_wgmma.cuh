@@ -5,9 +5,10 @@
 //   S^T  = K Q^T   (wgmma SS, K-major both)      dP^T = V dO^T (the same)
 //   P^T, dS^T in registers (the accumulator layout is the A operand's)
 //   dV  += P^T dO  (RS, dO MN-major)             dK  += dS^T Q (RS, Q MN-major)
-//   dS^T to shared memory; dQ = dS K over the 128 keys (SS, both MN-major): at d128 each warpgroup
-//   takes 64 of the columns, a step late (below), at d64 each its own 64 keys (the two pieces then
-//   add in L2).
+//   dS^T to shared memory; dQ = dS K over the 128 keys (SS, both MN-major), a step late (below): at
+//   d128 each warpgroup takes 64 of the columns, at d64 warpgroup s % 2 all of step s's dQ.
+//   (BwdConfig::kDqByKeys, measured at d64 before: each warpgroup its own 64 keys, the two
+//   partials summed in shared memory or added in L2.)
 //
 // Tiles lie in the 128-byte-swizzled layout wgmma reads (64-column blocks of rows x 128 bytes). K
 // and V load once by cp.async. Each step's Q and dO come by TMA, and its rows of D and of the LSE
@@ -17,10 +18,11 @@
 // one reads what the other wrote (d128: dQ reads both's dS^T; d256: dV/dK read both's P^T and
 // dS^T), and those tiles have two buffers so that a warpgroup may write the next step's while
 // the other still reads this one's. At d256 a CTA barrier inside the step waits for both halves.
-// At d128 (BwdConfig::kDqLagBufs) dQ of step s is computed at the end of step s + 1, behind the
-// dS^T buffer's full and empty mbarriers, and warpgroup 1 starts its walk once warpgroup 0's first
-// dP^T has landed (BwdConfig::kSkew): the warpgroups run apart, one's exponentials under the
-// other's GEMMs, where a CTA barrier before dQ held them in lockstep.
+// dQ of step s is computed at the end of step s + 1 (BwdConfig::kDqLagBufs), behind the dS^T
+// buffer's full and empty mbarriers, and warpgroup 1 starts its walk once warpgroup 0's first dP^T
+// has landed (BwdConfig::kSkew): the warpgroups run apart, one's exponentials under the other's
+// GEMMs, where a CTA barrier before dQ held them in lockstep (d128), or the hand-off of summed
+// partials coupled them every step (d64).
 #pragma once
 
 #include <cuda/ptx>
@@ -281,7 +283,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     if (threadIdx.x == 0)
       for (int i = 0; i < L::kDsBufs; ++i) {
         ptx::mbar_init(&ds_full[i], kThreads / 32);
-        ptx::mbar_init(&ds_empty[i], kThreads / 32);
+        ptx::mbar_init(&ds_empty[i], Cfg::kDqAlternate ? 4 : kThreads / 32);
       }
   }
   const auto ring = start_dkdv<L, kWgKeys, Cfg>(p, &tm_q, &tm_do, walk, k0, smem);  // fences the inits
@@ -311,11 +313,12 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
   const uint64_t do_desc = wgmma::desc_sw128(smem_addr(smem + L::kDo), 16, 1024);
   const uint64_t q_mn = wgmma::desc_sw128(smem_addr(smem + L::kQ), kBlock * 128, 1024);
   const uint64_t do_mn = wgmma::desc_sw128(smem_addr(smem + L::kDo), kBlock * 128, 1024);
-  // dQ by columns (d128 shipped): all 128 keys and this warpgroup's 64 columns; by keys (d64): this
-  // warpgroup's 64 keys and every column, L::kDqPieces pieces of 64.
+  // dQ by columns (d128 shipped): all 128 keys and this warpgroup's 64 columns; by keys: this
+  // warpgroup's 64 keys and every column, L::kDqPieces pieces of 64; by alternate warpgroups (d64
+  // shipped, Cfg::kDqAlternate): all 128 keys and the one column block, every other step.
   constexpr bool kByKeys = Cfg::kDqByKeys;
   constexpr int kDqKeys = kByKeys ? 64 : kWgKeys;
-  const uint32_t dq_key0 = kByKeys ? wg * 64 : 0, dq_col0 = kByKeys ? 0 : wg * 64;
+  const uint32_t dq_key0 = kByKeys ? wg * 64 : 0, dq_col0 = kByKeys || Cfg::kDqAlternate ? 0 : wg * 64;
   const uint64_t ds_mn = wgmma::desc_sw128(smem_addr(smem + L::kDs) + dq_key0 * 128, kWgKeys * 128, 1024);
   const uint64_t kq_mn = wgmma::desc_sw128(smem_addr(smem + L::kK) + dq_key0 * 128 + (dq_col0 / 64) * kWgKeys * 128,
                                            kWgKeys * 128, 1024);
@@ -361,8 +364,8 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
   // dQ of step sq (query head h, rows from q0) from its dS^T buffer, reduced into the fp32
   // accumulator: each piece's GEMM, its wait, the stage's stores and the bulk reductions (stamp:
   // the step whose trace records it). With Cfg::kDqLag it first waits for dS^T to be full and marks
-  // it empty once read; with Cfg::kDqPairSum (d64) the two warpgroups' partials are summed in the
-  // stage buffer of the step's parity and reduced once.
+  // it empty once read; with Cfg::kDqPairSum (d64, dQ by keys) the two warpgroups' partials are
+  // summed in the stage buffer of the step's parity and reduced once.
   auto dq_of = [&](int sq, int h, int q0, [[maybe_unused]] int stamp) {
     const int ds_buf = sq % L::kDsBufs;
     if constexpr (Cfg::kDqPairSum) {
@@ -471,10 +474,10 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     wgmma::fence();
     gemm(st, kf, k_desc, q_desc);
     gemm(dpt, vf, v_desc, do_desc);
-    // d128: the next step's loads go out while this step's S^T and dP^T are computed, where thread 0
-    // would only wait; issued at the step's top, they held its warpgroup behind the other at the
-    // lockstep configuration's CTA barrier before dQ (H100 A/B +2.2-2.7 %; d64 and d256 measured 1.00
-    // and 0.96 this way).
+    // d64/d128: the next step's loads go out while this step's S^T and dP^T are computed, where
+    // thread 0 would only wait; issued at the step's top, they held its warpgroup behind the other at
+    // the lockstep configuration's CTA barrier before dQ (H100 A/B +2.2-2.7 %; d256 measured 0.96
+    // this way, d64 with its partials summed 1.00).
     if (Cfg::kLoadIssue == 1 && threadIdx.x == 0 && s + 1 < steps)
       load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk.step<Cfg>(s + 1, at_next), smem, ring);
 
@@ -554,7 +557,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
         ptx::fence_proxy_async_smem();
         __syncwarp();
         if (lane == 0) ptx::mbar_arrive(&ds_full[s % L::kDsBufs]);
-        if (s > 0) dq_of(s - 1, h_prev, q0_prev, s);
+        if (s > 0 && (!Cfg::kDqAlternate || ((s - 1) & 1) == wg)) dq_of(s - 1, h_prev, q0_prev, s);
       }
       wgmma::wait_group<0>();
       h_prev = h, q0_prev = q0;
@@ -582,7 +585,8 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     ring.release(s);
   }
   if constexpr (Cfg::kDqLag)
-    if (!p.deterministic && steps > 0) dq_of(steps - 1, h_prev, q0_prev, kTraceSteps);  // (no stamps)
+    if (!p.deterministic && steps > 0 && (!Cfg::kDqAlternate || ((steps - 1) & 1) == wg))
+      dq_of(steps - 1, h_prev, q0_prev, kTraceSteps);  // (no stamps)
   if (tid == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
 
   // dK, dV of the block's real keys.

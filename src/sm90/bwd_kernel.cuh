@@ -36,12 +36,12 @@ inline constexpr int kThreads = 256;
 
 // A dK/dV kernel's knobs (BwdConfig's third argument): the shipped ones by default (bwd_knobs,
 // sm90_bwd.cu), others for tools/sm90_bwd_probe.cu, which times them against those. Shipped: d64
-// three step buffers, 64-column boxes and the warpgroups' dQ partials summed in shared memory;
-// d128 three step buffers, folded boxes, dQ a step behind on two dS^T buffers and warpgroup 1
-// started behind warpgroup 0; d256 two step buffers and folded boxes. The scheduler's depths are
-// three at d64 and d128 and two at d256, as shipped (docs/perf-notes.md, "The backward's
-// candidates on an H200", "The backward graphs on the calibrated TMA costs", "The d128 backward's
-// warpgroups apart"). BwdConfig names each kX after its knob x (step_bufs: kStepBufs).
+// three step buffers, 64-column boxes, dQ whole by alternate warpgroups a step behind on three
+// dS^T buffers, warpgroup 1 started behind warpgroup 0; d128 three step buffers, folded boxes, dQ
+// a step behind on two dS^T buffers and warpgroup 1 started behind warpgroup 0; d256 two step
+// buffers and folded boxes (docs/perf-notes.md, "The backward's candidates on an H200", "The
+// backward graphs on the calibrated TMA costs", "The d128 backward's warpgroups apart", "d64's dQ
+// by alternate warpgroups"). BwdConfig names each kX after its knob x (step_bufs: kStepBufs).
 struct BwdKnobs {
   // Buffers of the step ring (Q, dO and the step's LSE and D rows), loaded ahead.
   int step_bufs = 3;
@@ -50,39 +50,43 @@ struct BwdKnobs {
   bool folded_boxes = true;
   // d64/d128: each warpgroup's dQ share is its own 64 keys' over every column (in head_dim / 64
   // pieces), so no CTA barrier waits for the other's dS^T; false: its 64 columns over all 128 keys
-  // (d128 shipped). d64 has only the first.
+  // (d128 shipped), or at d64 all of it every other step (dq_alternate, d64 shipped).
   bool dq_by_keys = false;
   // The rows' log2 LSE and D interleaved in the workspace ({LSE, D} a row from BwdParams::delta,
   // the same bytes as the two arrays), so a step loads them with one bulk copy instead of two.
   bool paired_stats = false;
   // clock64 stamps of each step into BwdParams::trace (StepTrace).
   bool trace = false;
-  // d128 by columns, if not 0: dQ of step s computed at the end of step s + 1, from a ring of this
-  // many dS^T buffers behind mbarriers (full: both warpgroups stored it; empty: both warpgroups'
-  // dQ read it) in place of the CTA barrier before dQ, so that neither warpgroup waits on the
-  // other within a step and the two may run apart (d128 shipped: 2); 0: dQ of each step in the
-  // step, after a CTA barrier.
+  // d128 by columns or d64 by alternate warpgroups, if not 0: dQ of step s computed at the end of
+  // step s + 1, from a ring of this many dS^T buffers behind mbarriers (full: both warpgroups
+  // stored it; empty: the warpgroups computing its dQ read it) in place of the CTA barrier before
+  // dQ, so that neither warpgroup waits on the other within a step and the two may run apart
+  // (d128 shipped: 2, d64: 3); 0: dQ of each step in the step, after a CTA barrier.
   int dq_lag_bufs = 0;
   // With dq_lag_bufs: warpgroup 1 starts its first step once warpgroup 0's first step has reached
-  // point `skew` (1 S^T landed, 2 dP^T landed (d128 shipped), 3 dK issued), so that the two run
+  // point `skew` (1 S^T landed, 2 dP^T landed (d64, d128 shipped), 3 dK issued), so that the two run
   // apart from the start; 0: together.
   int skew = 0;
+  // d64 with dq_lag_bufs: dQ of step s computed whole (all 128 keys, every column) by warpgroup
+  // s % 2 alone, a step behind, so that neither warpgroup waits for the other's partial; dS^T's
+  // empty mbarrier then counts that warpgroup's four warps (d64 shipped).
+  bool dq_alternate = false;
   // d64 (dQ by keys): the two warpgroups' dQ partials summed in shared memory and reduced into the
   // workspace once a step (warpgroup 0 stores its partial, warpgroup 1 adds its own and issues the
   // bulk reduction; mbarriers hand the stage over), instead of a reduction of each warpgroup's
-  // partial: half the reductions' bytes (d64 shipped).
+  // partial: half the reductions' bytes (d64 shipped before dq_alternate).
   bool dq_pair_sum = false;
   // P^T's exponentials of every poly_every-th 8-query chunk on the FMA pipe (the software exp2,
   // numerics/exp2.h), the rest on MUFU; 0: all on MUFU (shipped).
   int poly_every = 0;
-  // Who issues a step's loads, and when: thread 0 at the top of the step before (0, d64 and d256
-  // shipped), thread 0 once that step's S^T and dP^T are issued (1, d128 shipped), or a third
+  // Who issues a step's loads, and when: thread 0 at the top of the step before (0, d256
+  // shipped), thread 0 once that step's S^T and dP^T are issued (1, d64 and d128 shipped), or a third
   // warpgroup (2, d64/d128; setmaxnreg gives its registers to the two), whose first thread issues
   // each as soon as the ring frees its buffer.
   int load_issue = 0;
   // Each step's query head and first row advanced from the step before's (no division in the
-  // loop; d128 and d256 shipped); false: found from the step's index (s / count, s % count; d64
-  // shipped, where ptxas schedules that form's loop better).
+  // loop; shipped); false: found from the step's index (s / count, s % count; d64 shipped that
+  // with its partials summed, where ptxas scheduled that form's loop better).
   bool step_cursor = true;
   // A step's LSE and D rows read by ld.shared (d64 and d128 shipped), else by generic loads (d256
   // shipped: the same there).
@@ -101,12 +105,10 @@ constexpr BwdKnobs bwd_knobs(int d) {
   BwdKnobs k;
   k.step_bufs = d == 256 ? 2 : 3;
   k.folded_boxes = d != 64;
-  k.dq_by_keys = d == 64;
-  k.dq_lag_bufs = d == 128 ? 2 : 0;
-  k.skew = d == 128 ? 2 : 0;
-  k.dq_pair_sum = d == 64;
-  k.load_issue = d == 128 ? 1 : 0;
-  k.step_cursor = d != 64;
+  k.dq_alternate = d == 64;
+  k.dq_lag_bufs = d == 128 ? 2 : d == 64 ? 3 : 0;
+  k.skew = d == 256 ? 0 : 2;
+  k.load_issue = d == 256 ? 0 : 1;
   k.stats_lds = d != 256;
   return k;
 }
@@ -133,6 +135,7 @@ struct BwdConfig {
   static constexpr int kDqLagBufs = K.dq_lag_bufs;
   static constexpr int kSkew = K.skew;
   static constexpr bool kDqPairSum = K.dq_pair_sum;
+  static constexpr bool kDqAlternate = K.dq_alternate;
   static constexpr int kPolyEvery = K.poly_every;
   static constexpr int kLoadIssue = K.load_issue;
   static constexpr bool kStepCursor = K.step_cursor;
@@ -145,10 +148,12 @@ struct BwdConfig {
   static constexpr int kLoaderRegs = 24, kComputeRegs = 240;
   static_assert(kLoadIssue != 2 || 128 * kLoaderRegs + kThreads * kComputeRegs <= kCtaThreads * (65536 / kCtaThreads / 8 * 8),
                 "setmaxnreg would ask for more registers than the CTA's pool");
-  static_assert(kD != 64 || kDqByKeys, "d64's dQ is by keys");
+  static_assert(kD != 64 || kDqByKeys || kDqAlternate, "d64's dQ is by keys or by alternate warpgroups");
   static_assert(kD != 256 || !kDqByKeys, "d256 splits dQ by columns");
-  static_assert(!kDqLag || (kD == 128 && !kDqByKeys && kDqLagBufs >= 2),
-                "dQ a step behind: d128 with dQ by columns, two dS^T buffers or more");
+  static_assert(!kDqLag || ((kD == 128 || kDqAlternate) && !kDqByKeys && kDqLagBufs >= 2),
+                "dQ a step behind: d128 with dQ by columns or d64 by alternate warpgroups, two dS^T buffers or more");
+  static_assert(!kDqAlternate || (kD == 64 && kDqLag && !kDqPairSum),
+                "dQ by alternate warpgroups: d64, a step behind, no partials to sum");
   static_assert(kSkew == 0 || (kDqLag && kSkew <= 3), "warpgroups started apart need dQ a step behind");
   static_assert(!kDqPairSum || kD == 64, "dQ's partials summed in shared memory: d64 (dQ by keys)");
   static_assert(kLoadIssue >= 0 && kLoadIssue <= 2 && (kD != 256 || kLoadIssue == 0),
