@@ -322,15 +322,18 @@ TEST(BackwardGpu, DeterministicEveryHeadDimAndMask) {
   run_cases(cases, 700);
 }
 
-TEST(BackwardGpu, EveryStepCountAtD128) {
+TEST(BackwardGpu, EveryStepCountAtD64AndD128) {
   FA4_REQUIRE_GPU();
-  // d128's dQ runs a step behind its dK/dV step, on two dS^T buffers, three step buffers and
-  // warpgroup 1 started late: walks of 1 to 8 steps (query blocks of 64; one query head a KV head)
-  // reach the last step's dQ after the loop, the first reuse of each buffer and the ring's first
+  // d64's and d128's dQ run a step behind their dK/dV step, on three and two dS^T buffers, three
+  // step buffers and warpgroup 1 started late; d64's dQ of each step is warpgroup s % 2's alone.
+  // Walks of 1 to 8 steps (query blocks of 64; one query head a KV head) reach the last step's dQ
+  // after the loop by either warpgroup, the first reuse of each buffer and the ring's first
   // refill; then the same walks over a GQA group of three.
   std::vector<Case> cases;
-  for (int64_t steps = 1; steps <= 8; ++steps) cases.push_back({BF16, 1, 64 * steps - 5, 150, 2, 2, 128, false});
-  for (int64_t steps : {1, 2, 3}) cases.push_back({BF16, 1, 64 * steps - 5, 150, 3, 1, 128, false});
+  for (int64_t d : {64, 128}) {
+    for (int64_t steps = 1; steps <= 8; ++steps) cases.push_back({BF16, 1, 64 * steps - 5, 150, 2, 2, d, false});
+    for (int64_t steps : {1, 2, 3}) cases.push_back({BF16, 1, 64 * steps - 5, 150, 3, 1, d, false});
+  }
   run_cases(cases, 800);
 }
 
@@ -339,8 +342,9 @@ TEST(BackwardGpu, WarpsSkewed) {
   // A test-only build of the d64/d128 dK/dV kernels (tests/lagged_kernels.cu) holds, every step,
   // one warp ~3 us before its dS^T stores (another warp each step, in either warpgroup), and a
   // whole warpgroup at the top of some steps, so the warpgroups run more than a step apart: every
-  // refill of the step ring and, at d128, every reuse of a dS^T buffer and every dQ a step behind
-  // must wait for what it needs. GQA, causal both ways, tails, a window, and the deterministic dQ.
+  // refill of the step ring, every reuse of a dS^T buffer and every dQ a step behind (d128 each
+  // warpgroup's columns, d64 each step's whole dQ by one warpgroup in turn) must wait for what it
+  // needs. GQA, causal both ways, tails, a window, and the deterministic dQ.
   std::vector<Case> cases;
   for (int64_t d : {64, 128}) {
     cases.push_back({BF16, 2, 700, 650, 8, 2, d, false});
