@@ -324,14 +324,14 @@ TEST(BackwardGpu, DeterministicEveryHeadDimAndMask) {
 
 TEST(BackwardGpu, EveryStepCountAtD64AndD128) {
   FA4_REQUIRE_GPU();
-  // d64's and d128's dQ run a step behind their dK/dV step, on three and two dS^T buffers, three
-  // step buffers and warpgroup 1 started late; d64's dQ of each step is warpgroup s % 2's alone.
-  // Walks of 1 to 8 steps (query blocks of 64; one query head a KV head) reach the last step's dQ
-  // after the loop by either warpgroup, the first reuse of each buffer and the ring's first
-  // refill; then the same walks over a GQA group of three.
+  // d64's and d128's dQ run a step behind their dK/dV step, on four and two dS^T buffers, four and
+  // three step buffers and warpgroup 1 started late; d64's dQ of each step is warpgroup s % 2's
+  // alone. Walks of 1 to 10 steps (query blocks of 64; one query head a KV head) reach the last
+  // step's dQ after the loop by either warpgroup, the first and second reuse of each buffer and
+  // the ring's first refills; then short walks over a GQA group of three.
   std::vector<Case> cases;
   for (int64_t d : {64, 128}) {
-    for (int64_t steps = 1; steps <= 8; ++steps) cases.push_back({BF16, 1, 64 * steps - 5, 150, 2, 2, d, false});
+    for (int64_t steps = 1; steps <= 10; ++steps) cases.push_back({BF16, 1, 64 * steps - 5, 150, 2, 2, d, false});
     for (int64_t steps : {1, 2, 3}) cases.push_back({BF16, 1, 64 * steps - 5, 150, 3, 1, d, false});
   }
   run_cases(cases, 800);

@@ -61,8 +61,8 @@ struct Config {
 // and d128) and P^T's exponentials were split into a loop with the mask's tests and one without
 // (`mask_hoist`); d256 with ld.shared; d64's loads issued by a warpgroup of their own (`load_issue`
 // 2, measured and not kept; here so that it builds and checks); d64 as shipped before its dQ went
-// to alternate warpgroups (`pair-sum`), and that form on two dS^T buffers or with the loads at the
-// step's top. Candidates measured before (step-ring depths, folded boxes, paired row statistics,
+// to alternate warpgroups (`pair-sum`), and that form on three step and dS^T buffers or with the
+// loads at the step's top. Candidates measured before (step-ring depths, folded boxes, paired row statistics,
 // dQ by keys at d128, the d128 lockstep and dQ-lag forms, d64's reduction of each partial, shares
 // of the exponentials on the FMA pipe, the load issue after the first GEMMs, the other form of the
 // walk's step) are recorded in docs/perf-notes.md and bench/results/; BwdKnobs still builds them.
@@ -84,8 +84,9 @@ constexpr BwdKnobs kPairSum64 = bwd_knobs(64, [](BwdKnobs& k) {
   k.dq_lag_bufs = k.skew = k.load_issue = 0;
   k.step_cursor = false;
 });
-// d64 by alternate warpgroups on two dS^T buffers, and with the loads at the step's top.
-constexpr BwdKnobs kAlternateTwoDs64 = bwd_knobs(64, [](BwdKnobs& k) { k.dq_lag_bufs = 2; });
+// d64 by alternate warpgroups on three step buffers and three dS^T buffers (shipped at 999974a),
+// and with the loads at the step's top.
+constexpr BwdKnobs kAlternateThreeBufs64 = bwd_knobs(64, [](BwdKnobs& k) { k.step_bufs = k.dq_lag_bufs = 3; });
 constexpr BwdKnobs kAlternateLoadsAtTop64 = bwd_knobs(64, [](BwdKnobs& k) { k.load_issue = 0; });
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
@@ -93,7 +94,7 @@ const Config kConfigs[] = {
     {"per-element-mask", 64, run_cfg<BwdConfig<64, true, kPerElementMask64>>},
     {"loading-warp", 64, run_cfg<BwdConfig<64, true, kLoadingWarp64>>},
     {"pair-sum", 64, run_cfg<BwdConfig<64, true, kPairSum64>>},
-    {"alternate-two-ds", 64, run_cfg<BwdConfig<64, true, kAlternateTwoDs64>>},
+    {"alternate-three-bufs", 64, run_cfg<BwdConfig<64, true, kAlternateThreeBufs64>>},
     {"alternate-loads-at-top", 64, run_cfg<BwdConfig<64, true, kAlternateLoadsAtTop64>>},
     {"shipped", 128, run_cfg<BwdConfig<128, true>>},
     {"st-shared", 128, run_cfg<BwdConfig<128, true, kStShared128>>},

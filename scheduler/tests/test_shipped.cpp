@@ -350,7 +350,7 @@ TEST_P(Sm90Backward, ScheduleOnTheCalibratedTma) {
 // d64's dQ is one warpgroup's a step, in turn, a step behind, reduced once (1 + 1180 on the TMA):
 // the tensor core's 1280 is the resource bound, and the loads issued after S_0 / dP_0 for the next
 // step bind above it (Ld -> S0 -> Ld, 1861; with dP_0's occupancy 1989): the solver answers II 1989
-// with two step buffers and one dS^T buffer, where the kernel has three of each. The graph leaves
+// with two step buffers and one dS^T buffer, where the kernel has four of each. The graph leaves
 // out which warpgroup's step the dQ chain ends (it alternates), so its II is a lower bound for the
 // kernel's. (With the partials summed in lockstep and the loads at the step's top, the graph before
 // answered II 1486; with a reduction of each partial the TMA's 2297 bound it.) d128: the tensor

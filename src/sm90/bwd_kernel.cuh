@@ -36,14 +36,15 @@ inline constexpr int kThreads = 256;
 
 // A dK/dV kernel's knobs (BwdConfig's third argument): the shipped ones by default (bwd_knobs,
 // sm90_bwd.cu), others for tools/sm90_bwd_probe.cu, which times them against those. Shipped: d64
-// three step buffers, 64-column boxes, dQ whole by alternate warpgroups a step behind on three
-// dS^T buffers, warpgroup 1 started behind warpgroup 0; d128 three step buffers, folded boxes, dQ
+// four step buffers, 64-column boxes, dQ whole by alternate warpgroups a step behind on four dS^T
+// buffers, warpgroup 1 started behind warpgroup 0; d128 three step buffers, folded boxes, dQ
 // a step behind on two dS^T buffers and warpgroup 1 started behind warpgroup 0; d256 two step
 // buffers and folded boxes (docs/perf-notes.md, "The backward's candidates on an H200", "The
 // backward graphs on the calibrated TMA costs", "The d128 backward's warpgroups apart", "d64's dQ
 // by alternate warpgroups"). BwdConfig names each kX after its knob x (step_bufs: kStepBufs).
 struct BwdKnobs {
-  // Buffers of the step ring (Q, dO and the step's LSE and D rows), loaded ahead.
+  // Buffers of the step ring (Q, dO and the step's LSE and D rows), loaded ahead (shipped: d64 4,
+  // d128 3, d256 2).
   int step_bufs = 3;
   // Q and dO loaded as one TMA box a tile, the 64-column blocks folded into a box dimension
   // (ptx::map_bshd_16bit_sw128_folded), instead of a box a column block.
@@ -61,7 +62,7 @@ struct BwdKnobs {
   // step s + 1, from a ring of this many dS^T buffers behind mbarriers (full: both warpgroups
   // stored it; empty: the warpgroups computing its dQ read it) in place of the CTA barrier before
   // dQ, so that neither warpgroup waits on the other within a step and the two may run apart
-  // (d128 shipped: 2, d64: 3); 0: dQ of each step in the step, after a CTA barrier.
+  // (d128 shipped: 2, d64: 4); 0: dQ of each step in the step, after a CTA barrier.
   int dq_lag_bufs = 0;
   // With dq_lag_bufs: warpgroup 1 starts its first step once warpgroup 0's first step has reached
   // point `skew` (1 S^T landed, 2 dP^T landed (d64, d128 shipped), 3 dK issued), so that the two run
@@ -103,10 +104,10 @@ struct BwdKnobs {
 // The shipped knobs of head dim d.
 constexpr BwdKnobs bwd_knobs(int d) {
   BwdKnobs k;
-  k.step_bufs = d == 256 ? 2 : 3;
+  k.step_bufs = d == 256 ? 2 : d == 64 ? 4 : 3;
   k.folded_boxes = d != 64;
   k.dq_alternate = d == 64;
-  k.dq_lag_bufs = d == 128 ? 2 : d == 64 ? 3 : 0;
+  k.dq_lag_bufs = d == 128 ? 2 : d == 64 ? 4 : 0;
   k.skew = d == 256 ? 0 : 2;
   k.load_issue = d == 256 ? 0 : 1;
   k.stats_lds = d != 256;
