@@ -9,7 +9,8 @@
 //                              the long tile's diagonal-last walk beside each walk forced
 //                              (FwdParams::diagonal_last: never, the last round, every round),
 //                              ROUNDS alternating rounds (default 6); first the device's memory
-//                              clock, bus width and the DRAM bandwidth the launch decides by
+//                              clock, bus width and the DRAM bandwidth the launch decides by,
+//                              last each walk's median (MEDIAN lines) and its ratio to the launch's
 //   sm90_fwd_probe trace DIR [variants]
 //                              clock64 timeline of the first CTAs (csv in DIR, medians printed);
 //                              with `variants` also the configurations measured and not shipped;
@@ -192,7 +193,8 @@ static void apply(const Variant& var, FwdParams& p) {
   p.diagonal_last = var.diagonal_last;
 }
 
-static void time_shape(int d, int seqlen, bool causal, const Variant* var = nullptr) {
+// Prints one TIME line; returns the median in ms.
+static double time_shape(int d, int seqlen, bool causal, const Variant* var = nullptr) {
   const Fa3Problem pr(d, seqlen, causal, 1);
   const Shape& s = pr.s;
   FwdParams p = pr.params(pr.o);
@@ -217,6 +219,7 @@ static void time_shape(int d, int seqlen, bool causal, const Variant* var = null
   const double flops = 4.0 * s.b * s.hq * double(seqlen) * seqlen * d * (causal ? 0.5 : 1.0);
   std::printf("TIME %s d=%d seqlen=%d causal=%d: %.3f ms  %.1f TFLOP/s\n", var ? var->name : "default", d, seqlen, causal, ms[ms.size() / 2],
               flops / (ms[ms.size() / 2] * 1e-3) / 1e12);
+  return ms[ms.size() / 2];
 }
 
 // The shipped kernel on one FA3-sized shape, back to back for `seconds` (for clock and power
@@ -612,11 +615,23 @@ int main(int argc, char** argv) {
     };
     const int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 6;
     for (const Variant& w : walks) compare_variant(w, 512, true);
-    for (int seqlen : {512, 768, 1024})
+    // Each shape's rounds, then the median over rounds of each walk and its ratio to the launch's.
+    for (int seqlen : {512, 768, 1024}) {
+      std::vector<std::vector<double>> ms(4);  // the launch's choice, then walks[0..2]
       for (int r = 0; r < rounds; ++r) {
-        time_shape(256, seqlen, true);
-        for (const Variant& w : walks) time_shape(256, seqlen, true, &w);
+        ms[0].push_back(time_shape(256, seqlen, true));
+        for (int w = 0; w < 3; ++w) ms[w + 1].push_back(time_shape(256, seqlen, true, &walks[w]));
       }
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+      };
+      const double chosen = median(ms[0]);
+      std::printf("MEDIAN d=256 seqlen=%d causal=1 over %d rounds: default %.4f ms", seqlen, rounds, chosen);
+      for (int w = 0; w < 3; ++w)
+        std::printf(", %s %.4f ms (%.3f of the default's time)", walks[w].name, median(ms[w + 1]), median(ms[w + 1]) / chosen);
+      std::printf("\n");
+    }
     return 0;
   }
   if (std::strcmp(mode, "variants") == 0) {  // candidates against the shipped kernel, same run
