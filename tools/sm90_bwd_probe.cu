@@ -62,7 +62,7 @@ struct Config {
 // (`mask_hoist`); d256 with ld.shared; d64's loads issued by a warpgroup of their own (`load_issue`
 // 2, measured and not kept; here so that it builds and checks); d64 as shipped before its dQ went
 // to alternate warpgroups (`pair-sum`), and that form on three step and dS^T buffers or with the
-// loads at the step's top. Candidates measured before (step-ring depths, folded boxes, paired row statistics,
+// loads at the step's top; d64's and d128's loads issued by warpgroup 1 (`load_wg`). Candidates measured before (step-ring depths, folded boxes, paired row statistics,
 // dQ by keys at d128, the d128 lockstep and dQ-lag forms, d64's reduction of each partial, shares
 // of the exponentials on the FMA pipe, the load issue after the first GEMMs, the other form of the
 // walk's step) are recorded in docs/perf-notes.md and bench/results/; BwdKnobs still builds them.
@@ -88,6 +88,9 @@ constexpr BwdKnobs kPairSum64 = bwd_knobs(64, [](BwdKnobs& k) {
 // and with the loads at the step's top.
 constexpr BwdKnobs kAlternateThreeBufs64 = bwd_knobs(64, [](BwdKnobs& k) { k.step_bufs = k.dq_lag_bufs = 3; });
 constexpr BwdKnobs kAlternateLoadsAtTop64 = bwd_knobs(64, [](BwdKnobs& k) { k.load_issue = 0; });
+// The step's loads issued by warpgroup 1's first thread (load_wg), measured and not kept.
+constexpr auto kLoadsWg1 = [](BwdKnobs& k) { k.load_wg = 1; };
+constexpr BwdKnobs kLoadsWg1_64 = bwd_knobs(64, kLoadsWg1), kLoadsWg1_128 = bwd_knobs(128, kLoadsWg1);
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
     {"st-shared", 64, run_cfg<BwdConfig<64, true, kStShared64>>},
@@ -96,7 +99,9 @@ const Config kConfigs[] = {
     {"pair-sum", 64, run_cfg<BwdConfig<64, true, kPairSum64>>},
     {"alternate-three-bufs", 64, run_cfg<BwdConfig<64, true, kAlternateThreeBufs64>>},
     {"alternate-loads-at-top", 64, run_cfg<BwdConfig<64, true, kAlternateLoadsAtTop64>>},
+    {"loads-from-warpgroup-1", 64, run_cfg<BwdConfig<64, true, kLoadsWg1_64>>},
     {"shipped", 128, run_cfg<BwdConfig<128, true>>},
+    {"loads-from-warpgroup-1", 128, run_cfg<BwdConfig<128, true, kLoadsWg1_128>>},
     {"st-shared", 128, run_cfg<BwdConfig<128, true, kStShared128>>},
     {"per-element-mask", 128, run_cfg<BwdConfig<128, true, kPerElementMask128>>},
     {"shipped", 256, run_cfg<BwdConfig<256, true>>},

@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     const int h = here.h, q0 = here.q0, buf = s % L::kBufs;
     if constexpr (Cfg::kTrace) tr.stamp(s, 0);
     // Cfg::kLoadIssue 0: the next step's loads go out at the step's top (1: below).
-    if (Cfg::kLoadIssue == 0 && threadIdx.x == 0 && s + 1 < steps)
+    if (Cfg::kLoadIssue == 0 && threadIdx.x == 128 * Cfg::kLoadWg && s + 1 < steps)
       load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk.step<Cfg>(s + 1, at_next), smem, ring);
     if constexpr (step_warp_lag<Cfg>() > 0)  // (a test's config)
       if ((wg == 1 && s % 5 == 0) || (wg == 0 && s % 7 == 3)) spin_cycles(step_warp_lag<Cfg>());
@@ -478,7 +478,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     // thread 0 would only wait; issued at the step's top, they held its warpgroup behind the other at
     // the lockstep configuration's CTA barrier before dQ (H100 A/B +2.2-2.7 %; d256 measured 0.96
     // this way, d64 with its partials summed 1.00).
-    if (Cfg::kLoadIssue == 1 && threadIdx.x == 0 && s + 1 < steps)
+    if (Cfg::kLoadIssue == 1 && threadIdx.x == 128 * Cfg::kLoadWg && s + 1 < steps)
       load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk.step<Cfg>(s + 1, at_next), smem, ring);
 
     // P^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).

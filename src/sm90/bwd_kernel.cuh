@@ -85,6 +85,9 @@ struct BwdKnobs {
   // warpgroup (2, d64/d128; setmaxnreg gives its registers to the two), whose first thread issues
   // each as soon as the ring frees its buffer.
   int load_issue = 0;
+  // d64/d128, load_issue 0 or 1: the warpgroup whose first thread issues them (0 shipped; 1, where
+  // d64's trace had warpgroup 1 waiting for its loads, measured 0.98-1.01 at d64, 0.94-1.00 at d128).
+  int load_wg = 0;
   // Each step's query head and first row advanced from the step before's (no division in the
   // loop; shipped); false: found from the step's index (s / count, s % count; d64 shipped that
   // with its partials summed, where ptxas scheduled that form's loop better).
@@ -139,6 +142,7 @@ struct BwdConfig {
   static constexpr bool kDqAlternate = K.dq_alternate;
   static constexpr int kPolyEvery = K.poly_every;
   static constexpr int kLoadIssue = K.load_issue;
+  static constexpr int kLoadWg = K.load_wg;
   static constexpr bool kStepCursor = K.step_cursor;
   static constexpr bool kStatsLds = K.stats_lds;
   static constexpr bool kMaskHoist = K.mask_hoist;
@@ -157,6 +161,7 @@ struct BwdConfig {
                 "dQ by alternate warpgroups: d64, a step behind, no partials to sum");
   static_assert(kSkew == 0 || (kDqLag && kSkew <= 3), "warpgroups started apart need dQ a step behind");
   static_assert(!kDqPairSum || kD == 64, "dQ's partials summed in shared memory: d64 (dQ by keys)");
+  static_assert(kLoadWg == 0 || (kLoadWg == 1 && kD != 256 && kLoadIssue != 2), "the loads' warpgroup: 0, or 1 at d64/d128");
   static_assert(kLoadIssue >= 0 && kLoadIssue <= 2 && (kD != 256 || kLoadIssue == 0),
                 "a step's loads: at the step's top, after its first GEMMs, or by a warpgroup of their own (d64/d128)");
   // The loading warpgroup leaves once it has issued the walk's loads: no CTA barrier may follow them.
