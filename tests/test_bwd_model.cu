@@ -39,11 +39,11 @@ void expect_wg_model(const std::string& graph) {
     EXPECT_EQ(m.slot.at("Stage"), bwd::kBlock * 64 * 4 + 16);
     EXPECT_EQ(m.slot.at("KV") + L::kBufs * m.slot.at("Ring") + L::kDsBufs * m.slot.at("DsT") + 2 * m.slot.at("Stage"),
               L::kBytes - kSlack);
-  } else if constexpr (Cfg::kDqAlternate) {
-    // d64: each warpgroup's stage, which the steps take in turn: one buffer of two slots.
-    EXPECT_EQ(m.slot.at("Stage"), bwd::kBlock * 64 * 4);
-    EXPECT_EQ(m.slot.at("KV") + L::kBufs * m.slot.at("Ring") + L::kDsBufs * m.slot.at("DsT") + 2 * m.slot.at("Stage"),
-              L::kBytes - kSlack);
+  } else if constexpr (Cfg::kDqAtomics) {
+    // d64: dQ added from the registers, no stage.
+    EXPECT_EQ(m.slot.count("Stage"), 0u);
+    EXPECT_EQ(L::kStageBytes, 0);
+    EXPECT_EQ(m.slot.at("KV") + L::kBufs * m.slot.at("Ring") + L::kDsBufs * m.slot.at("DsT"), L::kBytes - kSlack);
   } else {
     EXPECT_EQ(m.slot.at("Stage0"), bwd::kBlock * 64 * 4);
     EXPECT_EQ(m.slot.at("Stage1"), bwd::kBlock * 64 * 4);
@@ -94,7 +94,7 @@ void expect_sound_wg(const char* name) {
   EXPECT_EQ(L::kStage % 16, 0) << name;
   EXPECT_LE(L::kDo + L::kBufs * L::kQBytes, L::kDs) << name;
   EXPECT_LE(L::kDs + L::kDsBufs * L::kDsBytes, L::kStage) << name;
-  EXPECT_LE(L::kStage + 2 * L::kDqPieces * bwd::kBlock * 64 * 4, L::kLse) << name;
+  EXPECT_LE(L::kStage + (Cfg::kDqAtomics ? 0 : 2 * L::kDqPieces * bwd::kBlock * 64 * 4), L::kLse) << name;
   EXPECT_EQ(L::kDsBars, L::kBars + 2 * L::kBufs * 8) << name;  // dS^T's mbarriers after the ring's
   EXPECT_EQ(L::kPairBars, L::kDsBars + (Cfg::kDqLag ? 2 * L::kDsBufs * 8 : 0)) << name;
   EXPECT_LE(L::kPairBars + (Cfg::kDqPairSum ? 32 : 0) + 1024, L::kBytes) << name;
@@ -116,7 +116,7 @@ using bwd::bwd_knobs;
 using bwd::BwdKnobs;
 // d64 before dQ by alternate warpgroups: dQ by keys, partials summed, in lockstep.
 constexpr void pair_sum_form(BwdKnobs& k) {
-  k.dq_alternate = false;
+  k.dq_alternate = k.dq_atomics = false;
   k.dq_by_keys = k.dq_pair_sum = true;
   k.dq_lag_bufs = k.skew = k.load_issue = 0;
   k.step_cursor = false;
@@ -127,6 +127,7 @@ constexpr BwdKnobs kD64Paired = bwd_knobs(64, [](BwdKnobs& k) { pair_sum_form(k)
 constexpr BwdKnobs kD64TwoReductions = bwd_knobs(64, [](BwdKnobs& k) { pair_sum_form(k), k.dq_pair_sum = false; });
 constexpr BwdKnobs kD64LoadingWarp = bwd_knobs(64, [](BwdKnobs& k) { k.load_issue = 2; });
 constexpr BwdKnobs kD64AlternateTwoDs = bwd_knobs(64, [](BwdKnobs& k) { k.dq_lag_bufs = 2; });
+constexpr BwdKnobs kD64AlternateStaged = bwd_knobs(64, [](BwdKnobs& k) { k.dq_atomics = false; });
 constexpr BwdKnobs kD128Lockstep = bwd_knobs(128, [](BwdKnobs& k) { k.step_bufs = 2, k.dq_lag_bufs = 0, k.skew = 0; });
 constexpr BwdKnobs kD128LagTogether = bwd_knobs(128, [](BwdKnobs& k) { k.skew = 0; });
 constexpr BwdKnobs kD128ThreeDs = bwd_knobs(128, [](BwdKnobs& k) { k.step_bufs = 2, k.dq_lag_bufs = 3; });
@@ -142,6 +143,7 @@ TEST(BackwardModel, EveryProbeConfigurationHasASoundLayout) {
   expect_sound_wg<BwdConfig<64, true>>("d64 shipped");
   expect_sound_wg<BwdConfig<64, true, kD64PairSum>>("d64 partials summed");
   expect_sound_wg<BwdConfig<64, true, kD64AlternateTwoDs>>("d64 alternate, two dS^T buffers");
+  expect_sound_wg<BwdConfig<64, true, kD64AlternateStaged>>("d64 alternate, staged and reduced");
   expect_sound_wg<BwdConfig<64, true, kD64TwoBufs>>("d64 two step buffers");
   expect_sound_wg<BwdConfig<64, true, kD64Paired>>("d64 paired");
   expect_sound_wg<BwdConfig<64, true, kD64TwoReductions>>("d64 a reduction of each partial");
@@ -161,10 +163,12 @@ TEST(BackwardModel, EveryProbeConfigurationHasASoundLayout) {
   EXPECT_EQ(ByKeys::kDqPieces, 2);
   EXPECT_EQ(ByKeys::kDsBufs, 1);
   EXPECT_EQ(ByKeys::kBytes, 215072);  // docs/perf-notes.md: "215,072 bytes"
-  // dQ by alternate warpgroups at d64: one 64 x 64 piece a warpgroup's stage, four dS^T buffers.
+  // dQ by alternate warpgroups at d64, added by atomics: four dS^T buffers and no stage.
   using Alternate = bwd::WgSmem<BwdConfig<64, true>>;
-  EXPECT_EQ(Alternate::kDqPieces, 1);
   EXPECT_EQ(Alternate::kDsBufs, 4);
+  EXPECT_EQ(Alternate::kStageBytes, 0);
+  using Staged = bwd::WgSmem<BwdConfig<64, true, kD64AlternateStaged>>;
+  EXPECT_EQ(Staged::kStageBytes, 2 * bwd::kBlock * 64 * 4);
 }
 
 // stsm_rows puts each of a warp's accumulator-layout pairs where a 32-bit store of the pair did:

@@ -62,7 +62,8 @@ struct Config {
 // (`mask_hoist`); d256 with ld.shared; d64's loads issued by a warpgroup of their own (`load_issue`
 // 2, measured and not kept; here so that it builds and checks); d64 as shipped before its dQ went
 // to alternate warpgroups (`pair-sum`), and that form on three step and dS^T buffers or with the
-// loads at the step's top; d64's and d128's loads issued by warpgroup 1 (`load_wg`). Candidates measured before (step-ring depths, folded boxes, paired row statistics,
+// loads at the step's top, and with its dQ staged and bulk-reduced (`staged`); d128's dQ added by
+// atomics (`dq_atomics`); d64's and d128's loads issued by warpgroup 1 (`load_wg`). Candidates measured before (step-ring depths, folded boxes, paired row statistics,
 // dQ by keys at d128, the d128 lockstep and dQ-lag forms, d64's reduction of each partial, shares
 // of the exponentials on the FMA pipe, the load issue after the first GEMMs, the other form of the
 // walk's step) are recorded in docs/perf-notes.md and bench/results/; BwdKnobs still builds them.
@@ -79,7 +80,7 @@ constexpr BwdKnobs kStatsLds256 = bwd_knobs(256, [](BwdKnobs& k) { k.stats_lds =
 // d64 as shipped before dQ by alternate warpgroups: dQ by keys, the two partials summed in shared
 // memory, in lockstep (no lag, no skew), the loads at the step's top, the step from its index.
 constexpr BwdKnobs kPairSum64 = bwd_knobs(64, [](BwdKnobs& k) {
-  k.dq_alternate = false;
+  k.dq_alternate = k.dq_atomics = false;
   k.dq_by_keys = k.dq_pair_sum = true;
   k.dq_lag_bufs = k.skew = k.load_issue = 0;
   k.step_cursor = false;
@@ -88,6 +89,9 @@ constexpr BwdKnobs kPairSum64 = bwd_knobs(64, [](BwdKnobs& k) {
 // and with the loads at the step's top.
 constexpr BwdKnobs kAlternateThreeBufs64 = bwd_knobs(64, [](BwdKnobs& k) { k.step_bufs = k.dq_lag_bufs = 3; });
 constexpr BwdKnobs kAlternateLoadsAtTop64 = bwd_knobs(64, [](BwdKnobs& k) { k.load_issue = 0; });
+// d64's dQ staged and bulk-reduced (shipped at 978fd41), and d128's added by atomics (dq_atomics).
+constexpr BwdKnobs kStaged64 = bwd_knobs(64, [](BwdKnobs& k) { k.dq_atomics = false; });
+constexpr BwdKnobs kDqAtomics128 = bwd_knobs(128, [](BwdKnobs& k) { k.dq_atomics = true; });
 // The step's loads issued by warpgroup 1's first thread (load_wg), measured and not kept.
 constexpr auto kLoadsWg1 = [](BwdKnobs& k) { k.load_wg = 1; };
 constexpr BwdKnobs kLoadsWg1_64 = bwd_knobs(64, kLoadsWg1), kLoadsWg1_128 = bwd_knobs(128, kLoadsWg1);
@@ -100,8 +104,10 @@ const Config kConfigs[] = {
     {"alternate-three-bufs", 64, run_cfg<BwdConfig<64, true, kAlternateThreeBufs64>>},
     {"alternate-loads-at-top", 64, run_cfg<BwdConfig<64, true, kAlternateLoadsAtTop64>>},
     {"loads-from-warpgroup-1", 64, run_cfg<BwdConfig<64, true, kLoadsWg1_64>>},
+    {"staged", 64, run_cfg<BwdConfig<64, true, kStaged64>>},
     {"shipped", 128, run_cfg<BwdConfig<128, true>>},
     {"loads-from-warpgroup-1", 128, run_cfg<BwdConfig<128, true, kLoadsWg1_128>>},
+    {"dq-atomics", 128, run_cfg<BwdConfig<128, true, kDqAtomics128>>},
     {"st-shared", 128, run_cfg<BwdConfig<128, true, kStShared128>>},
     {"per-element-mask", 128, run_cfg<BwdConfig<128, true, kPerElementMask128>>},
     {"shipped", 256, run_cfg<BwdConfig<256, true>>},

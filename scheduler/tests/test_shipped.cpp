@@ -299,10 +299,10 @@ TEST(Sm90Forward, InPlaceLatenciesMakeTheSoftmaxRecurrenceBind) {
 // costs an H200 measured (the calibration part of
 // bench/results/2026-11-26-sm90-bwd-candidates-6ac8858-h200.json). At d128 a step's TMA ops hold
 // the engine for the measured step mix (2397), carried by the two dQ reductions (the loads hide
-// under them: Ld 1); d64, whose dQ a warpgroup computes whole in turn and reduces once a step, holds
-// it for one reduction (1180, its step mix with two reductions having read 2297); d256, which has no
+// under them: Ld 1); d64, whose dQ a warpgroup computes whole in turn and adds by atomics, holds it
+// for its loads' parts (1759); d256, which has no
 // reductions, holds it for its parts' sum (two folded boxes, two bulk copies: 1761). The tensor
-// core bounds every head dim. d128 needs three step buffers, as the kernel has. d128's dQ runs a
+// core bounds d128 and d256, the TMA's loads d64. d128 needs three step buffers, as the kernel has. d128's dQ runs a
 // step behind (it reads the dS^T buffer filled a step earlier: `anti DsT after 1`), so no step
 // waits on its own dS^T for dQ: the solver places every op at the tensor core's bound, with two
 // dS^T buffers (the kernel's) and warpgroup 1's step half a dozen GEMMs behind warpgroup 0's. With
@@ -347,17 +347,17 @@ TEST_P(Sm90Backward, ScheduleOnTheCalibratedTma) {
   EXPECT_LT(s.start[s1] - s.start[s0], s.ii);
 }
 
-// d64's dQ is one warpgroup's a step, in turn, a step behind, reduced once (1 + 1180 on the TMA):
-// the tensor core's 1280 is the resource bound, and the loads issued after S_0 / dP_0 for the next
-// step bind above it (Ld -> S0 -> Ld, 1861; with dP_0's occupancy 1989): the solver answers II 1989
-// with two step buffers and one dS^T buffer, where the kernel has four of each. The graph leaves
-// out which warpgroup's step the dQ chain ends (it alternates), so its II is a lower bound for the
-// kernel's. (With the partials summed in lockstep and the loads at the step's top, the graph before
-// answered II 1486; with a reduction of each partial the TMA's 2297 bound it.) d128: the tensor
-// core's 2560, at the bound.
+// d64's dQ is one warpgroup's a step, in turn, a step behind, added by atomics (no reduction): the
+// loads' parts hold the TMA for 1759, above the tensor core's 1280, and the loads issued after S_0
+// / dP_0 for the next step bind above both (Ld -> S0 -> Ld, 1861; with dP_0's occupancy 1989): the
+// solver answers II 1989 with two step buffers and one dS^T buffer, where the kernel has four of
+// each. The graph leaves out which warpgroup's step the dQ chain ends (it alternates), so its II is
+// a lower bound for the kernel's. (With the partials summed in lockstep and the loads at the step's
+// top, the graph before answered II 1486; with a reduction of each partial the TMA's 2297 bound
+// it.) d128: the tensor core's 2560, at the bound.
 INSTANTIATE_TEST_SUITE_P(
     HeadDims, Sm90Backward,
-    ::testing::Values(BwdCase{"sm90_bwd_d64", 1181, 10 * 128, 1861, 1989, 2, 2, 1, "DsT", "tc"},
+    ::testing::Values(BwdCase{"sm90_bwd_d64", 1759, 10 * 128, 1861, 1989, 2, 2, 1, "DsT", "tma"},
                       BwdCase{"sm90_bwd_d128", 2397, 10 * 256, 1863, 10 * 256, 3, 3, 2, "DsT", "tc"}),
     [](const ::testing::TestParamInfo<BwdCase>& i) { return std::string(i.param.graph); });
 
@@ -376,11 +376,11 @@ TEST(Sm90Backward, D256FoldedLoadsLeaveTheTensorCoreTheResourceBound) {
 
 // What the bound says of one bulk copy a step for the LSE and D rows (kPairedStats), on the step
 // mixes the H200 measured for it with the shipped boxes: "d128_folded_one_bulk" 2397, the mix the
-// d128 graph holds already; "d256_folded_one_bulk" 828 for d256's loads. d64's mixes were measured
-// with a reduction of each warpgroup's dQ partial ("d64_one_bulk" 2299); with one reduction a step
-// its graph takes the reduction alone (1180), and the loads (Ld 1) move
-// nothing. Every head dim stays bound by the tensor core.
-TEST(Sm90BackwardLoads, OneBulkCopyMovesNoBound) {
+// d128 graph holds already; "d256_folded_one_bulk" 828 for d256's loads. d64, which adds dQ by
+// atomics, has no mix measured without reductions: its loads' parts with one copy (2 x 349 +
+// 530.5) leave the tensor core the resource bound, and the recurrence through the load issue
+// (1989 with dP_0's occupancy) binds above it either way. Every head dim is then bound by the tensor core's resources.
+TEST(Sm90BackwardLoads, OneBulkCopyLeavesTheTensorCoreTheResourceBound) {
   struct Case {
     const char* graph;
     int64_t ld_occ, red_occ;  // red_occ 0: the graph has no reductions
@@ -388,7 +388,7 @@ TEST(Sm90BackwardLoads, OneBulkCopyMovesNoBound) {
     int64_t expect_res;
     const char* unit;
   };
-  for (const Case& c : {Case{"sm90_bwd_d64", 1, 1180, {"Red"}, 10 * 128, "tc"},
+  for (const Case& c : {Case{"sm90_bwd_d64", 1229, 0, {}, 10 * 128, "tc"},
                         Case{"sm90_bwd_d128", 1, 1198, {"Red0", "Red1"}, 10 * 256, "tc"},
                         Case{"sm90_bwd_d256", 828, 0, {}, 10 * 256, "tc"}}) {
     Graph g = shipped(c.graph);
@@ -398,6 +398,7 @@ TEST(Sm90BackwardLoads, OneBulkCopyMovesNoBound) {
     const Bounds b = lower_bounds(g);
     EXPECT_EQ(b.res_mii, c.expect_res) << c.graph;
     EXPECT_EQ(g.units[b.res_unit].name, c.unit) << c.graph;
+    if (std::string(c.graph) == "sm90_bwd_d64") EXPECT_EQ(b.mii(), 1989) << c.graph;
   }
 }
 

@@ -232,8 +232,9 @@ struct WgSmem {
   // Cfg::kDqLagBufs where dQ runs a step behind.
   static constexpr int kDsBufs = Cfg::kDqByKeys ? 1 : Cfg::kDqLag ? Cfg::kDqLagBufs : 2, kDsBytes = kWgKeys * kBlock * 2;
   static constexpr int kDs = kDo + kBufs * kQBytes;
-  static constexpr int kStage = kDs + kDsBufs * kDsBytes;  // fp32 pieces [64][64], kDqPieces a warpgroup
-  static constexpr int kLse = kStage + 2 * kDqPieces * kBlock * 64 * 4, kDelta = kLse + kBufs * kBlock * 4;
+  // fp32 pieces [64][64], kDqPieces a warpgroup; none where dQ is added by atomics.
+  static constexpr int kStage = kDs + kDsBufs * kDsBytes, kStageBytes = Cfg::kDqAtomics ? 0 : 2 * kDqPieces * kBlock * 64 * 4;
+  static constexpr int kLse = kStage + kStageBytes, kDelta = kLse + kBufs * kBlock * 4;
   static constexpr int kBars = kDelta + kBufs * kBlock * 4;         // StepRing's full and empty
   using Ring = StepRing<kBufs, Cfg::kDqLag>;
   static constexpr int kDsBars = kBars + 2 * kBufs * 8;             // Cfg::kDqLag: dS^T's full, empty
@@ -414,11 +415,22 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
           }
           if constexpr (Cfg::kTrace) tr.stamp(stamp, 7);
           // The warpgroup's previous reductions have read its stage; then the stage is rewritten.
-          if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
-          ptx::named_bar_sync(1 + wg, 128);
+          if constexpr (!Cfg::kDqAtomics) {
+            if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+            ptx::named_bar_sync(1 + wg, 128);
+          }
         }
-        store_piece(smem_addr(stage + c * kBlock * 64) + 16 * tid, dq);
+        if constexpr (Cfg::kDqAtomics) {
+          // Straight from the registers, in the piece's order (dq_piece_offset), as d256 adds its.
+          float4* piece = reinterpret_cast<float4*>(dq_piece_at<kD>(p, b, h, q0, dq_col0 + 64 * c));
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            atomicAdd(piece + 128 * j + tid, make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
+        } else {
+          store_piece(smem_addr(stage + c * kBlock * 64) + 16 * tid, dq);
+        }
       }
+      if constexpr (Cfg::kDqAtomics) return;
       ptx::fence_proxy_async_smem();
       ptx::named_bar_sync(1 + wg, 128);
       if (tid == 0) {

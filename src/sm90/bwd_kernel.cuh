@@ -37,7 +37,7 @@ inline constexpr int kThreads = 256;
 // A dK/dV kernel's knobs (BwdConfig's third argument): the shipped ones by default (bwd_knobs,
 // sm90_bwd.cu), others for tools/sm90_bwd_probe.cu, which times them against those. Shipped: d64
 // four step buffers, 64-column boxes, dQ whole by alternate warpgroups a step behind on four dS^T
-// buffers, warpgroup 1 started behind warpgroup 0; d128 three step buffers, folded boxes, dQ
+// buffers and added by atomics, warpgroup 1 started behind warpgroup 0; d128 three step buffers, folded boxes, dQ
 // a step behind on two dS^T buffers and warpgroup 1 started behind warpgroup 0; d256 two step
 // buffers and folded boxes (docs/perf-notes.md, "The backward's candidates on an H200", "The
 // backward graphs on the calibrated TMA costs", "The d128 backward's warpgroups apart", "d64's dQ
@@ -88,6 +88,10 @@ struct BwdKnobs {
   // d64/d128, load_issue 0 or 1: the warpgroup whose first thread issues them (0 shipped; 1, where
   // d64's trace had warpgroup 1 waiting for its loads, measured 0.98-1.01 at d64, 0.94-1.00 at d128).
   int load_wg = 0;
+  // d64/d128 (not dq_pair_sum): dQ's pieces added into the workspace by float4 atomics from the
+  // registers, as d256 adds its, instead of staged in shared memory for a bulk reduction (d64
+  // shipped: +0.8-2.4 %; d128 measured 0.92-1.00).
+  bool dq_atomics = false;
   // Each step's query head and first row advanced from the step before's (no division in the
   // loop; shipped); false: found from the step's index (s / count, s % count; d64 shipped that
   // with its partials summed, where ptxas scheduled that form's loop better).
@@ -113,6 +117,7 @@ constexpr BwdKnobs bwd_knobs(int d) {
   k.dq_lag_bufs = d == 128 ? 2 : d == 64 ? 4 : 0;
   k.skew = d == 256 ? 0 : 2;
   k.load_issue = d == 256 ? 0 : 1;
+  k.dq_atomics = d == 64;
   k.stats_lds = d != 256;
   return k;
 }
@@ -143,6 +148,7 @@ struct BwdConfig {
   static constexpr int kPolyEvery = K.poly_every;
   static constexpr int kLoadIssue = K.load_issue;
   static constexpr int kLoadWg = K.load_wg;
+  static constexpr bool kDqAtomics = K.dq_atomics;
   static constexpr bool kStepCursor = K.step_cursor;
   static constexpr bool kStatsLds = K.stats_lds;
   static constexpr bool kMaskHoist = K.mask_hoist;
@@ -161,6 +167,7 @@ struct BwdConfig {
                 "dQ by alternate warpgroups: d64, a step behind, no partials to sum");
   static_assert(kSkew == 0 || (kDqLag && kSkew <= 3), "warpgroups started apart need dQ a step behind");
   static_assert(!kDqPairSum || kD == 64, "dQ's partials summed in shared memory: d64 (dQ by keys)");
+  static_assert(!kDqAtomics || (kD != 256 && !kDqPairSum), "dQ by atomics: d64/d128 without the summed partials");
   static_assert(kLoadWg == 0 || (kLoadWg == 1 && kD != 256 && kLoadIssue != 2), "the loads' warpgroup: 0, or 1 at d64/d128");
   static_assert(kLoadIssue >= 0 && kLoadIssue <= 2 && (kD != 256 || kLoadIssue == 0),
                 "a step's loads: at the step's top, after its first GEMMs, or by a warpgroup of their own (d64/d128)");
