@@ -1,6 +1,7 @@
 // sm90 backward at head dims 64 and 128: dK and dV of 128 keys a CTA on wgmma, two warpgroups of
-// 64 keys each, and dQ's share of every step reduced into the fp32 accumulator in 16 KB pieces by
-// bulk reductions (cp.reduce.async.bulk). The math is bwd_kernel.cuh's; per query block of 64:
+// 64 keys each, and dQ's share of every step added into the fp32 accumulator in 16 KB pieces, by
+// bulk reductions (cp.reduce.async.bulk; d128) or float4 atomics (d64). The math is
+// bwd_kernel.cuh's; per query block of 64:
 //
 //   S^T  = K Q^T   (wgmma SS, K-major both)      dP^T = V dO^T (the same)
 //   P^T, dS^T in registers (the accumulator layout is the A operand's)
@@ -233,7 +234,8 @@ struct WgSmem {
   static constexpr int kDsBufs = Cfg::kDqByKeys ? 1 : Cfg::kDqLag ? Cfg::kDqLagBufs : 2, kDsBytes = kWgKeys * kBlock * 2;
   static constexpr int kDs = kDo + kBufs * kQBytes;
   // fp32 pieces [64][64], kDqPieces a warpgroup; none where dQ is added by atomics.
-  static constexpr int kStage = kDs + kDsBufs * kDsBytes, kStageBytes = Cfg::kDqAtomics ? 0 : 2 * kDqPieces * kBlock * 64 * 4;
+  static constexpr int kStage = kDs + kDsBufs * kDsBytes;
+  static constexpr int kStageBytes = Cfg::kDqAtomics ? 0 : 2 * kDqPieces * kBlock * 64 * 4;
   static constexpr int kLse = kStage + kStageBytes, kDelta = kLse + kBufs * kBlock * 4;
   static constexpr int kBars = kDelta + kBufs * kBlock * 4;         // StepRing's full and empty
   using Ring = StepRing<kBufs, Cfg::kDqLag>;
@@ -362,11 +364,12 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
       ptx::st_shared_v4_f32(piece + 16 * 128 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
   };
 
-  // dQ of step sq (query head h, rows from q0) from its dS^T buffer, reduced into the fp32
-  // accumulator: each piece's GEMM, its wait, the stage's stores and the bulk reductions (stamp:
-  // the step whose trace records it). With Cfg::kDqLag it first waits for dS^T to be full and marks
-  // it empty once read; with Cfg::kDqPairSum (d64, dQ by keys) the two warpgroups' partials are
-  // summed in the stage buffer of the step's parity and reduced once.
+  // dQ of step sq (query head h, rows from q0) from its dS^T buffer, added into the fp32
+  // accumulator: each piece's GEMM, its wait, then the stage's stores and the bulk reductions, or
+  // (Cfg::kDqAtomics) float4 atomics (stamp: the step whose trace records it). With Cfg::kDqLag it
+  // first waits for dS^T to be full and marks it empty once read; with Cfg::kDqPairSum (d64, dQ by
+  // keys) the two warpgroups' partials are summed in the stage buffer of the step's parity and
+  // reduced once.
   auto dq_of = [&](int sq, int h, int q0, [[maybe_unused]] int stamp) {
     const int ds_buf = sq % L::kDsBufs;
     if constexpr (Cfg::kDqPairSum) {

@@ -37,11 +37,11 @@ inline constexpr int kThreads = 256;
 // A dK/dV kernel's knobs (BwdConfig's third argument): the shipped ones by default (bwd_knobs,
 // sm90_bwd.cu), others for tools/sm90_bwd_probe.cu, which times them against those. Shipped: d64
 // four step buffers, 64-column boxes, dQ whole by alternate warpgroups a step behind on four dS^T
-// buffers and added by atomics, warpgroup 1 started behind warpgroup 0; d128 three step buffers, folded boxes, dQ
-// a step behind on two dS^T buffers and warpgroup 1 started behind warpgroup 0; d256 two step
-// buffers and folded boxes (docs/perf-notes.md, "The backward's candidates on an H200", "The
-// backward graphs on the calibrated TMA costs", "The d128 backward's warpgroups apart", "d64's dQ
-// by alternate warpgroups"). BwdConfig names each kX after its knob x (step_bufs: kStepBufs).
+// buffers and added by atomics, warpgroup 1 started behind warpgroup 0; d128 three step buffers,
+// folded boxes, dQ a step behind on two dS^T buffers and warpgroup 1 started behind warpgroup 0;
+// d256 two step buffers and folded boxes (docs/perf-notes.md, "The backward's candidates on an
+// H200", "The backward graphs on the calibrated TMA costs", "The d128 backward's warpgroups
+// apart", "d64's dQ by turns"). BwdConfig names each kX after its knob x (step_bufs: kStepBufs).
 struct BwdKnobs {
   // Buffers of the step ring (Q, dO and the step's LSE and D rows), loaded ahead (shipped: d64 4,
   // d128 3, d256 2).
@@ -65,8 +65,8 @@ struct BwdKnobs {
   // (d128 shipped: 2, d64: 4); 0: dQ of each step in the step, after a CTA barrier.
   int dq_lag_bufs = 0;
   // With dq_lag_bufs: warpgroup 1 starts its first step once warpgroup 0's first step has reached
-  // point `skew` (1 S^T landed, 2 dP^T landed (d64, d128 shipped), 3 dK issued), so that the two run
-  // apart from the start; 0: together.
+  // point `skew` (1 S^T landed, 2 dP^T landed (d64, d128 shipped), 3 dK issued), so that the two
+  // run apart from the start; 0: together.
   int skew = 0;
   // d64 with dq_lag_bufs: dQ of step s computed whole (all 128 keys, every column) by warpgroup
   // s % 2 alone, a step behind, so that neither warpgroup waits for the other's partial; dS^T's
@@ -81,12 +81,13 @@ struct BwdKnobs {
   // numerics/exp2.h), the rest on MUFU; 0: all on MUFU (shipped).
   int poly_every = 0;
   // Who issues a step's loads, and when: thread 0 at the top of the step before (0, d256
-  // shipped), thread 0 once that step's S^T and dP^T are issued (1, d64 and d128 shipped), or a third
-  // warpgroup (2, d64/d128; setmaxnreg gives its registers to the two), whose first thread issues
-  // each as soon as the ring frees its buffer.
+  // shipped), thread 0 once that step's S^T and dP^T are issued (1, d64 and d128 shipped), or a
+  // third warpgroup (2, d64/d128; setmaxnreg gives its registers to the two), whose first thread
+  // issues each as soon as the ring frees its buffer.
   int load_issue = 0;
   // d64/d128, load_issue 0 or 1: the warpgroup whose first thread issues them (0 shipped; 1, where
-  // d64's trace had warpgroup 1 waiting for its loads, measured 0.98-1.01 at d64, 0.94-1.00 at d128).
+  // d64's trace had warpgroup 1 waiting for its loads, measured 0.98-1.01 at d64, 0.94-1.00 at
+  // d128).
   int load_wg = 0;
   // d64/d128 (not dq_pair_sum): dQ's pieces added into the workspace by float4 atomics from the
   // registers, as d256 adds its, instead of staged in shared memory for a bulk reduction (d64
