@@ -15,8 +15,10 @@
 //                                  the shipped configurations with clock64 stamps (BwdConfig::kTrace,
 //                                  StepTrace in sm90/bwd_kernel.cuh) on the FA3 shape of SEQLEN
 //                                  (default 4096, non-causal): per warpgroup the median cycles
-//                                  between consecutive stamps and the step's period, the offset
-//                                  between the two warpgroups; every stamp in DIR/bwd-trace-dD.csv
+//                                  between consecutive stamps (where both exist) and the step's
+//                                  period, over all steps and by step parity (d64's warpgroups take
+//                                  dQ in turn), the offset between the two warpgroups; every stamp
+//                                  in DIR/bwd-trace-dD.csv
 //   FA4_PROBE_ONLY="128,256"       keeps only those head dims
 //   FA4_PROBE_CONFIGS="shipped"    keeps only the configurations named (time: and the shipped one)
 //   FA4_PROBE_SEQLENS="4096"       time: keeps only those sequence lengths
@@ -413,7 +415,7 @@ int trace_all(const std::string& dir, int seqlen) {
     std::vector<double> skew;
     for (int cta = 0; cta < kTraceCtas; ++cta)
       for (int wg = 0; wg < 2; ++wg) {
-        std::vector<std::vector<double>> iv(kTraceEvents + 1);
+        std::vector<std::vector<double>> iv(kTraceEvents + 1), period_by_parity(2);
         int steps = 0;
         while (steps < kTraceSteps && at(cta, wg, steps, 0) != 0) ++steps;
         for (int st = 0; st < steps; ++st) {
@@ -426,12 +428,16 @@ int trace_all(const std::string& dir, int seqlen) {
               iv[e].push_back(double(at(cta, wg, st, e + 1)) - double(at(cta, wg, st, e)));
           iv[kTraceEvents - 1].push_back(double(at(cta, wg, st + 1, 0)) - double(at(cta, wg, st, kTraceEvents - 1)));
           iv[kTraceEvents].push_back(double(at(cta, wg, st + 1, 0)) - double(at(cta, wg, st, 0)));
+          period_by_parity[st % 2].push_back(iv[kTraceEvents].back());
           if (wg == 1) skew.push_back(double(at(cta, 1, st, 0)) - double(at(cta, 0, st, 0)));
         }
         std::printf("TRACE %s d=%d seqlen=%d cta %d wg %d (%d steps, medians in cycles):", c.name, d, seqlen, cta, wg,
                     steps);
         for (int e = 0; e < kTraceEvents; ++e) std::printf(" %s %.0f", kIntervals[e], median_of(iv[e]));
-        std::printf("  period %.0f\n", median_of(iv[kTraceEvents]));
+        // Where the warpgroups take dQ in turn (d64), a step's dQ stamps (6, 7) exist only in every
+        // other step of each warpgroup, and its steps alternate long and short: the periods by parity.
+        std::printf("  period %.0f (even steps %.0f, odd steps %.0f)\n", median_of(iv[kTraceEvents]),
+                    median_of(period_by_parity[0]), median_of(period_by_parity[1]));
       }
     std::printf("TRACE %s d=%d seqlen=%d: warpgroup 1's step top after warpgroup 0's, median %.0f cycles\n", c.name, d,
                 seqlen, median_of(skew));
