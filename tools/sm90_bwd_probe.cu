@@ -65,10 +65,11 @@ struct Config {
 // 2, measured and not kept; here so that it builds and checks); d64 as shipped before its dQ went
 // to alternate warpgroups (`pair-sum`), and that form on three step and dS^T buffers or with the
 // loads at the step's top, and with its dQ staged and bulk-reduced (`staged`); d128's dQ added by
-// atomics (`dq_atomics`); d64's and d128's loads issued by warpgroup 1 (`load_wg`). Candidates measured before (step-ring depths, folded boxes, paired row statistics,
-// dQ by keys at d128, the d128 lockstep and dQ-lag forms, d64's reduction of each partial, shares
-// of the exponentials on the FMA pipe, the load issue after the first GEMMs, the other form of the
-// walk's step) are recorded in docs/perf-notes.md and bench/results/; BwdKnobs still builds them.
+// atomics (`dq_atomics`); d64's and d128's loads issued by warpgroup 1 (`load_wg`). Candidates
+// measured before (step-ring depths, folded boxes, paired row statistics, dQ by keys at d128, the
+// d128 lockstep and dQ-lag forms, d64's reduction of each partial, shares of the exponentials on
+// the FMA pipe, the load issue after the first GEMMs, the other form of the walk's step) are
+// recorded in docs/perf-notes.md and bench/results/; BwdKnobs still builds them.
 using fa4::sm90::bwd::bwd_knobs;
 using fa4::sm90::bwd::BwdKnobs;
 constexpr auto kStShared = [](BwdKnobs& k) { k.stmatrix = false; };

@@ -628,8 +628,10 @@ int main(int argc, char** argv) {
       };
       const double chosen = median(ms[0]);
       std::printf("MEDIAN d=256 seqlen=%d causal=1 over %d rounds: default %.4f ms", seqlen, rounds, chosen);
-      for (int w = 0; w < 3; ++w)
-        std::printf(", %s %.4f ms (%.3f of the default's time)", walks[w].name, median(ms[w + 1]), median(ms[w + 1]) / chosen);
+      for (int w = 0; w < 3; ++w) {
+        const double m = median(ms[w + 1]);
+        std::printf(", %s %.4f ms (%.3f of the default's time)", walks[w].name, m, m / chosen);
+      }
       std::printf("\n");
     }
     return 0;

@@ -424,11 +424,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
           }
         }
         if constexpr (Cfg::kDqAtomics) {
-          // Straight from the registers, in the piece's order (dq_piece_offset), as d256 adds its.
-          float4* piece = reinterpret_cast<float4*>(dq_piece_at<kD>(p, b, h, q0, dq_col0 + 64 * c));
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-            atomicAdd(piece + 128 * j + tid, make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
+          add_piece(dq_piece_at<kD>(p, b, h, q0, dq_col0 + 64 * c), dq, tid);  // straight from the registers
         } else {
           store_piece(smem_addr(stage + c * kBlock * 64) + 16 * tid, dq);
         }
@@ -785,11 +781,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma::pin(dq);
         if constexpr (Cfg::kTrace)
           if (c == 0) tr.stamp(s, 7);
-        // In the piece's order (dq_piece_offset); rows past seqlen_q add zeros to the piece's padding.
-        float4* piece = reinterpret_cast<float4*>(dq_piece_at<kD>(p, b, h, q0, col0));
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          atomicAdd(piece + 128 * j + tid, make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
+        add_piece(dq_piece_at<kD>(p, b, h, q0, col0), dq, tid);
       }
     }
     wgmma::wait_group<0>();

@@ -258,6 +258,16 @@ __device__ __forceinline__ float* dq_piece_at(const detail::BwdParams& p, int b,
   return p.dq_accum + ((int64_t(b) * p.heads_q + h) * (kD / 64) + col0 / 64) * p.rows * 64 + int64_t(q0) * 64;
 }
 
+// A warpgroup's 64 x 64 fp32 accumulator `dq` (thread `tid` of 128) added into the piece at
+// `piece` by float4 atomics, in the piece's order (dq_piece_offset); rows past seqlen_q add their
+// zeros to the piece's padding.
+__device__ __forceinline__ void add_piece(float* piece, const float (&dq)[32], int tid) {
+  float4* p4 = reinterpret_cast<float4*>(piece);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    atomicAdd(p4 + 128 * j + tid, make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]));
+}
+
 // Where row r, column c of a piece sits: thread 32 (r / 16) + 4 (r % 8) + (c % 8) / 2 of the
 // warpgroup holds it as element 4 (c / 8) + 2 ((r / 8) % 2) + c % 2 of its accumulator
 // (ptx/wgmma.h), and float4 j of thread i is float4 128 j + i of the piece.
