@@ -17,8 +17,9 @@
 //                                  (default 4096, non-causal): per warpgroup the median cycles
 //                                  between consecutive stamps (where both exist) and the step's
 //                                  period, over all steps and by step parity (d64's warpgroups take
-//                                  dQ in turn), the offset between the two warpgroups; every stamp
-//                                  in DIR/bwd-trace-dD.csv
+//                                  dQ in turn), the offset between the two warpgroups, the cycles
+//                                  from the CTA's entry to its first step and from its last step to
+//                                  its end; every stamp in DIR/bwd-trace-dD.csv
 //   FA4_PROBE_ONLY="128,256"       keeps only those head dims
 //   FA4_PROBE_CONFIGS="shipped"    keeps only the configurations named (time: and the shipped one)
 //   FA4_PROBE_SEQLENS="4096"       time: keeps only those sequence lengths
@@ -65,7 +66,8 @@ struct Config {
 // 2, measured and not kept; here so that it builds and checks); d64 as shipped before its dQ went
 // to alternate warpgroups (`pair-sum`), and that form on three step and dS^T buffers or with the
 // loads at the step's top, and with its dQ staged and bulk-reduced (`staged`); d128's dQ added by
-// atomics (`dq_atomics`); d64's and d128's loads issued by warpgroup 1 (`load_wg`). Candidates
+// atomics (`dq_atomics`); d64's and d128's loads issued by warpgroup 1 (`load_wg`); dK and dV
+// stored straight from the accumulator layout (`direct-stores`, `staged_stores` false). Candidates
 // measured before (step-ring depths, folded boxes, paired row statistics, dQ by keys at d128, the
 // d128 lockstep and dQ-lag forms, d64's reduction of each partial, shares of the exponentials on
 // the FMA pipe, the load issue after the first GEMMs, the other form of the walk's step) are
@@ -98,8 +100,14 @@ constexpr BwdKnobs kDqAtomics128 = bwd_knobs(128, [](BwdKnobs& k) { k.dq_atomics
 // The step's loads issued by warpgroup 1's first thread (load_wg), measured and not kept.
 constexpr auto kLoadsWg1 = [](BwdKnobs& k) { k.load_wg = 1; };
 constexpr BwdKnobs kLoadsWg1_64 = bwd_knobs(64, kLoadsWg1), kLoadsWg1_128 = bwd_knobs(128, kLoadsWg1);
+// dK and dV stored straight from the accumulator layout, d128's last reductions waited for to
+// completion (`staged_stores` false), as before.
+constexpr auto kDirectStores = [](BwdKnobs& k) { k.staged_stores = false; };
+constexpr BwdKnobs kDirectStores64 = bwd_knobs(64, kDirectStores), kDirectStores128 = bwd_knobs(128, kDirectStores),
+                   kDirectStores256 = bwd_knobs(256, kDirectStores);
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
+    {"direct-stores", 64, run_cfg<BwdConfig<64, true, kDirectStores64>>},
     {"st-shared", 64, run_cfg<BwdConfig<64, true, kStShared64>>},
     {"per-element-mask", 64, run_cfg<BwdConfig<64, true, kPerElementMask64>>},
     {"loading-warp", 64, run_cfg<BwdConfig<64, true, kLoadingWarp64>>},
@@ -109,11 +117,13 @@ const Config kConfigs[] = {
     {"loads-from-warpgroup-1", 64, run_cfg<BwdConfig<64, true, kLoadsWg1_64>>},
     {"staged", 64, run_cfg<BwdConfig<64, true, kStaged64>>},
     {"shipped", 128, run_cfg<BwdConfig<128, true>>},
+    {"direct-stores", 128, run_cfg<BwdConfig<128, true, kDirectStores128>>},
     {"loads-from-warpgroup-1", 128, run_cfg<BwdConfig<128, true, kLoadsWg1_128>>},
     {"dq-atomics", 128, run_cfg<BwdConfig<128, true, kDqAtomics128>>},
     {"st-shared", 128, run_cfg<BwdConfig<128, true, kStShared128>>},
     {"per-element-mask", 128, run_cfg<BwdConfig<128, true, kPerElementMask128>>},
     {"shipped", 256, run_cfg<BwdConfig<256, true>>},
+    {"direct-stores", 256, run_cfg<BwdConfig<256, true, kDirectStores256>>},
     {"st-shared", 256, run_cfg<BwdConfig<256, true, kStShared256>>},
     {"per-element-mask", 256, run_cfg<BwdConfig<256, true, kPerElementMask256>>},
     {"stats-lds", 256, run_cfg<BwdConfig<256, true, kStatsLds256>>},
@@ -418,7 +428,7 @@ int trace_all(const std::string& dir, int seqlen) {
       for (int wg = 0; wg < 2; ++wg) {
         std::vector<std::vector<double>> iv(kTraceEvents + 1), period_by_parity(2);
         int steps = 0;
-        while (steps < kTraceSteps && at(cta, wg, steps, 0) != 0) ++steps;
+        while (steps < kTraceSteps - 1 && at(cta, wg, steps, 0) != 0) ++steps;
         for (int st = 0; st < steps; ++st) {
           std::fprintf(csv, "%d,%d,%d", cta, wg, st);
           for (int e = 0; e < kTraceEvents; ++e) std::fprintf(csv, ",%llu", (unsigned long long)at(cta, wg, st, e));
@@ -439,6 +449,15 @@ int trace_all(const std::string& dir, int seqlen) {
         // other step of each warpgroup, and its steps alternate long and short: the periods by parity.
         std::printf("  period %.0f (even steps %.0f, odd steps %.0f)\n", median_of(iv[kTraceEvents]),
                     median_of(period_by_parity[0]), median_of(period_by_parity[1]));
+        // The CTA's whole life against its steps: entry to the first step's top, the last step's
+        // end to the CTA's end (past the dK/dV stores), and entry to end.
+        const double entry = double(at(cta, wg, kTraceSteps - 1, 0)), end = double(at(cta, wg, kTraceSteps - 1, 1));
+        if (steps > 0 && entry != 0 && end != 0)
+          std::printf("TRACE %s d=%d seqlen=%d cta %d wg %d: entry to step 0 %.0f, steps %.0f, last step's end to CTA "
+                      "end %.0f, whole %.0f cycles\n",
+                      c.name, d, seqlen, cta, wg, double(at(cta, wg, 0, 0)) - entry,
+                      double(at(cta, wg, steps - 1, kTraceEvents - 1)) - double(at(cta, wg, 0, 0)),
+                      end - double(at(cta, wg, steps - 1, kTraceEvents - 1)), end - entry);
       }
     std::printf("TRACE %s d=%d seqlen=%d: warpgroup 1's step top after warpgroup 0's, median %.0f cycles\n", c.name, d,
                 seqlen, median_of(skew));

@@ -61,6 +61,54 @@ __device__ __forceinline__ void stsm_rows(uint32_t tile, const uint32_t (&v)[2 *
     ptx::stmatrix_x4(tile + stsm_row_addr<kRows>(j, row0, col0, lane), v[2 * j], v[2 * j + 1], v[2 * j + 2], v[2 * j + 3]);
 }
 
+// Rows [0, 64) of a warpgroup's fp32 accumulator `acc` of kCols columns (warp w's rows 16 w + g
+// and + 8 in the wgmma layout: element 4j + 2h + e at row 16 w + g + 8h, column 8j + 2t + e)
+// written to global memory, row r at dst + r * stride (rows from `valid` on skipped), through rows
+// [row0, row0 + 64) of the 128-byte-swizzled tile of kTileRows rows at `tile`, which no one else
+// reads or writes any more: stmatrix in, then 16 bytes a thread out, consecutive threads along a
+// row (the accumulator's own layout gives 4-byte stores whose every warp instruction touches eight
+// rows). `bar`: a named barrier of the warpgroup's 128 threads; kReuse: the tile is written again
+// afterwards, so the reads are waited for.
+template <int kTileRows, int kCols, bool kBF16, bool kReuse = false>
+__device__ __forceinline__ void store_rows_staged(char* tile, int row0, const float (&acc)[kCols / 2], uint16_t* dst,
+                                                  int64_t stride, int valid, int tid, uint32_t bar) {
+  const int warp = tid / 32, lane = tid % 32;
+  uint32_t v[kCols / 4];
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) v[2 * j + h] = pack2<kBF16>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+  stsm_rows<kTileRows, kCols / 8>(ptx::smem_addr(tile), v, row0 + 16 * warp, 0, lane);
+  ptx::named_bar_sync(bar, 128);
+  constexpr int kRowChunks = kCols / 8;
+#pragma unroll
+  for (int i = 0; i < 64 * kRowChunks / 128; ++i) {
+    const int idx = i * 128 + tid, r = idx / kRowChunks, c = idx % kRowChunks * 8;
+    if (r < valid)
+      *reinterpret_cast<int4*>(dst + r * stride + c) =
+          ptx::ld_shared_v4(reinterpret_cast<const int4*>(tile + sw128<kTileRows>(row0 + r, c)));
+  }
+  if constexpr (kReuse) ptx::named_bar_sync(bar, 128);
+}
+
+// The same rows straight from the accumulator layout: 4-byte stores, each of a warp's touching eight
+// rows (BwdConfig::kStagedStores false).
+template <int kCols, bool kBF16>
+__device__ __forceinline__ void store_rows_direct(const float (&acc)[kCols / 2], uint16_t* dst, int64_t stride, int valid,
+                                                  int tid) {
+  const int warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int r = 16 * warp + g + 8 * hr;
+    if (r >= valid) continue;
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+      const int c = 8 * j + 2 * t, i = 4 * j + 2 * hr;
+      *reinterpret_cast<uint32_t*>(dst + r * stride + c) = pack2<kBF16>(acc[i], acc[i + 1]);
+    }
+  }
+}
+
 // P^T's pair of S^T elements s0, s1 (key `key`, queries q and q + 1 of 8-query chunk j), in place:
 // 2^(s scale - LSE) from the two queries' log2 LSE l0, l1, zero where `masked` (with_mask) and the
 // query does not see the key; returns the pair packed.
@@ -257,6 +305,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
   namespace wgmma = ptx::wgmma;
   using L = WgSmem<Cfg>;
   constexpr auto kType = kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
+  [[maybe_unused]] const uint64_t t_entry = Cfg::kTrace ? clock64() : 0;
   char* smem = smem_1024();
   const int k0 = blockIdx.x * kWgKeys;
   const Walk walk = walk_of(p, k0, kWgKeys);
@@ -342,7 +391,10 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
   }
 
   [[maybe_unused]] StepTrace tr;
-  if constexpr (Cfg::kTrace) tr.open(p.trace, wg);
+  if constexpr (Cfg::kTrace) {
+    tr.open(p.trace, wg);
+    tr.cta(0, t_entry);
+  }
 
   // dQ's 64-column piece c of the dS^T buffer ds_buf into dq (this warpgroup's keys and columns),
   // and the wait that retires every GEMM of the warpgroup.
@@ -598,22 +650,30 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
   if constexpr (Cfg::kDqLag)
     if (!p.deterministic && steps > 0 && (!Cfg::kDqAlternate || ((steps - 1) & 1) == wg))
       dq_of(steps - 1, h_prev, q0_prev, kTraceSteps);  // (no stamps)
-  if (tid == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
-
   // dK, dV of the block's real keys.
-  uint16_t* dkp = static_cast<uint16_t*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2];
-  uint16_t* dvp = static_cast<uint16_t*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[2];
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int key = k0 + wg * 64 + 16 * warp + g + 8 * hr;
-    if (key >= p.seqlen_k) continue;
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      const int c = 8 * j + 2 * t, i = 4 * j + 2 * hr;
-      *reinterpret_cast<uint32_t*>(dkp + key * p.dk_stride[1] + c) = pack2<kBF16>(dk[i], dk[i + 1]);
-      *reinterpret_cast<uint32_t*>(dvp + key * p.dv_stride[1] + c) = pack2<kBF16>(dv[i], dv[i + 1]);
+  const int key0 = k0 + wg * 64, valid = p.seqlen_k - key0;
+  uint16_t* dk_rows = static_cast<uint16_t*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2] + int64_t(key0) * p.dk_stride[1];
+  uint16_t* dv_rows = static_cast<uint16_t*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[2] + int64_t(key0) * p.dv_stride[1];
+  if constexpr (Cfg::kStagedStores) {
+    // The warpgroup's last reductions have read its stage (their writes land without a wait).
+    if (!Cfg::kDqAtomics && tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+    // The warpgroup's rows of V's tile are read by its own dP^T GEMMs only (at d64 by none: V is
+    // in registers), all retired: dV goes through them; dK through its stage (d128), past the
+    // barrier that follows thread 0's wait, or (d64, or no stage) through the same rows again.
+    if constexpr (kD == 64 || Cfg::kDqAtomics) {
+      store_rows_staged<kWgKeys, kD, kBF16, true>(smem + L::kV, wg * 64, dv, dv_rows, p.dv_stride[1], valid, tid, 1 + wg);
+      store_rows_staged<kWgKeys, kD, kBF16>(smem + L::kV, wg * 64, dk, dk_rows, p.dk_stride[1], valid, tid, 1 + wg);
+    } else {
+      store_rows_staged<kWgKeys, kD, kBF16>(smem + L::kV, wg * 64, dv, dv_rows, p.dv_stride[1], valid, tid, 1 + wg);
+      store_rows_staged<kBlock, kD, kBF16>(reinterpret_cast<char*>(stage), 0, dk, dk_rows, p.dk_stride[1], valid, tid,
+                                           1 + wg);
     }
+  } else {
+    if (tid == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+    store_rows_direct<kD, kBF16>(dk, dk_rows, p.dk_stride[1], valid, tid);
+    store_rows_direct<kD, kBF16>(dv, dv_rows, p.dv_stride[1], valid, tid);
   }
+  if constexpr (Cfg::kTrace) tr.cta(1, clock64());
 }
 
 // ---- d256: 64 keys a CTA, each warpgroup half of every GEMM's columns --------------------------------
@@ -650,6 +710,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kD = 256;
   constexpr bool kBF16 = Cfg::kBF16;
   constexpr auto kType = kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
+  [[maybe_unused]] const uint64_t t_entry = Cfg::kTrace ? clock64() : 0;
   char* smem = smem_1024();
   const int k0 = blockIdx.x * kBlock;
   const Walk walk = walk_of(p, k0, kBlock);
@@ -678,7 +739,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t kq_mn = wgmma::desc_sw128(smem_addr(smem + L::kK), kBlock * 128, 1024);
 
   [[maybe_unused]] StepTrace tr;
-  if constexpr (Cfg::kTrace) tr.open(p.trace, wg);
+  if constexpr (Cfg::kTrace) {
+    tr.open(p.trace, wg);
+    tr.cta(0, t_entry);
+  }
   float dk[64] = {}, dv[64] = {};  // this warpgroup's 128 columns
   StepAt at = walk.first(), at_next = walk.next(at);  // steps s and s + 1
   for (int s = 0; s < steps; ++s, at = at_next, at_next = walk.next(at_next)) {
@@ -791,20 +855,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     ring.release(s);
   }
 
-  // dK, dV: keys 16 warp + g (+ 8), this warpgroup's columns 128 wg + 8j + 2t.
-  uint16_t* dkp = static_cast<uint16_t*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2];
-  uint16_t* dvp = static_cast<uint16_t*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[2];
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int key = k0 + 16 * warp + g + 8 * hr;
-    if (key >= p.seqlen_k) continue;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int c = 128 * wg + 8 * j + 2 * t, i = 4 * j + 2 * hr;
-      *reinterpret_cast<uint32_t*>(dkp + key * p.dk_stride[1] + c) = pack2<kBF16>(dk[i], dk[i + 1]);
-      *reinterpret_cast<uint32_t*>(dvp + key * p.dv_stride[1] + c) = pack2<kBF16>(dv[i], dv[i + 1]);
-    }
+  // dK, dV: keys k0 + 16 warp + g (+ 8), this warpgroup's columns 128 wg + 8j + 2t.
+  uint16_t* dk_rows = static_cast<uint16_t*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2] + int64_t(k0) * p.dk_stride[1] + 128 * wg;
+  uint16_t* dv_rows = static_cast<uint16_t*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[2] + int64_t(k0) * p.dv_stride[1] + 128 * wg;
+  if constexpr (Cfg::kStagedStores) {
+    // Through the first Q and dO buffers, once both warpgroups are past their last step: the
+    // warpgroup's 128 columns are 64-column blocks 2 wg and 2 wg + 1 of each.
+    __syncthreads();
+    store_rows_staged<kBlock, 128, kBF16>(smem + L::kQ + 2 * wg * kBlock * 128, 0, dk, dk_rows, p.dk_stride[1],
+                                          p.seqlen_k - k0, tid, 1 + wg);
+    store_rows_staged<kBlock, 128, kBF16>(smem + L::kDo + 2 * wg * kBlock * 128, 0, dv, dv_rows, p.dv_stride[1],
+                                          p.seqlen_k - k0, tid, 1 + wg);
+  } else {
+    store_rows_direct<128, kBF16>(dk, dk_rows, p.dk_stride[1], p.seqlen_k - k0, tid);
+    store_rows_direct<128, kBF16>(dv, dv_rows, p.dv_stride[1], p.seqlen_k - k0, tid);
   }
+  if constexpr (Cfg::kTrace) tr.cta(1, clock64());
 }
 
 }  // namespace fa4::sm90::bwd

@@ -107,6 +107,12 @@ struct BwdKnobs {
   // dS^T (d256: P^T and dS^T) stored by stmatrix, four 8 x 8 blocks an instruction (shipped), else
   // a 32-bit st.shared a pair.
   bool stmatrix = true;
+  // dK and dV written through shared memory at the CTA's end (stmatrix into a tile free by then,
+  // then 16 bytes a thread, consecutive threads along a row; store_rows_staged), and d128's last
+  // dQ reductions waited for only until they have read their stage; else 4-byte stores straight
+  // from the accumulator layout, whose every warp instruction touches eight rows, after the
+  // reductions' completion.
+  bool staged_stores = true;
 };
 
 // The shipped knobs of head dim d.
@@ -154,6 +160,7 @@ struct BwdConfig {
   static constexpr bool kStatsLds = K.stats_lds;
   static constexpr bool kMaskHoist = K.mask_hoist;
   static constexpr bool kStMatrix = K.stmatrix;
+  static constexpr bool kStagedStores = K.staged_stores;
   static constexpr int kCtaThreads = kThreads + (kLoadIssue == 2 ? 128 : 0);  // the dK/dV kernel's block
   // kLoadIssue 2: the pool is kCtaThreads x 168 registers (65536 / 384, rounded down to 8); the
   // loading warpgroup keeps 24 a thread, the two computing ones get 240.
@@ -177,12 +184,15 @@ struct BwdConfig {
 };
 
 // Development timeline of the dK/dV kernels (a configuration with kTrace; tools/sm90_bwd_probe
-// trace): the first kTraceCtas CTAs of batch 0, KV head 0 record, per warpgroup (its thread 0) and
-// step, the clock64 at kTraceEvents points:
+// trace): the first kTraceCtas CTAs of the middle batch (gridDim.z / 2: past the first wave where
+// the batch is large), KV head 0 record, per warpgroup (its thread 0) and step, the clock64 at
+// kTraceEvents points:
 //   0 step top, 1 the step's loads landed, 2 S^T in registers, 3 P^T done (dV issued; d256: P^T
 //   stored), 4 dP^T in registers, 5 dS^T stored (dK issued), 6 past the barrier before dQ (d256:
 //   before dV/dK), 7 dQ in registers (d256: the first piece), 8 the step's end (its reduction
 //   issued; d256: the second piece's atomics issued and every GEMM retired).
+// and, in the row of step kTraceSteps - 1 (which no step uses), the CTA's entry (event 0) and its
+// end, past the dK/dV stores (event 1).
 // The stamps are global stores on the step's path: a traced kernel's schedule is a neighbour of the
 // untraced one's, and decisions rest on A/Bs of untraced builds.
 inline constexpr int kTraceCtas = 2, kTraceSteps = 1024, kTraceEvents = 9;
@@ -192,11 +202,16 @@ struct StepTrace {
   uint64_t* rec = nullptr;
   // Warpgroup wg's records, if this thread is its first and the CTA is traced.
   __device__ __forceinline__ void open(uint64_t* base, int wg) {
-    if (base != nullptr && threadIdx.x % 128 == 0 && blockIdx.x < kTraceCtas && blockIdx.y == 0 && blockIdx.z == 0)
+    if (base != nullptr && threadIdx.x % 128 == 0 && blockIdx.x < kTraceCtas && blockIdx.y == 0 &&
+        blockIdx.z == gridDim.z / 2)
       rec = base + (int64_t(blockIdx.x) * 2 + wg) * kTraceSteps * kTraceEvents;
   }
   __device__ __forceinline__ void stamp(int step, int event) const {
-    if (rec != nullptr && step < kTraceSteps) rec[step * kTraceEvents + event] = clock64();
+    if (rec != nullptr && step < kTraceSteps - 1) rec[step * kTraceEvents + event] = clock64();
+  }
+  // The CTA's entry (event 0, the clock64 `t` read there) or end (event 1).
+  __device__ __forceinline__ void cta(int event, uint64_t t) const {
+    if (rec != nullptr) rec[(kTraceSteps - 1) * kTraceEvents + event] = t;
   }
 };
 
