@@ -29,7 +29,7 @@ void expect_wg_model(const std::string& graph) {
   using L = bwd::WgSmem<Cfg>;
   const SmemModel m = read_model(graph);
   EXPECT_EQ(m.capacity, 227 * 1024 - kSlack);
-  EXPECT_EQ(m.slot.at("KV"), 2 * L::kKVBytes);
+  EXPECT_EQ(m.slot.at("KV"), 2 * L::kKVBytes + (Cfg::kKvTma ? 8 : 0));  // (+ the mbarrier K and V land on)
   EXPECT_EQ(m.slot.at("Ring"), 2 * L::kQBytes + kStepRows);
   // dQ a step behind (d64, d128): each dS^T buffer has its full and empty mbarriers.
   EXPECT_EQ(m.slot.at("DsT"), L::kDsBytes + (Cfg::kDqLag ? 16 : 0));
@@ -56,10 +56,11 @@ TEST(BackwardModel, D64GraphHoldsTheKernelsSharedMemory) { expect_wg_model<64>("
 TEST(BackwardModel, D128GraphHoldsTheKernelsSharedMemory) { expect_wg_model<128>("sm90_bwd_d128"); }
 
 TEST(BackwardModel, D256GraphHoldsTheKernelsSharedMemory) {
-  using L = bwd::WgSmem256<bwd::BwdConfig<256, true>>;
+  using Cfg = bwd::BwdConfig<256, true>;
+  using L = bwd::WgSmem256<Cfg>;
   const SmemModel m = read_model("sm90_bwd_d256");
   EXPECT_EQ(m.capacity, 227 * 1024 - kSlack);
-  EXPECT_EQ(m.slot.at("KV"), 2 * L::kTile);
+  EXPECT_EQ(m.slot.at("KV"), 2 * L::kTile + (Cfg::kKvTma ? 8 : 0));
   EXPECT_EQ(m.slot.at("Ring"), 2 * L::kQBytes + kStepRows);
   EXPECT_EQ(m.slot.at("PT"), L::kPBytes);
   EXPECT_EQ(m.slot.at("DsT"), L::kPBytes);
@@ -97,7 +98,8 @@ void expect_sound_wg(const char* name) {
   EXPECT_LE(L::kStage + (Cfg::kDqAtomics ? 0 : 2 * L::kDqPieces * bwd::kBlock * 64 * 4), L::kLse) << name;
   EXPECT_EQ(L::kDsBars, L::kBars + 2 * L::kBufs * 8) << name;  // dS^T's mbarriers after the ring's
   EXPECT_EQ(L::kPairBars, L::kDsBars + (Cfg::kDqLag ? 2 * L::kDsBufs * 8 : 0)) << name;
-  EXPECT_LE(L::kPairBars + (Cfg::kDqPairSum ? 32 : 0) + 1024, L::kBytes) << name;
+  EXPECT_EQ(L::kKvBar, L::kPairBars + (Cfg::kDqPairSum ? 32 : 0)) << name;  // then K and V's (kv_tma)
+  EXPECT_EQ(L::kBytes, L::kKvBar + (Cfg::kKvTma ? 8 : 0) + 1024) << name;
 }
 
 template <class Cfg>
@@ -109,6 +111,8 @@ void expect_sound_256(const char* name) {
   EXPECT_LE(L::kDo + L::kBufs * L::kQBytes, L::kPt) << name;
   EXPECT_LE(L::kPt + 2 * L::kPBytes, L::kDst) << name;
   EXPECT_LE(L::kDst + 2 * L::kPBytes, L::kLse) << name;
+  EXPECT_EQ(L::kKvBar, L::kBars + 2 * L::kBufs * 8) << name;  // K and V's mbarrier after the ring's
+  EXPECT_EQ(L::kBytes, L::kKvBar + (Cfg::kKvTma ? 8 : 0) + 1024) << name;
 }
 
 // The configurations the probe has measured (docs/perf-notes.md), as knobs edited from the shipped.
@@ -132,8 +136,9 @@ constexpr BwdKnobs kD128Lockstep = bwd_knobs(128, [](BwdKnobs& k) { k.step_bufs 
 constexpr BwdKnobs kD128LagTogether = bwd_knobs(128, [](BwdKnobs& k) { k.skew = 0; });
 constexpr BwdKnobs kD128ThreeDs = bwd_knobs(128, [](BwdKnobs& k) { k.step_bufs = 2, k.dq_lag_bufs = 3; });
 constexpr BwdKnobs kD128Unfolded = bwd_knobs(128, [](BwdKnobs& k) { k.folded_boxes = false; });
-constexpr BwdKnobs kD128ByKeys =
-    bwd_knobs(128, [](BwdKnobs& k) { k.step_bufs = 2, k.dq_by_keys = true, k.dq_lag_bufs = 0, k.skew = 0; });
+constexpr BwdKnobs kD128ByKeys = bwd_knobs(128, [](BwdKnobs& k) {
+  k.step_bufs = 2, k.dq_by_keys = true, k.dq_lag_bufs = 0, k.skew = 0, k.kv_tma = false;
+});
 constexpr BwdKnobs kD128Paired = bwd_knobs(128, [](BwdKnobs& k) { k.paired_stats = true; });
 constexpr BwdKnobs kD256Unfolded = bwd_knobs(256, [](BwdKnobs& k) { k.folded_boxes = false; });
 constexpr BwdKnobs kD256Paired = bwd_knobs(256, [](BwdKnobs& k) { k.paired_stats = true; });

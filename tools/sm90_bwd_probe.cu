@@ -67,7 +67,8 @@ struct Config {
 // to alternate warpgroups (`pair-sum`), and that form on three step and dS^T buffers or with the
 // loads at the step's top, and with its dQ staged and bulk-reduced (`staged`); d128's dQ added by
 // atomics (`dq_atomics`); d64's and d128's loads issued by warpgroup 1 (`load_wg`); dK and dV
-// stored straight from the accumulator layout (`direct-stores`, `staged_stores` false). Candidates
+// stored straight from the accumulator layout (`direct-stores`, `staged_stores` false); K and V
+// loaded by cp.async (`cp-async-kv`, `kv_tma` false). Candidates
 // measured before (step-ring depths, folded boxes, paired row statistics, dQ by keys at d128, the
 // d128 lockstep and dQ-lag forms, d64's reduction of each partial, shares of the exponentials on
 // the FMA pipe, the load issue after the first GEMMs, the other form of the walk's step) are
@@ -105,9 +106,14 @@ constexpr BwdKnobs kLoadsWg1_64 = bwd_knobs(64, kLoadsWg1), kLoadsWg1_128 = bwd_
 constexpr auto kDirectStores = [](BwdKnobs& k) { k.staged_stores = false; };
 constexpr BwdKnobs kDirectStores64 = bwd_knobs(64, kDirectStores), kDirectStores128 = bwd_knobs(128, kDirectStores),
                    kDirectStores256 = bwd_knobs(256, kDirectStores);
+// K and V loaded by every thread's cp.async, as before (`kv_tma` false).
+constexpr auto kCpAsyncKv = [](BwdKnobs& k) { k.kv_tma = false; };
+constexpr BwdKnobs kCpAsyncKv64 = bwd_knobs(64, kCpAsyncKv), kCpAsyncKv128 = bwd_knobs(128, kCpAsyncKv),
+                   kCpAsyncKv256 = bwd_knobs(256, kCpAsyncKv);
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
     {"direct-stores", 64, run_cfg<BwdConfig<64, true, kDirectStores64>>},
+    {"cp-async-kv", 64, run_cfg<BwdConfig<64, true, kCpAsyncKv64>>},
     {"st-shared", 64, run_cfg<BwdConfig<64, true, kStShared64>>},
     {"per-element-mask", 64, run_cfg<BwdConfig<64, true, kPerElementMask64>>},
     {"loading-warp", 64, run_cfg<BwdConfig<64, true, kLoadingWarp64>>},
@@ -118,12 +124,14 @@ const Config kConfigs[] = {
     {"staged", 64, run_cfg<BwdConfig<64, true, kStaged64>>},
     {"shipped", 128, run_cfg<BwdConfig<128, true>>},
     {"direct-stores", 128, run_cfg<BwdConfig<128, true, kDirectStores128>>},
+    {"cp-async-kv", 128, run_cfg<BwdConfig<128, true, kCpAsyncKv128>>},
     {"loads-from-warpgroup-1", 128, run_cfg<BwdConfig<128, true, kLoadsWg1_128>>},
     {"dq-atomics", 128, run_cfg<BwdConfig<128, true, kDqAtomics128>>},
     {"st-shared", 128, run_cfg<BwdConfig<128, true, kStShared128>>},
     {"per-element-mask", 128, run_cfg<BwdConfig<128, true, kPerElementMask128>>},
     {"shipped", 256, run_cfg<BwdConfig<256, true>>},
     {"direct-stores", 256, run_cfg<BwdConfig<256, true, kDirectStores256>>},
+    {"cp-async-kv", 256, run_cfg<BwdConfig<256, true, kCpAsyncKv256>>},
     {"st-shared", 256, run_cfg<BwdConfig<256, true, kStShared256>>},
     {"per-element-mask", 256, run_cfg<BwdConfig<256, true, kPerElementMask256>>},
     {"stats-lds", 256, run_cfg<BwdConfig<256, true, kStatsLds256>>},
@@ -379,10 +387,16 @@ int time_all(int rounds) {
 constexpr auto kWithTrace = [](BwdKnobs& k) { k.trace = true; };
 constexpr BwdKnobs kTraced64 = bwd_knobs(64, kWithTrace), kTraced128 = bwd_knobs(128, kWithTrace),
                    kTraced256 = bwd_knobs(256, kWithTrace);
+constexpr auto kCpAsyncTraced = [](BwdKnobs& k) { k.trace = true, k.kv_tma = false; };
+constexpr BwdKnobs kCpAsyncTraced64 = bwd_knobs(64, kCpAsyncTraced), kCpAsyncTraced128 = bwd_knobs(128, kCpAsyncTraced),
+                   kCpAsyncTraced256 = bwd_knobs(256, kCpAsyncTraced);
 const Config kTraced[] = {
     {"shipped-traced", 64, run_cfg<BwdConfig<64, true, kTraced64>>},
     {"shipped-traced", 128, run_cfg<BwdConfig<128, true, kTraced128>>},
     {"shipped-traced", 256, run_cfg<BwdConfig<256, true, kTraced256>>},
+    {"cp-async-kv-traced", 64, run_cfg<BwdConfig<64, true, kCpAsyncTraced64>>},
+    {"cp-async-kv-traced", 128, run_cfg<BwdConfig<128, true, kCpAsyncTraced128>>},
+    {"cp-async-kv-traced", 256, run_cfg<BwdConfig<256, true, kCpAsyncTraced256>>},
 };
 
 double median_of(std::vector<double> x) {

@@ -12,7 +12,7 @@
 //   partials summed in shared memory or added in L2.)
 //
 // Tiles lie in the 128-byte-swizzled layout wgmma reads (64-column blocks of rows x 128 bytes). K
-// and V load once by cp.async. Each step's Q and dO come by TMA, and its rows of D and of the LSE
+// and V load once, by TMA. Each step's Q and dO come by TMA, and its rows of D and of the LSE
 // (log2 units, both written by bwd_delta_kernel into the workspace) by bulk copies, one thread
 // issuing them a step ahead with full/empty mbarriers (StepRing; three buffers at d64/d128, two
 // at d256): no CTA barrier opens or closes a step, so the warpgroups are held together only where
@@ -251,20 +251,42 @@ __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CU
                                             reinterpret_cast<float*>(smem + L::kDelta + buf * kBlock * 4), bar);
 }
 
-// A dK/dV CTA's start: the ring's barriers, the CTA's K and V rows [k0, k0 + kKeys) (cp.async),
-// the first step's query side in flight, and every thread past K and V's landing.
+// A dK/dV CTA's start: the ring's barriers, the CTA's K and V rows [k0, k0 + kKeys) (cp.async, or
+// with Cfg::kKvTma by TMA), the first step's query side in flight, and every thread past K and V's
+// landing.
 template <class L, int kKeys, class Cfg>
 __device__ __forceinline__ typename L::Ring start_dkdv(const detail::BwdParams& p, const CUtensorMap* tm_q,
-                                                         const CUtensorMap* tm_do, const Walk& walk, int k0, char* smem) {
+                                                         const CUtensorMap* tm_do, const CUtensorMap* tm_k,
+                                                         const CUtensorMap* tm_v, const Walk& walk, int k0, char* smem) {
   const auto ring = L::Ring::at(smem + L::kBars);
-  if (threadIdx.x == 0) ring.init();
-  load_kv<kKeys, Cfg::kD, Cfg::kCtaThreads>(p, walk, k0, smem + L::kK, smem + L::kV);
-  __pipeline_commit();
-  __syncthreads();  // the barriers are initialised
-  if (threadIdx.x == 0 && walk.steps() > 0) load_q_step<L, Cfg>(p, tm_q, tm_do, walk.b, 0, walk.first(), smem, ring);
-  __pipeline_wait_prior(0);  // K and V have landed, for every thread
-  ptx::fence_proxy_async_smem();
-  __syncthreads();
+  if constexpr (Cfg::kKvTma) {
+    // Thread 0 issues K and V (kD / 64 boxes each, rows past seqlen_k read as zeros), then the first
+    // step's loads; every thread waits for K and V on kv_bar.
+    uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + L::kKvBar);
+    if (threadIdx.x == 0) {
+      ring.init();
+      ptx::mbar_init(kv_bar, 1);
+      ptx::fence_barrier_init();
+      ptx::mbar_arrive_expect_tx(kv_bar, uint32_t(2 * kKeys * Cfg::kD * 2));
+#pragma unroll
+      for (int c = 0; c < Cfg::kD / 64; ++c) {
+        ptx::tma_load_4d(smem + L::kK + c * kKeys * 128, tm_k, kv_bar, 64 * c, k0, walk.hk, walk.b);
+        ptx::tma_load_4d(smem + L::kV + c * kKeys * 128, tm_v, kv_bar, 64 * c, k0, walk.hk, walk.b);
+      }
+      if (walk.steps() > 0) load_q_step<L, Cfg>(p, tm_q, tm_do, walk.b, 0, walk.first(), smem, ring);
+    }
+    __syncthreads();  // the barriers are initialised
+    ptx::mbar_wait(kv_bar, 0);
+  } else {
+    if (threadIdx.x == 0) ring.init();
+    load_kv<kKeys, Cfg::kD, Cfg::kCtaThreads>(p, walk, k0, smem + L::kK, smem + L::kV);
+    __pipeline_commit();
+    __syncthreads();  // the barriers are initialised
+    if (threadIdx.x == 0 && walk.steps() > 0) load_q_step<L, Cfg>(p, tm_q, tm_do, walk.b, 0, walk.first(), smem, ring);
+    __pipeline_wait_prior(0);  // K and V have landed, for every thread
+    ptx::fence_proxy_async_smem();
+    __syncthreads();
+  }
   return ring;
 }
 
@@ -289,16 +311,19 @@ struct WgSmem {
   using Ring = StepRing<kBufs, Cfg::kDqLag>;
   static constexpr int kDsBars = kBars + 2 * kBufs * 8;             // Cfg::kDqLag: dS^T's full, empty
   static constexpr int kPairBars = kDsBars + (Cfg::kDqLag ? 2 * kDsBufs * 8 : 0);  // Cfg::kDqPairSum: half, free
-  static constexpr int kBytes = kPairBars + (Cfg::kDqPairSum ? 4 * 8 : 0) + 1024;  // + slack to align the base
+  static constexpr int kKvBar = kPairBars + (Cfg::kDqPairSum ? 4 * 8 : 0);        // Cfg::kKvTma: K and V landed
+  static constexpr int kBytes = kKvBar + (Cfg::kKvTma ? 8 : 0) + 1024;  // + slack to align the base
   static_assert(kBytes <= 227 * 1024, "the wgmma dK/dV kernel's shared memory");
 };
 
+// tm_k, tm_v (Cfg::kKvTma): K and V as ptx::map_bshd_16bit_sw128 maps in boxes of the CTA's 128 rows.
 // tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows (the _folded maps
 // with Cfg::kFoldedBoxes).
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     bwd_dkdv_wgmma_kernel(const detail::BwdParams p, const __grid_constant__ CUtensorMap tm_q,
-                          const __grid_constant__ CUtensorMap tm_do) {
+                          const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_k,
+                          const __grid_constant__ CUtensorMap tm_v) {
   constexpr int kD = Cfg::kD;
   constexpr bool kBF16 = Cfg::kBF16;
   static_assert(kD == 64 || kD == 128, "the wgmma dK/dV kernel covers head dims 64 and 128");
@@ -338,7 +363,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
         ptx::mbar_init(&ds_empty[i], Cfg::kDqAlternate ? 4 : kThreads / 32);
       }
   }
-  const auto ring = start_dkdv<L, kWgKeys, Cfg>(p, &tm_q, &tm_do, walk, k0, smem);  // fences the inits
+  const auto ring = start_dkdv<L, kWgKeys, Cfg>(p, &tm_q, &tm_do, &tm_k, &tm_v, walk, k0, smem);  // fences the inits
   // Cfg::kLoadIssue 2: a third warpgroup gives its registers to the two (setmaxnreg), and its first
   // thread issues every later step's loads as soon as the ring frees a buffer; then it leaves.
   if constexpr (Cfg::kLoadIssue == 2) {
@@ -694,15 +719,18 @@ struct WgSmem256 {
   static constexpr int kLse = kDst + 2 * kPBytes, kDelta = kLse + kBufs * kBlock * 4;
   static constexpr int kBars = kDelta + kBufs * kBlock * 4;  // StepRing's full and empty
   using Ring = StepRing<kBufs>;
-  static constexpr int kBytes = kBars + 2 * kBufs * 8 + 1024;
+  static constexpr int kKvBar = kBars + 2 * kBufs * 8;  // Cfg::kKvTma: K and V landed
+  static constexpr int kBytes = kKvBar + (Cfg::kKvTma ? 8 : 0) + 1024;
   static_assert(kBytes <= 227 * 1024, "the d256 wgmma dK/dV kernel's shared memory");
 };
 
-// tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows.
+// tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows; tm_k, tm_v
+// (Cfg::kKvTma) K and V the same.
 template <class Cfg>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_dkdv_wgmma256_kernel(const detail::BwdParams p, const __grid_constant__ CUtensorMap tm_q,
-                             const __grid_constant__ CUtensorMap tm_do) {
+                             const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_k,
+                             const __grid_constant__ CUtensorMap tm_v) {
   static_assert(Cfg::kD == 256, "the d256 dK/dV kernel");
   namespace wgmma = ptx::wgmma;
   using L = WgSmem256<Cfg>;
@@ -721,7 +749,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const float* sLse = reinterpret_cast<const float*>(smem + L::kLse);
   const float* sDelta = reinterpret_cast<const float*>(smem + L::kDelta);
-  const auto ring = start_dkdv<L, kBlock, Cfg>(p, &tm_q, &tm_do, walk, k0, smem);
+  const auto ring = start_dkdv<L, kBlock, Cfg>(p, &tm_q, &tm_do, &tm_k, &tm_v, walk, k0, smem);
 
   using ptx::smem_addr;
   // S^T, dP^T: A = K or V (K-major), B = this warpgroup's 32 queries of Q or dO (K-major).

@@ -39,9 +39,11 @@ inline constexpr int kThreads = 256;
 // four step buffers, 64-column boxes, dQ whole by alternate warpgroups a step behind on four dS^T
 // buffers and added by atomics, warpgroup 1 started behind warpgroup 0; d128 three step buffers,
 // folded boxes, dQ a step behind on two dS^T buffers and warpgroup 1 started behind warpgroup 0;
-// d256 two step buffers and folded boxes (docs/perf-notes.md, "The backward's candidates on an
-// H200", "The backward graphs on the calibrated TMA costs", "The d128 backward's warpgroups
-// apart", "d64's dQ by turns"). BwdConfig names each kX after its knob x (step_bufs: kStepBufs).
+// d256 two step buffers and folded boxes; at every head dim K and V by TMA and dK and dV written
+// through shared memory (docs/perf-notes.md, "The backward's candidates on an H200", "The backward
+// graphs on the calibrated TMA costs", "The d128 backward's warpgroups apart", "d64's dQ by
+// turns", "A dK/dV CTA's start and end"). BwdConfig names each kX after its knob x (step_bufs:
+// kStepBufs).
 struct BwdKnobs {
   // Buffers of the step ring (Q, dO and the step's LSE and D rows), loaded ahead (shipped: d64 4,
   // d128 3, d256 2).
@@ -113,6 +115,9 @@ struct BwdKnobs {
   // from the accumulator layout, whose every warp instruction touches eight rows, after the
   // reductions' completion.
   bool staged_stores = true;
+  // The CTA's K and V rows loaded by TMA (one thread, boxes of 64 columns, landing on an mbarrier,
+  // issued before the first step's; shipped), else by every thread's cp.async.
+  bool kv_tma = true;
 };
 
 // The shipped knobs of head dim d.
@@ -161,6 +166,7 @@ struct BwdConfig {
   static constexpr bool kMaskHoist = K.mask_hoist;
   static constexpr bool kStMatrix = K.stmatrix;
   static constexpr bool kStagedStores = K.staged_stores;
+  static constexpr bool kKvTma = K.kv_tma;
   static constexpr int kCtaThreads = kThreads + (kLoadIssue == 2 ? 128 : 0);  // the dK/dV kernel's block
   // kLoadIssue 2: the pool is kCtaThreads x 168 registers (65536 / 384, rounded down to 8); the
   // loading warpgroup keeps 24 a thread, the two computing ones get 240.

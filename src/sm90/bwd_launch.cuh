@@ -52,6 +52,14 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   Status s = bwd_map_tensor(&tm_q, "q", p.q, p.q_stride, p, p.seqlen_q, p.heads_q, kBlock, Cfg::kFoldedBoxes);
   if (s.ok()) s = bwd_map_tensor(&tm_do, "dout", p.dout, p.do_stride, p, p.seqlen_q, p.heads_q, kBlock, Cfg::kFoldedBoxes);
   if (!s.ok()) return s;
+  // With Cfg::kKvTma the dK/dV kernels load K and V by TMA too, in boxes of the CTA's keys.
+  CUtensorMap tm_kc{}, tm_vc{};
+  if constexpr (Cfg::kKvTma) {
+    constexpr int kKeys = kD <= 128 ? kWgKeys : kBlock;
+    s = bwd_map_tensor(&tm_kc, "k", p.k, p.k_stride, p, p.seqlen_k, p.heads_kv, kKeys);
+    if (s.ok()) s = bwd_map_tensor(&tm_vc, "v", p.v, p.v_stride, p, p.seqlen_k, p.heads_kv, kKeys);
+    if (!s.ok()) return s;
+  }
   if (!p.deterministic) {
     e = cudaMemsetAsync(p.dq_accum, 0, size_t(p.batch) * p.heads_q * p.rows * kD * sizeof(float), stream);
     if (e != cudaSuccess) return bwd_cuda_failure("zeroing the dQ accumulator", e);
@@ -67,13 +75,13 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
       return bwd_cuda_failure("setting the dK/dV kernel's shared memory", e);
     const unsigned key_blocks = unsigned((p.seqlen_k + kWgKeys - 1) / kWgKeys);
     bwd_dkdv_wgmma_kernel<Cfg><<<dim3(key_blocks, p.heads_kv, p.batch), dim3(Cfg::kCtaThreads), kSmem, stream>>>(
-        p, tm_q, tm_do);
+        p, tm_q, tm_do, tm_kc, tm_vc);
   } else {
     constexpr int kSmem = WgSmem256<Cfg>::kBytes;
     if ((e = allow_dynamic_smem<bwd_dkdv_wgmma256_kernel<Cfg>>(device, kSmem)) != cudaSuccess)
       return bwd_cuda_failure("setting the dK/dV kernel's shared memory", e);
     const unsigned key_blocks = unsigned((p.seqlen_k + kBlock - 1) / kBlock);
-    bwd_dkdv_wgmma256_kernel<Cfg><<<dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, stream>>>(p, tm_q, tm_do);
+    bwd_dkdv_wgmma256_kernel<Cfg><<<dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, stream>>>(p, tm_q, tm_do, tm_kc, tm_vc);
   }
   if ((e = cudaGetLastError()) != cudaSuccess) return bwd_cuda_failure("launching the dK/dV kernel", e);
 
