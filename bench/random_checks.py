@@ -1,14 +1,17 @@
-"""Random forward shapes checked against float64 with fa4-bench --check, outputs poisoned first.
+"""Random forward (or backward) shapes checked against float64 with fa4-bench --check, outputs poisoned first.
 
-    python3 bench/random_checks.py --bench build/fa4-bench [--count 60] [--seed 20261128]
-    python3 bench/random_checks.py --list [--count 60] [--seed 20261128]   # the shapes only (no GPU)
+    python3 bench/random_checks.py --bench build/fa4-bench [--count 60] [--seed 20261128] [--bwd]
+    python3 bench/random_checks.py --list [--count 60] [--seed 20261128] [--bwd]   # the shapes only (no GPU)
     python3 bench/random_checks.py --self-test   # the drawing checked (no GPU)
 
 The shapes are drawn from a seed, so a run can be repeated: every head dim, GQA groups of 1 to 8
 over 1 to 8 KV heads, batch 1 to 5, query and key lengths from 1 to 4097 (equal, or either way
 apart), causal (45 %), a sliding window (15 %), fp16 (30 %), BHSD memory (30 %), and a fresh input
-seed each. Prints one line a shape (its error against its bound) and a count; exits 1 if any
-shape fails its check or fa4 cannot run it.
+seed each. With --bwd the backward's gradients are checked instead (fa4-bench --bwd --check): its
+float64 reference runs on the whole problem, so the shapes are drawn smaller (below fa4-bench's
+2^28 multiply-adds, lengths to 1000), with the deterministic dQ kernel in a quarter of them.
+Prints one line a shape (its error against its bound) and a count; exits 1 if any shape fails its
+check or fa4 cannot run it.
 """
 
 from __future__ import annotations
@@ -47,6 +50,41 @@ def shapes(count, seed):
     return out
 
 
+BWD_LENGTHS = (1, 17, 64, 127, 128, 129, 239, 300, 511, 513, 700, 1000)
+BWD_MACS = 1 << 28  # fa4-bench's whole-problem check of the backward (kFullCheckMacs)
+
+
+def bwd_shapes(count, seed):
+    """Backward shapes: as shapes() draws, but small enough for the whole-problem check."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        d = rng.choice((64, 128, 256))
+        hkv = rng.choice((1, 2, 4))
+        h = hkv * rng.choice((1, 2, 4))
+        b = rng.choice((1, 2, 3))
+        while True:
+            sq = rng.choice(BWD_LENGTHS)
+            sk = rng.choice((sq, sq) + BWD_LENGTHS)
+            if b * h * sq * sk * d <= BWD_MACS:
+                break
+        flags = f"--bwd --b {b} --h {h} --hkv {hkv} --sq {sq} --sk {sk} --d {d}"
+        r = rng.random()
+        if r < 0.45:
+            flags += " --causal"
+        elif r < 0.6:
+            flags += f" --window {rng.choice((-1, 0, 64, 200))},{rng.choice((-1, 0, 31, 300))}"
+        if rng.random() < 0.25:
+            flags += " --deterministic"
+        if rng.random() < 0.3:
+            flags += " --dtype fp16"
+        if rng.random() < 0.3:
+            flags += " --layout bhsd"
+        flags += f" --seed {rng.randrange(1, 10**6)}"
+        out.append(flags)
+    return out
+
+
 def _self_test():
     a, b = shapes(60, 20261128), shapes(60, 20261128)
     assert a == b, "the same seed must draw the same shapes"
@@ -65,6 +103,23 @@ def _self_test():
             seen.add("sq != sk")
     missing = {"--causal", "--window", "--dtype", "--layout", "gqa", "sq != sk"} - seen
     assert not missing, f"60 shapes draw none with {sorted(missing)}"
+    c, e = bwd_shapes(60, 20261201), bwd_shapes(60, 20261201)
+    assert c == e and bwd_shapes(60, 1) != c, "the same seed must draw the same backward shapes"
+    seen = set()
+    for s in c:
+        f = s.split()
+        v = {f[i]: f[i + 1] for i in range(len(f) - 1) if f[i].startswith("--") and not f[i + 1].startswith("--")}
+        assert f[0] == "--bwd", s
+        macs = int(v["--b"]) * int(v["--h"]) * int(v["--sq"]) * int(v["--sk"]) * int(v["--d"])
+        assert macs <= BWD_MACS, f"{s}: {macs} multiply-adds, above the whole-problem check's {BWD_MACS}"
+        assert int(v["--h"]) % int(v["--hkv"]) == 0, s
+        seen.update(x for x in ("--causal", "--window", "--deterministic", "--dtype", "--layout") if x in f)
+        if int(v["--hkv"]) < int(v["--h"]):
+            seen.add("gqa")
+        if v["--sq"] != v["--sk"]:
+            seen.add("sq != sk")
+    missing = {"--causal", "--window", "--deterministic", "--dtype", "--layout", "gqa", "sq != sk"} - seen
+    assert not missing, f"60 backward shapes draw none with {sorted(missing)}"
     print("random_checks self-test: ok")
 
 
@@ -73,6 +128,7 @@ def main(argv=None):
     ap.add_argument("--bench", help="the fa4-bench to run")
     ap.add_argument("--count", type=int, default=60)
     ap.add_argument("--seed", type=int, default=20261128)
+    ap.add_argument("--bwd", action="store_true", help="backward shapes (the gradients checked)")
     ap.add_argument("--list", action="store_true", help="print the shapes and stop")
     ap.add_argument("--self-test", action="store_true", help="check the shapes' drawing (no GPU)")
     a = ap.parse_args(argv)
@@ -81,7 +137,7 @@ def main(argv=None):
         return 0
     if a.count < 1:
         ap.error(f"--count {a.count}: must be at least 1")
-    todo = shapes(a.count, a.seed)
+    todo = (bwd_shapes if a.bwd else shapes)(a.count, a.seed)
     if a.list:
         print("\n".join(todo))
         return 0
@@ -91,7 +147,8 @@ def main(argv=None):
     for s in todo:
         p = subprocess.run([a.bench, *s.split(), "--check", "--iters", "0", "--warmup", "0"],
                            capture_output=True, text=True)
-        lines = [x.strip() for x in p.stdout.splitlines() if x.strip().startswith(("out ", "every element"))]
+        lines = [x.strip() for x in p.stdout.splitlines()
+                 if x.strip().startswith(("out ", "every element", "dq ", "dk ", "dv ", "written"))]
         if p.returncode != 0:
             failed += 1
             print(f"FAIL (exit {p.returncode}) {s}\n  " + "\n  ".join((p.stdout + p.stderr).splitlines()[-8:]))
