@@ -23,58 +23,33 @@ import sys
 
 LENGTHS = (1, 17, 64, 127, 128, 239, 300, 511, 513, 700, 1000, 1500, 2049, 4097)
 KEYS = (1, 33, 129, 256, 333, 900, 1024, 2000, 3000, 4097)
-
-
-def shapes(count, seed):
-    rng = random.Random(seed)
-    out = []
-    for _ in range(count):
-        d = rng.choice((64, 128, 256))
-        hkv = rng.choice((1, 2, 4, 8))
-        h = hkv * rng.choice((1, 2, 4, 8))
-        b = rng.choice((1, 2, 3, 5))
-        sq = rng.choice(LENGTHS)
-        sk = rng.choice((sq, sq) + KEYS)
-        flags = f"--b {b} --h {h} --hkv {hkv} --sq {sq} --sk {sk} --d {d}"
-        r = rng.random()
-        if r < 0.45:
-            flags += " --causal"
-        elif r < 0.6:
-            flags += f" --window {rng.choice((-1, 0, 64, 200, 1000))},{rng.choice((-1, 0, 31, 300))}"
-        if rng.random() < 0.3:
-            flags += " --dtype fp16"
-        if rng.random() < 0.3:
-            flags += " --layout bhsd"
-        flags += f" --seed {rng.randrange(1, 10**6)}"
-        out.append(flags)
-    return out
-
-
 BWD_LENGTHS = (1, 17, 64, 127, 128, 129, 239, 300, 511, 513, 700, 1000)
 BWD_MACS = 1 << 28  # fa4-bench's whole-problem check of the backward (kFullCheckMacs)
 
 
-def bwd_shapes(count, seed):
-    """Backward shapes: as shapes() draws, but small enough for the whole-problem check."""
+def _draw(count, seed, *, bwd):
+    """The shapes of one seed: forward ones (lengths to 4097), or backward ones (`bwd`) small enough
+    for fa4-bench's whole-problem check, with the deterministic mode in a quarter of them."""
     rng = random.Random(seed)
     out = []
     for _ in range(count):
         d = rng.choice((64, 128, 256))
-        hkv = rng.choice((1, 2, 4))
-        h = hkv * rng.choice((1, 2, 4))
-        b = rng.choice((1, 2, 3))
+        hkv = rng.choice((1, 2, 4) if bwd else (1, 2, 4, 8))
+        h = hkv * rng.choice((1, 2, 4) if bwd else (1, 2, 4, 8))
+        b = rng.choice((1, 2, 3) if bwd else (1, 2, 3, 5))
         while True:
-            sq = rng.choice(BWD_LENGTHS)
-            sk = rng.choice((sq, sq) + BWD_LENGTHS)
-            if b * h * sq * sk * d <= BWD_MACS:
+            sq = rng.choice(BWD_LENGTHS if bwd else LENGTHS)
+            sk = rng.choice((sq, sq) + (BWD_LENGTHS if bwd else KEYS))
+            if not bwd or b * h * sq * sk * d <= BWD_MACS:
                 break
-        flags = f"--bwd --b {b} --h {h} --hkv {hkv} --sq {sq} --sk {sk} --d {d}"
+        flags = ("--bwd " if bwd else "") + f"--b {b} --h {h} --hkv {hkv} --sq {sq} --sk {sk} --d {d}"
         r = rng.random()
         if r < 0.45:
             flags += " --causal"
         elif r < 0.6:
-            flags += f" --window {rng.choice((-1, 0, 64, 200))},{rng.choice((-1, 0, 31, 300))}"
-        if rng.random() < 0.25:
+            lefts = (-1, 0, 64, 200) if bwd else (-1, 0, 64, 200, 1000)
+            flags += f" --window {rng.choice(lefts)},{rng.choice((-1, 0, 31, 300))}"
+        if bwd and rng.random() < 0.25:
             flags += " --deterministic"
         if rng.random() < 0.3:
             flags += " --dtype fp16"
@@ -85,41 +60,41 @@ def bwd_shapes(count, seed):
     return out
 
 
-def _self_test():
-    a, b = shapes(60, 20261128), shapes(60, 20261128)
-    assert a == b, "the same seed must draw the same shapes"
-    assert shapes(60, 1) != a
+def shapes(count, seed):
+    return _draw(count, seed, bwd=False)
+
+
+def bwd_shapes(count, seed):
+    return _draw(count, seed, bwd=True)
+
+
+def _check_drawing(draw, seed, features, bwd):
+    """60 shapes of `draw`: reproducible from the seed, valid, and covering every feature."""
+    a = draw(60, seed)
+    assert a == draw(60, seed) and draw(60, 1) != a, "the same seed must draw the same shapes"
     seen = set()
     for s in a:
         f = s.split()
         v = {f[i]: f[i + 1] for i in range(len(f) - 1) if f[i].startswith("--") and not f[i + 1].startswith("--")}
+        assert (f[0] == "--bwd") == bwd, s
         assert int(v["--h"]) % int(v["--hkv"]) == 0, s
         assert int(v["--d"]) in (64, 128, 256), s
         assert int(v["--sq"]) >= 1 and int(v["--sk"]) >= 1 and int(v["--b"]) >= 1, s
-        seen.update(x for x in ("--causal", "--window", "--dtype", "--layout") if x in f)
+        if bwd:
+            macs = int(v["--b"]) * int(v["--h"]) * int(v["--sq"]) * int(v["--sk"]) * int(v["--d"])
+            assert macs <= BWD_MACS, f"{s}: {macs} multiply-adds, above the whole-problem check's {BWD_MACS}"
+        seen.update(x for x in features if x in f)
         if int(v["--hkv"]) < int(v["--h"]):
             seen.add("gqa")
         if v["--sq"] != v["--sk"]:
             seen.add("sq != sk")
-    missing = {"--causal", "--window", "--dtype", "--layout", "gqa", "sq != sk"} - seen
+    missing = (set(features) | {"gqa", "sq != sk"}) - seen
     assert not missing, f"60 shapes draw none with {sorted(missing)}"
-    c, e = bwd_shapes(60, 20261201), bwd_shapes(60, 20261201)
-    assert c == e and bwd_shapes(60, 1) != c, "the same seed must draw the same backward shapes"
-    seen = set()
-    for s in c:
-        f = s.split()
-        v = {f[i]: f[i + 1] for i in range(len(f) - 1) if f[i].startswith("--") and not f[i + 1].startswith("--")}
-        assert f[0] == "--bwd", s
-        macs = int(v["--b"]) * int(v["--h"]) * int(v["--sq"]) * int(v["--sk"]) * int(v["--d"])
-        assert macs <= BWD_MACS, f"{s}: {macs} multiply-adds, above the whole-problem check's {BWD_MACS}"
-        assert int(v["--h"]) % int(v["--hkv"]) == 0, s
-        seen.update(x for x in ("--causal", "--window", "--deterministic", "--dtype", "--layout") if x in f)
-        if int(v["--hkv"]) < int(v["--h"]):
-            seen.add("gqa")
-        if v["--sq"] != v["--sk"]:
-            seen.add("sq != sk")
-    missing = {"--causal", "--window", "--deterministic", "--dtype", "--layout", "gqa", "sq != sk"} - seen
-    assert not missing, f"60 backward shapes draw none with {sorted(missing)}"
+
+
+def _self_test():
+    _check_drawing(shapes, 20261128, ("--causal", "--window", "--dtype", "--layout"), bwd=False)
+    _check_drawing(bwd_shapes, 20261201, ("--causal", "--window", "--deterministic", "--dtype", "--layout"), bwd=True)
     print("random_checks self-test: ok")
 
 
