@@ -48,6 +48,9 @@ struct Case {
   bool deterministic = false;
   // Set: the launch in the public API's place (through BwdParams, after the same validation).
   fa4::Status (*launch)(const fa4::detail::BwdParams&, cudaStream_t) = nullptr;
+  // The public call captured into a CUDA graph on a stream of its own, and the graph launched
+  // twice, the gradients and the workspace poisoned before each launch (the second one's checked).
+  bool captured = false;
 
   fa4::Problem problem() const {
     fa4::Problem p = fa4::test::make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype);
@@ -138,6 +141,25 @@ void run_backward(const Case& c, const Reference& r, Gradients* g) {
     st = fa4::validate(a);
     ASSERT_TRUE(st.ok()) << st.message;
     st = c.launch(fa4::detail::make_bwd_params(a), nullptr);
+  } else if (c.captured) {
+    cudaStream_t s;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaStreamCreate(&s));
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    st = fa4::backward(a, s);
+    CUDA_OK(cudaStreamEndCapture(s, &graph));
+    ASSERT_TRUE(st.ok()) << fa4::to_string(st.code) << ": " << st.message;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 2; ++replay) {
+      for (DeviceTensor* t : {&dq, &dk, &dv}) ASSERT_NO_FATAL_FAILURE(t->poison());
+      if (bytes > 0) CUDA_OK(cudaMemset(workspace.ptr, 0xFF, bytes));
+      CUDA_OK(cudaGraphLaunch(exec, s));
+      CUDA_OK(cudaStreamSynchronize(s));
+    }
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+    CUDA_OK(cudaStreamDestroy(s));
   } else {
     st = fa4::backward(a, nullptr);
   }
@@ -305,6 +327,21 @@ TEST(BackwardGpu, DeterministicIsBitIdenticalRunToRun) {
   }
   c.deterministic = false;
   run_and_check(c, r);
+}
+
+TEST(BackwardGpu, CapturedInACudaGraph) {
+  FA4_REQUIRE_GPU();
+  // Under stream capture, with its programmatic launches (d64, d128: the dK/dV kernel as D's
+  // dependent), every head dim, causal and not, GQA, and the deterministic mode.
+  std::vector<Case> cases;
+  for (int64_t d : {64, 128, 256}) {
+    cases.push_back({BF16, 2, 300, 257, 4, 2, d, true});
+    cases.push_back({BF16, 1, 129, 200, 2, 2, d, false});
+  }
+  cases.push_back({BF16, 1, 200, 200, 4, 2, 128, true});
+  cases.back().deterministic = true;
+  for (Case& c : cases) c.captured = true;
+  run_cases(cases, 650);
 }
 
 TEST(BackwardGpu, DeterministicEveryHeadDimAndMask) {

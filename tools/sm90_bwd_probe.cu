@@ -68,7 +68,8 @@ struct Config {
 // loads at the step's top, and with its dQ staged and bulk-reduced (`staged`); d128's dQ added by
 // atomics (`dq_atomics`); d64's and d128's loads issued by warpgroup 1 (`load_wg`); dK and dV
 // stored straight from the accumulator layout (`direct-stores`, `staged_stores` false); K and V
-// loaded by cp.async (`cp-async-kv`, `kv_tma` false). Candidates
+// loaded by cp.async (`cp-async-kv`, `kv_tma` false); the memset and the kernels one after the
+// other (`serial`; `pdl` at d256). Candidates
 // measured before (step-ring depths, folded boxes, paired row statistics, dQ by keys at d128, the
 // d128 lockstep and dQ-lag forms, d64's reduction of each partial, shares of the exponentials on
 // the FMA pipe, the load issue after the first GEMMs, the other form of the walk's step) are
@@ -110,8 +111,14 @@ constexpr BwdKnobs kDirectStores64 = bwd_knobs(64, kDirectStores), kDirectStores
 constexpr auto kCpAsyncKv = [](BwdKnobs& k) { k.kv_tma = false; };
 constexpr BwdKnobs kCpAsyncKv64 = bwd_knobs(64, kCpAsyncKv), kCpAsyncKv128 = bwd_knobs(128, kCpAsyncKv),
                    kCpAsyncKv256 = bwd_knobs(256, kCpAsyncKv);
+// The accumulator zeroed by a memset and D's kernel and the dK/dV kernel launched one after the
+// other (`serial`, `pdl` false; d64, d128), and at d256 as d64 and d128 ship them (`pdl`).
+constexpr BwdKnobs kSerial64 = bwd_knobs(64, [](BwdKnobs& k) { k.pdl = false; }),
+                   kSerial128 = bwd_knobs(128, [](BwdKnobs& k) { k.pdl = false; }),
+                   kPdl256 = bwd_knobs(256, [](BwdKnobs& k) { k.pdl = true; });
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
+    {"serial", 64, run_cfg<BwdConfig<64, true, kSerial64>>},
     {"direct-stores", 64, run_cfg<BwdConfig<64, true, kDirectStores64>>},
     {"cp-async-kv", 64, run_cfg<BwdConfig<64, true, kCpAsyncKv64>>},
     {"st-shared", 64, run_cfg<BwdConfig<64, true, kStShared64>>},
@@ -123,6 +130,7 @@ const Config kConfigs[] = {
     {"loads-from-warpgroup-1", 64, run_cfg<BwdConfig<64, true, kLoadsWg1_64>>},
     {"staged", 64, run_cfg<BwdConfig<64, true, kStaged64>>},
     {"shipped", 128, run_cfg<BwdConfig<128, true>>},
+    {"serial", 128, run_cfg<BwdConfig<128, true, kSerial128>>},
     {"direct-stores", 128, run_cfg<BwdConfig<128, true, kDirectStores128>>},
     {"cp-async-kv", 128, run_cfg<BwdConfig<128, true, kCpAsyncKv128>>},
     {"loads-from-warpgroup-1", 128, run_cfg<BwdConfig<128, true, kLoadsWg1_128>>},
@@ -130,6 +138,7 @@ const Config kConfigs[] = {
     {"st-shared", 128, run_cfg<BwdConfig<128, true, kStShared128>>},
     {"per-element-mask", 128, run_cfg<BwdConfig<128, true, kPerElementMask128>>},
     {"shipped", 256, run_cfg<BwdConfig<256, true>>},
+    {"pdl", 256, run_cfg<BwdConfig<256, true, kPdl256>>},
     {"direct-stores", 256, run_cfg<BwdConfig<256, true, kDirectStores256>>},
     {"cp-async-kv", 256, run_cfg<BwdConfig<256, true, kCpAsyncKv256>>},
     {"st-shared", 256, run_cfg<BwdConfig<256, true, kStShared256>>},

@@ -227,6 +227,13 @@ struct StepRing {
   }
 };
 
+// Cfg::kPdl: every thread waits for D's kernel (its rows of D and the LSE, and the accumulator
+// zeroed before it or by it).
+template <class Cfg>
+__device__ __forceinline__ void wait_for_delta() {
+  if constexpr (Cfg::kPdl) cudaGridDependencySynchronize();
+}
+
 // The query side of a dK/dV step, into buffer s % L::kBufs of layout L: Q and dO (TMA, boxes of
 // 64 rows) and the step's rows of D and of the LSE in log2 units (bulk copies from the
 // workspace). Rows past seqlen_q read as zeros (TMA) and as D 0 and LSE +inf (bwd_delta_kernel).
@@ -253,7 +260,9 @@ __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CU
 
 // A dK/dV CTA's start: the ring's barriers, the CTA's K and V rows [k0, k0 + kKeys) (cp.async, or
 // with Cfg::kKvTma by TMA), the first step's query side in flight, and every thread past K and V's
-// landing.
+// landing. With Cfg::kPdl the CTA may have started before D's kernel ended: what it does before
+// waiting for that grid (cudaGridDependencySynchronize) reads only K and V, which D's kernel does
+// not write.
 template <class L, int kKeys, class Cfg>
 __device__ __forceinline__ typename L::Ring start_dkdv(const detail::BwdParams& p, const CUtensorMap* tm_q,
                                                          const CUtensorMap* tm_do, const CUtensorMap* tm_k,
@@ -273,14 +282,16 @@ __device__ __forceinline__ typename L::Ring start_dkdv(const detail::BwdParams& 
         ptx::tma_load_4d(smem + L::kK + c * kKeys * 128, tm_k, kv_bar, 64 * c, k0, walk.hk, walk.b);
         ptx::tma_load_4d(smem + L::kV + c * kKeys * 128, tm_v, kv_bar, 64 * c, k0, walk.hk, walk.b);
       }
-      if (walk.steps() > 0) load_q_step<L, Cfg>(p, tm_q, tm_do, walk.b, 0, walk.first(), smem, ring);
     }
+    wait_for_delta<Cfg>();
+    if (threadIdx.x == 0 && walk.steps() > 0) load_q_step<L, Cfg>(p, tm_q, tm_do, walk.b, 0, walk.first(), smem, ring);
     __syncthreads();  // the barriers are initialised
     ptx::mbar_wait(kv_bar, 0);
   } else {
     if (threadIdx.x == 0) ring.init();
     load_kv<kKeys, Cfg::kD, Cfg::kCtaThreads>(p, walk, k0, smem + L::kK, smem + L::kV);
     __pipeline_commit();
+    wait_for_delta<Cfg>();
     __syncthreads();  // the barriers are initialised
     if (threadIdx.x == 0 && walk.steps() > 0) load_q_step<L, Cfg>(p, tm_q, tm_do, walk.b, 0, walk.first(), smem, ring);
     __pipeline_wait_prior(0);  // K and V have landed, for every thread

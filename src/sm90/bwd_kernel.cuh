@@ -40,10 +40,11 @@ inline constexpr int kThreads = 256;
 // buffers and added by atomics, warpgroup 1 started behind warpgroup 0; d128 three step buffers,
 // folded boxes, dQ a step behind on two dS^T buffers and warpgroup 1 started behind warpgroup 0;
 // d256 two step buffers and folded boxes; at every head dim K and V by TMA and dK and dV written
-// through shared memory (docs/perf-notes.md, "The backward's candidates on an H200", "The backward
-// graphs on the calibrated TMA costs", "The d128 backward's warpgroups apart", "d64's dQ by
-// turns", "A dK/dV CTA's start and end"). BwdConfig names each kX after its knob x (step_bufs:
-// kStepBufs).
+// through shared memory; at d64 and d128 the dK/dV kernel launched as D's programmatic dependent
+// (docs/perf-notes.md, "The backward's candidates on an H200", "The backward graphs on the
+// calibrated TMA costs", "The d128 backward's warpgroups apart", "d64's dQ by turns", "A dK/dV
+// CTA's start and end", "The kernels around the dK/dV kernel"). BwdConfig names each kX after its
+// knob x (step_bufs: kStepBufs).
 struct BwdKnobs {
   // Buffers of the step ring (Q, dO and the step's LSE and D rows), loaded ahead (shipped: d64 4,
   // d128 3, d256 2).
@@ -118,6 +119,12 @@ struct BwdKnobs {
   // The CTA's K and V rows loaded by TMA (one thread, boxes of 64 columns, landing on an mbarrier,
   // issued before the first step's; shipped), else by every thread's cp.async.
   bool kv_tma = true;
+  // D's kernel zeroes the fp32 accumulator (each CTA its rows' share; no memset before it), and
+  // the dK/dV kernel is launched as D's programmatic dependent (cudaLaunchKernelEx, programmatic
+  // stream serialization): its CTAs start on the SMs D's kernel leaves, issue K and V, and wait
+  // for D's grid (cudaGridDependencySynchronize) before the first step's loads (d64 and d128
+  // shipped; measured at d256 0.98-1.01).
+  bool pdl = false;
 };
 
 // The shipped knobs of head dim d.
@@ -131,6 +138,7 @@ constexpr BwdKnobs bwd_knobs(int d) {
   k.load_issue = d == 256 ? 0 : 1;
   k.dq_atomics = d == 64;
   k.stats_lds = d != 256;
+  k.pdl = d != 256;
   return k;
 }
 // The shipped knobs of head dim d as `edit` changes them (a candidate's):
@@ -167,6 +175,7 @@ struct BwdConfig {
   static constexpr bool kStMatrix = K.stmatrix;
   static constexpr bool kStagedStores = K.staged_stores;
   static constexpr bool kKvTma = K.kv_tma;
+  static constexpr bool kPdl = K.pdl;
   static constexpr int kCtaThreads = kThreads + (kLoadIssue == 2 ? 128 : 0);  // the dK/dV kernel's block
   // kLoadIssue 2: the pool is kCtaThreads x 168 registers (65536 / 384, rounded down to 8); the
   // loading warpgroup keeps 24 a thread, the two computing ones get 240.
@@ -392,12 +401,25 @@ __device__ __forceinline__ void load_row_stats(const detail::BwdParams& p, int64
   }
 }
 
-template <int kD, bool kBF16, bool kPaired = false>
+// kPdl (BwdConfig::kPdl): the dK/dV kernel is this one's programmatic dependent, and may start
+// once every CTA here has; and unless deterministic each CTA also zeroes its share of the (batch,
+// query head)'s accumulator (a CTA's rows x head_dim floats: 2048, eight a thread).
+template <int kD, bool kBF16, bool kPaired = false, bool kPdl = false>
 __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdParams p) {
   constexpr int kLanes = kD / 8;  // lanes a row
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int i = blockIdx.x * kDeltaRowsPerCta<kD> + warp * (32 / kLanes) + lane / kLanes;
   const int h = blockIdx.y, b = blockIdx.z, c = (lane % kLanes) * 8;
+  if constexpr (kPdl) {
+    cudaTriggerProgrammaticLaunchCompletion();
+    if (!p.deterministic) {
+      constexpr int kShare = kDeltaRowsPerCta<kD> * kD;
+      static_assert(kShare == 2 * 4 * kThreads, "a CTA's share of the accumulator: two float4 a thread");
+      float4* share = reinterpret_cast<float4*>(p.dq_accum + ((int64_t(b) * p.heads_q + h) * p.rows * kD +
+                                                              int64_t(blockIdx.x) * kShare));
+      share[threadIdx.x] = share[threadIdx.x + kThreads] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
   float sum = 0.0f;
   if (i < p.seqlen_q) {
     const uint16_t* o = row0(p.o, p.o_stride, b, h) + i * p.o_stride[1];

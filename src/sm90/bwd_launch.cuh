@@ -7,9 +7,12 @@
 //      deterministic);
 //   3. dQ: the accumulator converted to the dtype, or, deterministic, 128 query rows a CTA
 //      (bwd_dq_wgmma.cuh).
+// With BwdConfig::kPdl D's kernel zeroes the accumulator in place of the memset, and 2 is
+// launched as the programmatic dependent of 1.
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "common/bwd_params.h"
 #include "common/per_device.h"
@@ -36,6 +39,25 @@ inline Status bwd_map_tensor(CUtensorMap* map, const char* name, const void* dat
                                          " (driver error " + std::to_string(r) + ")"};
 }
 
+// `kernel` on `grid` as the programmatic dependent of the kernel before it in the stream: its CTAs
+// may start once every CTA of that kernel has triggered (cudaTriggerProgrammaticLaunchCompletion)
+// or ended, and wait for it themselves (cudaGridDependencySynchronize or a counter of their own).
+template <class... Params, class... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t stream,
+                             Args&&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
 // The backward of configuration Cfg (sm90::bwd::BwdConfig): the dK/dV kernel is Cfg's; D's kernel,
 // the conversion and the deterministic dQ kernel are those of Cfg's head dim and dtype.
 template <class Cfg>
@@ -60,13 +82,19 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
     if (s.ok()) s = bwd_map_tensor(&tm_vc, "v", p.v, p.v_stride, p, p.seqlen_k, p.heads_kv, kKeys);
     if (!s.ok()) return s;
   }
-  if (!p.deterministic) {
+  if (!p.deterministic && !Cfg::kPdl) {  // (else D's kernel zeroes it)
     e = cudaMemsetAsync(p.dq_accum, 0, size_t(p.batch) * p.heads_q * p.rows * kD * sizeof(float), stream);
     if (e != cudaSuccess) return bwd_cuda_failure("zeroing the dQ accumulator", e);
   }
-  bwd_delta_kernel<kD, kBF16, Cfg::kPairedStats>
+  bwd_delta_kernel<kD, kBF16, Cfg::kPairedStats, Cfg::kPdl>
       <<<dim3(unsigned(p.rows / kDeltaRowsPerCta<kD>), p.heads_q, p.batch), block, 0, stream>>>(p);
   if ((e = cudaGetLastError()) != cudaSuccess) return bwd_cuda_failure("launching the D kernel", e);
+  // The dK/dV kernel, as D's programmatic dependent with Cfg::kPdl.
+  auto launch = [&](auto kernel, dim3 grid, dim3 threads, int smem, auto&&... args) {
+    if constexpr (Cfg::kPdl) return launch_dependent(kernel, grid, threads, smem, stream, args...);
+    kernel<<<grid, threads, size_t(smem), stream>>>(args...);
+    return cudaGetLastError();
+  };
 
   // dK, dV: 128 keys a CTA at d64/d128; 64 at d256, whose warpgroups split the columns.
   if constexpr (kD <= 128) {
@@ -74,16 +102,17 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
     if ((e = allow_dynamic_smem<bwd_dkdv_wgmma_kernel<Cfg>>(device, kSmem)) != cudaSuccess)
       return bwd_cuda_failure("setting the dK/dV kernel's shared memory", e);
     const unsigned key_blocks = unsigned((p.seqlen_k + kWgKeys - 1) / kWgKeys);
-    bwd_dkdv_wgmma_kernel<Cfg><<<dim3(key_blocks, p.heads_kv, p.batch), dim3(Cfg::kCtaThreads), kSmem, stream>>>(
-        p, tm_q, tm_do, tm_kc, tm_vc);
+    e = launch(bwd_dkdv_wgmma_kernel<Cfg>, dim3(key_blocks, p.heads_kv, p.batch), dim3(Cfg::kCtaThreads), kSmem, p,
+               tm_q, tm_do, tm_kc, tm_vc);
   } else {
     constexpr int kSmem = WgSmem256<Cfg>::kBytes;
     if ((e = allow_dynamic_smem<bwd_dkdv_wgmma256_kernel<Cfg>>(device, kSmem)) != cudaSuccess)
       return bwd_cuda_failure("setting the dK/dV kernel's shared memory", e);
     const unsigned key_blocks = unsigned((p.seqlen_k + kBlock - 1) / kBlock);
-    bwd_dkdv_wgmma256_kernel<Cfg><<<dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, stream>>>(p, tm_q, tm_do, tm_kc, tm_vc);
+    e = launch(bwd_dkdv_wgmma256_kernel<Cfg>, dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, p, tm_q, tm_do,
+               tm_kc, tm_vc);
   }
-  if ((e = cudaGetLastError()) != cudaSuccess) return bwd_cuda_failure("launching the dK/dV kernel", e);
+  if (e != cudaSuccess) return bwd_cuda_failure("launching the dK/dV kernel", e);
 
   if (!p.deterministic) {
     const unsigned pieces = unsigned((p.seqlen_q + 63) / 64) * (kD / 64);
