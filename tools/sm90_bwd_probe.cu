@@ -23,6 +23,7 @@
 //   FA4_PROBE_ONLY="128,256"       keeps only those head dims
 //   FA4_PROBE_CONFIGS="shipped"    keeps only the configurations named (time: and the shipped one)
 //   FA4_PROBE_SEQLENS="4096"       time: keeps only those sequence lengths
+//   FA4_PROBE_DETERMINISTIC=1      time: the deterministic mode
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -116,9 +117,15 @@ constexpr BwdKnobs kCpAsyncKv64 = bwd_knobs(64, kCpAsyncKv), kCpAsyncKv128 = bwd
 constexpr BwdKnobs kSerial64 = bwd_knobs(64, [](BwdKnobs& k) { k.pdl = false; }),
                    kSerial128 = bwd_knobs(128, [](BwdKnobs& k) { k.pdl = false; }),
                    kPdl256 = bwd_knobs(256, [](BwdKnobs& k) { k.pdl = true; });
+// The deterministic dQ kernel launched after the dK/dV kernel, as before (`dq-after-dkdv`,
+// `dq_overlap` false; time it with FA4_PROBE_DETERMINISTIC=1).
+constexpr auto kDqAfter = [](BwdKnobs& k) { k.dq_overlap = false; };
+constexpr BwdKnobs kDqAfter64 = bwd_knobs(64, kDqAfter), kDqAfter128 = bwd_knobs(128, kDqAfter),
+                   kDqAfter256 = bwd_knobs(256, kDqAfter);
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
     {"serial", 64, run_cfg<BwdConfig<64, true, kSerial64>>},
+    {"dq-after-dkdv", 64, run_cfg<BwdConfig<64, true, kDqAfter64>>},
     {"direct-stores", 64, run_cfg<BwdConfig<64, true, kDirectStores64>>},
     {"cp-async-kv", 64, run_cfg<BwdConfig<64, true, kCpAsyncKv64>>},
     {"st-shared", 64, run_cfg<BwdConfig<64, true, kStShared64>>},
@@ -131,6 +138,7 @@ const Config kConfigs[] = {
     {"staged", 64, run_cfg<BwdConfig<64, true, kStaged64>>},
     {"shipped", 128, run_cfg<BwdConfig<128, true>>},
     {"serial", 128, run_cfg<BwdConfig<128, true, kSerial128>>},
+    {"dq-after-dkdv", 128, run_cfg<BwdConfig<128, true, kDqAfter128>>},
     {"direct-stores", 128, run_cfg<BwdConfig<128, true, kDirectStores128>>},
     {"cp-async-kv", 128, run_cfg<BwdConfig<128, true, kCpAsyncKv128>>},
     {"loads-from-warpgroup-1", 128, run_cfg<BwdConfig<128, true, kLoadsWg1_128>>},
@@ -139,6 +147,7 @@ const Config kConfigs[] = {
     {"per-element-mask", 128, run_cfg<BwdConfig<128, true, kPerElementMask128>>},
     {"shipped", 256, run_cfg<BwdConfig<256, true>>},
     {"pdl", 256, run_cfg<BwdConfig<256, true, kPdl256>>},
+    {"dq-after-dkdv", 256, run_cfg<BwdConfig<256, true, kDqAfter256>>},
     {"direct-stores", 256, run_cfg<BwdConfig<256, true, kDirectStores256>>},
     {"cp-async-kv", 256, run_cfg<BwdConfig<256, true, kCpAsyncKv256>>},
     {"st-shared", 256, run_cfg<BwdConfig<256, true, kStShared256>>},
@@ -328,6 +337,7 @@ int time_all(int rounds) {
   CK(cudaEventCreate(&t0));
   CK(cudaEventCreate(&t1));
   int fails = 0;
+  const bool deterministic = std::getenv("FA4_PROBE_DETERMINISTIC") != nullptr;
   for (const int d : {64, 128, 256}) {
     if (!wanted(d)) continue;
     std::vector<const Config*> cfgs;
@@ -336,7 +346,8 @@ int time_all(int rounds) {
     for (const int seqlen : {512, 1024, 2048, 4096, 8192, 16384})
       for (const bool causal : {false, true}) {
         if (!listed("FA4_PROBE_SEQLENS", std::to_string(seqlen))) continue;
-        const Shape s{16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d, causal};
+        Shape s{16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d, causal};
+        s.deterministic = deterministic;
         Device dev(s);
         fa3_inputs(s, dev);
         dev.run(*cfgs[0]);
@@ -380,10 +391,10 @@ int time_all(int rounds) {
           std::sort(m.begin(), m.end());
           const double ms = m[m.size() / 2];
           if (c == 0) base = ms;
-          std::printf("RESULT {\"d\": %d, \"seqlen\": %d, \"causal\": %s, \"config\": \"%s\", \"ms\": %.4f, "
-                      "\"round_ms_min\": %.4f, \"round_ms_max\": %.4f, \"tflops\": %.1f, \"vs_shipped\": %.4f}\n",
-                      d, seqlen, causal ? "true" : "false", cfgs[c]->name, ms, m.front(), m.back(),
-                      flop / (ms * 1e-3) / 1e12, base / ms);
+          std::printf("RESULT {\"d\": %d, \"seqlen\": %d, \"causal\": %s, \"deterministic\": %s, \"config\": \"%s\", "
+                      "\"ms\": %.4f, \"round_ms_min\": %.4f, \"round_ms_max\": %.4f, \"tflops\": %.1f, \"vs_shipped\": %.4f}\n",
+                      d, seqlen, causal ? "true" : "false", deterministic ? "true" : "false", cfgs[c]->name, ms,
+                      m.front(), m.back(), flop / (ms * 1e-3) / 1e12, base / ms);
         }
       }
   }

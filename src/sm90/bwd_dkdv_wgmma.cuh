@@ -229,9 +229,11 @@ struct StepRing {
 
 // Cfg::kPdl: every thread waits for D's kernel (its rows of D and the LSE, and the accumulator
 // zeroed before it or by it).
+// Cfg::kDqOverlap: then the deterministic dQ kernel may start once every CTA has come this far.
 template <class Cfg>
 __device__ __forceinline__ void wait_for_delta() {
   if constexpr (Cfg::kPdl) cudaGridDependencySynchronize();
+  if constexpr (Cfg::kDqOverlap) cudaTriggerProgrammaticLaunchCompletion();
 }
 
 // The query side of a dK/dV step, into buffer s % L::kBufs of layout L: Q and dO (TMA, boxes of

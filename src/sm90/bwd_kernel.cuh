@@ -125,6 +125,11 @@ struct BwdKnobs {
   // for D's grid (cudaGridDependencySynchronize) before the first step's loads (d64 and d128
   // shipped; measured at d256 0.98-1.01).
   bool pdl = false;
+  // Deterministic: the dQ kernel launched as the dK/dV kernel's programmatic dependent, the dK/dV
+  // CTAs triggering once past D's grid, so that its CTAs run on the SMs the dK/dV kernel's last
+  // wave leaves idle. It reads only the inputs and D's outputs, complete by then, and writes only
+  // dQ, which the dK/dV kernel does not touch, so it does not wait for the dK/dV grid (shipped).
+  bool dq_overlap = true;
 };
 
 // The shipped knobs of head dim d.
@@ -176,6 +181,7 @@ struct BwdConfig {
   static constexpr bool kStagedStores = K.staged_stores;
   static constexpr bool kKvTma = K.kv_tma;
   static constexpr bool kPdl = K.pdl;
+  static constexpr bool kDqOverlap = K.dq_overlap;
   static constexpr int kCtaThreads = kThreads + (kLoadIssue == 2 ? 128 : 0);  // the dK/dV kernel's block
   // kLoadIssue 2: the pool is kCtaThreads x 168 registers (65536 / 384, rounded down to 8); the
   // loading warpgroup keeps 24 a thread, the two computing ones get 240.

@@ -136,9 +136,16 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   if (s.ok()) s = bwd_map_tensor(&tm_v, "v", p.v, p.v_stride, p, p.seqlen_k, p.heads_kv, kDqKeys<kD>);
   if (!s.ok()) return s;
   const unsigned query_blocks = unsigned((p.seqlen_q + kDqRows - 1) / kDqRows);
-  bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats>
-      <<<dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream>>>(p, tm_q, tm_do, tm_k, tm_v);
-  if ((e = cudaGetLastError()) != cudaSuccess) return bwd_cuda_failure("launching the dQ kernel", e);
+  // With Cfg::kDqOverlap as the dK/dV kernel's programmatic dependent (BwdKnobs::dq_overlap).
+  if constexpr (Cfg::kDqOverlap) {
+    e = launch_dependent(bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats>, dim3(query_blocks, p.heads_q, p.batch), block,
+                         kSmem, stream, p, tm_q, tm_do, tm_k, tm_v);
+  } else {
+    bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats>
+        <<<dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream>>>(p, tm_q, tm_do, tm_k, tm_v);
+    e = cudaGetLastError();
+  }
+  if (e != cudaSuccess) return bwd_cuda_failure("launching the dQ kernel", e);
   return Status::Ok();
 }
 
