@@ -8,7 +8,8 @@
 //   3. dQ: the accumulator converted to the dtype, or, deterministic, 128 query rows a CTA
 //      (bwd_dq_wgmma.cuh).
 // With BwdConfig::kPdl D's kernel zeroes the accumulator in place of the memset, and 2 is
-// launched as the programmatic dependent of 1.
+// launched as the programmatic dependent of 1; with BwdConfig::kDqOverlap the deterministic dQ
+// kernel as the dependent of 2, which it does not wait for.
 #pragma once
 
 #include <string>
@@ -41,7 +42,8 @@ inline Status bwd_map_tensor(CUtensorMap* map, const char* name, const void* dat
 
 // `kernel` on `grid` as the programmatic dependent of the kernel before it in the stream: its CTAs
 // may start once every CTA of that kernel has triggered (cudaTriggerProgrammaticLaunchCompletion)
-// or ended, and wait for it themselves (cudaGridDependencySynchronize or a counter of their own).
+// or ended, and must wait for it themselves (cudaGridDependencySynchronize) before they read what
+// it wrote.
 template <class... Params, class... Args>
 cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t stream,
                              Args&&... args) {
