@@ -332,7 +332,8 @@ TEST(BackwardGpu, DeterministicIsBitIdenticalRunToRun) {
 TEST(BackwardGpu, CapturedInACudaGraph) {
   FA4_REQUIRE_GPU();
   // Under stream capture, with its programmatic launches (d64, d128: the dK/dV kernel as D's
-  // dependent), every head dim, causal and not, GQA, and the deterministic mode.
+  // dependent; deterministic: the dQ kernel as the dK/dV kernel's), every head dim, causal and
+  // not, GQA, and the deterministic mode.
   std::vector<Case> cases;
   for (int64_t d : {64, 128, 256}) {
     cases.push_back({BF16, 2, 300, 257, 4, 2, d, true});
