@@ -70,8 +70,8 @@ struct Config {
 // atomics (`dq_atomics`); d64's and d128's loads issued by warpgroup 1 (`load_wg`); dK and dV
 // stored straight from the accumulator layout (`direct-stores`, `staged_stores` false); K and V
 // loaded by cp.async (`cp-async-kv`, `kv_tma` false); the memset and the kernels one after the
-// other (`serial`; `pdl` at d256). Candidates
-// measured before (step-ring depths, folded boxes, paired row statistics, dQ by keys at d128, the
+// other (`serial`; `pdl` at d256); the deterministic dQ kernel after the dK/dV kernel
+// (`dq-after-dkdv`). Candidates measured before (step-ring depths, folded boxes, paired row statistics, dQ by keys at d128, the
 // d128 lockstep and dQ-lag forms, d64's reduction of each partial, shares of the exponentials on
 // the FMA pipe, the load issue after the first GEMMs, the other form of the walk's step) are
 // recorded in docs/perf-notes.md and bench/results/; BwdKnobs still builds them.
@@ -114,8 +114,8 @@ constexpr BwdKnobs kCpAsyncKv64 = bwd_knobs(64, kCpAsyncKv), kCpAsyncKv128 = bwd
                    kCpAsyncKv256 = bwd_knobs(256, kCpAsyncKv);
 // The accumulator zeroed by a memset and D's kernel and the dK/dV kernel launched one after the
 // other (`serial`, `pdl` false; d64, d128), and at d256 as d64 and d128 ship them (`pdl`).
-constexpr BwdKnobs kSerial64 = bwd_knobs(64, [](BwdKnobs& k) { k.pdl = false; }),
-                   kSerial128 = bwd_knobs(128, [](BwdKnobs& k) { k.pdl = false; }),
+constexpr auto kSerial = [](BwdKnobs& k) { k.pdl = false; };
+constexpr BwdKnobs kSerial64 = bwd_knobs(64, kSerial), kSerial128 = bwd_knobs(128, kSerial),
                    kPdl256 = bwd_knobs(256, [](BwdKnobs& k) { k.pdl = true; });
 // The deterministic dQ kernel launched after the dK/dV kernel, as before (`dq-after-dkdv`,
 // `dq_overlap` false; time it with FA4_PROBE_DETERMINISTIC=1).

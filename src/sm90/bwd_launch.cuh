@@ -40,24 +40,29 @@ inline Status bwd_map_tensor(CUtensorMap* map, const char* name, const void* dat
                                          " (driver error " + std::to_string(r) + ")"};
 }
 
-// `kernel` on `grid` as the programmatic dependent of the kernel before it in the stream: its CTAs
-// may start once every CTA of that kernel has triggered (cudaTriggerProgrammaticLaunchCompletion)
-// or ended, and must wait for it themselves (cudaGridDependencySynchronize) before they read what
-// it wrote.
-template <class... Params, class... Args>
-cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t stream,
-                             Args&&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = size_t(smem);
-  cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+// `kernel` on `grid`, after the kernel before it in the stream, or with kDependent as that
+// kernel's programmatic dependent: its CTAs may then start once every CTA of that kernel has
+// triggered (cudaTriggerProgrammaticLaunchCompletion) or ended, and must wait for it themselves
+// (cudaGridDependencySynchronize) before they read what it wrote.
+template <bool kDependent, class... Params, class... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t stream,
+                          Args&&... args) {
+  if constexpr (kDependent) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = size_t(smem);
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  } else {
+    kernel<<<grid, block, size_t(smem), stream>>>(std::forward<Args>(args)...);
+    return cudaGetLastError();
+  }
 }
 
 // The backward of configuration Cfg (sm90::bwd::BwdConfig): the dK/dV kernel is Cfg's; D's kernel,
@@ -91,28 +96,23 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   bwd_delta_kernel<kD, kBF16, Cfg::kPairedStats, Cfg::kPdl>
       <<<dim3(unsigned(p.rows / kDeltaRowsPerCta<kD>), p.heads_q, p.batch), block, 0, stream>>>(p);
   if ((e = cudaGetLastError()) != cudaSuccess) return bwd_cuda_failure("launching the D kernel", e);
-  // The dK/dV kernel, as D's programmatic dependent with Cfg::kPdl.
-  auto launch = [&](auto kernel, dim3 grid, dim3 threads, int smem, auto&&... args) {
-    if constexpr (Cfg::kPdl) return launch_dependent(kernel, grid, threads, smem, stream, args...);
-    kernel<<<grid, threads, size_t(smem), stream>>>(args...);
-    return cudaGetLastError();
-  };
 
-  // dK, dV: 128 keys a CTA at d64/d128; 64 at d256, whose warpgroups split the columns.
+  // dK, dV: 128 keys a CTA at d64/d128; 64 at d256, whose warpgroups split the columns. With
+  // Cfg::kPdl as D's programmatic dependent.
   if constexpr (kD <= 128) {
     constexpr int kSmem = WgSmem<Cfg>::kBytes;
     if ((e = allow_dynamic_smem<bwd_dkdv_wgmma_kernel<Cfg>>(device, kSmem)) != cudaSuccess)
       return bwd_cuda_failure("setting the dK/dV kernel's shared memory", e);
     const unsigned key_blocks = unsigned((p.seqlen_k + kWgKeys - 1) / kWgKeys);
-    e = launch(bwd_dkdv_wgmma_kernel<Cfg>, dim3(key_blocks, p.heads_kv, p.batch), dim3(Cfg::kCtaThreads), kSmem, p,
-               tm_q, tm_do, tm_kc, tm_vc);
+    e = launch_kernel<Cfg::kPdl>(bwd_dkdv_wgmma_kernel<Cfg>, dim3(key_blocks, p.heads_kv, p.batch),
+                                 dim3(Cfg::kCtaThreads), kSmem, stream, p, tm_q, tm_do, tm_kc, tm_vc);
   } else {
     constexpr int kSmem = WgSmem256<Cfg>::kBytes;
     if ((e = allow_dynamic_smem<bwd_dkdv_wgmma256_kernel<Cfg>>(device, kSmem)) != cudaSuccess)
       return bwd_cuda_failure("setting the dK/dV kernel's shared memory", e);
     const unsigned key_blocks = unsigned((p.seqlen_k + kBlock - 1) / kBlock);
-    e = launch(bwd_dkdv_wgmma256_kernel<Cfg>, dim3(key_blocks, p.heads_kv, p.batch), block, kSmem, p, tm_q, tm_do,
-               tm_kc, tm_vc);
+    e = launch_kernel<Cfg::kPdl>(bwd_dkdv_wgmma256_kernel<Cfg>, dim3(key_blocks, p.heads_kv, p.batch), block, kSmem,
+                                 stream, p, tm_q, tm_do, tm_kc, tm_vc);
   }
   if (e != cudaSuccess) return bwd_cuda_failure("launching the dK/dV kernel", e);
 
@@ -139,14 +139,9 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
   if (!s.ok()) return s;
   const unsigned query_blocks = unsigned((p.seqlen_q + kDqRows - 1) / kDqRows);
   // With Cfg::kDqOverlap as the dK/dV kernel's programmatic dependent (BwdKnobs::dq_overlap).
-  if constexpr (Cfg::kDqOverlap) {
-    e = launch_dependent(bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats>, dim3(query_blocks, p.heads_q, p.batch), block,
-                         kSmem, stream, p, tm_q, tm_do, tm_k, tm_v);
-  } else {
-    bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats>
-        <<<dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream>>>(p, tm_q, tm_do, tm_k, tm_v);
-    e = cudaGetLastError();
-  }
+  e = launch_kernel<Cfg::kDqOverlap>(bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats>,
+                                     dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream, p, tm_q, tm_do, tm_k,
+                                     tm_v);
   if (e != cudaSuccess) return bwd_cuda_failure("launching the dQ kernel", e);
   return Status::Ok();
 }
