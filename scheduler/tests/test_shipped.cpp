@@ -374,6 +374,41 @@ TEST(Sm90Backward, D256FoldedLoadsLeaveTheTensorCoreTheResourceBound) {
   EXPECT_EQ(b.mii(), b.res_mii);
 }
 
+// sm90_bwd_d256_measured.graph: the same kernel with the latencies its clock64 stamps show in
+// place on an H200 (a91c2b4, 4k non-causal). Each warpgroup's step, through its two pieces of dQ
+// atomics, is a recurrence of 6409 cycles, the traced period, 2.5 times the tensor core's 2560.
+// Taking the atomics' time out of the edges that leave them predicts what the probe measured with
+// them left out (results aside): the second piece's 1.21 against 1.18-1.30, both pieces' 1.52
+// against 1.40-1.65 (docs/perf-notes.md, "What bounds d256's backward step"). Bounds only: the full
+// solve takes minutes on this graph, as on the isolated one.
+TEST(Sm90Backward, D256InPlaceLatenciesMakeTheDqAtomicsBind) {
+  const Graph g = shipped("sm90_bwd_d256_measured");
+  const Bounds b = lower_bounds(g);
+  EXPECT_EQ(b.res_mii, 10 * 256);
+  EXPECT_EQ(g.units[b.res_unit].name, "tc");
+  EXPECT_EQ(b.mii(), 6409);
+  EXPECT_EQ(b.unit_rec_mii, 6409);
+  const std::string cycle = describe(g, b.unit_rec_cycle);
+  EXPECT_NE(cycle.find("Ata0"), std::string::npos) << cycle;
+  EXPECT_NE(cycle.find("Atb0"), std::string::npos) << cycle;
+  // The atomics of `ops` take no time: every edge leaving them loses their latency.
+  auto without = [&](std::vector<std::string> ops) {
+    Graph h = g;
+    for (const std::string& name : ops) {
+      const int op = h.find_op(name);
+      for (Edge& e : h.edges)
+        if (e.src == op) e.lat -= h.ops[op].lat;
+      h.ops[op].lat = 0;
+    }
+    return double(b.mii()) / double(lower_bounds(h).mii());
+  };
+  const double second = without({"Atb0", "Atb1"}), both = without({"Ata0", "Ata1", "Atb0", "Atb1"});
+  EXPECT_GE(second, 1.18);
+  EXPECT_LE(second, 1.30);
+  EXPECT_GE(both, 1.40);
+  EXPECT_LE(both, 1.65);
+}
+
 // What the bound says of one bulk copy a step for the LSE and D rows (kPairedStats), on the step
 // mixes the H200 measured for it with the shipped boxes: "d128_folded_one_bulk" 2397, the mix the
 // d128 graph holds already; "d256_folded_one_bulk" 828 for d256's loads. d64, which adds dQ by
