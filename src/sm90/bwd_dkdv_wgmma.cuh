@@ -147,15 +147,38 @@ struct StepAt {
 // lo + s % count.
 struct Walk {
   int b, hk, group, lo, count;
-  __device__ __forceinline__ int steps() const { return group * count; }
-  __device__ __forceinline__ StepAt first() const { return {hk * group, lo * kBlock, count - 1}; }
-  __device__ __forceinline__ StepAt next(StepAt at) const {
+  __host__ __device__ __forceinline__ int steps() const { return group * count; }
+  __host__ __device__ __forceinline__ StepAt first() const { return {hk * group, lo * kBlock, count - 1}; }
+  __host__ __device__ __forceinline__ StepAt next(StepAt at) const {
     return at.left > 0 ? StepAt{at.h, at.q0 + kBlock, at.left - 1} : StepAt{at.h + 1, lo * kBlock, count - 1};
   }
-  __device__ __forceinline__ StepAt at(int s) const { return {hk * group + s / count, (lo + s % count) * kBlock, 0}; }
+  __host__ __device__ __forceinline__ StepAt at(int s) const {
+    return {hk * group + s / count, (lo + s % count) * kBlock, 0};
+  }
   // Step s's, from the cursor `c` that has walked to it (Cfg::kStepCursor) or from s.
   template <class Cfg>
-  __device__ __forceinline__ StepAt step(int s, StepAt c) const {
+  __host__ __device__ __forceinline__ StepAt step(int s, StepAt c) const {
+    if constexpr (Cfg::kStepCursor) return c;
+    else return at(s);
+  }
+};
+
+// BwdConfig::kRotateWalk: the same steps, each head's walk starting at block lo + rot and wrapping
+// around (0 <= rot < count), so that CTAs of one head that run together (rot = key block mod
+// count) add into different rows of dQ at a time.
+struct RotatedWalk : Walk {
+  int rot = 0;
+  __host__ __device__ __forceinline__ StepAt first() const { return {hk * group, (lo + rot) * kBlock, count - 1}; }
+  __host__ __device__ __forceinline__ StepAt next(StepAt at) const {
+    if (at.left == 0) return {at.h + 1, (lo + rot) * kBlock, count - 1};
+    const int q0 = at.q0 + kBlock;
+    return {at.h, q0 == (lo + count) * kBlock ? lo * kBlock : q0, at.left - 1};
+  }
+  __host__ __device__ __forceinline__ StepAt at(int s) const {
+    return {hk * group + s / count, (lo + (s % count + rot) % count) * kBlock, 0};
+  }
+  template <class Cfg>
+  __host__ __device__ __forceinline__ StepAt step(int s, StepAt c) const {
     if constexpr (Cfg::kStepCursor) return c;
     else return at(s);
   }
@@ -165,6 +188,17 @@ struct Walk {
 __device__ __forceinline__ Walk walk_of(const detail::BwdParams& p, int k0, int keys) {
   const auto [lo, count] = query_blocks(p, k0, keys);
   return {int(blockIdx.z), int(blockIdx.y), p.heads_q / p.heads_kv, lo, count};
+}
+// Configuration Cfg's: a Walk, or with Cfg::kRotateWalk a RotatedWalk turned by the key block.
+template <class Cfg>
+__device__ __forceinline__ auto walk_for(const detail::BwdParams& p, int k0, int keys) {
+  if constexpr (Cfg::kRotateWalk) {
+    RotatedWalk w{walk_of(p, k0, keys)};
+    w.rot = w.count > 0 ? int(blockIdx.x % unsigned(w.count)) : 0;
+    return w;
+  } else {
+    return walk_of(p, k0, keys);
+  }
 }
 
 // The dynamic shared memory, its start moved up to 1024 bytes (128-byte swizzle atoms; the layouts
@@ -265,10 +299,10 @@ __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CU
 // landing. With Cfg::kPdl the CTA may have started before D's kernel ended: what it does before
 // waiting for that grid (cudaGridDependencySynchronize) reads only K and V, which D's kernel does
 // not write.
-template <class L, int kKeys, class Cfg>
+template <class L, int kKeys, class Cfg, class W>
 __device__ __forceinline__ typename L::Ring start_dkdv(const detail::BwdParams& p, const CUtensorMap* tm_q,
                                                          const CUtensorMap* tm_do, const CUtensorMap* tm_k,
-                                                         const CUtensorMap* tm_v, const Walk& walk, int k0, char* smem) {
+                                                         const CUtensorMap* tm_v, const W& walk, int k0, char* smem) {
   const auto ring = L::Ring::at(smem + L::kBars);
   if constexpr (Cfg::kKvTma) {
     // Thread 0 issues K and V (kD / 64 boxes each, rows past seqlen_k read as zeros), then the first
@@ -346,7 +380,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
   [[maybe_unused]] const uint64_t t_entry = Cfg::kTrace ? clock64() : 0;
   char* smem = smem_1024();
   const int k0 = blockIdx.x * kWgKeys;
-  const Walk walk = walk_of(p, k0, kWgKeys);
+  const auto walk = walk_for<Cfg>(p, k0, kWgKeys);
   const int b = walk.b, hk = walk.hk, steps = walk.steps();
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -545,12 +579,12 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
   };
   StepAt at = walk.first(), at_next = walk.next(at);  // steps s and s + 1
   for (int s = 0; s < steps; ++s, at = at_next, at_next = walk.next(at_next)) {
-    const StepAt here = walk.step<Cfg>(s, at);
+    const StepAt here = walk.template step<Cfg>(s, at);
     const int h = here.h, q0 = here.q0, buf = s % L::kBufs;
     if constexpr (Cfg::kTrace) tr.stamp(s, 0);
     // Cfg::kLoadIssue 0: the next step's loads go out at the step's top (1: below).
     if (Cfg::kLoadIssue == 0 && threadIdx.x == 128 * Cfg::kLoadWg && s + 1 < steps)
-      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk.step<Cfg>(s + 1, at_next), smem, ring);
+      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk.template step<Cfg>(s + 1, at_next), smem, ring);
     if constexpr (step_warp_lag<Cfg>() > 0)  // (a test's config)
       if ((wg == 1 && s % 5 == 0) || (wg == 0 && s % 7 == 3)) spin_cycles(step_warp_lag<Cfg>());
     ring.wait(s);
@@ -580,7 +614,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     // the lockstep configuration's CTA barrier before dQ (H100 A/B +2.2-2.7 %; d256 measured 0.96
     // this way, d64 with its partials summed 1.00).
     if (Cfg::kLoadIssue == 1 && threadIdx.x == 128 * Cfg::kLoadWg && s + 1 < steps)
-      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk.step<Cfg>(s + 1, at_next), smem, ring);
+      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk.template step<Cfg>(s + 1, at_next), smem, ring);
 
     // P^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).
     // This thread's queries' LSE (log2 units), read while S^T is computed.
@@ -754,7 +788,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   [[maybe_unused]] const uint64_t t_entry = Cfg::kTrace ? clock64() : 0;
   char* smem = smem_1024();
   const int k0 = blockIdx.x * kBlock;
-  const Walk walk = walk_of(p, k0, kBlock);
+  const auto walk = walk_for<Cfg>(p, k0, kBlock);
   const int b = walk.b, hk = walk.hk, steps = walk.steps();
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -787,11 +821,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   float dk[64] = {}, dv[64] = {};  // this warpgroup's 128 columns
   StepAt at = walk.first(), at_next = walk.next(at);  // steps s and s + 1
   for (int s = 0; s < steps; ++s, at = at_next, at_next = walk.next(at_next)) {
-    const StepAt here = walk.step<Cfg>(s, at);
+    const StepAt here = walk.template step<Cfg>(s, at);
     const int h = here.h, q0 = here.q0, buf = s & 1;
     if constexpr (Cfg::kTrace) tr.stamp(s, 0);
     if (threadIdx.x == 0 && s + 1 < steps)
-      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk.step<Cfg>(s + 1, at_next), smem, ring);
+      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk.template step<Cfg>(s + 1, at_next), smem, ring);
     ring.wait(s);
     if constexpr (Cfg::kTrace) tr.stamp(s, 1);
     const uint32_t p_off = buf * L::kPBytes;  // this step's P^T and dS^T buffer
