@@ -206,7 +206,7 @@ TEST(BackwardLayout, StmatrixPairsLandWhereTheirStoresDid) {
 // The dK/dV kernels' walks over their query heads and blocks: stepped by a cursor (first, next) or
 // found from the step's index (at), they agree, and a rotated walk (BwdKnobs::rotate_walk) takes
 // the same (head, block) steps, each once, each head's starting at block lo + rot and wrapping.
-struct Cursor {  // Walk::step's configuration: the cursor's step
+struct Cursor {  // walk_step's configuration: the cursor's step
   static constexpr bool kStepCursor = true;
 };
 struct Index {  // the step found from its index
@@ -224,8 +224,8 @@ TEST(BackwardWalk, RotatedWalksTakeEveryStepOnce) {
           std::set<std::pair<int, int>> seen;
           bwd::StepAt c = w.first();
           for (int s = 0; s < w.steps(); ++s, c = w.next(c)) {
-            const bwd::StepAt i = w.step<Index>(s, c);
-            EXPECT_EQ(w.step<Cursor>(s, c).h, i.h) << group << " " << lo << " " << count << " " << rot << " " << s;
+            const bwd::StepAt i = bwd::walk_step<Index>(w, s, c);
+            EXPECT_EQ(bwd::walk_step<Cursor>(w, s, c).h, i.h) << group << " " << lo << " " << count << " " << rot << " " << s;
             EXPECT_EQ(c.q0, i.q0) << group << " " << lo << " " << count << " " << rot << " " << s;
             EXPECT_EQ(c.h, group + s / count);  // KV head 1's query heads, one after another
             if (s % count == 0) EXPECT_EQ(c.q0, (lo + rot) * bwd::kBlock);

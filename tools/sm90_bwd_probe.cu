@@ -73,10 +73,11 @@ struct Config {
 // stored straight from the accumulator layout (`direct-stores`, `staged_stores` false); K and V
 // loaded by cp.async (`cp-async-kv`, `kv_tma` false); the memset and the kernels one after the
 // other (`serial`; `pdl` at d256); the deterministic dQ kernel after the dK/dV kernel
-// (`dq-after-dkdv`); each CTA's walk rotated by its key block (`rotate-walk`, not yet measured). Candidates measured before (step-ring depths, folded boxes, paired row statistics, dQ by keys at d128, the
-// d128 lockstep and dQ-lag forms, d64's reduction of each partial, shares of the exponentials on
-// the FMA pipe, the load issue after the first GEMMs, the other form of the walk's step) are
-// recorded in docs/perf-notes.md and bench/results/; BwdKnobs still builds them.
+// (`dq-after-dkdv`); each CTA's walk rotated by its key block (`rotate-walk`, not yet measured).
+// Candidates measured before (step-ring depths, folded boxes, paired row statistics, dQ by keys at
+// d128, the d128 lockstep and dQ-lag forms, d64's reduction of each partial, shares of the
+// exponentials on the FMA pipe, the load issue after the first GEMMs, the other form of the walk's
+// step) are recorded in docs/perf-notes.md and bench/results/; BwdKnobs still builds them.
 using fa4::sm90::bwd::bwd_knobs;
 using fa4::sm90::bwd::BwdKnobs;
 constexpr auto kStShared = [](BwdKnobs& k) { k.stmatrix = false; };

@@ -137,7 +137,7 @@ __device__ __forceinline__ void load_sw128(char* tile, const uint16_t* src, int6
 
 // A step's query head and first query row: advanced a step at a time (Walk::first, next), so
 // that the loop divides nothing, or (BwdConfig::kStepCursor false) found from the step's index
-// (Walk::at).
+// (Walk::at; walk_step picks).
 struct StepAt {
   int h, q0, left;  // left: the head's blocks after this one
 };
@@ -155,12 +155,6 @@ struct Walk {
   __host__ __device__ __forceinline__ StepAt at(int s) const {
     return {hk * group + s / count, (lo + s % count) * kBlock, 0};
   }
-  // Step s's, from the cursor `c` that has walked to it (Cfg::kStepCursor) or from s.
-  template <class Cfg>
-  __host__ __device__ __forceinline__ StepAt step(int s, StepAt c) const {
-    if constexpr (Cfg::kStepCursor) return c;
-    else return at(s);
-  }
 };
 
 // BwdConfig::kRotateWalk: the same steps, each head's walk starting at block lo + rot and wrapping
@@ -177,12 +171,15 @@ struct RotatedWalk : Walk {
   __host__ __device__ __forceinline__ StepAt at(int s) const {
     return {hk * group + s / count, (lo + (s % count + rot) % count) * kBlock, 0};
   }
-  template <class Cfg>
-  __host__ __device__ __forceinline__ StepAt step(int s, StepAt c) const {
-    if constexpr (Cfg::kStepCursor) return c;
-    else return at(s);
-  }
 };
+
+// Walk (or RotatedWalk) w's step s, from the cursor `c` that has walked to it (Cfg::kStepCursor) or
+// from s.
+template <class Cfg, class W>
+__host__ __device__ __forceinline__ StepAt walk_step(const W& w, int s, StepAt c) {
+  if constexpr (Cfg::kStepCursor) return c;
+  else return w.at(s);
+}
 
 // The walk of the CTA (blockIdx: key block, KV head, batch) whose keys start at k0.
 __device__ __forceinline__ Walk walk_of(const detail::BwdParams& p, int k0, int keys) {
@@ -579,12 +576,12 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
   };
   StepAt at = walk.first(), at_next = walk.next(at);  // steps s and s + 1
   for (int s = 0; s < steps; ++s, at = at_next, at_next = walk.next(at_next)) {
-    const StepAt here = walk.template step<Cfg>(s, at);
+    const StepAt here = walk_step<Cfg>(walk, s, at);
     const int h = here.h, q0 = here.q0, buf = s % L::kBufs;
     if constexpr (Cfg::kTrace) tr.stamp(s, 0);
     // Cfg::kLoadIssue 0: the next step's loads go out at the step's top (1: below).
     if (Cfg::kLoadIssue == 0 && threadIdx.x == 128 * Cfg::kLoadWg && s + 1 < steps)
-      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk.template step<Cfg>(s + 1, at_next), smem, ring);
+      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk_step<Cfg>(walk, s + 1, at_next), smem, ring);
     if constexpr (step_warp_lag<Cfg>() > 0)  // (a test's config)
       if ((wg == 1 && s % 5 == 0) || (wg == 0 && s % 7 == 3)) spin_cycles(step_warp_lag<Cfg>());
     ring.wait(s);
@@ -614,7 +611,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     // the lockstep configuration's CTA barrier before dQ (H100 A/B +2.2-2.7 %; d256 measured 0.96
     // this way, d64 with its partials summed 1.00).
     if (Cfg::kLoadIssue == 1 && threadIdx.x == 128 * Cfg::kLoadWg && s + 1 < steps)
-      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk.template step<Cfg>(s + 1, at_next), smem, ring);
+      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk_step<Cfg>(walk, s + 1, at_next), smem, ring);
 
     // P^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).
     // This thread's queries' LSE (log2 units), read while S^T is computed.
@@ -821,11 +818,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   float dk[64] = {}, dv[64] = {};  // this warpgroup's 128 columns
   StepAt at = walk.first(), at_next = walk.next(at);  // steps s and s + 1
   for (int s = 0; s < steps; ++s, at = at_next, at_next = walk.next(at_next)) {
-    const StepAt here = walk.template step<Cfg>(s, at);
+    const StepAt here = walk_step<Cfg>(walk, s, at);
     const int h = here.h, q0 = here.q0, buf = s & 1;
     if constexpr (Cfg::kTrace) tr.stamp(s, 0);
     if (threadIdx.x == 0 && s + 1 < steps)
-      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk.template step<Cfg>(s + 1, at_next), smem, ring);
+      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk_step<Cfg>(walk, s + 1, at_next), smem, ring);
     ring.wait(s);
     if constexpr (Cfg::kTrace) tr.stamp(s, 1);
     const uint32_t p_off = buf * L::kPBytes;  // this step's P^T and dS^T buffer
