@@ -204,44 +204,33 @@ TEST(BackwardLayout, StmatrixPairsLandWhereTheirStoresDid) {
 }
 
 // The dK/dV kernels' walks over their query heads and blocks: stepped by a cursor (first, next) or
-// found from the step's index (at), they agree, and a rotated walk (BwdKnobs::rotate_walk) takes
-// the same (head, block) steps, each once, each head's starting at block lo + rot and wrapping.
+// found from the step's index (at), they agree, and take every (head, block) step of the group's
+// heads over the blocks [lo, lo + count) once, in order.
 struct Cursor {  // walk_step's configuration: the cursor's step
   static constexpr bool kStepCursor = true;
 };
 struct Index {  // the step found from its index
   static constexpr bool kStepCursor = false;
 };
-TEST(BackwardWalk, RotatedWalksTakeEveryStepOnce) {
+TEST(BackwardWalk, CursorAndIndexTakeEveryStepOnce) {
   for (int group : {1, 3})
     for (int lo : {0, 2})
-      for (int count = 1; count <= 9; ++count)
-        for (int rot = 0; rot < count; ++rot) {
-          const bwd::Walk plain{0, 1, group, lo, count};
-          bwd::RotatedWalk w{plain};
-          w.rot = rot;
-          ASSERT_EQ(w.steps(), plain.steps());
-          std::set<std::pair<int, int>> seen;
-          bwd::StepAt c = w.first();
-          for (int s = 0; s < w.steps(); ++s, c = w.next(c)) {
-            const bwd::StepAt i = bwd::walk_step<Index>(w, s, c);
-            EXPECT_EQ(bwd::walk_step<Cursor>(w, s, c).h, i.h) << group << " " << lo << " " << count << " " << rot << " " << s;
-            EXPECT_EQ(c.q0, i.q0) << group << " " << lo << " " << count << " " << rot << " " << s;
-            EXPECT_EQ(c.h, group + s / count);  // KV head 1's query heads, one after another
-            if (s % count == 0) EXPECT_EQ(c.q0, (lo + rot) * bwd::kBlock);
-            EXPECT_GE(c.q0, lo * bwd::kBlock);
-            EXPECT_LT(c.q0, (lo + count) * bwd::kBlock);
-            EXPECT_TRUE(seen.insert({c.h, c.q0}).second) << "step " << s << " repeats";
-          }
-          EXPECT_EQ(int(seen.size()), w.steps());
-          if (rot == 0) {  // unrotated: the plain walk's steps
-            bwd::StepAt p = plain.first(), r = w.first();
-            for (int s = 0; s < w.steps(); ++s, p = plain.next(p), r = w.next(r)) {
-              EXPECT_EQ(p.h, r.h);
-              EXPECT_EQ(p.q0, r.q0);
-            }
-          }
+      for (int count = 1; count <= 9; ++count) {
+        const bwd::Walk w{0, 1, group, lo, count};
+        ASSERT_EQ(w.steps(), group * count);
+        std::set<std::pair<int, int>> seen;
+        bwd::StepAt c = w.first();
+        for (int s = 0; s < w.steps(); ++s, c = w.next(c)) {
+          const bwd::StepAt i = bwd::walk_step<Index>(w, s, c), k = bwd::walk_step<Cursor>(w, s, c);
+          EXPECT_EQ(k.h, i.h) << group << " " << lo << " " << count << " " << s;
+          EXPECT_EQ(k.q0, i.q0) << group << " " << lo << " " << count << " " << s;
+          EXPECT_EQ(c.h, group + s / count);  // KV head 1's query heads, one after another
+          EXPECT_EQ(c.q0, (lo + s % count) * bwd::kBlock);
+          EXPECT_EQ(c.left, count - 1 - s % count);
+          EXPECT_TRUE(seen.insert({c.h, c.q0}).second) << "step " << s << " repeats";
         }
+        EXPECT_EQ(int(seen.size()), w.steps());
+      }
 }
 
 }  // namespace

@@ -6,8 +6,7 @@
 //                                  GPU tests' criterion
 //   sm90_bwd_probe time [ROUNDS]   FA3 shapes (16k tokens, hidden 2048, bf16, seqlen 512..16k,
 //                                  causal and not): each candidate's dK and dV must equal the
-//                                  shipped configuration's bit for bit (one that sums the steps in
-//                                  another order: agree to its rounding) and its dQ agree to the
+//                                  shipped configuration's bit for bit and its dQ agree to the
 //                                  atomics' rounding, then all are timed in ROUNDS rounds (default
 //                                  5), the order rotating, L2 flushed before every launch; medians,
 //                                  and ratios against the shipped configuration. `RESULT {json}`
@@ -58,7 +57,6 @@ struct Config {
   const char* name;
   int d;
   Launcher fn;
-  bool reordered = false;  // its dK and dV sum the steps in another order than the shipped one's
 };
 
 // The shipped configuration first for each head dim, then candidates (BwdKnobs): dS^T (d256: P^T
@@ -73,11 +71,12 @@ struct Config {
 // stored straight from the accumulator layout (`direct-stores`, `staged_stores` false); K and V
 // loaded by cp.async (`cp-async-kv`, `kv_tma` false); the memset and the kernels one after the
 // other (`serial`; `pdl` at d256); the deterministic dQ kernel after the dK/dV kernel
-// (`dq-after-dkdv`); each CTA's walk rotated by its key block (`rotate-walk`, not yet measured).
-// Candidates measured before (step-ring depths, folded boxes, paired row statistics, dQ by keys at
-// d128, the d128 lockstep and dQ-lag forms, d64's reduction of each partial, shares of the
-// exponentials on the FMA pipe, the load issue after the first GEMMs, the other form of the walk's
-// step) are recorded in docs/perf-notes.md and bench/results/; BwdKnobs still builds them.
+// (`dq-after-dkdv`). Candidates measured before (step-ring depths, folded boxes, paired row
+// statistics, dQ by keys at d128, the d128 lockstep and dQ-lag forms, d64's reduction of each
+// partial, shares of the exponentials on the FMA pipe, the load issue after the first GEMMs, the
+// other form of the walk's step) are recorded in docs/perf-notes.md and bench/results/; BwdKnobs
+// still builds them. Those measured and removed (a walk rotated by key block among them) are
+// patches in bench/results/.
 using fa4::sm90::bwd::bwd_knobs;
 using fa4::sm90::bwd::BwdKnobs;
 constexpr auto kStShared = [](BwdKnobs& k) { k.stmatrix = false; };
@@ -125,12 +124,6 @@ constexpr BwdKnobs kSerial64 = bwd_knobs(64, kSerial), kSerial128 = bwd_knobs(12
 constexpr auto kDqAfter = [](BwdKnobs& k) { k.dq_overlap = false; };
 constexpr BwdKnobs kDqAfter64 = bwd_knobs(64, kDqAfter), kDqAfter128 = bwd_knobs(128, kDqAfter),
                    kDqAfter256 = bwd_knobs(256, kDqAfter);
-// Every head dim's walks rotated by key block (`rotate-walk`, rotate_walk; its dK and dV sum the
-// steps in another order), and at d256 that with the kernels chained as d64 and d128 ship them.
-constexpr auto kRotate = [](BwdKnobs& k) { k.rotate_walk = true; };
-constexpr BwdKnobs kRotate64 = bwd_knobs(64, kRotate), kRotate128 = bwd_knobs(128, kRotate),
-                   kRotate256 = bwd_knobs(256, kRotate),
-                   kRotatePdl256 = bwd_knobs(256, [](BwdKnobs& k) { k.rotate_walk = k.pdl = true; });
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
     {"serial", 64, run_cfg<BwdConfig<64, true, kSerial64>>},
@@ -145,10 +138,8 @@ const Config kConfigs[] = {
     {"alternate-loads-at-top", 64, run_cfg<BwdConfig<64, true, kAlternateLoadsAtTop64>>},
     {"loads-from-warpgroup-1", 64, run_cfg<BwdConfig<64, true, kLoadsWg1_64>>},
     {"staged", 64, run_cfg<BwdConfig<64, true, kStaged64>>},
-    {"rotate-walk", 64, run_cfg<BwdConfig<64, true, kRotate64>>, true},
     {"shipped", 128, run_cfg<BwdConfig<128, true>>},
     {"serial", 128, run_cfg<BwdConfig<128, true, kSerial128>>},
-    {"rotate-walk", 128, run_cfg<BwdConfig<128, true, kRotate128>>, true},
     {"dq-after-dkdv", 128, run_cfg<BwdConfig<128, true, kDqAfter128>>},
     {"direct-stores", 128, run_cfg<BwdConfig<128, true, kDirectStores128>>},
     {"cp-async-kv", 128, run_cfg<BwdConfig<128, true, kCpAsyncKv128>>},
@@ -164,8 +155,6 @@ const Config kConfigs[] = {
     {"st-shared", 256, run_cfg<BwdConfig<256, true, kStShared256>>},
     {"per-element-mask", 256, run_cfg<BwdConfig<256, true, kPerElementMask256>>},
     {"stats-lds", 256, run_cfg<BwdConfig<256, true, kStatsLds256>>},
-    {"rotate-walk", 256, run_cfg<BwdConfig<256, true, kRotate256>>, true},
-    {"rotate-walk-pdl", 256, run_cfg<BwdConfig<256, true, kRotatePdl256>>, true},
 };
 
 // Whether `item` is in the comma-separated list of environment variable `env` (unset: every item).
@@ -333,13 +322,11 @@ bool near(const std::vector<uint16_t>& out, const std::vector<uint16_t>& ref) {
   return true;
 }
 
-// Candidate against the shipped outputs: dK and dV bit for bit (the same sums in the same order;
-// `reordered`: within the rounding of another order, as dQ), dQ within the rounding that the
-// order of its fp32 atomics leaves.
+// Candidate against the shipped outputs: dK and dV bit for bit (the same sums in the same order),
+// dQ within the rounding that the order of its fp32 atomics leaves.
 bool agrees(const std::vector<uint16_t>& ref_dq, const std::vector<uint16_t>& ref_dk, const std::vector<uint16_t>& ref_dv,
-            Device& dev, bool reordered) {
-  const auto dk = download(dev.dk, dev.nk), dv = download(dev.dv, dev.nk);
-  if (reordered ? !near(dk, ref_dk) || !near(dv, ref_dv) : dk != ref_dk || dv != ref_dv) return false;
+            Device& dev) {
+  if (download(dev.dk, dev.nk) != ref_dk || download(dev.dv, dev.nk) != ref_dv) return false;
   return near(download(dev.dq, dev.nq), ref_dq);
 }
 
@@ -370,7 +357,7 @@ int time_all(int rounds) {
         std::vector<bool> ok(cfgs.size(), true);
         for (size_t c = 1; c < cfgs.size(); ++c) {
           dev.run(*cfgs[c]);
-          ok[c] = agrees(ref_dq, ref_dk, ref_dv, dev, cfgs[c]->reordered);
+          ok[c] = agrees(ref_dq, ref_dk, ref_dv, dev);
           if (!ok[c]) {
             ++fails;
             std::printf("MISMATCH %s d=%d seqlen=%d causal=%d: outputs differ from the shipped configuration's\n",

@@ -157,26 +157,9 @@ struct Walk {
   }
 };
 
-// BwdConfig::kRotateWalk: the same steps, each head's walk starting at block lo + rot and wrapping
-// around (0 <= rot < count), so that CTAs of one head that run together (rot = key block mod
-// count) add into different rows of dQ at a time.
-struct RotatedWalk : Walk {
-  int rot = 0;
-  __host__ __device__ __forceinline__ StepAt first() const { return {hk * group, (lo + rot) * kBlock, count - 1}; }
-  __host__ __device__ __forceinline__ StepAt next(StepAt at) const {
-    if (at.left == 0) return {at.h + 1, (lo + rot) * kBlock, count - 1};
-    const int q0 = at.q0 + kBlock;
-    return {at.h, q0 == (lo + count) * kBlock ? lo * kBlock : q0, at.left - 1};
-  }
-  __host__ __device__ __forceinline__ StepAt at(int s) const {
-    return {hk * group + s / count, (lo + (s % count + rot) % count) * kBlock, 0};
-  }
-};
-
-// Walk (or RotatedWalk) w's step s, from the cursor `c` that has walked to it (Cfg::kStepCursor) or
-// from s.
-template <class Cfg, class W>
-__host__ __device__ __forceinline__ StepAt walk_step(const W& w, int s, StepAt c) {
+// Walk w's step s, from the cursor `c` that has walked to it (Cfg::kStepCursor) or from s.
+template <class Cfg>
+__host__ __device__ __forceinline__ StepAt walk_step(const Walk& w, int s, StepAt c) {
   if constexpr (Cfg::kStepCursor) return c;
   else return w.at(s);
 }
@@ -185,17 +168,6 @@ __host__ __device__ __forceinline__ StepAt walk_step(const W& w, int s, StepAt c
 __device__ __forceinline__ Walk walk_of(const detail::BwdParams& p, int k0, int keys) {
   const auto [lo, count] = query_blocks(p, k0, keys);
   return {int(blockIdx.z), int(blockIdx.y), p.heads_q / p.heads_kv, lo, count};
-}
-// Configuration Cfg's: a Walk, or with Cfg::kRotateWalk a RotatedWalk turned by the key block.
-template <class Cfg>
-__device__ __forceinline__ auto walk_for(const detail::BwdParams& p, int k0, int keys) {
-  if constexpr (Cfg::kRotateWalk) {
-    RotatedWalk w{walk_of(p, k0, keys)};
-    w.rot = w.count > 0 ? int(blockIdx.x % unsigned(w.count)) : 0;
-    return w;
-  } else {
-    return walk_of(p, k0, keys);
-  }
 }
 
 // The dynamic shared memory, its start moved up to 1024 bytes (128-byte swizzle atoms; the layouts
@@ -296,10 +268,10 @@ __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CU
 // landing. With Cfg::kPdl the CTA may have started before D's kernel ended: what it does before
 // waiting for that grid (cudaGridDependencySynchronize) reads only K and V, which D's kernel does
 // not write.
-template <class L, int kKeys, class Cfg, class W>
+template <class L, int kKeys, class Cfg>
 __device__ __forceinline__ typename L::Ring start_dkdv(const detail::BwdParams& p, const CUtensorMap* tm_q,
                                                          const CUtensorMap* tm_do, const CUtensorMap* tm_k,
-                                                         const CUtensorMap* tm_v, const W& walk, int k0, char* smem) {
+                                                         const CUtensorMap* tm_v, const Walk& walk, int k0, char* smem) {
   const auto ring = L::Ring::at(smem + L::kBars);
   if constexpr (Cfg::kKvTma) {
     // Thread 0 issues K and V (kD / 64 boxes each, rows past seqlen_k read as zeros), then the first
@@ -377,7 +349,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
   [[maybe_unused]] const uint64_t t_entry = Cfg::kTrace ? clock64() : 0;
   char* smem = smem_1024();
   const int k0 = blockIdx.x * kWgKeys;
-  const auto walk = walk_for<Cfg>(p, k0, kWgKeys);
+  const Walk walk = walk_of(p, k0, kWgKeys);
   const int b = walk.b, hk = walk.hk, steps = walk.steps();
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
@@ -785,7 +757,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   [[maybe_unused]] const uint64_t t_entry = Cfg::kTrace ? clock64() : 0;
   char* smem = smem_1024();
   const int k0 = blockIdx.x * kBlock;
-  const auto walk = walk_for<Cfg>(p, k0, kBlock);
+  const Walk walk = walk_of(p, k0, kBlock);
   const int b = walk.b, hk = walk.hk, steps = walk.steps();
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;

@@ -130,11 +130,6 @@ struct BwdKnobs {
   // wave leaves idle. It reads only the inputs and D's outputs, complete by then, and writes only
   // dQ, which the dK/dV kernel does not touch, so it does not wait for the dK/dV grid (shipped).
   bool dq_overlap = true;
-  // Each CTA's walk over a head's query blocks starts at its key block's index (mod the block
-  // count) and wraps around (RotatedWalk), so that a head's CTAs, which run together, add into
-  // different rows of dQ at a time instead of all into the same ones. dK and dV then sum their
-  // steps in another order. Not shipped: built for the probe (rotate-walk), not yet measured.
-  bool rotate_walk = false;
 };
 
 // The shipped knobs of head dim d.
@@ -187,7 +182,6 @@ struct BwdConfig {
   static constexpr bool kKvTma = K.kv_tma;
   static constexpr bool kPdl = K.pdl;
   static constexpr bool kDqOverlap = K.dq_overlap;
-  static constexpr bool kRotateWalk = K.rotate_walk;
   static constexpr int kCtaThreads = kThreads + (kLoadIssue == 2 ? 128 : 0);  // the dK/dV kernel's block
   // kLoadIssue 2: the pool is kCtaThreads x 168 registers (65536 / 384, rounded down to 8); the
   // loading warpgroup keeps 24 a thread, the two computing ones get 240.
