@@ -254,6 +254,46 @@ TEST(Api, FwdParamsCarryResolvedArguments) {
   EXPECT_EQ(f.window_right, -1);
 }
 
+// One query row a head under GQA/MQA (decoding): the group of each KV head folds into rows of one
+// head by strides alone. Every (batch, query head) of Q and O lands on the same element as before,
+// the LSE's layout is the same, and it folds only where every folded row sees every key.
+TEST(Api, DecodingQueryGroupsFoldIntoRows) {
+  for (const bool bhsd : {false, true})
+    for (const int64_t hkv : {1, 2, 3})
+      for (const int64_t group : {2, 4, 8}) {
+        const int64_t hq = hkv * group, d = 128, batch = 3;
+        ForwardArgs a = fake_forward(make_problem(batch, 1, 77, hq, hkv, d));
+        if (bhsd) a.q = fa4::bhsd(fake(0), 1, hq, d), a.o = fa4::bhsd(fake(3), 1, hq, d);
+        a.problem.causal = bhsd;  // a causal single query sees every key
+        const fa4::detail::FwdParams f = fa4::detail::make_fwd_params(a);
+        ASSERT_EQ(f.seqlen_q, group);
+        ASSERT_EQ(f.heads_q, hkv);
+        EXPECT_EQ(f.heads_kv, hkv);
+        EXPECT_EQ(f.seqlen_k, 77);
+        EXPECT_EQ(f.window_left, -1);
+        EXPECT_EQ(f.window_right, -1);
+        EXPECT_EQ(f.lse, a.lse);
+        for (int64_t b = 0; b < batch; ++b)
+          for (int64_t h = 0; h < hq; ++h) {
+            const int64_t hk = h / group, g = h % group;
+            EXPECT_EQ(b * f.q_stride[0] + g * f.q_stride[1] + hk * f.q_stride[2], b * a.q.batch_stride + h * a.q.head_stride);
+            EXPECT_EQ(b * f.o_stride[0] + g * f.o_stride[1] + hk * f.o_stride[2], b * a.o.batch_stride + h * a.o.head_stride);
+            EXPECT_EQ((b * f.heads_q + hk) * f.seqlen_q + g, b * hq + h);  // the LSE's index, folded and not
+          }
+        EXPECT_EQ(f.k_stride[2], a.k.head_stride);
+      }
+  auto folds = [](Problem p) { return fa4::detail::make_fwd_params(fake_forward(p)).seqlen_q != p.seqlen_q; };
+  Problem p = make_problem(2, 1, 100, 8, 2, 64);
+  EXPECT_TRUE(folds(p));
+  p.window_left = 99;  // seqlen_k - 1: the one query still sees key 0
+  p.window_right = 0;
+  EXPECT_TRUE(folds(p));
+  p.window_left = 98;  // key 0 not seen: the folded rows would each see other keys
+  EXPECT_FALSE(folds(p));
+  EXPECT_FALSE(folds(make_problem(2, 1, 100, 8, 8, 64)));  // no group to fold
+  EXPECT_FALSE(folds(make_problem(2, 2, 100, 8, 2, 64)));  // two query rows a head
+}
+
 // The backward's parameters: every tensor, the resolved problem, and the workspace split into the
 // fp32 dQ accumulator, D and the log2 LSE (one float a row each, rows rounded up to
 // kDqAccumRowAlign) exactly as backward_workspace_size counts it.

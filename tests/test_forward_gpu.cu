@@ -306,6 +306,23 @@ TEST(ForwardGpu, GqaAndMqa) {
   run_case({FP16, 1, 129, 300, 4, 1, 256, false}, seed++);
 }
 
+// One query row a head under GQA/MQA, as a decoder runs: each KV head's query heads folded into
+// the rows of one tile (detail::fold_query_groups), in every layout, and the cases left unfolded
+// beside them (a left bound that drops keys, MHA).
+TEST(ForwardGpu, DecodingQueryGroupsFolded) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 350;
+  for (int64_t d : {64, 128, 256}) {
+    run_case({BF16, 3, 1, 1000, 32, 8, d, false}, seed++);
+    run_case({BF16, 2, 1, 4097, 16, 1, d, true}, seed++);  // MQA, causal (the one query sees every key)
+    run_case({FP16, 2, 1, 17, 8, 2, d, false, -1, -1, Layout::kBHSD}, seed++);
+    run_case({BF16, 2, 1, 300, 12, 4, d, false, -1, -1, Layout::kPadded}, seed++);
+    run_case({BF16, 1, 1, 300, 64, 8, d, false, 299, 0}, seed++);  // left = seqlen_k - 1: folded
+    run_case({BF16, 1, 1, 300, 8, 2, d, false, 50, 3}, seed++);    // keys dropped: not folded
+    run_case({BF16, 2, 1, 333, 4, 4, d, true}, seed++);            // MHA: nothing to fold
+  }
+}
+
 TEST(ForwardGpu, StridedLayouts) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 400;

@@ -322,6 +322,21 @@ void set_strides(const TensorRef& t, int64_t (&stride)[3]) {
 
 }  // namespace
 
+bool fold_query_groups(FwdParams* f) {
+  const int group = f->heads_kv > 0 ? f->heads_q / f->heads_kv : 1;
+  // One query (at key seqlen_k - 1, bottom-right) is past every right bound; a left bound below
+  // seqlen_k - 1 would give the folded rows, now at different positions, different keys.
+  if (f->seqlen_q != 1 || group < 2 || (f->window_left >= 0 && f->window_left < f->seqlen_k - 1)) return false;
+  for (int64_t* st : {f->q_stride, f->o_stride}) {
+    st[1] = st[2];          // row g of KV head hk's group: query head hk * group + g
+    st[2] = st[2] * group;  // KV head hk's first query head
+  }
+  f->seqlen_q = group;
+  f->heads_q = f->heads_kv;
+  f->window_left = f->window_right = -1;
+  return true;
+}
+
 FwdParams make_fwd_params(const ForwardArgs& args) {
   FwdParams f{};
   set_problem(args.problem, &f);
@@ -331,6 +346,7 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   set_strides(args.k, f.k_stride);
   set_strides(args.v, f.v_stride);
   set_strides(args.o, f.o_stride);
+  fold_query_groups(&f);
   return f;
 }
 

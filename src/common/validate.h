@@ -43,7 +43,17 @@ bool dq_accum_bytes(const Problem& p, int64_t* bytes);
 // (both exact: such a bound excludes no key of any row). Results fit in int.
 void resolve_window(const Problem& p, int64_t* left, int64_t* right);
 
-// Kernel parameters for arguments that passed validate(): scale defaulted, window resolved.
+// A single query row a head (decoding) under GQA/MQA: each KV head's group of query heads, which
+// all see the same keys, folded into that many query rows of one head, by strides alone (row g of
+// KV head hk is query head hk * group + g; the LSE's [batch, heads_q, 1] layout is the folded
+// [batch, heads_kv, group] one). A tile then holds a group's rows instead of one, and K and V are
+// read once a KV head. Applies where every folded row sees every key: seqlen_q = 1 and no left
+// bound that excludes a key (a right bound never does for the one bottom-right query). Returns
+// whether it folded.
+bool fold_query_groups(FwdParams* f);
+
+// Kernel parameters for arguments that passed validate(): scale defaulted, window resolved, query
+// groups folded where they can be (fold_query_groups).
 FwdParams make_fwd_params(const ForwardArgs& args);
 BwdParams make_bwd_params(const BackwardArgs& args);
 

@@ -1,0 +1,172 @@
+"""Decoding: one query row a head against a long K/V, fa4 next to its peers in one process.
+
+    python3 bench/decode.py [--shapes "B,HQ,HKV,SK,D;..."] [--providers fa4,cudnn,fa2]
+        [--rounds 3] [--dtype bf16|fp16] [--name WHAT] [--out DIR]
+
+Each shape is [batch, 1, heads_q, d] queries against [batch, seqlen_k, heads_kv, d] keys and values
+(GQA where heads_q > heads_kv), non-causal. The work is reading K and V once, so besides the time
+each record has the bandwidth it reached over the bytes a call must move (Q, K, V, O), to set
+against the GPU's DRAM. Providers:
+  fa4    fa4.flash_attn_func on BSHD tensors
+  cudnn  torch SDPA, cuDNN backend  } BHSD tensors of the same values, enable_gqa=True; where the
+  fa2    torch SDPA, flash backend  } backend refuses GQA, K and V expanded to heads_q beforehand
+                                      (recorded as "kv_expanded": the bytes it reads grow)
+fa4's output is checked first against float64 (batch 0, first and last query head) by DESIGN.md
+§3's criterion. Times are medians of triton's do_bench (L2 cleared before every call) in rounds,
+the providers' order rotating by round. Writes bench/results/<date>-<what>.json (and a copy under
+$OUT when set) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from rounds import summary, time_in_rounds  # noqa: E402
+from side_by_side import DTYPES, bench_ms, check_fa4, commit_hash, gpu_driver, short  # noqa: E402
+
+# (batch, heads_q, heads_kv, seqlen_k, head_dim): Llama-style GQA 32/8 and 64/8, MQA, and each head dim.
+DEFAULT_SHAPES = [
+    (1, 32, 8, 32768, 128), (8, 32, 8, 8192, 128), (32, 32, 8, 4096, 128), (64, 64, 8, 2048, 128),
+    (16, 16, 1, 8192, 128), (8, 32, 4, 8192, 64), (8, 16, 4, 8192, 256), (8, 32, 32, 8192, 128),
+]
+
+
+def shape_list(text):
+    out = []
+    for part in text.split(";"):
+        if part.strip():
+            vals = tuple(int(x) for x in part.split(","))
+            if len(vals) != 5 or min(vals) <= 0 or vals[1] % vals[2]:
+                raise argparse.ArgumentTypeError(f"'{part}': expected B,HQ,HKV,SK,D with HQ a multiple of HKV")
+            out.append(vals)
+    return out
+
+
+def peer_fn(provider, q, k, v, group):
+    """SDPA on BHSD tensors under one backend; K and V expanded where it refuses GQA."""
+    backend = SDPBackend.CUDNN_ATTENTION if provider == "cudnn" else SDPBackend.FLASH_ATTENTION
+
+    def call(kk, vv, gqa):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, kk, vv, enable_gqa=gqa)
+
+    if group == 1:
+        call(k, v, False)
+        return (lambda: call(k, v, False)), False
+    try:
+        call(k, v, True)
+        return (lambda: call(k, v, True)), False
+    except RuntimeError:
+        ke, ve = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        call(ke, ve, False)
+        return (lambda: call(ke, ve, False)), True
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", type=shape_list, default=DEFAULT_SHAPES)
+    ap.add_argument("--providers", default="fa4,cudnn,fa2")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    ap.add_argument("--name", default="decode")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("decode: no CUDA GPU here; run it on the GPU machine", file=sys.stderr)
+        return 2
+    import fa4
+
+    dtype, providers = DTYPES[a.dtype], a.providers.split(",")
+    meta = {"gpu": torch.cuda.get_device_properties(0).name, "driver": gpu_driver(), "commit": commit_hash(),
+            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": "python3 bench/decode.py " + " ".join(
+                shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))}
+    records, failed = [], 0
+    for n, (b, hq, hkv, sk, d) in enumerate(a.shapes):
+        g = torch.Generator(device="cuda").manual_seed(1000 + n)
+        q = torch.randn(b, 1, hq, d, device="cuda", dtype=dtype, generator=g)
+        k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, generator=g)
+        v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, generator=g)
+        group = hq // hkv
+        moved = 2 * (2 * b * hq * d + 2 * b * sk * hkv * d)  # bytes: Q and O, K and V once
+        fns, recs = {}, {}
+        for p in providers:
+            rec = {"op": "fwd", "provider": p, "dtype": a.dtype, "batch": b, "heads_q": hq, "heads_kv": hkv,
+                   "seqlen_q": 1, "seqlen_k": sk, "head_dim": d, "causal": False, "ms": None, **meta}
+            recs[p] = rec
+            try:
+                if p == "fa4":
+                    with torch.no_grad():
+                        out = fa4.flash_attn_func(q, k, v)
+                        # the reference per query head: K and V of batch 0 expanded to heads_q
+                        rec["check"] = check_fa4(q[:1], k[:1].repeat_interleave(group, dim=2),
+                                                 v[:1].repeat_interleave(group, dim=2), out[:1], False)
+                    failed += not rec["check"]["pass"]
+                    fns[p] = lambda q=q, k=k, v=v: fa4.flash_attn_func(q, k, v)
+                else:
+                    qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+                    fns[p], rec["kv_expanded"] = peer_fn(p, qh, kh, vh, group)
+            except Exception as e:  # a provider that cannot run this shape: record why
+                rec["error"] = short(e)
+
+        def time_one(p, fn):
+            with torch.no_grad():
+                return bench_ms(fn, 25, 100), None, None
+
+        timed, errors = time_in_rounds(fns, a.rounds, time_one)
+        for p, e in errors.items():
+            recs[p]["error"] = short(e)
+        for p, rec in recs.items():
+            if "error" not in rec and timed.get(p):
+                rec.update(summary(timed[p], a.rounds > 1))
+                rec["us"] = rec["ms"] * 1e3
+                rec["gbps"] = moved / (rec["ms"] * 1e-3) / 1e9
+            records.append(rec)
+        del q, k, v, fns
+        torch.cuda.empty_cache()
+
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
+    paths = [Path(a.out) / f"{stamp}-{a.name}.json"]
+    if os.environ.get("OUT"):
+        paths.append(Path(os.environ["OUT"]) / f"{stamp}-{a.name}.json")
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(records, indent=1) + "\n")
+        print(f"wrote {path}")
+    print(f"{'b':>3} {'hq':>3} {'hkv':>3} {'sk':>6} {'d':>3}  " +
+          "  ".join(f"{p + ' us':>10} {'GB/s':>6}" for p in providers) + "  " +
+          "  ".join(f"{'fa4/' + p:>9}" for p in providers if p != "fa4") + "  check")
+    by = {}
+    for r in records:
+        by.setdefault((r["batch"], r["heads_q"], r["heads_kv"], r["seqlen_k"], r["head_dim"]), {})[r["provider"]] = r
+    for key, row in by.items():
+        cells = []
+        for p in providers:
+            r = row.get(p, {})
+            mark = "*" if r.get("kv_expanded") else " "
+            cells.append(f"{r['us']:>9.1f}{mark} {r['gbps']:>6.0f}" if r.get("us") else f"{'-':>10} {'-':>6}")
+        ratios = [f"{row[p]['us'] / row['fa4']['us']:>9.2f}" if row.get(p, {}).get("us") and row.get("fa4", {}).get("us")
+                  else f"{'-':>9}" for p in providers if p != "fa4"]
+        chk = row.get("fa4", {}).get("check")
+        print(" ".join(f"{x:>3}" if i != 3 else f"{x:>6}" for i, x in enumerate(key)) + "  " + "  ".join(cells) +
+              "  " + "  ".join(ratios) + "  " + ("-" if not chk else ("PASS" if chk["pass"] else "FAIL")))
+    print("(* K and V expanded to heads_q: the backend refused GQA; ratios are the peer's time over fa4's)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
