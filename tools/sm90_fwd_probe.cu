@@ -11,6 +11,12 @@
 //                              ROUNDS alternating rounds (default 6); first the device's memory
 //                              clock, bus width and the DRAM bandwidth the launch decides by,
 //                              last each walk's median (MEDIAN lines) and its ratio to the launch's
+//   sm90_fwd_probe decode [ROUNDS]
+//                              one query row a head (bench/decode.py's shapes, GQA folded): the
+//                              launch beside the stream-K tail never / always taken and, at d64,
+//                              two and three consumers forced, K and V read as BHSD; ROUNDS
+//                              alternating rounds (default
+//                              5), the L2 flushed before every launch; medians in us and GB/s
 //   sm90_fwd_probe trace DIR [variants]
 //                              clock64 timeline of the first CTAs (csv in DIR, medians printed);
 //                              with `variants` also the configurations measured and not shipped;
@@ -634,6 +640,70 @@ int main(int argc, char** argv) {
       }
       std::printf("\n");
     }
+    return 0;
+  }
+  if (std::strcmp(mode, "decode") == 0) {  // decoding shapes: the stream-K tail and d64's consumers
+    struct Dec { int b, hq, hkv, sk, d; };
+    static const Dec shapes[] = {{1, 32, 8, 32768, 128}, {8, 32, 8, 8192, 128}, {32, 32, 8, 4096, 128},
+                                 {64, 64, 8, 2048, 128}, {16, 16, 1, 8192, 128}, {8, 32, 4, 8192, 64},
+                                 {8, 16, 4, 8192, 256},  {8, 32, 32, 8192, 128}};
+    struct Way { const char* name; Launcher fn; int split, d; bool bhsd = false; };
+    static const Way ways[] = {
+        {"launch", fa4::detail::sm90_forward, 0, 0},      {"split_never", fa4::detail::sm90_forward, 1, 0},
+        {"split_always", fa4::detail::sm90_forward, 2, 0}, {"d64_two", run_cfg<64, 128, 4, 0, 2>, 0, 64},
+        {"d64_three", run_cfg<64, 128, 4, 0, 3>, 0, 64},
+        // K and V read as [batch, heads, seq, dim] (other values, the same bytes): each head's keys
+        // contiguous instead of interleaved with the other heads' rows
+        {"launch_kv_bhsd", fa4::detail::sm90_forward, 0, 0, true}, {"split_never_kv_bhsd", fa4::detail::sm90_forward, 1, 0, true},
+    };
+    const int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
+    void* flush = nullptr;
+    const size_t flush_bytes = size_t(256) << 20;
+    CK(cudaMalloc(&flush, flush_bytes));
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0); cudaEventCreate(&e1);
+    for (const Dec& x : shapes) {
+      const Shape sh{x.b, x.hq, x.hkv, 1, x.sk, x.d, false};
+      const size_t nq = size_t(x.b) * x.hq * x.d, nkv = size_t(x.b) * x.sk * x.hkv * x.d;
+      void *q, *k, *v, *o;
+      CK(cudaMalloc(&q, nq * 2)); CK(cudaMalloc(&o, nq * 2)); CK(cudaMalloc(&k, nkv * 2)); CK(cudaMalloc(&v, nkv * 2));
+      fill_device(q, nq, 7); fill_device(k, nkv, 8); fill_device(v, nkv, 9);
+      FwdParams p = make_params(sh, q, k, v, o, nullptr);
+      std::vector<std::vector<double>> us(std::size(ways));
+      for (int r = 0; r < rounds; ++r)
+        for (size_t w = 0; w < std::size(ways); ++w) {
+          if (ways[w].d != 0 && ways[w].d != x.d) continue;
+          FwdParams pw = p;
+          pw.split = ways[w].split;
+          if (ways[w].bhsd)
+            for (int64_t* st : {pw.k_stride, pw.v_stride}) st[1] = x.d, st[2] = int64_t(x.sk) * x.d;
+          std::vector<float> ms;
+          for (int i = 0; i < 23; ++i) {
+            cudaMemsetAsync(flush, i, flush_bytes);
+            cudaEventRecord(e0);
+            CK(cudaError_t(ways[w].fn(pw, 0).ok() ? cudaSuccess : cudaErrorUnknown));
+            cudaEventRecord(e1);
+            cudaEventSynchronize(e1);
+            float t; cudaEventElapsedTime(&t, e0, e1);
+            if (i >= 3) ms.push_back(t);
+          }
+          std::sort(ms.begin(), ms.end());
+          us[w].push_back(1e3 * ms[ms.size() / 2]);
+        }
+      const double bytes = 2.0 * (2.0 * nq + 2.0 * nkv);
+      std::printf("DECODE b=%d hq=%d hkv=%d sk=%d d=%d (folded: %d rows of %d heads)", x.b, x.hq, x.hkv, x.sk, x.d,
+                  p.seqlen_q, p.heads_q);
+      for (size_t w = 0; w < std::size(ways); ++w) {
+        if (us[w].empty()) continue;
+        std::sort(us[w].begin(), us[w].end());
+        const double m = us[w][us[w].size() / 2];
+        std::printf(", %s %.1f us %.0f GB/s [%.1f-%.1f]", ways[w].name, m, bytes / (m * 1e-6) / 1e9, us[w].front(),
+                    us[w].back());
+      }
+      std::printf("\n");
+      cudaFree(q); cudaFree(o); cudaFree(k); cudaFree(v);
+    }
+    cudaFree(flush);
     return 0;
   }
   if (std::strcmp(mode, "variants") == 0) {  // candidates against the shipped kernel, same run
