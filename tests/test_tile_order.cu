@@ -762,6 +762,38 @@ TEST(TileOrder, TailSplitCoversEveryKeyBlockOnce) {
   }
 }
 
+// Tiles of a few rows (decoding): the tail is cut where the pieces' measured costs leave it
+// faster. The cases are the H200 runs the costs come from (`sm90_fwd_probe decode`,
+// bench/results/2026-12-02-sm90-fwd-decode-tiles-h200.txt and, for 8 tiles of 256 blocks,
+// -decode-split-probe-h200.txt), one query row a head folded into 4 rows, on 132 SMs, where
+// cutting and not differed by more than 5 %.
+TEST(TileOrder, ShortTilesTailSplitWhereItMeasuredFaster) {
+  using fa4::sm90::short_tail_split_pays;
+  struct Measured { int tails, blocks, head_dim; bool cut_faster; };
+  const Measured runs[] = {
+      {16, 64, 128, true},  {24, 64, 128, true},   {32, 64, 128, true},   {40, 64, 128, true},
+      {48, 64, 128, true},  {64, 64, 128, false},  {72, 64, 128, false},  {80, 64, 128, false},
+      {96, 64, 128, false}, {112, 64, 128, false}, {32, 16, 128, false},  {48, 16, 128, false},
+      {64, 16, 128, false}, {96, 16, 128, false},  {16, 64, 64, true},    {24, 64, 64, true},
+      {40, 64, 64, false},  {64, 64, 64, false},   {96, 64, 64, false},   {16, 103, 256, true},
+      {32, 103, 256, true}, {48, 103, 256, false}, {64, 103, 256, false}, {8, 256, 128, true},
+  };
+  for (const Measured& m : runs)
+    EXPECT_EQ(short_tail_split_pays(m.tails, m.blocks, 132, m.head_dim), m.cut_faster)
+        << m.tails << " tiles of " << m.blocks << " blocks, d" << m.head_dim;
+  // Fewer tail tiles never make a cut less worth it; more keys a tile never do either.
+  for (int d : {64, 128, 256})
+    for (int blocks : {4, 16, 64, 256}) {
+      bool pays = true;
+      for (int tails = 1; tails < 132; ++tails) {
+        const bool now = short_tail_split_pays(tails, blocks, 132, d);
+        EXPECT_FALSE(now && !pays) << d << " " << blocks << " " << tails;
+        pays = now;
+        EXPECT_FALSE(now && !short_tail_split_pays(tails, 2 * blocks, 132, d)) << d << " " << blocks << " " << tails;
+      }
+    }
+}
+
 // Where the launch cuts the tail: when the idle part of the last round, less the pieces' cost of
 // three key blocks a unit, is at least 2.5 % of the run; never when the last round is full, and
 // not where units would get under two key blocks.

@@ -15,8 +15,9 @@
 //                              one query row a head (bench/decode.py's shapes, GQA folded): the
 //                              launch beside the stream-K tail never / always taken and, at d64,
 //                              two and three consumers forced, K and V read as BHSD; ROUNDS
-//                              alternating rounds (default
-//                              5), the L2 flushed before every launch; medians in us and GB/s
+//                              alternating rounds (default 5), the L2 flushed before every launch;
+//                              medians in us and GB/s. FA4_DECODE_SHAPES="B,HQ,HKV,SK,D;..." takes
+//                              other shapes
 //   sm90_fwd_probe trace DIR [variants]
 //                              clock64 timeline of the first CTAs (csv in DIR, medians printed);
 //                              with `variants` also the configurations measured and not shipped;
@@ -644,9 +645,19 @@ int main(int argc, char** argv) {
   }
   if (std::strcmp(mode, "decode") == 0) {  // decoding shapes: the stream-K tail and d64's consumers
     struct Dec { int b, hq, hkv, sk, d; };
-    static const Dec shapes[] = {{1, 32, 8, 32768, 128}, {8, 32, 8, 8192, 128}, {32, 32, 8, 4096, 128},
-                                 {64, 64, 8, 2048, 128}, {16, 16, 1, 8192, 128}, {8, 32, 4, 8192, 64},
-                                 {8, 16, 4, 8192, 256},  {8, 32, 32, 8192, 128}};
+    std::vector<Dec> shapes = {{1, 32, 8, 32768, 128}, {8, 32, 8, 8192, 128}, {32, 32, 8, 4096, 128},
+                               {64, 64, 8, 2048, 128}, {16, 16, 1, 8192, 128}, {8, 32, 4, 8192, 64},
+                               {8, 16, 4, 8192, 256},  {8, 32, 32, 8192, 128}};
+    if (const char* list = std::getenv("FA4_DECODE_SHAPES")) {  // "B,HQ,HKV,SK,D;..." in their place
+      shapes.clear();
+      for (const char* c = list; *c;) {
+        Dec x{};
+        if (std::sscanf(c, "%d,%d,%d,%d,%d", &x.b, &x.hq, &x.hkv, &x.sk, &x.d) == 5) shapes.push_back(x);
+        c = std::strchr(c, ';');
+        if (!c) break;
+        ++c;
+      }
+    }
     struct Way { const char* name; Launcher fn; int split, d; bool bhsd = false; };
     static const Way ways[] = {
         {"launch", fa4::detail::sm90_forward, 0, 0},      {"split_never", fa4::detail::sm90_forward, 1, 0},

@@ -44,6 +44,29 @@ inline int64_t section_heads(int64_t batch_heads, int64_t kv_bytes_per_q_head, i
 inline constexpr double kTailSplitGain = 0.025;
 inline constexpr double kTailSplitCostBlocks = 3.0;
 
+// Tiles of at most one consumer's rows (seqlen_q <= 64: decoding, whose query groups fold into a
+// few rows) do little tensor work a key block, so the stream-K tail's pieces cost what they are
+// measured to, not kTailSplitCostBlocks. H200, one query row against 2k-8k keys, 16 to 128 tiles
+// (docs/perf-notes.md, "Decoding's stream-K tail"), at d64 / d128 / d256: a whole tile's block
+// 0.92 / 1.16 / 1.13 us; a unit's block with every SM streaming pieces 2.9 / 2.0 / 2.3 us; and
+// 11 / 21 / 39 us more that a launch of pieces pays once (their fills, the last piece's merge of
+// the others' partials). The tail is cut only where that model has the tail round kTailSplitGain
+// faster cut, which the launch asks after plan_tail_split.
+inline constexpr int kShortTileRows = 64;
+struct ShortTileCosts {
+  double block_us, piece_block_us, cut_us;
+};
+inline constexpr ShortTileCosts short_tile_costs(int head_dim) {
+  return head_dim == 64 ? ShortTileCosts{0.92, 2.9, 11.0}
+         : head_dim == 256 ? ShortTileCosts{1.13, 2.3, 39.0}
+                           : ShortTileCosts{1.16, 2.0, 21.0};
+}
+inline bool short_tail_split_pays(int tails, int blocks, int units, int head_dim) {
+  const ShortTileCosts c = short_tile_costs(head_dim);
+  const double cut = c.cut_us + double(tails) * blocks / units * c.piece_block_us;
+  return cut < (1.0 - kTailSplitGain) * blocks * c.block_us;
+}
+
 // Launch-private device memory whose first `zeroed` bytes are zero at the kernel's start (the
 // stream-K tail's partials, and its counters where the stream has none of its own; the dynamic
 // grid's tile counter in graph capture, where no stream has: detail::stream_counters):
@@ -541,6 +564,8 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     const BlockRange kr = key_block_range<Cfg::kBlockM, Cfg::kBlockN>(k.window, 0, a.seqlen_q, a.seqlen_k);
     TileOrder order = k.tiles;
     if (plan_tail_split(order, int(slots), kr.hi - kr.lo, a.split == 2) &&
+        (a.split == 2 || a.seqlen_q > kShortTileRows ||
+         short_tail_split_pays(order.count - order.full, kr.hi - kr.lo, int(slots), a.head_dim)) &&
         (cluster == 1 ? allow_smem<Cfg, 1, true>(device) : allow_smem<Cfg, 2, true>(device)) == cudaSuccess) {
       // The piece counters: the stream's own, zero from its last launch, where they fit; else
       // zeroed scratch before the partials. The partials need no zeroing.
