@@ -2,8 +2,8 @@
 
 - forward matches a float64 reference by DESIGN.md §3's criterion (max error at most twice that of
   a plain 16-bit attention, plus 1e-3; relative Frobenius error at most 1e-2), over odd lengths,
-  causal (bottom-right), windows, GQA/MQA, BHSD views, bf16 and fp16; outputs finite, LSE right,
-  -inf for rows that see no key;
+  causal (bottom-right), windows, GQA/MQA, BHSD views, bf16 and fp16, one query row (decoding,
+  whose query groups fold into tiles); outputs finite, LSE right, -inf for rows that see no key;
 - bad arguments raise ValueError naming the argument, softcap NotImplementedError;
 - torch.compile(fullgraph=True) traces the ops (fake kernels) and matches eager;
 - torch.library.opcheck passes;
@@ -155,6 +155,10 @@ FWD_CASES = [
     (1, 64, 8192, 8, 8, 128, False, (-1, -1), "bshd", torch.bfloat16),
     (2, 100, 6000, 8, 2, 64, False, (-1, -1), "bhsd", torch.float16),  # GQA, key tail
     (1, 200, 4096, 4, 4, 256, False, (-1, -1), "bshd", torch.bfloat16),  # in clusters of two
+    # Decoding: one query row, each KV head's query heads folded into one tile's rows
+    (4, 1, 3000, 32, 8, 128, True, (-1, -1), "bshd", torch.bfloat16),
+    (2, 1, 777, 16, 1, 64, False, (-1, -1), "bhsd", torch.float16),  # MQA, BHSD views
+    (3, 1, 500, 8, 2, 256, False, (100, 0), "bshd", torch.bfloat16),  # keys dropped: not folded
 ]
 
 
@@ -420,8 +424,9 @@ def reference_grads(q, k, v, dout, scale, causal, window, lowp):
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize(
     "case",
-    [(2, 129, 257, 4, 2, 128, True, (-1, -1)), (1, 200, 200, 2, 2, 64, False, (48, 0))],
-    ids=["gqa-causal", "window"],
+    [(2, 129, 257, 4, 2, 128, True, (-1, -1)), (1, 200, 200, 2, 2, 64, False, (48, 0)),
+     (2, 1, 300, 8, 2, 128, False, (-1, -1))],
+    ids=["gqa-causal", "window", "one-query-row-gqa"],
 )
 def test_backward(case, deterministic):
     b, sq, sk, hq, hkv, d, causal, window = case
