@@ -692,7 +692,8 @@ int main(int argc, char** argv) {
           for (int i = 0; i < 23; ++i) {
             cudaMemsetAsync(flush, i, flush_bytes);
             cudaEventRecord(e0);
-            CK(cudaError_t(ways[w].fn(pw, 0).ok() ? cudaSuccess : cudaErrorUnknown));
+            const fa4::Status st = ways[w].fn(pw, 0);
+            if (!st.ok()) { std::printf("launch failed: %s\n", st.message.c_str()); std::exit(1); }
             cudaEventRecord(e1);
             cudaEventSynchronize(e1);
             float t; cudaEventElapsedTime(&t, e0, e1);
