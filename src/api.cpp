@@ -88,9 +88,24 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
   Status s = validate(args);
   if (!s.ok()) return s;
   const Problem& p = args.problem;
+  const Varlen& vl = args.varlen;
   // Nothing to compute, and nothing the GPU must be asked about.
-  if (p.batch == 0 || p.seqlen_q == 0) return Status::Ok();
+  if (p.batch == 0 || p.seqlen_q == 0 || (vl.enabled() && vl.total_q == 0)) return Status::Ok();
   if (!(s = detail::check_current_device()).ok()) return s;
+
+  if (vl.enabled() && (p.seqlen_k == 0 || vl.total_k == 0)) {
+    // No sequence has a key: every row of O is 0 and its LSE -inf (rows outside every sequence
+    // too: written, where with keys they are left as they are).
+    Problem rows = p;
+    rows.batch = 1;
+    if (!(s = zero("zeroing o (no keys)", args.o, rows, vl.total_q, p.heads_q, stream)).ok()) return s;
+    if (args.lse != nullptr) {
+      const cudaError_t e = detail::fill_floats(args.lse, p.heads_q * vl.total_q,
+                                                -std::numeric_limits<float>::infinity(), stream);
+      if (e != cudaSuccess) return cuda_failure("filling lse with -inf (no keys)", e);
+    }
+    return Status::Ok();
+  }
 
   if (p.seqlen_k == 0) {  // every row sees no key: O = 0, LSE = -inf
     if (!(s = zero("zeroing o (seqlen_k = 0)", args.o, p, p.seqlen_q, p.heads_q, stream)).ok())
@@ -229,5 +244,25 @@ extern "C" int fa4_backward(const fa4_problem* problem, fa4_tensor q, fa4_tensor
     a.workspace = workspace;
     a.workspace_bytes = workspace_bytes;
     return fa4::backward(a, stream);
+  });
+}
+
+extern "C" int fa4_forward_varlen(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
+                                  fa4_tensor o, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                                  int64_t total_q, int64_t total_k, float* lse, cudaStream_t stream,
+                                  char* message, size_t message_len) {
+  return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {
+    fa4::ForwardArgs a;
+    a.problem = p;
+    a.q = from_c(q);
+    a.k = from_c(k);
+    a.v = from_c(v);
+    a.o = from_c(o);
+    a.lse = lse;
+    a.varlen.cu_seqlens_q = cu_seqlens_q;
+    a.varlen.cu_seqlens_k = cu_seqlens_k;
+    a.varlen.total_q = total_q;
+    a.varlen.total_k = total_k;
+    return fa4::forward(a, stream);
   });
 }

@@ -29,7 +29,20 @@ int main(void) {
   const int null_problem = fa4_forward(NULL, t, t, t, t, NULL, NULL, 0, NULL, msg, sizeof msg);
   printf("fa4_forward(NULL problem): %d, %s\n", null_problem, msg);
 
-  const int as_documented = ok == 0 && bytes == expect && bad == 1 && null_problem == 1 &&
-                            strstr(msg, "problem = null") != NULL;
+  const int null_ok = null_problem == 1 && strstr(msg, "problem = null") != NULL;
+
+  /* A variable-length batch without cu_seqlens_k is refused, naming it. */
+  p.head_dim = 64;
+  fa4_tensor packed;
+  memset(&packed, 0, sizeof packed);
+  packed.data = (void*)(size_t)0x7f0000000000ull;
+  packed.seq_stride = 8 * 64, packed.head_stride = 64;
+  const int32_t* cu_q = (const int32_t*)(size_t)0x7f0010000000ull;
+  const int no_cu_k = fa4_forward_varlen(&p, packed, packed, packed, packed, cu_q, NULL, 150, 400, NULL, NULL, msg,
+                                         sizeof msg);
+  printf("fa4_forward_varlen(cu_seqlens_k NULL): %d, %s\n", no_cu_k, msg);
+
+  const int as_documented = ok == 0 && bytes == expect && bad == 1 && null_ok && no_cu_k == 1 &&
+                            strstr(msg, "varlen.cu_seqlens_k = null") != NULL;
   return as_documented ? 0 : 1;
 }

@@ -60,10 +60,31 @@ struct Problem {
   int64_t window_right = -1;   // -1 = unbounded; causal is window_right = 0
 };
 
+// Variable-length batches (packed sequences, flash-attn's varlen API). With both cu_seqlens set,
+// q and o hold total_q rows and k and v total_k rows (TensorRef's seq_stride and head_stride; its
+// batch_stride is not read), sequence b owning query rows [cu_seqlens_q[b], cu_seqlens_q[b + 1])
+// and key rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]). Both arrays are int32 in device memory,
+// problem.batch + 1 entries from 0, non-decreasing, ending at most at total_q / total_k;
+// problem.seqlen_q and seqlen_k are the longest sequence's lengths (or any bound above them; they
+// size the grid and pick the kernel). Causal and windows align each sequence's own queries and
+// keys bottom-right. Rows outside every sequence are not written. Entries that break the rules are
+// clamped on the device (a sequence then reads and writes inside [0, total) only, and none before
+// its start), never read past.
+struct Varlen {
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int64_t total_q = 0;
+  int64_t total_k = 0;
+  bool enabled() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }
+};
+
 struct ForwardArgs {
   Problem problem;
   TensorRef q, k, v, o;
-  float* lse = nullptr;  // optional fp32 [batch, heads_q, seqlen_q], natural log, contiguous
+  // Optional fp32, natural log, contiguous: [batch, heads_q, seqlen_q], or with varlen
+  // [heads_q, total_q] (flash-attn's layout), row r of head h at h * total_q + r.
+  float* lse = nullptr;
+  Varlen varlen;  // off unless its pointers are set
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };

@@ -34,6 +34,12 @@ typedef struct fa4_problem {
 int fa4_forward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
                 float* lse, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                 char* message, size_t message_len);
+// Variable-length batches (fa4::Varlen): q and o of total_q rows, k and v of total_k rows, sequence
+// b's rows from cu_seqlens_q[b] / cu_seqlens_k[b] (int32, device, problem->batch + 1 entries);
+// problem->seqlen_q / seqlen_k the longest sequence's lengths; lse (optional) [heads_q, total_q].
+int fa4_forward_varlen(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
+                       const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int64_t total_q,
+                       int64_t total_k, float* lse, cudaStream_t stream, char* message, size_t message_len);
 // The workspace fa4_backward needs for `problem`, in bytes, into *bytes
 // (fa4::backward_workspace_size); a StatusCode and message as above.
 int fa4_backward_workspace_size(const fa4_problem* problem, size_t* bytes, char* message, size_t message_len);

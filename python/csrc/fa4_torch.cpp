@@ -4,6 +4,10 @@
 //       -> (out, lse)      (with_lse false: no LSE written, lse empty [0])
 //   fa4::bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
 //            deterministic) -> (dq, dk, dv)
+//   fa4::fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+//                   softmax_scale, causal, window_left, window_right, with_lse=True) -> (out, lse)
+//       packed sequences: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim],
+//       cu_seqlens int32 [batch + 1] on q's device; out like q, lse fp32 [heads_q, total_q].
 //
 // Tensors are [batch, seqlen, heads, head_dim] views (BSHD, or BHSD transposed back) whose last
 // dim is contiguous; their element strides go to fa4 as they are. Outputs are new contiguous
@@ -250,6 +254,97 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_op(
   return {dq, dk, dv};
 }
 
+// A 3-d packed tensor [total, heads, head_dim] on `device`, its last dim contiguous.
+void check_packed(const at::Tensor& t, const char* op, const char* name, const at::Device& device) {
+  FA4_CHECK_VALUE(t.defined(), op, ": ", name, " is undefined");
+  FA4_CHECK_VALUE(t.is_cuda(), op, ": ", name, " is on ", t.device(), ": must be a CUDA tensor");
+  FA4_CHECK_VALUE(t.device() == device, op, ": ", name, " is on ", t.device(),
+                    ", q on ", device, ": all tensors must be on one device");
+  FA4_CHECK_VALUE(t.dim() == 3, op, ": ", name, " has shape ", shape_str(t),
+                    ": must be 3-d [total, heads, head_dim] (packed sequences)");
+  FA4_CHECK_VALUE(t.stride(2) == 1 || t.size(2) <= 1, op, ": ", name, " has stride ", t.stride(2),
+                    " in its last dim (shape ", shape_str(t), ", strides ", strides_str(t),
+                    "): head_dim must be contiguous (stride 1)");
+}
+
+// A packed tensor as fa4 takes it: rows and heads strides (a dim of size 1 gets the contiguous
+// one, as in tensor_ref); batch_stride is not read.
+fa4::TensorRef packed_ref(const at::Tensor& t) {
+  const int64_t hs = t.size(1) == 1 ? t.size(2) : t.stride(1);
+  const int64_t ss = t.size(0) == 1 ? hs * t.size(1) : t.stride(0);
+  return {t.data_ptr(), 0, ss, hs};
+}
+
+void check_cu_seqlens(const at::Tensor& cu, const char* op, const char* name, const at::Device& device) {
+  FA4_CHECK_VALUE(cu.defined() && cu.is_cuda() && cu.device() == device, op, ": ", name,
+                    " must be a CUDA tensor on q's device");
+  FA4_CHECK_VALUE(cu.scalar_type() == at::kInt, op, ": ", name, " has dtype ", cu.scalar_type(),
+                    ": must be torch.int32");
+  FA4_CHECK_VALUE(cu.dim() == 1 && cu.size(0) >= 1, op, ": ", name, " has shape ", shape_str(cu),
+                    ": must be 1-d [batch + 1]");
+  FA4_CHECK_VALUE(cu.is_contiguous(), op, ": ", name, " has strides ", strides_str(cu), ": must be contiguous");
+}
+
+std::tuple<at::Tensor, at::Tensor> fwd_varlen_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                 const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                                 int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                                 std::optional<double> softmax_scale, bool causal,
+                                                 int64_t window_left, int64_t window_right, bool with_lse) {
+  const char* op = "fa4::fwd_varlen";
+  check_packed(q, op, "q", q.device());
+  check_packed(k, op, "k", q.device());
+  check_packed(v, op, "v", q.device());
+  const fa4::DType dtype = dtype_of(q, op, "q");
+  check_same_dtype(k, q, op, "k");
+  check_same_dtype(v, q, op, "v");
+  FA4_CHECK_VALUE(k.size(2) == q.size(2), op, ": k has shape ", shape_str(k), ", q has ", shape_str(q),
+                    ": head_dim (dim 2) must match");
+  check_shape(v, shape_of(k), op, "v", "k's shape: [total_k, heads_kv, head_dim]");
+  check_cu_seqlens(cu_seqlens_q, op, "cu_seqlens_q", q.device());
+  check_cu_seqlens(cu_seqlens_k, op, "cu_seqlens_k", q.device());
+  FA4_CHECK_VALUE(cu_seqlens_k.size(0) == cu_seqlens_q.size(0), op, ": cu_seqlens_k has ",
+                    cu_seqlens_k.size(0), " entries, cu_seqlens_q ", cu_seqlens_q.size(0),
+                    ": both must be [batch + 1]");
+  FA4_CHECK_VALUE(max_seqlen_q >= 0 && max_seqlen_k >= 0, op, ": max_seqlen_q = ", max_seqlen_q,
+                    ", max_seqlen_k = ", max_seqlen_k, ": must be >= 0");
+
+  fa4::Problem p;
+  p.dtype = dtype;
+  p.batch = cu_seqlens_q.size(0) - 1;
+  p.seqlen_q = max_seqlen_q;
+  p.seqlen_k = max_seqlen_k;
+  p.heads_q = q.size(1);
+  p.heads_kv = k.size(1);
+  p.head_dim = q.size(2);
+  if (softmax_scale.has_value()) {
+    FA4_CHECK_VALUE(*softmax_scale != 0.0, op, ": softmax_scale = 0: must be nonzero (None gives ",
+                      "1/sqrt(head_dim))");
+    p.softmax_scale = static_cast<float>(*softmax_scale);
+  }
+  p.causal = causal;
+  p.window_left = window_left;
+  p.window_right = window_right;
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  const auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor lse = with_lse ? at::empty({p.heads_q, q.size(0)}, f32) : at::empty({0}, f32);
+
+  fa4::ForwardArgs args;
+  args.problem = p;
+  args.q = packed_ref(q);
+  args.k = packed_ref(k);
+  args.v = packed_ref(v);
+  args.o = packed_ref(out);
+  args.lse = lse.numel() ? lse.data_ptr<float>() : nullptr;
+  args.varlen.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
+  args.varlen.cu_seqlens_k = cu_seqlens_k.data_ptr<int32_t>();
+  args.varlen.total_q = q.size(0);
+  args.varlen.total_k = k.size(0);
+  raise_if_error(fa4::forward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), op);
+  return {out, lse};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(fa4, m) {
@@ -262,11 +357,16 @@ TORCH_LIBRARY(fa4, m) {
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "float? softmax_scale, bool causal, int window_left, int window_right, bool deterministic) "
       "-> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def(
+      "fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+      "int max_seqlen_k, float? softmax_scale, bool causal, int window_left, int window_right, "
+      "bool with_lse=True) -> (Tensor out, Tensor lse)");
 }
 
 TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
   m.impl("fwd", &fwd_op);
   m.impl("bwd", &bwd_op);
+  m.impl("fwd_varlen", &fwd_varlen_op);
 }
 
 // CPU tensors reach the same checks, which answer with a ValueError naming the tensor (instead of
@@ -274,4 +374,5 @@ TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
 TORCH_LIBRARY_IMPL(fa4, CPU, m) {
   m.impl("fwd", &fwd_op);
   m.impl("bwd", &bwd_op);
+  m.impl("fwd_varlen", &fwd_varlen_op);
 }

@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
            "scaled_dot_product_attention", "library_path", "LIBRARY_NAME", "__version__"]
 __version__ = "0.1.0"
 
@@ -88,6 +88,18 @@ def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, window_left, windo
               deterministic):
     _check_fake_qkv(q, k, v, "fa4::bwd")
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+@torch.library.register_fake("fa4::fwd_varlen")
+def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                     causal, window_left, window_right, with_lse=True):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"fa4::fwd_varlen: {name} has shape {tuple(t.shape)}: must be 3-d "
+                             "[total, heads, head_dim] (packed sequences)")
+    total_q, hq, d = q.shape
+    lse = q.new_empty((hq, total_q) if with_lse else (0,), dtype=torch.float32)
+    return q.new_empty(q.shape), lse
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,6 +193,61 @@ def flash_attn_func(
         # Inference: the kernels write an LSE only when the caller asks for it.
         out, lse = torch.ops.fa4.fwd(q, k, v, softmax_scale, causal, window_left, window_right,
                                      return_lse)
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    return_lse: bool = False,
+    *,
+    dropout_p: float = 0.0,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    return_attn_probs: bool = False,
+):
+    """Attention over packed sequences of different lengths, flash-attn's varlen API.
+
+    q: [total_q, heads_q, head_dim]; k, v: [total_k, heads_kv, head_dim] (bf16 or fp16, one CUDA
+    device, head_dim contiguous). cu_seqlens_q, cu_seqlens_k: int32 [batch + 1] on that device,
+    from 0 and non-decreasing: sequence b is q rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1
+    against k, v rows cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1. max_seqlen_q, max_seqlen_k: the
+    longest sequences' lengths (longer ones are cut to them). causal and window_size align each
+    sequence's own queries and keys bottom-right, as flash_attn_func does. Rows of q outside every
+    sequence are not written in out. Returns out like q, and with return_lse the fp32 LSE
+    [heads_q, total_q]. Forward only: the backward of variable-length batches is not implemented,
+    so inputs that require a gradient under grad mode are refused.
+    """
+    _refuse_unimplemented("fa4.flash_attn_varlen_func", dropout_p, alibi_slopes)
+    return_lse = bool(return_lse or return_attn_probs)
+    if softcap != 0.0:
+        raise NotImplementedError(
+            f"fa4.flash_attn_varlen_func: softcap = {softcap}: soft-capping is not implemented "
+            "(softcap must be 0.0)"
+        )
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise NotImplementedError(
+            "fa4.flash_attn_varlen_func: the backward of variable-length batches is not implemented; "
+            "call it under torch.no_grad() (or torch.inference_mode()), or with inputs that do not "
+            "require grad"
+        )
+    del deterministic  # (a backward option)
+    window_left, window_right = _window(window_size)
+    if softmax_scale is not None:
+        softmax_scale = float(softmax_scale)
+    out, lse = torch.ops.fa4.fwd_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
+        bool(causal), window_left, window_right, return_lse,
+    )
     return (out, lse) if return_lse else out
 
 

@@ -45,9 +45,18 @@ struct FwdParams {
   // query blocks; sm90/fwd_launch.cuh): 0 = by the device (every round where DRAM runs 4 TB/s or more,
   // else the last round), 1 = never, 2 = the last round only, 3 = every round.
   int diagonal_last = 0;
+  // Variable-length batches (fa4::Varlen): int32 [batch + 1] each on the device, null without;
+  // seqlen_q and seqlen_k then bound each sequence's lengths, and q, o (k, v) hold total_q
+  // (total_k) rows, their batch strides unread.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int total_q = 0, total_k = 0;
+  bool varlen() const { return cu_seqlens_q != nullptr; }
 };
 
 // Launches the sm90 forward kernel; kNotSupported for configurations it does not cover.
 Status sm90_forward(const FwdParams& p, cudaStream_t stream);
+// The same for a variable-length batch (p.varlen()), which sm90_forward hands on to it.
+Status sm90_forward_varlen(const FwdParams& p, cudaStream_t stream);
 
 }  // namespace fa4::detail

@@ -163,6 +163,46 @@ Status check_shared(const Problem& p, const TensorRef& q, const TensorRef& k, co
   return check_tensor("o", o, qs, p);
 }
 
+// A variable-length batch (Varlen): both cu_seqlens, aligned; totals that the kernel's int rows
+// hold; q, o over total_q rows and k, v over total_k rows (one batch: batch_stride is not read);
+// the LSE [heads_q, total_q].
+Status check_varlen(const ForwardArgs& args) {
+  const Problem& p = args.problem;
+  const Varlen& v = args.varlen;
+  const struct {
+    const char* name;
+    const int32_t* ptr;
+  } cus[] = {{"varlen.cu_seqlens_q", v.cu_seqlens_q}, {"varlen.cu_seqlens_k", v.cu_seqlens_k}};
+  for (const auto& c : cus) {
+    if (c.ptr == nullptr)
+      return invalid(std::string(c.name) + " = null: a variable-length batch needs both cu_seqlens_q and "
+                     "cu_seqlens_k (int32, batch + 1 entries each, on the device)");
+    if (reinterpret_cast<uintptr_t>(c.ptr) % alignof(int32_t) != 0)
+      return invalid(std::string(c.name) + " = " + detail::format_pointer(c.ptr) + ": must be a multiple of " +
+                     str(int64_t{alignof(int32_t)}) + " bytes (int32)");
+  }
+  Status s;
+  if (!(s = check_size("varlen.total_q", v.total_q, 0)).ok()) return s;
+  if (!(s = check_size("varlen.total_k", v.total_k, 0)).ok()) return s;
+  if (p.batch == 0) return Status::Ok();
+  Problem one = p;  // the packed rows as one batch
+  one.batch = 1;
+  const Shape qs{"varlen.total_q", v.total_q, "heads_q", p.heads_q};
+  const Shape ks{"varlen.total_k", v.total_k, "heads_kv", p.heads_kv};
+  auto rows_only = [](TensorRef t) {  // (batch_stride is not read)
+    t.batch_stride = 0;
+    return t;
+  };
+  if (!(s = check_tensor("q", rows_only(args.q), qs, one)).ok()) return s;
+  if (!(s = check_tensor("k", rows_only(args.k), ks, one)).ok()) return s;
+  if (!(s = check_tensor("v", rows_only(args.v), ks, one)).ok()) return s;
+  if (!(s = check_tensor("o", rows_only(args.o), qs, one)).ok()) return s;
+  if (args.lse != nullptr && reinterpret_cast<uintptr_t>(args.lse) % alignof(float) != 0)
+    return invalid("lse = " + detail::format_pointer(args.lse) + ": must be a multiple of " +
+                   str(int64_t{alignof(float)}) + " bytes (float)");
+  return Status::Ok();
+}
+
 }  // namespace
 
 float effective_scale(const Problem& p) {
@@ -174,6 +214,7 @@ Status validate(const ForwardArgs& args) {
   const Problem& p = args.problem;
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
+  if (args.varlen.enabled()) return check_varlen(args);
   if (!(s = check_lse(args.lse, p, /*required=*/false)).ok()) return s;
   return check_shared(p, args.q, args.k, args.v, args.o);
 }
@@ -346,6 +387,13 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   set_strides(args.k, f.k_stride);
   set_strides(args.v, f.v_stride);
   set_strides(args.o, f.o_stride);
+  if (args.varlen.enabled()) {  // (the fold's rows would not start at a sequence's first)
+    f.cu_seqlens_q = args.varlen.cu_seqlens_q;
+    f.cu_seqlens_k = args.varlen.cu_seqlens_k;
+    f.total_q = static_cast<int>(args.varlen.total_q);
+    f.total_k = static_cast<int>(args.varlen.total_k);
+    return f;
+  }
   fold_query_groups(&f);
   return f;
 }

@@ -65,13 +65,21 @@ template <class Elem, class Params>
 __device__ __forceinline__ Elem* o_row(const Params& p, const Tile& tl, int q) {
   return static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] + tl.head * p.o_stride[2];
 }
+// Packed row q (a variable-length batch's: no batch term) of head tl.head.
+template <class Elem, class Params>
+__device__ __forceinline__ Elem* o_packed_row(const Params& p, const Tile& tl, int q) {
+  return static_cast<Elem*>(p.o) + int64_t(q) * p.o_stride[1] + tl.head * p.o_stride[2];
+}
 
 // A consumer's rows finished: each row's whole sum (from the quad's partials unless
 // kTensorRowSum), its LSE written for rows inside the sequence, and 1 / sum in inv (0 for a row
-// without keys). first: the tile's first row; row0: this thread's first row in the tile.
-template <class Cfg, class Params>
-__device__ __forceinline__ void finish_rows(const Params& p, const Tile& tl, numerics::RowState (&rows)[2],
-                                            int first, int row0, int lane, float (&inv)[2]) {
+// without keys). first: the tile's first row; row0: this thread's first row in the tile. The LSE
+// is [batch, heads_q, seqlen_q], or with kVarlen [heads_q, total_q] (the sequence's rows from
+// sp.q_off).
+template <class Cfg, bool kVarlen, class Params>
+__device__ __forceinline__ void finish_rows(const Params& p, const Tile& tl, const SeqSpan& sp,
+                                            numerics::RowState (&rows)[2], int first, int row0, int lane,
+                                            float (&inv)[2]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float l = rows[i].sum;
@@ -84,8 +92,13 @@ __device__ __forceinline__ void finish_rows(const Params& p, const Tile& tl, num
     // branches on each tile's path to the next.
     inv[i] = l > 0.0f ? rcp_approx(l) : 0.0f;
     const int q = first + row0 + 8 * i;
-    if (p.lse != nullptr && lane % 4 == 0 && q >= 0 && q < p.seqlen_q)
-      p.lse[(int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q] = numerics::row_lse(rows[i], Lg2Approx{});
+    if constexpr (kVarlen) {
+      if (p.lse != nullptr && lane % 4 == 0 && q >= 0 && q < sp.q_len)
+        p.lse[int64_t(tl.head) * p.total_q + sp.q_off + q] = numerics::row_lse(rows[i], Lg2Approx{});
+    } else {
+      if (p.lse != nullptr && lane % 4 == 0 && q >= 0 && q < p.seqlen_q)
+        p.lse[(int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q] = numerics::row_lse(rows[i], Lg2Approx{});
+    }
   }
 }
 
@@ -96,8 +109,13 @@ __device__ __forceinline__ void finish_rows(const Params& p, const Tile& tl, num
 // otherwise each thread stores its pairs of O straight to global memory: with kWide as 16-byte
 // stores after a transpose inside each quad (H100, d64 three consumers: 512 +1.3 %, 1k +0.6 %,
 // causal 1k +1.7 %, 4k unchanged; docs/perf-notes.md), else as the 4-byte pairs themselves.
-template <class Cfg, bool kStaged, class Params, bool kWide = false, int kStageRows = Cfg::kBlockM>
-__device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
+//
+// kVarlen: rows from sp.q_off of maps over the packed sequences; a staged consumer share that
+// reaches past its sequence's last row is copied out by its 128 threads, row by row, where a box
+// would write into the next sequence.
+template <class Cfg, bool kStaged, class Params, bool kWide = false, int kStageRows = Cfg::kBlockM,
+          bool kVarlen = false>
+__device__ __forceinline__ void store_output(const Params& p, const Tile& tl, const SeqSpan& sp,
                                              float (&o)[Cfg::kHeadDim / 2],
                                              numerics::RowState (&rows)[2], int consumer, int t,
                                              uint8_t* s_o) {
@@ -110,7 +128,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
   // multiple of 64: a consumer's 64 rows lie all before row 0 or none).
   const int first = tile_first_row<Cfg::kBlockM>(p.window, tl.m_block);
   float inv[2];
-  finish_rows<Cfg>(p, tl, rows, first, row0, lane, inv);
+  finish_rows<Cfg, kVarlen>(p, tl, sp, rows, first, row0, lane, inv);
   if constexpr (kStaged) {
     constexpr bool kOwn = kStageRows != Cfg::kBlockM;  // a tile of this consumer's rows alone
     const uint32_t bar_id = own_barrier<Cfg>(consumer);
@@ -119,21 +137,37 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
     stmatrix_tile<Cfg::kHeadDim, kStageRows, Cfg::kBF16, true>(ptx::smem_addr(s_o), kOwn ? 0 : consumer, t, o, inv);
     ptx::fence_proxy_async_smem();
     ptx::named_bar_sync(bar_id, 128);
-    if (t == 0 && first + consumer * 64 >= 0) {
-      const int row = first + consumer * 64;
+    if (kVarlen && first + consumer * 64 + 64 > sp.q_len) {
+      // Each thread 16-byte vectors of the share's rows inside the sequence, read back through the
+      // swizzle stmatrix_tile wrote them in; the barrier after keeps the buffer until all are read.
+      constexpr int kVecs = Cfg::kHeadDim / 8;
+      const int base_row = kOwn ? 0 : consumer * 64;
+      for (int i = t; i < 64 * kVecs; i += 128) {
+        const int r = i / kVecs, vec = i % kVecs;
+        const int q = first + consumer * 64 + r;
+        if (q < 0 || q >= sp.q_len) continue;
+        const int srow = base_row + r, atom = vec / 8, chunk = vec % 8;
+        const uint4 x = *reinterpret_cast<const uint4*>(s_o + atom * kStageRows * 128 + srow * 128 +
+                                                        ((chunk ^ (srow % 8)) << 4));
+        *reinterpret_cast<uint4*>(o_packed_row<Elem>(p, tl, sp.q_off + q) + 8 * vec) = x;
+      }
+      ptx::named_bar_sync(bar_id, 128);
+    } else if (t == 0 && first + consumer * 64 >= 0) {
+      const int row = (kVarlen ? sp.q_off : 0) + first + consumer * 64;
+      const int batch = kVarlen ? 0 : tl.batch;
       if constexpr (kOwn && Cfg::kFoldedQO) {  // the consumer's rows as one box of every chunk
         if constexpr (Cfg::kQOEvictFirst)
-          ptx::tma_store_5d_hint(&p.tm_o, s_o, 0, row, 0, tl.head, tl.batch, ptx::l2_policy_evict_first());
+          ptx::tma_store_5d_hint(&p.tm_o, s_o, 0, row, 0, tl.head, batch, ptx::l2_policy_evict_first());
         else
-          ptx::tma_store_5d(&p.tm_o, s_o, 0, row, 0, tl.head, tl.batch);
+          ptx::tma_store_5d(&p.tm_o, s_o, 0, row, 0, tl.head, batch);
       } else {
 #pragma unroll
         for (int c = 0; c < Cfg::kChunks; ++c) {
           const uint8_t* src = s_o + c * kStageRows * 128 + (kOwn ? 0 : consumer * 64 * 128);
           if constexpr (Cfg::kQOEvictFirst)  // O is written once: evict_first in L2
-            ptx::tma_store_4d_hint(&p.tm_o, src, c * 64, row, tl.head, tl.batch, ptx::l2_policy_evict_first());
+            ptx::tma_store_4d_hint(&p.tm_o, src, c * 64, row, tl.head, batch, ptx::l2_policy_evict_first());
           else
-            ptx::tma_store_4d(&p.tm_o, src, c * 64, row, tl.head, tl.batch);
+            ptx::tma_store_4d(&p.tm_o, src, c * 64, row, tl.head, batch);
         }
       }
       ptx::tma_store_commit();
@@ -148,8 +182,15 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int q = first + row0 + 8 * i;
-        const bool store = q >= 0 && q < p.seqlen_q;
-        Elem* out = o_row<Elem>(p, tl, store ? q : 0);
+        bool store;
+        Elem* out;
+        if constexpr (kVarlen) {
+          store = q >= 0 && q < sp.q_len;
+          out = o_packed_row<Elem>(p, tl, sp.q_off + (store ? q : 0));
+        } else {
+          store = q >= 0 && q < p.seqlen_q;
+          out = o_row<Elem>(p, tl, store ? q : 0);
+        }
 #pragma unroll
         for (int g = 0; g < Cfg::kHeadDim / 32; ++g) {
           uint32_t a[4];
@@ -180,11 +221,15 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int q = first + row0 + 8 * i;
-        if (q < 0 || q >= p.seqlen_q) continue;
+        if (q < 0 || q >= (kVarlen ? sp.q_len : p.seqlen_q)) continue;
         // o_row written out: through the helper ptxas orders this address arithmetic differently
         // in the d256 stream-K kernels of clusters (SASS of the shipped, measured form kept).
-        Elem* out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] +
-                    tl.head * p.o_stride[2];
+        Elem* out;
+        if constexpr (kVarlen)
+          out = o_packed_row<Elem>(p, tl, sp.q_off + q);
+        else
+          out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] +
+                tl.head * p.o_stride[2];
 #pragma unroll
         for (int j = 0; j < Cfg::kHeadDim / 8; ++j)
           *reinterpret_cast<uint32_t*>(out + 8 * j + col0) =
@@ -196,19 +241,24 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl,
 
 // The epilogue of a tile whose key range is empty: its rows saw no key, O = 0 (16-byte stores of
 // zeros, each thread every 128th of the consumer's 64 x d) and their LSE, with no staging.
-template <class Cfg, class Params>
-__device__ __forceinline__ void store_keyless(const Params& p, const Tile& tl, numerics::RowState (&rows)[2],
-                                              int consumer, int t) {
+template <class Cfg, bool kVarlen, class Params>
+__device__ __forceinline__ void store_keyless(const Params& p, const Tile& tl, const SeqSpan& sp,
+                                              numerics::RowState (&rows)[2], int consumer, int t) {
   using Elem = std::conditional_t<Cfg::kBF16, __nv_bfloat16, __half>;
   const int lane = t % 32;
   const int first = tile_first_row<Cfg::kBlockM>(p.window, tl.m_block);
   float inv[2];
-  finish_rows<Cfg>(p, tl, rows, first, consumer * 64 + (t / 32) * 16 + lane / 4, lane, inv);
+  finish_rows<Cfg, kVarlen>(p, tl, sp, rows, first, consumer * 64 + (t / 32) * 16 + lane / 4, lane, inv);
   constexpr int kVecs = Cfg::kHeadDim / 8;  // 16-byte vectors a row
   for (int i = t; i < 64 * kVecs; i += 128) {
     const int q = first + consumer * 64 + i / kVecs;
-    if (q >= 0 && q < p.seqlen_q)
-      *reinterpret_cast<uint4*>(o_row<Elem>(p, tl, q) + 8 * (i % kVecs)) = make_uint4(0, 0, 0, 0);
+    if constexpr (kVarlen) {
+      if (q >= 0 && q < sp.q_len)
+        *reinterpret_cast<uint4*>(o_packed_row<Elem>(p, tl, sp.q_off + q) + 8 * (i % kVecs)) = make_uint4(0, 0, 0, 0);
+    } else {
+      if (q >= 0 && q < p.seqlen_q)
+        *reinterpret_cast<uint4*>(o_row<Elem>(p, tl, q) + 8 * (i % kVecs)) = make_uint4(0, 0, 0, 0);
+    }
   }
 }
 

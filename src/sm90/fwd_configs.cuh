@@ -75,4 +75,24 @@ Status with_shipped_config(const detail::FwdParams& a, F&& f) {
   }
 }
 
+// The configurations of variable-length batches (fwd_launch.cuh, launch_forward<Cfg, true>): whole
+// tiles on single CTAs with a Window::shift of 0. A subset, to keep the kernels built few: d64
+// takes 128- or 192-row tiles by d64_consumers (on the longest sequence; its 256-row tiles go to
+// 192), d128 its own, d256 80-key blocks without a bound and 64 under one (D256Config's choice on
+// long rows; the serial step, for short ones, is left out).
+template <bool kBF16, class F>
+Status with_varlen_config(const detail::FwdParams& a, F&& f) {
+  switch (a.head_dim) {
+    case 64:
+      if (d64_consumers(a) == 2) return f.template operator()<D64Config<kBF16, 2>>();
+      return f.template operator()<D64Config<kBF16, 3>>();
+    case 128: return f.template operator()<D128Config<kBF16>>();
+    case 256:
+      if (tiles_of_one_length(a)) return f.template operator()<D256Config<80, kBF16>>();
+      return f.template operator()<D256Config<64, kBF16>>();
+    default:
+      return {StatusCode::kNotSupported, "head_dim = " + std::to_string(a.head_dim) + " has no sm90 kernel"};
+  }
+}
+
 }  // namespace fa4::sm90

@@ -246,7 +246,32 @@ struct FwdKernelParams {
   float* partials;
   int* piece_counters;
   uint64_t* trace;  // development timeline (a config with kTrace = true); null otherwise
+  // Variable-length batches (the kVarlen kernels): sequence b's query and key rows start at
+  // cu_seqlens_q[b] and cu_seqlens_k[b] of maps over total_q and total_k rows (batch extent 1),
+  // and seqlen_q, seqlen_k bound every sequence's lengths. Null in the others.
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  int total_q, total_k;
 };
+
+// A tile's sequence (SeqSpan, tile_order.cuh). Without varlen the launch's lengths from row 0 of
+// each batch. With it, sequence `batch`'s entries of
+// cu_seqlens, clamped so that a sequence starts where the one before it does at the earliest,
+// ends inside [0, total) and is no longer than the launch's bound (FwdKernelParams::seqlen_q,
+// seqlen_k: the grid's query blocks and the kernel's choice rest on them): entries that break
+// the API's rules never send a load or store out of the tensors.
+template <bool kVarlen>
+__device__ __forceinline__ SeqSpan seq_span(const FwdKernelParams& p, int batch) {
+  if constexpr (!kVarlen) {
+    return {0, p.seqlen_q, 0, p.seqlen_k};
+  } else {
+    const int q0 = min(max(__ldg(p.cu_seqlens_q + batch), 0), p.total_q);
+    const int q1 = min(max(__ldg(p.cu_seqlens_q + batch + 1), q0), p.total_q);
+    const int k0 = min(max(__ldg(p.cu_seqlens_k + batch), 0), p.total_k);
+    const int k1 = min(max(__ldg(p.cu_seqlens_k + batch + 1), k0), p.total_k);
+    return {q0, min(q1 - q0, p.seqlen_q), k0, min(k1 - k0, p.seqlen_k)};
+  }
+}
 
 // K and V loaded as one TMA box a block, the 64-column chunks folded into a box dimension
 // (ptx::map_bshd_16bit_sw128_folded), instead of a box a chunk: a config that derives from
@@ -443,10 +468,16 @@ __device__ __forceinline__ void pass_softmax_turn(int consumer) {
 // (d64's three-consumer kernel 3200 -> 2776 instructions, d128's 5072 -> 4112). H100, against the
 // bounded kernel: d64 causal 512 / 1k / 2k / 4k +3.1 / +3.6 / +2.8 / +1.5 %, d128 causal 1k / 4k
 // +1.4 / +1.6 %, d256 +0.7…1.3 % (docs/perf-notes.md, "Causal known at compile time").
-template <class Cfg, int kCluster = 1, bool kSplit = false, bool kBounded = false, bool kCausal = false>
+// kVarlen: variable-length batches (FwdKernelParams::cu_seqlens_q), on single CTAs walking whole
+// tiles. The grid's tiles are those of the longest sequence in every (batch, head); the CTA that
+// takes one past its sequence's last row takes the next, so no role sees it. Tiles start at row
+// 0 of their sequence (Window::shift is 0).
+template <class Cfg, int kCluster = 1, bool kSplit = false, bool kBounded = false, bool kCausal = false,
+          bool kVarlen = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_kernel(const __grid_constant__ FwdKernelParams p) {
   static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
+  static_assert(!kVarlen || (kCluster == 1 && !kSplit), "variable-length batches run on whole tiles, one CTA a unit");
   static_assert(!kBounded || (kCluster == 1 && !kSplit), "bounds run on whole tiles, one CTA a unit");
   static_assert(!kCausal || kBounded, "the causal kernel is a bounded one");
   static_assert(kCluster == 1 || Cfg::kBlockN / 2 * 128 % 1024 == 0, "a K/V half must keep 1024-byte alignment");
@@ -585,18 +616,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    regs_decrease<kSplit ? Cfg::kProducerRegsSplit : Cfg::kProducerRegs>();
+    // (The varlen kernels' loaders pass tiles by: the stream-K kernels' count, 32 where there are
+    // three consumers.)
+    regs_decrease<kSplit || kVarlen ? Cfg::kProducerRegsSplit : Cfg::kProducerRegs>();
     // Consumer c's 64 rows of tile tl's Q (FwdConfig::kStageOInKV, whose Q is folded:
     // FwdConfig::kFoldedQO) as one TMA box of every 64-column chunk, on `full`, whose expected bytes
     // the caller has set.
-    [[maybe_unused]] auto load_q_rows = [&](int c, const Tile& tl, uint64_t* full) {
+    // (With varlen the map's rows are the packed sequences', its batch extent 1: sp.q_off's row.)
+    [[maybe_unused]] auto load_q_rows = [&](int c, const Tile& tl, const SeqSpan& sp, uint64_t* full) {
       if constexpr (Cfg::kFoldedQO) {
-        const int row = tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64;
+        const int row = (kVarlen ? sp.q_off : 0) + tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64;
+        const int batch = kVarlen ? 0 : tl.batch;
         uint8_t* dst = sQ + c * (Cfg::kQBytes / 2);
         if constexpr (Cfg::kQOEvictFirst)
-          tma_load_5d_hint(dst, &p.tm_q, full, 0, row, 0, tl.head, tl.batch, l2_policy_evict_first());
+          tma_load_5d_hint(dst, &p.tm_q, full, 0, row, 0, tl.head, batch, l2_policy_evict_first());
         else
-          tma_load_5d(dst, &p.tm_q, full, 0, row, 0, tl.head, tl.batch);
+          tma_load_5d(dst, &p.tm_q, full, 0, row, 0, tl.head, batch);
       }
     };
     if constexpr (kOInKV) {
@@ -616,10 +651,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             break;
           }
           const Tile tl = p.tiles.template decode_tile<kPairs>(tile, rank);
+          SeqSpan sp{};
+          if constexpr (kVarlen) sp = seq_span<kVarlen>(p, tl.batch);
           if (round > 0) mbar_wait(&bar.q_free[c], uint32_t(round - 1) & 1u);
           // One box lands every chunk on q_full, which the consumer waits for before its first S.
           mbar_arrive_expect_tx(&bar.q_full[c], Cfg::kQBytes / 2);
-          load_q_rows(c, tl, &bar.q_full[c]);
+          load_q_rows(c, tl, sp, &bar.q_full[c]);
         }
         return;
       }
@@ -694,14 +731,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       int next = kSplit ? p.tiles.item(0, unit, units) : p.tiles.template nth<kPairs>(0, unit, units);
       // Whether the CTA has no more work (a tile index >= count, or no such piece).
       auto done = [&](int t) { return kSplit ? t == TileOrder::kEnd : t >= p.tiles.count; };
+      [[maybe_unused]] auto tile_past_end = [&](int t) {
+        const Tile x = p.tiles.template decode_tile<kPairs>(t, rank);
+        return x.m_block * kBlockM >= seq_span<kVarlen>(p, x.batch).q_len;
+      };
       for (int round = 0;; ++round) {
         int tile;
         Tile tl;
+        SeqSpan sp{};
         if (loads_k) {  // takes the tile, publishes it beside its Q buffer, loads Q
           if constexpr (kSplit)
             tile = decode_item(p.tiles, bar, next, rank, tl) ? next : TileOrder::kEnd;
           else
             tile = next;
+          // Varlen: a tile past its sequence's last row is passed by at once, for the next claim
+          // (the K loader's `round` then counts its claims, the static rounds' index).
+          if constexpr (kVarlen)
+            while (!done(tile) && tile_past_end(tile))
+              tile = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
+                                    : p.tiles.template nth<kPairs>(++round, unit, units);
           mbar_wait(&bar.q_empty[qw.stage], qw.phase ^ 1);
           if constexpr (kSplit) {  // before the arrive that publishes it (release)
             bar.item[qw.stage].x = tile;
@@ -709,6 +757,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             if (!done(tile)) tl = p.tiles.template decode_tile<kPairs>(tile, rank);
             bar.item[qw.stage] = done(tile) ? make_int4(tile, 0, 0, 0) : make_int4(tile, tl.batch, tl.head, tl.m_block);
           }
+          if constexpr (kVarlen)
+            if (!done(tile)) sp = seq_span<kVarlen>(p, tl.batch);
           if constexpr (kOInKV) mbar_arrive(&bar.tile_pub);  // the Q loaders take it from here
           if (done(tile)) {
             if constexpr (!kOInKV) mbar_arrive(&bar.q_full[qw.stage]);  // no Q: the phase completes on the arrive alone
@@ -718,11 +768,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // The Q loaders take Q.
           } else if constexpr (Cfg::kStageOInKV) {  // the stream-K kernel of such a config: both halves here
             mbar_arrive_expect_tx(&bar.q_full[qw.stage], Cfg::kQBytes);
-            for (int c = 0; c < 2; ++c) load_q_rows(c, tl, &bar.q_full[qw.stage]);
+            for (int c = 0; c < 2; ++c) load_q_rows(c, tl, sp, &bar.q_full[qw.stage]);
           } else {
-            // Rows before row 0 (a first tile with Window::shift) land as zeros (TMA's out-of-bounds fill).
+            // Rows before row 0 (a first tile with Window::shift) land as zeros (TMA's out-of-bounds
+            // fill); with varlen, rows past the sequence are the next one's (the consumers' key mask
+            // and row tests leave them out).
             load_tile(sQ + qw.stage * Cfg::kQBytes, &p.tm_q, &bar.q_full[qw.stage], Cfg::kQBytes, kBlockM,
-                      tile_first_row<kBlockM>(p.window, tl.m_block), tl.head, tl.batch, Cfg::kQOEvictFirst);
+                      (kVarlen ? sp.q_off : 0) + tile_first_row<kBlockM>(p.window, tl.m_block), tl.head,
+                      kVarlen ? 0 : tl.batch, Cfg::kQOEvictFirst);
           }
           // The next tile now, so the atomic's latency passes under this tile's K/V loads.
           next = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
@@ -740,13 +793,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             decode_item(p.tiles, bar, tile, rank, tl);
           else
             tl = p.tiles.template decode_tile<kPairs>(tile, rank);
+          if constexpr (kVarlen) sp = seq_span<kVarlen>(p, tl.batch);
         }
         qw.advance();
         if constexpr (test_lags<Cfg>().tile > 0)  // (a test's config: the loaders held in turn too)
           if ((round + int(threadIdx.x) / 32 + rank) % 3 == 0) spin_cycles(test_lags<Cfg>().tile);
-        BlockRange range = key_block_range<kBlockM, kBlockN>(bound(), tl.m_block, p.seqlen_q, p.seqlen_k);
+        BlockRange range = kVarlen ? key_block_range<kBlockM, kBlockN>(bound(), tl.m_block, sp.q_len, sp.k_len)
+                                   : key_block_range<kBlockM, kBlockN>(bound(), tl.m_block, p.seqlen_q, p.seqlen_k);
         if constexpr (kSplit) range = piece_range(range, tl);
         const int h_kv = tl.head / p.head_ratio;
+        // With varlen the sequence's first key row, batch 0 of the maps.
+        const int kv_row = kVarlen ? sp.k_off : 0, kv_batch = kVarlen ? 0 : tl.batch;
         // Trace events of a load: 0/1 before/after K's empty wait, 2/3 the same for V.
         // The walk's order of key blocks (TileOrder::walk_block), as the consumers take it.
         const bool diag_last = kPairs && p.tiles.diagonal_last(tile, tl.m_block);
@@ -756,13 +813,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(0);
             wait_empty(&bar.k_empty[w.stage], w.phase ^ 1);
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(1);
-            load_kv(sK + w.stage * Cfg::kKVBytes, &p.tm_k, &bar.k_full[w.stage], nb * kBlockN, h_kv, tl.batch);
+            load_kv(sK + w.stage * Cfg::kKVBytes, &p.tm_k, &bar.k_full[w.stage], kv_row + nb * kBlockN, h_kv, kv_batch);
           }
           if (loads_v) {
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(2);
             wait_empty(&bar.v_empty[w.stage], w.phase ^ 1);
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(3);
-            load_kv(sV + w.stage * Cfg::kKVBytes, &p.tm_v, &bar.v_full[w.stage], nb * kBlockN, h_kv, tl.batch);
+            load_kv(sV + w.stage * Cfg::kKVBytes, &p.tm_v, &bar.v_full[w.stage], kv_row + nb * kBlockN, h_kv, kv_batch);
           }
           if constexpr (traced<Cfg>(kTraceStep)) tr.next();
           w.advance();
@@ -929,10 +986,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     wgmma::pin(o);
     if constexpr (Cfg::kTensorRowSum) wgmma::pin(lsum);
   };
+  // The current tile's sequence (seq_span): with varlen its own; otherwise the launch's lengths,
+  // read at each use (len_q, len_k) as before there was varlen.
+  SeqSpan sp{};
+  auto len_q = [&] {
+    if constexpr (kVarlen)
+      return sp.q_len;
+    else
+      return p.seqlen_q;
+  };
+  auto len_k = [&] {
+    if constexpr (kVarlen)
+      return sp.k_len;
+    else
+      return p.seqlen_k;
+  };
   // Masks S of key block n where the block needs it (mask.cuh); first_row: the tile's first row.
   auto mask = [&](int n, int first_row) {
-    if (block_needs_mask<kMaskRows, kBlockN>(n, bound(), first_row + mask_rows_at, p.seqlen_q, p.seqlen_k))
-      apply_mask<kBlockN, kOneSidedMask>(s, bound(), first_row + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
+    if (block_needs_mask<kMaskRows, kBlockN>(n, bound(), first_row + mask_rows_at, len_q(), len_k()))
+      apply_mask<kBlockN, kOneSidedMask>(s, bound(), first_row + row0, n * kBlockN + col0, len_q(), len_k());
   };
   // The mask, then the online-softmax step (sm90/softmax.cuh).
   auto softmax = [&](int n, int first_row, float (&corr)[2]) {
@@ -944,7 +1016,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // consumer's rows see (kHalfFirst).
   auto softmax_lower_half = [&](int n, int first_row, float (&corr)[2]) {
     float(&lower)[kBlockN / 4] = reinterpret_cast<float(&)[kBlockN / 4]>(s);
-    apply_mask<kBlockN / 2>(lower, bound(), first_row + row0, n * kBlockN + col0, p.seqlen_q, p.seqlen_k);
+    apply_mask<kBlockN / 2>(lower, bound(), first_row + row0, n * kBlockN + col0, len_q(), len_k());
     softmax_step<kBlockN / 2, Cfg::kPolyEvery, !Cfg::kTensorRowSum>(lower, rows, p.scale_log2, p.rescale_threshold,
                                                                   corr);
 #pragma unroll
@@ -1081,10 +1153,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       tl.m_block = uniform(item.w);
       if constexpr (kPairs) diag_last = p.tiles.diagonal_last(uniform(item.x), tl.m_block);
     }
+    if constexpr (kVarlen) {  // from lane 0, as the tile (uniform registers)
+      sp = seq_span<kVarlen>(p, tl.batch);
+      sp.q_off = uniform(sp.q_off);
+      sp.q_len = uniform(sp.q_len);
+      sp.k_len = uniform(sp.k_len);
+    }
     const int first_row = tile_first_row<kBlockM>(p.window, tl.m_block);
     // (p.window, not bound(), except in the causal kernel: with bound() the d64 kernel without a
     // bound spilled 4 bytes)
-    BlockRange range = key_block_range<kBlockM, kBlockN>(kCausal ? bound() : p.window, tl.m_block, p.seqlen_q, p.seqlen_k);
+    BlockRange range = key_block_range<kBlockM, kBlockN>(kCausal ? bound() : p.window, tl.m_block, len_q(), len_k());
     if constexpr (kSplit) range = piece_range(range, tl);
     auto blk = [&](int n) {
       if constexpr (kPairs)
@@ -1104,7 +1182,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // frees each K/V slot once it has landed, as the others do, so the ring runs at the working
     // consumers' pace.
     const int my_first = first_row + consumer * 64;
-    const bool idle = kSkipIdle && (my_first >= p.seqlen_q || my_first + 64 <= 0);
+    const bool idle = kSkipIdle && (my_first >= len_q() || my_first + 64 <= 0);
     // K_n's slot back to the loader once S_n is done. With kOInKV the tile's last K (n == range.lo)
     // is where consumer 0 stages its O: consumer 1 tells it when it has read it, and consumer 0,
     // unless idle, keeps it until its O store has read it (the epilogue below). With
@@ -1171,7 +1249,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       int n = range.hi - 1;
       float corr[2];
       // With a right bound (causal), past the last key this consumer's last row sees.
-      const int seen_end = my_first + 64 + p.seqlen_k - p.seqlen_q + p.window.right;
+      const int seen_end = my_first + 64 + len_k() - len_q() + p.window.right;
       // The V slot of the last block passed over (kSkipLeading, kSkipFirstWhole), freed after the
       // first S.
       [[maybe_unused]] int skipped_v = -1;
@@ -1204,7 +1282,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // walks): the blocks below it are passed over after the last P V (kSkipLeading).
       int my_lo = range.lo;
       if constexpr (kSkipLeading) {
-        const int lo_key = my_first + p.seqlen_k - p.seqlen_q - bound().left;
+        const int lo_key = my_first + len_k() - len_q() - bound().left;
         if (bound().left >= 0 && lo_key > range.lo * kBlockN) my_lo = min(n, lo_key / kBlockN);
       }
       // First block: S_0 alone. With the serial step, where these rows see only the block's lower
@@ -1367,7 +1445,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // the exact step (decided together: bar.red.or on this consumer's own barrier). Decided
             // here, before P V's wait: ptxas then keeps that wait among the exponentials, where it
             // measured best.
-            bool exact = block_needs_mask<kMaskRows, kBlockN>(blk(n), bound(), first_row + mask_rows_at, p.seqlen_q, p.seqlen_k);
+            bool exact = block_needs_mask<kMaskRows, kBlockN>(blk(n), bound(), first_row + mask_rows_at, len_q(), len_k());
             if (!exact) {
               float bsum[2];
               const bool ok = softmax_step_no_max<kBlockN, Cfg::kPolyEvery>(s, bsum, rows, p.scale_log2,
@@ -1482,7 +1560,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int te = Cfg::kConsumers >= 3 && (kBounded || kSplit) ? ptx::fresh_thread_index() % 128 : t;
     if constexpr (kOInKV) {
       if (range.hi <= range.lo) {
-        store_keyless<Cfg>(p, tl, rows, consumer, t);
+        store_keyless<Cfg, kVarlen>(p, tl, sp, rows, consumer, t);
       } else {
         // The other consumer has read the slot. An idle consumer waits too, so every phase of
         // kv_read is observed: skipped, it left a phase no thread waited on before the other
@@ -1495,7 +1573,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           uint8_t* slot = (consumer == 0 ? sK : sV) + last_slot * Cfg::kKVBytes;
           if constexpr (Cfg::kStageO0Apart)
             if (own_buffer) slot = s_o;
-          store_output<Cfg, true, FwdKernelParams, kWideO, 64>(p, tl, o, rows, consumer, te, slot);
+          store_output<Cfg, true, FwdKernelParams, kWideO, 64, kVarlen>(p, tl, sp, o, rows, consumer, te, slot);
           if (!own_buffer) {
             if (t == 0) tma_store_wait_read();  // the store has read the slot: back to the loader
             release(consumer == 0 ? &bar.k_empty[last_slot] : &bar.v_empty[last_slot]);
@@ -1507,9 +1585,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       unpack_place(place, tl);
       // A stream-K piece stores only when it is its tile's last and has merged the others.
       if (tl.pieces == 1 || merge_pieces<Cfg, kCluster>(p, tl, o, rows, consumer, t, rank))
-        store_output<Cfg, kStaged, FwdKernelParams, kWideO>(p, tl, o, rows, consumer, te, s_o);
+        store_output<Cfg, kStaged, FwdKernelParams, kWideO>(p, tl, sp, o, rows, consumer, te, s_o);
     } else {
-      store_output<Cfg, kStaged, FwdKernelParams, kWideO>(p, tl, o, rows, consumer, te, s_o);
+      store_output<Cfg, kStaged, FwdKernelParams, kWideO, Cfg::kBlockM, kVarlen>(p, tl, sp, o, rows, consumer, te, s_o);
     }
     stamp_b(3);
     qr.advance();

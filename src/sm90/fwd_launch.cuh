@@ -246,7 +246,8 @@ int row_shift(const detail::FwdParams& a) {
 // The launch's bound as tiles of kBlockM rows see it (shifted by row_shift).
 template <int kBlockM>
 Window tile_window(const detail::FwdParams& a) {
-  return Window{a.window_left, a.window_right, row_shift<kBlockM>(a)};
+  // (Variable-length batches: each sequence's tiles from its row 0, the shift being per sequence.)
+  return Window{a.window_left, a.window_right, a.varlen() ? 0 : row_shift<kBlockM>(a)};
 }
 
 // The sum over a head's query tiles of kBlockM rows (placed by row_shift) of f(window, m_block,
@@ -397,14 +398,27 @@ cudaError_t allow_smem(int device) {
 // launch alike.
 // The serial step has no kernel for other bounds (d256_block_keys never takes it there; launch_forward
 // refuses them), so none is built.
-template <class Cfg, class F>
+// (kVarlen: the kernels with_varlen_config picks, and no others: d256's 80-key blocks without a
+// bound, its 64-key ones under one.)
+template <class Cfg, bool kVarlen = false, class F>
 cudaError_t with_whole_tile_kernel(bool uniform, bool causal, F&& f) {
-  if (uniform) return f.template operator()<fwd_kernel<Cfg, 1, false>>();
-  if (causal) return f.template operator()<fwd_kernel<Cfg, 1, false, true, true>>();
-  if constexpr (Cfg::kSerialStep)
+  constexpr bool kUnbounded = !kVarlen || Cfg::kHeadDim != 256 || Cfg::kBlockN == 80;
+  constexpr bool kBounds = !kVarlen || Cfg::kHeadDim != 256 || Cfg::kBlockN == 64;
+  if (uniform) {
+    if constexpr (kUnbounded)
+      return f.template operator()<fwd_kernel<Cfg, 1, false, false, false, kVarlen>>();
+    else
+      return cudaErrorNotSupported;
+  }
+  if constexpr (!kBounds) {
     return cudaErrorNotSupported;
-  else
-    return f.template operator()<fwd_kernel<Cfg, 1, false, true>>();
+  } else {
+    if (causal) return f.template operator()<fwd_kernel<Cfg, 1, false, true, true, kVarlen>>();
+    if constexpr (Cfg::kSerialStep)
+      return cudaErrorNotSupported;
+    else
+      return f.template operator()<fwd_kernel<Cfg, 1, false, true, false, kVarlen>>();
+  }
 }
 
 // A launch of `grid` CTAs of Cfg in clusters of two: the config and its one attribute (the
@@ -461,8 +475,13 @@ inline int dram_gbps(int device) {
   });
 }
 
-template <class Cfg>
+// kVarlen: a variable-length batch (a.varlen()), on single CTAs walking whole tiles: the grid's
+// tiles are those of the longest sequence (a.seqlen_q) in each (batch, head), and the maps run
+// over the packed rows (batch extent 1).
+template <class Cfg, bool kVarlen = false>
 Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t* trace = nullptr) {
+  if (a.varlen() != kVarlen)
+    return {StatusCode::kNotSupported, kVarlen ? "the varlen launch needs cu_seqlens" : "varlen goes to its own launch"};
   // With a causal or window bound the whole-tile kernel that carries it (fwd_kernel's kBounded),
   // the causal one with that bound at compile time (kCausal).
   const bool uniform = tiles_of_one_length(a);
@@ -478,42 +497,60 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   cudaError_t e = cudaGetDevice(&device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return {StatusCode::kCudaError, std::string("device query: ") + cudaGetErrorString(e)};
-  const cudaError_t attr = with_whole_tile_kernel<Cfg>(
+  const cudaError_t attr = with_whole_tile_kernel<Cfg, kVarlen>(
       uniform, causal, [&]<auto kKernel>() { return detail::allow_dynamic_smem<kKernel>(device, Cfg::kSmemBytes); });
   if (attr != cudaSuccess) return {StatusCode::kCudaError, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(attr)};
 
   const int64_t m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   // Clusters of two where the problem suits them and the device runs them.
-  const int pair_clusters =
-      use_cluster_pairs(a, m_blocks) && allow_smem<Cfg, 2>(device) == cudaSuccess ? max_cluster_pairs<Cfg>(device) : 0;
+  int pair_clusters = 0;
+  if constexpr (!kVarlen)
+    pair_clusters =
+        use_cluster_pairs(a, m_blocks) && allow_smem<Cfg, 2>(device) == cudaSuccess ? max_cluster_pairs<Cfg>(device) : 0;
   const int cluster = pair_clusters > 0 ? 2 : 1;
   const int kv_box = Cfg::kBlockN / cluster;  // with clusters each CTA loads half of a block
 
+  // The maps' geometry: with varlen one batch of the packed rows (its stride, never stepped, one
+  // TMA takes: the rows').
+  detail::FwdParams mp = a;
+  if constexpr (kVarlen) {
+    mp.batch = 1;
+    mp.seqlen_q = a.total_q;
+    mp.seqlen_k = a.total_k;
+    for (int64_t* st : {mp.q_stride, mp.k_stride, mp.v_stride, mp.o_stride}) st[0] = std::max<int64_t>(st[1], 8);
+  }
   // With O staged in K/V slots (one Q buffer; FwdConfig::kFoldedQO) Q loads as each consumer's 64 rows
   // of every 64-column chunk in one box (fwd_kernel's Q loaders), and O leaves the same way; otherwise
   // a box is a tile's rows of one chunk.
-  const int rq = Cfg::kFoldedQO ? ptx::map_bshd_16bit_sw128_folded(&k.tm_q, a.q, a.q_stride, a.batch, a.seqlen_q,
+  const int rq = Cfg::kFoldedQO ? ptx::map_bshd_16bit_sw128_folded(&k.tm_q, a.q, mp.q_stride, mp.batch, mp.seqlen_q,
                                                                    a.heads_q, a.head_dim, 64)
-                                : ptx::map_bshd_16bit_sw128(&k.tm_q, a.q, a.q_stride, a.batch, a.seqlen_q, a.heads_q,
+                                : ptx::map_bshd_16bit_sw128(&k.tm_q, a.q, mp.q_stride, mp.batch, mp.seqlen_q, a.heads_q,
                                                             a.head_dim, Cfg::kBlockM);
   // K or V; folded (folded_kv): boxes of the whole block's rows, of every chunk or, with clusters,
   // of this CTA's half of them.
   auto map_kv = [&](CUtensorMap* map, const void* base, const int64_t(&stride)[3]) {
-    return folded_kv<Cfg>() ? ptx::map_bshd_16bit_sw128_folded(map, base, stride, a.batch, a.seqlen_k, a.heads_kv,
+    return folded_kv<Cfg>() ? ptx::map_bshd_16bit_sw128_folded(map, base, stride, mp.batch, mp.seqlen_k, a.heads_kv,
                                                                a.head_dim, Cfg::kBlockN, Cfg::kChunks / cluster)
-                            : ptx::map_bshd_16bit_sw128(map, base, stride, a.batch, a.seqlen_k, a.heads_kv, a.head_dim, kv_box);
+                            : ptx::map_bshd_16bit_sw128(map, base, stride, mp.batch, mp.seqlen_k, a.heads_kv, a.head_dim, kv_box);
   };
-  const int rk = map_kv(&k.tm_k, a.k, a.k_stride), rv = map_kv(&k.tm_v, a.v, a.v_stride);
+  const int rk = map_kv(&k.tm_k, a.k, mp.k_stride), rv = map_kv(&k.tm_v, a.v, mp.v_stride);
   const int ro = !Cfg::kTmaStoreO ? 0
                  : Cfg::kFoldedQO
-                     ? ptx::map_bshd_16bit_sw128_folded(&k.tm_o, a.o, a.o_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 64)
-                     : ptx::map_bshd_16bit_sw128(&k.tm_o, a.o, a.o_stride, a.batch, a.seqlen_q, a.heads_q, a.head_dim, 64);
+                     ? ptx::map_bshd_16bit_sw128_folded(&k.tm_o, a.o, mp.o_stride, mp.batch, mp.seqlen_q, a.heads_q, a.head_dim, 64)
+                     : ptx::map_bshd_16bit_sw128(&k.tm_o, a.o, mp.o_stride, mp.batch, mp.seqlen_q, a.heads_q, a.head_dim, 64);
   if (rq || rk || rv || ro)
     return {StatusCode::kNotSupported, "cuTensorMapEncodeTiled refused a tensor (driver error " +
                                            std::to_string(rq ? rq : rk ? rk : rv ? rv : ro) + ")"};
   k.o = a.o;
   k.lse = a.lse;
   for (int i = 0; i < 3; ++i) k.o_stride[i] = a.o_stride[i];
+  if constexpr (kVarlen) {  // rows from each sequence's first (seq_span), batch 0 of the maps
+    k.o_stride[0] = 0;
+    k.cu_seqlens_q = a.cu_seqlens_q;
+    k.cu_seqlens_k = a.cu_seqlens_k;
+    k.total_q = a.total_q;
+    k.total_k = a.total_k;
+  }
   k.batch = a.batch;
   k.seqlen_q = a.seqlen_q;
   k.seqlen_k = a.seqlen_k;
@@ -540,7 +577,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   constexpr int kShare = Cfg::kConsumers >= 3 ? kVaryingSectionGridShareTall : kVaryingSectionGridShare;
   // Paired causal tiles go in static rounds of pairs; their decode reads no sections, so they take
   // one section of every head.
-  const bool paired = use_paired_tiles<Cfg::kBlockM, Cfg::kBlockN>(a, k.window, m_blocks, cluster);
+  const bool paired = !kVarlen && use_paired_tiles<Cfg::kBlockM, Cfg::kBlockN>(a, k.window, m_blocks, cluster);
   k.tiles = make_tile_order(a, m_blocks, cluster, paired || ((a.schedule == 3 || a.schedule == 4) && !uniform), slots,
                             kShare);
   k.tiles.paired = paired;
@@ -559,7 +596,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     k.tiles.diagonal_last_from = every_round ? 0 : TileOrder::last_round_first_head(tiles / 2, grid, m_blocks / 2);
   }
   LaunchScratch scratch;
-  if (uniform && a.schedule != 2 && a.split != 1) {
+  if (!kVarlen && uniform && a.schedule != 2 && a.split != 1) {
     // Every unit takes part, also when there are fewer tiles than units (then every tile is cut).
     const BlockRange kr = key_block_range<Cfg::kBlockM, Cfg::kBlockN>(k.window, 0, a.seqlen_q, a.seqlen_k);
     TileOrder order = k.tiles;
@@ -600,19 +637,26 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
       return {StatusCode::kCudaError, std::string("tile counter: ") + cudaGetErrorString(e)};
     }
   }
-  auto launch = [&](const FwdKernelParams& kp, bool split) {
-    if (cluster == 1) {
-      if (split) {
-        fwd_kernel<Cfg, 1, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
-        return cudaGetLastError();
-      }
-      return with_whole_tile_kernel<Cfg>(uniform, causal, [&]<auto kKernel>() {
+  auto launch = [&](const FwdKernelParams& kp, bool split) -> cudaError_t {
+    if constexpr (kVarlen) {
+      return with_whole_tile_kernel<Cfg, true>(uniform, causal, [&]<auto kKernel>() {
         kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
         return cudaGetLastError();
       });
+    } else {
+      if (cluster == 1) {
+        if (split) {
+          fwd_kernel<Cfg, 1, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
+          return cudaGetLastError();
+        }
+        return with_whole_tile_kernel<Cfg>(uniform, causal, [&]<auto kKernel>() {
+          kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
+          return cudaGetLastError();
+        });
+      }
+      const PairLaunch<Cfg> pairs(grid, stream);
+      return cudaLaunchKernelEx(&pairs.cfg, split ? fwd_kernel<Cfg, 2, true> : fwd_kernel<Cfg, 2, false>, kp);
     }
-    const PairLaunch<Cfg> pairs(grid, stream);
-    return cudaLaunchKernelEx(&pairs.cfg, split ? fwd_kernel<Cfg, 2, true> : fwd_kernel<Cfg, 2, false>, kp);
   };
   const bool split = k.tiles.has_tail();
   if (split && k.tiles.full > 0) {

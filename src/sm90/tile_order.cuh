@@ -45,6 +45,12 @@
 
 namespace fa4::sm90 {
 
+// A tile's sequence: its first query and key rows in the tensors, and its lengths (the launch's
+// from row 0 of each batch, or a variable-length batch's own: fwd_kernel.cuh, seq_span).
+struct SeqSpan {
+  int q_off, q_len, k_off, k_len;
+};
+
 struct Tile {
   int batch, head, m_block;
   // A piece of a stream-K tail tile: key blocks [lo, hi) of the tile's range, counted from its

@@ -219,3 +219,32 @@ def test_packed_forms_are_views_with_gradients():
     with pytest.raises(ValueError, match=r"\bkv\b"):
         fa4.flash_attn_kvpacked_func(q, meta(2, 70, 3, 2, 64))
 
+
+
+def test_varlen_operator_checks_and_fake_kernel():
+    assert hasattr(torch.ops.fa4, "fwd_varlen")
+    schema = str(torch.ops.fa4.fwd_varlen.default._schema)
+    assert "Tensor cu_seqlens_q" in schema and "int max_seqlen_k" in schema
+    q = torch.randn(10, 2, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"fa4::fwd_varlen: q is on cpu: must be a CUDA tensor"):
+        fa4.flash_attn_varlen_func(q, q, q, cu, cu, 6, 6)
+    qm, km = meta(100, 8, 128), meta(150, 2, 128)
+    cum = torch.empty(4, device="meta", dtype=torch.int32)
+    out, lse = torch.ops.fa4.fwd_varlen(qm, km, km, cum, cum, 50, 60, None, True, -1, -1)
+    assert out.shape == (100, 8, 128) and out.dtype == torch.bfloat16
+    assert lse.shape == (8, 100) and lse.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"must be 3-d \[total, heads, head_dim\]"):
+        torch.ops.fa4.fwd_varlen(meta(1, 100, 8, 128), km, km, cum, cum, 50, 60, None, True, -1, -1)
+
+
+def test_varlen_refuses_what_it_does_not_do():
+    q = meta(10, 2, 64, grad=True)
+    cu = torch.empty(3, device="meta", dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match=r"backward of variable-length batches is not implemented"):
+        fa4.flash_attn_varlen_func(q, q, q, cu, cu, 6, 6)
+    with pytest.raises(NotImplementedError, match=r"softcap = 1.0"):
+        fa4.flash_attn_varlen_func(q.detach(), q.detach(), q.detach(), cu, cu, 6, 6, softcap=1.0)
+    with torch.no_grad():
+        out = fa4.flash_attn_varlen_func(q, q, q, cu, cu, 6, 6, causal=True)
+    assert out.shape == (10, 2, 64)

@@ -10,7 +10,10 @@
 - backward: dq, dk and dv match the reference by the same criterion, in both the default and
   the deterministic mode;
 - fa4.scaled_dot_product_attention matches torch's (float64) by the same criterion, its causal
-  mask aligned top-left as torch's; the packed forms (qkv, kv) give the unpacked answer exactly.
+  mask aligned top-left as torch's; the packed forms (qkv, kv) give the unpacked answer exactly;
+- flash_attn_varlen_func: each packed sequence matches the reference of that sequence alone (odd
+  and zero lengths, causal per sequence, GQA, a window, decoding), and equal lengths match the
+  batched call; torch.compile traces it.
 
 A test that needs a kernel fa4 does not have (the op raises NotImplementedError) is skipped with
 fa4's message; every other failure fails.
@@ -451,3 +454,68 @@ def test_backward(case, deterministic):
             (q, k, v), dout)
         for name, g, h in zip(("dq", "dk", "dv"), (dq, dk, dv), again):
             assert torch.equal(g, h), f"{name}: deterministic backward gave different bits"
+
+
+# ---------------------------------------------------------------------------------------------
+# Variable-length batches
+
+# (query lengths, key lengths, heads_q, heads_kv, head_dim, causal, window, dtype)
+VARLEN_CASES = [
+    ([17, 239, 0, 1000, 128, 1], [17, 239, 0, 1000, 128, 1], 4, 4, 64, False, (-1, -1), torch.bfloat16),
+    ([300, 5, 777], [100, 9, 777], 8, 2, 128, True, (-1, -1), torch.bfloat16),  # causal per sequence
+    ([64, 513, 2], [1000, 513, 40], 4, 1, 256, False, (-1, -1), torch.float16),  # MQA
+    ([200, 450], [200, 450], 2, 2, 128, False, (64, 0), torch.bfloat16),  # sliding window
+    ([1, 1, 1, 1], [3000, 17, 0, 512], 8, 2, 128, True, (-1, -1), torch.bfloat16),  # decoding, a keyless row
+]
+
+
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=[f"varlen{i}" for i in range(len(VARLEN_CASES))])
+def test_varlen_matches_each_sequence_alone(case):
+    lq, lk, hq, hkv, d, causal, window, dtype = case
+    gen = torch.Generator(device=DEV).manual_seed(1234)
+    spare = 3  # rows after the last sequence: never written
+    tq, tk = sum(lq) + spare, sum(lk) + spare
+    q = torch.randn(tq, hq, d, device=DEV, dtype=dtype, generator=gen)
+    k = torch.randn(tk, hkv, d, device=DEV, dtype=dtype, generator=gen)
+    v = torch.randn(tk, hkv, d, device=DEV, dtype=dtype, generator=gen)
+    cu_q = torch.tensor([0] + list(torch.tensor(lq).cumsum(0)), dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor([0] + list(torch.tensor(lk).cumsum(0)), dtype=torch.int32, device=DEV)
+    out, lse = call_or_skip(fa4.flash_attn_varlen_func, q, k, v, cu_q, cu_k, max(lq), max(lk),
+                            causal=causal, window_size=window, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (hq, tq)
+    scale = 1.0 / math.sqrt(d)
+    for b in range(len(lq)):
+        q0, k0 = int(cu_q[b]), int(cu_k[b])
+        if lq[b] == 0:
+            continue
+        qs = q[q0:q0 + lq[b]].unsqueeze(0)
+        ks, vs = k[k0:k0 + lk[b]].unsqueeze(0), v[k0:k0 + lk[b]].unsqueeze(0)
+        ref, lse_ref = reference(qs, ks, vs, scale, causal, window, lowp=False)
+        ref_lp, lse_lp = reference(qs, ks, vs, scale, causal, window, lowp=True)
+        got = out[q0:q0 + lq[b]].unsqueeze(0)
+        assert_close_by_criterion(got, ref_lp, ref, f"sequence {b} ({lq[b]} x {lk[b]})")
+        assert_lse(lse[:, q0:q0 + lq[b]].unsqueeze(0), lse_lp, lse_ref)
+    out2 = fa4.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal,
+                                      window_size=window)
+    assert torch.equal(out2[: sum(lq)], out[: sum(lq)]), "two runs differ"
+
+
+def test_varlen_equal_lengths_match_the_batched_call():
+    q, k, v = make_inputs(3, 200, 300, 4, 2, 128, torch.bfloat16, seed=5)
+    out = fa4.flash_attn_func(q, k, v, causal=True)
+    cu_q = torch.arange(0, 601, 200, dtype=torch.int32, device=DEV)
+    cu_k = torch.arange(0, 901, 300, dtype=torch.int32, device=DEV)
+    out_v = fa4.flash_attn_varlen_func(q.reshape(600, 4, 128), k.reshape(900, 2, 128),
+                                       v.reshape(900, 2, 128), cu_q, cu_k, 200, 300, causal=True)
+    ref, _ = reference(q, k, v, 1.0 / math.sqrt(128), True, (-1, -1), lowp=False)
+    ref_lp, _ = reference(q, k, v, 1.0 / math.sqrt(128), True, (-1, -1), lowp=True)
+    assert_close_by_criterion(out_v.reshape(3, 200, 4, 128), ref_lp, ref, "varlen")
+    assert (out_v.reshape(3, 200, 4, 128).double() - out.double()).abs().max().item() <= 2e-2
+
+
+def test_varlen_compiles_fullgraph():
+    q = torch.randn(50, 4, 64, device=DEV, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 20, 50], dtype=torch.int32, device=DEV)
+    f = torch.compile(lambda q, cu: fa4.flash_attn_varlen_func(q, q, q, cu, cu, 30, 30, causal=True),
+                      fullgraph=True)
+    assert torch.equal(f(q, cu), fa4.flash_attn_varlen_func(q, q, q, cu, cu, 30, 30, causal=True))

@@ -1,0 +1,175 @@
+"""Variable-length batches: fa4's flash_attn_varlen_func next to its peers in one process.
+
+    python3 bench/varlen.py [--cases NAME,...] [--providers fa4,padded,fa2,cudnn] [--rounds 3]
+        [--dtype bf16|fp16] [--name WHAT] [--out DIR]
+
+Each case packs `count` sequences whose lengths are drawn (seeded) from [lo, hi], the same for
+queries and keys, [total, heads, d] bf16. Providers:
+  fa4     fa4.flash_attn_varlen_func on the packed tensors
+  padded  fa4.flash_attn_func on [batch, longest, heads, d] (what a caller without varlen runs:
+          every sequence padded to the longest; its time counts the padding's work)
+  fa2     torch SDPA, flash backend   } on nested jagged tensors (torch.nested, layout=jagged)
+  cudnn   torch SDPA, cuDNN backend   } viewing the same packed values; a backend that refuses
+                                        them is recorded with its error
+TFLOP/s count the visible (query, key) pairs of the real sequences alone (4 * pairs * heads * d
+FLOPs), so the providers compare on the same work. fa4's output is checked first against float64
+on the first and last sequence by DESIGN.md §3's criterion. Times are medians of triton's do_bench
+in rounds, the providers' order rotating by round. Writes bench/results/<date>-<what>.json (and a
+copy under $OUT when set) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import shlex
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from rounds import summary, time_in_rounds  # noqa: E402
+from side_by_side import DTYPES, bench_ms, check_fa4, commit_hash, gpu_driver, short  # noqa: E402
+
+# name: (count, lo, hi, heads, head_dim, causal)
+CASES = {
+    "d128-mixed": (16, 256, 4096, 16, 128, False),
+    "d128-mixed-causal": (16, 256, 4096, 16, 128, True),
+    "d64-mixed-causal": (16, 256, 4096, 16, 64, True),
+    "d256-mixed-causal": (16, 256, 4096, 8, 256, True),
+    "d128-short": (64, 64, 1024, 16, 128, False),
+    "d128-short-causal": (64, 64, 1024, 16, 128, True),
+    "d128-long-causal": (4, 4096, 16384, 16, 128, True),
+}
+
+
+def visible_pairs(lq, lk, causal):
+    if not causal:
+        return lq * lk
+    # bottom-right: query i sees keys j <= i + lk - lq
+    off = lk - lq
+    return sum(max(0, min(lk, i + off + 1)) for i in range(lq))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--providers", default="fa4,padded,fa2,cudnn")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    ap.add_argument("--name", default="varlen")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("varlen: no CUDA GPU here; run it on the GPU machine", file=sys.stderr)
+        return 2
+    import fa4
+
+    dtype, providers = DTYPES[a.dtype], a.providers.split(",")
+    meta = {"gpu": torch.cuda.get_device_properties(0).name, "driver": gpu_driver(), "commit": commit_hash(),
+            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": "python3 bench/varlen.py " + " ".join(
+                shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))}
+    records, failed = [], 0
+    for n, name in enumerate(a.cases.split(",")):
+        count, lo, hi, h, d, causal = CASES[name]
+        rng = random.Random(4242 + n)
+        lens = [rng.randint(lo, hi) for _ in range(count)]
+        total, longest = sum(lens), max(lens)
+        g = torch.Generator(device="cuda").manual_seed(2000 + n)
+        q, k, v = (torch.randn(total, h, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+        flops = 4.0 * h * d * sum(visible_pairs(s, s, causal) for s in lens)
+        fns, recs = {}, {}
+        for p in providers:
+            rec = {"op": "fwd", "provider": p, "case": name, "dtype": a.dtype, "lengths": lens, "heads": h,
+                   "head_dim": d, "causal": causal, "ms": None, **meta}
+            recs[p] = rec
+            try:
+                if p == "fa4":
+                    with torch.no_grad():
+                        out = fa4.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal)
+                        checks = []
+                        for b in (0, count - 1):
+                            s0, s1 = int(cu[b]), int(cu[b + 1])
+                            checks.append(check_fa4(q[None, s0:s1], k[None, s0:s1], v[None, s0:s1],
+                                                    out[None, s0:s1], causal))
+                        rec["check"] = {"pass": all(c["pass"] for c in checks), "sequences": checks}
+                    failed += not rec["check"]["pass"]
+                    fns[p] = lambda: fa4.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal)
+                elif p == "padded":
+                    qp, kp, vp = (torch.randn(count, longest, h, d, device="cuda", dtype=dtype, generator=g)
+                                  for _ in range(3))
+                    fns[p] = lambda qp=qp, kp=kp, vp=vp: fa4.flash_attn_func(qp, kp, vp, causal=causal)
+                else:
+                    backend = SDPBackend.CUDNN_ATTENTION if p == "cudnn" else SDPBackend.FLASH_ATTENTION
+                    offsets = cu.to(torch.int64)
+                    qn, kn, vn = (torch.nested.nested_tensor_from_jagged(x, offsets).transpose(1, 2)
+                                  for x in (q, k, v))
+
+                    def call(qn=qn, kn=kn, vn=vn, backend=backend):
+                        with sdpa_kernel(backend):
+                            return F.scaled_dot_product_attention(qn, kn, vn, is_causal=causal)
+
+                    with torch.no_grad():
+                        call()
+                    fns[p] = call
+            except Exception as e:  # a provider that cannot run this case: record why
+                rec["error"] = short(e)
+
+        def time_one(p, fn):
+            with torch.no_grad():
+                return bench_ms(fn, 25, 100), None, None
+
+        timed, errors = time_in_rounds(fns, a.rounds, time_one)
+        for p, e in errors.items():
+            recs[p]["error"] = short(e)
+        for p, rec in recs.items():
+            if "error" not in rec and timed.get(p):
+                rec.update(summary(timed[p], a.rounds > 1))
+                rec["tflops"] = flops / (rec["ms"] * 1e-3) / 1e12
+            records.append(rec)
+        del q, k, v, fns
+        torch.cuda.empty_cache()
+
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
+    paths = [Path(a.out) / f"{stamp}-{a.name}.json"]
+    if os.environ.get("OUT"):
+        paths.append(Path(os.environ["OUT"]) / f"{stamp}-{a.name}.json")
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(records, indent=1) + "\n")
+        print(f"wrote {path}")
+    print(f"{'case':<20} " + "  ".join(f"{p + ' TF/s':>12}" for p in providers) + "  " +
+          "  ".join(f"{'fa4/' + p:>10}" for p in providers if p != "fa4") + "  check")
+    by = {}
+    for r in records:
+        by.setdefault(r["case"], {})[r["provider"]] = r
+    for name, row in by.items():
+        cells = [f"{row[p]['tflops']:12.1f}" if row.get(p, {}).get("tflops") else f"{'-':>12}" for p in providers]
+        f4 = row.get("fa4", {}).get("ms")
+        ratios = []
+        for p in providers:
+            if p == "fa4":
+                continue
+            pm = row.get(p, {}).get("ms")
+            ratios.append(f"{pm / f4:10.2f}" if f4 and pm else f"{'-':>10}")
+        chk = row.get("fa4", {}).get("check", {}).get("pass")
+        print(f"{name:<20} " + "  ".join(cells) + "  " + "  ".join(ratios) + f"  {'PASS' if chk else 'FAIL'}")
+        for p in providers:
+            if row.get(p, {}).get("error"):
+                print(f"    {p}: {row[p]['error']}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

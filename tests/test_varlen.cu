@@ -1,0 +1,380 @@
+// Variable-length batches (fa4::Varlen): the checks on the CPU, and on the GPU each packed sequence
+// against the float64 reference of that sequence alone, with DESIGN.md §3's criterion. O and the
+// LSE are poisoned first: rows inside a sequence that the kernel leaves unwritten fail the check,
+// and rows outside every sequence must keep their poison.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "common/fwd_params.h"
+#include "common/validate.h"
+#include "convert.h"
+#include "device_tensor.h"
+#include "fa4/attention.h"
+#include "gpu_guard.h"
+#include "reference.h"
+#include "test_support.h"
+
+namespace {
+
+using fa4::DType;
+using fa4::ForwardArgs;
+using fa4::Status;
+using fa4::StatusCode;
+using fa4::test::fake;
+
+// A valid varlen call's arguments (pointers never dereferenced): 3 sequences packed into 100 query
+// and 120 key rows, d128, 8/2 heads.
+ForwardArgs valid_varlen() {
+  ForwardArgs a;
+  a.problem = fa4::test::make_problem(3, 50, 60, 8, 2, 128);
+  a.q = {fake(1), 0, 8 * 128, 128};
+  a.o = {fake(2), 0, 8 * 128, 128};
+  a.k = {fake(3), 0, 2 * 128, 128};
+  a.v = {fake(4), 0, 2 * 128, 128};
+  a.varlen.cu_seqlens_q = static_cast<const int32_t*>(fake(5));
+  a.varlen.cu_seqlens_k = static_cast<const int32_t*>(fake(6));
+  a.varlen.total_q = 100;
+  a.varlen.total_k = 120;
+  return a;
+}
+
+void expect_refused(const ForwardArgs& a, const std::string& needle) {
+  const Status s = fa4::validate(a);
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << needle;
+  EXPECT_NE(s.message.find(needle), std::string::npos) << "message: " << s.message << "\nexpected: " << needle;
+}
+
+TEST(Varlen, ValidArgumentsPass) {
+  const Status s = fa4::validate(valid_varlen());
+  EXPECT_TRUE(s.ok()) << s.message;
+}
+
+TEST(Varlen, RefusalsNameTheArgumentAndTheRule) {
+  ForwardArgs a = valid_varlen();
+  a.varlen.cu_seqlens_k = nullptr;
+  expect_refused(a, "varlen.cu_seqlens_k = null: a variable-length batch needs both");
+  a = valid_varlen();
+  a.varlen.cu_seqlens_q = nullptr;
+  expect_refused(a, "varlen.cu_seqlens_q = null");
+  a = valid_varlen();
+  a.varlen.cu_seqlens_q = reinterpret_cast<const int32_t*>(static_cast<const char*>(fake(5)) + 2);
+  expect_refused(a, "varlen.cu_seqlens_q = 0x7f0050000002: must be a multiple of 4 bytes (int32)");
+  a = valid_varlen();
+  a.varlen.total_q = -1;
+  expect_refused(a, "varlen.total_q = -1: must be >= 0");
+  a = valid_varlen();
+  a.varlen.total_k = int64_t{1} << 31;
+  expect_refused(a, "varlen.total_k = 2147483648: must fit in int32");
+  a = valid_varlen();
+  a.k.seq_stride = 2 * 128 + 4;  // 8 bytes
+  expect_refused(a, "k.seq_stride = 260: must be a multiple of 8 elements");
+  a = valid_varlen();
+  a.q.head_stride = int64_t{1} << 62;
+  expect_refused(a, "the largest offset");
+  a = valid_varlen();
+  a.lse = reinterpret_cast<float*>(static_cast<char*>(fake(7)) + 2);
+  expect_refused(a, "lse = 0x7f0070000002: must be a multiple of 4 bytes (float)");
+  a = valid_varlen();
+  a.o.data = nullptr;
+  expect_refused(a, "o.data = null");
+  // The problem's own rules still come first.
+  a = valid_varlen();
+  a.problem.head_dim = 96;
+  expect_refused(a, "head_dim = 96: supported head dims are 64, 128, 256");
+}
+
+TEST(Varlen, BatchStrideIsNotRead) {
+  ForwardArgs a = valid_varlen();
+  a.q.batch_stride = 12345;  // misaligned, and never used
+  const Status s = fa4::validate(a);
+  EXPECT_TRUE(s.ok()) << s.message;
+}
+
+TEST(Varlen, ParamsCarryTheSequencesAndNeverFold) {
+  ForwardArgs a = valid_varlen();
+  a.problem.seqlen_q = 1;  // decoding: the batched call would fold the query groups
+  const fa4::detail::FwdParams f = fa4::detail::make_fwd_params(a);
+  EXPECT_TRUE(f.varlen());
+  EXPECT_EQ(f.cu_seqlens_q, a.varlen.cu_seqlens_q);
+  EXPECT_EQ(f.cu_seqlens_k, a.varlen.cu_seqlens_k);
+  EXPECT_EQ(f.total_q, 100);
+  EXPECT_EQ(f.total_k, 120);
+  EXPECT_EQ(f.heads_q, 8);
+  EXPECT_EQ(f.seqlen_q, 1);
+  EXPECT_EQ(f.q_stride[1], 8 * 128);
+}
+
+TEST(Varlen, NoQueryRowsIsANoOpWithoutTheGpu) {
+  ForwardArgs a = valid_varlen();
+  a.varlen.total_q = 0;
+  const Status s = fa4::forward(a, nullptr);
+  EXPECT_TRUE(s.ok()) << s.message;
+}
+
+// ---------------------------------------------------------------------------------------------
+// On the GPU.
+
+struct VarlenCase {
+  DType dtype;
+  int64_t heads_q, heads_kv, head_dim;
+  std::vector<int> len_q, len_k;
+  bool causal = false;
+  int64_t left = -1, right = -1;
+  int spare_rows = 5;     // rows after the last sequence, never written
+  int spare_heads = 0;    // a head stride past the heads (strided views)
+  int schedule = 0;       // FwdParams::schedule / max_ctas through the sm90 launch where set
+  int max_ctas = 0;
+
+  std::string name() const {
+    std::string s = std::string(fa4::to_string(dtype)) + " h" + std::to_string(heads_q) + "/" +
+                    std::to_string(heads_kv) + " d" + std::to_string(head_dim) + (causal ? " causal" : "") +
+                    " win(" + std::to_string(left) + "," + std::to_string(right) + ") q{";
+    for (int x : len_q) s += std::to_string(x) + ",";
+    s += "} k{";
+    for (int x : len_k) s += std::to_string(x) + ",";
+    s += "}";
+    if (spare_heads) s += " strided";
+    if (schedule || max_ctas) s += " schedule " + std::to_string(schedule) + " ctas " + std::to_string(max_ctas);
+    return s;
+  }
+};
+
+std::vector<int32_t> prefix(const std::vector<int>& lens) {
+  std::vector<int32_t> cu(lens.size() + 1, 0);
+  for (size_t i = 0; i < lens.size(); ++i) cu[i + 1] = cu[i] + lens[i];
+  return cu;
+}
+
+// Packed rows [rows][heads + spare][d] of 16-bit values; element (r, h, x) at (r * hs + h) * d + x.
+struct Packed {
+  fa4_test::DeviceBuffer buf;
+  int64_t rows = 0, heads = 0, hs = 0, d = 0;
+  fa4::TensorRef ref;
+  void make(int64_t rows_, int64_t heads_, int64_t spare, int64_t d_) {
+    rows = rows_, heads = heads_, hs = heads_ + spare, d = d_;
+    CUDA_OK(cudaMalloc(&buf.ptr, std::max<int64_t>(rows * hs * d, 1) * 2));
+    CUDA_OK(cudaMemset(buf.ptr, 0xFF, std::max<int64_t>(rows * hs * d, 1) * 2));  // poison
+    ref = {buf.ptr, 0, hs * d, d};
+  }
+  int64_t at(int64_t r, int64_t h, int64_t x) const { return (r * hs + h) * d + x; }
+};
+
+void run_varlen(const VarlenCase& c, uint32_t seed) {
+  SCOPED_TRACE(c.name());
+  const int64_t batch = int64_t(c.len_q.size());
+  ASSERT_EQ(c.len_k.size(), c.len_q.size());
+  const std::vector<int32_t> cu_q = prefix(c.len_q), cu_k = prefix(c.len_k);
+  const int64_t total_q = cu_q.back() + c.spare_rows, total_k = cu_k.back() + c.spare_rows;
+  const int max_q = *std::max_element(c.len_q.begin(), c.len_q.end());
+  const int max_k = *std::max_element(c.len_k.begin(), c.len_k.end());
+  const int64_t d = c.head_dim;
+
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto fill = [&](const Packed& t, std::vector<double>& vals) {
+    vals.assign(size_t(t.rows * t.hs * t.d), 0.0);
+    for (double& x : vals) x = fa4::ref::round_to(c.dtype, float(normal(rng)));
+    const std::vector<uint16_t> bits = fa4::ref::to_bits(c.dtype, vals);
+    CUDA_OK(cudaMemcpy(t.buf.ptr, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+  };
+  Packed q, k, v, o;
+  ASSERT_NO_FATAL_FAILURE(q.make(total_q, c.heads_q, c.spare_heads, d));
+  ASSERT_NO_FATAL_FAILURE(k.make(total_k, c.heads_kv, c.spare_heads, d));
+  ASSERT_NO_FATAL_FAILURE(v.make(total_k, c.heads_kv, c.spare_heads, d));
+  ASSERT_NO_FATAL_FAILURE(o.make(total_q, c.heads_q, c.spare_heads, d));
+  std::vector<double> hq, hk, hv;
+  ASSERT_NO_FATAL_FAILURE(fill(q, hq));
+  ASSERT_NO_FATAL_FAILURE(fill(k, hk));
+  ASSERT_NO_FATAL_FAILURE(fill(v, hv));
+
+  fa4_test::DeviceBuffer dcu_q, dcu_k, dlse;
+  CUDA_OK(cudaMalloc(&dcu_q.ptr, cu_q.size() * 4));
+  CUDA_OK(cudaMalloc(&dcu_k.ptr, cu_k.size() * 4));
+  CUDA_OK(cudaMemcpy(dcu_q.ptr, cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dcu_k.ptr, cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
+  const int64_t n_lse = c.heads_q * total_q;
+  CUDA_OK(cudaMalloc(&dlse.ptr, std::max<int64_t>(n_lse, 1) * 4));
+  CUDA_OK(cudaMemset(dlse.ptr, 0xFF, std::max<int64_t>(n_lse, 1) * 4));
+
+  ForwardArgs a;
+  a.problem = fa4::test::make_problem(batch, max_q, max_k, c.heads_q, c.heads_kv, d, c.dtype);
+  a.problem.causal = c.causal;
+  a.problem.window_left = c.left;
+  a.problem.window_right = c.right;
+  a.q = q.ref, a.k = k.ref, a.v = v.ref, a.o = o.ref;
+  a.lse = static_cast<float*>(dlse.ptr);
+  a.varlen = {static_cast<const int32_t*>(dcu_q.ptr), static_cast<const int32_t*>(dcu_k.ptr), total_q, total_k};
+  Status st;
+  if (c.schedule == 0 && c.max_ctas == 0) {
+    st = fa4::forward(a, nullptr);
+  } else {
+    st = fa4::validate(a);
+    ASSERT_TRUE(st.ok()) << st.message;
+    fa4::detail::FwdParams fp = fa4::detail::make_fwd_params(a);
+    fp.schedule = c.schedule;
+    fp.max_ctas = c.max_ctas;
+    st = fa4::detail::sm90_forward(fp, nullptr);
+  }
+  ASSERT_TRUE(st.ok()) << st.message;
+  fa4_test::finish_or_exit(c.name());
+  CUDA_OK(cudaDeviceSynchronize());
+
+  std::vector<uint16_t> out_bits(size_t(o.rows * o.hs * d));
+  CUDA_OK(cudaMemcpy(out_bits.data(), o.buf.ptr, out_bits.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<uint32_t> lse_bits(size_t(std::max<int64_t>(n_lse, 1)));
+  CUDA_OK(cudaMemcpy(lse_bits.data(), dlse.ptr, lse_bits.size() * 4, cudaMemcpyDeviceToHost));
+
+  // Every O element outside the sequences' rows and heads keeps its poison; so does each LSE row
+  // past the last sequence.
+  std::vector<char> inside(out_bits.size(), 0);
+  for (int64_t r = 0; r < cu_q.back(); ++r)
+    for (int64_t h = 0; h < c.heads_q; ++h)
+      for (int64_t x = 0; x < d; ++x) inside[size_t(o.at(r, h, x))] = 1;
+  int64_t written_outside = 0;
+  for (size_t i = 0; i < out_bits.size(); ++i) written_outside += !inside[i] && out_bits[i] != fa4_test::kPoison;
+  EXPECT_EQ(written_outside, 0) << "O elements written outside every sequence";
+  int64_t lse_written_outside = 0;
+  for (int64_t h = 0; h < c.heads_q; ++h)
+    for (int64_t r = cu_q.back(); r < total_q; ++r) lse_written_outside += lse_bits[size_t(h * total_q + r)] != 0xFFFFFFFFu;
+  EXPECT_EQ(lse_written_outside, 0) << "LSE rows written past the last sequence";
+
+  for (int64_t b = 0; b < batch; ++b) {
+    const int sq = c.len_q[size_t(b)], sk = c.len_k[size_t(b)];
+    if (sq == 0) continue;
+    SCOPED_TRACE("sequence " + std::to_string(b) + " (" + std::to_string(sq) + " x " + std::to_string(sk) + ")");
+    fa4::Problem p = fa4::test::make_problem(1, sq, sk, c.heads_q, c.heads_kv, d, c.dtype);
+    p.causal = c.causal;
+    p.window_left = c.left;
+    p.window_right = c.right;
+    // The sequence as a contiguous batch of one.
+    auto gather = [&](const Packed& t, const std::vector<double>& vals, int64_t first, int64_t rows) {
+      std::vector<double> x(size_t(rows * t.heads * d));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t h = 0; h < t.heads; ++h)
+          for (int64_t e = 0; e < d; ++e) x[size_t((r * t.heads + h) * d + e)] = vals[size_t(t.at(first + r, h, e))];
+      return x;
+    };
+    const std::vector<double> sq_q = gather(q, hq, cu_q[size_t(b)], sq);
+    const std::vector<double> sk_k = gather(k, hk, cu_k[size_t(b)], sk);
+    const std::vector<double> sk_v = gather(v, hv, cu_k[size_t(b)], sk);
+    std::vector<double> got(size_t(sq * c.heads_q * d));
+    for (int64_t r = 0; r < sq; ++r)
+      for (int64_t h = 0; h < c.heads_q; ++h)
+        for (int64_t e = 0; e < d; ++e)
+          got[size_t((r * c.heads_q + h) * d + e)] =
+              fa4::ref::bits_to_float(c.dtype, out_bits[size_t(o.at(cu_q[size_t(b)] + r, h, e))]);
+    fa4::ref::Forward64 ref;
+    if (sk > 0) {
+      ref = fa4::ref::forward(p, sq_q, sk_k, sk_v);
+      const fa4::ref::Forward64 low = fa4::ref::forward_lowp(p, sq_q, sk_k, sk_v);
+      const fa4::ref::ErrorStats e = fa4::ref::error_stats(got, ref.o);
+      const fa4::ref::ErrorStats e_low = fa4::ref::error_stats(low.o, ref.o);
+      EXPECT_FALSE(std::isnan(e.max_abs)) << "NaN in O: an element was not written or the math broke";
+      EXPECT_LE(e.max_abs, 2.0 * e_low.max_abs + 1e-3) << "plain 16-bit max error " << e_low.max_abs;
+      if (e.rel_frobenius == e.rel_frobenius && ref.o.size() > 0) EXPECT_LE(e.rel_frobenius, 1e-2);
+    } else {  // no key: O = 0, LSE = -inf
+      ref.o.assign(got.size(), 0.0);
+      ref.lse.assign(size_t(c.heads_q * sq), -INFINITY);
+      for (double g : got) ASSERT_EQ(g, 0.0) << "a row without keys must be 0";
+    }
+    double lse_err = 0.0;
+    int64_t lse_mismatch = 0;
+    for (int64_t h = 0; h < c.heads_q; ++h)
+      for (int64_t r = 0; r < sq; ++r) {
+        float g;
+        std::memcpy(&g, &lse_bits[size_t(h * total_q + cu_q[size_t(b)] + r)], 4);
+        const double rr = ref.lse[size_t(h * sq + r)];
+        if (std::isinf(rr) || std::isinf(g) || std::isnan(g))
+          lse_mismatch += !(std::isinf(rr) && std::isinf(g) && rr < 0 && g < 0);
+        else
+          lse_err = std::max(lse_err, std::fabs(double(g) - rr));
+      }
+    EXPECT_EQ(lse_mismatch, 0) << "LSE rows -inf in one and finite (or NaN) in the other";
+    EXPECT_LE(lse_err, 1e-3);
+  }
+}
+
+#define REQUIRE_GPU()                                               \
+  do {                                                              \
+    const std::string why = fa4_test::gpu_missing_reason();         \
+    if (!why.empty()) GTEST_SKIP() << "needs a Hopper GPU: " << why; \
+  } while (0)
+
+constexpr auto BF16 = DType::kBF16;
+constexpr auto FP16 = DType::kFP16;
+
+TEST(VarlenGpu, EveryHeadDimOddLengthsAndEmptySequences) {
+  REQUIRE_GPU();
+  uint32_t seed = 71;
+  for (int64_t d : {64, 128, 256})
+    for (DType t : {BF16, FP16}) {
+      run_varlen({t, 4, 4, d, {17, 239, 0, 1000, 128, 1}, {17, 239, 0, 1000, 128, 1}}, seed++);
+      run_varlen({t, 4, 2, d, {1, 300, 64}, {513, 17, 0}}, seed++);  // seqlen_q != seqlen_k both ways, no keys
+    }
+}
+
+TEST(VarlenGpu, CausalBottomRightPerSequence) {
+  REQUIRE_GPU();
+  uint32_t seed = 171;
+  for (int64_t d : {64, 128, 256}) {
+    VarlenCase c{BF16, 4, 4, d, {239, 1, 513, 64, 300}, {300, 17, 513, 64, 100}};
+    c.causal = true;
+    run_varlen(c, seed++);
+    c.dtype = FP16;
+    c.heads_q = 8, c.heads_kv = 2;  // GQA
+    c.len_q = {777, 5, 200, 0};
+    c.len_k = {777, 5, 1000, 9};
+    run_varlen(c, seed++);
+  }
+}
+
+TEST(VarlenGpu, WindowsGqaMqaAndStridedViews) {
+  REQUIRE_GPU();
+  uint32_t seed = 271;
+  for (int64_t d : {64, 128, 256}) {
+    VarlenCase c{BF16, 8, 1, d, {500, 1000, 33}, {700, 1000, 90}};  // MQA
+    c.left = 100;
+    c.right = 20;
+    run_varlen(c, seed++);
+    c.heads_kv = 4;
+    c.left = 64;
+    c.right = 0;
+    c.causal = false;
+    c.spare_heads = 1;  // head-padded rows: seq_stride (heads + 1) * d
+    run_varlen(c, seed++);
+  }
+}
+
+TEST(VarlenGpu, LongSequencesAmongShortOnes) {
+  REQUIRE_GPU();
+  // d64 at these lengths takes 192-row tiles (three consumers); many tiles past short sequences'
+  // ends are passed by.
+  run_varlen({BF16, 2, 2, 64, {2000, 190, 3000, 7}, {2000, 190, 3000, 7}}, 401);
+  run_varlen({BF16, 2, 1, 128, {4097, 1, 129}, {4097, 2000, 129}}, 402);
+}
+
+TEST(VarlenGpu, StaticRoundsAndOneCtaATile) {
+  REQUIRE_GPU();
+  // Without the tile counter (schedule 3: static rounds of a few CTAs; schedule 2: a CTA a tile)
+  // a CTA passes by its own tiles past a sequence's end.
+  uint32_t seed = 501;
+  for (int schedule : {2, 3})
+    for (bool causal : {false, true}) {
+      VarlenCase c{BF16, 3, 3, 128, {400, 5, 0, 260}, {400, 90, 8, 260}};
+      c.causal = causal;
+      c.schedule = schedule;
+      c.max_ctas = schedule == 3 ? 4 : 0;
+      run_varlen(c, seed++);
+    }
+}
+
+}  // namespace
