@@ -8,9 +8,12 @@ queries and keys, [total, heads, d] bf16. Providers:
   fa4     fa4.flash_attn_varlen_func on the packed tensors
   padded  fa4.flash_attn_func on [batch, longest, heads, d] (what a caller without varlen runs:
           every sequence padded to the longest; its time counts the padding's work)
-  fa2     torch SDPA, flash backend   } on nested jagged tensors (torch.nested, layout=jagged)
-  cudnn   torch SDPA, cuDNN backend   } viewing the same packed values; a backend that refuses
-                                        them is recorded with its error
+  fa2     FlashAttention-2's varlen kernel, torch.ops.aten._flash_attention_forward with
+          cum_seq_q / cum_seq_k on the same packed tensors
+  cudnn   cuDNN's, torch.ops.aten._cudnn_attention_forward with cum_seq_q / cum_seq_k (the path of
+          torch's nested-tensor SDPA), on the same packed tensors
+          A peer's output must agree with fa4's (max |difference| <= 0.05), else it is recorded as
+          a mismatch and not timed; a peer that refuses the call is recorded with its error.
 TFLOP/s count the visible (query, key) pairs of the real sequences alone (4 * pairs * heads * d
 FLOPs), so the providers compare on the same work. fa4's output is checked first against float64
 on the first and last sequence by DESIGN.md §3's criterion. Times are medians of triton's do_bench
@@ -34,8 +37,6 @@ sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from rounds import summary, time_in_rounds  # noqa: E402
 from side_by_side import DTYPES, bench_ms, check_fa4, commit_hash, gpu_driver, short  # noqa: E402
@@ -111,17 +112,22 @@ def main(argv=None) -> int:
                                   for _ in range(3))
                     fns[p] = lambda qp=qp, kp=kp, vp=vp: fa4.flash_attn_func(qp, kp, vp, causal=causal)
                 else:
-                    backend = SDPBackend.CUDNN_ATTENTION if p == "cudnn" else SDPBackend.FLASH_ATTENTION
-                    offsets = cu.to(torch.int64)
-                    qn, kn, vn = (torch.nested.nested_tensor_from_jagged(x, offsets).transpose(1, 2)
-                                  for x in (q, k, v))
-
-                    def call(qn=qn, kn=kn, vn=vn, backend=backend):
-                        with sdpa_kernel(backend):
-                            return F.scaled_dot_product_attention(qn, kn, vn, is_causal=causal)
-
+                    scale = d ** -0.5
+                    if p == "fa2":
+                        def call():
+                            return torch.ops.aten._flash_attention_forward(
+                                q, k, v, cu, cu, longest, longest, 0.0, causal, False, scale=scale)[0]
+                    else:
+                        def call():
+                            return torch.ops.aten._cudnn_attention_forward(
+                                q, k, v, None, cu, cu, longest, longest, False, 0.0, causal, False, scale=scale)[0]
                     with torch.no_grad():
-                        call()
+                        ref = fa4.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal)
+                        got = call()
+                        diff = (got.float().reshape(ref.shape) - ref.float()).abs().max().item()
+                    rec["max_diff_vs_fa4"] = diff
+                    if not diff <= 0.05:
+                        raise RuntimeError(f"output differs from fa4's by {diff}")
                     fns[p] = call
             except Exception as e:  # a provider that cannot run this case: record why
                 rec["error"] = short(e)
