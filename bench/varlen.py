@@ -1,7 +1,7 @@
 """Variable-length batches: fa4's flash_attn_varlen_func next to its peers in one process.
 
-    python3 bench/varlen.py [--cases NAME,...] [--providers fa4,padded,fa2,cudnn] [--rounds 3]
-        [--dtype bf16|fp16] [--name WHAT] [--out DIR]
+    python3 bench/varlen.py [--op fwd|bwd] [--cases NAME,...] [--providers fa4,padded,fa2,cudnn]
+        [--rounds 3] [--dtype bf16|fp16] [--name WHAT] [--out DIR]
 
 Each case packs `count` sequences whose lengths are drawn (seeded) from [lo, hi], the same for
 queries and keys, [total, heads, d] bf16. Providers:
@@ -14,8 +14,12 @@ queries and keys, [total, heads, d] bf16. Providers:
           torch's nested-tensor SDPA), on the same packed tensors
           A peer's output must agree with fa4's (max |difference| <= 0.05), else it is recorded as
           a mismatch and not timed; a peer that refuses the call is recorded with its error.
+--op bwd times each provider's backward alone (its forward run once before, for O and the LSE):
+fa4's torch.ops.fa4.bwd_varlen, FA2's aten._flash_attention_backward and cuDNN's
+aten._cudnn_attention_backward with the same cu_seqlens, fa4's batched backward on the padded
+tensors; a peer's dQ must agree with fa4's (max |difference| <= 0.05 + 2 % of fa4's largest).
 TFLOP/s count the visible (query, key) pairs of the real sequences alone (4 * pairs * heads * d
-FLOPs), so the providers compare on the same work. fa4's output is checked first against float64
+FLOPs forward, 2.5 times that backward), so the providers compare on the same work. fa4's output is checked first against float64
 on the first and last sequence by DESIGN.md §3's criterion. Times are medians of triton's do_bench
 in rounds, the providers' order rotating by round. Writes bench/results/<date>-<what>.json (and a
 copy under $OUT when set) and prints a table.
@@ -63,6 +67,7 @@ def visible_pairs(lq, lk, causal):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--op", choices=("fwd", "bwd"), default="fwd")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--providers", default="fa4,padded,fa2,cudnn")
     ap.add_argument("--rounds", type=int, default=3)
@@ -89,10 +94,11 @@ def main(argv=None) -> int:
         g = torch.Generator(device="cuda").manual_seed(2000 + n)
         q, k, v = (torch.randn(total, h, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
         cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
-        flops = 4.0 * h * d * sum(visible_pairs(s, s, causal) for s in lens)
+        flops = (10.0 if a.op == "bwd" else 4.0) * h * d * sum(visible_pairs(s, s, causal) for s in lens)
+        dout = torch.randn(total, h, d, device="cuda", dtype=dtype, generator=g)
         fns, recs = {}, {}
         for p in providers:
-            rec = {"op": "fwd", "provider": p, "case": name, "dtype": a.dtype, "lengths": lens, "heads": h,
+            rec = {"op": a.op, "provider": p, "case": name, "dtype": a.dtype, "lengths": lens, "heads": h,
                    "head_dim": d, "causal": causal, "ms": None, **meta}
             recs[p] = rec
             try:
@@ -106,11 +112,51 @@ def main(argv=None) -> int:
                                                     out[None, s0:s1], causal))
                         rec["check"] = {"pass": all(c["pass"] for c in checks), "sequences": checks}
                     failed += not rec["check"]["pass"]
-                    fns[p] = lambda: fa4.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal)
+                    if a.op == "fwd":
+                        fns[p] = lambda: fa4.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal)
+                    else:
+                        o4, lse4 = torch.ops.fa4.fwd_varlen(q, k, v, cu, cu, longest, longest, None, causal, -1, -1)
+
+                        def bwd4(o4=o4, lse4=lse4):
+                            return torch.ops.fa4.bwd_varlen(dout, q, k, v, o4, lse4, cu, cu, longest, longest, None,
+                                                            causal, -1, -1, False)
+                        dq_fa4 = bwd4()[0]
+                        fns[p] = bwd4
                 elif p == "padded":
-                    qp, kp, vp = (torch.randn(count, longest, h, d, device="cuda", dtype=dtype, generator=g)
-                                  for _ in range(3))
-                    fns[p] = lambda qp=qp, kp=kp, vp=vp: fa4.flash_attn_func(qp, kp, vp, causal=causal)
+                    qp, kp, vp, dp = (torch.randn(count, longest, h, d, device="cuda", dtype=dtype, generator=g)
+                                      for _ in range(4))
+                    if a.op == "fwd":
+                        fns[p] = lambda qp=qp, kp=kp, vp=vp: fa4.flash_attn_func(qp, kp, vp, causal=causal)
+                    else:
+                        op_, lsep = torch.ops.fa4.fwd(qp, kp, vp, None, causal, -1, -1)
+                        fns[p] = lambda qp=qp, kp=kp, vp=vp, dp=dp, op_=op_, lsep=lsep: torch.ops.fa4.bwd(
+                            dp, qp, kp, vp, op_, lsep, None, causal, -1, -1, False)
+                elif a.op == "bwd":
+                    scale = d ** -0.5
+                    if p == "fa2":
+                        o2, lse2, rng2, unused2, _ = torch.ops.aten._flash_attention_forward(
+                            q, k, v, cu, cu, longest, longest, 0.0, causal, False, scale=scale)
+
+                        def call(o2=o2, lse2=lse2, rng2=rng2, unused2=unused2):
+                            return torch.ops.aten._flash_attention_backward(
+                                dout, q, k, v, o2, lse2, cu, cu, longest, longest, 0.0, causal, rng2, unused2,
+                                scale=scale)
+                    else:
+                        res = torch.ops.aten._cudnn_attention_forward(
+                            q, k, v, None, cu, cu, longest, longest, True, 0.0, causal, False, scale=scale)
+                        oc, lsec, seed, offset = res[0], res[1], res[6], res[7]
+
+                        def call(oc=oc, lsec=lsec, seed=seed, offset=offset):
+                            return torch.ops.aten._cudnn_attention_backward(
+                                dout, q, k, v, oc, lsec, seed, offset, torch.empty(0, device="cuda", dtype=dtype),
+                                cu, cu, longest, longest, 0.0, causal, scale=scale)
+                    with torch.no_grad():
+                        got = call()[0]
+                        diff = (got.float() - dq_fa4.float()).abs().max().item()
+                    rec["max_dq_diff_vs_fa4"] = diff
+                    if not diff <= 0.05 + 0.02 * dq_fa4.float().abs().max().item():
+                        raise RuntimeError(f"dQ differs from fa4's by {diff}")
+                    fns[p] = call
                 else:
                     scale = d ** -0.5
                     if p == "fa2":

@@ -124,6 +124,20 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
   Status s = validate(args);
   if (!s.ok()) return s;
   const Problem& p = args.problem;
+  const Varlen& vl = args.varlen;
+  if (vl.enabled()) {
+    // Packed rows: with no query row (or none a sequence may have) dK and dV are 0, with no key
+    // dQ is 0, over every row of the tensors.
+    const int64_t rows_q = p.seqlen_q > 0 ? vl.total_q : 0, rows_k = p.seqlen_k > 0 ? vl.total_k : 0;
+    if (p.batch == 0 || (rows_q == 0 && rows_k == 0)) return Status::Ok();
+    if (!(s = detail::check_current_device()).ok()) return s;
+    if (rows_q > 0 && rows_k > 0) return detail::sm90_backward(detail::make_bwd_params(args), stream);
+    Problem one = p;
+    one.batch = 1;
+    if (rows_k == 0) return zero("zeroing dq (no keys)", args.dq, one, vl.total_q, p.heads_q, stream);
+    if (!(s = zero("zeroing dk (no queries)", args.dk, one, vl.total_k, p.heads_kv, stream)).ok()) return s;
+    return zero("zeroing dv (no queries)", args.dv, one, vl.total_k, p.heads_kv, stream);
+  }
   if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status::Ok();
   if (!(s = detail::check_current_device()).ok()) return s;
   if (p.seqlen_q > 0 && p.seqlen_k > 0) return detail::sm90_backward(detail::make_bwd_params(args), stream);
@@ -264,5 +278,33 @@ extern "C" int fa4_forward_varlen(const fa4_problem* problem, fa4_tensor q, fa4_
     a.varlen.total_q = total_q;
     a.varlen.total_k = total_k;
     return fa4::forward(a, stream);
+  });
+}
+
+extern "C" int fa4_backward_varlen(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
+                                   fa4_tensor o, fa4_tensor dout, fa4_tensor dq, fa4_tensor dk, fa4_tensor dv,
+                                   const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int64_t total_q,
+                                   int64_t total_k, const float* lse, int deterministic, void* workspace,
+                                   size_t workspace_bytes, cudaStream_t stream, char* message, size_t message_len) {
+  return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {
+    fa4::BackwardArgs a;
+    a.problem = p;
+    a.q = from_c(q);
+    a.k = from_c(k);
+    a.v = from_c(v);
+    a.o = from_c(o);
+    a.dout = from_c(dout);
+    a.dq = from_c(dq);
+    a.dk = from_c(dk);
+    a.dv = from_c(dv);
+    a.lse = lse;
+    a.deterministic = deterministic != 0;
+    a.varlen.cu_seqlens_q = cu_seqlens_q;
+    a.varlen.cu_seqlens_k = cu_seqlens_k;
+    a.varlen.total_q = total_q;
+    a.varlen.total_k = total_k;
+    a.workspace = workspace;
+    a.workspace_bytes = workspace_bytes;
+    return fa4::backward(a, stream);
   });
 }

@@ -303,6 +303,143 @@ void run_varlen(const VarlenCase& c, uint32_t seed) {
   }
 }
 
+// The backward of a varlen case: forward for O and the LSE, then dQ, dK, dV (poisoned first) of
+// each sequence against the float64 backward of that sequence alone (DESIGN.md §3's criterion
+// against the plain 16-bit backward); rows outside every sequence keep their poison.
+void run_varlen_backward(const VarlenCase& c, uint32_t seed, bool deterministic) {
+  SCOPED_TRACE(c.name() + (deterministic ? " deterministic" : ""));
+  const int64_t batch = int64_t(c.len_q.size());
+  const std::vector<int32_t> cu_q = prefix(c.len_q), cu_k = prefix(c.len_k);
+  const int64_t total_q = cu_q.back() + c.spare_rows, total_k = cu_k.back() + c.spare_rows;
+  const int max_q = *std::max_element(c.len_q.begin(), c.len_q.end());
+  const int max_k = *std::max_element(c.len_k.begin(), c.len_k.end());
+  const int64_t d = c.head_dim;
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto fill = [&](const Packed& t, std::vector<double>& vals) {
+    vals.assign(size_t(t.rows * t.hs * t.d), 0.0);
+    for (double& x : vals) x = fa4::ref::round_to(c.dtype, float(normal(rng)));
+    const std::vector<uint16_t> bits = fa4::ref::to_bits(c.dtype, vals);
+    CUDA_OK(cudaMemcpy(t.buf.ptr, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+  };
+  Packed q, k, v, o, dout, dq, dk, dv;
+  ASSERT_NO_FATAL_FAILURE(q.make(total_q, c.heads_q, c.spare_heads, d));
+  ASSERT_NO_FATAL_FAILURE(k.make(total_k, c.heads_kv, c.spare_heads, d));
+  ASSERT_NO_FATAL_FAILURE(v.make(total_k, c.heads_kv, c.spare_heads, d));
+  ASSERT_NO_FATAL_FAILURE(o.make(total_q, c.heads_q, c.spare_heads, d));
+  ASSERT_NO_FATAL_FAILURE(dout.make(total_q, c.heads_q, c.spare_heads, d));
+  ASSERT_NO_FATAL_FAILURE(dq.make(total_q, c.heads_q, c.spare_heads, d));
+  ASSERT_NO_FATAL_FAILURE(dk.make(total_k, c.heads_kv, c.spare_heads, d));
+  ASSERT_NO_FATAL_FAILURE(dv.make(total_k, c.heads_kv, c.spare_heads, d));
+  std::vector<double> hq, hk, hv, hdo;
+  ASSERT_NO_FATAL_FAILURE(fill(q, hq));
+  ASSERT_NO_FATAL_FAILURE(fill(k, hk));
+  ASSERT_NO_FATAL_FAILURE(fill(v, hv));
+  ASSERT_NO_FATAL_FAILURE(fill(dout, hdo));
+  fa4_test::DeviceBuffer dcu_q, dcu_k, dlse, ws;
+  CUDA_OK(cudaMalloc(&dcu_q.ptr, cu_q.size() * 4));
+  CUDA_OK(cudaMalloc(&dcu_k.ptr, cu_k.size() * 4));
+  CUDA_OK(cudaMemcpy(dcu_q.ptr, cu_q.data(), cu_q.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dcu_k.ptr, cu_k.data(), cu_k.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMalloc(&dlse.ptr, std::max<int64_t>(c.heads_q * total_q, 1) * 4));
+
+  ForwardArgs f;
+  f.problem = fa4::test::make_problem(batch, max_q, max_k, c.heads_q, c.heads_kv, d, c.dtype);
+  f.problem.causal = c.causal;
+  f.problem.window_left = c.left;
+  f.problem.window_right = c.right;
+  f.q = q.ref, f.k = k.ref, f.v = v.ref, f.o = o.ref;
+  f.lse = static_cast<float*>(dlse.ptr);
+  f.varlen = {static_cast<const int32_t*>(dcu_q.ptr), static_cast<const int32_t*>(dcu_k.ptr), total_q, total_k};
+  Status st = fa4::forward(f, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message;
+
+  fa4::BackwardArgs b;
+  b.problem = f.problem;
+  b.q = q.ref, b.k = k.ref, b.v = v.ref, b.o = o.ref, b.dout = dout.ref;
+  b.dq = dq.ref, b.dk = dk.ref, b.dv = dv.ref;
+  b.lse = f.lse;
+  b.deterministic = deterministic;
+  b.varlen = f.varlen;
+  st = fa4::backward_workspace_size(b, &b.workspace_bytes);
+  ASSERT_TRUE(st.ok()) << st.message;
+  CUDA_OK(cudaMalloc(&ws.ptr, std::max<size_t>(b.workspace_bytes, 16)));
+  b.workspace = ws.ptr;
+  st = fa4::backward(b, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message;
+  fa4_test::finish_or_exit(c.name());
+  CUDA_OK(cudaDeviceSynchronize());
+
+  auto download = [&](const Packed& t) {
+    std::vector<uint16_t> bits(size_t(t.rows * t.hs * d));
+    EXPECT_EQ(cudaMemcpy(bits.data(), t.buf.ptr, bits.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    return bits;
+  };
+  const std::vector<uint16_t> gq = download(dq), gk = download(dk), gv = download(dv);
+  // Untouched outside the sequences' rows and heads.
+  auto written_outside = [&](const Packed& t, const std::vector<uint16_t>& bits, int64_t rows_used) {
+    int64_t n = 0;
+    for (int64_t r = 0; r < t.rows; ++r)
+      for (int64_t h = 0; h < t.hs; ++h)
+        for (int64_t x = 0; x < d; ++x)
+          n += (r >= rows_used || h >= t.heads) && bits[size_t(t.at(r, h, x))] != fa4_test::kPoison;
+    return n;
+  };
+  EXPECT_EQ(written_outside(dq, gq, cu_q.back()), 0) << "dq written outside every sequence";
+  EXPECT_EQ(written_outside(dk, gk, cu_k.back()), 0) << "dk written outside every sequence";
+  EXPECT_EQ(written_outside(dv, gv, cu_k.back()), 0) << "dv written outside every sequence";
+
+  for (int64_t s = 0; s < batch; ++s) {
+    const int sq = c.len_q[size_t(s)], sk = c.len_k[size_t(s)];
+    if (sq == 0 && sk == 0) continue;
+    SCOPED_TRACE("sequence " + std::to_string(s) + " (" + std::to_string(sq) + " x " + std::to_string(sk) + ")");
+    fa4::Problem p = fa4::test::make_problem(1, sq, sk, c.heads_q, c.heads_kv, d, c.dtype);
+    p.causal = c.causal;
+    p.window_left = c.left;
+    p.window_right = c.right;
+    auto gather = [&](const Packed& t, const std::vector<double>& vals, int64_t first, int64_t rows) {
+      std::vector<double> x(size_t(rows * t.heads * d));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t h = 0; h < t.heads; ++h)
+          for (int64_t e = 0; e < d; ++e) x[size_t((r * t.heads + h) * d + e)] = vals[size_t(t.at(first + r, h, e))];
+      return x;
+    };
+    auto got = [&](const Packed& t, const std::vector<uint16_t>& bits, int64_t first, int64_t rows) {
+      std::vector<double> x(size_t(rows * t.heads * d));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t h = 0; h < t.heads; ++h)
+          for (int64_t e = 0; e < d; ++e)
+            x[size_t((r * t.heads + h) * d + e)] = fa4::ref::bits_to_float(c.dtype, bits[size_t(t.at(first + r, h, e))]);
+      return x;
+    };
+    const int64_t q0 = cu_q[size_t(s)], k0 = cu_k[size_t(s)];
+    const std::vector<double> sq_q = gather(q, hq, q0, sq), sk_k = gather(k, hk, k0, sk), sk_v = gather(v, hv, k0, sk),
+                              s_do = gather(dout, hdo, q0, sq);
+    const std::vector<double> out_q = got(dq, gq, q0, sq), out_k = got(dk, gk, k0, sk), out_v = got(dv, gv, k0, sk);
+    fa4::ref::Backward64 exact, plain;
+    if (sq > 0 && sk > 0) {
+      exact = fa4::ref::backward(p, sq_q, sk_k, sk_v, s_do);
+      plain = fa4::ref::backward_lowp(p, sq_q, sk_k, sk_v, s_do);
+    } else {  // one side empty: the other's gradients are 0
+      exact.dq.assign(out_q.size(), 0.0), exact.dk.assign(out_k.size(), 0.0), exact.dv.assign(out_v.size(), 0.0);
+      plain = exact;
+    }
+    const struct {
+      const char* name;
+      const std::vector<double>&out, &ex, &pl;
+    } grads[] = {{"dq", out_q, exact.dq, plain.dq}, {"dk", out_k, exact.dk, plain.dk}, {"dv", out_v, exact.dv, plain.dv}};
+    for (const auto& g : grads) {
+      if (g.out.empty()) continue;
+      const fa4::ref::ErrorStats e = fa4::ref::error_stats(g.out, g.ex);
+      const fa4::ref::ErrorStats e_plain = fa4::ref::error_stats(g.pl, g.ex);
+      EXPECT_FALSE(std::isnan(e.max_abs)) << g.name << ": NaN (an element not written, or the math broke)";
+      EXPECT_LE(e.max_abs, 2.0 * e_plain.max_abs + 1e-3) << g.name << ": plain 16-bit max error " << e_plain.max_abs;
+      const bool exact_zero = std::all_of(g.ex.begin(), g.ex.end(), [](double x) { return x == 0.0; });
+      if (!exact_zero) EXPECT_LE(e.rel_frobenius, 1e-2) << g.name;
+    }
+  }
+}
+
 #define REQUIRE_GPU()                                               \
   do {                                                              \
     const std::string why = fa4_test::gpu_missing_reason();         \
@@ -375,6 +512,35 @@ TEST(VarlenGpu, StaticRoundsAndOneCtaATile) {
       c.max_ctas = schedule == 3 ? 4 : 0;
       run_varlen(c, seed++);
     }
+}
+
+}  // namespace
+
+namespace {
+
+TEST(VarlenGpu, BackwardEveryHeadDimAgainstEachSequence) {
+  REQUIRE_GPU();
+  uint32_t seed = 601;
+  for (int64_t d : {64, 128, 256})
+    for (bool deterministic : {false, true}) {
+      // odd lengths, an empty sequence, a sequence without keys and one without queries, GQA
+      run_varlen_backward({BF16, 4, 2, d, {17, 239, 0, 300, 5, 0}, {40, 239, 9, 0, 130, 0}}, seed++, deterministic);
+      VarlenCase c{FP16, 4, 4, d, {200, 1, 333}, {200, 64, 400}};
+      c.causal = true;
+      run_varlen_backward(c, seed++, deterministic);
+    }
+}
+
+TEST(VarlenGpu, BackwardWindowsMqaAndStrided) {
+  REQUIRE_GPU();
+  uint32_t seed = 701;
+  for (int64_t d : {64, 128, 256}) {
+    VarlenCase c{BF16, 4, 1, d, {260, 129}, {300, 700}};
+    c.left = 50;
+    c.right = 10;
+    c.spare_heads = 1;
+    run_varlen_backward(c, seed++, false);
+  }
 }
 
 }  // namespace

@@ -93,8 +93,11 @@ struct BackwardArgs {
   Problem problem;
   TensorRef q, k, v, o, dout;
   TensorRef dq, dk, dv;
-  const float* lse = nullptr;  // from the forward pass, required
+  const float* lse = nullptr;  // from the forward pass, required (with varlen [heads_q, total_q])
   bool deterministic = false;
+  // A variable-length batch, as the forward's (Varlen): dout and dq are packed as q, dk and dv as
+  // k; rows outside every sequence are not written.
+  Varlen varlen;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
@@ -122,7 +125,7 @@ float effective_scale(const Problem& p);
 // allocator too;
 // backward needs an fp32 dQ accumulator and two fp32 a query row (rowsum(dO * O), and the LSE in
 // log2 units): batch * round_up(seqlen_q, 128) * heads_q * (head_dim + 2) * 4 bytes, 16-byte aligned, passed as
-// args.workspace / args.workspace_bytes.
+// args.workspace / args.workspace_bytes (with varlen seqlen_q is the longest sequence's).
 Status forward_workspace_size(const ForwardArgs& args, size_t* bytes);
 Status backward_workspace_size(const BackwardArgs& args, size_t* bytes);
 

@@ -40,6 +40,13 @@ int fa4_forward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tens
 int fa4_forward_varlen(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
                        const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int64_t total_q,
                        int64_t total_k, float* lse, cudaStream_t stream, char* message, size_t message_len);
+// Its backward (fa4::BackwardArgs::varlen): dout and dq packed as q, dk and dv as k; the workspace
+// as fa4_backward_workspace_size gives it for problem (seqlen_q the longest sequence's).
+int fa4_backward_varlen(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
+                        fa4_tensor dout, fa4_tensor dq, fa4_tensor dk, fa4_tensor dv, const int32_t* cu_seqlens_q,
+                        const int32_t* cu_seqlens_k, int64_t total_q, int64_t total_k, const float* lse,
+                        int deterministic, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                        char* message, size_t message_len);
 // The workspace fa4_backward needs for `problem`, in bytes, into *bytes
 // (fa4::backward_workspace_size); a StatusCode and message as above.
 int fa4_backward_workspace_size(const fa4_problem* problem, size_t* bytes, char* message, size_t message_len);

@@ -8,6 +8,8 @@
 //                   softmax_scale, causal, window_left, window_right, with_lse=True) -> (out, lse)
 //       packed sequences: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim],
 //       cu_seqlens int32 [batch + 1] on q's device; out like q, lse fp32 [heads_q, total_q].
+//   fa4::bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+//                   softmax_scale, causal, window_left, window_right, deterministic) -> (dq, dk, dv)
 //
 // Tensors are [batch, seqlen, heads, head_dim] views (BSHD, or BHSD transposed back) whose last
 // dim is contiguous; their element strides go to fa4 as they are. Outputs are new contiguous
@@ -22,6 +24,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -285,12 +288,12 @@ void check_cu_seqlens(const at::Tensor& cu, const char* op, const char* name, co
   FA4_CHECK_VALUE(cu.is_contiguous(), op, ": ", name, " has strides ", strides_str(cu), ": must be contiguous");
 }
 
-std::tuple<at::Tensor, at::Tensor> fwd_varlen_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                 const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
-                                                 int64_t max_seqlen_q, int64_t max_seqlen_k,
-                                                 std::optional<double> softmax_scale, bool causal,
-                                                 int64_t window_left, int64_t window_right, bool with_lse) {
-  const char* op = "fa4::fwd_varlen";
+// The checks the varlen operators share: q, k, v packed and agreeing, the cu_seqlens; returns
+// the problem (batch from cu_seqlens, the longest lengths as given).
+fa4::Problem check_varlen_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+                              int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal,
+                              int64_t window_left, int64_t window_right, const char* op) {
   check_packed(q, op, "q", q.device());
   check_packed(k, op, "k", q.device());
   check_packed(v, op, "v", q.device());
@@ -307,7 +310,6 @@ std::tuple<at::Tensor, at::Tensor> fwd_varlen_op(const at::Tensor& q, const at::
                     ": both must be [batch + 1]");
   FA4_CHECK_VALUE(max_seqlen_q >= 0 && max_seqlen_k >= 0, op, ": max_seqlen_q = ", max_seqlen_q,
                     ", max_seqlen_k = ", max_seqlen_k, ": must be >= 0");
-
   fa4::Problem p;
   p.dtype = dtype;
   p.batch = cu_seqlens_q.size(0) - 1;
@@ -324,7 +326,17 @@ std::tuple<at::Tensor, at::Tensor> fwd_varlen_op(const at::Tensor& q, const at::
   p.causal = causal;
   p.window_left = window_left;
   p.window_right = window_right;
+  return p;
+}
 
+std::tuple<at::Tensor, at::Tensor> fwd_varlen_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                 const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                                 int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                                 std::optional<double> softmax_scale, bool causal,
+                                                 int64_t window_left, int64_t window_right, bool with_lse) {
+  const char* op = "fa4::fwd_varlen";
+  const fa4::Problem p = check_varlen_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                          softmax_scale, causal, window_left, window_right, op);
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty(q.sizes(), q.options());
   const auto f32 = q.options().dtype(at::kFloat);
@@ -345,6 +357,61 @@ std::tuple<at::Tensor, at::Tensor> fwd_varlen_op(const at::Tensor& q, const at::
   return {out, lse};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_varlen_op(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal, int64_t window_left,
+    int64_t window_right, bool deterministic) {
+  const char* op = "fa4::bwd_varlen";
+  const fa4::Problem p = check_varlen_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                          softmax_scale, causal, window_left, window_right, op);
+  check_packed(out, op, "out", q.device());
+  check_packed(dout, op, "dout", q.device());
+  check_same_dtype(out, q, op, "out");
+  check_same_dtype(dout, q, op, "dout");
+  check_shape(out, shape_of(q), op, "out", "q's shape: [total_q, heads_q, head_dim]");
+  check_shape(dout, shape_of(q), op, "dout", "q's shape: [total_q, heads_q, head_dim]");
+  FA4_CHECK_VALUE(lse.defined() && lse.is_cuda() && lse.device() == q.device(), op,
+                    ": lse must be a CUDA tensor on q's device");
+  FA4_CHECK_VALUE(lse.scalar_type() == at::kFloat, op, ": lse has dtype ", lse.scalar_type(),
+                    ": must be torch.float32 (the forward's lse)");
+  check_shape(lse, {p.heads_q, q.size(0)}, op, "lse", "[heads_q, total_q]");
+  FA4_CHECK_VALUE(lse.is_contiguous(), op, ": lse has strides ", strides_str(lse), ": must be contiguous");
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  // Zeros: rows outside every sequence (past the last, say) get no gradient from the kernels, and
+  // autograd takes the whole tensor.
+  at::Tensor dq = at::zeros(q.sizes(), q.options());
+  at::Tensor dk = at::zeros(k.sizes(), k.options());
+  at::Tensor dv = at::zeros(v.sizes(), v.options());
+  fa4::BackwardArgs args;
+  args.problem = p;
+  args.q = packed_ref(q);
+  args.k = packed_ref(k);
+  args.v = packed_ref(v);
+  args.o = packed_ref(out);
+  args.dout = packed_ref(dout);
+  args.dq = packed_ref(dq);
+  args.dk = packed_ref(dk);
+  args.dv = packed_ref(dv);
+  args.lse = lse.numel() ? lse.data_ptr<float>() : nullptr;
+  args.deterministic = deterministic;
+  args.varlen.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
+  args.varlen.cu_seqlens_k = cu_seqlens_k.data_ptr<int32_t>();
+  args.varlen.total_q = q.size(0);
+  args.varlen.total_k = k.size(0);
+  size_t bytes = 0;
+  raise_if_error(fa4::backward_workspace_size(args, &bytes), op);
+  at::Tensor ws;
+  if (bytes) {
+    ws = workspace(bytes, q);
+    args.workspace = ws.data_ptr();
+    args.workspace_bytes = bytes;
+  }
+  raise_if_error(fa4::backward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), op);
+  return {dq, dk, dv};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(fa4, m) {
@@ -361,12 +428,17 @@ TORCH_LIBRARY(fa4, m) {
       "fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, float? softmax_scale, bool causal, int window_left, int window_right, "
       "bool with_lse=True) -> (Tensor out, Tensor lse)");
+  m.def(
+      "bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
+      "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale, bool causal, "
+      "int window_left, int window_right, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)");
 }
 
 TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
   m.impl("fwd", &fwd_op);
   m.impl("bwd", &bwd_op);
   m.impl("fwd_varlen", &fwd_varlen_op);
+  m.impl("bwd_varlen", &bwd_varlen_op);
 }
 
 // CPU tensors reach the same checks, which answer with a ValueError naming the tensor (instead of
@@ -375,4 +447,5 @@ TORCH_LIBRARY_IMPL(fa4, CPU, m) {
   m.impl("fwd", &fwd_op);
   m.impl("bwd", &bwd_op);
   m.impl("fwd_varlen", &fwd_varlen_op);
+  m.impl("bwd_varlen", &bwd_varlen_op);
 }

@@ -102,6 +102,12 @@ def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     return q.new_empty(q.shape), lse
 
 
+@torch.library.register_fake("fa4::bwd_varlen")
+def _bwd_varlen_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     softmax_scale, causal, window_left, window_right, deterministic):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
 # ---------------------------------------------------------------------------------------------
 # Autograd: forward saves what the backward operator reads.
 
@@ -130,6 +136,28 @@ class _FlashAttnFunc(torch.autograd.Function):
             ctx.window_right, ctx.deterministic,
         )
         return dq, dk, dv, None, None, None, None, None
+
+
+class _FlashAttnVarlenFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                window_left, window_right, deterministic):
+        out, lse = torch.ops.fa4.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                            softmax_scale, causal, window_left, window_right)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, deterministic)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        max_q, max_k, scale, causal, left, right, deterministic = ctx.args
+        dq, dk, dv = torch.ops.fa4.bwd_varlen(
+            dout.contiguous(), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, causal,
+            left, right, deterministic,
+        )
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 def _window(window_size) -> Tuple[int, int]:
@@ -223,9 +251,9 @@ def flash_attn_varlen_func(
     against k, v rows cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1. max_seqlen_q, max_seqlen_k: the
     longest sequences' lengths (longer ones are cut to them). causal and window_size align each
     sequence's own queries and keys bottom-right, as flash_attn_func does. Rows of q outside every
-    sequence are not written in out. Returns out like q, and with return_lse the fp32 LSE
-    [heads_q, total_q]. Forward only: the backward of variable-length batches is not implemented,
-    so inputs that require a gradient under grad mode are refused.
+    sequence are not written in out (and get zero gradients). Returns out like q, and with
+    return_lse the fp32 LSE [heads_q, total_q]. Differentiable (torch.ops.fa4.bwd_varlen);
+    deterministic: the backward's deterministic mode.
     """
     _refuse_unimplemented("fa4.flash_attn_varlen_func", dropout_p, alibi_slopes)
     return_lse = bool(return_lse or return_attn_probs)
@@ -234,20 +262,19 @@ def flash_attn_varlen_func(
             f"fa4.flash_attn_varlen_func: softcap = {softcap}: soft-capping is not implemented "
             "(softcap must be 0.0)"
         )
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise NotImplementedError(
-            "fa4.flash_attn_varlen_func: the backward of variable-length batches is not implemented; "
-            "call it under torch.no_grad() (or torch.inference_mode()), or with inputs that do not "
-            "require grad"
-        )
-    del deterministic  # (a backward option)
     window_left, window_right = _window(window_size)
     if softmax_scale is not None:
         softmax_scale = float(softmax_scale)
-    out, lse = torch.ops.fa4.fwd_varlen(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
-        bool(causal), window_left, window_right, return_lse,
-    )
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _FlashAttnVarlenFunc.apply(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
+            bool(causal), window_left, window_right, bool(deterministic),
+        )
+    else:
+        out, lse = torch.ops.fa4.fwd_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
+            bool(causal), window_left, window_right, return_lse,
+        )
     return (out, lse) if return_lse else out
 
 

@@ -32,6 +32,14 @@ struct BwdParams {
   // Development timeline (a dK/dV configuration with kTrace, tools/sm90_bwd_probe trace); null
   // otherwise.
   uint64_t* trace;
+  // Variable-length batches (fa4::Varlen): int32 [batch + 1] each on the device, null without;
+  // seqlen_q and seqlen_k then bound each sequence's lengths (and size the workspace and the
+  // grids), the tensors hold total_q / total_k rows, and the LSE is [heads_q, total_q]. The
+  // launch hands the kernels batch strides of 0 (sequence b's rows start at its cu_seqlens).
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int total_q = 0, total_k = 0;
+  bool varlen() const { return cu_seqlens_q != nullptr; }
 };
 
 // Launches the sm90 backward; kNotSupported for configurations it does not cover.

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 namespace fa4 {
 namespace {
@@ -164,9 +165,11 @@ Status check_shared(const Problem& p, const TensorRef& q, const TensorRef& k, co
 }
 
 // A variable-length batch (Varlen): both cu_seqlens, aligned; totals that the kernel's int rows
-// hold; q, o over total_q rows and k, v over total_k rows (one batch: batch_stride is not read);
-// the LSE [heads_q, total_q].
-Status check_varlen(const ForwardArgs& args) {
+// hold; q, o (and dout, dq) over total_q rows and k, v (dk, dv) over total_k rows (one batch:
+// batch_stride is not read); the LSE [heads_q, total_q].
+template <class Args>
+Status check_varlen(const Args& args) {
+  constexpr bool kBackward = std::is_same_v<Args, BackwardArgs>;
   const Problem& p = args.problem;
   const Varlen& v = args.varlen;
   const struct {
@@ -197,9 +200,39 @@ Status check_varlen(const ForwardArgs& args) {
   if (!(s = check_tensor("k", rows_only(args.k), ks, one)).ok()) return s;
   if (!(s = check_tensor("v", rows_only(args.v), ks, one)).ok()) return s;
   if (!(s = check_tensor("o", rows_only(args.o), qs, one)).ok()) return s;
+  if constexpr (kBackward) {
+    if (!(s = check_tensor("dout", rows_only(args.dout), qs, one)).ok()) return s;
+    if (!(s = check_tensor("dq", rows_only(args.dq), qs, one)).ok()) return s;
+    if (!(s = check_tensor("dk", rows_only(args.dk), ks, one)).ok()) return s;
+    if (!(s = check_tensor("dv", rows_only(args.dv), ks, one)).ok()) return s;
+    if (args.lse == nullptr && v.total_q > 0)
+      return invalid("lse = null: backward needs the forward pass's log-sum-exp [heads_q, total_q]");
+  }
   if (args.lse != nullptr && reinterpret_cast<uintptr_t>(args.lse) % alignof(float) != 0)
     return invalid("lse = " + detail::format_pointer(args.lse) + ": must be a multiple of " +
                    str(int64_t{alignof(float)}) + " bytes (float)");
+  return Status::Ok();
+}
+
+// The backward's workspace against what it needs (detail::dq_accum_bytes).
+Status check_workspace(const BackwardArgs& args) {
+  const Problem& p = args.problem;
+  int64_t need = 0;
+  if (!detail::dq_accum_bytes(p, &need))
+    return invalid("batch = " + str(p.batch) + ", seqlen_q = " + str(p.seqlen_q) +
+                   ", heads_q = " + str(p.heads_q) + ", head_dim = " + str(p.head_dim) +
+                   ": the fp32 dQ accumulator's byte count must fit in int64");
+  if (need == 0) return Status::Ok();
+  if (args.workspace == nullptr)
+    return invalid("workspace = null: backward needs " + str(need) +
+                   " bytes here (see backward_workspace_size)");
+  if (reinterpret_cast<uintptr_t>(args.workspace) % kAlignmentBytes != 0)
+    return invalid("workspace = " + detail::format_pointer(args.workspace) +
+                   ": must be a multiple of " + str(int64_t{kAlignmentBytes}) + " bytes");
+  if (args.workspace_bytes < static_cast<uint64_t>(need))
+    return invalid("workspace_bytes = " + std::to_string(args.workspace_bytes) +
+                   ": backward needs at least " + str(need) +
+                   " bytes here (see backward_workspace_size)");
   return Status::Ok();
 }
 
@@ -223,6 +256,10 @@ Status validate(const BackwardArgs& args) {
   const Problem& p = args.problem;
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
+  if (args.varlen.enabled()) {
+    if (!(s = check_varlen(args)).ok()) return s;
+    return check_workspace(args);
+  }
   if (!(s = check_lse(args.lse, p, /*required=*/true)).ok()) return s;
   if (!(s = check_shared(p, args.q, args.k, args.v, args.o)).ok()) return s;
   const Shape qs{"seqlen_q", p.seqlen_q, "heads_q", p.heads_q};
@@ -231,24 +268,7 @@ Status validate(const BackwardArgs& args) {
   if (!(s = check_tensor("dq", args.dq, qs, p)).ok()) return s;
   if (!(s = check_tensor("dk", args.dk, ks, p)).ok()) return s;
   if (!(s = check_tensor("dv", args.dv, ks, p)).ok()) return s;
-
-  int64_t need = 0;
-  if (!detail::dq_accum_bytes(p, &need))
-    return invalid("batch = " + str(p.batch) + ", seqlen_q = " + str(p.seqlen_q) +
-                   ", heads_q = " + str(p.heads_q) + ", head_dim = " + str(p.head_dim) +
-                   ": the fp32 dQ accumulator's byte count must fit in int64");
-  if (need == 0) return Status::Ok();
-  if (args.workspace == nullptr)
-    return invalid("workspace = null: backward needs " + str(need) +
-                   " bytes here (see backward_workspace_size)");
-  if (reinterpret_cast<uintptr_t>(args.workspace) % kAlignmentBytes != 0)
-    return invalid("workspace = " + detail::format_pointer(args.workspace) +
-                   ": must be a multiple of " + str(int64_t{kAlignmentBytes}) + " bytes");
-  if (args.workspace_bytes < static_cast<uint64_t>(need))
-    return invalid("workspace_bytes = " + std::to_string(args.workspace_bytes) +
-                   ": backward needs at least " + str(need) +
-                   " bytes here (see backward_workspace_size)");
-  return Status::Ok();
+  return check_workspace(args);
 }
 
 namespace detail {
@@ -418,6 +438,12 @@ BwdParams make_bwd_params(const BackwardArgs& args) {
   b.dq_accum = static_cast<float*>(args.workspace);
   b.delta = b.dq_accum + p.batch * p.heads_q * b.rows * p.head_dim;
   b.lse_log2 = b.delta + p.batch * p.heads_q * b.rows;
+  if (args.varlen.enabled()) {
+    b.cu_seqlens_q = args.varlen.cu_seqlens_q;
+    b.cu_seqlens_k = args.varlen.cu_seqlens_k;
+    b.total_q = static_cast<int>(args.varlen.total_q);
+    b.total_k = static_cast<int>(args.varlen.total_k);
+  }
   return b;
 }
 

@@ -147,6 +147,8 @@ struct StepAt {
 // lo + s % count.
 struct Walk {
   int b, hk, group, lo, count;
+  // The sequence's first query and key rows in the tensors (variable-length batches; 0 without).
+  int q_off = 0, k_off = 0;
   __host__ __device__ __forceinline__ int steps() const { return group * count; }
   __host__ __device__ __forceinline__ StepAt first() const { return {hk * group, lo * kBlock, count - 1}; }
   __host__ __device__ __forceinline__ StepAt next(StepAt at) const {
@@ -164,10 +166,17 @@ __host__ __device__ __forceinline__ StepAt walk_step(const Walk& w, int s, StepA
   else return w.at(s);
 }
 
-// The walk of the CTA (blockIdx: key block, KV head, batch) whose keys start at k0.
-__device__ __forceinline__ Walk walk_of(const detail::BwdParams& p, int k0, int keys) {
-  const auto [lo, count] = query_blocks(p, k0, keys);
-  return {int(blockIdx.z), int(blockIdx.y), p.heads_q / p.heads_kv, lo, count};
+// The walk of the CTA (blockIdx: key block, KV head, batch) whose keys start at k0, in its
+// sequence `seq` (bwd_seq).
+template <bool kVarlen>
+__device__ __forceinline__ Walk walk_of(const detail::BwdParams& p, const BwdSeq& seq, int k0, int keys) {
+  if constexpr (kVarlen) {
+    const auto [lo, count] = query_blocks(p, seq.q_len, seq.k_len, k0, keys);
+    return {int(blockIdx.z), int(blockIdx.y), p.heads_q / p.heads_kv, lo, count, seq.q_off, seq.k_off};
+  } else {
+    const auto [lo, count] = query_blocks(p, k0, keys);
+    return {int(blockIdx.z), int(blockIdx.y), p.heads_q / p.heads_kv, lo, count};
+  }
 }
 
 // The dynamic shared memory, its start moved up to 1024 bytes (128-byte swizzle atoms; the layouts
@@ -177,13 +186,15 @@ __device__ __forceinline__ char* smem_1024() {
   return reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
 }
 
-// The CTA's K and V rows [k0, k0 + kKeys) into their tiles (rows past seqlen_k are zeros).
+// The CTA's K and V rows [k0, k0 + kKeys) into their tiles (rows past the sequence's k_len are
+// zeros).
 template <int kKeys, int kD, int kCtaThreads>
-__device__ __forceinline__ void load_kv(const detail::BwdParams& p, const Walk& w, int k0, char* k_tile, char* v_tile) {
-  load_sw128<kKeys, kD, kCtaThreads>(k_tile, row0(p.k, p.k_stride, w.b, w.hk) + k0 * p.k_stride[1], p.k_stride[1],
-                                     p.seqlen_k - k0);
-  load_sw128<kKeys, kD, kCtaThreads>(v_tile, row0(p.v, p.v_stride, w.b, w.hk) + k0 * p.v_stride[1], p.v_stride[1],
-                                     p.seqlen_k - k0);
+__device__ __forceinline__ void load_kv(const detail::BwdParams& p, const Walk& w, int k0, int k_len, char* k_tile,
+                                        char* v_tile) {
+  load_sw128<kKeys, kD, kCtaThreads>(k_tile, row0(p.k, p.k_stride, w.b, w.hk) + (w.k_off + k0) * p.k_stride[1],
+                                     p.k_stride[1], k_len - k0);
+  load_sw128<kKeys, kD, kCtaThreads>(v_tile, row0(p.v, p.v_stride, w.b, w.hk) + (w.k_off + k0) * p.v_stride[1],
+                                     p.v_stride[1], k_len - k0);
 }
 
 // A ring of kBufs buffers that one thread fills a step ahead: step s's loads go into buffer
@@ -241,20 +252,23 @@ __device__ __forceinline__ void wait_for_delta() {
 
 // The query side of a dK/dV step, into buffer s % L::kBufs of layout L: Q and dO (TMA, boxes of
 // 64 rows) and the step's rows of D and of the LSE in log2 units (bulk copies from the
-// workspace). Rows past seqlen_q read as zeros (TMA) and as D 0 and LSE +inf (bwd_delta_kernel).
+// workspace). Rows past seqlen_q read as zeros (TMA) and as D 0 and LSE +inf (bwd_delta_kernel);
+// with varlen (Cfg::kVarlen: rows from q_off of maps over the packed rows, batch 0) rows past the
+// sequence read the next one's, which the LSE's +inf and the mask leave out the same way.
 template <class L, class Cfg>
 __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_do,
-                                            int b, int s, StepAt at, char* smem, const typename L::Ring& ring) {
+                                            int b, int q_off, int s, StepAt at, char* smem, const typename L::Ring& ring) {
   const int buf = s % L::kBufs, h = at.h, q0 = at.q0;
+  const int tq = (Cfg::kVarlen ? q_off : 0) + q0, tb = Cfg::kVarlen ? 0 : b;  // the maps' row and batch
   uint64_t* bar = ring.claim(s, 2 * L::kQBytes + 2 * kBlock * 4);
   if constexpr (Cfg::kFoldedBoxes) {
-    ptx::tma_load_5d(smem + L::kQ + buf * L::kQBytes, tm_q, bar, 0, q0, 0, h, b);
-    ptx::tma_load_5d(smem + L::kDo + buf * L::kQBytes, tm_do, bar, 0, q0, 0, h, b);
+    ptx::tma_load_5d(smem + L::kQ + buf * L::kQBytes, tm_q, bar, 0, tq, 0, h, tb);
+    ptx::tma_load_5d(smem + L::kDo + buf * L::kQBytes, tm_do, bar, 0, tq, 0, h, tb);
   } else {
 #pragma unroll
     for (int c = 0; c < Cfg::kD / 64; ++c) {
-      ptx::tma_load_4d(smem + L::kQ + buf * L::kQBytes + c * kBlock * 128, tm_q, bar, 64 * c, q0, h, b);
-      ptx::tma_load_4d(smem + L::kDo + buf * L::kQBytes + c * kBlock * 128, tm_do, bar, 64 * c, q0, h, b);
+      ptx::tma_load_4d(smem + L::kQ + buf * L::kQBytes + c * kBlock * 128, tm_q, bar, 64 * c, tq, h, tb);
+      ptx::tma_load_4d(smem + L::kDo + buf * L::kQBytes + c * kBlock * 128, tm_do, bar, 64 * c, tq, h, tb);
     }
   }
   const int64_t row = (int64_t(b) * p.heads_q + h) * p.rows + q0;
@@ -271,7 +285,8 @@ __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CU
 template <class L, int kKeys, class Cfg>
 __device__ __forceinline__ typename L::Ring start_dkdv(const detail::BwdParams& p, const CUtensorMap* tm_q,
                                                          const CUtensorMap* tm_do, const CUtensorMap* tm_k,
-                                                         const CUtensorMap* tm_v, const Walk& walk, int k0, char* smem) {
+                                                         const CUtensorMap* tm_v, const Walk& walk, int k0, int k_len,
+                                                         char* smem) {
   const auto ring = L::Ring::at(smem + L::kBars);
   if constexpr (Cfg::kKvTma) {
     // Thread 0 issues K and V (kD / 64 boxes each, rows past seqlen_k read as zeros), then the first
@@ -284,21 +299,25 @@ __device__ __forceinline__ typename L::Ring start_dkdv(const detail::BwdParams& 
       ptx::mbar_arrive_expect_tx(kv_bar, uint32_t(2 * kKeys * Cfg::kD * 2));
 #pragma unroll
       for (int c = 0; c < Cfg::kD / 64; ++c) {
-        ptx::tma_load_4d(smem + L::kK + c * kKeys * 128, tm_k, kv_bar, 64 * c, k0, walk.hk, walk.b);
-        ptx::tma_load_4d(smem + L::kV + c * kKeys * 128, tm_v, kv_bar, 64 * c, k0, walk.hk, walk.b);
+        ptx::tma_load_4d(smem + L::kK + c * kKeys * 128, tm_k, kv_bar, 64 * c, (Cfg::kVarlen ? walk.k_off : 0) + k0,
+                         walk.hk, Cfg::kVarlen ? 0 : walk.b);
+        ptx::tma_load_4d(smem + L::kV + c * kKeys * 128, tm_v, kv_bar, 64 * c, (Cfg::kVarlen ? walk.k_off : 0) + k0,
+                         walk.hk, Cfg::kVarlen ? 0 : walk.b);
       }
     }
     wait_for_delta<Cfg>();
-    if (threadIdx.x == 0 && walk.steps() > 0) load_q_step<L, Cfg>(p, tm_q, tm_do, walk.b, 0, walk.first(), smem, ring);
+    if (threadIdx.x == 0 && walk.steps() > 0)
+      load_q_step<L, Cfg>(p, tm_q, tm_do, walk.b, walk.q_off, 0, walk.first(), smem, ring);
     __syncthreads();  // the barriers are initialised
     ptx::mbar_wait(kv_bar, 0);
   } else {
     if (threadIdx.x == 0) ring.init();
-    load_kv<kKeys, Cfg::kD, Cfg::kCtaThreads>(p, walk, k0, smem + L::kK, smem + L::kV);
+    load_kv<kKeys, Cfg::kD, Cfg::kCtaThreads>(p, walk, k0, k_len, smem + L::kK, smem + L::kV);
     __pipeline_commit();
     wait_for_delta<Cfg>();
     __syncthreads();  // the barriers are initialised
-    if (threadIdx.x == 0 && walk.steps() > 0) load_q_step<L, Cfg>(p, tm_q, tm_do, walk.b, 0, walk.first(), smem, ring);
+    if (threadIdx.x == 0 && walk.steps() > 0)
+      load_q_step<L, Cfg>(p, tm_q, tm_do, walk.b, walk.q_off, 0, walk.first(), smem, ring);
     __pipeline_wait_prior(0);  // K and V have landed, for every thread
     ptx::fence_proxy_async_smem();
     __syncthreads();
@@ -349,11 +368,18 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
   [[maybe_unused]] const uint64_t t_entry = Cfg::kTrace ? clock64() : 0;
   char* smem = smem_1024();
   const int k0 = blockIdx.x * kWgKeys;
-  const Walk walk = walk_of(p, k0, kWgKeys);
+  const BwdSeq seq = bwd_seq<Cfg::kVarlen>(p, blockIdx.z);
+  if constexpr (Cfg::kVarlen)
+    if (k0 >= seq.k_len) {  // keys past the sequence's last: nothing (after D's grid, which the dQ kernel reads)
+      wait_for_delta<Cfg>();
+      return;
+    }
+  const Walk walk = walk_of<Cfg::kVarlen>(p, seq, k0, kWgKeys);
   const int b = walk.b, hk = walk.hk, steps = walk.steps();
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const Visibility vis{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+  const Visibility vis = Cfg::kVarlen ? Visibility{seq.q_len, seq.k_len, p.window_left, p.window_right}
+                                      : Visibility{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
 
   const float* sLse = reinterpret_cast<const float*>(smem + L::kLse);
   const float* sDelta = reinterpret_cast<const float*>(smem + L::kDelta);
@@ -379,7 +405,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
         ptx::mbar_init(&ds_empty[i], Cfg::kDqAlternate ? 4 : kThreads / 32);
       }
   }
-  const auto ring = start_dkdv<L, kWgKeys, Cfg>(p, &tm_q, &tm_do, &tm_k, &tm_v, walk, k0, smem);  // fences the inits
+  const auto ring = start_dkdv<L, kWgKeys, Cfg>(p, &tm_q, &tm_do, &tm_k, &tm_v, walk, k0, Cfg::kVarlen ? seq.k_len : p.seqlen_k, smem);  // fences the inits
   // Cfg::kLoadIssue 2: a third warpgroup gives its registers to the two (setmaxnreg), and its first
   // thread issues every later step's loads as soon as the ring frees a buffer; then it leaves.
   if constexpr (Cfg::kLoadIssue == 2) {
@@ -389,7 +415,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
         StepAt at = walk.first();
         for (int s = 1; s < steps; ++s) {
           at = walk.next(at);
-          load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s, at, smem, ring);
+          load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, walk.q_off, s, at, smem, ring);
         }
       }
       return;
@@ -553,7 +579,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     if constexpr (Cfg::kTrace) tr.stamp(s, 0);
     // Cfg::kLoadIssue 0: the next step's loads go out at the step's top (1: below).
     if (Cfg::kLoadIssue == 0 && threadIdx.x == 128 * Cfg::kLoadWg && s + 1 < steps)
-      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk_step<Cfg>(walk, s + 1, at_next), smem, ring);
+      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, walk.q_off, s + 1, walk_step<Cfg>(walk, s + 1, at_next), smem, ring);
     if constexpr (step_warp_lag<Cfg>() > 0)  // (a test's config)
       if ((wg == 1 && s % 5 == 0) || (wg == 0 && s % 7 == 3)) spin_cycles(step_warp_lag<Cfg>());
     ring.wait(s);
@@ -583,7 +609,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     // the lockstep configuration's CTA barrier before dQ (H100 A/B +2.2-2.7 %; d256 measured 0.96
     // this way, d64 with its partials summed 1.00).
     if (Cfg::kLoadIssue == 1 && threadIdx.x == 128 * Cfg::kLoadWg && s + 1 < steps)
-      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk_step<Cfg>(walk, s + 1, at_next), smem, ring);
+      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, walk.q_off, s + 1, walk_step<Cfg>(walk, s + 1, at_next), smem, ring);
 
     // P^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).
     // This thread's queries' LSE (log2 units), read while S^T is computed.
@@ -692,9 +718,13 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     if (!p.deterministic && steps > 0 && (!Cfg::kDqAlternate || ((steps - 1) & 1) == wg))
       dq_of(steps - 1, h_prev, q0_prev, kTraceSteps);  // (no stamps)
   // dK, dV of the block's real keys.
-  const int key0 = k0 + wg * 64, valid = p.seqlen_k - key0;
-  uint16_t* dk_rows = static_cast<uint16_t*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2] + int64_t(key0) * p.dk_stride[1];
-  uint16_t* dv_rows = static_cast<uint16_t*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[2] + int64_t(key0) * p.dv_stride[1];
+  // (With varlen the sequence's length and first row read again here, not held through the steps.)
+  const BwdSeq end_seq = bwd_seq<Cfg::kVarlen>(p, b);
+  const int key0 = k0 + wg * 64, valid = end_seq.k_len - key0;
+  uint16_t* dk_rows = static_cast<uint16_t*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2] +
+                      int64_t(end_seq.k_off + key0) * p.dk_stride[1];
+  uint16_t* dv_rows = static_cast<uint16_t*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[2] +
+                      int64_t(end_seq.k_off + key0) * p.dv_stride[1];
   if constexpr (Cfg::kStagedStores) {
     // The warpgroup's last reductions have read its stage (their writes land without a wait).
     if (!Cfg::kDqAtomics && tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
@@ -757,15 +787,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   [[maybe_unused]] const uint64_t t_entry = Cfg::kTrace ? clock64() : 0;
   char* smem = smem_1024();
   const int k0 = blockIdx.x * kBlock;
-  const Walk walk = walk_of(p, k0, kBlock);
+  const BwdSeq seq = bwd_seq<Cfg::kVarlen>(p, blockIdx.z);
+  if constexpr (Cfg::kVarlen)
+    if (k0 >= seq.k_len) {  // keys past the sequence's last: nothing (after D's grid, which the dQ kernel reads)
+      wait_for_delta<Cfg>();
+      return;
+    }
+  const Walk walk = walk_of<Cfg::kVarlen>(p, seq, k0, kBlock);
   const int b = walk.b, hk = walk.hk, steps = walk.steps();
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const Visibility vis{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+  const Visibility vis = Cfg::kVarlen ? Visibility{seq.q_len, seq.k_len, p.window_left, p.window_right}
+                                      : Visibility{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
 
   const float* sLse = reinterpret_cast<const float*>(smem + L::kLse);
   const float* sDelta = reinterpret_cast<const float*>(smem + L::kDelta);
-  const auto ring = start_dkdv<L, kBlock, Cfg>(p, &tm_q, &tm_do, &tm_k, &tm_v, walk, k0, smem);
+  const auto ring = start_dkdv<L, kBlock, Cfg>(p, &tm_q, &tm_do, &tm_k, &tm_v, walk, k0, Cfg::kVarlen ? seq.k_len : p.seqlen_k, smem);
 
   using ptx::smem_addr;
   // S^T, dP^T: A = K or V (K-major), B = this warpgroup's 32 queries of Q or dO (K-major).
@@ -794,7 +831,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int h = here.h, q0 = here.q0, buf = s & 1;
     if constexpr (Cfg::kTrace) tr.stamp(s, 0);
     if (threadIdx.x == 0 && s + 1 < steps)
-      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, s + 1, walk_step<Cfg>(walk, s + 1, at_next), smem, ring);
+      load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, walk.q_off, s + 1, walk_step<Cfg>(walk, s + 1, at_next), smem, ring);
     ring.wait(s);
     if constexpr (Cfg::kTrace) tr.stamp(s, 1);
     const uint32_t p_off = buf * L::kPBytes;  // this step's P^T and dS^T buffer
@@ -900,19 +937,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // dK, dV: keys k0 + 16 warp + g (+ 8), this warpgroup's columns 128 wg + 8j + 2t.
-  uint16_t* dk_rows = static_cast<uint16_t*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2] + int64_t(k0) * p.dk_stride[1] + 128 * wg;
-  uint16_t* dv_rows = static_cast<uint16_t*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[2] + int64_t(k0) * p.dv_stride[1] + 128 * wg;
+  // (With varlen the sequence's length and first row read again here, not held through the steps.)
+  const BwdSeq end_seq = bwd_seq<Cfg::kVarlen>(p, b);
+  const int valid = end_seq.k_len - k0;
+  uint16_t* dk_rows = static_cast<uint16_t*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2] +
+                      int64_t(end_seq.k_off + k0) * p.dk_stride[1] + 128 * wg;
+  uint16_t* dv_rows = static_cast<uint16_t*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[2] +
+                      int64_t(end_seq.k_off + k0) * p.dv_stride[1] + 128 * wg;
   if constexpr (Cfg::kStagedStores) {
     // Through the first Q and dO buffers, once both warpgroups are past their last step: the
     // warpgroup's 128 columns are 64-column blocks 2 wg and 2 wg + 1 of each.
     __syncthreads();
     store_rows_staged<kBlock, 128, kBF16>(smem + L::kQ + 2 * wg * kBlock * 128, 0, dk, dk_rows, p.dk_stride[1],
-                                          p.seqlen_k - k0, tid, 1 + wg);
+                                          valid, tid, 1 + wg);
     store_rows_staged<kBlock, 128, kBF16>(smem + L::kDo + 2 * wg * kBlock * 128, 0, dv, dv_rows, p.dv_stride[1],
-                                          p.seqlen_k - k0, tid, 1 + wg);
+                                          valid, tid, 1 + wg);
   } else {
-    store_rows_direct<128, kBF16>(dk, dk_rows, p.dk_stride[1], p.seqlen_k - k0, tid);
-    store_rows_direct<128, kBF16>(dv, dv_rows, p.dv_stride[1], p.seqlen_k - k0, tid);
+    store_rows_direct<128, kBF16>(dk, dk_rows, p.dk_stride[1], valid, tid);
+    store_rows_direct<128, kBF16>(dv, dv_rows, p.dv_stride[1], valid, tid);
   }
   if constexpr (Cfg::kTrace) tr.cta(1, clock64());
 }

@@ -35,7 +35,8 @@ struct DqWgSmem {
 
 // tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows; tm_k, tm_v: K and V
 // in boxes of kDqKeys<kD> rows. kPaired: the workspace's LSE and D interleaved (BwdConfig).
-template <int kD, bool kBF16, bool kPaired = false>
+// kVarlen: the block's rows from its sequence's (bwd_seq), of maps over the packed rows (batch 0).
+template <int kD, bool kBF16, bool kPaired = false, bool kVarlen = false>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_dq_wgmma_kernel(const detail::BwdParams p, const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_k,
@@ -46,14 +47,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr auto kType = kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
   char* smem = smem_1024();
   const int q0 = blockIdx.x * kDqRows, h = blockIdx.y, b = blockIdx.z, hk = h / (p.heads_q / p.heads_kv);
+  const BwdSeq seq = bwd_seq<kVarlen>(p, b);
+  if constexpr (kVarlen)
+    if (q0 >= seq.q_len) return;  // rows past the sequence's last: nothing
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const Visibility vis{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+  const Visibility vis = kVarlen ? Visibility{seq.q_len, seq.k_len, p.window_left, p.window_right}
+                                 : Visibility{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+  const int tb = kVarlen ? 0 : b;  // the maps' batch (varlen: rows from q_off, k_off)
 
   // Keys some row of the block sees: [k_lo, k_hi), in blocks of kKeys.
-  const int off = p.seqlen_k - p.seqlen_q, last_q = min(q0 + kDqRows, p.seqlen_q) - 1;
-  const int k_lo = p.window_left >= 0 ? max(0, q0 + off - p.window_left) : 0;
-  const int k_hi = p.window_right >= 0 ? min(p.seqlen_k, last_q + off + p.window_right + 1) : p.seqlen_k;
+  int k_lo, k_hi;
+  if constexpr (kVarlen) {
+    const int off = seq.k_len - seq.q_len, last_q = min(q0 + kDqRows, seq.q_len) - 1;
+    k_lo = p.window_left >= 0 ? max(0, q0 + off - p.window_left) : 0;
+    k_hi = p.window_right >= 0 ? min(seq.k_len, last_q + off + p.window_right + 1) : seq.k_len;
+  } else {
+    const int off = p.seqlen_k - p.seqlen_q, last_q = min(q0 + kDqRows, p.seqlen_q) - 1;
+    k_lo = p.window_left >= 0 ? max(0, q0 + off - p.window_left) : 0;
+    k_hi = p.window_right >= 0 ? min(p.seqlen_k, last_q + off + p.window_right + 1) : p.seqlen_k;
+  }
   const int n_lo = k_lo / kKeys, steps = k_hi > k_lo ? (k_hi - 1) / kKeys + 1 - n_lo : 0;
 
   float* sLse = reinterpret_cast<float*>(smem + L::kLse);
@@ -67,8 +80,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint64_t* bar = ring.claim(s, 2 * L::kKVBytes);
 #pragma unroll
     for (int c = 0; c < kD / 64; ++c) {
-      ptx::tma_load_4d(smem + L::kK + buf * L::kKVBytes + c * kKeys * 128, &tm_k, bar, 64 * c, k0, hk, b);
-      ptx::tma_load_4d(smem + L::kV + buf * L::kKVBytes + c * kKeys * 128, &tm_v, bar, 64 * c, k0, hk, b);
+      ptx::tma_load_4d(smem + L::kK + buf * L::kKVBytes + c * kKeys * 128, &tm_k, bar, 64 * c, seq.k_off + k0, hk, tb);
+      ptx::tma_load_4d(smem + L::kV + buf * L::kKVBytes + c * kKeys * 128, &tm_v, bar, 64 * c, seq.k_off + k0, hk, tb);
     }
   };
   if (threadIdx.x == 0) {
@@ -84,8 +97,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int c = 0; c < kD / 64; ++c)
 #pragma unroll
       for (int r = 0; r < kDqRows; r += 64) {
-        ptx::tma_load_4d(smem + L::kQ + c * kDqRows * 128 + r * 128, &tm_q, q_full, 64 * c, q0 + r, h, b);
-        ptx::tma_load_4d(smem + L::kDo + c * kDqRows * 128 + r * 128, &tm_do, q_full, 64 * c, q0 + r, h, b);
+        ptx::tma_load_4d(smem + L::kQ + c * kDqRows * 128 + r * 128, &tm_q, q_full, 64 * c, seq.q_off + q0 + r, h, tb);
+        ptx::tma_load_4d(smem + L::kDo + c * kDqRows * 128 + r * 128, &tm_do, q_full, 64 * c, seq.q_off + q0 + r, h, tb);
       }
     const int64_t row = (int64_t(b) * p.heads_q + h) * p.rows + q0;
     load_row_stats<kPaired, kDqRows>(p, row, sLse, sDelta, q_full);
@@ -170,15 +183,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // dQ of the block's real rows.
+  const BwdSeq end_seq = bwd_seq<kVarlen>(p, b);  // (read again: not held through the steps)
   uint16_t* dqp = static_cast<uint16_t*>(p.dq) + b * p.dq_stride[0] + h * p.dq_stride[2];
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     const int q = q0 + wg * 64 + 16 * warp + g + 8 * hr;
-    if (q >= p.seqlen_q) continue;
+    if (q >= (kVarlen ? end_seq.q_len : p.seqlen_q)) continue;
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
       const int c = 8 * j + 2 * t, i = 4 * j + 2 * hr;
-      *reinterpret_cast<uint32_t*>(dqp + q * p.dq_stride[1] + c) = pack2<kBF16>(dq[i], dq[i + 1]);
+      *reinterpret_cast<uint32_t*>(dqp + (end_seq.q_off + q) * p.dq_stride[1] + c) = pack2<kBF16>(dq[i], dq[i + 1]);
     }
   }
 }

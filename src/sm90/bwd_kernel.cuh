@@ -130,6 +130,9 @@ struct BwdKnobs {
   // wave leaves idle. It reads only the inputs and D's outputs, complete by then, and writes only
   // dQ, which the dK/dV kernel does not touch, so it does not wait for the dK/dV grid (shipped).
   bool dq_overlap = true;
+  // Variable-length batches (detail::BwdParams::cu_seqlens_q): each CTA's rows from its
+  // sequence's (bwd_seq). Not a measurement knob: the launch picks it for varlen calls.
+  bool varlen = false;
 };
 
 // The shipped knobs of head dim d.
@@ -182,6 +185,7 @@ struct BwdConfig {
   static constexpr bool kKvTma = K.kv_tma;
   static constexpr bool kPdl = K.pdl;
   static constexpr bool kDqOverlap = K.dq_overlap;
+  static constexpr bool kVarlen = K.varlen;
   static constexpr int kCtaThreads = kThreads + (kLoadIssue == 2 ? 128 : 0);  // the dK/dV kernel's block
   // kLoadIssue 2: the pool is kCtaThreads x 168 registers (65536 / 384, rounded down to 8); the
   // loading warpgroup keeps 24 a thread, the two computing ones get 240.
@@ -271,10 +275,40 @@ struct Visibility {
   }
 };
 
-// The query blocks of kBlock rows that see a key of [k0, k0 + keys): [lo, lo + count).
+// A CTA's sequence: its first query and key rows in the tensors and its lengths. Without varlen
+// the launch's lengths from row 0 of each batch; with it sequence b's entries of cu_seqlens,
+// clamped (as the forward's seq_span) so that entries breaking the API's rules never send an
+// access out of the tensors.
+struct BwdSeq {
+  int q_off, q_len, k_off, k_len;
+};
+template <bool kVarlen>
+__device__ __forceinline__ BwdSeq bwd_seq(const detail::BwdParams& p, int b) {
+  if constexpr (!kVarlen) {
+    return {0, p.seqlen_q, 0, p.seqlen_k};
+  } else {
+    const int q0 = min(max(__ldg(p.cu_seqlens_q + b), 0), p.total_q);
+    const int q1 = min(max(__ldg(p.cu_seqlens_q + b + 1), q0), p.total_q);
+    const int k0 = min(max(__ldg(p.cu_seqlens_k + b), 0), p.total_k);
+    const int k1 = min(max(__ldg(p.cu_seqlens_k + b + 1), k0), p.total_k);
+    return {q0, min(q1 - q0, p.seqlen_q), k0, min(k1 - k0, p.seqlen_k)};
+  }
+}
+
+// The query blocks of kBlock rows that see a key of [k0, k0 + keys): [lo, lo + count), for a
+// sequence of seqlen_q queries and seqlen_k keys.
 struct QueryBlocks {
   int lo, count;
 };
+__device__ __forceinline__ QueryBlocks query_blocks(const detail::BwdParams& p, int seqlen_q, int seqlen_k, int k0,
+                                                    int keys) {
+  const int off = seqlen_k - seqlen_q, last_key = min(k0 + keys, seqlen_k) - 1;
+  const int q_lo = p.window_right >= 0 ? max(0, k0 - off - p.window_right) : 0;
+  const int q_hi = p.window_left >= 0 ? min(seqlen_q, last_key - off + p.window_left + 1) : seqlen_q;
+  const int lo = q_lo / kBlock;
+  return {lo, q_hi > q_lo ? (q_hi - 1) / kBlock + 1 - lo : 0};
+}
+// The same for the launch's lengths.
 __device__ __forceinline__ QueryBlocks query_blocks(const detail::BwdParams& p, int k0, int keys) {
   const int off = p.seqlen_k - p.seqlen_q, last_key = min(k0 + keys, p.seqlen_k) - 1;
   const int q_lo = p.window_right >= 0 ? max(0, k0 - off - p.window_right) : 0;
@@ -410,7 +444,9 @@ __device__ __forceinline__ void load_row_stats(const detail::BwdParams& p, int64
 // kPdl (BwdConfig::kPdl): the dK/dV kernel is this one's programmatic dependent, and may start
 // once every CTA here has; and unless deterministic each CTA also zeroes its share of the (batch,
 // query head)'s accumulator (a CTA's rows x head_dim floats: 2048, eight a thread).
-template <int kD, bool kBF16, bool kPaired = false, bool kPdl = false>
+// kVarlen: sequence b's rows (bwd_seq; the launch's batch strides are 0), its LSE [heads_q,
+// total_q]; the workspace keeps rows [batch, heads_q, rows] as without.
+template <int kD, bool kBF16, bool kPaired = false, bool kPdl = false, bool kVarlen = false>
 __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdParams p) {
   constexpr int kLanes = kD / 8;  // lanes a row
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -427,9 +463,10 @@ __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdPa
     }
   }
   float sum = 0.0f;
-  if (i < p.seqlen_q) {
-    const uint16_t* o = row0(p.o, p.o_stride, b, h) + i * p.o_stride[1];
-    const uint16_t* d = row0(p.dout, p.do_stride, b, h) + i * p.do_stride[1];
+  [[maybe_unused]] const BwdSeq seq = bwd_seq<kVarlen>(p, b);
+  if (i < (kVarlen ? seq.q_len : p.seqlen_q)) {
+    const uint16_t* o = row0(p.o, p.o_stride, b, h) + ((kVarlen ? seq.q_off : 0) + i) * p.o_stride[1];
+    const uint16_t* d = row0(p.dout, p.do_stride, b, h) + ((kVarlen ? seq.q_off : 0) + i) * p.do_stride[1];
     const uint4 ov = *reinterpret_cast<const uint4*>(o + c), dv = *reinterpret_cast<const uint4*>(d + c);
     const uint16_t* oe = reinterpret_cast<const uint16_t*>(&ov);
     const uint16_t* de = reinterpret_cast<const uint16_t*>(&dv);
@@ -440,7 +477,12 @@ __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdPa
   for (int s = kLanes / 2; s > 0; s >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, s);
   if (lane % kLanes == 0 && i < p.rows) {
     const int64_t at = (int64_t(b) * p.heads_q + h) * p.rows + i;
-    auto row_lse = [&] { return i < p.seqlen_q ? lse_log2(p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + i]) : INFINITY; };
+    auto row_lse = [&] {
+      if constexpr (kVarlen)
+        return i < seq.q_len ? lse_log2(p.lse[int64_t(h) * p.total_q + seq.q_off + i]) : INFINITY;
+      else
+        return i < p.seqlen_q ? lse_log2(p.lse[(int64_t(b) * p.heads_q + h) * p.seqlen_q + i]) : INFINITY;
+    };
     if constexpr (kPaired) {
       reinterpret_cast<float2*>(p.delta)[at] = make_float2(row_lse(), sum);
     } else {
@@ -453,23 +495,25 @@ __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdPa
 // ---- dQ from the fp32 accumulator ------------------------------------------------------------------
 // One CTA a piece (blockIdx.x: 64-row block x column block); each thread writes two chunks of 8
 // columns of a row, eight threads a row's 64 columns, from four float2 of the piece.
-template <int kD, bool kBF16>
+template <int kD, bool kBF16, bool kVarlen = false>
 __global__ void __launch_bounds__(kThreads) bwd_dq_convert_kernel(const detail::BwdParams p) {
   constexpr int kColBlocks = kD / 64;
   const int q0 = int(blockIdx.x / kColBlocks) * 64, col0 = int(blockIdx.x % kColBlocks) * 64;
   const int h = blockIdx.y, b = blockIdx.z;
+  const BwdSeq seq = bwd_seq<kVarlen>(p, b);
   const float* piece = dq_piece_at<kD>(p, b, h, q0, col0);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int chunk = i * kThreads + threadIdx.x, r = chunk / 8, c = (chunk % 8) * 8;
-    if (q0 + r >= p.seqlen_q) continue;
+    if (q0 + r >= seq.q_len) continue;
     uint32_t v[4];
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       const float2 a = *reinterpret_cast<const float2*>(piece + dq_piece_offset(r, c + 2 * t));
       v[t] = pack2<kBF16>(a.x, a.y);
     }
-    uint16_t* dq = static_cast<uint16_t*>(p.dq) + b * p.dq_stride[0] + (q0 + r) * p.dq_stride[1] + h * p.dq_stride[2] + col0 + c;
+    uint16_t* dq = static_cast<uint16_t*>(p.dq) + b * p.dq_stride[0] + (seq.q_off + q0 + r) * p.dq_stride[1] +
+                   h * p.dq_stride[2] + col0 + c;
     *reinterpret_cast<uint4*>(dq) = make_uint4(v[0], v[1], v[2], v[3]);
   }
 }

@@ -12,6 +12,7 @@
 // kernel as the dependent of 2, which it does not wait for.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -31,10 +32,14 @@ inline Status bwd_cuda_failure(const char* what, cudaError_t e) {
 // A TMA map of the [batch, seq, heads, head_dim] tensor `name` in boxes of 64 columns x `rows` rows
 // (folded: `rows` rows of every 64-column block, ptx::map_bshd_16bit_sw128_folded); kNotSupported,
 // naming it, where the driver refuses it.
+// With varlen (p.varlen()) the map runs over the packed rows as one batch: seqlen is then the
+// tensor's total rows, and the batch stride, never stepped, one TMA takes (the rows').
 inline Status bwd_map_tensor(CUtensorMap* map, const char* name, const void* data, const int64_t (&stride)[3],
                          const BwdParams& p, int seqlen, int heads, int rows, bool folded = false) {
-  const int r = folded ? ptx::map_bshd_16bit_sw128_folded(map, data, stride, p.batch, seqlen, heads, p.head_dim, rows)
-                       : ptx::map_bshd_16bit_sw128(map, data, stride, p.batch, seqlen, heads, p.head_dim, rows);
+  const int64_t st[3] = {p.varlen() ? std::max<int64_t>(stride[1], 8) : stride[0], stride[1], stride[2]};
+  const int batch = p.varlen() ? 1 : p.batch;
+  const int r = folded ? ptx::map_bshd_16bit_sw128_folded(map, data, st, batch, seqlen, heads, p.head_dim, rows)
+                       : ptx::map_bshd_16bit_sw128(map, data, st, batch, seqlen, heads, p.head_dim, rows);
   if (r == 0) return Status::Ok();
   return {StatusCode::kNotSupported, std::string("sm90 backward: cuTensorMapEncodeTiled refused ") + name +
                                          " (driver error " + std::to_string(r) + ")"};
@@ -67,33 +72,44 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int 
 
 // The backward of configuration Cfg (sm90::bwd::BwdConfig): the dK/dV kernel is Cfg's; D's kernel,
 // the conversion and the deterministic dQ kernel are those of Cfg's head dim and dtype.
+// Cfg::kVarlen: a variable-length batch (p.varlen()); the maps run over the packed rows, the
+// kernels get batch strides of 0 and each CTA its sequence's rows (bwd_seq), the grids those of
+// the longest sequences (p.seqlen_q, p.seqlen_k).
 template <class Cfg>
-Status launch_backward(const BwdParams& p, cudaStream_t stream) {
+Status launch_backward(const BwdParams& a, cudaStream_t stream) {
   using namespace sm90::bwd;
   constexpr int kD = Cfg::kD;
   constexpr bool kBF16 = Cfg::kBF16;
+  constexpr bool kVarlen = Cfg::kVarlen;
+  if (a.varlen() != kVarlen)
+    return {StatusCode::kNotSupported, kVarlen ? "the varlen backward needs cu_seqlens" : "varlen goes to its own backward"};
+  BwdParams p = a;
+  const int rows_q = kVarlen ? a.total_q : a.seqlen_q, rows_k = kVarlen ? a.total_k : a.seqlen_k;
+  if constexpr (kVarlen)
+    for (int64_t* st : {p.q_stride, p.k_stride, p.v_stride, p.o_stride, p.do_stride, p.dq_stride, p.dk_stride, p.dv_stride})
+      st[0] = 0;
   const dim3 block(kThreads);
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return bwd_cuda_failure("device query", e);
   // The dK/dV kernels load Q and dO by TMA, in boxes of a step's 64 rows.
   CUtensorMap tm_q{}, tm_do{};
-  Status s = bwd_map_tensor(&tm_q, "q", p.q, p.q_stride, p, p.seqlen_q, p.heads_q, kBlock, Cfg::kFoldedBoxes);
-  if (s.ok()) s = bwd_map_tensor(&tm_do, "dout", p.dout, p.do_stride, p, p.seqlen_q, p.heads_q, kBlock, Cfg::kFoldedBoxes);
+  Status s = bwd_map_tensor(&tm_q, "q", a.q, a.q_stride, a, rows_q, a.heads_q, kBlock, Cfg::kFoldedBoxes);
+  if (s.ok()) s = bwd_map_tensor(&tm_do, "dout", a.dout, a.do_stride, a, rows_q, a.heads_q, kBlock, Cfg::kFoldedBoxes);
   if (!s.ok()) return s;
   // With Cfg::kKvTma the dK/dV kernels load K and V by TMA too, in boxes of the CTA's keys.
   CUtensorMap tm_kc{}, tm_vc{};
   if constexpr (Cfg::kKvTma) {
     constexpr int kKeys = kD <= 128 ? kWgKeys : kBlock;
-    s = bwd_map_tensor(&tm_kc, "k", p.k, p.k_stride, p, p.seqlen_k, p.heads_kv, kKeys);
-    if (s.ok()) s = bwd_map_tensor(&tm_vc, "v", p.v, p.v_stride, p, p.seqlen_k, p.heads_kv, kKeys);
+    s = bwd_map_tensor(&tm_kc, "k", a.k, a.k_stride, a, rows_k, a.heads_kv, kKeys);
+    if (s.ok()) s = bwd_map_tensor(&tm_vc, "v", a.v, a.v_stride, a, rows_k, a.heads_kv, kKeys);
     if (!s.ok()) return s;
   }
   if (!p.deterministic && !Cfg::kPdl) {  // (else D's kernel zeroes it)
     e = cudaMemsetAsync(p.dq_accum, 0, size_t(p.batch) * p.heads_q * p.rows * kD * sizeof(float), stream);
     if (e != cudaSuccess) return bwd_cuda_failure("zeroing the dQ accumulator", e);
   }
-  bwd_delta_kernel<kD, kBF16, Cfg::kPairedStats, Cfg::kPdl>
+  bwd_delta_kernel<kD, kBF16, Cfg::kPairedStats, Cfg::kPdl, kVarlen>
       <<<dim3(unsigned(p.rows / kDeltaRowsPerCta<kD>), p.heads_q, p.batch), block, 0, stream>>>(p);
   if ((e = cudaGetLastError()) != cudaSuccess) return bwd_cuda_failure("launching the D kernel", e);
 
@@ -118,28 +134,28 @@ Status launch_backward(const BwdParams& p, cudaStream_t stream) {
 
   if (!p.deterministic) {
     const unsigned pieces = unsigned((p.seqlen_q + 63) / 64) * (kD / 64);
-    bwd_dq_convert_kernel<kD, kBF16><<<dim3(pieces, p.heads_q, p.batch), block, 0, stream>>>(p);
+    bwd_dq_convert_kernel<kD, kBF16, kVarlen><<<dim3(pieces, p.heads_q, p.batch), block, 0, stream>>>(p);
     if ((e = cudaGetLastError()) != cudaSuccess) return bwd_cuda_failure("launching the dQ conversion", e);
     return Status::Ok();
   }
   // Deterministic dQ: on wgmma, 128 query rows a CTA (bwd_dq_wgmma.cuh).
   constexpr int kSmem = DqWgSmem<kD>::kBytes;
-  if ((e = allow_dynamic_smem<bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats>>(device, kSmem)) != cudaSuccess)
+  if ((e = allow_dynamic_smem<bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats, kVarlen>>(device, kSmem)) != cudaSuccess)
     return bwd_cuda_failure("setting the dQ kernel's shared memory", e);
   // Its Q and dO come in 64-column boxes of 64 rows: where the dK/dV kernel took folded maps, the
   // plain ones are made here (the launch above holds its own copy of the parameters).
   if constexpr (Cfg::kFoldedBoxes) {
-    s = bwd_map_tensor(&tm_q, "q", p.q, p.q_stride, p, p.seqlen_q, p.heads_q, kBlock);
-    if (s.ok()) s = bwd_map_tensor(&tm_do, "dout", p.dout, p.do_stride, p, p.seqlen_q, p.heads_q, kBlock);
+    s = bwd_map_tensor(&tm_q, "q", a.q, a.q_stride, a, rows_q, a.heads_q, kBlock);
+    if (s.ok()) s = bwd_map_tensor(&tm_do, "dout", a.dout, a.do_stride, a, rows_q, a.heads_q, kBlock);
     if (!s.ok()) return s;
   }
   CUtensorMap tm_k{}, tm_v{};
-  s = bwd_map_tensor(&tm_k, "k", p.k, p.k_stride, p, p.seqlen_k, p.heads_kv, kDqKeys<kD>);
-  if (s.ok()) s = bwd_map_tensor(&tm_v, "v", p.v, p.v_stride, p, p.seqlen_k, p.heads_kv, kDqKeys<kD>);
+  s = bwd_map_tensor(&tm_k, "k", a.k, a.k_stride, a, rows_k, a.heads_kv, kDqKeys<kD>);
+  if (s.ok()) s = bwd_map_tensor(&tm_v, "v", a.v, a.v_stride, a, rows_k, a.heads_kv, kDqKeys<kD>);
   if (!s.ok()) return s;
   const unsigned query_blocks = unsigned((p.seqlen_q + kDqRows - 1) / kDqRows);
   // With Cfg::kDqOverlap as the dK/dV kernel's programmatic dependent (BwdKnobs::dq_overlap).
-  e = launch_kernel<Cfg::kDqOverlap>(bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats>,
+  e = launch_kernel<Cfg::kDqOverlap>(bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats, kVarlen>,
                                      dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream, p, tm_q, tm_do, tm_k,
                                      tm_v);
   if (e != cudaSuccess) return bwd_cuda_failure("launching the dQ kernel", e);

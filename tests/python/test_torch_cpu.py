@@ -238,13 +238,15 @@ def test_varlen_operator_checks_and_fake_kernel():
         torch.ops.fa4.fwd_varlen(meta(1, 100, 8, 128), km, km, cum, cum, 50, 60, None, True, -1, -1)
 
 
-def test_varlen_refuses_what_it_does_not_do():
+def test_varlen_autograd_reaches_the_backward_operator():
     q = meta(10, 2, 64, grad=True)
+    k = meta(12, 1, 64, grad=True)
     cu = torch.empty(3, device="meta", dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match=r"backward of variable-length batches is not implemented"):
-        fa4.flash_attn_varlen_func(q, q, q, cu, cu, 6, 6)
     with pytest.raises(NotImplementedError, match=r"softcap = 1.0"):
         fa4.flash_attn_varlen_func(q.detach(), q.detach(), q.detach(), cu, cu, 6, 6, softcap=1.0)
-    with torch.no_grad():
-        out = fa4.flash_attn_varlen_func(q, q, q, cu, cu, 6, 6, causal=True)
-    assert out.shape == (10, 2, 64)
+    out = fa4.flash_attn_varlen_func(q, k, k, cu, cu, 6, 7, causal=True)
+    assert out.shape == (10, 2, 64) and out.requires_grad
+    out.sum().backward()  # meta tensors: the fake kernels of fwd_varlen and bwd_varlen
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape
+    schema = str(torch.ops.fa4.bwd_varlen.default._schema)
+    assert "Tensor cu_seqlens_k" in schema and "bool deterministic" in schema

@@ -12,8 +12,8 @@
 - fa4.scaled_dot_product_attention matches torch's (float64) by the same criterion, its causal
   mask aligned top-left as torch's; the packed forms (qkv, kv) give the unpacked answer exactly;
 - flash_attn_varlen_func: each packed sequence matches the reference of that sequence alone (odd
-  and zero lengths, causal per sequence, GQA, a window, decoding), and equal lengths match the
-  batched call; torch.compile traces it.
+  and zero lengths, causal per sequence, GQA, a window, decoding), forward and backward (both
+  modes), and equal lengths match the batched call; torch.compile traces it.
 
 A test that needs a kernel fa4 does not have (the op raises NotImplementedError) is skipped with
 fa4's message; every other failure fails.
@@ -519,3 +519,43 @@ def test_varlen_compiles_fullgraph():
     f = torch.compile(lambda q, cu: fa4.flash_attn_varlen_func(q, q, q, cu, cu, 30, 30, causal=True),
                       fullgraph=True)
     assert torch.equal(f(q, cu), fa4.flash_attn_varlen_func(q, q, q, cu, cu, 30, 30, causal=True))
+
+
+VARLEN_BWD_CASES = [
+    ([17, 239, 0, 300], [40, 239, 9, 300], 4, 2, 64, False, (-1, -1), torch.bfloat16),
+    ([200, 1, 333], [200, 64, 400], 4, 4, 128, True, (-1, -1), torch.float16),
+    ([130, 64], [300, 700], 4, 1, 256, False, (50, 10), torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("case", VARLEN_BWD_CASES, ids=[f"varlen_bwd{i}" for i in range(len(VARLEN_BWD_CASES))])
+def test_varlen_backward_matches_each_sequence_alone(case, deterministic):
+    lq, lk, hq, hkv, d, causal, window, dtype = case
+    gen = torch.Generator(device=DEV).manual_seed(4321)
+    tq, tk = sum(lq) + 2, sum(lk) + 2
+    q = torch.randn(tq, hq, d, device=DEV, dtype=dtype, generator=gen).requires_grad_(True)
+    k = torch.randn(tk, hkv, d, device=DEV, dtype=dtype, generator=gen).requires_grad_(True)
+    v = torch.randn(tk, hkv, d, device=DEV, dtype=dtype, generator=gen).requires_grad_(True)
+    dout = torch.randn(tq, hq, d, device=DEV, dtype=dtype, generator=gen)
+    cu_q = torch.tensor([0] + list(torch.tensor(lq).cumsum(0)), dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor([0] + list(torch.tensor(lk).cumsum(0)), dtype=torch.int32, device=DEV)
+    out = call_or_skip(fa4.flash_attn_varlen_func, q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal,
+                       window_size=window, deterministic=deterministic)
+    out.backward(dout)
+    scale = 1.0 / math.sqrt(d)
+    for name, g in (("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+        assert torch.isfinite(g).all(), f"{name}: non-finite"
+    # rows past the last sequence get zero gradients
+    assert not q.grad[sum(lq):].any() and not k.grad[sum(lk):].any() and not v.grad[sum(lk):].any()
+    for b in range(len(lq)):
+        q0, k0 = int(cu_q[b]), int(cu_k[b])
+        if lq[b] == 0 or lk[b] == 0:
+            continue
+        sl = lambda x, o, n: x.detach()[o:o + n].unsqueeze(0)  # noqa: E731
+        args = (sl(q, q0, lq[b]), sl(k, k0, lk[b]), sl(v, k0, lk[b]), sl(dout, q0, lq[b]))
+        exact = reference_grads(*args, scale, causal, window, lowp=False)
+        plain = reference_grads(*args, scale, causal, window, lowp=True)
+        got = (sl(q.grad, q0, lq[b]), sl(k.grad, k0, lk[b]), sl(v.grad, k0, lk[b]))
+        for name, g, e, p in zip(("dq", "dk", "dv"), got, exact, plain):
+            assert_close_by_criterion(g, p, e, f"sequence {b} {name}")
