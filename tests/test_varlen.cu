@@ -92,6 +92,48 @@ TEST(Varlen, RefusalsNameTheArgumentAndTheRule) {
   expect_refused(a, "head_dim = 96: supported head dims are 64, 128, 256");
 }
 
+TEST(Varlen, BackwardRefusalsNameTheArgument) {
+  const ForwardArgs f = valid_varlen();
+  fa4::BackwardArgs b;
+  b.problem = f.problem;
+  b.q = f.q, b.k = f.k, b.v = f.v, b.o = f.o;
+  b.dout = {fake(8), 0, 8 * 128, 128};
+  b.dq = {fake(9), 0, 8 * 128, 128};
+  b.dk = {fake(10), 0, 2 * 128, 128};
+  b.dv = {fake(11), 0, 2 * 128, 128};
+  b.lse = static_cast<const float*>(fake(12));
+  b.varlen = f.varlen;
+  ASSERT_TRUE(fa4::backward_workspace_size(b, &b.workspace_bytes).ok());
+  // batch x round_up(longest query sequence, 128) x heads_q x (head_dim + 2) x 4
+  EXPECT_EQ(b.workspace_bytes, size_t(3) * 128 * 8 * (128 + 2) * 4);
+  b.workspace = fake(13);
+  Status s = fa4::validate(b);
+  EXPECT_TRUE(s.ok()) << s.message;
+  fa4::BackwardArgs x = b;
+  x.lse = nullptr;
+  s = fa4::validate(x);
+  EXPECT_NE(s.message.find("lse = null: backward needs the forward pass's log-sum-exp [heads_q, total_q]"),
+            std::string::npos) << s.message;
+  x = b;
+  x.dk.seq_stride = 2 * 128 + 4;
+  s = fa4::validate(x);
+  EXPECT_NE(s.message.find("dk.seq_stride = 260: must be a multiple of 8 elements"), std::string::npos) << s.message;
+  x = b;
+  x.workspace_bytes = 100;
+  s = fa4::validate(x);
+  EXPECT_NE(s.message.find("workspace_bytes = 100: backward needs at least"), std::string::npos) << s.message;
+  x = b;
+  x.varlen.cu_seqlens_k = nullptr;
+  s = fa4::validate(x);
+  EXPECT_NE(s.message.find("varlen.cu_seqlens_k = null"), std::string::npos) << s.message;
+  // No query row: a no-op before any GPU call.
+  x = b;
+  x.varlen.total_q = 0;
+  x.varlen.total_k = 0;
+  s = fa4::backward(x, nullptr);
+  EXPECT_TRUE(s.ok()) << s.message;
+}
+
 TEST(Varlen, BatchStrideIsNotRead) {
   ForwardArgs a = valid_varlen();
   a.q.batch_stride = 12345;  // misaligned, and never used

@@ -499,11 +499,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr bool kEarlyQFree = kOInKV && !kNoMaxHere;
   // Consumers with no row of the sequence skip a tile's work. d64 on 192-row tiles, H100:
   // non-causal 512 +4.7 %, 1k +3.2 %, longer rows and causal unchanged (docs/perf-notes.md).
-  // Whole tiles on one CTA with the turn ring only: the stream-K pieces keep every consumer's
-  // partials for the merge; with clusters the partner's consumers, which no turn of this CTA
-  // orders, release the same slots (an idle consumer there once arrived a ring ahead of them: a
-  // launch failure); without turns nothing holds an idle consumer back at all.
-  constexpr bool kSkipIdle = !kSplit && kCluster == 1 && Cfg::kTurnMode != 2;
+  // One CTA a tile with the turn ring only: with clusters the partner's consumers, which no turn
+  // of this CTA orders, release the same slots (an idle consumer there once arrived a ring ahead
+  // of them: a launch failure); without turns nothing holds an idle consumer back at all. In a
+  // stream-K piece an idle consumer also leaves the merge out: every piece of the tile has the
+  // same idle consumers, so none of them writes a partial or counts on the tile's counter. H200,
+  // decoding (4-row folded tiles, consumer 1 idle): the pieces 5-15 % faster, d256 8 x 16/4 heads
+  // x 8k (cut) 98.8 -> 92.6 us (docs/perf-notes.md, "Decoding's idle consumer in stream-K pieces").
+  constexpr bool kSkipIdle = kCluster == 1 && Cfg::kTurnMode != 2;
   // A tile's first key block with a right bound (the causal diagonal), cut to what each consumer's
   // rows see (the consumer loop): the lower half alone (kHalfFirst), or nothing (kSkipFirst: three
   // consumers, where 192-row tiles over 128-key blocks leave a consumer without a key in the
@@ -1583,8 +1586,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     } else if constexpr (kSplit) {
       unpack_place(place, tl);
-      // A stream-K piece stores only when it is its tile's last and has merged the others.
-      if (tl.pieces == 1 || merge_pieces<Cfg, kCluster>(p, tl, o, rows, consumer, t, rank))
+      // A stream-K piece stores only when it is its tile's last and has merged the others; an idle
+      // consumer has nothing to merge or store.
+      if (!idle && (tl.pieces == 1 || merge_pieces<Cfg, kCluster>(p, tl, o, rows, consumer, t, rank)))
         store_output<Cfg, kStaged, FwdKernelParams, kWideO>(p, tl, sp, o, rows, consumer, te, s_o);
     } else {
       store_output<Cfg, kStaged, FwdKernelParams, kWideO, Cfg::kBlockM, kVarlen>(p, tl, sp, o, rows, consumer, te, s_o);
