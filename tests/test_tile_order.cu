@@ -765,8 +765,9 @@ TEST(TileOrder, TailSplitCoversEveryKeyBlockOnce) {
 // Tiles of a few rows (decoding): the tail is cut where the pieces' measured costs leave it
 // faster. The cases are the H200 runs the costs come from (`sm90_fwd_probe decode`,
 // bench/results/2026-12-02-sm90-fwd-decode-tiles-h200.txt and, for 8 tiles of 256 blocks,
-// -decode-split-probe-h200.txt), one query row a head folded into 4 rows, on 132 SMs, where
-// cutting and not differed by more than 5 %.
+// -decode-split-probe-h200.txt; d64 from -0255-sm90-fwd-decode-tiles-skip-idle-6f715ca-h200.txt,
+// with the idle consumer skipping the pieces), one query row a head folded into 4 rows, on 132
+// SMs, where cutting and not differed by more than 5 %.
 TEST(TileOrder, ShortTilesTailSplitWhereItMeasuredFaster) {
   using fa4::sm90::short_tail_split_pays;
   struct Measured { int tails, blocks, head_dim; bool cut_faster; };
@@ -775,8 +776,9 @@ TEST(TileOrder, ShortTilesTailSplitWhereItMeasuredFaster) {
       {48, 64, 128, true},  {64, 64, 128, false},  {72, 64, 128, false},  {80, 64, 128, false},
       {96, 64, 128, false}, {112, 64, 128, false}, {32, 16, 128, false},  {48, 16, 128, false},
       {64, 16, 128, false}, {96, 16, 128, false},  {16, 64, 64, true},    {24, 64, 64, true},
-      {40, 64, 64, false},  {64, 64, 64, false},   {96, 64, 64, false},   {16, 103, 256, true},
-      {32, 103, 256, true}, {48, 103, 256, false}, {64, 103, 256, false}, {8, 256, 128, true},
+      {32, 64, 64, true},   {40, 64, 64, true},    {48, 64, 64, true},    {64, 64, 64, false},
+      {96, 64, 64, false},  {128, 64, 64, false},  {16, 103, 256, true},  {32, 103, 256, true},
+      {48, 103, 256, false}, {64, 103, 256, false}, {8, 256, 128, true},
   };
   for (const Measured& m : runs)
     EXPECT_EQ(short_tail_split_pays(m.tails, m.blocks, 132, m.head_dim), m.cut_faster)

@@ -48,16 +48,18 @@ inline constexpr double kTailSplitCostBlocks = 3.0;
 // few rows) do little tensor work a key block, so the stream-K tail's pieces cost what they are
 // measured to, not kTailSplitCostBlocks. H200, one query row against 2k-8k keys, 16 to 128 tiles
 // (docs/perf-notes.md, "Decoding's stream-K tail"), at d64 / d128 / d256: a whole tile's block
-// 0.92 / 1.16 / 1.13 us; a unit's block with every SM streaming pieces 2.9 / 2.0 / 2.3 us; and
-// 11 / 21 / 39 us more that a launch of pieces pays once (their fills, the last piece's merge of
-// the others' partials). The tail is cut only where that model has the tail round kTailSplitGain
-// faster cut, which the launch asks after plan_tail_split.
+// 0.92 / 1.16 / 1.13 us; a unit's block with every SM streaming pieces 1.5 / 2.0 / 2.3 us; and
+// 19 / 21 / 39 us more that a launch of pieces pays once (their fills, the last piece's merge of
+// the others' partials). d64's pieces cost 2.9 us a block and 11 us once before their idle
+// consumer skipped them (kSkipIdle; "Decoding's idle consumer in stream-K pieces"); d128's and
+// d256's fits still hold. The tail is cut only where that model has the tail round
+// kTailSplitGain faster cut, which the launch asks after plan_tail_split.
 inline constexpr int kShortTileRows = 64;
 struct ShortTileCosts {
   double block_us, piece_block_us, cut_us;
 };
 inline constexpr ShortTileCosts short_tile_costs(int head_dim) {
-  return head_dim == 64 ? ShortTileCosts{0.92, 2.9, 11.0}
+  return head_dim == 64 ? ShortTileCosts{0.92, 1.5, 19.0}
          : head_dim == 256 ? ShortTileCosts{1.13, 2.3, 39.0}
                            : ShortTileCosts{1.16, 2.0, 21.0};
 }
