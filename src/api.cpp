@@ -209,19 +209,45 @@ int c_entry(const fa4_problem* problem, char* message, size_t message_len, Body 
   }
 }
 
+// The arguments of the C entry points' calls (varlen's added by theirs).
+fa4::ForwardArgs forward_args(const fa4::Problem& p, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
+                              float* lse) {
+  fa4::ForwardArgs a;
+  a.problem = p;
+  a.q = from_c(q);
+  a.k = from_c(k);
+  a.v = from_c(v);
+  a.o = from_c(o);
+  a.lse = lse;
+  return a;
+}
+fa4::BackwardArgs backward_args(const fa4::Problem& p, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
+                                fa4_tensor dout, fa4_tensor dq, fa4_tensor dk, fa4_tensor dv, const float* lse,
+                                int deterministic, void* workspace, size_t workspace_bytes) {
+  fa4::BackwardArgs a;
+  a.problem = p;
+  a.q = from_c(q);
+  a.k = from_c(k);
+  a.v = from_c(v);
+  a.o = from_c(o);
+  a.dout = from_c(dout);
+  a.dq = from_c(dq);
+  a.dk = from_c(dk);
+  a.dv = from_c(dv);
+  a.lse = lse;
+  a.deterministic = deterministic != 0;
+  a.workspace = workspace;
+  a.workspace_bytes = workspace_bytes;
+  return a;
+}
+
 }  // namespace
 
 extern "C" int fa4_forward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
                            fa4_tensor o, float* lse, void* workspace, size_t workspace_bytes,
                            cudaStream_t stream, char* message, size_t message_len) {
   return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {
-    fa4::ForwardArgs a;
-    a.problem = p;
-    a.q = from_c(q);
-    a.k = from_c(k);
-    a.v = from_c(v);
-    a.o = from_c(o);
-    a.lse = lse;
+    fa4::ForwardArgs a = forward_args(p, q, k, v, o, lse);
     a.workspace = workspace;
     a.workspace_bytes = workspace_bytes;
     return fa4::forward(a, stream);
@@ -243,21 +269,8 @@ extern "C" int fa4_backward(const fa4_problem* problem, fa4_tensor q, fa4_tensor
                             size_t workspace_bytes, cudaStream_t stream, char* message,
                             size_t message_len) {
   return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {
-    fa4::BackwardArgs a;
-    a.problem = p;
-    a.q = from_c(q);
-    a.k = from_c(k);
-    a.v = from_c(v);
-    a.o = from_c(o);
-    a.dout = from_c(dout);
-    a.dq = from_c(dq);
-    a.dk = from_c(dk);
-    a.dv = from_c(dv);
-    a.lse = lse;
-    a.deterministic = deterministic != 0;
-    a.workspace = workspace;
-    a.workspace_bytes = workspace_bytes;
-    return fa4::backward(a, stream);
+    return fa4::backward(
+        backward_args(p, q, k, v, o, dout, dq, dk, dv, lse, deterministic, workspace, workspace_bytes), stream);
   });
 }
 
@@ -266,17 +279,8 @@ extern "C" int fa4_forward_varlen(const fa4_problem* problem, fa4_tensor q, fa4_
                                   int64_t total_q, int64_t total_k, float* lse, cudaStream_t stream,
                                   char* message, size_t message_len) {
   return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {
-    fa4::ForwardArgs a;
-    a.problem = p;
-    a.q = from_c(q);
-    a.k = from_c(k);
-    a.v = from_c(v);
-    a.o = from_c(o);
-    a.lse = lse;
-    a.varlen.cu_seqlens_q = cu_seqlens_q;
-    a.varlen.cu_seqlens_k = cu_seqlens_k;
-    a.varlen.total_q = total_q;
-    a.varlen.total_k = total_k;
+    fa4::ForwardArgs a = forward_args(p, q, k, v, o, lse);
+    a.varlen = {cu_seqlens_q, cu_seqlens_k, total_q, total_k};
     return fa4::forward(a, stream);
   });
 }
@@ -287,24 +291,9 @@ extern "C" int fa4_backward_varlen(const fa4_problem* problem, fa4_tensor q, fa4
                                    int64_t total_k, const float* lse, int deterministic, void* workspace,
                                    size_t workspace_bytes, cudaStream_t stream, char* message, size_t message_len) {
   return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {
-    fa4::BackwardArgs a;
-    a.problem = p;
-    a.q = from_c(q);
-    a.k = from_c(k);
-    a.v = from_c(v);
-    a.o = from_c(o);
-    a.dout = from_c(dout);
-    a.dq = from_c(dq);
-    a.dk = from_c(dk);
-    a.dv = from_c(dv);
-    a.lse = lse;
-    a.deterministic = deterministic != 0;
-    a.varlen.cu_seqlens_q = cu_seqlens_q;
-    a.varlen.cu_seqlens_k = cu_seqlens_k;
-    a.varlen.total_q = total_q;
-    a.varlen.total_k = total_k;
-    a.workspace = workspace;
-    a.workspace_bytes = workspace_bytes;
+    fa4::BackwardArgs a =
+        backward_args(p, q, k, v, o, dout, dq, dk, dv, lse, deterministic, workspace, workspace_bytes);
+    a.varlen = {cu_seqlens_q, cu_seqlens_k, total_q, total_k};
     return fa4::backward(a, stream);
   });
 }

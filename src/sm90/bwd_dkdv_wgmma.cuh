@@ -179,6 +179,12 @@ __device__ __forceinline__ Walk walk_of(const detail::BwdParams& p, const BwdSeq
   }
 }
 
+// The sequence of the dK/dV CTA whose keys start at k0 (blockIdx.z's); false when, with varlen,
+// they start past its end: the CTA then has nothing to do, once past D's grid (which the dQ kernel
+// reads).
+template <class Cfg>
+__device__ __forceinline__ bool cta_sequence(const detail::BwdParams& p, int k0, BwdSeq& seq);
+
 // The dynamic shared memory, its start moved up to 1024 bytes (128-byte swizzle atoms; the layouts
 // keep 1024 bytes of slack for it).
 __device__ __forceinline__ char* smem_1024() {
@@ -277,6 +283,17 @@ __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CU
                                             reinterpret_cast<float*>(smem + L::kDelta + buf * kBlock * 4), bar);
 }
 
+template <class Cfg>
+__device__ __forceinline__ bool cta_sequence(const detail::BwdParams& p, int k0, BwdSeq& seq) {
+  seq = bwd_seq<Cfg::kVarlen>(p, blockIdx.z);
+  if constexpr (Cfg::kVarlen)
+    if (k0 >= seq.k_len) {
+      wait_for_delta<Cfg>();
+      return false;
+    }
+  return true;
+}
+
 // A dK/dV CTA's start: the ring's barriers, the CTA's K and V rows [k0, k0 + kKeys) (cp.async, or
 // with Cfg::kKvTma by TMA), the first step's query side in flight, and every thread past K and V's
 // landing. With Cfg::kPdl the CTA may have started before D's kernel ended: what it does before
@@ -368,12 +385,8 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
   [[maybe_unused]] const uint64_t t_entry = Cfg::kTrace ? clock64() : 0;
   char* smem = smem_1024();
   const int k0 = blockIdx.x * kWgKeys;
-  const BwdSeq seq = bwd_seq<Cfg::kVarlen>(p, blockIdx.z);
-  if constexpr (Cfg::kVarlen)
-    if (k0 >= seq.k_len) {  // keys past the sequence's last: nothing (after D's grid, which the dQ kernel reads)
-      wait_for_delta<Cfg>();
-      return;
-    }
+  BwdSeq seq;
+  if (!cta_sequence<Cfg>(p, k0, seq)) return;
   const Walk walk = walk_of<Cfg::kVarlen>(p, seq, k0, kWgKeys);
   const int b = walk.b, hk = walk.hk, steps = walk.steps();
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -787,12 +800,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   [[maybe_unused]] const uint64_t t_entry = Cfg::kTrace ? clock64() : 0;
   char* smem = smem_1024();
   const int k0 = blockIdx.x * kBlock;
-  const BwdSeq seq = bwd_seq<Cfg::kVarlen>(p, blockIdx.z);
-  if constexpr (Cfg::kVarlen)
-    if (k0 >= seq.k_len) {  // keys past the sequence's last: nothing (after D's grid, which the dQ kernel reads)
-      wait_for_delta<Cfg>();
-      return;
-    }
+  BwdSeq seq;
+  if (!cta_sequence<Cfg>(p, k0, seq)) return;
   const Walk walk = walk_of<Cfg::kVarlen>(p, seq, k0, kBlock);
   const int b = walk.b, hk = walk.hk, steps = walk.steps();
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
