@@ -20,10 +20,6 @@ $OUT when set) and prints a table.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
-import shlex
 import sys
 from pathlib import Path
 
@@ -36,7 +32,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from rounds import summary, time_in_rounds  # noqa: E402
-from side_by_side import DTYPES, bench_ms, check_fa4, commit_hash, gpu_driver, short  # noqa: E402
+from side_by_side import DTYPES, bench_ms, check_fa4, run_meta, short, write_records  # noqa: E402
 
 # (batch, heads_q, heads_kv, seqlen_k, head_dim): Llama-style GQA 32/8 and 64/8, MQA, and each head dim.
 DEFAULT_SHAPES = [
@@ -91,10 +87,7 @@ def main(argv=None) -> int:
     import fa4
 
     dtype, providers = DTYPES[a.dtype], a.providers.split(",")
-    meta = {"gpu": torch.cuda.get_device_properties(0).name, "driver": gpu_driver(), "commit": commit_hash(),
-            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "command": "python3 bench/decode.py " + " ".join(
-                shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))}
+    meta = run_meta("decode.py", argv)
     records, failed = [], 0
     for n, (b, hq, hkv, sk, d) in enumerate(a.shapes):
         g = torch.Generator(device="cuda").manual_seed(1000 + n)
@@ -139,14 +132,7 @@ def main(argv=None) -> int:
         del q, k, v, fns
         torch.cuda.empty_cache()
 
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
-    paths = [Path(a.out) / f"{stamp}-{a.name}.json"]
-    if os.environ.get("OUT"):
-        paths.append(Path(os.environ["OUT"]) / f"{stamp}-{a.name}.json")
-    for path in paths:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(records, indent=1) + "\n")
-        print(f"wrote {path}")
+    write_records(records, a.out, a.name)
     print(f"{'b':>3} {'hq':>3} {'hkv':>3} {'sk':>6} {'d':>3}  " +
           "  ".join(f"{p + ' us':>10} {'GB/s':>6}" for p in providers) + "  " +
           "  ".join(f"{'fa4/' + p:>9}" for p in providers if p != "fa4") + "  check")

@@ -175,6 +175,26 @@ def commit_hash() -> str:
     return "unknown"
 
 
+def run_meta(script: str, argv) -> dict:
+    """What every record of a benchmark run carries: GPU, driver, commit, date, the command."""
+    return {"gpu": torch.cuda.get_device_properties(0).name, "driver": gpu_driver(), "commit": commit_hash(),
+            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": f"python3 bench/{script} " + " ".join(
+                shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))}
+
+
+def write_records(records, out_dir: str, name: str) -> None:
+    """records as <out_dir>/<date>-<name>.json, and a copy under $OUT when it is set."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
+    paths = [Path(out_dir) / f"{stamp}-{name}.json"]
+    if os.environ.get("OUT"):
+        paths.append(Path(os.environ["OUT"]) / f"{stamp}-{name}.json")
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(records, indent=1) + "\n")
+        print(f"wrote {path}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Shapes, FLOPs, timing
 

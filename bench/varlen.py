@@ -13,7 +13,8 @@ queries and keys, [total, heads, d] bf16. Providers:
   cudnn   cuDNN's, torch.ops.aten._cudnn_attention_forward with cum_seq_q / cum_seq_k (the path of
           torch's nested-tensor SDPA), on the same packed tensors
           A peer's output must agree with fa4's (max |difference| <= 0.05), else it is recorded as
-          a mismatch and not timed; a peer that refuses the call is recorded with its error.
+          a mismatch and not timed; a peer that refuses the call is recorded with its error. The
+          peers are checked against fa4's run: fa4 comes first among the providers.
 --op bwd times each provider's backward alone (its forward run once before, for O and the LSE):
 fa4's torch.ops.fa4.bwd_varlen, FA2's aten._flash_attention_backward and cuDNN's
 aten._cudnn_attention_backward with the same cu_seqlens, fa4's batched backward on the padded
@@ -28,11 +29,7 @@ copy under $OUT when set) and prints a table.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
 import random
-import shlex
 import sys
 from pathlib import Path
 
@@ -43,7 +40,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import torch  # noqa: E402
 
 from rounds import summary, time_in_rounds  # noqa: E402
-from side_by_side import DTYPES, bench_ms, check_fa4, commit_hash, gpu_driver, short  # noqa: E402
+from side_by_side import DTYPES, bench_ms, check_fa4, run_meta, short, write_records  # noqa: E402
 
 # name: (count, lo, hi, heads, head_dim, causal)
 CASES = {
@@ -81,10 +78,7 @@ def main(argv=None) -> int:
     import fa4
 
     dtype, providers = DTYPES[a.dtype], a.providers.split(",")
-    meta = {"gpu": torch.cuda.get_device_properties(0).name, "driver": gpu_driver(), "commit": commit_hash(),
-            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "command": "python3 bench/varlen.py " + " ".join(
-                shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))}
+    meta = run_meta("varlen.py", argv)
     records, failed = [], 0
     for n, name in enumerate(a.cases.split(",")):
         count, lo, hi, h, d, causal = CASES[name]
@@ -96,6 +90,7 @@ def main(argv=None) -> int:
         cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
         flops = (10.0 if a.op == "bwd" else 4.0) * h * d * sum(visible_pairs(s, s, causal) for s in lens)
         dout = torch.randn(total, h, d, device="cuda", dtype=dtype, generator=g)
+        scale = d ** -0.5
         fns, recs = {}, {}
         for p in providers:
             rec = {"op": a.op, "provider": p, "case": name, "dtype": a.dtype, "lengths": lens, "heads": h,
@@ -103,8 +98,9 @@ def main(argv=None) -> int:
             recs[p] = rec
             try:
                 if p == "fa4":
+                    # O and the LSE once: the check's, the peers', and with --op bwd the backward's.
+                    out, lse4 = torch.ops.fa4.fwd_varlen(q, k, v, cu, cu, longest, longest, None, causal, -1, -1)
                     with torch.no_grad():
-                        out = fa4.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal)
                         checks = []
                         for b in (0, count - 1):
                             s0, s1 = int(cu[b]), int(cu[b + 1])
@@ -115,10 +111,8 @@ def main(argv=None) -> int:
                     if a.op == "fwd":
                         fns[p] = lambda: fa4.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal)
                     else:
-                        o4, lse4 = torch.ops.fa4.fwd_varlen(q, k, v, cu, cu, longest, longest, None, causal, -1, -1)
-
-                        def bwd4(o4=o4, lse4=lse4):
-                            return torch.ops.fa4.bwd_varlen(dout, q, k, v, o4, lse4, cu, cu, longest, longest, None,
+                        def bwd4():
+                            return torch.ops.fa4.bwd_varlen(dout, q, k, v, out, lse4, cu, cu, longest, longest, None,
                                                             causal, -1, -1, False)
                         dq_fa4 = bwd4()[0]
                         fns[p] = bwd4
@@ -132,7 +126,6 @@ def main(argv=None) -> int:
                         fns[p] = lambda qp=qp, kp=kp, vp=vp, dp=dp, op_=op_, lsep=lsep: torch.ops.fa4.bwd(
                             dp, qp, kp, vp, op_, lsep, None, causal, -1, -1, False)
                 elif a.op == "bwd":
-                    scale = d ** -0.5
                     if p == "fa2":
                         o2, lse2, rng2, unused2, _ = torch.ops.aten._flash_attention_forward(
                             q, k, v, cu, cu, longest, longest, 0.0, causal, False, scale=scale)
@@ -158,7 +151,6 @@ def main(argv=None) -> int:
                         raise RuntimeError(f"dQ differs from fa4's by {diff}")
                     fns[p] = call
                 else:
-                    scale = d ** -0.5
                     if p == "fa2":
                         def call():
                             return torch.ops.aten._flash_attention_forward(
@@ -168,9 +160,7 @@ def main(argv=None) -> int:
                             return torch.ops.aten._cudnn_attention_forward(
                                 q, k, v, None, cu, cu, longest, longest, False, 0.0, causal, False, scale=scale)[0]
                     with torch.no_grad():
-                        ref = fa4.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal)
-                        got = call()
-                        diff = (got.float().reshape(ref.shape) - ref.float()).abs().max().item()
+                        diff = (call().float().reshape(out.shape) - out.float()).abs().max().item()
                     rec["max_diff_vs_fa4"] = diff
                     if not diff <= 0.05:
                         raise RuntimeError(f"output differs from fa4's by {diff}")
@@ -193,14 +183,7 @@ def main(argv=None) -> int:
         del q, k, v, fns
         torch.cuda.empty_cache()
 
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
-    paths = [Path(a.out) / f"{stamp}-{a.name}.json"]
-    if os.environ.get("OUT"):
-        paths.append(Path(os.environ["OUT"]) / f"{stamp}-{a.name}.json")
-    for path in paths:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(records, indent=1) + "\n")
-        print(f"wrote {path}")
+    write_records(records, a.out, a.name)
     print(f"{'case':<20} " + "  ".join(f"{p + ' TF/s':>12}" for p in providers) + "  " +
           "  ".join(f"{'fa4/' + p:>10}" for p in providers if p != "fa4") + "  check")
     by = {}

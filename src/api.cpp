@@ -27,6 +27,19 @@ Status zero(const char* what, const TensorRef& t, const Problem& p, int64_t seq,
   return e == cudaSuccess ? Status::Ok() : cuda_failure(what, e);
 }
 
+// The query and key rows the tensors hold as zero() takes them: [batch, seqlen] each, or with
+// varlen one batch of total_q / total_k rows (none where the longest sequence is empty).
+struct Rows {
+  Problem shape;
+  int64_t q, k;
+};
+Rows rows_of(const Problem& p, const Varlen& vl) {
+  if (!vl.enabled()) return {p, p.seqlen_q, p.seqlen_k};
+  Problem one = p;
+  one.batch = 1;
+  return {one, p.seqlen_q > 0 ? vl.total_q : 0, p.seqlen_k > 0 ? vl.total_k : 0};
+}
+
 }  // namespace
 
 const char* to_string(StatusCode code) {
@@ -88,32 +101,18 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
   Status s = validate(args);
   if (!s.ok()) return s;
   const Problem& p = args.problem;
-  const Varlen& vl = args.varlen;
+  const Rows rows = rows_of(p, args.varlen);
   // Nothing to compute, and nothing the GPU must be asked about.
-  if (p.batch == 0 || p.seqlen_q == 0 || (vl.enabled() && vl.total_q == 0)) return Status::Ok();
+  if (p.batch == 0 || rows.q == 0) return Status::Ok();
   if (!(s = detail::check_current_device()).ok()) return s;
 
-  if (vl.enabled() && (p.seqlen_k == 0 || vl.total_k == 0)) {
-    // No sequence has a key: every row of O is 0 and its LSE -inf (rows outside every sequence
-    // too: written, where with keys they are left as they are).
-    Problem rows = p;
-    rows.batch = 1;
-    if (!(s = zero("zeroing o (no keys)", args.o, rows, vl.total_q, p.heads_q, stream)).ok()) return s;
+  if (rows.k == 0) {  // every row sees no key: O = 0, LSE = -inf (with varlen rows outside every
+                      // sequence too, where with keys they are left as they are)
+    if (!(s = zero("zeroing o (no keys)", args.o, rows.shape, rows.q, p.heads_q, stream)).ok()) return s;
     if (args.lse != nullptr) {
-      const cudaError_t e = detail::fill_floats(args.lse, p.heads_q * vl.total_q,
+      const cudaError_t e = detail::fill_floats(args.lse, rows.shape.batch * p.heads_q * rows.q,
                                                 -std::numeric_limits<float>::infinity(), stream);
       if (e != cudaSuccess) return cuda_failure("filling lse with -inf (no keys)", e);
-    }
-    return Status::Ok();
-  }
-
-  if (p.seqlen_k == 0) {  // every row sees no key: O = 0, LSE = -inf
-    if (!(s = zero("zeroing o (seqlen_k = 0)", args.o, p, p.seqlen_q, p.heads_q, stream)).ok())
-      return s;
-    if (args.lse != nullptr) {
-      const cudaError_t e = detail::fill_floats(args.lse, p.batch * p.heads_q * p.seqlen_q,
-                                                -std::numeric_limits<float>::infinity(), stream);
-      if (e != cudaSuccess) return cuda_failure("filling lse with -inf (seqlen_k = 0)", e);
     }
     return Status::Ok();
   }
@@ -124,30 +123,15 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
   Status s = validate(args);
   if (!s.ok()) return s;
   const Problem& p = args.problem;
-  const Varlen& vl = args.varlen;
-  if (vl.enabled()) {
-    // Packed rows: with no query row (or none a sequence may have) dK and dV are 0, with no key
-    // dQ is 0, over every row of the tensors.
-    const int64_t rows_q = p.seqlen_q > 0 ? vl.total_q : 0, rows_k = p.seqlen_k > 0 ? vl.total_k : 0;
-    if (p.batch == 0 || (rows_q == 0 && rows_k == 0)) return Status::Ok();
-    if (!(s = detail::check_current_device()).ok()) return s;
-    if (rows_q > 0 && rows_k > 0) return detail::sm90_backward(detail::make_bwd_params(args), stream);
-    Problem one = p;
-    one.batch = 1;
-    if (rows_k == 0) return zero("zeroing dq (no keys)", args.dq, one, vl.total_q, p.heads_q, stream);
-    if (!(s = zero("zeroing dk (no queries)", args.dk, one, vl.total_k, p.heads_kv, stream)).ok()) return s;
-    return zero("zeroing dv (no queries)", args.dv, one, vl.total_k, p.heads_kv, stream);
-  }
-  if (p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return Status::Ok();
+  const Rows rows = rows_of(p, args.varlen);
+  if (p.batch == 0 || (rows.q == 0 && rows.k == 0)) return Status::Ok();
   if (!(s = detail::check_current_device()).ok()) return s;
-  if (p.seqlen_q > 0 && p.seqlen_k > 0) return detail::sm90_backward(detail::make_bwd_params(args), stream);
+  if (rows.q > 0 && rows.k > 0) return detail::sm90_backward(detail::make_bwd_params(args), stream);
 
-  // One side is empty: the gradients of the other side are 0.
-  if (p.seqlen_k == 0)
-    return zero("zeroing dq (seqlen_k = 0)", args.dq, p, p.seqlen_q, p.heads_q, stream);
-  if (!(s = zero("zeroing dk (seqlen_q = 0)", args.dk, p, p.seqlen_k, p.heads_kv, stream)).ok())
-    return s;
-  return zero("zeroing dv (seqlen_q = 0)", args.dv, p, p.seqlen_k, p.heads_kv, stream);
+  // One side is empty: the gradients of the other side are 0 (with varlen over every row).
+  if (rows.k == 0) return zero("zeroing dq (no keys)", args.dq, rows.shape, rows.q, p.heads_q, stream);
+  if (!(s = zero("zeroing dk (no queries)", args.dk, rows.shape, rows.k, p.heads_kv, stream)).ok()) return s;
+  return zero("zeroing dv (no queries)", args.dv, rows.shape, rows.k, p.heads_kv, stream);
 }
 
 }  // namespace fa4

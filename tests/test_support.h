@@ -1,11 +1,26 @@
 // Helpers shared by the test files.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "fa4/attention.h"
 
 namespace fa4::test {
+
+// A forward's LSE rows against the float64 reference's: `mismatch` counts the rows -inf in one and
+// finite (or NaN) in the other, `max_err` is the largest difference among the rest.
+struct LseCompare {
+  int64_t mismatch = 0;
+  double max_err = 0.0;
+  void add(double ref, double got) {
+    if (std::isinf(ref) || std::isinf(got) || std::isnan(got))
+      mismatch += !(std::isinf(ref) && std::isinf(got) && ref < 0 && got < 0);
+    else
+      max_err = std::max(max_err, std::fabs(got - ref));
+  }
+};
 
 // A distinct 16-byte-aligned address per tensor; never dereferenced (argument checks only).
 inline void* fake(int i) { return reinterpret_cast<void*>(uintptr_t{0x7f0000000000} + uintptr_t(i) * 0x10000000); }

@@ -358,20 +358,15 @@ void run_varlen(const VarlenCase& c, uint32_t seed) {
       ref.lse.assign(size_t(c.heads_q * sq), -INFINITY);
       for (double g : got) ASSERT_EQ(g, 0.0) << "a row without keys must be 0";
     }
-    double lse_err = 0.0;
-    int64_t lse_mismatch = 0;
+    fa4::test::LseCompare lse_cmp;
     for (int64_t h = 0; h < c.heads_q; ++h)
       for (int64_t r = 0; r < sq; ++r) {
         float g;
         std::memcpy(&g, &lse_bits[size_t(h * run.total_q + q0 + r)], 4);
-        const double rr = ref.lse[size_t(h * sq + r)];
-        if (std::isinf(rr) || std::isinf(g) || std::isnan(g))
-          lse_mismatch += !(std::isinf(rr) && std::isinf(g) && rr < 0 && g < 0);
-        else
-          lse_err = std::max(lse_err, std::fabs(double(g) - rr));
+        lse_cmp.add(ref.lse[size_t(h * sq + r)], g);
       }
-    EXPECT_EQ(lse_mismatch, 0) << "LSE rows -inf in one and finite (or NaN) in the other";
-    EXPECT_LE(lse_err, 1e-3);
+    EXPECT_EQ(lse_cmp.mismatch, 0) << "LSE rows -inf in one and finite (or NaN) in the other";
+    EXPECT_LE(lse_cmp.max_err, 1e-3);
   }
 }
 
@@ -445,17 +440,11 @@ void run_varlen_backward(const VarlenCase& c, uint32_t seed, bool deterministic)
   }
 }
 
-#define REQUIRE_GPU()                                               \
-  do {                                                              \
-    const std::string why = fa4_test::gpu_missing_reason();         \
-    if (!why.empty()) GTEST_SKIP() << "needs a Hopper GPU: " << why; \
-  } while (0)
-
 constexpr auto BF16 = DType::kBF16;
 constexpr auto FP16 = DType::kFP16;
 
 TEST(VarlenGpu, EveryHeadDimOddLengthsAndEmptySequences) {
-  REQUIRE_GPU();
+  FA4_REQUIRE_GPU();
   uint32_t seed = 71;
   for (int64_t d : {64, 128, 256})
     for (DType t : {BF16, FP16}) {
@@ -465,7 +454,7 @@ TEST(VarlenGpu, EveryHeadDimOddLengthsAndEmptySequences) {
 }
 
 TEST(VarlenGpu, CausalBottomRightPerSequence) {
-  REQUIRE_GPU();
+  FA4_REQUIRE_GPU();
   uint32_t seed = 171;
   for (int64_t d : {64, 128, 256}) {
     VarlenCase c{BF16, 4, 4, d, {239, 1, 513, 64, 300}, {300, 17, 513, 64, 100}};
@@ -480,7 +469,7 @@ TEST(VarlenGpu, CausalBottomRightPerSequence) {
 }
 
 TEST(VarlenGpu, WindowsGqaMqaAndStridedViews) {
-  REQUIRE_GPU();
+  FA4_REQUIRE_GPU();
   uint32_t seed = 271;
   for (int64_t d : {64, 128, 256}) {
     VarlenCase c{BF16, 8, 1, d, {500, 1000, 33}, {700, 1000, 90}};  // MQA
@@ -497,7 +486,7 @@ TEST(VarlenGpu, WindowsGqaMqaAndStridedViews) {
 }
 
 TEST(VarlenGpu, LongSequencesAmongShortOnes) {
-  REQUIRE_GPU();
+  FA4_REQUIRE_GPU();
   // d64 at these lengths takes 192-row tiles (three consumers); many tiles past short sequences'
   // ends are passed by.
   run_varlen({BF16, 2, 2, 64, {2000, 190, 3000, 7}, {2000, 190, 3000, 7}}, 401);
@@ -505,7 +494,7 @@ TEST(VarlenGpu, LongSequencesAmongShortOnes) {
 }
 
 TEST(VarlenGpu, StaticRoundsAndOneCtaATile) {
-  REQUIRE_GPU();
+  FA4_REQUIRE_GPU();
   // Without the tile counter (schedule 3: static rounds of a few CTAs; schedule 2: a CTA a tile)
   // a CTA passes by its own tiles past a sequence's end.
   uint32_t seed = 501;
@@ -524,7 +513,7 @@ TEST(VarlenGpu, StaticRoundsAndOneCtaATile) {
 namespace {
 
 TEST(VarlenGpu, BackwardEveryHeadDimAgainstEachSequence) {
-  REQUIRE_GPU();
+  FA4_REQUIRE_GPU();
   uint32_t seed = 601;
   for (int64_t d : {64, 128, 256})
     for (bool deterministic : {false, true}) {
@@ -537,7 +526,7 @@ TEST(VarlenGpu, BackwardEveryHeadDimAgainstEachSequence) {
 }
 
 TEST(VarlenGpu, BackwardWindowsMqaAndStrided) {
-  REQUIRE_GPU();
+  FA4_REQUIRE_GPU();
   uint32_t seed = 701;
   for (int64_t d : {64, 128, 256}) {
     VarlenCase c{BF16, 4, 1, d, {260, 129}, {300, 700}};

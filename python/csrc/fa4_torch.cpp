@@ -127,6 +127,20 @@ fa4::TensorRef tensor_ref(const at::Tensor& t) {
   return {t.data_ptr(), st[0], st[1], st[2]};
 }
 
+// The options every operator takes into p: scale, causal, window.
+void set_options(fa4::Problem& p, std::optional<double> scale, bool causal, int64_t window_left,
+                 int64_t window_right, const char* op) {
+  if (scale.has_value()) {
+    // fa4 reads 0 as "use the default": a literal 0 cannot be passed through.
+    FA4_CHECK_VALUE(*scale != 0.0, op, ": softmax_scale = 0: must be nonzero (None gives ",
+                      "1/sqrt(head_dim))");
+    p.softmax_scale = static_cast<float>(*scale);
+  }
+  p.causal = causal;
+  p.window_left = window_left;
+  p.window_right = window_right;
+}
+
 fa4::Problem make_problem(const at::Tensor& q, const at::Tensor& k, std::optional<double> scale,
                           bool causal, int64_t window_left, int64_t window_right, const char* op) {
   fa4::Problem p;
@@ -137,15 +151,7 @@ fa4::Problem make_problem(const at::Tensor& q, const at::Tensor& k, std::optiona
   p.head_dim = q.size(3);
   p.seqlen_k = k.size(1);
   p.heads_kv = k.size(2);
-  if (scale.has_value()) {
-    // fa4 reads 0 as "use the default": a literal 0 cannot be passed through.
-    FA4_CHECK_VALUE(*scale != 0.0, op, ": softmax_scale = 0: must be nonzero (None gives ",
-                      "1/sqrt(head_dim))");
-    p.softmax_scale = static_cast<float>(*scale);
-  }
-  p.causal = causal;
-  p.window_left = window_left;
-  p.window_right = window_right;
+  set_options(p, scale, causal, window_left, window_right, op);
   return p;
 }
 
@@ -168,6 +174,32 @@ fa4::Problem check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 
 at::Tensor workspace(size_t bytes, const at::Tensor& like) {
   return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+}
+
+// The forward's LSE as a backward takes it: fp32, contiguous, on q's device, of `shape`.
+void check_lse(const at::Tensor& lse, const at::Tensor& q, const std::vector<int64_t>& shape,
+               const char* expected, const char* op) {
+  FA4_CHECK_VALUE(lse.defined() && lse.is_cuda() && lse.device() == q.device(), op,
+                    ": lse must be a CUDA tensor on q's device");
+  FA4_CHECK_VALUE(lse.scalar_type() == at::kFloat, op, ": lse has dtype ", lse.scalar_type(),
+                    ": must be torch.float32 (the forward's lse)");
+  check_shape(lse, shape, op, "lse", expected);
+  FA4_CHECK_VALUE(lse.is_contiguous(), op, ": lse has strides ", strides_str(lse),
+                    ": must be contiguous");
+}
+
+// fa4::backward with the workspace it asks for, on q's current stream.
+void run_backward(fa4::BackwardArgs& args, const at::Tensor& q, const char* op) {
+  size_t bytes = 0;
+  raise_if_error(fa4::backward_workspace_size(args, &bytes), op);
+  at::Tensor ws;
+  if (bytes) {
+    ws = workspace(bytes, q);
+    args.workspace = ws.data_ptr();
+    args.workspace_bytes = bytes;
+  }
+  raise_if_error(fa4::validate(args), op);
+  raise_if_error(fa4::backward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), op);
 }
 
 std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor& k,
@@ -218,13 +250,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_op(
   check_same_dtype(dout, q, op, "dout");
   check_shape(out, shape_of(q), op, "out", "q's shape: [batch, seqlen_q, heads_q, head_dim]");
   check_shape(dout, shape_of(q), op, "dout", "q's shape: [batch, seqlen_q, heads_q, head_dim]");
-  FA4_CHECK_VALUE(lse.defined() && lse.is_cuda() && lse.device() == q.device(), op,
-                    ": lse must be a CUDA tensor on q's device");
-  FA4_CHECK_VALUE(lse.scalar_type() == at::kFloat, op, ": lse has dtype ", lse.scalar_type(),
-                    ": must be torch.float32 (the forward's lse)");
-  check_shape(lse, {p.batch, p.heads_q, p.seqlen_q}, op, "lse", "[batch, heads_q, seqlen_q]");
-  FA4_CHECK_VALUE(lse.is_contiguous(), op, ": lse has strides ", strides_str(lse),
-                    ": must be contiguous");
+  check_lse(lse, q, {p.batch, p.heads_q, p.seqlen_q}, "[batch, heads_q, seqlen_q]", op);
 
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor dq = at::empty(q.sizes(), q.options());
@@ -243,17 +269,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_op(
   args.dv = tensor_ref(dv);
   args.lse = lse.numel() ? lse.data_ptr<float>() : nullptr;
   args.deterministic = deterministic;
-  size_t bytes = 0;
-  raise_if_error(fa4::backward_workspace_size(args, &bytes), op);
-  at::Tensor ws;
-  if (bytes) {
-    ws = workspace(bytes, q);
-    args.workspace = ws.data_ptr();
-    args.workspace_bytes = bytes;
-  }
-  raise_if_error(fa4::validate(args), op);
-  raise_if_error(fa4::backward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()),
-                 op);
+  run_backward(args, q, op);
   return {dq, dk, dv};
 }
 
@@ -318,14 +334,7 @@ fa4::Problem check_varlen_qkv(const at::Tensor& q, const at::Tensor& k, const at
   p.heads_q = q.size(1);
   p.heads_kv = k.size(1);
   p.head_dim = q.size(2);
-  if (softmax_scale.has_value()) {
-    FA4_CHECK_VALUE(*softmax_scale != 0.0, op, ": softmax_scale = 0: must be nonzero (None gives ",
-                      "1/sqrt(head_dim))");
-    p.softmax_scale = static_cast<float>(*softmax_scale);
-  }
-  p.causal = causal;
-  p.window_left = window_left;
-  p.window_right = window_right;
+  set_options(p, softmax_scale, causal, window_left, window_right, op);
   return p;
 }
 
@@ -349,10 +358,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_varlen_op(const at::Tensor& q, const at::
   args.v = packed_ref(v);
   args.o = packed_ref(out);
   args.lse = lse.numel() ? lse.data_ptr<float>() : nullptr;
-  args.varlen.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
-  args.varlen.cu_seqlens_k = cu_seqlens_k.data_ptr<int32_t>();
-  args.varlen.total_q = q.size(0);
-  args.varlen.total_k = k.size(0);
+  args.varlen = {cu_seqlens_q.data_ptr<int32_t>(), cu_seqlens_k.data_ptr<int32_t>(), q.size(0), k.size(0)};
   raise_if_error(fa4::forward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), op);
   return {out, lse};
 }
@@ -371,12 +377,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_varlen_op(
   check_same_dtype(dout, q, op, "dout");
   check_shape(out, shape_of(q), op, "out", "q's shape: [total_q, heads_q, head_dim]");
   check_shape(dout, shape_of(q), op, "dout", "q's shape: [total_q, heads_q, head_dim]");
-  FA4_CHECK_VALUE(lse.defined() && lse.is_cuda() && lse.device() == q.device(), op,
-                    ": lse must be a CUDA tensor on q's device");
-  FA4_CHECK_VALUE(lse.scalar_type() == at::kFloat, op, ": lse has dtype ", lse.scalar_type(),
-                    ": must be torch.float32 (the forward's lse)");
-  check_shape(lse, {p.heads_q, q.size(0)}, op, "lse", "[heads_q, total_q]");
-  FA4_CHECK_VALUE(lse.is_contiguous(), op, ": lse has strides ", strides_str(lse), ": must be contiguous");
+  check_lse(lse, q, {p.heads_q, q.size(0)}, "[heads_q, total_q]", op);
 
   const c10::cuda::CUDAGuard guard(q.device());
   // Zeros: rows outside every sequence (past the last, say) get no gradient from the kernels, and
@@ -396,19 +397,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_varlen_op(
   args.dv = packed_ref(dv);
   args.lse = lse.numel() ? lse.data_ptr<float>() : nullptr;
   args.deterministic = deterministic;
-  args.varlen.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
-  args.varlen.cu_seqlens_k = cu_seqlens_k.data_ptr<int32_t>();
-  args.varlen.total_q = q.size(0);
-  args.varlen.total_k = k.size(0);
-  size_t bytes = 0;
-  raise_if_error(fa4::backward_workspace_size(args, &bytes), op);
-  at::Tensor ws;
-  if (bytes) {
-    ws = workspace(bytes, q);
-    args.workspace = ws.data_ptr();
-    args.workspace_bytes = bytes;
-  }
-  raise_if_error(fa4::backward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), op);
+  args.varlen = {cu_seqlens_q.data_ptr<int32_t>(), cu_seqlens_k.data_ptr<int32_t>(), q.size(0), k.size(0)};
+  run_backward(args, q, op);
   return {dq, dk, dv};
 }
 

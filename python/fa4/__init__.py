@@ -160,15 +160,23 @@ class _FlashAttnVarlenFunc(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
-def _window(window_size) -> Tuple[int, int]:
+def _options(name: str, softmax_scale, window_size, softcap, dropout_p, alibi_slopes):
+    """The options flash_attn_func and flash_attn_varlen_func share, checked and normalised for the
+    operators: (softmax_scale as a float or None, window_left, window_right)."""
+    _refuse_unimplemented(name, dropout_p, alibi_slopes)
+    if softcap != 0.0:
+        raise NotImplementedError(
+            f"{name}: softcap = {softcap}: soft-capping is not implemented (softcap must be 0.0)"
+        )
     try:
         left, right = window_size
-        return int(left), int(right)
+        left, right = int(left), int(right)
     except (TypeError, ValueError):
         raise ValueError(
-            f"fa4.flash_attn_func: window_size = {window_size!r}: must be a pair (left, right) of "
-            "ints, -1 for unbounded"
+            f"{name}: window_size = {window_size!r}: must be a pair (left, right) of ints, -1 for "
+            "unbounded"
         ) from None
+    return (None if softmax_scale is None else float(softmax_scale)), left, right
 
 
 def flash_attn_func(
@@ -201,16 +209,9 @@ def flash_attn_func(
     dropout_p must be 0.0 and alibi_slopes None (neither is implemented); return_attn_probs is
     return_lse, as in FlashAttention-3 (out, lse).
     """
-    _refuse_unimplemented("fa4.flash_attn_func", dropout_p, alibi_slopes)
+    softmax_scale, window_left, window_right = _options(
+        "fa4.flash_attn_func", softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
     return_lse = bool(return_lse or return_attn_probs)
-    if softcap != 0.0:
-        raise NotImplementedError(
-            f"fa4.flash_attn_func: softcap = {softcap}: soft-capping is not implemented "
-            "(softcap must be 0.0)"
-        )
-    window_left, window_right = _window(window_size)
-    if softmax_scale is not None:
-        softmax_scale = float(softmax_scale)
     causal = bool(causal)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if needs_grad:
@@ -255,16 +256,9 @@ def flash_attn_varlen_func(
     return_lse the fp32 LSE [heads_q, total_q]. Differentiable (torch.ops.fa4.bwd_varlen);
     deterministic: the backward's deterministic mode.
     """
-    _refuse_unimplemented("fa4.flash_attn_varlen_func", dropout_p, alibi_slopes)
+    softmax_scale, window_left, window_right = _options(
+        "fa4.flash_attn_varlen_func", softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
     return_lse = bool(return_lse or return_attn_probs)
-    if softcap != 0.0:
-        raise NotImplementedError(
-            f"fa4.flash_attn_varlen_func: softcap = {softcap}: soft-capping is not implemented "
-            "(softcap must be 0.0)"
-        )
-    window_left, window_right = _window(window_size)
-    if softmax_scale is not None:
-        softmax_scale = float(softmax_scale)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         out, lse = _FlashAttnVarlenFunc.apply(
             q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
