@@ -10,14 +10,17 @@ queries and keys, [total, heads, d] bf16. Providers:
           every sequence padded to the longest; its time counts the padding's work)
   fa2     FlashAttention-2's varlen kernel, torch.ops.aten._flash_attention_forward with
           cum_seq_q / cum_seq_k on the same packed tensors
-  cudnn   cuDNN's, torch.ops.aten._cudnn_attention_forward with cum_seq_q / cum_seq_k (the path of
-          torch's nested-tensor SDPA), on the same packed tensors
+  cudnn   cuDNN's fused attention on the same packed tensors: its SDPA graphs with ragged offsets
+          and a padding mask from the lengths, built once through cudnn_frontend
+          (bench/cudnn_peer, loaded by bench/cudnn_varlen.py; $FA4_CUDNN_PEER names the library)
+  cudnn-torch  cuDNN through torch, aten._cudnn_attention_forward with cum_seq_q / cum_seq_k (the
+          path of torch's nested-tensor SDPA: it builds cuDNN's graph again on every call)
           A peer's output must agree with fa4's (max |difference| <= 0.05), else it is recorded as
           a mismatch and not timed; a peer that refuses the call is recorded with its error. The
           peers are checked against fa4's run: fa4 comes first among the providers.
 --op bwd times each provider's backward alone (its forward run once before, for O and the LSE):
-fa4's torch.ops.fa4.bwd_varlen, FA2's aten._flash_attention_backward and cuDNN's
-aten._cudnn_attention_backward with the same cu_seqlens, fa4's batched backward on the padded
+fa4's torch.ops.fa4.bwd_varlen, FA2's aten._flash_attention_backward, cuDNN's backward graph
+(cudnn) or aten._cudnn_attention_backward (cudnn-torch) with the same cu_seqlens, fa4's batched backward on the padded
 tensors; a peer's dQ must agree with fa4's (max |difference| <= 0.05 + 2 % of fa4's largest).
 TFLOP/s count the visible (query, key) pairs of the real sequences alone (4 * pairs * heads * d
 FLOPs forward, 2.5 times that backward), so the providers compare on the same work. fa4's output is checked first against float64
@@ -125,6 +128,27 @@ def main(argv=None) -> int:
                         op_, lsep = torch.ops.fa4.fwd(qp, kp, vp, None, causal, -1, -1)
                         fns[p] = lambda qp=qp, kp=kp, vp=vp, dp=dp, op_=op_, lsep=lsep: torch.ops.fa4.bwd(
                             dp, qp, kp, vp, op_, lsep, None, causal, -1, -1, False)
+                elif p == "cudnn":
+                    from cudnn_varlen import CudnnVarlen
+                    peer = CudnnVarlen(cu, cu, longest, longest, h, h, d, dtype, causal, scale, a.op == "bwd")
+                    oc, stc = peer.forward(q, k, v)
+                    with torch.no_grad():
+                        rec["max_diff_vs_fa4"] = (oc.float() - out.float()).abs().max().item()
+                        rec["max_lse_diff_vs_fa4"] = (stc.t() - lse4.float()).abs().max().item()
+                    if not (rec["max_diff_vs_fa4"] <= 0.05 and rec["max_lse_diff_vs_fa4"] <= 0.01):
+                        raise RuntimeError(f"output or LSE differs from fa4's by {rec['max_diff_vs_fa4']}, "
+                                           f"{rec['max_lse_diff_vs_fa4']}")
+                    if a.op == "fwd":
+                        fns[p] = lambda peer=peer, oc=oc, stc=stc: peer.forward(q, k, v, oc, stc)
+                    else:
+                        grads = [torch.empty_like(t) for t in (q, k, v)]
+                        fns[p] = lambda peer=peer, oc=oc, stc=stc, grads=grads: peer.backward(dout, q, k, v, oc, stc,
+                                                                                            *grads)
+                        with torch.no_grad():
+                            diff = (fns[p]()[0].float() - dq_fa4.float()).abs().max().item()
+                        rec["max_dq_diff_vs_fa4"] = diff
+                        if not diff <= 0.05 + 0.02 * dq_fa4.float().abs().max().item():
+                            raise RuntimeError(f"dQ differs from fa4's by {diff}")
                 elif a.op == "bwd":
                     if p == "fa2":
                         o2, lse2, rng2, unused2, _ = torch.ops.aten._flash_attention_forward(

@@ -167,9 +167,9 @@ __host__ __device__ __forceinline__ StepAt walk_step(const Walk& w, int s, StepA
 }
 
 // The walk of the CTA (blockIdx: key block, KV head, batch) whose keys start at k0, in its
-// sequence `seq` (bwd_seq).
+// sequence `seq` (seq_span).
 template <bool kVarlen>
-__device__ __forceinline__ Walk walk_of(const detail::BwdParams& p, const BwdSeq& seq, int k0, int keys) {
+__device__ __forceinline__ Walk walk_of(const detail::BwdParams& p, const SeqSpan& seq, int k0, int keys) {
   if constexpr (kVarlen) {
     const auto [lo, count] = query_blocks(p, seq.q_len, seq.k_len, k0, keys);
     return {int(blockIdx.z), int(blockIdx.y), p.heads_q / p.heads_kv, lo, count, seq.q_off, seq.k_off};
@@ -183,7 +183,7 @@ __device__ __forceinline__ Walk walk_of(const detail::BwdParams& p, const BwdSeq
 // they start past its end: the CTA then has nothing to do, once past D's grid (which the dQ kernel
 // reads).
 template <class Cfg>
-__device__ __forceinline__ bool cta_sequence(const detail::BwdParams& p, int k0, BwdSeq& seq);
+__device__ __forceinline__ bool cta_sequence(const detail::BwdParams& p, int k0, SeqSpan& seq);
 
 // The dynamic shared memory, its start moved up to 1024 bytes (128-byte swizzle atoms; the layouts
 // keep 1024 bytes of slack for it).
@@ -284,8 +284,8 @@ __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CU
 }
 
 template <class Cfg>
-__device__ __forceinline__ bool cta_sequence(const detail::BwdParams& p, int k0, BwdSeq& seq) {
-  seq = bwd_seq<Cfg::kVarlen>(p, blockIdx.z);
+__device__ __forceinline__ bool cta_sequence(const detail::BwdParams& p, int k0, SeqSpan& seq) {
+  seq = seq_span<Cfg::kVarlen>(p, blockIdx.z);
   if constexpr (Cfg::kVarlen)
     if (k0 >= seq.k_len) {
       wait_for_delta<Cfg>();
@@ -385,7 +385,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
   [[maybe_unused]] const uint64_t t_entry = Cfg::kTrace ? clock64() : 0;
   char* smem = smem_1024();
   const int k0 = blockIdx.x * kWgKeys;
-  BwdSeq seq;
+  SeqSpan seq;
   if (!cta_sequence<Cfg>(p, k0, seq)) return;
   const Walk walk = walk_of<Cfg::kVarlen>(p, seq, k0, kWgKeys);
   const int b = walk.b, hk = walk.hk, steps = walk.steps();
@@ -732,7 +732,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
       dq_of(steps - 1, h_prev, q0_prev, kTraceSteps);  // (no stamps)
   // dK, dV of the block's real keys.
   // (With varlen the sequence's length and first row read again here, not held through the steps.)
-  const BwdSeq end_seq = bwd_seq<Cfg::kVarlen>(p, b);
+  const SeqSpan end_seq = seq_span<Cfg::kVarlen>(p, b);
   const int key0 = k0 + wg * 64, valid = end_seq.k_len - key0;
   uint16_t* dk_rows = static_cast<uint16_t*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2] +
                       int64_t(end_seq.k_off + key0) * p.dk_stride[1];
@@ -800,7 +800,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   [[maybe_unused]] const uint64_t t_entry = Cfg::kTrace ? clock64() : 0;
   char* smem = smem_1024();
   const int k0 = blockIdx.x * kBlock;
-  BwdSeq seq;
+  SeqSpan seq;
   if (!cta_sequence<Cfg>(p, k0, seq)) return;
   const Walk walk = walk_of<Cfg::kVarlen>(p, seq, k0, kBlock);
   const int b = walk.b, hk = walk.hk, steps = walk.steps();
@@ -947,7 +947,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // dK, dV: keys k0 + 16 warp + g (+ 8), this warpgroup's columns 128 wg + 8j + 2t.
   // (With varlen the sequence's length and first row read again here, not held through the steps.)
-  const BwdSeq end_seq = bwd_seq<Cfg::kVarlen>(p, b);
+  const SeqSpan end_seq = seq_span<Cfg::kVarlen>(p, b);
   const int valid = end_seq.k_len - k0;
   uint16_t* dk_rows = static_cast<uint16_t*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2] +
                       int64_t(end_seq.k_off + k0) * p.dk_stride[1] + 128 * wg;

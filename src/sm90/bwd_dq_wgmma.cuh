@@ -35,7 +35,7 @@ struct DqWgSmem {
 
 // tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows; tm_k, tm_v: K and V
 // in boxes of kDqKeys<kD> rows. kPaired: the workspace's LSE and D interleaved (BwdConfig).
-// kVarlen: the block's rows from its sequence's (bwd_seq), of maps over the packed rows (batch 0).
+// kVarlen: the block's rows from its sequence's (seq_span), of maps over the packed rows (batch 0).
 template <int kD, bool kBF16, bool kPaired = false, bool kVarlen = false>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_dq_wgmma_kernel(const detail::BwdParams p, const __grid_constant__ CUtensorMap tm_q,
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr auto kType = kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
   char* smem = smem_1024();
   const int q0 = blockIdx.x * kDqRows, h = blockIdx.y, b = blockIdx.z, hk = h / (p.heads_q / p.heads_kv);
-  const BwdSeq seq = bwd_seq<kVarlen>(p, b);
+  const SeqSpan seq = seq_span<kVarlen>(p, b);
   if constexpr (kVarlen)
     if (q0 >= seq.q_len) return;  // rows past the sequence's last: nothing
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // dQ of the block's real rows.
-  const BwdSeq end_seq = bwd_seq<kVarlen>(p, b);  // (read again: not held through the steps)
+  const SeqSpan end_seq = seq_span<kVarlen>(p, b);  // (read again: not held through the steps)
   uint16_t* dqp = static_cast<uint16_t*>(p.dq) + b * p.dq_stride[0] + h * p.dq_stride[2];
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {

@@ -27,6 +27,7 @@
 #include "common/bwd_params.h"
 #include "fa4/numerics/exp2.h"
 #include "ptx/sync.h"
+#include "sm90/seq_span.cuh"
 #include "sm90/softmax.cuh"  // pack2
 
 namespace fa4::sm90::bwd {
@@ -131,7 +132,7 @@ struct BwdKnobs {
   // dQ, which the dK/dV kernel does not touch, so it does not wait for the dK/dV grid (shipped).
   bool dq_overlap = true;
   // Variable-length batches (detail::BwdParams::cu_seqlens_q): each CTA's rows from its
-  // sequence's (bwd_seq). Not a measurement knob: the launch picks it for varlen calls.
+  // sequence's (seq_span). Not a measurement knob: the launch picks it for varlen calls.
   bool varlen = false;
 };
 
@@ -274,26 +275,6 @@ struct Visibility {
     return (*this)(q0, k0 + keys - 1) && (*this)(q0 + rows - 1, k0);
   }
 };
-
-// A CTA's sequence: its first query and key rows in the tensors and its lengths. Without varlen
-// the launch's lengths from row 0 of each batch; with it sequence b's entries of cu_seqlens,
-// clamped (as the forward's seq_span) so that entries breaking the API's rules never send an
-// access out of the tensors.
-struct BwdSeq {
-  int q_off, q_len, k_off, k_len;
-};
-template <bool kVarlen>
-__device__ __forceinline__ BwdSeq bwd_seq(const detail::BwdParams& p, int b) {
-  if constexpr (!kVarlen) {
-    return {0, p.seqlen_q, 0, p.seqlen_k};
-  } else {
-    const int q0 = min(max(__ldg(p.cu_seqlens_q + b), 0), p.total_q);
-    const int q1 = min(max(__ldg(p.cu_seqlens_q + b + 1), q0), p.total_q);
-    const int k0 = min(max(__ldg(p.cu_seqlens_k + b), 0), p.total_k);
-    const int k1 = min(max(__ldg(p.cu_seqlens_k + b + 1), k0), p.total_k);
-    return {q0, min(q1 - q0, p.seqlen_q), k0, min(k1 - k0, p.seqlen_k)};
-  }
-}
 
 // The query blocks of kBlock rows that see a key of [k0, k0 + keys): [lo, lo + count), for a
 // sequence of seqlen_q queries and seqlen_k keys.
@@ -444,7 +425,7 @@ __device__ __forceinline__ void load_row_stats(const detail::BwdParams& p, int64
 // kPdl (BwdConfig::kPdl): the dK/dV kernel is this one's programmatic dependent, and may start
 // once every CTA here has; and unless deterministic each CTA also zeroes its share of the (batch,
 // query head)'s accumulator (a CTA's rows x head_dim floats: 2048, eight a thread).
-// kVarlen: sequence b's rows (bwd_seq; the launch's batch strides are 0), its LSE [heads_q,
+// kVarlen: sequence b's rows (seq_span; the launch's batch strides are 0), its LSE [heads_q,
 // total_q]; the workspace keeps rows [batch, heads_q, rows] as without.
 template <int kD, bool kBF16, bool kPaired = false, bool kPdl = false, bool kVarlen = false>
 __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdParams p) {
@@ -463,7 +444,7 @@ __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdPa
     }
   }
   float sum = 0.0f;
-  [[maybe_unused]] const BwdSeq seq = bwd_seq<kVarlen>(p, b);
+  [[maybe_unused]] const SeqSpan seq = seq_span<kVarlen>(p, b);
   if (i < (kVarlen ? seq.q_len : p.seqlen_q)) {
     const uint16_t* o = row0(p.o, p.o_stride, b, h) + ((kVarlen ? seq.q_off : 0) + i) * p.o_stride[1];
     const uint16_t* d = row0(p.dout, p.do_stride, b, h) + ((kVarlen ? seq.q_off : 0) + i) * p.do_stride[1];
@@ -500,7 +481,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dq_convert_kernel(const detail::
   constexpr int kColBlocks = kD / 64;
   const int q0 = int(blockIdx.x / kColBlocks) * 64, col0 = int(blockIdx.x % kColBlocks) * 64;
   const int h = blockIdx.y, b = blockIdx.z;
-  const BwdSeq seq = bwd_seq<kVarlen>(p, b);
+  const SeqSpan seq = seq_span<kVarlen>(p, b);
   const float* piece = dq_piece_at<kD>(p, b, h, q0, col0);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {

@@ -73,7 +73,7 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int 
 // The backward of configuration Cfg (sm90::bwd::BwdConfig): the dK/dV kernel is Cfg's; D's kernel,
 // the conversion and the deterministic dQ kernel are those of Cfg's head dim and dtype.
 // Cfg::kVarlen: a variable-length batch (p.varlen()); the maps run over the packed rows, the
-// kernels get batch strides of 0 and each CTA its sequence's rows (bwd_seq), the grids those of
+// kernels get batch strides of 0 and each CTA its sequence's rows (seq_span), the grids those of
 // the longest sequences (p.seqlen_q, p.seqlen_k).
 template <class Cfg>
 Status launch_backward(const BwdParams& a, cudaStream_t stream) {

@@ -254,25 +254,6 @@ struct FwdKernelParams {
   int total_q, total_k;
 };
 
-// A tile's sequence (SeqSpan, tile_order.cuh). Without varlen the launch's lengths from row 0 of
-// each batch. With it, sequence `batch`'s entries of
-// cu_seqlens, clamped so that a sequence starts where the one before it does at the earliest,
-// ends inside [0, total) and is no longer than the launch's bound (FwdKernelParams::seqlen_q,
-// seqlen_k: the grid's query blocks and the kernel's choice rest on them): entries that break
-// the API's rules never send a load or store out of the tensors.
-template <bool kVarlen>
-__device__ __forceinline__ SeqSpan seq_span(const FwdKernelParams& p, int batch) {
-  if constexpr (!kVarlen) {
-    return {0, p.seqlen_q, 0, p.seqlen_k};
-  } else {
-    const int q0 = min(max(__ldg(p.cu_seqlens_q + batch), 0), p.total_q);
-    const int q1 = min(max(__ldg(p.cu_seqlens_q + batch + 1), q0), p.total_q);
-    const int k0 = min(max(__ldg(p.cu_seqlens_k + batch), 0), p.total_k);
-    const int k1 = min(max(__ldg(p.cu_seqlens_k + batch + 1), k0), p.total_k);
-    return {q0, min(q1 - q0, p.seqlen_q), k0, min(k1 - k0, p.seqlen_k)};
-  }
-}
-
 // K and V loaded as one TMA box a block, the 64-column chunks folded into a box dimension
 // (ptx::map_bshd_16bit_sw128_folded), instead of a box a chunk: a config that derives from
 // FwdConfig and sets kFoldedKV = true (tools/sm90_fwd_probe variants). The shipped ones do not.

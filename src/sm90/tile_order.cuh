@@ -43,13 +43,9 @@
 #include <climits>
 #include <cstdint>
 
-namespace fa4::sm90 {
+#include "sm90/seq_span.cuh"  // a tile's sequence
 
-// A tile's sequence: its first query and key rows in the tensors, and its lengths (the launch's
-// from row 0 of each batch, or a variable-length batch's own: fwd_kernel.cuh, seq_span).
-struct SeqSpan {
-  int q_off, q_len, k_off, k_len;
-};
+namespace fa4::sm90 {
 
 struct Tile {
   int batch, head, m_block;

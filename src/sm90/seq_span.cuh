@@ -1,0 +1,29 @@
+// A variable-length batch's sequence as the forward and backward kernels read it.
+#pragma once
+
+namespace fa4::sm90 {
+
+// A sequence's first query and key rows in the tensors, and its lengths.
+struct SeqSpan {
+  int q_off, q_len, k_off, k_len;
+};
+
+// Without varlen the launch's lengths from row 0 of each batch. With it, sequence `batch`'s entries
+// of cu_seqlens, clamped so that a sequence starts where the one before it does at the earliest,
+// ends inside [0, total) and is no longer than the launch's bound (p.seqlen_q, p.seqlen_k: the
+// grids and the kernels' choice rest on them): entries that break the API's rules never send a
+// load or store out of the tensors. Params: the forward's or the backward's kernel parameters.
+template <bool kVarlen, class Params>
+__device__ __forceinline__ SeqSpan seq_span(const Params& p, int batch) {
+  if constexpr (!kVarlen) {
+    return {0, p.seqlen_q, 0, p.seqlen_k};
+  } else {
+    const int q0 = min(max(__ldg(p.cu_seqlens_q + batch), 0), p.total_q);
+    const int q1 = min(max(__ldg(p.cu_seqlens_q + batch + 1), q0), p.total_q);
+    const int k0 = min(max(__ldg(p.cu_seqlens_k + batch), 0), p.total_k);
+    const int k1 = min(max(__ldg(p.cu_seqlens_k + batch + 1), k0), p.total_k);
+    return {q0, min(q1 - q0, p.seqlen_q), k0, min(k1 - k0, p.seqlen_k)};
+  }
+}
+
+}  // namespace fa4::sm90
