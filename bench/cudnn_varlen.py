@@ -23,6 +23,7 @@ def library():
         path = os.environ.get("FA4_CUDNN_PEER", str(ROOT / "build" / "libfa4_cudnn_peer.so"))
         if not Path(path).is_file():
             raise FileNotFoundError(f"cuDNN peer library not found at {path} (set FA4_CUDNN_PEER)")
+        _preload("libnvrtc.so.*")  # the frontend's runtime-compiled kernels: torch's copy where the loader has none
         lib = ctypes.CDLL(path)
         i64, vp, ci = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
         lib.fa4_cudnn_peer_error.restype = ctypes.c_char_p
@@ -33,6 +34,21 @@ def library():
         lib.fa4_cudnn_peer_backward.argtypes = [vp] * 17
         _lib = lib
     return _lib
+
+
+def _preload(pattern: str) -> None:
+    """Loads the first library matching `pattern` under a site-packages nvidia/ tree (the CUDA wheels
+    torch depends on), so that the peer's own dependency on it resolves; silent where none is."""
+    import glob
+    import sys
+
+    for base in sys.path:
+        for hit in sorted(glob.glob(os.path.join(base, "nvidia", "**", pattern), recursive=True)):
+            try:
+                ctypes.CDLL(hit, mode=ctypes.RTLD_GLOBAL)
+                return
+            except OSError:
+                continue
 
 
 def _check(rc: int, what: str) -> None:
