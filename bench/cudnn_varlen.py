@@ -58,7 +58,9 @@ def _check(rc: int, what: str) -> None:
 
 class CudnnVarlen:
     """One configuration: packed q [total_q, heads_q, d], k and v [total_k, heads_k, d], cu_seqlens
-    int32 on the device. causal is bottom-right (fa4's), as cuDNN's set_causal_mask_bottom_right."""
+    int32 on the device. causal is bottom-right (fa4's): cuDNN's set_causal_mask_bottom_right, or its
+    top-left mask where every sequence has as many keys as queries (the same mask then; self.mask
+    says which ran)."""
 
     def __init__(self, cu_q, cu_k, max_q, max_k, heads_q, heads_k, d, dtype, causal, scale, backward=False):
         lib = library()
@@ -69,9 +71,12 @@ class CudnnVarlen:
         self.off_q = (cu_q.to(torch.int64) * heads_q * d).contiguous()
         self.off_k = (cu_k.to(torch.int64) * heads_k * d).contiguous()
         self.off_stats = (cu_q.to(torch.int64) * heads_q).contiguous()
+        same = torch.equal(self.seq_q, self.seq_k)
+        self.mask = "none" if not causal else "top-left" if same else "bottom-right"
         handle, ws = ctypes.c_void_p(), ctypes.c_int64()
         _check(lib.fa4_cudnn_peer_create(ctypes.byref(handle), int(backward), self.batch, heads_q, heads_k, d,
-                                         int(dtype == torch.float16), max_q, max_k, 2 if causal else 0, scale,
+                                         int(dtype == torch.float16), max_q, max_k,
+                                         {"none": 0, "top-left": 1, "bottom-right": 2}[self.mask], scale,
                                          ctypes.byref(ws)), "create")
         self.handle = handle
         self.workspace = torch.empty(max(ws.value, 1), dtype=torch.uint8, device=cu_q.device)

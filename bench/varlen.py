@@ -1,7 +1,7 @@
 """Variable-length batches: fa4's flash_attn_varlen_func next to its peers in one process.
 
     python3 bench/varlen.py [--op fwd|bwd] [--cases NAME,...] [--providers fa4,padded,fa2,cudnn]
-        [--rounds 3] [--dtype bf16|fp16] [--name WHAT] [--out DIR]
+        [--rounds 3] [--dtype bf16|fp16] [--name WHAT] [--out DIR] [--profile]
 
 Each case packs `count` sequences whose lengths are drawn (seeded) from [lo, hi], the same for
 queries and keys, [total, heads, d] bf16. Providers:
@@ -65,6 +65,27 @@ def visible_pairs(lq, lk, causal):
     return sum(max(0, min(lk, i + off + 1)) for i in range(lq))
 
 
+def kernel_times(fn, calls=10):
+    """GPU time per call of each kernel (and memset/memcpy) fn launches, in microseconds, largest
+    first, from torch.profiler's CUDA activity."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+    from torch.autograd import DeviceType
+
+    times = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:  # the kernels (and memsets) themselves, not the ops above them
+            times[e.name] = times.get(e.name, 0.0) + e.time_range.elapsed_us() / calls
+    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--op", choices=("fwd", "bwd"), default="fwd")
@@ -74,6 +95,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     ap.add_argument("--name", default="varlen")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--profile", action="store_true",
+                    help="also record each provider's GPU time per kernel (torch.profiler, 10 calls)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("varlen: no CUDA GPU here; run it on the GPU machine", file=sys.stderr)
@@ -131,6 +154,7 @@ def main(argv=None) -> int:
                 elif p == "cudnn":
                     from cudnn_varlen import CudnnVarlen
                     peer = CudnnVarlen(cu, cu, longest, longest, h, h, d, dtype, causal, scale, a.op == "bwd")
+                    rec["cudnn_mask"] = peer.mask
                     oc, stc = peer.forward(q, k, v)
                     with torch.no_grad():
                         rec["max_diff_vs_fa4"] = (oc.float() - out.float()).abs().max().item()
@@ -197,6 +221,10 @@ def main(argv=None) -> int:
                 return bench_ms(fn, 25, 100), None, None
 
         timed, errors = time_in_rounds(fns, a.rounds, time_one)
+        if a.profile:
+            for p, fn in fns.items():
+                if p not in errors:
+                    recs[p]["kernels_us"] = kernel_times(fn)
         for p, e in errors.items():
             recs[p]["error"] = short(e)
         for p, rec in recs.items():
@@ -227,6 +255,8 @@ def main(argv=None) -> int:
         for p in providers:
             if row.get(p, {}).get("error"):
                 print(f"    {p}: {row[p]['error']}")
+            for kname, us in list(row.get(p, {}).get("kernels_us", {}).items())[:6]:
+                print(f"    {p} {us:9.1f} us  {kname[:110]}")
     return 1 if failed else 0
 
 

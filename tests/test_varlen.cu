@@ -395,6 +395,8 @@ void run_varlen_backward(const VarlenCase& c, uint32_t seed, bool deterministic)
   ASSERT_TRUE(st.ok()) << st.message;
   fa4_test::DeviceBuffer ws;
   CUDA_OK(cudaMalloc(&ws.ptr, std::max<size_t>(b.workspace_bytes, 16)));
+  // Poisoned (NaN): the backward must clear whatever of the dQ accumulator it adds into.
+  CUDA_OK(cudaMemset(ws.ptr, 0xff, std::max<size_t>(b.workspace_bytes, 16)));
   b.workspace = ws.ptr;
   st = fa4::backward(b, nullptr);
   ASSERT_TRUE(st.ok()) << st.message;

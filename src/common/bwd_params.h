@@ -7,6 +7,9 @@
 
 namespace fa4::detail {
 
+// Rows of the fp32 dQ accumulator are rounded up to this many (the backward kernel's row tile).
+inline constexpr int64_t kDqAccumRowAlign = 128;
+
 struct BwdParams {
   DType dtype;
   const void *q, *k, *v, *o, *dout;

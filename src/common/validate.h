@@ -29,9 +29,6 @@ Status check_current_device();
 // Checks args.problem alone (sizes, dtype, head_dim, scale, window); the tensors are not read.
 Status validate_problem(const Problem& p);
 
-// Rows of the fp32 dQ accumulator are rounded up to this many (the backward kernel's row tile).
-inline constexpr int64_t kDqAccumRowAlign = 128;
-
 // Bytes of workspace that backward needs: the fp32 dQ accumulator and two fp32 a row, for
 // D = rowsum(dO * O) and the LSE in log2 units:
 // batch * round_up(seqlen_q, kDqAccumRowAlign) * heads_q * (head_dim + 2) * 4.

@@ -426,15 +426,23 @@ __device__ __forceinline__ void load_row_stats(const detail::BwdParams& p, int64
 // once every CTA here has; and unless deterministic each CTA also zeroes its share of the (batch,
 // query head)'s accumulator (a CTA's rows x head_dim floats: 2048, eight a thread).
 // kVarlen: sequence b's rows (seq_span; the launch's batch strides are 0), its LSE [heads_q,
-// total_q]; the workspace keeps rows [batch, heads_q, rows] as without.
+// total_q]; the workspace keeps rows [batch, heads_q, rows] as without. Only the sequence's rows
+// rounded up to kDqAccumRowAlign are read by the kernels after this one, so a CTA past them does
+// nothing; the others zero their share of the accumulator with or without kPdl (the launch clears
+// none of it: on short sequences most of the longest one's rows lie past every other's end).
 template <int kD, bool kBF16, bool kPaired = false, bool kPdl = false, bool kVarlen = false>
 __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdParams p) {
   constexpr int kLanes = kD / 8;  // lanes a row
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int i = blockIdx.x * kDeltaRowsPerCta<kD> + warp * (32 / kLanes) + lane / kLanes;
   const int h = blockIdx.y, b = blockIdx.z, c = (lane % kLanes) * 8;
-  if constexpr (kPdl) {
-    cudaTriggerProgrammaticLaunchCompletion();
+  if constexpr (kPdl) cudaTriggerProgrammaticLaunchCompletion();
+  [[maybe_unused]] const SeqSpan seq = seq_span<kVarlen>(p, b);
+  if constexpr (kVarlen) {
+    constexpr int kAlign = int(detail::kDqAccumRowAlign);
+    if (int(blockIdx.x) * kDeltaRowsPerCta<kD> >= (seq.q_len + kAlign - 1) / kAlign * kAlign) return;
+  }
+  if constexpr (kPdl || kVarlen) {
     if (!p.deterministic) {
       constexpr int kShare = kDeltaRowsPerCta<kD> * kD;
       static_assert(kShare == 2 * 4 * kThreads, "a CTA's share of the accumulator: two float4 a thread");
@@ -444,7 +452,6 @@ __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdPa
     }
   }
   float sum = 0.0f;
-  [[maybe_unused]] const SeqSpan seq = seq_span<kVarlen>(p, b);
   if (i < (kVarlen ? seq.q_len : p.seqlen_q)) {
     const uint16_t* o = row0(p.o, p.o_stride, b, h) + ((kVarlen ? seq.q_off : 0) + i) * p.o_stride[1];
     const uint16_t* d = row0(p.dout, p.do_stride, b, h) + ((kVarlen ? seq.q_off : 0) + i) * p.do_stride[1];

@@ -105,7 +105,7 @@ Status launch_backward(const BwdParams& a, cudaStream_t stream) {
     if (s.ok()) s = bwd_map_tensor(&tm_vc, "v", a.v, a.v_stride, a, rows_k, a.heads_kv, kKeys);
     if (!s.ok()) return s;
   }
-  if (!p.deterministic && !Cfg::kPdl) {  // (else D's kernel zeroes it)
+  if (!p.deterministic && !Cfg::kPdl && !kVarlen) {  // (else D's kernel zeroes it)
     e = cudaMemsetAsync(p.dq_accum, 0, size_t(p.batch) * p.heads_q * p.rows * kD * sizeof(float), stream);
     if (e != cudaSuccess) return bwd_cuda_failure("zeroing the dQ accumulator", e);
   }
