@@ -126,7 +126,26 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
   const Rows rows = rows_of(p, args.varlen);
   if (p.batch == 0 || (rows.q == 0 && rows.k == 0)) return Status::Ok();
   if (!(s = detail::check_current_device()).ok()) return s;
-  if (rows.q > 0 && rows.k > 0) return detail::sm90_backward(detail::make_bwd_params(args), stream);
+  if (rows.q > 0 && rows.k > 0) {
+    if (!(s = detail::sm90_backward(detail::make_bwd_params(args), stream)).ok() || !args.varlen.enabled()) return s;
+    // Rows outside every sequence: their gradient, 0.
+    const Varlen& vl = args.varlen;
+    const struct {
+      const char* what;
+      const TensorRef& t;
+      const int* cu;
+      int64_t total, heads;
+    } sides[] = {{"zeroing dq outside the sequences", args.dq, vl.cu_seqlens_q, vl.total_q, p.heads_q},
+                 {"zeroing dk outside the sequences", args.dk, vl.cu_seqlens_k, vl.total_k, p.heads_kv},
+                 {"zeroing dv outside the sequences", args.dv, vl.cu_seqlens_k, vl.total_k, p.heads_kv}};
+    for (const auto& x : sides) {
+      const int64_t stride[3] = {x.t.batch_stride, x.t.seq_stride, x.t.head_stride};
+      const cudaError_t e = detail::zero_rows_outside(x.t.data, detail::element_size(p.dtype), stride, x.cu, p.batch,
+                                                      x.total, x.heads, p.head_dim, stream);
+      if (e != cudaSuccess) return cuda_failure(x.what, e);
+    }
+    return Status::Ok();
+  }
 
   // One side is empty: the gradients of the other side are 0 (with varlen over every row).
   if (rows.k == 0) return zero("zeroing dq (no keys)", args.dq, rows.shape, rows.q, p.heads_q, stream);

@@ -67,7 +67,8 @@ struct Problem {
 // problem.batch + 1 entries from 0, non-decreasing, ending at most at total_q / total_k;
 // problem.seqlen_q and seqlen_k are the longest sequence's lengths (or any bound above them; they
 // size the grid and pick the kernel). Causal and windows align each sequence's own queries and
-// keys bottom-right. Rows outside every sequence are not written. Entries that break the rules are
+// keys bottom-right. Rows outside every sequence: the forward writes none of them (O, LSE), the
+// backward sets them to 0 in dq, dk and dv (their gradient). Entries that break the rules are
 // clamped on the device (a sequence then reads and writes inside [0, total) only, and none before
 // its start), never read past.
 struct Varlen {
@@ -96,7 +97,7 @@ struct BackwardArgs {
   const float* lse = nullptr;  // from the forward pass, required (with varlen [heads_q, total_q])
   bool deterministic = false;
   // A variable-length batch, as the forward's (Varlen): dout and dq are packed as q, dk and dv as
-  // k; rows outside every sequence are not written.
+  // k; rows outside every sequence get gradients of 0.
   Varlen varlen;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;

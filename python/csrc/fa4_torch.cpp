@@ -24,7 +24,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -380,11 +379,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_varlen_op(
   check_lse(lse, q, {p.heads_q, q.size(0)}, "[heads_q, total_q]", op);
 
   const c10::cuda::CUDAGuard guard(q.device());
-  // Zeros: rows outside every sequence (past the last, say) get no gradient from the kernels, and
-  // autograd takes the whole tensor.
-  at::Tensor dq = at::zeros(q.sizes(), q.options());
-  at::Tensor dk = at::zeros(k.sizes(), k.options());
-  at::Tensor dv = at::zeros(v.sizes(), v.options());
+  // fa4::backward writes every row, those outside every sequence (past the last, say) as zeros.
+  at::Tensor dq = at::empty(q.sizes(), q.options());
+  at::Tensor dk = at::empty(k.sizes(), k.options());
+  at::Tensor dv = at::empty(v.sizes(), v.options());
   fa4::BackwardArgs args;
   args.problem = p;
   args.q = packed_ref(q);

@@ -26,6 +26,22 @@ __global__ void zero_rows(char* base, int64_t batch_stride, int64_t seq_stride,
   }
 }
 
+// The same, over the rows of [0, cu[0]) and [cu[batch], total) (as `total` rows of [heads, dim]).
+__global__ void zero_rows_outside_kernel(char* base, int64_t row_stride, int64_t head_stride, const int* cu,
+                                         int64_t batch, int64_t total, int64_t heads, int64_t vecs_per_row) {
+  const int64_t lo = std::min<int64_t>(std::max(__ldg(cu), 0), total);
+  const int64_t hi = std::min<int64_t>(std::max<int64_t>(__ldg(cu + batch), lo), total);
+  const int64_t n = (lo + total - hi) * heads * vecs_per_row;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t r = i / vecs_per_row;
+    const int64_t vec = i - r * vecs_per_row;
+    const int64_t h = r % heads;
+    r /= heads;
+    if (r >= lo) r += hi - lo;
+    *reinterpret_cast<uint4*>(base + r * row_stride + h * head_stride + vec * 16) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 __global__ void set_floats(float* data, int64_t n, float value) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
@@ -53,6 +69,22 @@ cudaError_t zero_tensor(void* data, int elem_size, const int64_t stride[3], int6
     return cudaErrorInvalidValue;
   zero_rows<<<blocks_for(total), kThreads, 0, stream>>>(static_cast<char*>(data), bs, ss, hs, seq,
                                                         heads, vecs_per_row, total);
+  return cudaGetLastError();
+}
+
+cudaError_t zero_rows_outside(void* data, int elem_size, const int64_t stride[3], const int* cu_seqlens, int64_t batch,
+                              int64_t total, int64_t heads, int64_t dim, cudaStream_t stream) {
+  if (batch <= 0 || total <= 0 || heads <= 0 || dim <= 0) return cudaSuccess;
+  const int64_t row_bytes = dim * elem_size, ss = stride[1] * elem_size, hs = stride[2] * elem_size;
+  if (data == nullptr || cu_seqlens == nullptr || reinterpret_cast<uintptr_t>(data) % 16 != 0 || row_bytes % 16 != 0 ||
+      ss % 16 != 0 || hs % 16 != 0)
+    return cudaErrorInvalidValue;
+  int64_t work = 0;  // at most every row outside
+  if (__builtin_mul_overflow(total, heads, &work) || __builtin_mul_overflow(work, row_bytes / 16, &work))
+    return cudaErrorInvalidValue;
+  // Usually no row is outside: a few blocks find that out; a grid-stride loop does the rest.
+  zero_rows_outside_kernel<<<std::min(blocks_for(work), 264u), kThreads, 0, stream>>>(
+      static_cast<char*>(data), ss, hs, cu_seqlens, batch, total, heads, row_bytes / 16);
   return cudaGetLastError();
 }
 

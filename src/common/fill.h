@@ -15,6 +15,13 @@ namespace fa4::detail {
 cudaError_t zero_tensor(void* data, int elem_size, const int64_t stride[3], int64_t batch,
                         int64_t seq, int64_t heads, int64_t dim, cudaStream_t stream);
 
+// Zeroes the rows of a packed variable-length [total, heads, dim] tensor outside every sequence:
+// [0, cu_seqlens[0]) and [cu_seqlens[batch], total), the entries read on the device (clamped to
+// [0, total]). stride: the element strides of rows (stride[1]) and heads (stride[2]); stride[0]
+// is not read. The same 16-byte rules as zero_tensor.
+cudaError_t zero_rows_outside(void* data, int elem_size, const int64_t stride[3], const int* cu_seqlens, int64_t batch,
+                              int64_t total, int64_t heads, int64_t dim, cudaStream_t stream);
+
 // Sets n contiguous floats to `value`.
 cudaError_t fill_floats(float* data, int64_t n, float value, cudaStream_t stream);
 

@@ -444,11 +444,16 @@ __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdPa
   }
   if constexpr (kPdl || kVarlen) {
     if (!p.deterministic) {
-      constexpr int kShare = kDeltaRowsPerCta<kD> * kD;
-      static_assert(kShare == 2 * 4 * kThreads, "a CTA's share of the accumulator: two float4 a thread");
-      float4* share = reinterpret_cast<float4*>(p.dq_accum + ((int64_t(b) * p.heads_q + h) * p.rows * kD +
-                                                              int64_t(blockIdx.x) * kShare));
-      share[threadIdx.x] = share[threadIdx.x + kThreads] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      // The CTA's rows in each 64-column block of (b, h)'s accumulator (dq_piece_at: the column
+      // blocks outermost, rows x 64 floats each): kRows x 64 floats a block, contiguous; the rows
+      // of a piece are in fragment order, but the CTAs of a 64-row piece clear the whole of it.
+      constexpr int kRows = kDeltaRowsPerCta<kD>, kBlockVecs = kRows * 64 / 4;
+      static_assert(kRows * kD == 2 * 4 * kThreads, "a CTA's share of the accumulator: two float4 a thread");
+      float* bh = p.dq_accum + (int64_t(b) * p.heads_q + h) * p.rows * kD + int64_t(blockIdx.x) * kRows * 64;
+#pragma unroll
+      for (int j = threadIdx.x; j < 2 * kThreads; j += kThreads)
+        reinterpret_cast<float4*>(bh + int64_t(j / kBlockVecs) * p.rows * 64)[j % kBlockVecs] =
+            make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
   float sum = 0.0f;
