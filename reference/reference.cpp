@@ -38,7 +38,7 @@ bool softmax_row64(const Problem& p, const std::vector<double>& q, const std::ve
     const double* kj = &k[kv_index(p, b, j, hk)];
     double dot = 0.0;
     for (int64_t d = 0; d < p.head_dim; ++d) dot += qi[d] * kj[d];
-    s[j] = scale * dot;
+    s[j] = capped_score(p, scale * dot);
     m = std::max(m, s[j]);
   }
   if (m == -kInf) {
@@ -121,9 +121,10 @@ Backward64 backward(const Problem& p, const std::vector<double>& q, const std::v
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
           if (!visible(p, i, j)) continue;
           const int64_t kvo = kv_index(p, b, j, hk);
-          double dpj = 0.0;  // dP_ij = dO_i · V_j
-          for (int64_t d = 0; d < dim; ++d) dpj += doi[d] * v[kvo + d];
-          const double ds = prob[j] * (dpj - D);  // dS_ij = P_ij (dP_ij - D_i)
+          double dpj = 0.0, qk = 0.0;  // dP_ij = dO_i · V_j
+          for (int64_t d = 0; d < dim; ++d) dpj += doi[d] * v[kvo + d], qk += qi[d] * k[kvo + d];
+          // dS_ij = P_ij (dP_ij - D_i), through the soft cap's tanh where there is one
+          const double ds = prob[j] * (dpj - D) * capped_slope(p, scale * qk);
           for (int64_t d = 0; d < dim; ++d) {
             g.dv[kvo + d] += prob[j] * doi[d];    // dV_j += P_ij dO_i
             dqi[d] += scale * ds * k[kvo + d];    // dQ_i += scale dS_ij K_j
@@ -151,7 +152,7 @@ bool softmax_row_lowp(const Problem& p, const std::vector<float>& q, const std::
     const float* kj = &k[kv_index(p, b, j, hk)];
     float dot = 0.0f;  // 16-bit products are exact in fp32; the sum rounds in fp32
     for (int64_t d = 0; d < p.head_dim; ++d) dot += qi[d] * kj[d];
-    s[j] = dot * scale;
+    s[j] = p.softcap > 0.0f ? p.softcap * std::tanh(dot * scale / p.softcap) : dot * scale;
     m = std::max(m, s[j]);
   }
   if (m == -INFINITY) {
@@ -223,9 +224,10 @@ Backward64 backward_lowp(const Problem& p, const std::vector<double>& q64,
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
           if (!visible(p, i, j)) continue;
           const int64_t kvo = kv_index(p, b, j, hk);
-          float dpj = 0.0f;
-          for (int64_t d = 0; d < dim; ++d) dpj += dout[qo + d] * v[kvo + d];
-          const float ds = round_to(t, prob[j] * (dpj - D));
+          float dpj = 0.0f, qk = 0.0f;
+          for (int64_t d = 0; d < dim; ++d) dpj += dout[qo + d] * v[kvo + d], qk += q[qo + d] * k[kvo + d];
+          const float slope = p.softcap > 0.0f ? 1.0f - std::pow(std::tanh(qk * scale / p.softcap), 2.0f) : 1.0f;
+          const float ds = round_to(t, prob[j] * (dpj - D) * slope);
           for (int64_t d = 0; d < dim; ++d) {
             dv[kvo + d] += prob[j] * dout[qo + d];
             dq[qo + d] += scale * ds * k[kvo + d];

@@ -25,6 +25,17 @@ struct Backward64 {
 // The scale applied to q·k: problem.softmax_scale, or 1/sqrt(head_dim) when that is 0.
 double softmax_scale(const Problem& p);
 
+// A scaled score as the softmax takes it: with p.softcap > 0, softcap * tanh(scaled / softcap).
+inline double capped_score(const Problem& p, double scaled) {
+  return p.softcap > 0.0f ? double(p.softcap) * std::tanh(scaled / double(p.softcap)) : scaled;
+}
+// d capped_score / d scaled: 1 - tanh^2 soft-capped, else 1.
+inline double capped_slope(const Problem& p, double scaled) {
+  if (!(p.softcap > 0.0f)) return 1.0;
+  const double t = std::tanh(scaled / double(p.softcap));
+  return 1.0 - t * t;
+}
+
 // Whether query i may attend key j under p's causal/window rules (bottom-right aligned): with
 // shift = seqlen_k - seqlen_q, j >= i + shift - window_left (if window_left >= 0) and
 // j <= i + shift + right, right = window_right (-1: unbounded), min(right, 0) when causal.
@@ -56,7 +67,7 @@ double forward_row(const Problem& p, const Q& q, const K& k, const V& v, int64_t
     if (!visible(p, i, j)) continue;
     double acc = 0;
     for (int64_t d = 0; d < dim; ++d) acc += double(q(b, i, h, d)) * double(k(b, j, hk, d));
-    s[size_t(j)] = acc * scale;
+    s[size_t(j)] = capped_score(p, acc * scale);
     m = std::max(m, s[size_t(j)]);
   }
   std::fill(o, o + dim, 0.0);

@@ -32,6 +32,7 @@ struct OracleParams {
   int64_t batch, seqlen_q, seqlen_k, heads_q, head_dim;
   int64_t group;  // heads_q / heads_kv
   float scale;
+  float softcap;  // 0 = off
   int64_t window_left, window_right;  // -1 = unbounded; causal already folded into the right
 };
 
@@ -40,13 +41,14 @@ __device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 
 // Scaled score of the q row (in shared memory, fp32) against key row `k`, the same in every lane.
 template <class T>
-__device__ float score(const float* q_row, const T* k, int64_t dim, float scale) {
+__device__ float score(const float* q_row, const T* k, int64_t dim, float scale, float softcap) {
   const int lane = threadIdx.x % 32;
   float dot = 0.0f;
   for (int64_t d = lane; d < dim; d += 32) dot = __fmaf_rn(q_row[d], to_f32(k[d]), dot);
   for (int off = 16; off > 0; off /= 2)
     dot = __fadd_rn(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, off));
-  return __fmul_rn(dot, scale);
+  const float s = __fmul_rn(dot, scale);
+  return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;  // (tanhf: the accurate one)
 }
 
 template <class T>
@@ -85,7 +87,7 @@ __global__ void __launch_bounds__(kThreads) oracle_forward(OracleParams p) {
     // Pass 1: the row max.
     float m = -INFINITY;
     for (int64_t j = lo + warp; j <= hi; j += kWarps)
-      m = fmaxf(m, score(q_row, k + j * p.k_stride[1], p.head_dim, p.scale));
+      m = fmaxf(m, score(q_row, k + j * p.k_stride[1], p.head_dim, p.scale, p.softcap));
     if (lane == 0) warp_max[warp] = m;
     __syncthreads();
     m = warp_max[0];
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) oracle_forward(OracleParams p) {
     for (int64_t c = lo; c <= hi; c += kChunk) {
       const int n = static_cast<int>(min(int64_t{kChunk}, hi + 1 - c));
       for (int jj = warp; jj < n; jj += kWarps) {
-        const float s = score(q_row, k + (c + jj) * p.k_stride[1], p.head_dim, p.scale);
+        const float s = score(q_row, k + (c + jj) * p.k_stride[1], p.head_dim, p.scale, p.softcap);
         if (lane == 0) prob[jj] = expf(s - m);
       }
       __syncthreads();
@@ -159,6 +161,7 @@ Status gpu_forward(const ForwardArgs& args, float* o32, float* lse32, cudaStream
   p.group = pr.heads_q / pr.heads_kv;
   p.scale = pr.softmax_scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(pr.head_dim))
                                      : pr.softmax_scale;
+  p.softcap = pr.softcap;
   p.window_left = pr.window_left < 0 ? -1 : pr.window_left;
   p.window_right = pr.window_right < 0 ? -1 : pr.window_right;
   if (pr.causal) p.window_right = p.window_right < 0 ? 0 : std::min<int64_t>(p.window_right, 0);

@@ -171,6 +171,7 @@ fa4::Problem from_c(const fa4_problem& p) {
   r.heads_kv = p.heads_kv;
   r.head_dim = p.head_dim;
   r.softmax_scale = p.softmax_scale;
+  r.softcap = p.softcap;
   r.causal = p.causal != 0;
   r.window_left = p.window_left;
   r.window_right = p.window_right;

@@ -53,6 +53,8 @@ struct Case {
   // Also through the sm90 launch where set: FwdParams::diagonal_last (1 never, 2 the last round, 3
   // every round).
   int diagonal_last = 0;
+  // Problem::softcap (0: off).
+  float softcap = 0.0f;
   // Set: the launch in its place (through FwdParams, with cluster, split, max_ctas and
   // diagonal_last applied).
   fa4::Status (*launch)(const fa4::detail::FwdParams&, cudaStream_t) = nullptr;
@@ -67,7 +69,8 @@ struct Case {
            (key_scale != 1.0 ? " key_scale " + std::to_string(key_scale) : "") +
            (cluster > 0 ? " cluster " + std::to_string(cluster) : "") +
            (split > 0 ? " split " + std::to_string(split) : "") + (max_ctas > 0 ? " ctas " + std::to_string(max_ctas) : "") +
-           (diagonal_last > 0 ? " diagonal_last " + std::to_string(diagonal_last) : "");
+           (diagonal_last > 0 ? " diagonal_last " + std::to_string(diagonal_last) : "") +
+           (softcap > 0 ? " softcap " + std::to_string(softcap) : "");
   }
 };
 
@@ -86,6 +89,7 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
   p.causal = c.causal;
   p.window_left = c.left;
   p.window_right = c.right;
+  p.softcap = c.softcap;
 
   std::mt19937 rng(seed);
   std::normal_distribution<double> normal(0.0, 1.0);
@@ -178,6 +182,29 @@ TEST(ForwardGpu, OddSizesEveryHeadDim) {
   uint32_t seed = 1;
   for (int64_t d : {64, 128, 256})
     for (int64_t s : {1, 17, 128, 239, 1000}) run_case({BF16, 2, s, s, 2, 2, d, false}, seed++);
+}
+
+// Soft-capped scores (Problem::softcap) on every head dim, dtype and bound, keys scaled so that many
+// scores reach the cap's bend; decoding's folded query groups too. The reference applies the cap
+// in float64, so a kernel that skipped it, or capped after the mask, fails.
+TEST(ForwardGpu, SoftcapEveryHeadDimBoundAndDtype) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 700;
+  for (int64_t d : {64, 128, 256})
+    for (auto dt : {BF16, FP16}) {
+      for (auto [sq, sk] : {std::pair<int64_t, int64_t>{17, 239}, {300, 300}, {1000, 128}})
+        for (bool causal : {false, true}) {
+          Case c{dt, 2, sq, sk, 4, 2, d, causal};
+          c.key_scale = 6.0, c.softcap = 7.5f;
+          run_case(c, seed++);
+        }
+      Case window{dt, 1, 333, 400, 2, 1, d, false, 100, 20};
+      window.key_scale = 6.0, window.softcap = 30.0f;
+      run_case(window, seed++);
+      Case decode{dt, 3, 1, 1000, 8, 2, d, false};
+      decode.key_scale = 6.0, decode.softcap = 5.0f;
+      run_case(decode, seed++);
+    }
 }
 
 TEST(ForwardGpu, CausalBothDirectionsOfSeqlenMismatch) {

@@ -197,6 +197,30 @@ TEST(Validation, SoftmaxScaleMustBeFiniteAndNonNegative) {
                          {"softmax_scale = -0.5", ">= 0"});
 }
 
+TEST(Validation, SoftcapMustBeFiniteAndNonNegative) {
+  expect_problem_refused([](Problem& p) { p.softcap = std::numeric_limits<float>::quiet_NaN(); },
+                         {"softcap = nan", "finite"});
+  expect_problem_refused([](Problem& p) { p.softcap = std::numeric_limits<float>::infinity(); },
+                         {"softcap = inf", "finite"});
+  expect_problem_refused([](Problem& p) { p.softcap = -1.0f; }, {"softcap = -1", ">= 0"});
+}
+
+// A soft-capped forward is valid; its backward, and varlen with it, are not supported (named).
+TEST(Validation, SoftcapForwardOnly) {
+  ForwardArgs f = valid_forward();
+  f.problem.softcap = 30.0f;
+  const Status fs = fa4::validate(f);
+  EXPECT_TRUE(fs.ok()) << fs.message;
+  BackwardArgs b = valid_backward();
+  b.problem.softcap = 30.0f;
+  const Status bs = fa4::validate(b);
+  EXPECT_EQ(bs.code, StatusCode::kNotSupported) << bs.message;
+  EXPECT_NE(bs.message.find("softcap = 30"), std::string::npos) << bs.message;
+  EXPECT_NE(bs.message.find("backward"), std::string::npos) << bs.message;
+  const Status run = fa4::backward(b, nullptr);  // refused before any device work
+  EXPECT_EQ(run.code, StatusCode::kNotSupported) << run.message;
+}
+
 TEST(Validation, WindowBoundsBelowMinusOne) {
   expect_problem_refused([](Problem& p) { p.window_left = -2; }, {"window_left = -2", "-1"});
   expect_problem_refused([](Problem& p) { p.window_right = -5; }, {"window_right = -5", "-1"});

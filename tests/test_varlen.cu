@@ -90,6 +90,12 @@ TEST(Varlen, RefusalsNameTheArgumentAndTheRule) {
   a = valid_varlen();
   a.problem.head_dim = 96;
   expect_refused(a, "head_dim = 96: supported head dims are 64, 128, 256");
+  // Soft-capping runs on batched calls only.
+  a = valid_varlen();
+  a.problem.softcap = 20.0f;
+  const fa4::Status s = fa4::validate(a);
+  EXPECT_EQ(s.code, fa4::StatusCode::kNotSupported) << s.message;
+  EXPECT_NE(s.message.find("softcap = 20: soft-capping runs on batched calls only"), std::string::npos) << s.message;
 }
 
 TEST(Varlen, BackwardRefusalsNameTheArgument) {

@@ -27,6 +27,7 @@ typedef struct fa4_problem {
   float softmax_scale;
   int causal;
   int64_t window_left, window_right;
+  float softcap;  // 0 = off (fa4::Problem::softcap)
 } fa4_problem;
 
 // Returns a StatusCode; when `message` is non-null, the message (NUL-terminated, truncated to

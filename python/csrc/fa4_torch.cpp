@@ -1,7 +1,8 @@
 // PyTorch operators over fa4, registered with TORCH_LIBRARY so torch.compile sees them as ops:
 //
-//   fa4::fwd(q, k, v, softmax_scale, causal, window_left, window_right, with_lse=True)
-//       -> (out, lse)      (with_lse false: no LSE written, lse empty [0])
+//   fa4::fwd(q, k, v, softmax_scale, causal, window_left, window_right, with_lse=True, softcap=0.0)
+//       -> (out, lse)      (with_lse false: no LSE written, lse empty [0]; softcap > 0: scores
+//       soft-capped, forward only)
 //   fa4::bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
 //            deterministic) -> (dq, dk, dv)
 //   fa4::fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -205,10 +206,10 @@ std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor&
                                             const at::Tensor& v,
                                             std::optional<double> softmax_scale, bool causal,
                                             int64_t window_left, int64_t window_right,
-                                            bool with_lse) {
+                                            bool with_lse, double softcap) {
   const char* op = "fa4::fwd";
-  const fa4::Problem p =
-      check_qkv(q, k, v, softmax_scale, causal, window_left, window_right, op);
+  fa4::Problem p = check_qkv(q, k, v, softmax_scale, causal, window_left, window_right, op);
+  p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty({p.batch, p.seqlen_q, p.heads_q, p.head_dim}, q.options());
   // Without with_lse (an inference call) the kernels write no LSE: lse comes back empty, [0].
@@ -407,7 +408,7 @@ TORCH_LIBRARY(fa4, m) {
   m.set_python_module("fa4");
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal, int window_left, "
-      "int window_right, bool with_lse=True) -> (Tensor out, Tensor lse)");
+      "int window_right, bool with_lse=True, float softcap=0.0) -> (Tensor out, Tensor lse)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "float? softmax_scale, bool causal, int window_left, int window_right, bool deterministic) "

@@ -75,7 +75,7 @@ def _check_fake_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, op: str) 
 
 
 @torch.library.register_fake("fa4::fwd")
-def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, with_lse=True):
+def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, with_lse=True, softcap=0.0):
     _check_fake_qkv(q, k, v, "fa4::fwd")
     b, sq, hq, d = q.shape
     out = q.new_empty((b, sq, hq, d))
@@ -114,9 +114,10 @@ def _bwd_varlen_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
 
 class _FlashAttnFunc(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, window_left, window_right, deterministic):
-        out, lse = torch.ops.fa4.fwd(q, k, v, softmax_scale, causal, window_left, window_right)
+    def forward(ctx, q, k, v, softmax_scale, causal, window_left, window_right, deterministic, softcap):
+        out, lse = torch.ops.fa4.fwd(q, k, v, softmax_scale, causal, window_left, window_right, True, softcap)
         ctx.save_for_backward(q, k, v, out, lse)
+        ctx.softcap = softcap
         ctx.softmax_scale = softmax_scale
         ctx.causal = causal
         ctx.window_left = window_left
@@ -128,6 +129,11 @@ class _FlashAttnFunc(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
+        if ctx.softcap != 0.0:
+            raise NotImplementedError(
+                f"fa4.flash_attn_func: softcap = {ctx.softcap}: the backward of soft-capped attention is not "
+                "implemented (forward only)"
+            )
         # Autograd may hand a broadcast or strided gradient (e.g. of out.sum()); fa4 needs a
         # contiguous head_dim and aligned strides.
         dout = dout.contiguous()
@@ -135,7 +141,7 @@ class _FlashAttnFunc(torch.autograd.Function):
             dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.window_left,
             ctx.window_right, ctx.deterministic,
         )
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 class _FlashAttnVarlenFunc(torch.autograd.Function):
@@ -160,13 +166,17 @@ class _FlashAttnVarlenFunc(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
-def _options(name: str, softmax_scale, window_size, softcap, dropout_p, alibi_slopes):
+def _options(name: str, softmax_scale, window_size, softcap, dropout_p, alibi_slopes, varlen=False):
     """The options flash_attn_func and flash_attn_varlen_func share, checked and normalised for the
-    operators: (softmax_scale as a float or None, window_left, window_right)."""
+    operators: (softmax_scale as a float or None, window_left, window_right, softcap as a float)."""
     _refuse_unimplemented(name, dropout_p, alibi_slopes)
-    if softcap != 0.0:
+    try:
+        softcap = float(softcap)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: softcap = {softcap!r}: must be a float >= 0 (0.0 turns it off)") from None
+    if varlen and softcap != 0.0:
         raise NotImplementedError(
-            f"{name}: softcap = {softcap}: soft-capping is not implemented (softcap must be 0.0)"
+            f"{name}: softcap = {softcap}: soft-capping runs on batched calls only (flash_attn_func), not varlen"
         )
     try:
         left, right = window_size
@@ -176,7 +186,7 @@ def _options(name: str, softmax_scale, window_size, softcap, dropout_p, alibi_sl
             f"{name}: window_size = {window_size!r}: must be a pair (left, right) of ints, -1 for "
             "unbounded"
         ) from None
-    return (None if softmax_scale is None else float(softmax_scale)), left, right
+    return (None if softmax_scale is None else float(softmax_scale)), left, right, softcap
 
 
 def flash_attn_func(
@@ -201,7 +211,8 @@ def flash_attn_func(
     works). heads_q must be a multiple of heads_kv (GQA/MQA).
     softmax_scale: default 1/sqrt(head_dim). causal: bottom-right aligned (query i sees keys
     j <= i + seqlen_k - seqlen_q). window_size: (left, right), -1 = unbounded.
-    softcap: must be 0.0 (soft-capping is not implemented). deterministic: deterministic backward.
+    softcap: > 0 soft-caps each score, softcap * tanh(score / softcap) (Gemma 2); forward only: the
+    backward of a soft-capped call raises NotImplementedError. deterministic: deterministic backward.
     Returns out [batch, seqlen_q, heads_q, head_dim], and with return_lse also the fp32
     log-sum-exp [batch, heads_q, seqlen_q] (natural log; -inf for a row that sees no key). An
     inference call (no gradient needed, return_lse False) has the kernels write no LSE.
@@ -209,19 +220,19 @@ def flash_attn_func(
     dropout_p must be 0.0 and alibi_slopes None (neither is implemented); return_attn_probs is
     return_lse, as in FlashAttention-3 (out, lse).
     """
-    softmax_scale, window_left, window_right = _options(
+    softmax_scale, window_left, window_right, softcap = _options(
         "fa4.flash_attn_func", softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
     return_lse = bool(return_lse or return_attn_probs)
     causal = bool(causal)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if needs_grad:
         out, lse = _FlashAttnFunc.apply(
-            q, k, v, softmax_scale, causal, window_left, window_right, bool(deterministic)
+            q, k, v, softmax_scale, causal, window_left, window_right, bool(deterministic), softcap
         )
     else:
         # Inference: the kernels write an LSE only when the caller asks for it.
         out, lse = torch.ops.fa4.fwd(q, k, v, softmax_scale, causal, window_left, window_right,
-                                     return_lse)
+                                     return_lse, softcap)
     return (out, lse) if return_lse else out
 
 
@@ -252,12 +263,13 @@ def flash_attn_varlen_func(
     against k, v rows cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1. max_seqlen_q, max_seqlen_k: the
     longest sequences' lengths (longer ones are cut to them). causal and window_size align each
     sequence's own queries and keys bottom-right, as flash_attn_func does. Rows of q outside every
-    sequence are not written in out (and get zero gradients). Returns out like q, and with
+    sequence are not written in out (and get zero gradients). softcap must be 0.0 here (soft-capping
+    runs on flash_attn_func's batched calls). Returns out like q, and with
     return_lse the fp32 LSE [heads_q, total_q]. Differentiable (torch.ops.fa4.bwd_varlen);
     deterministic: the backward's deterministic mode.
     """
-    softmax_scale, window_left, window_right = _options(
-        "fa4.flash_attn_varlen_func", softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
+    softmax_scale, window_left, window_right, _ = _options(
+        "fa4.flash_attn_varlen_func", softmax_scale, window_size, softcap, dropout_p, alibi_slopes, varlen=True)
     return_lse = bool(return_lse or return_attn_probs)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         out, lse = _FlashAttnVarlenFunc.apply(

@@ -18,7 +18,10 @@ struct FwdParams {
   int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
   float scale;       // softmax scale
-  float scale_log2;  // scale * log2(e)
+  float scale_log2;  // scale * log2(e); log2(e) alone when soft-capped
+  // Soft-capping (Problem::softcap): S -> softcap * tanh(S * softcap_in), softcap_in = scale /
+  // softcap; softcap 0 = off.
+  float softcap, softcap_in;
   // Visible keys of query i: [i + off - left, i + off + right] with off = seqlen_k - seqlen_q;
   // -1 = unbounded on that side. Causal arrives here as right = 0.
   int window_left, window_right;
@@ -58,5 +61,6 @@ struct FwdParams {
 Status sm90_forward(const FwdParams& p, cudaStream_t stream);
 // The same for a variable-length batch (p.varlen()), which sm90_forward hands on to it.
 Status sm90_forward_varlen(const FwdParams& p, cudaStream_t stream);
+Status sm90_forward_softcap(const FwdParams& p, cudaStream_t stream);
 
 }  // namespace fa4::detail

@@ -247,7 +247,12 @@ Status validate(const ForwardArgs& args) {
   const Problem& p = args.problem;
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
-  if (args.varlen.enabled()) return check_varlen(args);
+  if (args.varlen.enabled()) {
+    if (p.softcap > 0.0f)
+      return {StatusCode::kNotSupported,
+              "softcap = " + str(p.softcap) + ": soft-capping runs on batched calls only, not with varlen"};
+    return check_varlen(args);
+  }
   if (!(s = check_lse(args.lse, p, /*required=*/false)).ok()) return s;
   return check_shared(p, args.q, args.k, args.v, args.o);
 }
@@ -256,6 +261,9 @@ Status validate(const BackwardArgs& args) {
   const Problem& p = args.problem;
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
+  if (p.softcap > 0.0f)
+    return {StatusCode::kNotSupported,
+            "softcap = " + str(p.softcap) + ": the backward of soft-capped attention is not implemented (forward only)"};
   if (args.varlen.enabled()) {
     if (!(s = check_varlen(args)).ok()) return s;
     return check_workspace(args);
@@ -329,6 +337,8 @@ Status validate_problem(const Problem& p) {
   if (!std::isfinite(p.softmax_scale) || p.softmax_scale < 0.0f)
     return invalid("softmax_scale = " + str(p.softmax_scale) +
                    ": must be finite and >= 0 (0 selects 1/sqrt(head_dim))");
+  if (!std::isfinite(p.softcap) || p.softcap < 0.0f)
+    return invalid("softcap = " + str(p.softcap) + ": must be finite and >= 0 (0 turns soft-capping off)");
   if (!(s = check_window("window_left", p.window_left)).ok()) return s;
   return check_window("window_right", p.window_right);
 }
@@ -368,6 +378,13 @@ void set_problem(const Problem& p, Params* k) {
   k->head_dim = static_cast<int>(p.head_dim);
   k->scale = effective_scale(p);
   k->scale_log2 = static_cast<float>(static_cast<double>(k->scale) * 1.4426950408889634);  // log2(e)
+  if constexpr (requires { k->softcap; }) {
+    // Soft-capped: the kernel turns S into softcap * tanh(S * softcap_in), already scaled, so the
+    // softmax's own factor is log2(e) alone.
+    k->softcap = p.softcap;
+    k->softcap_in = p.softcap > 0.0f ? static_cast<float>(double(k->scale) / double(p.softcap)) : 0.0f;
+    if (p.softcap > 0.0f) k->scale_log2 = 1.4426950408889634f;
+  }
   int64_t left = 0, right = 0;
   resolve_window(p, &left, &right);
   k->window_left = static_cast<int>(left);

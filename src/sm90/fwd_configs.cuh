@@ -95,4 +95,27 @@ Status with_varlen_config(const detail::FwdParams& a, F&& f) {
   }
 }
 
+// A configuration with soft-capped scores (fwd_kernel.cuh, softcapped): the same tiles, launched on
+// whole tiles of single CTAs (launch_forward builds no cluster or stream-K kernel for it).
+template <class Base>
+struct SoftcapConfig : Base {
+  static constexpr bool kSoftcap = true;
+};
+
+// The soft-capped configurations (sm90_fwd_softcap.cu), few to keep the kernels built few: d64 on
+// two consumers (128-row tiles; on three ptxas spills 68-76 bytes with the cap), d128 its own,
+// d256 80-key blocks without a bound and 64 under one.
+template <bool kBF16, class F>
+Status with_softcap_config(const detail::FwdParams& a, F&& f) {
+  switch (a.head_dim) {
+    case 64: return f.template operator()<SoftcapConfig<D64Config<kBF16, 2>>>();
+    case 128: return f.template operator()<SoftcapConfig<D128Config<kBF16>>>();
+    case 256:
+      if (tiles_of_one_length(a)) return f.template operator()<SoftcapConfig<D256Config<80, kBF16>>>();
+      return f.template operator()<SoftcapConfig<D256Config<64, kBF16>>>();
+    default:
+      return {StatusCode::kNotSupported, "head_dim = " + std::to_string(a.head_dim) + " has no sm90 kernel"};
+  }
+}
+
 }  // namespace fa4::sm90

@@ -252,7 +252,22 @@ struct FwdKernelParams {
   const int* cu_seqlens_q;
   const int* cu_seqlens_k;
   int total_q, total_k;
+  // Soft-capping (FwdParams::softcap), read by softcapped<Cfg>() kernels only. Last, so that the
+  // other kernels' parameters keep their offsets (d256's serial-step kernel sits at the edge of
+  // its registers, and a shift of the fields above moved ptxas to serialize its wgmma).
+  float softcap, softcap_in;
 };
+
+// Soft-capped scores (Problem::softcap): a config that derives from a shipped one and sets
+// kSoftcap = true (fwd_configs.cuh, SoftcapConfig) turns each block of S into softcap * tanh(S *
+// softcap_in) before its mask and softmax (softmax.cuh, softcap_scores).
+template <class Cfg>
+constexpr bool softcapped() {
+  if constexpr (requires { Cfg::kSoftcap; })
+    return Cfg::kSoftcap;
+  else
+    return false;
+}
 
 // K and V loaded as one TMA box a block, the 64-column chunks folded into a box dimension
 // (ptx::map_bshd_16bit_sw128_folded), instead of a box a chunk: a config that derives from
@@ -992,6 +1007,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   // The mask, then the online-softmax step (sm90/softmax.cuh).
   auto softmax = [&](int n, int first_row, float (&corr)[2]) {
+    if constexpr (softcapped<Cfg>()) softcap_scores(s, p.softcap, p.softcap_in);
     mask(n, first_row);
     softmax_step<kBlockN, Cfg::kPolyEvery, !Cfg::kTensorRowSum>(s, rows, p.scale_log2, p.rescale_threshold, corr);
   };
@@ -1000,6 +1016,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // consumer's rows see (kHalfFirst).
   auto softmax_lower_half = [&](int n, int first_row, float (&corr)[2]) {
     float(&lower)[kBlockN / 4] = reinterpret_cast<float(&)[kBlockN / 4]>(s);
+    if constexpr (softcapped<Cfg>()) softcap_scores(lower, p.softcap, p.softcap_in);
     apply_mask<kBlockN / 2>(lower, bound(), first_row + row0, n * kBlockN + col0, len_q(), len_k());
     softmax_step<kBlockN / 2, Cfg::kPolyEvery, !Cfg::kTensorRowSum>(lower, rows, p.scale_log2, p.rescale_threshold,
                                                                   corr);
@@ -1431,6 +1448,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // measured best.
             bool exact = block_needs_mask<kMaskRows, kBlockN>(blk(n), bound(), first_row + mask_rows_at, len_q(), len_k());
             if (!exact) {
+              if constexpr (softcapped<Cfg>()) softcap_scores(s, p.softcap, p.softcap_in);
               float bsum[2];
               const bool ok = softmax_step_no_max<kBlockN, Cfg::kPolyEvery>(s, bsum, rows, p.scale_log2,
                                                                           kNoMaxSumLimit);

@@ -402,10 +402,12 @@ cudaError_t allow_smem(int device) {
 // refuses them), so none is built.
 // (kVarlen: the kernels with_varlen_config picks, and no others: d256's 80-key blocks without a
 // bound, its 64-key ones under one.)
+// (Soft-capped configs, softcapped<Cfg>(), take the same subset.)
 template <class Cfg, bool kVarlen = false, class F>
 cudaError_t with_whole_tile_kernel(bool uniform, bool causal, F&& f) {
-  constexpr bool kUnbounded = !kVarlen || Cfg::kHeadDim != 256 || Cfg::kBlockN == 80;
-  constexpr bool kBounds = !kVarlen || Cfg::kHeadDim != 256 || Cfg::kBlockN == 64;
+  constexpr bool kSubset = kVarlen || softcapped<Cfg>();
+  constexpr bool kUnbounded = !kSubset || Cfg::kHeadDim != 256 || Cfg::kBlockN == 80;
+  constexpr bool kBounds = !kSubset || Cfg::kHeadDim != 256 || Cfg::kBlockN == 64;
   if (uniform) {
     if constexpr (kUnbounded)
       return f.template operator()<fwd_kernel<Cfg, 1, false, false, false, kVarlen>>();
@@ -480,10 +482,16 @@ inline int dram_gbps(int device) {
 // kVarlen: a variable-length batch (a.varlen()), on single CTAs walking whole tiles: the grid's
 // tiles are those of the longest sequence (a.seqlen_q) in each (batch, head), and the maps run
 // over the packed rows (batch extent 1).
+// Soft-capped configs (softcapped<Cfg>()) run the same way, on whole tiles of single CTAs without
+// clusters or a stream-K tail, so that only their whole-tile kernels are built.
 template <class Cfg, bool kVarlen = false>
 Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t* trace = nullptr) {
+  constexpr bool kWholeTiles = kVarlen || softcapped<Cfg>();
   if (a.varlen() != kVarlen)
     return {StatusCode::kNotSupported, kVarlen ? "the varlen launch needs cu_seqlens" : "varlen goes to its own launch"};
+  if ((a.softcap > 0.0f) != softcapped<Cfg>())
+    return {StatusCode::kNotSupported, a.softcap > 0.0f ? "softcap > 0 needs a soft-capped configuration"
+                                                        : "a soft-capped configuration needs softcap > 0"};
   // With a causal or window bound the whole-tile kernel that carries it (fwd_kernel's kBounded),
   // the causal one with that bound at compile time (kCausal).
   const bool uniform = tiles_of_one_length(a);
@@ -506,7 +514,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   const int64_t m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   // Clusters of two where the problem suits them and the device runs them.
   int pair_clusters = 0;
-  if constexpr (!kVarlen)
+  if constexpr (!kWholeTiles)
     pair_clusters =
         use_cluster_pairs(a, m_blocks) && allow_smem<Cfg, 2>(device) == cudaSuccess ? max_cluster_pairs<Cfg>(device) : 0;
   const int cluster = pair_clusters > 0 ? 2 : 1;
@@ -560,6 +568,8 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   k.head_ratio = a.heads_q / a.heads_kv;
   k.scale_log2 = a.scale_log2;
   k.rescale_threshold = a.rescale_threshold;
+  k.softcap = a.softcap;
+  k.softcap_in = a.softcap_in;
   k.window = tile_window<Cfg::kBlockM>(a);
 
   const int64_t batch_heads = int64_t(a.batch) * a.heads_q;
@@ -598,29 +608,31 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     k.tiles.diagonal_last_from = every_round ? 0 : TileOrder::last_round_first_head(tiles / 2, grid, m_blocks / 2);
   }
   LaunchScratch scratch;
-  if (!kVarlen && uniform && a.schedule != 2 && a.split != 1) {
-    // Every unit takes part, also when there are fewer tiles than units (then every tile is cut).
-    const BlockRange kr = key_block_range<Cfg::kBlockM, Cfg::kBlockN>(k.window, 0, a.seqlen_q, a.seqlen_k);
-    TileOrder order = k.tiles;
-    if (plan_tail_split(order, int(slots), kr.hi - kr.lo, a.split == 2) &&
-        (a.split == 2 || a.seqlen_q > kShortTileRows ||
-         short_tail_split_pays(order.count - order.full, kr.hi - kr.lo, int(slots), a.head_dim)) &&
-        (cluster == 1 ? allow_smem<Cfg, 1, true>(device) : allow_smem<Cfg, 2, true>(device)) == cudaSuccess) {
-      // The piece counters: the stream's own, zero from its last launch, where they fit; else
-      // zeroed scratch before the partials. The partials need no zeroing.
-      const TailScratchLayout layout = tail_scratch_layout<Cfg>(order);
-      int* own = layout.counter_bytes <= detail::kStreamPieceCounters * sizeof(int)
-                     ? detail::stream_counters(device, stream)
-                     : nullptr;
-      e = own != nullptr ? scratch.make(stream, layout.partial_bytes, 0)
-                         : scratch.make(stream, layout.total(), layout.counter_bytes);
-      if (e == cudaSuccess) {
-        k.tiles = order;
-        grid = int(slots) * cluster;
-        k.piece_counters = own != nullptr ? own + detail::kStreamTileCounterInts : reinterpret_cast<int*>(scratch.ptr);
-        k.partials = reinterpret_cast<float*>(own != nullptr ? scratch.ptr : scratch.ptr + layout.partial_offset());
-      } else if (!LaunchScratch::unavailable(e)) {  // (when unavailable: whole tiles only)
-        return {StatusCode::kCudaError, std::string("stream-K scratch: ") + cudaGetErrorString(e)};
+  if constexpr (!kWholeTiles) {  // (no stream-K kernel is built for whole-tile configs)
+    if (uniform && a.schedule != 2 && a.split != 1) {
+      // Every unit takes part, also when there are fewer tiles than units (then every tile is cut).
+      const BlockRange kr = key_block_range<Cfg::kBlockM, Cfg::kBlockN>(k.window, 0, a.seqlen_q, a.seqlen_k);
+      TileOrder order = k.tiles;
+      if (plan_tail_split(order, int(slots), kr.hi - kr.lo, a.split == 2) &&
+          (a.split == 2 || a.seqlen_q > kShortTileRows ||
+           short_tail_split_pays(order.count - order.full, kr.hi - kr.lo, int(slots), a.head_dim)) &&
+          (cluster == 1 ? allow_smem<Cfg, 1, true>(device) : allow_smem<Cfg, 2, true>(device)) == cudaSuccess) {
+        // The piece counters: the stream's own, zero from its last launch, where they fit; else
+        // zeroed scratch before the partials. The partials need no zeroing.
+        const TailScratchLayout layout = tail_scratch_layout<Cfg>(order);
+        int* own = layout.counter_bytes <= detail::kStreamPieceCounters * sizeof(int)
+                       ? detail::stream_counters(device, stream)
+                       : nullptr;
+        e = own != nullptr ? scratch.make(stream, layout.partial_bytes, 0)
+                           : scratch.make(stream, layout.total(), layout.counter_bytes);
+        if (e == cudaSuccess) {
+          k.tiles = order;
+          grid = int(slots) * cluster;
+          k.piece_counters = own != nullptr ? own + detail::kStreamTileCounterInts : reinterpret_cast<int*>(scratch.ptr);
+          k.partials = reinterpret_cast<float*>(own != nullptr ? scratch.ptr : scratch.ptr + layout.partial_offset());
+        } else if (!LaunchScratch::unavailable(e)) {  // (when unavailable: whole tiles only)
+          return {StatusCode::kCudaError, std::string("stream-K scratch: ") + cudaGetErrorString(e)};
+        }
       }
     }
   }
@@ -640,8 +652,8 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     }
   }
   auto launch = [&](const FwdKernelParams& kp, bool split) -> cudaError_t {
-    if constexpr (kVarlen) {
-      return with_whole_tile_kernel<Cfg, true>(uniform, causal, [&]<auto kKernel>() {
+    if constexpr (kWholeTiles) {
+      return with_whole_tile_kernel<Cfg, kVarlen>(uniform, causal, [&]<auto kKernel>() {
         kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
         return cudaGetLastError();
       });

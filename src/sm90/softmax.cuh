@@ -37,6 +37,23 @@ __device__ __forceinline__ float exp2_share(int j, float x) {
   return numerics::exp2_mufu(x);
 }
 
+// Soft-capping of a tile of S before its mask and softmax: s -> cap * tanh(s * in), in = scale /
+// cap (Problem::softcap; the softmax then scales by log2(e) alone). tanh(x) = 1 - 2 / (e^2x + 1)
+// from MUFU's 2^x and reciprocal: about 1e-6 absolute in tanh, where tanh.approx's 2^-11 relative
+// error would move a score near the cap by cap / 2048. The exponent is clamped (tanh(15) is 1 in
+// fp32), so the reciprocal never sees infinity.
+template <int kN>
+__device__ __forceinline__ void softcap_scores(float (&s)[kN], float cap, float in) {
+  const float two_log2e_in = 2.8853900817779268f * in;  // 2 log2(e) in
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    const float e = numerics::exp2_mufu(fminf(s[i] * two_log2e_in, 43.0f));
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(e + 1.0f));
+    s[i] = fmaf(-2.0f * cap, r, cap);
+  }
+}
+
 // The max over the four threads of a quad (they hold one row between them).
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));

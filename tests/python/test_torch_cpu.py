@@ -3,7 +3,7 @@
 - the extension loads and registers torch.ops.fa4.fwd / bwd;
 - CPU tensors are refused with a ValueError naming the tensor;
 - the fake kernels give the outputs' shapes and dtypes (GQA included) and refuse bad shapes;
-- flash_attn_func's own argument checks (softcap, window_size);
+- flash_attn_func's own argument checks (softcap's type, window_size);
 - autograd and torch.compile(fullgraph=True) reach the operators: traced and run on meta tensors,
   which take the fake kernels;
 - flash-attn's other keywords (dropout_p, alibi_slopes refused; return_attn_probs) and its packed
@@ -90,9 +90,9 @@ def test_inference_calls_ask_for_no_lse():
     q, k = meta(2, 64, 8, 128), meta(2, 64, 2, 128)
     with torch.no_grad():
         calls = fwd_calls_traced(lambda q, k: fa4.flash_attn_func(q, k, k, causal=True), q, k)
-        assert len(calls) == 1 and calls[0][-1] is False, calls
+        assert len(calls) == 1 and calls[0][7] is False, calls  # with_lse
         calls = fwd_calls_traced(lambda q, k: fa4.flash_attn_func(q, k, k, return_lse=True)[1], q, k)
-        assert len(calls) == 1 and calls[0][-1] is True, calls
+        assert len(calls) == 1 and calls[0][7] is True, calls
     out = fa4.flash_attn_func(meta(2, 64, 8, 128, grad=True), k, k)
     assert out.grad_fn is not None  # training: the autograd node keeps its LSE for the backward
 
@@ -115,8 +115,9 @@ def test_fake_kernels_refuse_bad_shapes(shapes, pattern):
 
 def test_flash_attn_func_checks_its_own_arguments():
     q = meta(1, 8, 2, 64)
-    with pytest.raises(NotImplementedError, match="softcap"):
-        fa4.flash_attn_func(q, q, q, softcap=30.0)
+    with pytest.raises(ValueError, match="softcap"):
+        fa4.flash_attn_func(q, q, q, softcap="large")
+    assert fa4.flash_attn_func(q, q, q, softcap=30.0).shape == q.shape  # the fake kernel
     with pytest.raises(ValueError, match="window_size"):
         fa4.flash_attn_func(q, q, q, window_size=5)
     with pytest.raises(ValueError, match="window_size"):

@@ -4,7 +4,8 @@
   a plain 16-bit attention, plus 1e-3; relative Frobenius error at most 1e-2), over odd lengths,
   causal (bottom-right), windows, GQA/MQA, BHSD views, bf16 and fp16, one query row (decoding,
   whose query groups fold into tiles); outputs finite, LSE right, -inf for rows that see no key;
-- bad arguments raise ValueError naming the argument, softcap NotImplementedError;
+- bad arguments raise ValueError naming the argument; softcap's forward against the reference,
+  its backward NotImplementedError;
 - torch.compile(fullgraph=True) traces the ops (fake kernels) and matches eager;
 - torch.library.opcheck passes;
 - backward: dq, dk and dv match the reference by the same criterion, in both the default and
@@ -66,7 +67,7 @@ def visible_mask(sq, sk, causal, window, device):
     return m
 
 
-def reference(q, k, v, scale, causal, window, lowp):
+def reference(q, k, v, scale, causal, window, lowp, softcap=0.0):
     """(out, lse) of attention over BSHD tensors.
 
     lowp=False: float64 throughout. lowp=True: the plain implementation in q's dtype, as
@@ -80,6 +81,8 @@ def reference(q, k, v, scale, causal, window, lowp):
     vv = v.repeat_interleave(g, dim=2)
     work = torch.float32 if lowp else torch.float64
     s = torch.einsum("bihd,bjhd->bhij", q.to(work), kk.to(work)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
     mask = visible_mask(sq, sk, causal, window, q.device)
     s = s.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # -inf for a row with no visible key
@@ -269,10 +272,29 @@ def test_invalid_options_raise_value_error(kwargs, pattern):
         fa4.flash_attn_func(q, q, q, **kwargs)
 
 
-def test_softcap_not_implemented():
-    q = bf16(1, 8, 2, 64)
-    with pytest.raises(NotImplementedError, match="softcap"):
-        fa4.flash_attn_func(q, q, q, softcap=30.0)
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_softcap_forward_matches_reference(d, causal):
+    # Scores scaled up so that many reach the cap's bend (|score| ~ softcap).
+    q, k, v = make_inputs(2, 200, 333, 4, 2, d, torch.bfloat16)
+    q = q * 4
+    out, lse = call_or_skip(fa4.flash_attn_func, q, k, v, causal=causal, softcap=5.0, return_lse=True)
+    scale = 1.0 / math.sqrt(d)
+    ref, lse_ref = reference(q, k, v, scale, causal, (-1, -1), lowp=False, softcap=5.0)
+    lp, lse_lp = reference(q, k, v, scale, causal, (-1, -1), lowp=True, softcap=5.0)
+    assert_close_by_criterion(out, lp, ref, "out")
+    assert_lse(lse, lse_lp, lse_ref)
+    plain = fa4.flash_attn_func(q, k, v, causal=causal)
+    assert (plain.double() - out.double()).abs().max().item() > 1e-2, "softcap changed nothing"
+
+
+def test_softcap_backward_not_implemented():
+    q = bf16(1, 8, 2, 64).requires_grad_()
+    out = fa4.flash_attn_func(q, q, q, softcap=30.0)
+    with pytest.raises(NotImplementedError, match="softcap = 30.0"):
+        out.sum().backward()
+    with pytest.raises(ValueError, match="softcap"):
+        fa4.flash_attn_func(q.detach(), q.detach(), q.detach(), softcap=-1.0)
 
 
 # ---------------------------------------------------------------------------------------------
