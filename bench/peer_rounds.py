@@ -35,17 +35,8 @@ TIMINGS = ("do_bench_ms", "graph_ms", "kernel_ms")  # a record's three times of 
 
 def kernel_ms(fn, calls=20):
     """Mean over `calls` calls of the summed CUDA kernel time one call launches (profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    total_us = sum(e.time_range.elapsed_us() for e in kernels)
-    names = sorted({e.name[:60] for e in kernels})
-    return total_us / calls / 1e3, names
+    times = sbs.kernel_times(fn, calls)
+    return sum(times.values()) / 1e3, sorted({name[:60] for name in times})
 
 
 def graph_ms(fn):

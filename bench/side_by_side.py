@@ -183,6 +183,26 @@ def run_meta(script: str, argv) -> dict:
                 shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))}
 
 
+def kernel_times(fn, calls=10):
+    """GPU time per call of each kernel (and memset/memcpy) fn launches, in microseconds, largest
+    first, from torch.profiler's CUDA activity."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+    times = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:  # the kernels (and memsets) themselves, not the ops above them
+            times[e.name] = times.get(e.name, 0.0) + e.time_range.elapsed_us() / calls
+    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+
+
 def write_records(records, out_dir: str, name: str) -> None:
     """records as <out_dir>/<date>-<name>.json, and a copy under $OUT when it is set."""
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")

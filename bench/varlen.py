@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import torch  # noqa: E402
 
 from rounds import summary, time_in_rounds  # noqa: E402
-from side_by_side import DTYPES, bench_ms, check_fa4, run_meta, short, write_records  # noqa: E402
+from side_by_side import DTYPES, bench_ms, check_fa4, kernel_times, run_meta, short, write_records  # noqa: E402
 
 # name: (count, lo, hi, heads, head_dim, causal)
 CASES = {
@@ -63,27 +63,6 @@ def visible_pairs(lq, lk, causal):
     # bottom-right: query i sees keys j <= i + lk - lq
     off = lk - lq
     return sum(max(0, min(lk, i + off + 1)) for i in range(lq))
-
-
-def kernel_times(fn, calls=10):
-    """GPU time per call of each kernel (and memset/memcpy) fn launches, in microseconds, largest
-    first, from torch.profiler's CUDA activity."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with torch.no_grad():
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-    from torch.autograd import DeviceType
-
-    times = {}
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:  # the kernels (and memsets) themselves, not the ops above them
-            times[e.name] = times.get(e.name, 0.0) + e.time_range.elapsed_us() / calls
-    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
 
 
 def main(argv=None) -> int:
