@@ -38,19 +38,16 @@ __device__ __forceinline__ float exp2_share(int j, float x) {
 }
 
 // Soft-capping of a tile of S before its mask and softmax: s -> cap * tanh(s * in), in = scale /
-// cap (Problem::softcap; the softmax then scales by log2(e) alone). tanh(x) = 1 - 2 / (e^2x + 1):
-// e^2x by the FMA pipe's polynomial 2^x (numerics/exp2.h), the reciprocal on MUFU, so the cap adds
-// one MUFU op a score to the softmax's one (MUFU's 2^x as well measured 0.42-0.50 x the uncapped
-// forward at d64, 0.57-0.69 at d128: docs/perf-notes.md). The polynomial's relative error (about
-// 1e-4) moves tanh by at most half that; tanh.approx's 2^-11 would move a score near the cap by
-// cap / 2048. The exponent is clamped (tanh(15) is 1 in fp32), so the reciprocal never sees
-// infinity.
+// cap (Problem::softcap; the softmax then scales by log2(e) alone). tanh(x) = 1 - 2 / (e^2x + 1)
+// from MUFU's 2^x and reciprocal: about 1e-6 absolute in tanh, where tanh.approx's 2^-11 relative
+// error would move a score near the cap by cap / 2048. The exponent is clamped (tanh(15) is 1 in
+// fp32), so the reciprocal never sees infinity.
 template <int kN>
 __device__ __forceinline__ void softcap_scores(float (&s)[kN], float cap, float in) {
   const float two_log2e_in = 2.8853900817779268f * in;  // 2 log2(e) in
 #pragma unroll
   for (int i = 0; i < kN; ++i) {
-    const float e = numerics::exp2_poly(fminf(s[i] * two_log2e_in, 43.0f));
+    const float e = numerics::exp2_mufu(fminf(s[i] * two_log2e_in, 43.0f));
     float r;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(e + 1.0f));
     s[i] = fmaf(-2.0f * cap, r, cap);
