@@ -94,6 +94,7 @@ struct Options {
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
   float scale = 0.0f;
+  float softcap = 0.0f;
   DType dtype = DType::kBF16;
   Layout layout = Layout::kBSHD;
   bool bwd = false, deterministic = false, check = false;
@@ -118,6 +119,7 @@ const char kUsage[] =
     "  --causal         bottom-right aligned causal mask\n"
     "  --window L,R     sliding window, -1 = unbounded on that side\n"
     "  --scale F        softmax scale (default 1/sqrt(d))\n"
+    "  --softcap F      soft-capped scores, F * tanh(score / F) (forward only; default 0: off)\n"
     "  --dtype T        bf16 | fp16 (default bf16)\n"
     "  --layout L       bshd | bhsd (default bshd)\n"
     "  --bwd            backward instead of forward\n"
@@ -209,6 +211,13 @@ Options parse_flags(int argc, char** argv) {
       if (v.empty() || *end != '\0' || !std::isfinite(f) || f <= 0.0f)
         bad_flag(arg, v, "a positive finite number");
       o.scale = f;
+    } else if (arg == "--softcap") {
+      std::string v = next();
+      char* end = nullptr;
+      float f = std::strtof(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !std::isfinite(f) || f < 0.0f)
+        bad_flag(arg, v, "a finite number >= 0 (0 turns it off)");
+      o.softcap = f;
     } else if (arg == "--dtype") {
       std::string v = next();
       if (v == "bf16") o.dtype = DType::kBF16;
@@ -250,6 +259,8 @@ Options parse_flags(int argc, char** argv) {
   }
   if (o.hkv < 0) o.hkv = o.h;
   if (o.sk < 0) o.sk = o.sq;
+  if (o.bwd && o.softcap > 0.0f)
+    bad_flag("--softcap", std::to_string(o.softcap), "0 with --bwd (the backward of soft-capped attention is not implemented)");
   return o;
 }
 
@@ -361,7 +372,9 @@ std::string describe(const Problem& p, bool bwd, Layout l) {
                 bwd ? "bwd" : "fwd", dtype_name(p.dtype), p.batch, p.heads_q, p.heads_kv,
                 p.seqlen_q, p.seqlen_k, p.head_dim, int(p.causal), p.window_left, p.window_right,
                 layout_name(l), double(scale_of(p)));
-  return buf;
+  std::string out = buf;
+  if (p.softcap > 0.0f) out += " softcap=" + std::to_string(p.softcap);
+  return out;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -384,6 +397,9 @@ double row_f64(const RowInputs& in, int64_t b, int64_t h, int64_t i, double* o) 
   return fa4::ref::forward_row(*in.p, reader(in.q), reader(in.k), reader(in.v), b, h, i, o);
 }
 
+// A scaled score as the softmax takes it, in fp32 (fa4::ref::capped_score's).
+float capped(const Problem& p, float scaled) { return p.softcap > 0.0f ? p.softcap * std::tanh(scaled / p.softcap) : scaled; }
+
 float row_lowprec(const RowInputs& in, int64_t b, int64_t h, int64_t i, float* o) {
   const Problem& p = *in.p;
   const DType t = p.dtype;
@@ -394,7 +410,7 @@ float row_lowprec(const RowInputs& in, int64_t b, int64_t h, int64_t i, float* o
     if (!fa4::ref::visible(p, i, j)) continue;
     float acc = 0;
     for (int64_t d = 0; d < D; ++d) acc += in.q.at(b, i, h, d) * in.k.at(b, j, hk, d);
-    s[size_t(j)] = acc * in.scale;
+    s[size_t(j)] = capped(p, acc * in.scale);
     m = std::max(m, s[size_t(j)]);
   }
   std::vector<float> acc(size_t(D), 0.0f);
@@ -432,7 +448,7 @@ float row_emulated(const RowInputs& in, int64_t b, int64_t h, int64_t i, float* 
       if (fa4::ref::visible(p, i, j)) {
         float a = 0;
         for (int64_t d = 0; d < D; ++d) a += in.q.at(b, i, h, d) * in.k.at(b, j, hk, d);
-        s = a * scale_log2;
+        s = p.softcap > 0.0f ? capped(p, a * in.scale) * kLog2e : a * scale_log2;
       }
       x[size_t(jj)] = s;
       block_max = std::max(block_max, s);
@@ -1132,6 +1148,7 @@ void write_json(const std::string& path, const std::vector<Record>& recs, const 
                  r.bwd ? "bwd" : "fwd", dtype_name(r.p.dtype), r.p.batch, r.p.heads_q,
                  r.p.heads_kv, r.p.seqlen_q, r.p.seqlen_k, r.p.head_dim,
                  r.p.causal ? "true" : "false", r.p.window_left, r.p.window_right);
+    if (r.p.softcap > 0.0f) std::fprintf(f, "\"softcap\": %.6g, ", double(r.p.softcap));
     if (std::isfinite(r.ms))
       std::fprintf(f, "\"ms\": %.6f, \"tflops\": %.2f, ", r.ms, r.tflops);
     else
@@ -1163,6 +1180,7 @@ Problem problem_from(const Options& o) {
   p.heads_kv = o.hkv;
   p.head_dim = o.d;
   p.softmax_scale = o.scale;
+  p.softcap = o.softcap;
   p.causal = o.causal;
   p.window_left = o.window_left;
   p.window_right = o.window_right;
