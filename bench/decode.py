@@ -32,7 +32,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from rounds import summary, time_in_rounds  # noqa: E402
-from side_by_side import DTYPES, bench_ms, check_fa4, run_meta, short, write_records  # noqa: E402
+from side_by_side import DTYPES, bench_ms, check_fa4, no_gpu, run_meta, short, write_records  # noqa: E402
 
 # (batch, heads_q, heads_kv, seqlen_k, head_dim): Llama-style GQA 32/8 and 64/8, MQA, and each head dim.
 DEFAULT_SHAPES = [
@@ -81,8 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--name", default="decode")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("decode: no CUDA GPU here; run it on the GPU machine", file=sys.stderr)
+    if no_gpu("decode"):
         return 2
     import fa4
 

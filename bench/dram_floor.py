@@ -44,8 +44,7 @@ def main() -> int:
     ap.add_argument("--providers", default="floor,fa4,cudnn,fa2")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("dram_floor: no CUDA GPU here; run it on the GPU machine", file=sys.stderr)
+    if sbs.no_gpu("dram_floor"):
         return 2
 
     b, h = sbs.shape(a.seqlen, a.hdim)

@@ -183,6 +183,14 @@ def run_meta(script: str, argv) -> dict:
                 shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))}
 
 
+def no_gpu(script: str) -> bool:
+    """True, with the message, where there is no CUDA GPU to run `script` on."""
+    if torch.cuda.is_available():
+        return False
+    print(f"{script}: no CUDA GPU here; run it on the GPU machine", file=sys.stderr)
+    return True
+
+
 def kernel_times(fn, calls=10):
     """GPU time per call of each kernel (and memset/memcpy) fn launches, in microseconds, largest
     first, from torch.profiler's CUDA activity."""
@@ -408,8 +416,7 @@ def print_table(records, providers, ops):
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    if not torch.cuda.is_available():
-        print("side_by_side: no CUDA GPU here; run it on the GPU machine", file=sys.stderr)
+    if no_gpu("side_by_side"):
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     dtype = DTYPES[a.dtype]

@@ -28,7 +28,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from rounds import summary, time_in_rounds  # noqa: E402
-from side_by_side import ATOL, REL_FROBENIUS, bench_ms, run_meta, short, write_records  # noqa: E402
+from side_by_side import ATOL, REL_FROBENIUS, bench_ms, no_gpu, run_meta, short, write_records  # noqa: E402
 
 
 def check_softcap(q, k, v, out, causal, cap):
@@ -69,8 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--name", default="softcap")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("softcap: no CUDA GPU here; run it on the GPU machine", file=sys.stderr)
+    if no_gpu("softcap"):
         return 2
     import fa4
 

@@ -20,13 +20,14 @@ queries and keys, [total, heads, d] bf16. Providers:
           peers are checked against fa4's run: fa4 comes first among the providers.
 --op bwd times each provider's backward alone (its forward run once before, for O and the LSE):
 fa4's torch.ops.fa4.bwd_varlen, FA2's aten._flash_attention_backward, cuDNN's backward graph
-(cudnn) or aten._cudnn_attention_backward (cudnn-torch) with the same cu_seqlens, fa4's batched backward on the padded
-tensors; a peer's dQ must agree with fa4's (max |difference| <= 0.05 + 2 % of fa4's largest).
-TFLOP/s count the visible (query, key) pairs of the real sequences alone (4 * pairs * heads * d
-FLOPs forward, 2.5 times that backward), so the providers compare on the same work. fa4's output is checked first against float64
-on the first and last sequence by DESIGN.md §3's criterion. Times are medians of triton's do_bench
-in rounds, the providers' order rotating by round. Writes bench/results/<date>-<what>.json (and a
-copy under $OUT when set) and prints a table.
+(cudnn) or aten._cudnn_attention_backward (cudnn-torch) with the same cu_seqlens, fa4's batched
+backward on the padded tensors; a peer's dQ must agree with fa4's (max |difference| <= 0.05 + 2 %
+of fa4's largest). TFLOP/s count the visible (query, key) pairs of the real sequences alone
+(4 * pairs * heads * d FLOPs forward, 2.5 times that backward), so the providers compare on the
+same work. fa4's output is checked first against float64 on the first and last sequence by
+DESIGN.md §3's criterion. Times are medians of triton's do_bench in rounds, the providers' order
+rotating by round; --profile adds each provider's GPU time per kernel (torch.profiler). Writes
+bench/results/<date>-<what>.json (and a copy under $OUT when set) and prints a table.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import torch  # noqa: E402
 
 from rounds import summary, time_in_rounds  # noqa: E402
-from side_by_side import DTYPES, bench_ms, check_fa4, kernel_times, run_meta, short, write_records  # noqa: E402
+from side_by_side import DTYPES, bench_ms, check_fa4, kernel_times, no_gpu, run_meta, short, write_records  # noqa: E402
 
 # name: (count, lo, hi, heads, head_dim, causal)
 CASES = {
@@ -77,8 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="also record each provider's GPU time per kernel (torch.profiler, 10 calls)")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("varlen: no CUDA GPU here; run it on the GPU machine", file=sys.stderr)
+    if no_gpu("varlen"):
         return 2
     import fa4
 
