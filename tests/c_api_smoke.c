@@ -42,7 +42,14 @@ int main(void) {
                                          sizeof msg);
   printf("fa4_forward_varlen(cu_seqlens_k NULL): %d, %s\n", no_cu_k, msg);
 
-  const int as_documented = ok == 0 && bytes == expect && bad == 1 && null_ok && no_cu_k == 1 &&
-                            strstr(msg, "varlen.cu_seqlens_k = null") != NULL;
+  const int varlen_ok = no_cu_k == 1 && strstr(msg, "varlen.cu_seqlens_k = null") != NULL;
+
+  /* The soft cap is the problem's last field: a negative one is refused, naming it. */
+  p.softcap = -1.0f;
+  const int bad_cap = fa4_backward_workspace_size(&p, &unused, msg, sizeof msg);
+  printf("softcap -1: %d, %s\n", bad_cap, msg);
+  const int cap_ok = bad_cap == 1 && strstr(msg, "softcap = -1") != NULL;
+
+  const int as_documented = ok == 0 && bytes == expect && bad == 1 && null_ok && varlen_ok && cap_ok;
   return as_documented ? 0 : 1;
 }
