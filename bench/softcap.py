@@ -6,8 +6,8 @@
 FA3's shapes (16k tokens a batch, hidden 2048), causal and not, bf16. Providers: fa4 without the
 cap, fa4 with it (fa4-softcap), and cuDNN through torch SDPA without it (the plain problem's
 reference point: torch exposes no soft cap for cuDNN or FA2). fa4-softcap's output is checked first
-against float64 (batch 0, first and last head, the cap applied in float64) by DESIGN.md §3's
-criterion. TFLOP/s count the plain problem's FLOPs. Times are medians of triton's do_bench in
+against float64 (side_by_side.check_fa4 with the cap: batch 0, first and last head) by DESIGN.md
+§3's criterion. TFLOP/s count the plain problem's FLOPs. Times are medians of triton's do_bench in
 rounds, the providers' order rotating by round. Writes bench/results/<date>-<what>.json (and a copy
 under $OUT when set) and prints a table.
 """
@@ -15,7 +15,6 @@ under $OUT when set) and prints a table.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -28,36 +27,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from rounds import summary, time_in_rounds  # noqa: E402
-from side_by_side import ATOL, REL_FROBENIUS, bench_ms, no_gpu, run_meta, short, write_records  # noqa: E402
-
-
-def check_softcap(q, k, v, out, causal, cap):
-    """fa4's soft-capped output against float64 (batch 0, heads 0 and h-1), with the plain 16-bit
-    implementation's error as the bound's measure."""
-    s_q, h, d = q.shape[1], q.shape[2], q.shape[3]
-    err = err_lp = sq_err = sq_ref = 0.0
-    for hh in sorted({0, h - 1}):
-        ref, lp = [], []
-        for work in (torch.float64, torch.float32):
-            s = (q[0, :, hh].to(work) @ k[0, :, hh].to(work).T) / math.sqrt(d)
-            s = cap * torch.tanh(s / cap)
-            if causal:
-                i = torch.arange(s_q, device=q.device)[:, None]
-                j = torch.arange(k.shape[1], device=q.device)[None, :]
-                s = s.masked_fill(j > i + k.shape[1] - s_q, float("-inf"))
-            p = torch.softmax(s, dim=-1)
-            if work == torch.float32:
-                p = p.to(q.dtype).to(work)
-            o = p @ v[0, :, hh].to(work)
-            (ref if work == torch.float64 else lp).append(o if work == torch.float64 else o.to(q.dtype).double())
-        got = out[0, :, hh].double()
-        err = max(err, (got - ref[0]).abs().max().item())
-        err_lp = max(err_lp, (lp[0] - ref[0]).abs().max().item())
-        sq_err += (got - ref[0]).pow(2).sum().item()
-        sq_ref += ref[0].pow(2).sum().item()
-    rel = math.sqrt(sq_err / sq_ref) if sq_ref > 0 else 0.0
-    ok = err <= 2 * err_lp + ATOL and rel <= REL_FROBENIUS
-    return {"pass": ok, "max_abs": err, "max_abs_plain_16bit": err_lp, "rel_frobenius": rel}
+from side_by_side import bench_ms, check_fa4, no_gpu, run_meta, short, write_records  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -95,7 +65,7 @@ def main(argv=None) -> int:
                             "causal": causal, "softcap": a.softcap if p == "fa4-softcap" else 0.0, "ms": None, **meta}
                         for p in fns}
                 with torch.no_grad():
-                    chk = check_softcap(q, k, v, fns["fa4-softcap"](), causal, a.softcap)
+                    chk = check_fa4(q, k, v, fns["fa4-softcap"](), causal, softcap=a.softcap)
                 recs["fa4-softcap"]["check"] = chk
                 failed += not chk["pass"]
 

@@ -152,7 +152,7 @@ bool softmax_row_lowp(const Problem& p, const std::vector<float>& q, const std::
     const float* kj = &k[kv_index(p, b, j, hk)];
     float dot = 0.0f;  // 16-bit products are exact in fp32; the sum rounds in fp32
     for (int64_t d = 0; d < p.head_dim; ++d) dot += qi[d] * kj[d];
-    s[j] = p.softcap > 0.0f ? p.softcap * std::tanh(dot * scale / p.softcap) : dot * scale;
+    s[j] = capped_score(p, dot * scale);
     m = std::max(m, s[j]);
   }
   if (m == -INFINITY) {
@@ -226,8 +226,7 @@ Backward64 backward_lowp(const Problem& p, const std::vector<double>& q64,
           const int64_t kvo = kv_index(p, b, j, hk);
           float dpj = 0.0f, qk = 0.0f;
           for (int64_t d = 0; d < dim; ++d) dpj += dout[qo + d] * v[kvo + d], qk += q[qo + d] * k[kvo + d];
-          const float slope = p.softcap > 0.0f ? 1.0f - std::pow(std::tanh(qk * scale / p.softcap), 2.0f) : 1.0f;
-          const float ds = round_to(t, prob[j] * (dpj - D) * slope);
+          const float ds = round_to(t, prob[j] * (dpj - D) * capped_slope(p, qk * scale));
           for (int64_t d = 0; d < dim; ++d) {
             dv[kvo + d] += prob[j] * dout[qo + d];
             dq[qo + d] += scale * ds * k[kvo + d];

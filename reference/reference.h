@@ -25,15 +25,18 @@ struct Backward64 {
 // The scale applied to q·k: problem.softmax_scale, or 1/sqrt(head_dim) when that is 0.
 double softmax_scale(const Problem& p);
 
-// A scaled score as the softmax takes it: with p.softcap > 0, softcap * tanh(scaled / softcap).
-inline double capped_score(const Problem& p, double scaled) {
-  return p.softcap > 0.0f ? double(p.softcap) * std::tanh(scaled / double(p.softcap)) : scaled;
+// A scaled score as the softmax takes it: with p.softcap > 0, softcap * tanh(scaled / softcap),
+// in T's arithmetic (double for the float64 reference, float for the plain 16-bit one).
+template <class T>
+T capped_score(const Problem& p, T scaled) {
+  return p.softcap > 0.0f ? T(p.softcap) * std::tanh(scaled / T(p.softcap)) : scaled;
 }
 // d capped_score / d scaled: 1 - tanh^2 soft-capped, else 1.
-inline double capped_slope(const Problem& p, double scaled) {
-  if (!(p.softcap > 0.0f)) return 1.0;
-  const double t = std::tanh(scaled / double(p.softcap));
-  return 1.0 - t * t;
+template <class T>
+T capped_slope(const Problem& p, T scaled) {
+  if (!(p.softcap > 0.0f)) return T(1);
+  const T t = std::tanh(scaled / T(p.softcap));
+  return T(1) - t * t;
 }
 
 // Whether query i may attend key j under p's causal/window rules (bottom-right aligned): with

@@ -397,9 +397,6 @@ double row_f64(const RowInputs& in, int64_t b, int64_t h, int64_t i, double* o) 
   return fa4::ref::forward_row(*in.p, reader(in.q), reader(in.k), reader(in.v), b, h, i, o);
 }
 
-// A scaled score as the softmax takes it, in fp32 (fa4::ref::capped_score's).
-float capped(const Problem& p, float scaled) { return p.softcap > 0.0f ? p.softcap * std::tanh(scaled / p.softcap) : scaled; }
-
 float row_lowprec(const RowInputs& in, int64_t b, int64_t h, int64_t i, float* o) {
   const Problem& p = *in.p;
   const DType t = p.dtype;
@@ -410,7 +407,7 @@ float row_lowprec(const RowInputs& in, int64_t b, int64_t h, int64_t i, float* o
     if (!fa4::ref::visible(p, i, j)) continue;
     float acc = 0;
     for (int64_t d = 0; d < D; ++d) acc += in.q.at(b, i, h, d) * in.k.at(b, j, hk, d);
-    s[size_t(j)] = capped(p, acc * in.scale);
+    s[size_t(j)] = fa4::ref::capped_score(p, acc * in.scale);
     m = std::max(m, s[size_t(j)]);
   }
   std::vector<float> acc(size_t(D), 0.0f);
@@ -448,7 +445,7 @@ float row_emulated(const RowInputs& in, int64_t b, int64_t h, int64_t i, float* 
       if (fa4::ref::visible(p, i, j)) {
         float a = 0;
         for (int64_t d = 0; d < D; ++d) a += in.q.at(b, i, h, d) * in.k.at(b, j, hk, d);
-        s = p.softcap > 0.0f ? capped(p, a * in.scale) * kLog2e : a * scale_log2;
+        s = p.softcap > 0.0f ? fa4::ref::capped_score(p, a * in.scale) * kLog2e : a * scale_log2;
       }
       x[size_t(jj)] = s;
       block_max = std::max(block_max, s);

@@ -172,8 +172,15 @@ fa4::Problem check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   return make_problem(q, k, scale, causal, window_left, window_right, op);
 }
 
-at::Tensor workspace(size_t bytes, const at::Tensor& like) {
-  return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+// `bytes` of workspace on like's device set into args; the tensor returned owns it (empty when
+// bytes is 0, args then untouched).
+template <class Args>
+at::Tensor attach_workspace(Args& args, size_t bytes, const at::Tensor& like) {
+  if (bytes == 0) return {};
+  at::Tensor ws = at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+  args.workspace = ws.data_ptr();
+  args.workspace_bytes = bytes;
+  return ws;
 }
 
 // The forward's LSE as a backward takes it: fp32, contiguous, on q's device, of `shape`.
@@ -192,12 +199,7 @@ void check_lse(const at::Tensor& lse, const at::Tensor& q, const std::vector<int
 void run_backward(fa4::BackwardArgs& args, const at::Tensor& q, const char* op) {
   size_t bytes = 0;
   raise_if_error(fa4::backward_workspace_size(args, &bytes), op);
-  at::Tensor ws;
-  if (bytes) {
-    ws = workspace(bytes, q);
-    args.workspace = ws.data_ptr();
-    args.workspace_bytes = bytes;
-  }
+  const at::Tensor ws = attach_workspace(args, bytes, q);
   raise_if_error(fa4::validate(args), op);
   raise_if_error(fa4::backward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), op);
 }
@@ -226,12 +228,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor&
   raise_if_error(fa4::validate(args), op);
   size_t bytes = 0;
   raise_if_error(fa4::forward_workspace_size(args, &bytes), op);
-  at::Tensor ws;
-  if (bytes) {
-    ws = workspace(bytes, q);
-    args.workspace = ws.data_ptr();
-    args.workspace_bytes = bytes;
-  }
+  const at::Tensor ws = attach_workspace(args, bytes, q);
   raise_if_error(fa4::forward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()),
                  op);
   return {out, lse};
