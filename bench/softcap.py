@@ -1,20 +1,25 @@
-"""Soft-capped attention (Problem::softcap): what the cap costs fa4's forward, in one process.
+"""Soft-capped attention (Problem::softcap): what the cap costs fa4, forward or backward, in one
+process.
 
-    python3 bench/softcap.py [--hdims 64,128,256] [--seqlens 1024,4096] [--softcap 30] [--rounds 3]
-        [--name WHAT] [--out DIR]
+    python3 bench/softcap.py [--op fwd|bwd] [--hdims 64,128,256] [--seqlens 1024,4096]
+        [--softcap 30] [--flex-seqlens 4096] [--rounds 3] [--name WHAT] [--out DIR]
 
 FA3's shapes (16k tokens a batch, hidden 2048), causal and not, bf16. Providers: fa4 without the
-cap, fa4 with it (fa4-softcap), and cuDNN through torch SDPA without it (the plain problem's
-reference point: torch exposes no soft cap for cuDNN or FA2). fa4-softcap's output is checked first
-against float64 (side_by_side.check_fa4 with the cap: batch 0, first and last head) by DESIGN.md
-§3's criterion. TFLOP/s count the plain problem's FLOPs. Times are medians of triton's do_bench in
-rounds, the providers' order rotating by round. Writes bench/results/<date>-<what>.json (and a copy
+cap, fa4 with it (fa4-softcap), cuDNN through torch SDPA without it (the plain problem's reference
+point: torch exposes no soft cap for cuDNN or FA2), and with --op bwd FlexAttention with the cap as
+its score_mod (flex-softcap; torch.compile'd, at --flex-seqlens only). fa4-softcap is checked first
+against float64 by DESIGN.md §3's criterion: the forward's output on batch 0, first and last head
+(side_by_side.check_fa4 with the cap); the backward's dQ, dK and dV of batch 0, head 0 (check_grads).
+TFLOP/s count the plain problem's FLOPs (x 2.5 for the backward). Times are medians of triton's
+do_bench in rounds, the providers' order rotating by round; the backward's are of the gradient
+call alone (autograd.grad of a kept graph). Writes bench/results/<date>-<what>.json (and a copy
 under $OUT when set) and prints a table.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -27,22 +32,65 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from rounds import summary, time_in_rounds  # noqa: E402
-from side_by_side import bench_ms, check_fa4, no_gpu, run_meta, short, write_records  # noqa: E402
+from side_by_side import (ATOL, REL_FROBENIUS, bench_ms, causal_mod, check_fa4, flex_attention,  # noqa: E402
+                          no_gpu, run_meta, short, write_records)
+
+
+def capped_attention(q, k, v, causal, softcap, lowp):
+    """out of one head's [s, d] q, k, v with capped scores: float64 throughout (lowp False), or the
+    plain 16-bit form (lowp True: S by a 16-bit matmul, cap and softmax in fp32 rounded back, O by a
+    16-bit matmul), whose every intermediate gradient is rounded too."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    s = (q @ k.T) * scale
+    s = (softcap * torch.tanh((s.float() if lowp else s) / softcap)).to(s.dtype)
+    if causal:
+        n = q.shape[0]
+        s = s.masked_fill(torch.ones(n, k.shape[0], dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    p = torch.softmax(s.float() if lowp else s, dim=-1).to(s.dtype)
+    return p @ v
+
+
+def check_grads(q, k, v, dout, grads, causal, softcap):
+    """fa4's dq, dk, dv (`grads`, [b, s, h, d]) of batch 0, head 0 against float64 autograd, bounded
+    by the plain 16-bit backward's error (DESIGN.md §3). Heads are not grouped here, so head 0's dK
+    and dV come from query head 0 alone."""
+    x = [t[0, :, 0].detach() for t in (q, k, v)]
+    do = dout[0, :, 0]
+    out = {}
+    for name, lowp in (("ref", False), ("lp", True)):
+        leaves = [(t.double() if not lowp else t.clone()).requires_grad_(True) for t in x]
+        o = capped_attention(*leaves, causal, softcap, lowp)
+        out[name] = torch.autograd.grad(o, leaves, do.double() if not lowp else do)
+    res = {"pass": True, "batch": 0, "head": 0}
+    for i, name in enumerate(("dq", "dk", "dv")):
+        g, r, lp = grads[i][0, :, 0].double(), out["ref"][i], out["lp"][i].double()
+        err, err_lp = (g - r).abs().max().item(), (lp - r).abs().max().item()
+        rel = ((g - r).norm() / r.norm()).item() if r.norm() > 0 else 0.0
+        ok = bool(torch.isfinite(g).all()) and err <= 2 * err_lp + ATOL and rel <= REL_FROBENIUS
+        res[name] = {"max_err": err, "bound": 2 * err_lp + ATOL, "lowprec_err": err_lp, "rel_frobenius": rel,
+                     "pass": ok}
+        res["pass"] = res["pass"] and ok
+    return res
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--op", choices=("fwd", "bwd"), default="fwd")
     ap.add_argument("--hdims", default="64,128,256")
     ap.add_argument("--seqlens", default="1024,4096")
     ap.add_argument("--softcap", type=float, default=30.0)
+    ap.add_argument("--flex-seqlens", default="4096", help="seqlens at which flex-softcap runs (--op bwd)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--name", default="softcap")
+    ap.add_argument("--name", default=None, help="default: softcap (fwd), softcap-bwd (bwd)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     a = ap.parse_args(argv)
     if no_gpu("softcap"):
         return 2
     import fa4
 
+    bwd = a.op == "bwd"
+    cap = a.softcap
+    flex_seqlens = {int(x) for x in a.flex_seqlens.split(",") if x}
     meta = run_meta("softcap.py", argv)
     records, failed = [], 0
     for d in (int(x) for x in a.hdims.split(",")):
@@ -50,30 +98,62 @@ def main(argv=None) -> int:
             for causal in (False, True):
                 b, h = max(1, 16384 // s), 2048 // d
                 g = torch.Generator(device="cuda").manual_seed(d * 100003 + s * 2 + causal)
-                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-                flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
-                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                                 for _ in range(4))
+                if bwd:
+                    q, k, v = (x.requires_grad_() for x in (q, k, v))
+                flops = 4.0 * b * h * s * s * d / (2 if causal else 1) * (2.5 if bwd else 1.0)
+                qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(bwd) for x in (q, k, v))
 
                 def cudnn():
                     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                         return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
 
-                fns = {"fa4": lambda: fa4.flash_attn_func(q, k, v, causal=causal),
-                       "fa4-softcap": lambda: fa4.flash_attn_func(q, k, v, causal=causal, softcap=a.softcap),
-                       "cudnn": cudnn}
-                recs = {p: {"op": "fwd", "provider": p, "head_dim": d, "seqlen": s, "batch": b, "heads": h,
-                            "causal": causal, "softcap": a.softcap if p == "fa4-softcap" else 0.0, "ms": None, **meta}
-                        for p in fns}
-                with torch.no_grad():
-                    chk = check_fa4(q, k, v, fns["fa4-softcap"](), causal, softcap=a.softcap)
+                def flex_softcap():
+                    def mod(score, b_, h_, q_idx, kv_idx):
+                        return cap * torch.tanh(score / cap)
+
+                    from torch.nn.attention.flex_attention import create_block_mask
+                    bm = create_block_mask(causal_mod, 1, 1, s, s, device="cuda") if causal else None
+                    return flex_attention()(qt, kt, vt, score_mod=mod, block_mask=bm)
+
+                fwds = {"fa4": lambda: fa4.flash_attn_func(q, k, v, causal=causal),
+                        "fa4-softcap": lambda: fa4.flash_attn_func(q, k, v, causal=causal, softcap=cap),
+                        "cudnn": cudnn}
+                if bwd and s in flex_seqlens:
+                    fwds["flex-softcap"] = flex_softcap
+                recs = {p: {"op": a.op, "provider": p, "head_dim": d, "seqlen": s, "batch": b, "heads": h,
+                            "causal": causal, "softcap": cap if p.endswith("softcap") else 0.0, "ms": None, **meta}
+                        for p in fwds}
+                fns, errors0 = {}, {}
+                if not bwd:
+                    fns = fwds
+                    with torch.no_grad():
+                        chk = check_fa4(q, k, v, fns["fa4-softcap"](), causal, softcap=cap)
+                else:
+                    for p, fwd in fwds.items():
+                        try:
+                            out = fwd()
+                            ins = (q, k, v) if p.startswith("fa4") else (qt, kt, vt)
+                            do = dout if p.startswith("fa4") else dout.transpose(1, 2).contiguous()
+                            fns[p] = (lambda out, ins, do: lambda: torch.autograd.grad(out, ins, do, retain_graph=True))(
+                                out, ins, do)
+                            fns[p]()  # (flex: compiles its backward here)
+                        except Exception as e:  # recorded below
+                            errors0[p] = e
+                            fns.pop(p, None)
+                    chk = check_grads(q, k, v, dout, fns["fa4-softcap"](), causal, cap)
                 recs["fa4-softcap"]["check"] = chk
                 failed += not chk["pass"]
 
                 def time_one(p, fn):
+                    if bwd:
+                        return bench_ms(fn, 25, 100), None, None
                     with torch.no_grad():
                         return bench_ms(fn, 25, 100), None, None
 
                 timed, errors = time_in_rounds(fns, a.rounds, time_one)
+                errors.update(errors0)
                 for p, rec in recs.items():
                     if p in errors:
                         rec["error"] = short(errors[p])
@@ -81,22 +161,26 @@ def main(argv=None) -> int:
                         rec.update(summary(timed[p], a.rounds > 1))
                         rec["tflops"] = flops / (rec["ms"] * 1e-3) / 1e12
                     records.append(rec)
-                del q, k, v, qt, kt, vt
+                del q, k, v, qt, kt, vt, fns, fwds
                 torch.cuda.empty_cache()
 
-    write_records(records, a.out, a.name)
-    print(f"{'d':>4} {'seqlen':>6} {'causal':>6} {'fa4':>8} {'softcap':>8} {'cudnn':>8} {'cap/plain':>9} "
-          f"{'cap/cudnn':>9}  check")
+    write_records(records, a.out, a.name or ("softcap-bwd" if bwd else "softcap"))
+    cols = ("fa4", "fa4-softcap", "cudnn") + (("flex-softcap",) if bwd else ())
+    print(f"{a.op}: TFLOP/s")
+    print(f"{'d':>4} {'seqlen':>6} {'causal':>6} {'fa4':>8} {'softcap':>8} {'cudnn':>8}" +
+          (f" {'flex-cap':>8}" if bwd else "") + f" {'cap/plain':>9} {'cap/cudnn':>9}" +
+          (f" {'cap/flex':>9}" if bwd else "") + "  check")
     by = {}
     for r in records:
         by.setdefault((r["head_dim"], r["seqlen"], r["causal"]), {})[r["provider"]] = r
     for (d, s, causal), row in by.items():
         t = {p: row[p].get("tflops") for p in row}
-        cells = " ".join(f"{t[p]:8.1f}" if t.get(p) else f"{'-':>8}" for p in ("fa4", "fa4-softcap", "cudnn"))
-        r1 = f"{t['fa4-softcap'] / t['fa4']:9.2f}" if t.get("fa4") and t.get("fa4-softcap") else f"{'-':>9}"
-        r2 = f"{t['fa4-softcap'] / t['cudnn']:9.2f}" if t.get("cudnn") and t.get("fa4-softcap") else f"{'-':>9}"
+        cells = " ".join(f"{t[p]:8.1f}" if t.get(p) else f"{'-':>8}" for p in cols)
+        ratios = ""
+        for peer in ("fa4", "cudnn") + (("flex-softcap",) if bwd else ()):
+            ratios += f" {t['fa4-softcap'] / t[peer]:9.2f}" if t.get(peer) and t.get("fa4-softcap") else f" {'-':>9}"
         chk = row["fa4-softcap"].get("check", {}).get("pass")
-        print(f"{d:>4} {s:>6} {str(causal):>6} {cells} {r1} {r2}  {'PASS' if chk else 'FAIL'}")
+        print(f"{d:>4} {s:>6} {str(causal):>6} {cells}{ratios}  {'PASS' if chk else 'FAIL'}")
     return 1 if failed else 0
 
 

@@ -51,6 +51,10 @@ struct Case {
   // The public call captured into a CUDA graph on a stream of its own, and the graph launched
   // twice, the gradients and the workspace poisoned before each launch (the second one's checked).
   bool captured = false;
+  // Problem::softcap (0: off), and K's entries scaled by key_scale so that many scores reach the
+  // cap's bend.
+  float softcap = 0.0f;
+  double key_scale = 1.0;
 
   fa4::Problem problem() const {
     fa4::Problem p = fa4::test::make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype);
@@ -58,6 +62,7 @@ struct Case {
     p.causal = causal;
     p.window_left = left;
     p.window_right = right;
+    p.softcap = softcap;
     return p;
   }
   std::string name() const {
@@ -66,7 +71,8 @@ struct Case {
            " sk" + std::to_string(seqlen_k) + " h" + std::to_string(heads_q) + "/" + std::to_string(heads_kv) +
            " d" + std::to_string(head_dim) + (causal ? " causal" : "") + " win(" + std::to_string(left) + "," +
            std::to_string(right) + ") " + kLayouts[int(layout)] +
-           (scale != 0.0f ? " scale " + std::to_string(scale) : "") + (deterministic ? " deterministic" : "");
+           (scale != 0.0f ? " scale " + std::to_string(scale) : "") + (deterministic ? " deterministic" : "") +
+           (softcap > 0 ? " softcap " + std::to_string(softcap) + " keys x" + std::to_string(key_scale) : "");
   }
 };
 
@@ -90,6 +96,7 @@ Reference make_reference(const Case& c, uint32_t seed) {
   };
   r.q = random(fa4::ref::q_elems(r.p));
   r.k = random(fa4::ref::kv_elems(r.p));
+  for (double& e : r.k) e = fa4::ref::round_to(c.dtype, float(e * c.key_scale));
   r.v = random(fa4::ref::kv_elems(r.p));
   r.dout = random(fa4::ref::q_elems(r.p));
   const fa4::ref::Forward64 f = fa4::ref::forward(r.p, r.q, r.k, r.v);
@@ -408,6 +415,27 @@ TEST(BackwardGpu, ScaleNotDefault) {
   };
   for (Case& c : cases) c.scale = 0.3f;
   run_cases(cases, 600);
+}
+
+TEST(BackwardGpu, Softcap) {
+  FA4_REQUIRE_GPU();
+  // Soft-capped scores (Problem::softcap) on every head dim, dtype and bound, both dQ paths, keys
+  // scaled so that many scores reach the cap's bend: the float64 reference caps each score and
+  // takes dS times the slope 1 - tanh^2, so a kernel that skipped the cap, or its slope, fails.
+  std::vector<Case> cases;
+  for (int64_t d : {64, 128, 256})
+    for (bool det : {false, true}) {
+      Case c{BF16, 2, 239, 300, 4, 2, d, true};
+      c.deterministic = det;
+      cases.push_back(c);
+      Case w{FP16, 1, 300, 257, 2, 1, d, false, 40, 3};
+      w.deterministic = det;
+      cases.push_back(w);
+    }
+  cases.push_back({BF16, 1, 1, 333, 4, 1, 128, true});  // one query row, MQA
+  cases.push_back({BF16, 2, 129, 128, 2, 2, 64, false, -1, -1, Layout::kPadded, 0.3f});  // scale not default
+  for (Case& c : cases) c.softcap = c.scale != 0.0f ? 2.0f : 7.5f, c.key_scale = 4.0;
+  run_cases(cases, 1000);
 }
 
 }  // namespace

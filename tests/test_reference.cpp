@@ -357,6 +357,13 @@ std::vector<GradCase> grad_cases() {
   p = make_problem(1, 4, 4, 6, 2, 2);
   p.causal = true;
   cases.push_back({"gqa_causal", p});
+  // Soft-capped: scores well past the cap's bend (scale 1.3, cap 0.7), where the slope 1 - tanh^2
+  // the backward takes is far from 1.
+  p = make_problem(1, 4, 5, 2, 1, 3);
+  p.softmax_scale = 1.3f;
+  p.softcap = 0.7f;
+  p.causal = true;
+  cases.push_back({"softcap_causal_mqa", p});
   return cases;
 }
 

@@ -205,8 +205,9 @@ TEST(Validation, SoftcapMustBeFiniteAndNonNegative) {
   expect_problem_refused([](Problem& p) { p.softcap = -1.0f; }, {"softcap = -1", ">= 0"});
 }
 
-// A soft-capped forward is valid; its backward, and varlen with it, are not supported (named).
-TEST(Validation, SoftcapForwardOnly) {
+// A soft-capped forward and backward are valid, and the cap reaches the kernels' parameters: S ->
+// softcap * tanh(S * softcap_in), softcap_in = scale / softcap, the softmax's own factor log2(e).
+TEST(Validation, SoftcapForwardAndBackward) {
   ForwardArgs f = valid_forward();
   f.problem.softcap = 30.0f;
   const Status fs = fa4::validate(f);
@@ -214,11 +215,17 @@ TEST(Validation, SoftcapForwardOnly) {
   BackwardArgs b = valid_backward();
   b.problem.softcap = 30.0f;
   const Status bs = fa4::validate(b);
-  EXPECT_EQ(bs.code, StatusCode::kNotSupported) << bs.message;
-  EXPECT_NE(bs.message.find("softcap = 30"), std::string::npos) << bs.message;
-  EXPECT_NE(bs.message.find("backward"), std::string::npos) << bs.message;
-  const Status run = fa4::backward(b, nullptr);  // refused before any device work
-  EXPECT_EQ(run.code, StatusCode::kNotSupported) << run.message;
+  EXPECT_TRUE(bs.ok()) << bs.message;
+  const fa4::detail::BwdParams k = fa4::detail::make_bwd_params(b);
+  const float scale = float(1.0 / std::sqrt(double(b.problem.head_dim)));
+  EXPECT_EQ(k.softcap, 30.0f);
+  EXPECT_FLOAT_EQ(k.softcap_in, scale / 30.0f);
+  EXPECT_FLOAT_EQ(k.scale, scale);  // dS's factor: the softmax scale, the cap's slope apart
+  EXPECT_FLOAT_EQ(k.scale_log2, 1.4426950408889634f);
+  b.problem.softcap = 0.0f;
+  const fa4::detail::BwdParams plain = fa4::detail::make_bwd_params(b);
+  EXPECT_EQ(plain.softcap, 0.0f);
+  EXPECT_FLOAT_EQ(plain.scale_log2, float(scale * 1.4426950408889634));
 }
 
 TEST(Validation, WindowBoundsBelowMinusOne) {

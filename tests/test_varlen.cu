@@ -129,6 +129,11 @@ TEST(Varlen, BackwardRefusalsNameTheArgument) {
   s = fa4::validate(x);
   EXPECT_NE(s.message.find("workspace_bytes = 100: backward needs at least"), std::string::npos) << s.message;
   x = b;
+  x.problem.softcap = 20.0f;  // soft-capping runs on batched calls only, backward as forward
+  s = fa4::validate(x);
+  EXPECT_EQ(s.code, fa4::StatusCode::kNotSupported) << s.message;
+  EXPECT_NE(s.message.find("softcap = 20: soft-capping runs on batched calls only"), std::string::npos) << s.message;
+  x = b;
   x.varlen.cu_seqlens_k = nullptr;
   s = fa4::validate(x);
   EXPECT_NE(s.message.find("varlen.cu_seqlens_k = null"), std::string::npos) << s.message;

@@ -2,9 +2,9 @@
 //
 //   fa4::fwd(q, k, v, softmax_scale, causal, window_left, window_right, with_lse=True, softcap=0.0)
 //       -> (out, lse)      (with_lse false: no LSE written, lse empty [0]; softcap > 0: scores
-//       soft-capped, forward only)
+//       soft-capped)
 //   fa4::bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
-//            deterministic) -> (dq, dk, dv)
+//            deterministic, softcap=0.0) -> (dq, dk, dv)     (softcap: the forward's)
 //   fa4::fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
 //                   softmax_scale, causal, window_left, window_right, with_lse=True) -> (out, lse)
 //       packed sequences: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim],
@@ -237,10 +237,10 @@ std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor&
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_op(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, std::optional<double> softmax_scale, bool causal,
-    int64_t window_left, int64_t window_right, bool deterministic) {
+    int64_t window_left, int64_t window_right, bool deterministic, double softcap) {
   const char* op = "fa4::bwd";
-  const fa4::Problem p =
-      check_qkv(q, k, v, softmax_scale, causal, window_left, window_right, op);
+  fa4::Problem p = check_qkv(q, k, v, softmax_scale, causal, window_left, window_right, op);
+  p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
   check_tensor(out, op, "out", q.device());
   check_tensor(dout, op, "dout", q.device());
   check_same_dtype(out, q, op, "out");
@@ -408,8 +408,8 @@ TORCH_LIBRARY(fa4, m) {
       "int window_right, bool with_lse=True, float softcap=0.0) -> (Tensor out, Tensor lse)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-      "float? softmax_scale, bool causal, int window_left, int window_right, bool deterministic) "
-      "-> (Tensor dq, Tensor dk, Tensor dv)");
+      "float? softmax_scale, bool causal, int window_left, int window_right, bool deterministic, "
+      "float softcap=0.0) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, float? softmax_scale, bool causal, int window_left, int window_right, "

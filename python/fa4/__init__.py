@@ -85,7 +85,7 @@ def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, with_ls
 
 @torch.library.register_fake("fa4::bwd")
 def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
-              deterministic):
+              deterministic, softcap=0.0):
     _check_fake_qkv(q, k, v, "fa4::bwd")
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -129,17 +129,12 @@ class _FlashAttnFunc(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        if ctx.softcap != 0.0:
-            raise NotImplementedError(
-                f"fa4.flash_attn_func: softcap = {ctx.softcap}: the backward of soft-capped attention is not "
-                "implemented (forward only)"
-            )
         # Autograd may hand a broadcast or strided gradient (e.g. of out.sum()); fa4 needs a
         # contiguous head_dim and aligned strides.
         dout = dout.contiguous()
         dq, dk, dv = torch.ops.fa4.bwd(
             dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.window_left,
-            ctx.window_right, ctx.deterministic,
+            ctx.window_right, ctx.deterministic, ctx.softcap,
         )
         return dq, dk, dv, None, None, None, None, None, None
 

@@ -43,9 +43,14 @@ struct BwdParams {
   const int32_t* cu_seqlens_k = nullptr;
   int total_q = 0, total_k = 0;
   bool varlen() const { return cu_seqlens_q != nullptr; }
+  // Soft-capping (Problem::softcap): S -> softcap * tanh(S * softcap_in), softcap_in = scale /
+  // softcap, and scale_log2 then log2(e) alone; softcap 0 = off. Last, as in FwdParams.
+  float softcap = 0.0f, softcap_in = 0.0f;
 };
 
 // Launches the sm90 backward; kNotSupported for configurations it does not cover.
 Status sm90_backward(const BwdParams& p, cudaStream_t stream);
+// The soft-capped backward (p.softcap > 0; batched calls only), in its own translation unit.
+Status sm90_backward_softcap(const BwdParams& p, cudaStream_t stream);
 
 }  // namespace fa4::detail

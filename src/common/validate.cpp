@@ -261,10 +261,10 @@ Status validate(const BackwardArgs& args) {
   const Problem& p = args.problem;
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
-  if (p.softcap > 0.0f)
-    return {StatusCode::kNotSupported,
-            "softcap = " + str(p.softcap) + ": the backward of soft-capped attention is not implemented (forward only)"};
   if (args.varlen.enabled()) {
+    if (p.softcap > 0.0f)
+      return {StatusCode::kNotSupported,
+              "softcap = " + str(p.softcap) + ": soft-capping runs on batched calls only, not with varlen"};
     if (!(s = check_varlen(args)).ok()) return s;
     return check_workspace(args);
   }

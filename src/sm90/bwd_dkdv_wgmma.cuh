@@ -111,17 +111,28 @@ __device__ __forceinline__ void store_rows_direct(const float (&acc)[kCols / 2],
 
 // P^T's pair of S^T elements s0, s1 (key `key`, queries q and q + 1 of 8-query chunk j), in place:
 // 2^(s scale - LSE) from the two queries' log2 LSE l0, l1, zero where `masked` (with_mask) and the
-// query does not see the key; returns the pair packed.
+// query does not see the key; returns the pair packed. Soft-capped (Cfg::kSoftcap) the scores are
+// capped first (softcap_score; p.scale_log2 is then log2(e)), and s0, s1 are left as P times the
+// cap's slope, so that dS^T = s (dP^T - D) scale as without the cap.
 template <class Cfg, class Masked>
-__device__ __forceinline__ uint32_t p_pair(float& s0, float& s1, int j, float l0, float l1, float scale_log2,
-                                           Masked masked, const Visibility& vis, int q, int key) {
-  s0 = exp2_share<Cfg::kPolyEvery>(j, fmaf(s0, scale_log2, -l0));
-  s1 = exp2_share<Cfg::kPolyEvery>(j, fmaf(s1, scale_log2, -l1));
+__device__ __forceinline__ uint32_t p_pair(float& s0, float& s1, int j, float l0, float l1,
+                                           const detail::BwdParams& p, Masked masked, const Visibility& vis, int q,
+                                           int key) {
+  [[maybe_unused]] float slope0 = 1.0f, slope1 = 1.0f;
+  if constexpr (Cfg::kSoftcap) {
+    const float two_log2e_in = softcap_two_log2e(p.softcap_in);
+    const CappedScore c0 = softcap_score(s0, p.softcap, two_log2e_in), c1 = softcap_score(s1, p.softcap, two_log2e_in);
+    s0 = c0.score, s1 = c1.score, slope0 = c0.slope, slope1 = c1.slope;
+  }
+  s0 = exp2_share<Cfg::kPolyEvery>(j, fmaf(s0, p.scale_log2, -l0));
+  s1 = exp2_share<Cfg::kPolyEvery>(j, fmaf(s1, p.scale_log2, -l1));
   if (masked) {
     if (!vis(q, key)) s0 = 0.0f;
     if (!vis(q + 1, key)) s1 = 0.0f;
   }
-  return pack2<Cfg::kBF16>(s0, s1);
+  const uint32_t packed = pack2<Cfg::kBF16>(s0, s1);
+  if constexpr (Cfg::kSoftcap) s0 *= slope0, s1 *= slope1;
+  return packed;
 }
 
 // Rows [0, kRows) of a [seq, kCols] slice into a swizzled tile; rows from `valid` on are zeros.
@@ -625,11 +636,13 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
       load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, walk.q_off, s + 1, walk_step<Cfg>(walk, s + 1, at_next), smem, ring);
 
     // P^T: element 4j + e is key row 16 warp + g (+ 8 for e >= 2), query 8j + 2t + (e & 1).
-    // This thread's queries' LSE (log2 units), read while S^T is computed.
+    // This thread's queries' LSE (log2 units), read while S^T is computed (soft-capped: in the loop,
+    // where the cap's arithmetic needs the registers; held, they made d128 spill).
     const auto stats = RowStats<Cfg::kPairedStats, Cfg::kStatsLds>::template at<kBlock>(sLse, sDelta, buf);
-    float2 lse2[8];
+    constexpr int kLseHeld = Cfg::kSoftcap ? 0 : 8;
+    float2 lse2[kLseHeld > 0 ? kLseHeld : 1];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) lse2[j] = stats.lse2(8 * j + 2 * t);
+    for (int j = 0; j < kLseHeld; ++j) lse2[j] = stats.lse2(8 * j + 2 * t);
     const bool whole = vis.whole(q0, kBlock, k0, kWgKeys);
     wgmma::wait_group<1>();
     wgmma::pin(st);
@@ -640,11 +653,12 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int qc = 8 * j + 2 * t;
-        const float l0 = lse2[j].x, l1 = lse2[j].y;
+        const float2 lj = kLseHeld > 0 ? lse2[j % (kLseHeld > 0 ? kLseHeld : 1)] : stats.lse2(qc);
+        const float l0 = lj.x, l1 = lj.y;
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int kr = wg * 64 + 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
-          pf[2 * j + hr] = p_pair<Cfg>(st[i], st[i + 1], j, l0, l1, p.scale_log2, masked, vis, q0 + qc, k0 + kr);
+          pf[2 * j + hr] = p_pair<Cfg>(st[i], st[i + 1], j, l0, l1, p, masked, vis, q0 + qc, k0 + kr);
         }
       }
     });
@@ -882,7 +896,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int kr = 16 * warp + g + 8 * hr, i = 4 * j + 2 * hr;
-          pv[2 * j + hr] = p_pair<Cfg>(st[i], st[i + 1], j, l0, l1, p.scale_log2, masked, vis, q0 + qc, k0 + kr);
+          pv[2 * j + hr] = p_pair<Cfg>(st[i], st[i + 1], j, l0, l1, p, masked, vis, q0 + qc, k0 + kr);
           if constexpr (!Cfg::kStMatrix) ptx::st_shared_b32(pt_tile + sw128<kBlock>(kr, qc), pv[2 * j + hr]);
         }
       }

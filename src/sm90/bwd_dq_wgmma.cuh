@@ -3,7 +3,8 @@
 // key block, in the forward's frame:
 //
 //   S  = Q K^T,  dP = dO V^T           (wgmma SS, K-major both)
-//   P, dS = P (dP - D) scale            (registers: the accumulator layout is the A operand's)
+//   P, dS = P (dP - D) scale            (registers: the accumulator layout is the A operand's;
+//                                        soft-capped, S capped first and dS times the cap's slope)
 //   dQ += dS K                          (wgmma RS, K MN-major)
 //
 // Key blocks are 64 keys at d64/d128 and 32 at d256 (where 128 rows of Q and dO take 128 KB). Q, dO,
@@ -36,7 +37,8 @@ struct DqWgSmem {
 // tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows; tm_k, tm_v: K and V
 // in boxes of kDqKeys<kD> rows. kPaired: the workspace's LSE and D interleaved (BwdConfig).
 // kVarlen: the block's rows from its sequence's (seq_span), of maps over the packed rows (batch 0).
-template <int kD, bool kBF16, bool kPaired = false, bool kVarlen = false>
+// kSoftcap: soft-capped scores (BwdConfig::kSoftcap), S capped before P and dS times the slope.
+template <int kD, bool kBF16, bool kPaired = false, bool kVarlen = false, bool kSoftcap = false>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_dq_wgmma_kernel(const detail::BwdParams p, const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_k,
@@ -155,8 +157,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = 4 * j + e, hr = e >> 1;
+          [[maybe_unused]] float slope = 1.0f;
+          if constexpr (kSoftcap) {
+            const CappedScore c = softcap_score(sc[i], p.softcap, softcap_two_log2e(p.softcap_in));
+            sc[i] = c.score, slope = c.slope;
+          }
           sc[i] = numerics::exp2_mufu(fmaf(sc[i], p.scale_log2, -row_lse[hr]));
           if (masked && !vis(q0 + wg * 64 + 16 * warp + g + 8 * hr, k0 + 8 * j + 2 * t + (e & 1))) sc[i] = 0.0f;
+          if constexpr (kSoftcap) sc[i] *= slope;  // dS = P slope (dP - D) scale
         }
     });
     wgmma::wait_group<0>();

@@ -134,6 +134,9 @@ struct BwdKnobs {
   // Variable-length batches (detail::BwdParams::cu_seqlens_q): each CTA's rows from its
   // sequence's (seq_span). Not a measurement knob: the launch picks it for varlen calls.
   bool varlen = false;
+  // Soft-capped scores (detail::BwdParams::softcap): S^T capped before P^T, and dS^T times the
+  // cap's slope (softcap_score). Not a measurement knob: the launch picks it for capped calls.
+  bool softcap = false;
 };
 
 // The shipped knobs of head dim d.
@@ -187,6 +190,7 @@ struct BwdConfig {
   static constexpr bool kPdl = K.pdl;
   static constexpr bool kDqOverlap = K.dq_overlap;
   static constexpr bool kVarlen = K.varlen;
+  static constexpr bool kSoftcap = K.softcap;
   static constexpr int kCtaThreads = kThreads + (kLoadIssue == 2 ? 128 : 0);  // the dK/dV kernel's block
   // kLoadIssue 2: the pool is kCtaThreads x 168 registers (65536 / 384, rounded down to 8); the
   // loading warpgroup keeps 24 a thread, the two computing ones get 240.

@@ -83,6 +83,9 @@ Status launch_backward(const BwdParams& a, cudaStream_t stream) {
   constexpr bool kVarlen = Cfg::kVarlen;
   if (a.varlen() != kVarlen)
     return {StatusCode::kNotSupported, kVarlen ? "the varlen backward needs cu_seqlens" : "varlen goes to its own backward"};
+  if ((a.softcap > 0.0f) != Cfg::kSoftcap)
+    return {StatusCode::kNotSupported, a.softcap > 0.0f ? "softcap > 0 needs a soft-capped backward configuration"
+                                                        : "a soft-capped backward configuration needs softcap > 0"};
   BwdParams p = a;
   const int rows_q = kVarlen ? a.total_q : a.seqlen_q, rows_k = kVarlen ? a.total_k : a.seqlen_k;
   if constexpr (kVarlen)
@@ -140,7 +143,7 @@ Status launch_backward(const BwdParams& a, cudaStream_t stream) {
   }
   // Deterministic dQ: on wgmma, 128 query rows a CTA (bwd_dq_wgmma.cuh).
   constexpr int kSmem = DqWgSmem<kD>::kBytes;
-  if ((e = allow_dynamic_smem<bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats, kVarlen>>(device, kSmem)) != cudaSuccess)
+  if ((e = allow_dynamic_smem<bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats, kVarlen, Cfg::kSoftcap>>(device, kSmem)) != cudaSuccess)
     return bwd_cuda_failure("setting the dQ kernel's shared memory", e);
   // Its Q and dO come in 64-column boxes of 64 rows: where the dK/dV kernel took folded maps, the
   // plain ones are made here (the launch above holds its own copy of the parameters).
@@ -155,11 +158,30 @@ Status launch_backward(const BwdParams& a, cudaStream_t stream) {
   if (!s.ok()) return s;
   const unsigned query_blocks = unsigned((p.seqlen_q + kDqRows - 1) / kDqRows);
   // With Cfg::kDqOverlap as the dK/dV kernel's programmatic dependent (BwdKnobs::dq_overlap).
-  e = launch_kernel<Cfg::kDqOverlap>(bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats, kVarlen>,
+  e = launch_kernel<Cfg::kDqOverlap>(bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats, kVarlen, Cfg::kSoftcap>,
                                      dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream, p, tm_q, tm_do, tm_k,
                                      tm_v);
   if (e != cudaSuccess) return bwd_cuda_failure("launching the dQ kernel", e);
   return Status::Ok();
+}
+
+// The shipped configuration of p's head dim in dtype kBF16 (sm90_bwd.cu; soft-capped:
+// sm90_bwd_softcap.cu), for a variable-length batch or not, with soft-capped scores or not.
+template <bool kBF16, bool kVarlen, bool kSoftcap = false>
+Status launch_shipped_backward(const BwdParams& p, cudaStream_t stream) {
+  using sm90::bwd::BwdConfig;
+  using sm90::bwd::BwdKnobs;
+  constexpr auto edit = [](BwdKnobs& k) {
+    k.varlen = kVarlen;
+    k.softcap = kSoftcap;
+  };
+  switch (p.head_dim) {
+    case 64: return launch_backward<BwdConfig<64, kBF16, sm90::bwd::bwd_knobs(64, edit)>>(p, stream);
+    case 128: return launch_backward<BwdConfig<128, kBF16, sm90::bwd::bwd_knobs(128, edit)>>(p, stream);
+    case 256: return launch_backward<BwdConfig<256, kBF16, sm90::bwd::bwd_knobs(256, edit)>>(p, stream);
+    default:
+      return {StatusCode::kNotSupported, "head_dim = " + std::to_string(p.head_dim) + " has no sm90 backward kernel"};
+  }
 }
 
 }  // namespace fa4::detail

@@ -288,13 +288,10 @@ def test_softcap_forward_matches_reference(d, causal):
     assert (plain.double() - out.double()).abs().max().item() > 1e-2, "softcap changed nothing"
 
 
-def test_softcap_backward_not_implemented():
-    q = bf16(1, 8, 2, 64).requires_grad_()
-    out = fa4.flash_attn_func(q, q, q, softcap=30.0)
-    with pytest.raises(NotImplementedError, match="softcap = 30.0"):
-        out.sum().backward()
+def test_softcap_negative_is_refused():
+    q = bf16(1, 8, 2, 64)
     with pytest.raises(ValueError, match="softcap"):
-        fa4.flash_attn_func(q.detach(), q.detach(), q.detach(), softcap=-1.0)
+        fa4.flash_attn_func(q, q, q, softcap=-1.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,18 +424,20 @@ def test_opcheck_bwd():
 # Backward
 
 
-def reference_grads(q, k, v, dout, scale, causal, window, lowp):
+def reference_grads(q, k, v, dout, scale, causal, window, lowp, softcap=0.0):
     """dq, dk, dv of the reference. lowp=False: float64 autograd of reference(). lowp=True: autograd
     of attention computed in q's dtype (S and O by 16-bit matmuls, softmax in fp32 rounded back),
     so every intermediate gradient is rounded too: the plain 16-bit bound FA3 uses."""
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
     if not lowp:
-        out, _ = reference(*(t.double() for t in leaves), scale, causal, window, lowp=False)
+        out, _ = reference(*(t.double() for t in leaves), scale, causal, window, lowp=False, softcap=softcap)
         return torch.autograd.grad(out, leaves, dout.double())
     lq, lk, lv = leaves
     g = q.shape[2] // k.shape[2]
     kk, vv = lk.repeat_interleave(g, dim=2), lv.repeat_interleave(g, dim=2)
     s = torch.einsum("bihd,bjhd->bhij", lq, kk) * scale
+    if softcap > 0:
+        s = (softcap * torch.tanh(s.float() / softcap)).to(q.dtype)
     mask = visible_mask(q.shape[1], k.shape[1], causal, window, q.device)
     s = s.masked_fill(~mask, float("-inf"))
     p = torch.softmax(s.float(), dim=-1).to(q.dtype)
@@ -476,6 +475,26 @@ def test_backward(case, deterministic):
             (q, k, v), dout)
         for name, g, h in zip(("dq", "dk", "dv"), (dq, dk, dv), again):
             assert torch.equal(g, h), f"{name}: deterministic backward gave different bits"
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_softcap_backward(d, deterministic):
+    # Scores scaled up so that many reach the cap's bend, where its slope 1 - tanh^2 is far from 1:
+    # a backward that left the slope out, or capped the wrong scores, fails the float64 bound.
+    q, k, v = make_inputs(2, 200, 333, 4, 2, d, torch.bfloat16, requires_grad=True)
+    with torch.no_grad():
+        q.mul_(4)
+    out = call_or_skip(fa4.flash_attn_func, q, k, v, causal=True, softcap=5.0, deterministic=deterministic)
+    dout = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    scale = 1.0 / math.sqrt(d)
+    ref = reference_grads(q, k, v, dout, scale, True, (-1, -1), lowp=False, softcap=5.0)
+    lp = reference_grads(q, k, v, dout, scale, True, (-1, -1), lowp=True, softcap=5.0)
+    for name, g, r, l in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, lp):
+        assert_close_by_criterion(g, l, r, name)
+    plain = torch.autograd.grad(fa4.flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
+    assert (plain[0].double() - dq.double()).abs().max().item() > 1e-2, "softcap changed nothing in dq"
 
 
 # ---------------------------------------------------------------------------------------------
