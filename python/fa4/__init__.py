@@ -206,8 +206,8 @@ def flash_attn_func(
     works). heads_q must be a multiple of heads_kv (GQA/MQA).
     softmax_scale: default 1/sqrt(head_dim). causal: bottom-right aligned (query i sees keys
     j <= i + seqlen_k - seqlen_q). window_size: (left, right), -1 = unbounded.
-    softcap: > 0 soft-caps each score, softcap * tanh(score / softcap) (Gemma 2); forward only: the
-    backward of a soft-capped call raises NotImplementedError. deterministic: deterministic backward.
+    softcap: > 0 soft-caps each score, softcap * tanh(score / softcap) (Gemma 2), forward and
+    backward. deterministic: deterministic backward.
     Returns out [batch, seqlen_q, heads_q, head_dim], and with return_lse also the fp32
     log-sum-exp [batch, heads_q, seqlen_q] (natural log; -inf for a row that sees no key). An
     inference call (no gradient needed, return_lse False) has the kernels write no LSE.
