@@ -90,12 +90,14 @@ TEST(Varlen, RefusalsNameTheArgumentAndTheRule) {
   a = valid_varlen();
   a.problem.head_dim = 96;
   expect_refused(a, "head_dim = 96: supported head dims are 64, 128, 256");
-  // Soft-capping runs on batched calls only.
+  // Soft-capping runs with varlen too; a bad cap is still named.
   a = valid_varlen();
   a.problem.softcap = 20.0f;
   const fa4::Status s = fa4::validate(a);
-  EXPECT_EQ(s.code, fa4::StatusCode::kNotSupported) << s.message;
-  EXPECT_NE(s.message.find("softcap = 20: soft-capping runs on batched calls only"), std::string::npos) << s.message;
+  EXPECT_TRUE(s.ok()) << s.message;
+  EXPECT_EQ(fa4::detail::make_fwd_params(a).softcap, 20.0f);
+  a.problem.softcap = -2.0f;
+  expect_refused(a, "softcap = -2: must be finite and >= 0");
 }
 
 TEST(Varlen, BackwardRefusalsNameTheArgument) {
@@ -129,10 +131,10 @@ TEST(Varlen, BackwardRefusalsNameTheArgument) {
   s = fa4::validate(x);
   EXPECT_NE(s.message.find("workspace_bytes = 100: backward needs at least"), std::string::npos) << s.message;
   x = b;
-  x.problem.softcap = 20.0f;  // soft-capping runs on batched calls only, backward as forward
+  x.problem.softcap = 20.0f;  // soft-capping runs with varlen, backward as forward
   s = fa4::validate(x);
-  EXPECT_EQ(s.code, fa4::StatusCode::kNotSupported) << s.message;
-  EXPECT_NE(s.message.find("softcap = 20: soft-capping runs on batched calls only"), std::string::npos) << s.message;
+  EXPECT_TRUE(s.ok()) << s.message;
+  EXPECT_EQ(fa4::detail::make_bwd_params(x).softcap, 20.0f);
   x = b;
   x.varlen.cu_seqlens_k = nullptr;
   s = fa4::validate(x);
@@ -186,6 +188,8 @@ struct VarlenCase {
   int spare_heads = 0;    // a head stride past the heads (strided views)
   int schedule = 0;       // FwdParams::schedule / max_ctas through the sm90 launch where set
   int max_ctas = 0;
+  float softcap = 0.0f;   // Problem::softcap, with K's entries scaled by key_scale (the cap's bend)
+  double key_scale = 1.0;
 
   std::string name() const {
     std::string s = std::string(fa4::to_string(dtype)) + " h" + std::to_string(heads_q) + "/" +
@@ -197,6 +201,7 @@ struct VarlenCase {
     s += "}";
     if (spare_heads) s += " strided";
     if (schedule || max_ctas) s += " schedule " + std::to_string(schedule) + " ctas " + std::to_string(max_ctas);
+    if (softcap > 0) s += " softcap " + std::to_string(softcap) + " keys x" + std::to_string(key_scale);
     return s;
   }
 };
@@ -241,9 +246,9 @@ struct VarlenRun {
     const int64_t d = c.head_dim;
     std::mt19937 rng(seed);
     std::normal_distribution<double> normal(0.0, 1.0);
-    auto fill = [&](const Packed& t, std::vector<double>& vals) {
+    auto fill = [&](const Packed& t, std::vector<double>& vals, double scale = 1.0) {
       vals.assign(size_t(t.rows * t.hs * t.d), 0.0);
-      for (double& x : vals) x = fa4::ref::round_to(c.dtype, float(normal(rng)));
+      for (double& x : vals) x = fa4::ref::round_to(c.dtype, float(scale * normal(rng)));
       const std::vector<uint16_t> bits = fa4::ref::to_bits(c.dtype, vals);
       CUDA_OK(cudaMemcpy(t.buf.ptr, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
     };
@@ -252,7 +257,7 @@ struct VarlenRun {
     ASSERT_NO_FATAL_FAILURE(v.make(total_k, c.heads_kv, c.spare_heads, d));
     ASSERT_NO_FATAL_FAILURE(o.make(total_q, c.heads_q, c.spare_heads, d));
     ASSERT_NO_FATAL_FAILURE(fill(q, hq));
-    ASSERT_NO_FATAL_FAILURE(fill(k, hk));
+    ASSERT_NO_FATAL_FAILURE(fill(k, hk, c.key_scale));
     ASSERT_NO_FATAL_FAILURE(fill(v, hv));
     if (with_dout) {
       ASSERT_NO_FATAL_FAILURE(dout.make(total_q, c.heads_q, c.spare_heads, d));
@@ -269,6 +274,7 @@ struct VarlenRun {
     args.problem.causal = c.causal;
     args.problem.window_left = c.left;
     args.problem.window_right = c.right;
+    args.problem.softcap = c.softcap;
     args.q = q.ref, args.k = k.ref, args.v = v.ref, args.o = o.ref;
     args.lse = static_cast<float*>(dlse.ptr);
     args.varlen = {static_cast<const int32_t*>(dcu_q.ptr), static_cast<const int32_t*>(dcu_k.ptr), total_q, total_k};
@@ -280,6 +286,7 @@ struct VarlenRun {
     p.causal = c.causal;
     p.window_left = c.left;
     p.window_right = c.right;
+    p.softcap = c.softcap;
     return p;
   }
 };
@@ -562,6 +569,29 @@ TEST(VarlenGpu, BackwardWindowsMqaAndStrided) {
     c.spare_heads = 1;
     run_varlen_backward(c, seed++, false);
   }
+}
+
+TEST(VarlenGpu, SoftcapForwardAndBackward) {
+  FA4_REQUIRE_GPU();
+  // Soft-capped scores on packed sequences, every head dim, keys scaled so that most scores sit in
+  // the cap's bend: each sequence against the float64 reference (with the cap, and its slope in the
+  // backward) of that sequence alone.
+  uint32_t seed = 801;
+  for (int64_t d : {64, 128, 256}) {
+    VarlenCase c{BF16, 4, 2, d, {17, 239, 0, 300, 1}, {40, 239, 9, 300, 700}};
+    c.softcap = 7.5f, c.key_scale = 4.0;
+    run_varlen(c, seed++);
+    run_varlen_backward(c, seed++, d == 128);
+    VarlenCase w{FP16, 4, 1, d, {260, 129}, {300, 700}};  // MQA, a window, strided views
+    w.left = 50, w.right = 10, w.spare_heads = 1;
+    w.softcap = 2.0f, w.key_scale = 4.0;
+    run_varlen(w, seed++);
+    run_varlen_backward(w, seed++, d != 128);
+  }
+  VarlenCase causal{BF16, 8, 2, 128, {777, 5, 200}, {777, 5, 1000}};
+  causal.causal = true, causal.softcap = 30.0f, causal.key_scale = 6.0;
+  run_varlen(causal, seed++);
+  run_varlen_backward(causal, seed++, false);
 }
 
 }  // namespace

@@ -56,8 +56,8 @@ struct Problem {
   int64_t head_dim = 0;
   float softmax_scale = 0.0f;  // 0 means the default 1/sqrt(head_dim)
   // Score soft-capping (Gemma 2, Grok): with softcap > 0 the softmax takes
-  // softcap * tanh(softmax_scale * q.k / softcap) for each score; 0 = off. Forward and backward
-  // on batched calls; varlen with it returns kNotSupported.
+  // softcap * tanh(softmax_scale * q.k / softcap) for each score; 0 = off. Forward and backward,
+  // batched and varlen.
   float softcap = 0.0f;
   bool causal = false;         // bottom-right aligned: query i sees keys j <= i + seqlen_k - seqlen_q
   int64_t window_left = -1;    // -1 = unbounded

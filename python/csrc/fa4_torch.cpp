@@ -6,11 +6,13 @@
 //   fa4::bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
 //            deterministic, softcap=0.0) -> (dq, dk, dv)     (softcap: the forward's)
 //   fa4::fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-//                   softmax_scale, causal, window_left, window_right, with_lse=True) -> (out, lse)
+//                   softmax_scale, causal, window_left, window_right, with_lse=True, softcap=0.0)
+//       -> (out, lse)
 //       packed sequences: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim],
 //       cu_seqlens int32 [batch + 1] on q's device; out like q, lse fp32 [heads_q, total_q].
 //   fa4::bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-//                   softmax_scale, causal, window_left, window_right, deterministic) -> (dq, dk, dv)
+//                   softmax_scale, causal, window_left, window_right, deterministic, softcap=0.0)
+//       -> (dq, dk, dv)
 //
 // Tensors are [batch, seqlen, heads, head_dim] views (BSHD, or BHSD transposed back) whose last
 // dim is contiguous; their element strides go to fa4 as they are. Outputs are new contiguous
@@ -339,10 +341,12 @@ std::tuple<at::Tensor, at::Tensor> fwd_varlen_op(const at::Tensor& q, const at::
                                                  const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                                                  int64_t max_seqlen_q, int64_t max_seqlen_k,
                                                  std::optional<double> softmax_scale, bool causal,
-                                                 int64_t window_left, int64_t window_right, bool with_lse) {
+                                                 int64_t window_left, int64_t window_right, bool with_lse,
+                                                 double softcap) {
   const char* op = "fa4::fwd_varlen";
-  const fa4::Problem p = check_varlen_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                          softmax_scale, causal, window_left, window_right, op);
+  fa4::Problem p = check_varlen_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    softmax_scale, causal, window_left, window_right, op);
+  p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty(q.sizes(), q.options());
   const auto f32 = q.options().dtype(at::kFloat);
@@ -364,10 +368,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_varlen_op(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal, int64_t window_left,
-    int64_t window_right, bool deterministic) {
+    int64_t window_right, bool deterministic, double softcap) {
   const char* op = "fa4::bwd_varlen";
-  const fa4::Problem p = check_varlen_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                          softmax_scale, causal, window_left, window_right, op);
+  fa4::Problem p = check_varlen_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    softmax_scale, causal, window_left, window_right, op);
+  p.softcap = static_cast<float>(softcap);
   check_packed(out, op, "out", q.device());
   check_packed(dout, op, "dout", q.device());
   check_same_dtype(out, q, op, "out");
@@ -413,11 +418,12 @@ TORCH_LIBRARY(fa4, m) {
   m.def(
       "fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, float? softmax_scale, bool causal, int window_left, int window_right, "
-      "bool with_lse=True) -> (Tensor out, Tensor lse)");
+      "bool with_lse=True, float softcap=0.0) -> (Tensor out, Tensor lse)");
   m.def(
       "bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale, bool causal, "
-      "int window_left, int window_right, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)");
+      "int window_left, int window_right, bool deterministic, float softcap=0.0) -> (Tensor dq, Tensor dk, "
+      "Tensor dv)");
 }
 
 TORCH_LIBRARY_IMPL(fa4, CUDA, m) {

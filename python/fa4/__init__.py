@@ -92,7 +92,7 @@ def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, window_left, windo
 
 @torch.library.register_fake("fa4::fwd_varlen")
 def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, window_left, window_right, with_lse=True):
+                     causal, window_left, window_right, with_lse=True, softcap=0.0):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"fa4::fwd_varlen: {name} has shape {tuple(t.shape)}: must be 3-d "
@@ -104,7 +104,7 @@ def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 @torch.library.register_fake("fa4::bwd_varlen")
 def _bwd_varlen_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                     softmax_scale, causal, window_left, window_right, deterministic):
+                     softmax_scale, causal, window_left, window_right, deterministic, softcap=0.0):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -142,26 +142,27 @@ class _FlashAttnFunc(torch.autograd.Function):
 class _FlashAttnVarlenFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                window_left, window_right, deterministic):
+                window_left, window_right, deterministic, softcap):
         out, lse = torch.ops.fa4.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                            softmax_scale, causal, window_left, window_right)
+                                            softmax_scale, causal, window_left, window_right, True, softcap)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-        ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, deterministic)
+        ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, deterministic,
+                    softcap)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-        max_q, max_k, scale, causal, left, right, deterministic = ctx.args
+        max_q, max_k, scale, causal, left, right, deterministic, softcap = ctx.args
         dq, dk, dv = torch.ops.fa4.bwd_varlen(
             dout.contiguous(), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, causal,
-            left, right, deterministic,
+            left, right, deterministic, softcap,
         )
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
-def _options(name: str, softmax_scale, window_size, softcap, dropout_p, alibi_slopes, varlen=False):
+def _options(name: str, softmax_scale, window_size, softcap, dropout_p, alibi_slopes):
     """The options flash_attn_func and flash_attn_varlen_func share, checked and normalised for the
     operators: (softmax_scale as a float or None, window_left, window_right, softcap as a float)."""
     _refuse_unimplemented(name, dropout_p, alibi_slopes)
@@ -169,10 +170,6 @@ def _options(name: str, softmax_scale, window_size, softcap, dropout_p, alibi_sl
         softcap = float(softcap)
     except (TypeError, ValueError):
         raise ValueError(f"{name}: softcap = {softcap!r}: must be a float >= 0 (0.0 turns it off)") from None
-    if varlen and softcap != 0.0:
-        raise NotImplementedError(
-            f"{name}: softcap = {softcap}: soft-capping runs on batched calls only (flash_attn_func), not varlen"
-        )
     try:
         left, right = window_size
         left, right = int(left), int(right)
@@ -258,23 +255,23 @@ def flash_attn_varlen_func(
     against k, v rows cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1. max_seqlen_q, max_seqlen_k: the
     longest sequences' lengths (longer ones are cut to them). causal and window_size align each
     sequence's own queries and keys bottom-right, as flash_attn_func does. Rows of q outside every
-    sequence are not written in out (and get zero gradients). softcap must be 0.0 here (soft-capping
-    runs on flash_attn_func's batched calls). Returns out like q, and with
+    sequence are not written in out (and get zero gradients). softcap > 0 soft-caps each score as
+    flash_attn_func does. Returns out like q, and with
     return_lse the fp32 LSE [heads_q, total_q]. Differentiable (torch.ops.fa4.bwd_varlen);
     deterministic: the backward's deterministic mode.
     """
-    softmax_scale, window_left, window_right, _ = _options(
-        "fa4.flash_attn_varlen_func", softmax_scale, window_size, softcap, dropout_p, alibi_slopes, varlen=True)
+    softmax_scale, window_left, window_right, softcap = _options(
+        "fa4.flash_attn_varlen_func", softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
     return_lse = bool(return_lse or return_attn_probs)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         out, lse = _FlashAttnVarlenFunc.apply(
             q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
-            bool(causal), window_left, window_right, bool(deterministic),
+            bool(causal), window_left, window_right, bool(deterministic), softcap,
         )
     else:
         out, lse = torch.ops.fa4.fwd_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
-            bool(causal), window_left, window_right, return_lse,
+            bool(causal), window_left, window_right, return_lse, softcap,
         )
     return (out, lse) if return_lse else out
 

@@ -50,7 +50,7 @@ struct BwdParams {
 
 // Launches the sm90 backward; kNotSupported for configurations it does not cover.
 Status sm90_backward(const BwdParams& p, cudaStream_t stream);
-// The soft-capped backward (p.softcap > 0; batched calls only), in its own translation unit.
+// The soft-capped backward (p.softcap > 0), in its own translation unit.
 Status sm90_backward_softcap(const BwdParams& p, cudaStream_t stream);
 
 }  // namespace fa4::detail

@@ -247,12 +247,7 @@ Status validate(const ForwardArgs& args) {
   const Problem& p = args.problem;
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
-  if (args.varlen.enabled()) {
-    if (p.softcap > 0.0f)
-      return {StatusCode::kNotSupported,
-              "softcap = " + str(p.softcap) + ": soft-capping runs on batched calls only, not with varlen"};
-    return check_varlen(args);
-  }
+  if (args.varlen.enabled()) return check_varlen(args);
   if (!(s = check_lse(args.lse, p, /*required=*/false)).ok()) return s;
   return check_shared(p, args.q, args.k, args.v, args.o);
 }
@@ -262,9 +257,6 @@ Status validate(const BackwardArgs& args) {
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
   if (args.varlen.enabled()) {
-    if (p.softcap > 0.0f)
-      return {StatusCode::kNotSupported,
-              "softcap = " + str(p.softcap) + ": soft-capping runs on batched calls only, not with varlen"};
     if (!(s = check_varlen(args)).ok()) return s;
     return check_workspace(args);
   }

@@ -1,11 +1,13 @@
 // sm90 backward with soft-capped scores (Problem::softcap): its own translation unit, the shipped
-// knobs of each head dim with BwdKnobs::softcap, on batched calls (varlen refuses the cap).
+// knobs of each head dim with BwdKnobs::softcap, batched or variable-length.
 #include "sm90/bwd_launch.cuh"
 
 namespace fa4::detail {
 
 Status sm90_backward_softcap(const BwdParams& p, cudaStream_t stream) {
-  if (p.varlen()) return {StatusCode::kNotSupported, "the soft-capped backward runs on batched calls only, not varlen"};
+  if (p.varlen())
+    return p.dtype == DType::kBF16 ? launch_shipped_backward<true, true, true>(p, stream)
+                                   : launch_shipped_backward<false, true, true>(p, stream);
   return p.dtype == DType::kBF16 ? launch_shipped_backward<true, false, true>(p, stream)
                                  : launch_shipped_backward<false, false, true>(p, stream);
 }

@@ -5,8 +5,8 @@
 namespace fa4::detail {
 
 Status sm90_forward(const FwdParams& a, cudaStream_t stream) {
-  if (a.varlen()) return sm90_forward_varlen(a, stream);
   if (a.softcap > 0.0f) return sm90_forward_softcap(a, stream);
+  if (a.varlen()) return sm90_forward_varlen(a, stream);
   auto launch = [&]<class Cfg>() { return sm90::launch_forward<Cfg>(a, stream); };
   return a.dtype == DType::kBF16 ? sm90::with_shipped_config<true>(a, launch)
                                  : sm90::with_shipped_config<false>(a, launch);

@@ -243,11 +243,14 @@ def test_varlen_autograd_reaches_the_backward_operator():
     q = meta(10, 2, 64, grad=True)
     k = meta(12, 1, 64, grad=True)
     cu = torch.empty(3, device="meta", dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match=r"softcap = 1.0"):
-        fa4.flash_attn_varlen_func(q.detach(), q.detach(), q.detach(), cu, cu, 6, 6, softcap=1.0)
-    out = fa4.flash_attn_varlen_func(q, k, k, cu, cu, 6, 7, causal=True)
-    assert out.shape == (10, 2, 64) and out.requires_grad
-    out.sum().backward()  # meta tensors: the fake kernels of fwd_varlen and bwd_varlen
-    assert q.grad.shape == q.shape and k.grad.shape == k.shape
+    with pytest.raises(ValueError, match=r"softcap = 'x'"):
+        fa4.flash_attn_varlen_func(q.detach(), q.detach(), q.detach(), cu, cu, 6, 6, softcap="x")
+    for softcap in (0.0, 5.0):
+        q.grad = k.grad = None
+        out = fa4.flash_attn_varlen_func(q, k, k, cu, cu, 6, 7, causal=True, softcap=softcap)
+        assert out.shape == (10, 2, 64) and out.requires_grad
+        out.sum().backward()  # meta tensors: the fake kernels of fwd_varlen and bwd_varlen
+        assert q.grad.shape == q.shape and k.grad.shape == k.shape
     schema = str(torch.ops.fa4.bwd_varlen.default._schema)
-    assert "Tensor cu_seqlens_k" in schema and "bool deterministic" in schema
+    assert "Tensor cu_seqlens_k" in schema and "bool deterministic" in schema and "float softcap=0." in schema
+    assert "float softcap=0." in str(torch.ops.fa4.fwd_varlen.default._schema)

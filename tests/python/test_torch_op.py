@@ -569,20 +569,22 @@ VARLEN_BWD_CASES = [
 ]
 
 
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("case", VARLEN_BWD_CASES, ids=[f"varlen_bwd{i}" for i in range(len(VARLEN_BWD_CASES))])
-def test_varlen_backward_matches_each_sequence_alone(case, deterministic):
+def test_varlen_backward_matches_each_sequence_alone(case, deterministic, softcap):
     lq, lk, hq, hkv, d, causal, window, dtype = case
     gen = torch.Generator(device=DEV).manual_seed(4321)
     tq, tk = sum(lq) + 2, sum(lk) + 2
-    q = torch.randn(tq, hq, d, device=DEV, dtype=dtype, generator=gen).requires_grad_(True)
+    # Capped: queries scaled by 3, so that many scores reach the cap's bend.
+    q = (torch.randn(tq, hq, d, device=DEV, dtype=dtype, generator=gen) * (3 if softcap else 1)).requires_grad_(True)
     k = torch.randn(tk, hkv, d, device=DEV, dtype=dtype, generator=gen).requires_grad_(True)
     v = torch.randn(tk, hkv, d, device=DEV, dtype=dtype, generator=gen).requires_grad_(True)
     dout = torch.randn(tq, hq, d, device=DEV, dtype=dtype, generator=gen)
     cu_q = torch.tensor([0] + list(torch.tensor(lq).cumsum(0)), dtype=torch.int32, device=DEV)
     cu_k = torch.tensor([0] + list(torch.tensor(lk).cumsum(0)), dtype=torch.int32, device=DEV)
     out = call_or_skip(fa4.flash_attn_varlen_func, q, k, v, cu_q, cu_k, max(lq), max(lk), causal=causal,
-                       window_size=window, deterministic=deterministic)
+                       window_size=window, deterministic=deterministic, softcap=softcap)
     out.backward(dout)
     scale = 1.0 / math.sqrt(d)
     for name, g in (("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
@@ -595,8 +597,8 @@ def test_varlen_backward_matches_each_sequence_alone(case, deterministic):
             continue
         sl = lambda x, o, n: x.detach()[o:o + n].unsqueeze(0)  # noqa: E731
         args = (sl(q, q0, lq[b]), sl(k, k0, lk[b]), sl(v, k0, lk[b]), sl(dout, q0, lq[b]))
-        exact = reference_grads(*args, scale, causal, window, lowp=False)
-        plain = reference_grads(*args, scale, causal, window, lowp=True)
+        exact = reference_grads(*args, scale, causal, window, lowp=False, softcap=softcap)
+        plain = reference_grads(*args, scale, causal, window, lowp=True, softcap=softcap)
         got = (sl(q.grad, q0, lq[b]), sl(k.grad, k0, lk[b]), sl(v.grad, k0, lk[b]))
         for name, g, e, p in zip(("dq", "dk", "dv"), got, exact, plain):
             assert_close_by_criterion(g, p, e, f"sequence {b} {name}")
