@@ -588,8 +588,11 @@ TEST(VarlenGpu, SoftcapForwardAndBackward) {
     run_varlen(w, seed++);
     run_varlen_backward(w, seed++, d != 128);
   }
+  // Gemma 2's cap, 30, which scores of std 2.5 bend little: the slope near 1. (Keys x 6 here, scores
+  // of std 6 over few keys, left P nearly one-hot and dS to cancellation: there the plain bf16
+  // backward's own relative error is 0.01-0.02, past the criterion's 1e-2, in float64 on the CPU.)
   VarlenCase causal{BF16, 8, 2, 128, {777, 5, 200}, {777, 5, 1000}};
-  causal.causal = true, causal.softcap = 30.0f, causal.key_scale = 6.0;
+  causal.causal = true, causal.softcap = 30.0f, causal.key_scale = 2.5;
   run_varlen(causal, seed++);
   run_varlen_backward(causal, seed++, false);
 }
