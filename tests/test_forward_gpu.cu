@@ -205,6 +205,13 @@ TEST(ForwardGpu, SoftcapEveryHeadDimBoundAndDtype) {
       decode.key_scale = 6.0, decode.softcap = 5.0f;
       run_case(decode, seed++);
     }
+  // Decoding over long keys in few folded tiles (four), which the launch cuts into stream-K pieces
+  // across the SMs: the capped pieces and their merge.
+  for (int64_t d : {64, 128, 256}) {
+    Case longkeys{BF16, 1, 1, 16384, 16, 4, d, false};
+    longkeys.key_scale = 6.0, longkeys.softcap = 30.0f;
+    run_case(longkeys, seed++);
+  }
 }
 
 TEST(ForwardGpu, CausalBothDirectionsOfSeqlenMismatch) {

@@ -479,14 +479,28 @@ inline int dram_gbps(int device) {
   });
 }
 
+// The stream-K kernel's shared-memory attribute, for single CTAs or clusters of two (kSingleCtas:
+// configs that form no cluster, whose cluster kernels are not built).
+template <class Cfg, bool kSingleCtas>
+cudaError_t split_smem_allowed(int device, int cluster) {
+  if constexpr (kSingleCtas)
+    return allow_smem<Cfg, 1, true>(device);
+  else
+    return cluster == 1 ? allow_smem<Cfg, 1, true>(device) : allow_smem<Cfg, 2, true>(device);
+}
+
 // kVarlen: a variable-length batch (a.varlen()), on single CTAs walking whole tiles: the grid's
 // tiles are those of the longest sequence (a.seqlen_q) in each (batch, head), and the maps run
 // over the packed rows (batch extent 1).
-// Soft-capped configs (softcapped<Cfg>()) run the same way, on whole tiles of single CTAs without
-// clusters or a stream-K tail, so that only their whole-tile kernels are built.
+// Soft-capped configs (softcapped<Cfg>()) run on single CTAs too, without clusters, so that few of
+// their kernels are built: the whole-tile ones, and the stream-K one where tiles of one length can
+// be cut (decoding's few folded tiles need it: one CTA a tile cannot draw DRAM's bandwidth).
 template <class Cfg, bool kVarlen = false>
 Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t* trace = nullptr) {
-  constexpr bool kWholeTiles = kVarlen || softcapped<Cfg>();
+  constexpr bool kWholeTiles = kVarlen;
+  constexpr bool kSingleCtas = kVarlen || softcapped<Cfg>();
+  // Cut tails run on tiles of one length, which the soft-capped d256 configs take on 80-key blocks.
+  constexpr bool kSplits = !kVarlen && (!softcapped<Cfg>() || Cfg::kHeadDim != 256 || Cfg::kBlockN == 80);
   if (a.varlen() != kVarlen)
     return {StatusCode::kNotSupported, kVarlen ? "the varlen launch needs cu_seqlens" : "varlen goes to its own launch"};
   if ((a.softcap > 0.0f) != softcapped<Cfg>())
@@ -514,7 +528,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   const int64_t m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
   // Clusters of two where the problem suits them and the device runs them.
   int pair_clusters = 0;
-  if constexpr (!kWholeTiles)
+  if constexpr (!kSingleCtas)
     pair_clusters =
         use_cluster_pairs(a, m_blocks) && allow_smem<Cfg, 2>(device) == cudaSuccess ? max_cluster_pairs<Cfg>(device) : 0;
   const int cluster = pair_clusters > 0 ? 2 : 1;
@@ -608,7 +622,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     k.tiles.diagonal_last_from = every_round ? 0 : TileOrder::last_round_first_head(tiles / 2, grid, m_blocks / 2);
   }
   LaunchScratch scratch;
-  if constexpr (!kWholeTiles) {  // (no stream-K kernel is built for whole-tile configs)
+  if constexpr (kSplits) {  // (no stream-K kernel is built for whole-tile configs)
     if (uniform && a.schedule != 2 && a.split != 1) {
       // Every unit takes part, also when there are fewer tiles than units (then every tile is cut).
       const BlockRange kr = key_block_range<Cfg::kBlockM, Cfg::kBlockN>(k.window, 0, a.seqlen_q, a.seqlen_k);
@@ -616,7 +630,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
       if (plan_tail_split(order, int(slots), kr.hi - kr.lo, a.split == 2) &&
           (a.split == 2 || a.seqlen_q > kShortTileRows ||
            short_tail_split_pays(order.count - order.full, kr.hi - kr.lo, int(slots), a.head_dim)) &&
-          (cluster == 1 ? allow_smem<Cfg, 1, true>(device) : allow_smem<Cfg, 2, true>(device)) == cudaSuccess) {
+          split_smem_allowed<Cfg, kSingleCtas>(device, cluster) == cudaSuccess) {
         // The piece counters: the stream's own, zero from its last launch, where they fit; else
         // zeroed scratch before the partials. The partials need no zeroing.
         const TailScratchLayout layout = tail_scratch_layout<Cfg>(order);
@@ -659,17 +673,22 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
       });
     } else {
       if (cluster == 1) {
-        if (split) {
-          fwd_kernel<Cfg, 1, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
-          return cudaGetLastError();
-        }
+        if constexpr (kSplits)
+          if (split) {
+            fwd_kernel<Cfg, 1, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
+            return cudaGetLastError();
+          }
         return with_whole_tile_kernel<Cfg>(uniform, causal, [&]<auto kKernel>() {
           kKernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(kp);
           return cudaGetLastError();
         });
       }
-      const PairLaunch<Cfg> pairs(grid, stream);
-      return cudaLaunchKernelEx(&pairs.cfg, split ? fwd_kernel<Cfg, 2, true> : fwd_kernel<Cfg, 2, false>, kp);
+      if constexpr (kSingleCtas) {
+        return cudaErrorNotSupported;  // (no cluster is formed for these configs)
+      } else {
+        const PairLaunch<Cfg> pairs(grid, stream);
+        return cudaLaunchKernelEx(&pairs.cfg, split ? fwd_kernel<Cfg, 2, true> : fwd_kernel<Cfg, 2, false>, kp);
+      }
     }
   };
   const bool split = k.tiles.has_tail();
