@@ -96,7 +96,8 @@ Status with_varlen_config(const detail::FwdParams& a, F&& f) {
 }
 
 // A configuration with soft-capped scores (fwd_kernel.cuh, softcapped): the same tiles, launched on
-// whole tiles of single CTAs (launch_forward builds no cluster or stream-K kernel for it).
+// single CTAs (launch_forward builds no cluster kernel for it), with a stream-K tail where tiles of
+// one length leave the grid idle (decoding over long keys).
 template <class Base>
 struct SoftcapConfig : Base {
   static constexpr bool kSoftcap = true;

@@ -1,6 +1,6 @@
 // sm90 forward with soft-capped scores (Problem::softcap): its own translation unit, with_softcap_config's
-// configurations (sm90/fwd_configs.cuh) on whole tiles of single CTAs, batched or variable-length
-// (whose tiles are whole too: the same configurations, launched with kVarlen).
+// configurations (sm90/fwd_configs.cuh) on single CTAs, batched (with a stream-K tail where it pays)
+// or variable-length (whole tiles: the same configurations, launched with kVarlen).
 #include "sm90/fwd_configs.cuh"
 #include "sm90/fwd_launch.cuh"
 
