@@ -5,6 +5,7 @@
 //   query head of its KV head's group:
 //     S^T  = K Q^T,  P^T = exp2(S^T * scale * log2 e - LSE * log2 e)       (masked: 0)
 //     dP^T = V dO^T, dS^T = P^T * (dP^T - D) * scale
+//     (soft-capped, BwdKnobs::softcap: S^T capped before P^T, dS^T times the cap's slope 1 - tanh^2)
 //     dV  += P^T dO,  dK += dS^T Q                                         (fp32 in registers)
 //     dQ  += dS K     fp32 reductions into the workspace, converted by bwd_dq_convert_kernel;
 //   or, deterministic, dQ by a kernel of its own (bwd_dq_wgmma.cuh): one CTA a block of query rows
