@@ -26,6 +26,8 @@
 # first blocks passed over (256 x 300, GQA), consumer 0 idle over two blocks (129 x 230), and idle
 # in the first tile then passing over the second's first block (192; it hung memcheck before the
 # passed-over V was waited on once, ahead of the turn).
+# Soft-capped decoding over long keys in few folded tiles: the capped stream-K pieces and their
+# merge (d128, d64, d256).
 # FA4_SANITIZE_SHAPES="ARGS; ARGS; ..." runs only the shapes given.
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:$LD_LIBRARY_PATH
 B=${1:-build/fa4-bench}
@@ -47,6 +49,8 @@ SHAPES=(
   "--b 2 --h 3 --sq 1000 --sk 1000 --d 256 --causal" "--b 1 --h 2 --hkv 1 --sq 512 --sk 700 --d 256 --causal"
   "--b 2 --h 4 --sq 512 --sk 512 --d 256 --causal" "--b 1 --h 4 --hkv 2 --sq 256 --sk 300 --d 256 --causal"
   "--b 2 --h 2 --sq 129 --sk 230 --d 256 --causal" "--b 1 --h 2 --sq 192 --sk 192 --d 256 --causal"
+  "--b 1 --h 32 --hkv 8 --sq 1 --sk 8192 --d 128 --softcap 30" "--b 1 --h 16 --hkv 4 --sq 1 --sk 8192 --d 64 --softcap 30"
+  "--b 1 --h 16 --hkv 4 --sq 1 --sk 8192 --d 256 --softcap 30"
 )
 if [ -n "${FA4_SANITIZE_SHAPES:-}" ]; then
   IFS=';' read -ra SHAPES <<< "$FA4_SANITIZE_SHAPES"
