@@ -639,10 +639,10 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     // This thread's queries' LSE (log2 units), read while S^T is computed (soft-capped: in the loop,
     // where the cap's arithmetic needs the registers; held, they made d128 spill).
     const auto stats = RowStats<Cfg::kPairedStats, Cfg::kStatsLds>::template at<kBlock>(sLse, sDelta, buf);
-    constexpr int kLseHeld = Cfg::kSoftcap ? 0 : 8;
-    float2 lse2[kLseHeld > 0 ? kLseHeld : 1];
+    float2 lse2[8];
+    if constexpr (!Cfg::kSoftcap)
 #pragma unroll
-    for (int j = 0; j < kLseHeld; ++j) lse2[j] = stats.lse2(8 * j + 2 * t);
+      for (int j = 0; j < 8; ++j) lse2[j] = stats.lse2(8 * j + 2 * t);
     const bool whole = vis.whole(q0, kBlock, k0, kWgKeys);
     wgmma::wait_group<1>();
     wgmma::pin(st);
@@ -653,7 +653,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int qc = 8 * j + 2 * t;
-        const float2 lj = kLseHeld > 0 ? lse2[j % (kLseHeld > 0 ? kLseHeld : 1)] : stats.lse2(qc);
+        const float2 lj = Cfg::kSoftcap ? stats.lse2(qc) : lse2[j];
         const float l0 = lj.x, l1 = lj.y;
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {

@@ -165,10 +165,10 @@ Status launch_backward(const BwdParams& a, cudaStream_t stream) {
   return Status::Ok();
 }
 
-// The shipped configuration of p's head dim in dtype kBF16 (sm90_bwd.cu; soft-capped:
-// sm90_bwd_softcap.cu), for a variable-length batch or not, with soft-capped scores or not.
-template <bool kBF16, bool kVarlen, bool kSoftcap = false>
-Status launch_shipped_backward(const BwdParams& p, cudaStream_t stream) {
+// The shipped configuration of p's head dim in dtype kBF16, for a variable-length batch or not,
+// with soft-capped scores or not.
+template <bool kBF16, bool kVarlen, bool kSoftcap>
+Status launch_shipped_config(const BwdParams& p, cudaStream_t stream) {
   using sm90::bwd::BwdConfig;
   using sm90::bwd::BwdKnobs;
   constexpr auto edit = [](BwdKnobs& k) {
@@ -182,6 +182,18 @@ Status launch_shipped_backward(const BwdParams& p, cudaStream_t stream) {
     default:
       return {StatusCode::kNotSupported, "head_dim = " + std::to_string(p.head_dim) + " has no sm90 backward kernel"};
   }
+}
+
+// The shipped backward of p's dtype, batched or variable-length, with soft-capped scores (kSoftcap:
+// sm90_bwd_softcap.cu) or without (sm90_bwd.cu).
+template <bool kSoftcap>
+Status launch_shipped_backward(const BwdParams& p, cudaStream_t stream) {
+  const bool bf16 = p.dtype == DType::kBF16;
+  if (p.varlen())
+    return bf16 ? launch_shipped_config<true, true, kSoftcap>(p, stream)
+                : launch_shipped_config<false, true, kSoftcap>(p, stream);
+  return bf16 ? launch_shipped_config<true, false, kSoftcap>(p, stream)
+              : launch_shipped_config<false, false, kSoftcap>(p, stream);
 }
 
 }  // namespace fa4::detail

@@ -13,11 +13,7 @@ Status sm90_backward(const BwdParams& p, cudaStream_t stream) {
                                            std::to_string(p.heads_q) + ": the sm90 backward takes at most " +
                                            std::to_string(kMaxGridYZ) + " of each"};
   if (p.softcap > 0.0f) return sm90_backward_softcap(p, stream);
-  if (p.varlen())
-    return p.dtype == DType::kBF16 ? launch_shipped_backward<true, true>(p, stream)
-                                   : launch_shipped_backward<false, true>(p, stream);
-  return p.dtype == DType::kBF16 ? launch_shipped_backward<true, false>(p, stream)
-                                 : launch_shipped_backward<false, false>(p, stream);
+  return launch_shipped_backward<false>(p, stream);
 }
 
 }  // namespace fa4::detail

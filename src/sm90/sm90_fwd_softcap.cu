@@ -6,15 +6,19 @@
 
 namespace fa4::detail {
 
-Status sm90_forward_softcap(const FwdParams& a, cudaStream_t stream) {
-  if (a.varlen()) {
-    auto launch = [&]<class Cfg>() { return sm90::launch_forward<Cfg, true>(a, stream); };
-    return a.dtype == DType::kBF16 ? sm90::with_softcap_config<true>(a, launch)
-                                   : sm90::with_softcap_config<false>(a, launch);
-  }
-  auto launch = [&]<class Cfg>() { return sm90::launch_forward<Cfg>(a, stream); };
+namespace {
+
+template <bool kVarlen>
+Status launch_softcap(const FwdParams& a, cudaStream_t stream) {
+  auto launch = [&]<class Cfg>() { return sm90::launch_forward<Cfg, kVarlen>(a, stream); };
   return a.dtype == DType::kBF16 ? sm90::with_softcap_config<true>(a, launch)
                                  : sm90::with_softcap_config<false>(a, launch);
+}
+
+}  // namespace
+
+Status sm90_forward_softcap(const FwdParams& a, cudaStream_t stream) {
+  return a.varlen() ? launch_softcap<true>(a, stream) : launch_softcap<false>(a, stream);
 }
 
 }  // namespace fa4::detail
