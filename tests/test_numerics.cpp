@@ -14,6 +14,7 @@
 
 #include "fa4/numerics/exp2.h"
 #include "fa4/numerics/online_softmax.h"
+#include "fa4/numerics/softcap.h"
 
 namespace {
 
@@ -495,6 +496,76 @@ TEST(OnlineSoftmax, ConditionalRescaleIsExactWithHardwareExp2) {
 TEST(OnlineSoftmax, ConditionalRescaleIsExactWithSoftwareExp2) {
   // Each weight carries up to 8.8e-5 of relative error: twice that bounds O's and LSE's error.
   check_all_rows(nx::Exp2Poly{}, 2 * 8.8e-5 + 2e-6, "poly");
+}
+
+// ---- softcap_from_exp ------------------------------------------------------------------------
+
+// recip_one_plus against 1 / (1 + e) in float64, over every float of [2^-26, 1] (a stride of 3
+// through the bit patterns) and the ends.
+TEST(Softcap, ReciprocalWithinTwoUlps) {
+  double worst_ulps = 0.0, worst_rel = 0.0;
+  float worst_e = 0.0f;
+  const uint32_t lo = nx::float_bits(std::ldexp(1.0f, -26)), hi = nx::float_bits(1.0f);
+  auto check = [&](float e) {
+    const double want = 1.0 / (1.0 + static_cast<double>(e));
+    const double got = nx::recip_one_plus(e);
+    const double ulp = std::ldexp(1.0, std::ilogb(want) - 23);
+    const double ulps = std::fabs(got - want) / ulp;
+    if (ulps > worst_ulps) worst_ulps = ulps, worst_e = e;
+    worst_rel = std::max(worst_rel, std::fabs(got - want) / want);
+  };
+  for (uint32_t u = lo; u <= hi; u += 3) check(nx::bits_float(u));
+  for (float e : {0.0f, std::numeric_limits<float>::denorm_min(), 1e-30f, 0.5f, 1.0f}) check(e);
+  std::cout << "[ softcap ] recip_one_plus: worst " << worst_ulps << " ulps at e = " << worst_e
+            << ", relative " << worst_rel << "\n";
+  RecordProperty("recip_max_ulps", std::to_string(worst_ulps));
+  EXPECT_LE(worst_ulps, 2.0);
+  EXPECT_EQ(nx::recip_one_plus(0.0f), 1.0f);
+}
+
+// cap * tanh(s k') from a raw score s, as the kernels form it: x = s k' with k' = scale / cap, e
+// from 2^(-|s| 2 log2(e) k') (the host's exp2 standing in for MUFU's). Against float64 tanh: the
+// score within 3e-7 cap absolute, the slope 1 - tanh^2 within (1 + 2|x|) 3e-7 relative (e's
+// argument carries fp32 rounding in proportion to |x|) while it is a normal float, through x = +-25.
+TEST(Softcap, ScoreAndSlopeAgainstFloat64) {
+  const float cap = 30.0f, k = 0.125f / cap;  // scale 1/8 (d64)
+  const float two_log2e_k = nx::softcap_two_log2e(k);
+  double worst_score = 0.0, worst_slope = 0.0;
+  float at_score = 0.0f, at_slope = 0.0f;
+  constexpr int kSteps = 1 << 21;
+  for (int i = 0; i <= kSteps; ++i) {
+    const float s = static_cast<float>(-6000.0 + 12000.0 * i / kSteps);  // x in [-25, 25]
+    const float e = std::exp2(-std::fabs(s) * two_log2e_k);
+    const nx::CappedScore c = nx::softcap_from_exp(s * k, e, cap);
+    const double x = static_cast<double>(s) * static_cast<double>(k);
+    const double t = std::tanh(x), slope = 1.0 / (std::cosh(x) * std::cosh(x));
+    const double ds = std::fabs(c.score - cap * t) / cap;
+    if (ds > worst_score) worst_score = ds, at_score = s;
+    if (slope > 1e-30) {
+      // e's relative error grows with its exponent (the rounding of s k' and of 2 log2(e) k'):
+      // the slope's, measured per unit of 1 + 2|x|.
+      const double dl = std::fabs(c.slope - slope) / slope / (1.0 + 2.0 * std::fabs(x));
+      if (dl > worst_slope) worst_slope = dl, at_slope = s;
+    }
+  }
+  std::cout << "[ softcap ] score error / cap " << worst_score << " at s = " << at_score
+            << "; slope relative error / (1 + 2|x|) " << worst_slope << " at s = " << at_slope << "\n";
+  RecordProperty("score_max_abs_err_over_cap", std::to_string(worst_score));
+  RecordProperty("slope_max_rel_err", std::to_string(worst_slope));
+  EXPECT_LE(worst_score, 3e-7);
+  EXPECT_LE(worst_slope, 3e-7);
+}
+
+TEST(Softcap, InfinitiesZeroAndNan) {
+  const float cap = 50.0f, inf = kInfF;
+  EXPECT_EQ(nx::softcap_from_exp(inf, 0.0f, cap).score, cap);
+  EXPECT_EQ(nx::softcap_from_exp(-inf, 0.0f, cap).score, -cap);
+  EXPECT_EQ(nx::softcap_from_exp(inf, 0.0f, cap).slope, 0.0f);
+  const nx::CappedScore z = nx::softcap_from_exp(0.0f, 1.0f, cap);
+  EXPECT_LE(std::fabs(z.score), cap * 1.2e-7f);
+  EXPECT_NEAR(z.slope, 1.0f, 2.4e-7f);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(nx::softcap_from_exp(nan, std::exp2(nan), cap).score));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "fa4/numerics/exp2.h"
 #include "fa4/numerics/online_softmax.h"
+#include "fa4/numerics/softcap.h"
 #include "gpu_guard.h"
 
 namespace {
@@ -289,6 +290,57 @@ TEST(NumericsGpu, SoftmaxStepWithSoftwareExp2IsBitIdenticalToTheHost) {
             << " rescales: " << mismatches << " mismatches; LSE bit-identical in " << lse_exact
             << " rows\n";
   EXPECT_EQ(mismatches, 0u);
+}
+
+// softcap_from_exp (FMAs and a sign copy only) gives the host's score and slope bit for bit from
+// the same e; e itself comes from MUFU on the device, so the kernels' capped scores differ from the
+// host's only by MUFU.EX2's error, measured above.
+__global__ void softcap_kernel(const float* x, const float* e, uint32_t* out, size_t n, float cap) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const nx::CappedScore c = nx::softcap_from_exp(x[i], e[i], cap);
+    out[2 * i] = nx::float_bits(c.score);
+    out[2 * i + 1] = nx::float_bits(c.slope);
+  }
+}
+
+TEST(NumericsGpu, SoftcapFromExpIsBitIdenticalToTheHost) {
+  FA4_REQUIRE_GPU();
+  std::vector<float> xs, es;
+  constexpr int kGrid = 1 << 22;
+  const float k = nx::softcap_two_log2e(0.125f / 50.0f);
+  for (int i = 0; i <= kGrid; ++i) {
+    const float x = static_cast<float>(-10000.0 + 20000.0 * i / kGrid);
+    xs.push_back(x);
+    es.push_back(std::exp2(-std::fabs(x) * k));
+  }
+  // e over every 61st float bit pattern of [0, 1], with both signs of x.
+  for (uint32_t u = 0; u <= nx::float_bits(1.0f); u += 61) {
+    xs.push_back((u & 1) ? -1.0f : 1.0f);
+    es.push_back(nx::bits_float(u));
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float x : {inf, -inf, 0.0f, -0.0f}) xs.push_back(x), es.push_back(std::exp2(-std::fabs(x) * k));
+  const size_t n = xs.size();
+  DeviceArray<float> dx(n), de(n);
+  DeviceArray<uint32_t> dy(2 * n);
+  ASSERT_NE(dx.ptr, nullptr);
+  ASSERT_NE(de.ptr, nullptr);
+  ASSERT_NE(dy.ptr, nullptr);
+  FA4_CUDA_OK(dx.upload(xs));
+  FA4_CUDA_OK(de.upload(es));
+  softcap_kernel<<<grid_for(n, 256), 256>>>(dx.ptr, de.ptr, dy.ptr, n, 50.0f);
+  FA4_CUDA_OK(cudaGetLastError());
+  std::vector<uint32_t> dev;
+  FA4_CUDA_OK(dy.download(dev));
+  size_t mismatches = 0, first = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const nx::CappedScore h = nx::softcap_from_exp(xs[i], es[i], 50.0f);
+    if ((nx::float_bits(h.score) != dev[2 * i] || nx::float_bits(h.slope) != dev[2 * i + 1]) && mismatches++ == 0)
+      first = i;
+  }
+  std::cout << "[ softcap gpu ] " << n << " inputs, " << mismatches << " mismatches\n";
+  EXPECT_EQ(mismatches, 0u) << "first at x = " << xs[first] << ", e = " << es[first];
 }
 
 }  // namespace

@@ -112,8 +112,9 @@ __device__ __forceinline__ void store_rows_direct(const float (&acc)[kCols / 2],
 // P^T's pair of S^T elements s0, s1 (key `key`, queries q and q + 1 of 8-query chunk j), in place:
 // 2^(s scale - LSE) from the two queries' log2 LSE l0, l1, zero where `masked` (with_mask) and the
 // query does not see the key; returns the pair packed. Soft-capped (Cfg::kSoftcap) the scores are
-// capped first (softcap_score; p.scale_log2 is then log2(e)), and s0, s1 are left as P times the
-// cap's slope, so that dS^T = s (dP^T - D) scale as without the cap.
+// capped first (softcap_score, its reciprocal on MUFU: on the FMA pipe the capped backward lost
+// 4-5 % at d64 and 1 % at d256, and spilled at d128), and s0, s1 are left as P times the cap's
+// slope, so that dS^T = s (dP^T - D) scale as without the cap. p.scale_log2 is then log2(e).
 template <class Cfg, class Masked>
 __device__ __forceinline__ uint32_t p_pair(float& s0, float& s1, int j, float l0, float l1,
                                            const detail::BwdParams& p, Masked masked, const Visibility& vis, int q,
@@ -121,7 +122,8 @@ __device__ __forceinline__ uint32_t p_pair(float& s0, float& s1, int j, float l0
   [[maybe_unused]] float slope0 = 1.0f, slope1 = 1.0f;
   if constexpr (Cfg::kSoftcap) {
     const float two_log2e_in = softcap_two_log2e(p.softcap_in);
-    const CappedScore c0 = softcap_score(s0, p.softcap, two_log2e_in), c1 = softcap_score(s1, p.softcap, two_log2e_in);
+    const CappedScore c0 = softcap_score<false>(s0, p.softcap, two_log2e_in),
+                      c1 = softcap_score<false>(s1, p.softcap, two_log2e_in);
     s0 = c0.score, s1 = c1.score, slope0 = c0.slope, slope1 = c1.slope;
   }
   s0 = exp2_share<Cfg::kPolyEvery>(j, fmaf(s0, p.scale_log2, -l0));

@@ -37,7 +37,9 @@ struct DqWgSmem {
 // tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows; tm_k, tm_v: K and V
 // in boxes of kDqKeys<kD> rows. kPaired: the workspace's LSE and D interleaved (BwdConfig).
 // kVarlen: the block's rows from its sequence's (seq_span), of maps over the packed rows (batch 0).
-// kSoftcap: soft-capped scores (BwdConfig::kSoftcap), S capped before P and dS times the slope.
+// kSoftcap: soft-capped scores (BwdConfig::kSoftcap), S capped before P and dS times the slope; the
+// cap's reciprocal on the FMA pipe at d64, where S's elements are the most a tensor FLOP
+// (softcap_score).
 template <int kD, bool kBF16, bool kPaired = false, bool kVarlen = false, bool kSoftcap = false>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_dq_wgmma_kernel(const detail::BwdParams p, const __grid_constant__ CUtensorMap tm_q,
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int i = 4 * j + e, hr = e >> 1;
           [[maybe_unused]] float slope = 1.0f;
           if constexpr (kSoftcap) {
-            const CappedScore c = softcap_score(sc[i], p.softcap, softcap_two_log2e(p.softcap_in));
+            const CappedScore c = softcap_score<kD == 64>(sc[i], p.softcap, softcap_two_log2e(p.softcap_in));
             sc[i] = c.score, slope = c.slope;
           }
           sc[i] = numerics::exp2_mufu(fmaf(sc[i], p.scale_log2, -row_lse[hr]));

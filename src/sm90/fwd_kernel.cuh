@@ -1007,7 +1007,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   // The mask, then the online-softmax step (sm90/softmax.cuh).
   auto softmax = [&](int n, int first_row, float (&corr)[2]) {
-    if constexpr (softcapped<Cfg>()) softcap_scores(s, p.softcap, p.softcap_in);
+    if constexpr (softcapped<Cfg>()) softcap_scores<Cfg::kCapFmaRecip>(s, p.softcap, p.softcap_in);
     mask(n, first_row);
     softmax_step<kBlockN, Cfg::kPolyEvery, !Cfg::kTensorRowSum>(s, rows, p.scale_log2, p.rescale_threshold, corr);
   };
@@ -1016,7 +1016,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // consumer's rows see (kHalfFirst).
   auto softmax_lower_half = [&](int n, int first_row, float (&corr)[2]) {
     float(&lower)[kBlockN / 4] = reinterpret_cast<float(&)[kBlockN / 4]>(s);
-    if constexpr (softcapped<Cfg>()) softcap_scores(lower, p.softcap, p.softcap_in);
+    if constexpr (softcapped<Cfg>()) softcap_scores<Cfg::kCapFmaRecip>(lower, p.softcap, p.softcap_in);
     apply_mask<kBlockN / 2>(lower, bound(), first_row + row0, n * kBlockN + col0, len_q(), len_k());
     softmax_step<kBlockN / 2, Cfg::kPolyEvery, !Cfg::kTensorRowSum>(lower, rows, p.scale_log2, p.rescale_threshold,
                                                                   corr);
@@ -1448,7 +1448,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // measured best.
             bool exact = block_needs_mask<kMaskRows, kBlockN>(blk(n), bound(), first_row + mask_rows_at, len_q(), len_k());
             if (!exact) {
-              if constexpr (softcapped<Cfg>()) softcap_scores(s, p.softcap, p.softcap_in);
+              if constexpr (softcapped<Cfg>()) softcap_scores<Cfg::kCapFmaRecip>(s, p.softcap, p.softcap_in);
               float bsum[2];
               const bool ok = softmax_step_no_max<kBlockN, Cfg::kPolyEvery>(s, bsum, rows, p.scale_log2,
                                                                           kNoMaxSumLimit);

@@ -13,6 +13,7 @@
 #include <cuda_fp16.h>
 
 #include "fa4/numerics/online_softmax.h"
+#include "fa4/numerics/softcap.h"
 
 namespace fa4::sm90 {
 
@@ -38,30 +39,36 @@ __device__ __forceinline__ float exp2_share(int j, float x) {
 }
 
 // Soft-capping of one score: s -> cap * tanh(s * in), in = scale / cap (Problem::softcap), with
-// the slope 1 - tanh^2 that the backward's dS takes (d(cap tanh(x)) / dx; the scale apart).
-// tanh(x) = 1 - 2 r, r = 1 / (e + 1), e = e^2x, from MUFU's 2^x and reciprocal: about 1e-6
-// absolute in tanh, where tanh.approx's 2^-11 relative error would move a score near the cap by
-// cap / 2048. The slope as 4 e r^2 (= (1 - t)(1 + t), since 1 - r = e r) keeps its relative
-// accuracy where tanh nears +-1, where 1 - t^2 would cancel. The exponent is clamped (tanh(15) is 1
-// in fp32), so the reciprocal never sees infinity.
-struct CappedScore {
-  float score, slope;
-};
+// the slope 1 - tanh^2 that the backward's dS takes (d(cap tanh(x)) / dx; the scale apart). Both
+// forms take about 2e-7 absolute in tanh, where tanh.approx's 2^-11 relative error would move a
+// score near the cap by cap / 2048; the slope as 4 e r^2 (= (1 - t)(1 + t)) keeps its relative
+// accuracy where tanh nears +-1, where 1 - t^2 would cancel.
+//  - kFmaRecip: e = e^(-2|x|) by MUFU's 2^x and r = 1 / (1 + e) on the FMA pipe
+//    (numerics/softcap.h): one MUFU op a score, six FMAs more, and s live until its sign is put
+//    back (the kernels at the edge of their registers spill with it: d256's forward, d128's dK/dV).
+//  - otherwise tanh(x) = 1 - 2 r, r = 1 / (e + 1), e = e^2x, from MUFU's 2^x and reciprocal, the
+//    exponent clamped (tanh(15) is 1 in fp32) so that the reciprocal never sees infinity.
+// two_log2e_in = softcap_two_log2e(in).
+using numerics::CappedScore;
+using numerics::softcap_two_log2e;
+template <bool kFmaRecip>
 __device__ __forceinline__ CappedScore softcap_score(float s, float cap, float two_log2e_in) {
-  const float e = numerics::exp2_mufu(fminf(s * two_log2e_in, 43.0f));
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(e + 1.0f));
-  return {fmaf(-2.0f * cap, r, cap), 4.0f * e * (r * r)};
+  if constexpr (kFmaRecip) {
+    return numerics::softcap_from_exp(s, numerics::exp2_mufu(-fabsf(s) * two_log2e_in), cap);
+  } else {
+    const float e = numerics::exp2_mufu(fminf(s * two_log2e_in, 43.0f));
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(e + 1.0f));
+    return {fmaf(-2.0f * cap, r, cap), 4.0f * e * (r * r)};
+  }
 }
-// 2 log2(e) in: softcap_score's factor for the softcap_in `in`.
-__device__ __forceinline__ float softcap_two_log2e(float in) { return 2.8853900817779268f * in; }
 
 // A tile of S capped before its mask and softmax (the softmax then scales by log2(e) alone).
-template <int kN>
+template <bool kFmaRecip, int kN>
 __device__ __forceinline__ void softcap_scores(float (&s)[kN], float cap, float in) {
   const float two_log2e_in = softcap_two_log2e(in);
 #pragma unroll
-  for (int i = 0; i < kN; ++i) s[i] = softcap_score(s[i], cap, two_log2e_in).score;
+  for (int i = 0; i < kN; ++i) s[i] = softcap_score<kFmaRecip>(s[i], cap, two_log2e_in).score;
 }
 
 // The max over the four threads of a quad (they hold one row between them).
