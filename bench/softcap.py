@@ -6,8 +6,8 @@ process.
 
 FA3's shapes (16k tokens a batch, hidden 2048), causal and not, bf16. Providers: fa4 without the
 cap, fa4 with it (fa4-softcap), cuDNN through torch SDPA without it (the plain problem's reference
-point: torch exposes no soft cap for cuDNN or FA2), and with --op bwd FlexAttention with the cap as
-its score_mod (flex-softcap; torch.compile'd, at --flex-seqlens only). fa4-softcap is checked first
+point: torch exposes no soft cap for cuDNN or FA2), and FlexAttention with the cap as its score_mod
+(flex-softcap, the one capped peer torch has; torch.compile'd, at --flex-seqlens only). fa4-softcap is checked first
 against float64 by DESIGN.md §3's criterion: the forward's output on batch 0, first and last head
 (side_by_side.check_fa4 with the cap); the backward's dQ, dK and dV of batch 0, head 0 (check_grads).
 TFLOP/s count the plain problem's FLOPs (x 2.5 for the backward). Times are medians of triton's
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hdims", default="64,128,256")
     ap.add_argument("--seqlens", default="1024,4096")
     ap.add_argument("--softcap", type=float, default=30.0)
-    ap.add_argument("--flex-seqlens", default="4096", help="seqlens at which flex-softcap runs (--op bwd)")
+    ap.add_argument("--flex-seqlens", default="4096", help="seqlens at which flex-softcap runs")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--name", default=None, help="default: softcap (fwd), softcap-bwd (bwd)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -120,15 +120,20 @@ def main(argv=None) -> int:
                 fwds = {"fa4": lambda: fa4.flash_attn_func(q, k, v, causal=causal),
                         "fa4-softcap": lambda: fa4.flash_attn_func(q, k, v, causal=causal, softcap=cap),
                         "cudnn": cudnn}
-                if bwd and s in flex_seqlens:
+                if s in flex_seqlens:
                     fwds["flex-softcap"] = flex_softcap
                 recs = {p: {"op": a.op, "provider": p, "head_dim": d, "seqlen": s, "batch": b, "heads": h,
                             "causal": causal, "softcap": cap if p.endswith("softcap") else 0.0, "ms": None, **meta}
                         for p in fwds}
                 fns, errors0 = {}, {}
                 if not bwd:
-                    fns = fwds
                     with torch.no_grad():
+                        for p, fwd in fwds.items():
+                            try:
+                                fwd()  # (flex: compiles here)
+                                fns[p] = fwd
+                            except Exception as e:  # recorded below
+                                errors0[p] = e
                         chk = check_fa4(q, k, v, fns["fa4-softcap"](), causal, softcap=cap)
                 else:
                     for p, fwd in fwds.items():
@@ -165,11 +170,10 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
 
     write_records(records, a.out, a.name or ("softcap-bwd" if bwd else "softcap"))
-    cols = ("fa4", "fa4-softcap", "cudnn") + (("flex-softcap",) if bwd else ())
+    cols = ("fa4", "fa4-softcap", "cudnn", "flex-softcap")
     print(f"{a.op}: TFLOP/s")
-    print(f"{'d':>4} {'seqlen':>6} {'causal':>6} {'fa4':>8} {'softcap':>8} {'cudnn':>8}" +
-          (f" {'flex-cap':>8}" if bwd else "") + f" {'cap/plain':>9} {'cap/cudnn':>9}" +
-          (f" {'cap/flex':>9}" if bwd else "") + "  check")
+    print(f"{'d':>4} {'seqlen':>6} {'causal':>6} {'fa4':>8} {'softcap':>8} {'cudnn':>8} {'flex-cap':>8}"
+          f" {'cap/plain':>9} {'cap/cudnn':>9} {'cap/flex':>9}  check")
     by = {}
     for r in records:
         by.setdefault((r["head_dim"], r["seqlen"], r["causal"]), {})[r["provider"]] = r
@@ -177,7 +181,7 @@ def main(argv=None) -> int:
         t = {p: row[p].get("tflops") for p in row}
         cells = " ".join(f"{t[p]:8.1f}" if t.get(p) else f"{'-':>8}" for p in cols)
         ratios = ""
-        for peer in ("fa4", "cudnn") + (("flex-softcap",) if bwd else ()):
+        for peer in ("fa4", "cudnn", "flex-softcap"):
             ratios += f" {t['fa4-softcap'] / t[peer]:9.2f}" if t.get(peer) and t.get("fa4-softcap") else f" {'-':>9}"
         chk = row["fa4-softcap"].get("check", {}).get("pass")
         print(f"{d:>4} {s:>6} {str(causal):>6} {cells}{ratios}  {'PASS' if chk else 'FAIL'}")
