@@ -101,8 +101,9 @@ Status with_varlen_config(const detail::FwdParams& a, F&& f) {
 template <class Base>
 struct SoftcapConfig : Base {
   static constexpr bool kSoftcap = true;
-  // The cap's reciprocal on the FMA pipe (softcap_score: a MUFU op less a score; d64 +6-17 %, d128
-  // -0.4 to +8 %), but at d256, where its registers in flight spill (24-52 bytes).
+  // The cap's reciprocal on the FMA pipe (softcap_score: a MUFU op less a score) in the kernels
+  // that gain by it (fwd_kernel.cuh, cap_recip_on_fma), but at d256, where its registers in flight
+  // spill (24-52 bytes).
   static constexpr bool kCapFmaRecip = Base::kHeadDim <= 128;
 };
 

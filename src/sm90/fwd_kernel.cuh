@@ -269,6 +269,19 @@ constexpr bool softcapped() {
     return false;
 }
 
+// Whether a soft-capped kernel takes the cap's reciprocal on the FMA pipe (softcap_score): where
+// its config asks (SoftcapConfig::kCapFmaRecip) and the kernel walks whole tiles without a causal
+// or window bound (kSplitOrBounded false). H200 against MUFU's reciprocal: unbounded d64 +15-17 %,
+// d128 +8 %; causal d64 512 / 1k / 2k / 4k -14 / -5 / +0.5 / +6 %, d128 1k / 2k / 4k -3 / -0.4 /
+// -0.4 %; decoding's stream-K pieces (d128) -2 % (docs/perf-notes.md, "A cheaper soft cap").
+template <class Cfg, bool kSplitOrBounded>
+constexpr bool cap_recip_on_fma() {
+  if constexpr (softcapped<Cfg>())
+    return Cfg::kCapFmaRecip && !kSplitOrBounded;
+  else
+    return false;
+}
+
 // K and V loaded as one TMA box a block, the 64-column chunks folded into a box dimension
 // (ptx::map_bshd_16bit_sw128_folded), instead of a box a chunk: a config that derives from
 // FwdConfig and sets kFoldedKV = true (tools/sm90_fwd_probe variants). The shipped ones do not.
@@ -487,6 +500,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // ptxas spills (d64 72 bytes).
   constexpr bool kNoMaxHere = Cfg::kNoBlockMax && !kSplit;
   constexpr bool kTurnSub = kOInKV && kCluster == 1;
+  // The soft cap's reciprocal on the FMA pipe (SoftcapConfig::kCapFmaRecip) in whole tiles without
+  // a bound; on MUFU in bounded and stream-K kernels (cap_recip_on_fma).
+  constexpr bool kCapFma = cap_recip_on_fma<Cfg, kBounded || kSplit>();
   // A consumer's rows of Q go back to their loader (q_free) as soon as the tile's last S is done,
   // inside its step, rather than after that step's softmax, P V wait and rescale: the next tile's Q
   // (the boundary's longest wait with one Q buffer) loads that much earlier. H200, d256: causal 512
@@ -1007,7 +1023,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   // The mask, then the online-softmax step (sm90/softmax.cuh).
   auto softmax = [&](int n, int first_row, float (&corr)[2]) {
-    if constexpr (softcapped<Cfg>()) softcap_scores<Cfg::kCapFmaRecip>(s, p.softcap, p.softcap_in);
+    if constexpr (softcapped<Cfg>()) softcap_scores<kCapFma>(s, p.softcap, p.softcap_in);
     mask(n, first_row);
     softmax_step<kBlockN, Cfg::kPolyEvery, !Cfg::kTensorRowSum>(s, rows, p.scale_log2, p.rescale_threshold, corr);
   };
@@ -1016,7 +1032,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // consumer's rows see (kHalfFirst).
   auto softmax_lower_half = [&](int n, int first_row, float (&corr)[2]) {
     float(&lower)[kBlockN / 4] = reinterpret_cast<float(&)[kBlockN / 4]>(s);
-    if constexpr (softcapped<Cfg>()) softcap_scores<Cfg::kCapFmaRecip>(lower, p.softcap, p.softcap_in);
+    if constexpr (softcapped<Cfg>()) softcap_scores<kCapFma>(lower, p.softcap, p.softcap_in);
     apply_mask<kBlockN / 2>(lower, bound(), first_row + row0, n * kBlockN + col0, len_q(), len_k());
     softmax_step<kBlockN / 2, Cfg::kPolyEvery, !Cfg::kTensorRowSum>(lower, rows, p.scale_log2, p.rescale_threshold,
                                                                   corr);
@@ -1448,7 +1464,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // measured best.
             bool exact = block_needs_mask<kMaskRows, kBlockN>(blk(n), bound(), first_row + mask_rows_at, len_q(), len_k());
             if (!exact) {
-              if constexpr (softcapped<Cfg>()) softcap_scores<Cfg::kCapFmaRecip>(s, p.softcap, p.softcap_in);
+              if constexpr (softcapped<Cfg>()) softcap_scores<kCapFma>(s, p.softcap, p.softcap_in);
               float bsum[2];
               const bool ok = softmax_step_no_max<kBlockN, Cfg::kPolyEvery>(s, bsum, rows, p.scale_log2,
                                                                           kNoMaxSumLimit);
