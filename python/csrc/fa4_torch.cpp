@@ -197,13 +197,59 @@ void check_lse(const at::Tensor& lse, const at::Tensor& q, const std::vector<int
                     ": must be contiguous");
 }
 
-// fa4::backward with the workspace it asks for, on q's current stream.
-void run_backward(fa4::BackwardArgs& args, const at::Tensor& q, const char* op) {
+// fa4::forward of p on q, k, v into out and lse (empty: not written), each tensor given to fa4 by
+// `ref` (tensor_ref for [batch, seqlen, heads, head_dim], packed_ref for varlen's [total, heads,
+// head_dim]), with the workspace it asks for, on q's current stream (fa4::forward validates).
+template <class Ref>
+std::tuple<at::Tensor, at::Tensor> run_forward(const fa4::Problem& p, Ref ref, const at::Tensor& q,
+                                               const at::Tensor& k, const at::Tensor& v, at::Tensor out,
+                                               at::Tensor lse, const fa4::Varlen& varlen, const char* op) {
+  fa4::ForwardArgs args;
+  args.problem = p;
+  args.q = ref(q);
+  args.k = ref(k);
+  args.v = ref(v);
+  args.o = ref(out);
+  args.lse = lse.numel() ? lse.data_ptr<float>() : nullptr;
+  args.varlen = varlen;
+  size_t bytes = 0;
+  raise_if_error(fa4::forward_workspace_size(args, &bytes), op);
+  const at::Tensor ws = attach_workspace(args, bytes, q);
+  raise_if_error(fa4::forward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), op);
+  return {out, lse};
+}
+
+// fa4::backward of p: dq, dk, dv of q's, k's and v's shapes (fa4 writes every row, those outside
+// every sequence of a varlen call as zeros), the tensors given to fa4 by `ref` (as in
+// run_forward), validated, with the workspace it asks for, on q's current stream.
+template <class Ref>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(const fa4::Problem& p, Ref ref, const at::Tensor& dout,
+                                                            const at::Tensor& q, const at::Tensor& k,
+                                                            const at::Tensor& v, const at::Tensor& out,
+                                                            const at::Tensor& lse, bool deterministic,
+                                                            const fa4::Varlen& varlen, const char* op) {
+  at::Tensor dq = at::empty(q.sizes(), q.options());
+  at::Tensor dk = at::empty(k.sizes(), k.options());
+  at::Tensor dv = at::empty(v.sizes(), v.options());
+  fa4::BackwardArgs args;
+  args.problem = p;
+  args.q = ref(q);
+  args.k = ref(k);
+  args.v = ref(v);
+  args.o = ref(out);
+  args.dout = ref(dout);
+  args.dq = ref(dq);
+  args.dk = ref(dk);
+  args.dv = ref(dv);
+  args.lse = lse.numel() ? lse.data_ptr<float>() : nullptr;
+  args.deterministic = deterministic;
+  args.varlen = varlen;
   size_t bytes = 0;
   raise_if_error(fa4::backward_workspace_size(args, &bytes), op);
   const at::Tensor ws = attach_workspace(args, bytes, q);
   raise_if_error(fa4::validate(args), op);
   raise_if_error(fa4::backward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), op);
+  return {dq, dk, dv};
 }
 
 std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor& k,
@@ -219,21 +265,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor&
   // Without with_lse (an inference call) the kernels write no LSE: lse comes back empty, [0].
   const auto f32 = q.options().dtype(at::kFloat);
   at::Tensor lse = with_lse ? at::empty({p.batch, p.heads_q, p.seqlen_q}, f32) : at::empty({0}, f32);
-
-  fa4::ForwardArgs args;
-  args.problem = p;
-  args.q = tensor_ref(q);
-  args.k = tensor_ref(k);
-  args.v = tensor_ref(v);
-  args.o = tensor_ref(out);
-  args.lse = lse.numel() ? lse.data_ptr<float>() : nullptr;
-  raise_if_error(fa4::validate(args), op);
-  size_t bytes = 0;
-  raise_if_error(fa4::forward_workspace_size(args, &bytes), op);
-  const at::Tensor ws = attach_workspace(args, bytes, q);
-  raise_if_error(fa4::forward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()),
-                 op);
-  return {out, lse};
+  return run_forward(p, tensor_ref, q, k, v, out, lse, {}, op);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_op(
@@ -252,24 +284,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_op(
   check_lse(lse, q, {p.batch, p.heads_q, p.seqlen_q}, "[batch, heads_q, seqlen_q]", op);
 
   const c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor dq = at::empty(q.sizes(), q.options());
-  at::Tensor dk = at::empty(k.sizes(), k.options());
-  at::Tensor dv = at::empty(v.sizes(), v.options());
-
-  fa4::BackwardArgs args;
-  args.problem = p;
-  args.q = tensor_ref(q);
-  args.k = tensor_ref(k);
-  args.v = tensor_ref(v);
-  args.o = tensor_ref(out);
-  args.dout = tensor_ref(dout);
-  args.dq = tensor_ref(dq);
-  args.dk = tensor_ref(dk);
-  args.dv = tensor_ref(dv);
-  args.lse = lse.numel() ? lse.data_ptr<float>() : nullptr;
-  args.deterministic = deterministic;
-  run_backward(args, q, op);
-  return {dq, dk, dv};
+  return run_backward(p, tensor_ref, dout, q, k, v, out, lse, deterministic, {}, op);
 }
 
 // A 3-d packed tensor [total, heads, head_dim] on `device`, its last dim contiguous.
@@ -291,6 +306,12 @@ fa4::TensorRef packed_ref(const at::Tensor& t) {
   const int64_t hs = t.size(1) == 1 ? t.size(2) : t.stride(1);
   const int64_t ss = t.size(0) == 1 ? hs * t.size(1) : t.stride(0);
   return {t.data_ptr(), 0, ss, hs};
+}
+
+// The varlen description of packed q and k with their cu_seqlens (checked by check_varlen_qkv).
+fa4::Varlen varlen_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_seqlens_q,
+                      const at::Tensor& cu_seqlens_k) {
+  return {cu_seqlens_q.data_ptr<int32_t>(), cu_seqlens_k.data_ptr<int32_t>(), q.size(0), k.size(0)};
 }
 
 void check_cu_seqlens(const at::Tensor& cu, const char* op, const char* name, const at::Device& device) {
@@ -351,17 +372,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_varlen_op(const at::Tensor& q, const at::
   at::Tensor out = at::empty(q.sizes(), q.options());
   const auto f32 = q.options().dtype(at::kFloat);
   at::Tensor lse = with_lse ? at::empty({p.heads_q, q.size(0)}, f32) : at::empty({0}, f32);
-
-  fa4::ForwardArgs args;
-  args.problem = p;
-  args.q = packed_ref(q);
-  args.k = packed_ref(k);
-  args.v = packed_ref(v);
-  args.o = packed_ref(out);
-  args.lse = lse.numel() ? lse.data_ptr<float>() : nullptr;
-  args.varlen = {cu_seqlens_q.data_ptr<int32_t>(), cu_seqlens_k.data_ptr<int32_t>(), q.size(0), k.size(0)};
-  raise_if_error(fa4::forward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), op);
-  return {out, lse};
+  return run_forward(p, packed_ref, q, k, v, out, lse, varlen_of(q, k, cu_seqlens_q, cu_seqlens_k), op);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_varlen_op(
@@ -382,25 +393,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_varlen_op(
   check_lse(lse, q, {p.heads_q, q.size(0)}, "[heads_q, total_q]", op);
 
   const c10::cuda::CUDAGuard guard(q.device());
-  // fa4::backward writes every row, those outside every sequence (past the last, say) as zeros.
-  at::Tensor dq = at::empty(q.sizes(), q.options());
-  at::Tensor dk = at::empty(k.sizes(), k.options());
-  at::Tensor dv = at::empty(v.sizes(), v.options());
-  fa4::BackwardArgs args;
-  args.problem = p;
-  args.q = packed_ref(q);
-  args.k = packed_ref(k);
-  args.v = packed_ref(v);
-  args.o = packed_ref(out);
-  args.dout = packed_ref(dout);
-  args.dq = packed_ref(dq);
-  args.dk = packed_ref(dk);
-  args.dv = packed_ref(dv);
-  args.lse = lse.numel() ? lse.data_ptr<float>() : nullptr;
-  args.deterministic = deterministic;
-  args.varlen = {cu_seqlens_q.data_ptr<int32_t>(), cu_seqlens_k.data_ptr<int32_t>(), q.size(0), k.size(0)};
-  run_backward(args, q, op);
-  return {dq, dk, dv};
+  return run_backward(p, packed_ref, dout, q, k, v, out, lse, deterministic,
+                      varlen_of(q, k, cu_seqlens_q, cu_seqlens_k), op);
 }
 
 }  // namespace
