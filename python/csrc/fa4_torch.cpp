@@ -197,14 +197,13 @@ void check_lse(const at::Tensor& lse, const at::Tensor& q, const std::vector<int
                     ": must be contiguous");
 }
 
-// fa4::forward of p on q, k, v into out and lse (empty: not written), each tensor given to fa4 by
+// The fields fa4::ForwardArgs and fa4::BackwardArgs share: p, and q, k, v, out given to fa4 by
 // `ref` (tensor_ref for [batch, seqlen, heads, head_dim], packed_ref for varlen's [total, heads,
-// head_dim]), with the workspace it asks for, on q's current stream (fa4::forward validates).
-template <class Ref>
-std::tuple<at::Tensor, at::Tensor> run_forward(const fa4::Problem& p, Ref ref, const at::Tensor& q,
-                                               const at::Tensor& k, const at::Tensor& v, at::Tensor out,
-                                               at::Tensor lse, const fa4::Varlen& varlen, const char* op) {
-  fa4::ForwardArgs args;
+// head_dim]), lse (empty: none), varlen.
+template <class Args, class Ref>
+Args common_args(const fa4::Problem& p, Ref ref, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                 const at::Tensor& out, const at::Tensor& lse, const fa4::Varlen& varlen) {
+  Args args;
   args.problem = p;
   args.q = ref(q);
   args.k = ref(k);
@@ -212,6 +211,16 @@ std::tuple<at::Tensor, at::Tensor> run_forward(const fa4::Problem& p, Ref ref, c
   args.o = ref(out);
   args.lse = lse.numel() ? lse.data_ptr<float>() : nullptr;
   args.varlen = varlen;
+  return args;
+}
+
+// fa4::forward of p on q, k, v into out and lse (empty: not written), with the workspace it asks
+// for, on q's current stream (fa4::forward validates the arguments).
+template <class Ref>
+std::tuple<at::Tensor, at::Tensor> run_forward(const fa4::Problem& p, Ref ref, const at::Tensor& q,
+                                               const at::Tensor& k, const at::Tensor& v, at::Tensor out,
+                                               at::Tensor lse, const fa4::Varlen& varlen, const char* op) {
+  auto args = common_args<fa4::ForwardArgs>(p, ref, q, k, v, out, lse, varlen);
   size_t bytes = 0;
   raise_if_error(fa4::forward_workspace_size(args, &bytes), op);
   const at::Tensor ws = attach_workspace(args, bytes, q);
@@ -220,8 +229,8 @@ std::tuple<at::Tensor, at::Tensor> run_forward(const fa4::Problem& p, Ref ref, c
 }
 
 // fa4::backward of p: dq, dk, dv of q's, k's and v's shapes (fa4 writes every row, those outside
-// every sequence of a varlen call as zeros), the tensors given to fa4 by `ref` (as in
-// run_forward), validated, with the workspace it asks for, on q's current stream.
+// every sequence of a varlen call as zeros), with the workspace it asks for, on q's current stream
+// (fa4::backward validates the arguments).
 template <class Ref>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(const fa4::Problem& p, Ref ref, const at::Tensor& dout,
                                                             const at::Tensor& q, const at::Tensor& k,
@@ -231,23 +240,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(const fa4::Problem& 
   at::Tensor dq = at::empty(q.sizes(), q.options());
   at::Tensor dk = at::empty(k.sizes(), k.options());
   at::Tensor dv = at::empty(v.sizes(), v.options());
-  fa4::BackwardArgs args;
-  args.problem = p;
-  args.q = ref(q);
-  args.k = ref(k);
-  args.v = ref(v);
-  args.o = ref(out);
+  auto args = common_args<fa4::BackwardArgs>(p, ref, q, k, v, out, lse, varlen);
   args.dout = ref(dout);
   args.dq = ref(dq);
   args.dk = ref(dk);
   args.dv = ref(dv);
-  args.lse = lse.numel() ? lse.data_ptr<float>() : nullptr;
   args.deterministic = deterministic;
-  args.varlen = varlen;
   size_t bytes = 0;
   raise_if_error(fa4::backward_workspace_size(args, &bytes), op);
   const at::Tensor ws = attach_workspace(args, bytes, q);
-  raise_if_error(fa4::validate(args), op);
   raise_if_error(fa4::backward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), op);
   return {dq, dk, dv};
 }

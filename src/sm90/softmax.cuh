@@ -39,10 +39,11 @@ __device__ __forceinline__ float exp2_share(int j, float x) {
 }
 
 // Soft-capping of one score: s -> cap * tanh(s * in), in = scale / cap (Problem::softcap), with
-// the slope 1 - tanh^2 that the backward's dS takes (d(cap tanh(x)) / dx; the scale apart). Both
-// forms take about 2e-7 absolute in tanh, where tanh.approx's 2^-11 relative error would move a
-// score near the cap by cap / 2048; the slope as 4 e r^2 (= (1 - t)(1 + t)) keeps its relative
-// accuracy where tanh nears +-1, where 1 - t^2 would cancel.
+// the slope 1 - tanh^2 that the backward's dS takes (d(cap tanh(x)) / dx; the scale apart): about
+// 2e-7 (FMA reciprocal, measured on the host) or 1e-6 (MUFU's) absolute in tanh, where
+// tanh.approx's 2^-11 relative error would move a score near the cap by cap / 2048; the slope as
+// 4 e r^2 (= (1 - t)(1 + t)) keeps its relative accuracy where tanh nears +-1, where 1 - t^2 would
+// cancel.
 //  - kFmaRecip: e = e^(-2|x|) by MUFU's 2^x and r = 1 / (1 + e) on the FMA pipe
 //    (numerics/softcap.h): one MUFU op a score, six FMAs more, and s live until its sign is put
 //    back (the kernels at the edge of their registers spill with it: d256's forward, d128's dK/dV).
