@@ -1,10 +1,13 @@
-"""Decoding: one query row a head against a long K/V, fa4 next to its peers in one process.
+"""Decoding: one query row a head (or a few) against a long K/V, fa4 next to its peers in one process.
 
-    python3 bench/decode.py [--shapes "B,HQ,HKV,SK,D;..."] [--providers fa4,cudnn,fa2]
-        [--rounds 3] [--dtype bf16|fp16] [--name WHAT] [--out DIR]
+    python3 bench/decode.py [--shapes "B,HQ,HKV,SK,D;..."] [--seqlen-q N] [--causal]
+        [--providers fa4,cudnn,fa2] [--rounds 3] [--dtype bf16|fp16] [--name WHAT] [--out DIR]
 
-Each shape is [batch, 1, heads_q, d] queries against [batch, seqlen_k, heads_kv, d] keys and values
-(GQA where heads_q > heads_kv), non-causal. The work is reading K and V once, so besides the time
+Each shape is [batch, seqlen_q, heads_q, d] queries (seqlen_q 1 unless --seqlen-q: speculative
+decoding's few rows) against [batch, seqlen_k, heads_kv, d] keys and values (GQA where heads_q >
+heads_kv); non-causal unless --causal (bottom-right: query i sees keys up to seqlen_k - seqlen_q + i;
+the peers through SDPA's causal_lower_right bias where they take it, else without the mask,
+recorded as "peer_causal": false). The work is reading K and V once, so besides the time
 each record has the bandwidth it reached over the bytes a call must move (Q, K, V, O), to set
 against the GPU's DRAM. Providers:
   fa4    fa4.flash_attn_func on BSHD tensors
@@ -52,29 +55,36 @@ def shape_list(text):
     return out
 
 
-def peer_fn(provider, q, k, v, group):
-    """SDPA on BHSD tensors under one backend; K and V expanded where it refuses GQA."""
+def peer_fn(provider, q, k, v, group, causal=False):
+    """SDPA on BHSD tensors under one backend; K and V expanded where it refuses GQA; with causal
+    the bottom-right bias where the backend takes it. Returns (fn, kv_expanded, causal_taken)."""
     backend = SDPBackend.CUDNN_ATTENTION if provider == "cudnn" else SDPBackend.FLASH_ATTENTION
+    masks = [None]
+    if causal:
+        from torch.nn.attention.bias import causal_lower_right
+        masks = [causal_lower_right(q.shape[2], k.shape[2]), None]
 
-    def call(kk, vv, gqa):
+    def call(kk, vv, gqa, mask):
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, kk, vv, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=gqa)
 
-    if group == 1:
-        call(k, v, False)
-        return (lambda: call(k, v, False)), False
-    try:
-        call(k, v, True)
-        return (lambda: call(k, v, True)), False
-    except RuntimeError:
-        ke, ve = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        call(ke, ve, False)
-        return (lambda: call(ke, ve, False)), True
+    last = None
+    for mask in masks:
+        for gqa in ([False] if group == 1 else [True, False]):
+            kk, vv = (k, v) if gqa or group == 1 else (k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1))
+            try:
+                call(kk, vv, gqa, mask)
+                return (lambda kk=kk, vv=vv, gqa=gqa, mask=mask: call(kk, vv, gqa, mask)), kk is not k, mask is not None
+            except RuntimeError as e:
+                last = e
+    raise last
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", type=shape_list, default=DEFAULT_SHAPES)
+    ap.add_argument("--seqlen-q", type=int, default=1)
+    ap.add_argument("--causal", action="store_true")
     ap.add_argument("--providers", default="fa4,cudnn,fa2")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
@@ -90,28 +100,31 @@ def main(argv=None) -> int:
     records, failed = [], 0
     for n, (b, hq, hkv, sk, d) in enumerate(a.shapes):
         g = torch.Generator(device="cuda").manual_seed(1000 + n)
-        q = torch.randn(b, 1, hq, d, device="cuda", dtype=dtype, generator=g)
+        sq = a.seqlen_q
+        q = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype, generator=g)
         k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, generator=g)
         v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, generator=g)
         group = hq // hkv
-        moved = 2 * (2 * b * hq * d + 2 * b * sk * hkv * d)  # bytes: Q and O, K and V once
+        moved = 2 * (2 * b * sq * hq * d + 2 * b * sk * hkv * d)  # bytes: Q and O, K and V once
         fns, recs = {}, {}
         for p in providers:
             rec = {"op": "fwd", "provider": p, "dtype": a.dtype, "batch": b, "heads_q": hq, "heads_kv": hkv,
-                   "seqlen_q": 1, "seqlen_k": sk, "head_dim": d, "causal": False, "ms": None, **meta}
+                   "seqlen_q": sq, "seqlen_k": sk, "head_dim": d, "causal": a.causal, "ms": None, **meta}
             recs[p] = rec
             try:
                 if p == "fa4":
                     with torch.no_grad():
-                        out = fa4.flash_attn_func(q, k, v)
+                        out = fa4.flash_attn_func(q, k, v, causal=a.causal)
                         # the reference per query head: K and V of batch 0 expanded to heads_q
                         rec["check"] = check_fa4(q[:1], k[:1].repeat_interleave(group, dim=2),
-                                                 v[:1].repeat_interleave(group, dim=2), out[:1], False)
+                                                 v[:1].repeat_interleave(group, dim=2), out[:1], a.causal)
                     failed += not rec["check"]["pass"]
-                    fns[p] = lambda q=q, k=k, v=v: fa4.flash_attn_func(q, k, v)
+                    fns[p] = lambda q=q, k=k, v=v: fa4.flash_attn_func(q, k, v, causal=a.causal)
                 else:
                     qh, kh, vh = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-                    fns[p], rec["kv_expanded"] = peer_fn(p, qh, kh, vh, group)
+                    fns[p], rec["kv_expanded"], taken = peer_fn(p, qh, kh, vh, group, a.causal)
+                    if a.causal:
+                        rec["peer_causal"] = taken
             except Exception as e:  # a provider that cannot run this shape: record why
                 rec["error"] = short(e)
 
@@ -132,6 +145,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
 
     write_records(records, a.out, a.name)
+    print(f"seqlen_q {a.seqlen_q}, {'causal (bottom-right)' if a.causal else 'non-causal'}")
     print(f"{'b':>3} {'hq':>3} {'hkv':>3} {'sk':>6} {'d':>3}  " +
           "  ".join(f"{p + ' us':>10} {'GB/s':>6}" for p in providers) + "  " +
           "  ".join(f"{'fa4/' + p:>9}" for p in providers if p != "fa4") + "  check")
@@ -142,14 +156,15 @@ def main(argv=None) -> int:
         cells = []
         for p in providers:
             r = row.get(p, {})
-            mark = "*" if r.get("kv_expanded") else " "
+            mark = "*" if r.get("kv_expanded") else "~" if r.get("peer_causal") is False else " "
             cells.append(f"{r['us']:>9.1f}{mark} {r['gbps']:>6.0f}" if r.get("us") else f"{'-':>10} {'-':>6}")
         ratios = [f"{row[p]['us'] / row['fa4']['us']:>9.2f}" if row.get(p, {}).get("us") and row.get("fa4", {}).get("us")
                   else f"{'-':>9}" for p in providers if p != "fa4"]
         chk = row.get("fa4", {}).get("check")
         print(" ".join(f"{x:>3}" if i != 3 else f"{x:>6}" for i, x in enumerate(key)) + "  " + "  ".join(cells) +
               "  " + "  ".join(ratios) + "  " + ("-" if not chk else ("PASS" if chk["pass"] else "FAIL")))
-    print("(* K and V expanded to heads_q: the backend refused GQA; ratios are the peer's time over fa4's)")
+    print("(* K and V expanded to heads_q: the backend refused GQA; ~ the peer ran without the causal mask, "
+          "which it refused; ratios are the peer's time over fa4's)")
     return 1 if failed else 0
 
 

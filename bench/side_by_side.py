@@ -270,7 +270,7 @@ def check_fa4(q, k, v, out, causal, softcap=0.0):
             i1 = min(s, i0 + chunk)
             rows = torch.arange(i0, i1, device=q.device)[:, None]
             cols = torch.arange(sk, device=q.device)[None, :]
-            masked = (cols > rows) if causal else None
+            masked = (cols > rows + (sk - s)) if causal else None  # bottom-right, as fa4's
             # float64
             s64 = (q[0, i0:i1, hh].double() @ k64.T) * scale
             if softcap > 0:

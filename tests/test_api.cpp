@@ -291,7 +291,11 @@ TEST(Api, DecodingQueryGroupsFoldIntoRows) {
   p.window_left = 98;  // key 0 not seen: the folded rows would each see other keys
   EXPECT_FALSE(folds(p));
   EXPECT_FALSE(folds(make_problem(2, 1, 100, 8, 8, 64)));  // no group to fold
-  EXPECT_FALSE(folds(make_problem(2, 2, 100, 8, 2, 64)));  // two query rows a head
+  // Two query rows a head: not by strides, but into rows the kernel reads by query (fold_query_rows).
+  const fa4::detail::FwdParams two = fa4::detail::make_fwd_params(fake_forward(make_problem(2, 2, 100, 8, 2, 64)));
+  EXPECT_EQ(two.fold, 2);
+  EXPECT_EQ(two.seqlen_q, 8);
+  EXPECT_EQ(two.q_stride[1], 8 * 64);  // the tensor's own
 }
 
 // The backward's parameters: every tensor, the resolved problem, and the workspace split into the

@@ -350,6 +350,51 @@ TEST(ForwardGpu, DecodingQueryGroupsFolded) {
   }
 }
 
+// A few query rows a head under GQA/MQA (speculative decoding, short prefill chunks): each KV
+// head's group of query heads folded into a tile's rows (detail::fold_query_rows), each row
+// masked by its own query (causal, windows on either side, rows without keys where seqlen_q >
+// seqlen_k), in every layout and head dim, whole and cut into stream-K pieces, soft-capped, and
+// the largest folds (128 rows, a group of 64). Each case first checks that it folds.
+TEST(ForwardGpu, QueryRowsOfAGroupFolded) {
+  FA4_REQUIRE_GPU();
+  auto fold_of = [](const Case& c) {
+    fa4::Problem p;
+    p.batch = c.batch, p.seqlen_q = c.seqlen_q, p.seqlen_k = c.seqlen_k, p.heads_q = c.heads_q;
+    p.heads_kv = c.heads_kv, p.head_dim = c.head_dim, p.causal = c.causal;
+    p.window_left = c.left, p.window_right = c.right;
+    fa4::ForwardArgs a;
+    a.problem = p;
+    a.q = a.o = fa4::bshd(nullptr, c.seqlen_q, c.heads_q, c.head_dim);
+    a.k = a.v = fa4::bshd(nullptr, c.seqlen_k, c.heads_kv, c.head_dim);
+    return fa4::detail::make_fwd_params(a).fold;
+  };
+  uint32_t seed = 370;
+  for (int64_t d : {64, 128, 256}) {
+    std::vector<Case> cases = {
+        {BF16, 2, 4, 1000, 32, 8, d, true},                            // speculative decoding: 4 x 4 rows
+        {BF16, 3, 3, 777, 16, 2, d, false},                            // 3 x 8 rows, no bound
+        {FP16, 2, 5, 300, 8, 2, d, true, -1, -1, Layout::kBHSD},       // 5 x 4
+        {BF16, 2, 7, 513, 12, 3, d, true, -1, -1, Layout::kPadded},    // 7 x 4
+        {BF16, 1, 16, 2000, 64, 8, d, true},                           // 16 x 8 = 128 rows
+        {BF16, 1, 2, 999, 64, 1, d, true},                             // MQA, a group of 64
+        {BF16, 2, 6, 5, 16, 4, d, true},                               // seqlen_q > seqlen_k: rows without keys
+        {FP16, 1, 8, 700, 16, 2, d, false, 100, 0},                    // a window on both sides
+        {BF16, 1, 5, 600, 8, 1, d, false, -1, 3},                      // a right bound past the diagonal
+        {BF16, 1, 6, 4097, 32, 4, d, true},                            // few tiles, long keys: cut tails
+    };
+    Case split = {BF16, 2, 4, 3000, 16, 4, d, true};  // every tile cut into stream-K pieces
+    split.split = 2;
+    cases.push_back(split);
+    Case capped = {BF16, 2, 3, 900, 16, 4, d, true};
+    capped.softcap = 15.0f;
+    cases.push_back(capped);
+    for (const Case& c : cases) {
+      ASSERT_GT(fold_of(c), 0) << c.name();
+      ASSERT_NO_FATAL_FAILURE(run_case(c, seed++));
+    }
+  }
+}
+
 TEST(ForwardGpu, StridedLayouts) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 400;

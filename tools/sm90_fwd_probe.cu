@@ -18,6 +18,13 @@
 //                              alternating rounds (default 5), the L2 flushed before every launch;
 //                              medians in us and GB/s. FA4_DECODE_SHAPES="B,HQ,HKV,SK,D;..." takes
 //                              other shapes
+//   sm90_fwd_probe fold [ROUNDS]
+//                              a few query rows a head under GQA (speculative decoding), causal:
+//                              each KV head's query group folded into a tile's rows
+//                              (detail::fold_query_rows, the launch's way) beside the same call
+//                              unfolded (a tile a query head); ROUNDS alternating rounds (default
+//                              5), the L2 flushed before every launch, medians in us.
+//                              FA4_FOLD_SHAPES="B,SQ,HQ,HKV,SK,D;..." takes other shapes
 //   sm90_fwd_probe trace DIR [variants]
 //                              clock64 timeline of the first CTAs (csv in DIR, medians printed);
 //                              with `variants` also the configurations measured and not shipped;
@@ -714,6 +721,68 @@ int main(int argc, char** argv) {
       }
       std::printf("\n");
       cudaFree(q); cudaFree(o); cudaFree(k); cudaFree(v);
+    }
+    cudaFree(flush);
+    return 0;
+  }
+  if (std::strcmp(mode, "fold") == 0) {  // query groups folded into rows against a tile a query head
+    struct Spec { int b, sq, hq, hkv, sk, d; };
+    std::vector<Spec> shapes = {{1, 4, 32, 8, 8192, 128},  {8, 4, 32, 8, 8192, 128}, {8, 2, 32, 8, 8192, 128},
+                                {8, 8, 32, 8, 8192, 128},  {32, 4, 32, 8, 4096, 128}, {8, 16, 64, 8, 8192, 128},
+                                {16, 4, 16, 1, 8192, 128}, {8, 4, 32, 4, 8192, 64},  {8, 4, 16, 4, 8192, 256}};
+    if (const char* list = std::getenv("FA4_FOLD_SHAPES")) {
+      shapes.clear();
+      for (const char* c = list; *c;) {
+        Spec x{};
+        if (std::sscanf(c, "%d,%d,%d,%d,%d,%d", &x.b, &x.sq, &x.hq, &x.hkv, &x.sk, &x.d) == 6) shapes.push_back(x);
+        c = std::strchr(c, ';');
+        if (!c) break;
+        ++c;
+      }
+    }
+    const int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
+    void* flush = nullptr;
+    const size_t flush_bytes = size_t(256) << 20;
+    CK(cudaMalloc(&flush, flush_bytes));
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0); cudaEventCreate(&e1);
+    for (const Spec& x : shapes) {
+      const Shape sh{x.b, x.hq, x.hkv, x.sq, x.sk, x.d, true};
+      const size_t nq = size_t(x.b) * x.sq * x.hq * x.d, nkv = size_t(x.b) * x.sk * x.hkv * x.d;
+      void *q, *k, *v, *o;
+      float* lse;
+      CK(cudaMalloc(&q, nq * 2)); CK(cudaMalloc(&o, nq * 2)); CK(cudaMalloc(&k, nkv * 2)); CK(cudaMalloc(&v, nkv * 2));
+      CK(cudaMalloc(&lse, size_t(x.b) * x.hq * x.sq * 4));
+      fill_device(q, nq, 7); fill_device(k, nkv, 8); fill_device(v, nkv, 9);
+      const FwdParams folded = make_params(sh, q, k, v, o, lse);
+      FwdParams plain = folded;  // the fold undone: a tile a query head
+      if (plain.fold > 0) plain.seqlen_q = x.sq, plain.heads_q = x.hq, plain.fold = 0;
+      const FwdParams* ways[2] = {&folded, &plain};
+      std::vector<double> us[2];
+      for (int r = 0; r < rounds; ++r)
+        for (int w = 0; w < 2; ++w) {
+          std::vector<float> ms;
+          for (int i = 0; i < 23; ++i) {
+            cudaMemsetAsync(flush, i, flush_bytes);
+            cudaEventRecord(e0);
+            const fa4::Status st = fa4::detail::sm90_forward(*ways[w], 0);
+            if (!st.ok()) { std::printf("launch failed: %s\n", st.message.c_str()); std::exit(1); }
+            cudaEventRecord(e1);
+            cudaEventSynchronize(e1);
+            float t; cudaEventElapsedTime(&t, e0, e1);
+            if (i >= 3) ms.push_back(t);
+          }
+          std::sort(ms.begin(), ms.end());
+          us[w].push_back(1e3 * ms[ms.size() / 2]);
+        }
+      for (auto& u : us) std::sort(u.begin(), u.end());
+      const double f = us[0][us[0].size() / 2], u = us[1][us[1].size() / 2];
+      const double bytes = 2.0 * (2.0 * nq + 2.0 * nkv);
+      std::printf("FOLD b=%d sq=%d hq=%d hkv=%d sk=%d d=%d causal (fold %d: %d rows of %d heads): folded %.1f us "
+                  "%.0f GB/s [%.1f-%.1f], unfolded %.1f us [%.1f-%.1f], unfolded / folded %.2f\n",
+                  x.b, x.sq, x.hq, x.hkv, x.sk, x.d, folded.fold, folded.seqlen_q, folded.heads_q, f,
+                  bytes / (f * 1e-6) / 1e9, us[0].front(), us[0].back(), u, us[1].front(), us[1].back(), u / f);
+      cudaFree(q); cudaFree(o); cudaFree(k); cudaFree(v); cudaFree(lse);
     }
     cudaFree(flush);
     return 0;

@@ -407,6 +407,19 @@ bool fold_query_groups(FwdParams* f) {
   return true;
 }
 
+bool fold_query_rows(FwdParams* f) {
+  const int group = f->heads_kv > 0 ? f->heads_q / f->heads_kv : 1;
+  if (f->seqlen_q < 2 || group < 2 || group > 64 || (group & (group - 1)) != 0 ||
+      int64_t(f->seqlen_q) * group > kFoldRowsMax)
+    return false;
+  int fold = 0;
+  while ((1 << fold) < group) ++fold;
+  f->seqlen_q *= group;
+  f->heads_q = f->heads_kv;
+  f->fold = fold;
+  return true;
+}
+
 FwdParams make_fwd_params(const ForwardArgs& args) {
   FwdParams f{};
   set_problem(args.problem, &f);
@@ -423,7 +436,7 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
     f.total_k = static_cast<int>(args.varlen.total_k);
     return f;
   }
-  fold_query_groups(&f);
+  if (!fold_query_groups(&f)) fold_query_rows(&f);
   return f;
 }
 

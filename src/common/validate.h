@@ -49,8 +49,16 @@ void resolve_window(const Problem& p, int64_t* left, int64_t* right);
 // whether it folded.
 bool fold_query_groups(FwdParams* f);
 
+// A few query rows a head under GQA/MQA (speculative decoding, short prefill chunks): each KV head's
+// group of query heads folded into rows (s, m) = s * group + m of one head, where the group is a
+// power of two from 2 to 64 and seqlen_q * group <= kFoldRowsMax. Unlike fold_query_groups the rows'
+// queries differ, so the kernel reads each row's query and query head from FwdParams::fold (its
+// masks, its Q and O maps and the LSE's index). Returns whether it folded.
+inline constexpr int kFoldRowsMax = 128;
+bool fold_query_rows(FwdParams* f);
+
 // Kernel parameters for arguments that passed validate(): scale defaulted, window resolved, query
-// groups folded where they can be (fold_query_groups).
+// groups folded where they can be (fold_query_groups, else fold_query_rows).
 FwdParams make_fwd_params(const ForwardArgs& args);
 BwdParams make_bwd_params(const BackwardArgs& args);
 

@@ -49,6 +49,26 @@ inline TensorMapSpec bshd_folded_spec(const int64_t stride[3], int batch, int se
           {64, uint32_t(box_rows), uint32_t(box_blocks > 0 ? box_blocks : head_dim / 64), 1, 1}};
 }
 
+// The same tensor with each query group of 2^fold heads folded into rows (FwdParams::fold): a map
+// over (dim, heads, seq, batch) read in boxes of 64 columns x 2^fold heads x (box_rows >> fold)
+// queries, so that box row r is query r >> fold of the group's head r & (2^fold - 1), the layout of
+// bshd_spec's box of box_rows rows. Coordinates (column, group's first head, first query, batch).
+// chunked: (64, heads, seq, head_dim / 64 column blocks, batch) instead, each box every column
+// block (bshd_folded_spec's layout), at (0, first head, first query, 0, batch).
+inline TensorMapSpec bshd_query_group_spec(const int64_t stride[3], int batch, int seqlen, int heads, int head_dim,
+                                           int box_rows, int fold, bool chunked) {
+  const uint32_t group = 1u << fold, queries = uint32_t(box_rows) >> fold;
+  if (chunked)
+    return {5,
+            {64, uint64_t(heads), uint64_t(seqlen), uint64_t(head_dim / 64), uint64_t(batch)},
+            {uint64_t(stride[2]) * 2, uint64_t(stride[1]) * 2, 128, uint64_t(stride[0]) * 2},
+            {64, group, queries, uint32_t(head_dim / 64), 1}};
+  return {4,
+          {uint64_t(head_dim), uint64_t(heads), uint64_t(seqlen), uint64_t(batch)},
+          {uint64_t(stride[2]) * 2, uint64_t(stride[1]) * 2, uint64_t(stride[0]) * 2},
+          {64, group, queries, 1}};
+}
+
 inline int make_tensor_map_16bit_sw128(CUtensorMap* map, const void* base, const TensorMapSpec& m) {
   return make_tensor_map_16bit_sw128(map, base, m.rank, m.dims, m.strides_bytes, m.box);
 }

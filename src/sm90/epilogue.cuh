@@ -60,10 +60,36 @@ __device__ __forceinline__ void stmatrix_tile(uint32_t base, int consumer, int t
   }
 }
 
+// Row q of tile tl's head as Q's and O's maps and strides place it. With a query group folded
+// into rows (Window::fold = f) tl.head is the KV head, whose query heads (head << f) + m hold the
+// group, and row q is query q >> f of query head (head << f) + (q & (2^f - 1)): the maps run over
+// (dim, heads_q, seq, batch), their rows coordinate then a head's and their heads coordinate a
+// query's (MapRow; the launch builds them so, ptx::bshd_query_group_spec).
+struct MapRow {
+  int row, head;
+};
+template <class Params>
+__host__ __device__ __forceinline__ MapRow qo_map_row(const Params& p, int row, int head) {
+  const int f = p.window.fold;
+  return f == 0 ? MapRow{row, head} : MapRow{head << f, row >> f};
+}
+// Row q's element offset from the (batch, head) start, and the LSE's index ([batch, heads_q,
+// seqlen_q]; folded: [batch, heads_kv, 2^f, seqlen_q >> f]).
+template <class Params>
+__host__ __device__ __forceinline__ int64_t o_row_offset(const Params& p, int head, int q) {
+  const int f = p.window.fold;
+  return int64_t(q >> f) * p.o_stride[1] + int64_t((head << f) + (q & ((1 << f) - 1))) * p.o_stride[2];
+}
+template <class Params>
+__host__ __device__ __forceinline__ int64_t lse_index(const Params& p, const Tile& tl, int q) {
+  const int f = p.window.fold;
+  return (int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + (q & ((1 << f) - 1)) * (p.seqlen_q >> f) + (q >> f);
+}
+
 // Row q of O for tile tl's (batch, head), in elements of Elem.
 template <class Elem, class Params>
 __device__ __forceinline__ Elem* o_row(const Params& p, const Tile& tl, int q) {
-  return static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] + tl.head * p.o_stride[2];
+  return static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + o_row_offset(p, tl.head, q);
 }
 // Packed row q (a variable-length batch's: no batch term) of head tl.head.
 template <class Elem, class Params>
@@ -97,7 +123,7 @@ __device__ __forceinline__ void finish_rows(const Params& p, const Tile& tl, con
         p.lse[int64_t(tl.head) * p.total_q + sp.q_off + q] = numerics::row_lse(rows[i], Lg2Approx{});
     } else {
       if (p.lse != nullptr && lane % 4 == 0 && q >= 0 && q < p.seqlen_q)
-        p.lse[(int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q] = numerics::row_lse(rows[i], Lg2Approx{});
+        p.lse[lse_index(p, tl, q)] = numerics::row_lse(rows[i], Lg2Approx{});
     }
   }
 }
@@ -153,21 +179,25 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
       }
       ptx::named_bar_sync(bar_id, 128);
     } else if (t == 0 && first + consumer * 64 >= 0) {
-      const int row = (kVarlen ? sp.q_off : 0) + first + consumer * 64;
+      const MapRow at = kVarlen ? MapRow{sp.q_off + first + consumer * 64, tl.head}
+                                : qo_map_row(p, first + consumer * 64, tl.head);
       const int batch = kVarlen ? 0 : tl.batch;
       if constexpr (kOwn && Cfg::kFoldedQO) {  // the consumer's rows as one box of every chunk
+        // (Folded query groups: the map's dims (64, heads_q, seq, chunks, batch).)
+        const bool fold = !kVarlen && p.window.fold != 0;
+        const int c2 = fold ? at.head : 0, c3 = fold ? 0 : at.head;
         if constexpr (Cfg::kQOEvictFirst)
-          ptx::tma_store_5d_hint(&p.tm_o, s_o, 0, row, 0, tl.head, batch, ptx::l2_policy_evict_first());
+          ptx::tma_store_5d_hint(&p.tm_o, s_o, 0, at.row, c2, c3, batch, ptx::l2_policy_evict_first());
         else
-          ptx::tma_store_5d(&p.tm_o, s_o, 0, row, 0, tl.head, batch);
+          ptx::tma_store_5d(&p.tm_o, s_o, 0, at.row, c2, c3, batch);
       } else {
 #pragma unroll
         for (int c = 0; c < Cfg::kChunks; ++c) {
           const uint8_t* src = s_o + c * kStageRows * 128 + (kOwn ? 0 : consumer * 64 * 128);
           if constexpr (Cfg::kQOEvictFirst)  // O is written once: evict_first in L2
-            ptx::tma_store_4d_hint(&p.tm_o, src, c * 64, row, tl.head, batch, ptx::l2_policy_evict_first());
+            ptx::tma_store_4d_hint(&p.tm_o, src, c * 64, at.row, at.head, batch, ptx::l2_policy_evict_first());
           else
-            ptx::tma_store_4d(&p.tm_o, src, c * 64, row, tl.head, batch);
+            ptx::tma_store_4d(&p.tm_o, src, c * 64, at.row, at.head, batch);
         }
       }
       ptx::tma_store_commit();
@@ -228,8 +258,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
         if constexpr (kVarlen)
           out = o_packed_row<Elem>(p, tl, sp.q_off + q);
         else
-          out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] +
-                tl.head * p.o_stride[2];
+          out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + o_row_offset(p, tl.head, q);
 #pragma unroll
         for (int j = 0; j < Cfg::kHeadDim / 8; ++j)
           *reinterpret_cast<uint32_t*>(out + 8 * j + col0) =

@@ -571,7 +571,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // docs/perf-notes.md, "The window known unbounded at compile time"). Rows still come from
   // p.window (its shift). Read afresh at each use: one copy held from here spilled (ptxas -v).
   auto bound = [&p]() -> Window {
-    if constexpr (kCausal) return Window{-1, 0, p.window.shift};
+    if constexpr (kCausal) return Window{-1, 0, p.window.shift, p.window.fold};
     return kBounded ? p.window : Window{-1, -1, 0};
   };
 
@@ -640,13 +640,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // (With varlen the map's rows are the packed sequences', its batch extent 1: sp.q_off's row.)
     [[maybe_unused]] auto load_q_rows = [&](int c, const Tile& tl, const SeqSpan& sp, uint64_t* full) {
       if constexpr (Cfg::kFoldedQO) {
-        const int row = (kVarlen ? sp.q_off : 0) + tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64;
+        const int row = tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64;
+        // (A folded query group's map: dims (64, heads_q, seq, chunks, batch); epilogue.cuh, MapRow.)
+        const MapRow at = kVarlen ? MapRow{sp.q_off + row, tl.head} : qo_map_row(p, row, tl.head);
+        const bool fold = !kVarlen && p.window.fold != 0;
+        const int c2 = fold ? at.head : 0, c3 = fold ? 0 : at.head;
         const int batch = kVarlen ? 0 : tl.batch;
         uint8_t* dst = sQ + c * (Cfg::kQBytes / 2);
         if constexpr (Cfg::kQOEvictFirst)
-          tma_load_5d_hint(dst, &p.tm_q, full, 0, row, 0, tl.head, batch, l2_policy_evict_first());
+          tma_load_5d_hint(dst, &p.tm_q, full, 0, at.row, c2, c3, batch, l2_policy_evict_first());
         else
-          tma_load_5d(dst, &p.tm_q, full, 0, row, 0, tl.head, batch);
+          tma_load_5d(dst, &p.tm_q, full, 0, at.row, c2, c3, batch);
       }
     };
     if constexpr (kOInKV) {
@@ -788,9 +792,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // Rows before row 0 (a first tile with Window::shift) land as zeros (TMA's out-of-bounds
             // fill); with varlen, rows past the sequence are the next one's (the consumers' key mask
             // and row tests leave them out).
-            load_tile(sQ + qw.stage * Cfg::kQBytes, &p.tm_q, &bar.q_full[qw.stage], Cfg::kQBytes, kBlockM,
-                      (kVarlen ? sp.q_off : 0) + tile_first_row<kBlockM>(p.window, tl.m_block), tl.head,
-                      kVarlen ? 0 : tl.batch, Cfg::kQOEvictFirst);
+            // (A folded query group's rows: epilogue.cuh, MapRow.)
+            const int first = tile_first_row<kBlockM>(p.window, tl.m_block);
+            const MapRow at = kVarlen ? MapRow{sp.q_off + first, tl.head} : qo_map_row(p, first, tl.head);
+            load_tile(sQ + qw.stage * Cfg::kQBytes, &p.tm_q, &bar.q_full[qw.stage], Cfg::kQBytes, kBlockM, at.row,
+                      at.head, kVarlen ? 0 : tl.batch, Cfg::kQOEvictFirst);
           }
           // The next tile now, so the atomic's latency passes under this tile's K/V loads.
           next = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
@@ -1266,7 +1272,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       int n = range.hi - 1;
       float corr[2];
       // With a right bound (causal), past the last key this consumer's last row sees.
-      const int seen_end = my_first + 64 + len_k() - len_q() + p.window.right;
+      // (Rows are queries but for a folded query group: Window::fold.)
+      const int seen_end = row_query(bound(), my_first + 63) + 1 + key_offset(bound(), len_q(), len_k()) + p.window.right;
       // The V slot of the last block passed over (kSkipLeading, kSkipFirstWhole), freed after the
       // first S.
       [[maybe_unused]] int skipped_v = -1;
@@ -1299,7 +1306,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // walks): the blocks below it are passed over after the last P V (kSkipLeading).
       int my_lo = range.lo;
       if constexpr (kSkipLeading) {
-        const int lo_key = my_first + len_k() - len_q() - bound().left;
+        const int lo_key = row_query(bound(), my_first) + key_offset(bound(), len_q(), len_k()) - bound().left;
         if (bound().left >= 0 && lo_key > range.lo * kBlockN) my_lo = min(n, lo_key / kBlockN);
       }
       // First block: S_0 alone. With the serial step, where these rows see only the block's lower

@@ -249,7 +249,7 @@ int row_shift(const detail::FwdParams& a) {
 template <int kBlockM>
 Window tile_window(const detail::FwdParams& a) {
   // (Variable-length batches: each sequence's tiles from its row 0, the shift being per sequence.)
-  return Window{a.window_left, a.window_right, a.varlen() ? 0 : row_shift<kBlockM>(a)};
+  return Window{a.window_left, a.window_right, a.varlen() ? 0 : row_shift<kBlockM>(a), a.fold};
 }
 
 // The sum over a head's query tiles of kBlockM rows (placed by row_shift) of f(window, m_block,
@@ -288,13 +288,13 @@ inline double four_consumer_scores(const detail::FwdParams& a) {
       int hi = r.hi, lo = r.lo;
       if (w.right >= 0) {
         // The keys [0, seen_end) its last row sees; at least the range's first block.
-        const int64_t seen_end = int64_t(first) + 64 + a.seqlen_k - a.seqlen_q + w.right;
+        const int64_t seen_end = int64_t(row_query(w, first + 63)) + 1 + key_offset(w, a.seqlen_q, a.seqlen_k) + w.right;
         hi = seen_end <= int64_t(r.lo + 1) * kBlockN
                  ? r.lo + 1
                  : int(std::min<int64_t>(r.hi, (seen_end + kBlockN - 1) / kBlockN));
       }
       if (w.left >= 0) {  // from the lowest block its first row sees, at most its last
-        const int64_t lo_key = int64_t(first) + a.seqlen_k - a.seqlen_q - w.left;
+        const int64_t lo_key = int64_t(row_query(w, first)) + key_offset(w, a.seqlen_q, a.seqlen_k) - w.left;
         if (lo_key > int64_t(r.lo) * kBlockN) lo = int(std::min<int64_t>(hi - 1, lo_key / kBlockN));
       }
       blocks += hi - lo;
@@ -546,10 +546,18 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // With O staged in K/V slots (one Q buffer; FwdConfig::kFoldedQO) Q loads as each consumer's 64 rows
   // of every 64-column chunk in one box (fwd_kernel's Q loaders), and O leaves the same way; otherwise
   // a box is a tile's rows of one chunk.
-  const int rq = Cfg::kFoldedQO ? ptx::map_bshd_16bit_sw128_folded(&k.tm_q, a.q, mp.q_stride, mp.batch, mp.seqlen_q,
-                                                                   a.heads_q, a.head_dim, 64)
-                                : ptx::map_bshd_16bit_sw128(&k.tm_q, a.q, mp.q_stride, mp.batch, mp.seqlen_q, a.heads_q,
-                                                            a.head_dim, Cfg::kBlockM);
+  // A folded query group (a.fold): Q and O over (dim, heads_q, seq, batch), a box row a query's
+  // head in the group (ptx::bshd_query_group_spec; the kernel's coordinates: epilogue.cuh, MapRow).
+  auto map_qo = [&](CUtensorMap* map, const void* base, const int64_t(&stride)[3], int rows) {
+    if (a.fold > 0)
+      return ptx::make_tensor_map_16bit_sw128(
+          map, base, ptx::bshd_query_group_spec(stride, a.batch, a.seqlen_q >> a.fold, a.heads_q << a.fold, a.head_dim,
+                                                rows, a.fold, Cfg::kFoldedQO));
+    return Cfg::kFoldedQO
+               ? ptx::map_bshd_16bit_sw128_folded(map, base, stride, mp.batch, mp.seqlen_q, a.heads_q, a.head_dim, rows)
+               : ptx::map_bshd_16bit_sw128(map, base, stride, mp.batch, mp.seqlen_q, a.heads_q, a.head_dim, rows);
+  };
+  const int rq = map_qo(&k.tm_q, a.q, mp.q_stride, Cfg::kFoldedQO ? 64 : Cfg::kBlockM);
   // K or V; folded (folded_kv): boxes of the whole block's rows, of every chunk or, with clusters,
   // of this CTA's half of them.
   auto map_kv = [&](CUtensorMap* map, const void* base, const int64_t(&stride)[3]) {
@@ -558,10 +566,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
                             : ptx::map_bshd_16bit_sw128(map, base, stride, mp.batch, mp.seqlen_k, a.heads_kv, a.head_dim, kv_box);
   };
   const int rk = map_kv(&k.tm_k, a.k, mp.k_stride), rv = map_kv(&k.tm_v, a.v, mp.v_stride);
-  const int ro = !Cfg::kTmaStoreO ? 0
-                 : Cfg::kFoldedQO
-                     ? ptx::map_bshd_16bit_sw128_folded(&k.tm_o, a.o, mp.o_stride, mp.batch, mp.seqlen_q, a.heads_q, a.head_dim, 64)
-                     : ptx::map_bshd_16bit_sw128(&k.tm_o, a.o, mp.o_stride, mp.batch, mp.seqlen_q, a.heads_q, a.head_dim, 64);
+  const int ro = Cfg::kTmaStoreO ? map_qo(&k.tm_o, a.o, mp.o_stride, 64) : 0;
   if (rq || rk || rv || ro)
     return {StatusCode::kNotSupported, "cuTensorMapEncodeTiled refused a tensor (driver error " +
                                            std::to_string(rq ? rq : rk ? rk : rv ? rv : ro) + ")"};

@@ -11,10 +11,22 @@ namespace fa4::sm90 {
 // [m * kBlockM - shift, (m + 1) * kBlockM - shift): with a right bound a tile's keys grow with
 // its rows, and the launch (row_shift) sets shift so a partial tile's padding rows lie before
 // row 0, in the first and shortest tile, not past the last row in the longest.
+//
+// fold: with a query group folded into rows (FwdParams::fold), row r is query r >> fold of query
+// head (r & (2^fold - 1)) of the group; seqlen_q counts rows (queries << fold), so the offset is
+// seqlen_k - (seqlen_q >> fold). 0 elsewhere: rows are queries.
 struct Window {
   int left, right;
   int shift = 0;
+  int fold = 0;
 };
+
+// Row r's query (Window::fold), and the offset of the bounds: query i sees keys from
+// i + offset - left to i + offset + right.
+__host__ __device__ __forceinline__ int row_query(Window w, int row) { return row >> w.fold; }
+__host__ __device__ __forceinline__ int key_offset(Window w, int seqlen_q, int seqlen_k) {
+  return seqlen_k - (seqlen_q >> w.fold);
+}
 
 // The first query row of tile m_block (negative in a first tile that starts before row 0).
 template <int kBlockM>
@@ -35,12 +47,12 @@ struct BlockRange {
 template <int kBlockM, int kBlockN>
 __host__ __device__ __forceinline__ bool block_needs_mask(int n, Window w, int first_row, int seqlen_q,
                                                  int seqlen_k) {
-  const int offset = seqlen_k - seqlen_q;
+  const int offset = key_offset(w, seqlen_q, seqlen_k);
   const int first_key = n * kBlockN, last_key = n * kBlockN + kBlockN - 1;
-  const int last_row = first_row + kBlockM - 1;
+  const int first_query = row_query(w, first_row), last_query = row_query(w, first_row + kBlockM - 1);
   if (last_key >= seqlen_k) return true;
-  if (w.right >= 0 && last_key > first_row + offset + w.right) return true;
-  if (w.left >= 0 && first_key < last_row + offset - w.left) return true;
+  if (w.right >= 0 && last_key > first_query + offset + w.right) return true;
+  if (w.left >= 0 && first_key < last_query + offset - w.left) return true;
   return false;
 }
 
@@ -48,13 +60,14 @@ __host__ __device__ __forceinline__ bool block_needs_mask(int n, Window w, int f
 template <int kBlockM, int kBlockN>
 __host__ __device__ __forceinline__ BlockRange key_block_range(Window w, int m_block, int seqlen_q,
                                                                int seqlen_k) {
-  const int offset = seqlen_k - seqlen_q;
+  const int offset = key_offset(w, seqlen_q, seqlen_k);
   // The tile's real rows: from row 0 at the earliest (tile_first_row), to seqlen_q - 1 at the latest.
-  const int start = tile_first_row<kBlockM>(w, m_block), first_row = start > 0 ? start : 0;
-  const int last_row = (seqlen_q < start + kBlockM ? seqlen_q : start + kBlockM) - 1;
+  const int start = tile_first_row<kBlockM>(w, m_block);
+  const int first = row_query(w, start > 0 ? start : 0);
+  const int last = row_query(w, (seqlen_q < start + kBlockM ? seqlen_q : start + kBlockM) - 1);
   // Keys [lo_key, hi_key) are seen by at least one row of the tile.
-  const int lo_key = w.left >= 0 && first_row + offset - w.left > 0 ? first_row + offset - w.left : 0;
-  const int hi_key = w.right >= 0 && last_row + offset + w.right + 1 < seqlen_k ? last_row + offset + w.right + 1 : seqlen_k;
+  const int lo_key = w.left >= 0 && first + offset - w.left > 0 ? first + offset - w.left : 0;
+  const int hi_key = w.right >= 0 && last + offset + w.right + 1 < seqlen_k ? last + offset + w.right + 1 : seqlen_k;
   if (hi_key <= lo_key) return {0, 0};
   return {lo_key / kBlockN, (hi_key + kBlockN - 1) / kBlockN};
 }
@@ -70,11 +83,11 @@ __host__ __device__ __forceinline__ BlockRange key_block_range(Window w, int m_b
 template <int kBlockN, bool kOneSided = true>
 __host__ __device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], Window w, int row, int key,
                                            int seqlen_q, int seqlen_k) {
-  const int offset = seqlen_k - seqlen_q;
+  const int offset = key_offset(w, seqlen_q, seqlen_k);
   if (kOneSided && w.left < 0) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int diag = row + 8 * i + offset - key;  // row i's own key, relative to key
+      const int diag = row_query(w, row + 8 * i) + offset - key;  // row i's own key, relative to key
       const int hi = w.right >= 0 ? min(seqlen_k - key, diag + w.right + 1) : seqlen_k - key;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j)
@@ -86,7 +99,7 @@ __host__ __device__ __forceinline__ void apply_mask(float (&s)[kBlockN / 2], Win
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int q = row + 8 * i;
+    const int q = row_query(w, row + 8 * i);
     const int hi = w.right >= 0 ? min(seqlen_k, q + offset + w.right + 1) : seqlen_k;  // exclusive
     const int lo = w.left >= 0 ? q + offset - w.left : INT32_MIN;
 #pragma unroll

@@ -1,0 +1,219 @@
+// Query groups folded into rows (detail::fold_query_rows, FwdParams::fold) on the CPU: where a call
+// folds, and that every folded row reaches the elements of its own query and query head through
+// each path the kernel takes: Q's and O's TMA boxes (ptx::bshd_query_group_spec at the coordinates
+// of sm90::qo_map_row), O's per-thread stores (o_row_offset) and the LSE (lse_index), for BSHD, BHSD
+// and padded strides, and the masks by each row's query (Window::fold) against the reference's rule.
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/validate.h"
+#include "fa4/attention.h"
+#include "reference.h"
+#include "sm90/epilogue.cuh"
+#include "sm90/mask.cuh"
+#include "test_support.h"
+
+namespace {
+
+using fa4::sm90::Window;
+
+fa4::ForwardArgs args_for(int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d) {
+  fa4::Problem p;
+  p.batch = batch, p.seqlen_q = sq, p.seqlen_k = sk, p.heads_q = hq, p.heads_kv = hkv, p.head_dim = d;
+  fa4::ForwardArgs a;
+  a.problem = p;
+  auto* base = reinterpret_cast<char*>(uintptr_t(1) << 20);
+  a.q = fa4::bshd(base, sq, hq, d);
+  a.k = fa4::bshd(base + (1 << 24), sk, hkv, d);
+  a.v = fa4::bshd(base + (2 << 24), sk, hkv, d);
+  a.o = fa4::bshd(base + (3 << 24), sq, hq, d);
+  return a;
+}
+
+TEST(QueryFold, FoldsAGroupOfPowerOfTwoHeadsIntoATilesRows) {
+  auto fold_of = [](const fa4::ForwardArgs& a) { return fa4::detail::make_fwd_params(a).fold; };
+  for (const int64_t group : {2, 4, 8, 16, 32, 64})
+    for (const int64_t sq : {2, 3, 5, 8}) {
+      if (sq * group > fa4::detail::kFoldRowsMax) continue;
+      fa4::ForwardArgs a = args_for(2, sq, 300, 2 * group, 2, 128);
+      a.problem.causal = true;
+      const fa4::detail::FwdParams f = fa4::detail::make_fwd_params(a);
+      int log2 = 0;
+      while ((int64_t(1) << log2) < group) ++log2;
+      ASSERT_EQ(f.fold, log2) << "group " << group << " seqlen_q " << sq;
+      EXPECT_EQ(f.seqlen_q, sq * group);
+      EXPECT_EQ(f.heads_q, 2);
+      EXPECT_EQ(f.window_right, 0);                    // causal kept: each row's own query bounds it
+      EXPECT_EQ(f.q_stride[1], a.q.seq_stride);        // the tensors' own strides (the maps fold)
+      EXPECT_EQ(f.o_stride[2], a.o.head_stride);
+    }
+  EXPECT_EQ(fold_of(args_for(2, 4, 300, 12, 4, 64)), 0);   // a group of 3
+  EXPECT_EQ(fold_of(args_for(2, 4, 300, 8, 8, 64)), 0);    // no group
+  EXPECT_EQ(fold_of(args_for(2, 33, 300, 8, 2, 64)), 0);   // 132 rows: more than a tile
+  EXPECT_EQ(fold_of(args_for(2, 32, 300, 8, 2, 64)), 2);   // 128 rows
+  EXPECT_EQ(fold_of(args_for(2, 1, 300, 8, 2, 64)), 0);    // one query: folded by strides instead
+  EXPECT_EQ(fa4::detail::make_fwd_params(args_for(2, 1, 300, 8, 2, 64)).seqlen_q, 4);
+  EXPECT_EQ(fold_of(args_for(2, 2, 300, 256, 2, 64)), 0);  // a group of 128
+}
+
+struct Layout {
+  const char* name;
+  bool bhsd;
+  int64_t pad;  // extra elements a head (padded rows)
+};
+
+// Every row of a folded tile (first row `first`, kRows rows) through the map's box, the O row's
+// offset and the LSE's index lands on its own query's and query head's element.
+TEST(QueryFold, EveryRowReachesItsQueryAndHeadThroughBoxesStoresAndTheLse) {
+  for (const Layout l : {Layout{"bshd", false, 0}, Layout{"bhsd", true, 0}, Layout{"padded bshd", false, 8}})
+    for (const int fold : {1, 2, 3, 6})
+      for (const int sq : {1, 3, 7}) {
+        const int group = 1 << fold, hkv = 3, hq = hkv * group, d = 128, batch = 2;
+        const int64_t hs = d + l.pad;  // a row's elements
+        int64_t st[3];                  // batch, seq, head
+        if (l.bhsd)
+          st[2] = sq * hs, st[1] = hs, st[0] = hq * sq * hs;
+        else
+          st[2] = hs, st[1] = hq * hs, st[0] = sq * hq * hs;
+        struct P {
+          Window window;
+          int64_t o_stride[3];
+          int heads_q, seqlen_q;
+        } p{Window{-1, -1, 0, fold}, {st[0], st[1], st[2]}, hkv, sq << fold};
+        for (const bool chunked : {false, true})
+          for (const int rows : {64, 128}) {
+            const fa4::ptx::TensorMapSpec m =
+                fa4::ptx::bshd_query_group_spec(st, batch, sq, hq, d, rows, fold, chunked);
+            for (int i = 0; i < m.rank; ++i) ASSERT_LE(m.box[i], 256u);
+            ASSERT_EQ(m.box[0] * 2, 128u);
+            uint32_t box_rows = m.box[1] * m.box[2];
+            ASSERT_EQ(int(box_rows), rows) << l.name;
+            for (int i = 0; i < m.rank - 1; ++i) ASSERT_EQ(m.strides_bytes[i] % 16, 0u);
+            for (const int first : {-64, 0, 64})
+              for (int b = 0; b < batch; ++b)
+                for (int hk = 0; hk < hkv; ++hk) {
+                  const fa4::sm90::MapRow at = fa4::sm90::qo_map_row(p, first, hk);
+                  for (int r = 0; r < rows; ++r) {
+                    const int row = first + r, q = row >> fold, h = hk * group + (row & (group - 1));
+                    // Box element (e, r % group, r / group[, chunk]) from the coordinates at.
+                    for (int e = 0; e < 64; e += 21)
+                      for (int c = 0; c < d / 64; ++c) {
+                        int64_t box_q = int64_t(at.head) + r / group;
+                        uint64_t off;
+                        if (chunked)
+                          off = uint64_t(e) * 2 + uint64_t(at.row + r % group) * m.strides_bytes[0] +
+                                uint64_t(box_q) * m.strides_bytes[1] + uint64_t(c) * m.strides_bytes[2] +
+                                uint64_t(b) * m.strides_bytes[3];
+                        else
+                          off = uint64_t(64 * c + e) * 2 + uint64_t(at.row + r % group) * m.strides_bytes[0] +
+                                uint64_t(box_q) * m.strides_bytes[1] + uint64_t(b) * m.strides_bytes[2];
+                        if (q < 0 || q >= sq) {  // outside the tensor: TMA's zero fill, clipped stores
+                          ASSERT_TRUE(box_q < 0 || box_q >= sq);
+                          continue;
+                        }
+                        ASSERT_EQ(box_q, q);
+                        ASSERT_EQ(off, uint64_t(b * st[0] + q * st[1] + h * st[2] + 64 * c + e) * 2)
+                            << l.name << " fold " << fold << " row " << row;
+                      }
+                    if (q < 0 || q >= sq) continue;
+                    ASSERT_EQ(fa4::sm90::o_row_offset(p, hk, row), q * st[1] + h * st[2]) << l.name;
+                    fa4::sm90::Tile tl{b, hk, 0};
+                    ASSERT_EQ(fa4::sm90::lse_index(p, tl, row), (int64_t(b) * hq + h) * sq + q) << l.name;
+                  }
+                }
+          }
+      }
+}
+
+// Unfolded (fold 0) the helpers are the plain row's: coordinates (row, head), the row's offset, the
+// LSE's [batch, heads, seqlen] index.
+TEST(QueryFold, UnfoldedRowsKeepTheirPlainIndices) {
+  struct P {
+    Window window;
+    int64_t o_stride[3];
+    int heads_q, seqlen_q;
+  } p{Window{-1, 0, 64, 0}, {1000000, 512, 64}, 5, 300};
+  for (const int row : {-64, 0, 17, 299}) {
+    const fa4::sm90::MapRow at = fa4::sm90::qo_map_row(p, row, 3);
+    EXPECT_EQ(at.row, row);
+    EXPECT_EQ(at.head, 3);
+    EXPECT_EQ(fa4::sm90::o_row_offset(p, 3, row), int64_t(row) * 512 + 3 * 64);
+    fa4::sm90::Tile tl{1, 3, 0};
+    EXPECT_EQ(fa4::sm90::lse_index(p, tl, row), (1 * 5 + 3) * 300 + row);
+  }
+}
+
+// Query q sees key k by the reference's rule (window w, seqlen_q queries).
+bool visible(int64_t q, int64_t k, Window w, int seqlen_q, int seqlen_k) {
+  fa4::Problem p;
+  p.seqlen_q = seqlen_q;
+  p.seqlen_k = seqlen_k;
+  p.window_left = w.left;
+  p.window_right = w.right;
+  return k >= 0 && k < seqlen_k && fa4::ref::visible(p, q, k);
+}
+
+// The masks over folded rows: apply_mask (both paths) hides exactly the keys a row's query does not
+// see, block_needs_mask is true exactly where some row misses a key of the block, and
+// key_block_range covers every key some row sees, ending at the last row's last key.
+TEST(QueryFold, MasksFollowEachRowsQuery) {
+  std::mt19937 rng(29);
+  std::uniform_int_distribution<int> pick(0, 4), keys(1, 700), fold_of(1, 6);
+  for (int t = 0; t < 3000; ++t) {
+    const int fold = fold_of(rng), group = 1 << fold;
+    const int sq = std::uniform_int_distribution<int>(1, std::max(1, 128 / group))(rng), sk = keys(rng);
+    auto bound = [&] {
+      const int k = pick(rng);
+      return k == 0 ? -1 : k == 1 ? 0 : std::uniform_int_distribution<int>(0, sk + 10)(rng);
+    };
+    const Window w{bound(), bound(), 0, fold};
+    const Window plain{w.left, w.right, 0, 0};
+    const int rows = sq * group;  // the folded seqlen_q
+    const int row = 8 * std::uniform_int_distribution<int>(-8, rows / 8)(rng) + std::uniform_int_distribution<int>(0, 7)(rng);
+    const int key = 128 * std::uniform_int_distribution<int>(0, sk / 128 + 1)(rng) + 2 * pick(rng) % 8;
+    for (const bool one_sided : {true, false}) {
+      float s[64];
+      for (int e = 0; e < 64; ++e) s[e] = 1.0f + e;
+      if (one_sided)
+        fa4::sm90::apply_mask<128, true>(s, w, row, key, rows, sk);
+      else
+        fa4::sm90::apply_mask<128, false>(s, w, row, key, rows, sk);
+      for (int j = 0; j < 16; ++j)
+        for (int i = 0; i < 2; ++i)
+          for (int c = 0; c < 2; ++c) {
+            const bool vis = visible((row + 8 * i) >> fold, key + 8 * j + c, plain, sq, sk);
+            ASSERT_EQ(s[4 * j + 2 * i + c] < -1e30f, !vis)
+                << "fold " << fold << " window (" << w.left << ", " << w.right << ") sq " << sq << " sk " << sk
+                << " row " << row + 8 * i << " key " << key + 8 * j + c;
+          }
+    }
+    const int first = 64 * std::uniform_int_distribution<int>(-1, (rows - 1) / 64)(rng);
+    const int n = std::uniform_int_distribution<int>(0, (sk - 1) / 128)(rng);
+    bool hidden = false;
+    for (int r = first; r < first + 64 && !hidden; ++r)
+      for (int k = n * 128; k < n * 128 + 128 && !hidden; ++k) hidden = !visible(r >> fold, k, plain, sq, sk);
+    ASSERT_EQ((fa4::sm90::block_needs_mask<64, 128>(n, w, first, rows, sk)), hidden)
+        << "fold " << fold << " first " << first << " block " << n;
+    // The tile of 128 rows from row 0 (m_block 0, no shift).
+    const fa4::sm90::BlockRange range = fa4::sm90::key_block_range<128, 128>(w, 0, rows, sk);
+    int lo = -1, hi = -1;
+    for (int r = 0; r < std::min(rows, 128); ++r)
+      for (int k = 0; k < sk; ++k)
+        if (visible(r >> fold, k, plain, sq, sk)) {
+          if (lo < 0 || k < lo) lo = k;
+          hi = std::max(hi, k);
+        }
+    if (lo >= 0) {
+      EXPECT_LE(range.lo, lo / 128) << "fold " << fold << " window (" << w.left << ", " << w.right << ")";
+      EXPECT_GE(range.hi, hi / 128 + 1) << "fold " << fold << " window (" << w.left << ", " << w.right << ")";
+    }
+    // Without a left bound its last block is the one the last row's query sees last.
+    if (lo >= 0 && w.left < 0) EXPECT_EQ(range.hi, hi / 128 + 1) << "fold " << fold;
+    if (HasFatalFailure()) return;
+  }
+}
+
+}  // namespace
