@@ -13,6 +13,7 @@
 #include "fa4/attention.h"
 #include "reference.h"
 #include "sm90/epilogue.cuh"
+#include "sm90/fwd_launch.cuh"
 #include "sm90/mask.cuh"
 #include "test_support.h"
 
@@ -213,6 +214,30 @@ TEST(QueryFold, MasksFollowEachRowsQuery) {
     // Without a left bound its last block is the one the last row's query sees last.
     if (lo >= 0 && w.left < 0) EXPECT_EQ(range.hi, hi / 128 + 1) << "fold " << fold;
     if (HasFatalFailure()) return;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// A folded launch runs on the kernel with its bound at run time, the only one that reads the rows'
+// fold: it is neither of one tile length (the unbounded kernels, stream-K, clusters) nor causal
+// (the causal kernel), whatever its window.
+TEST(QueryFold, FoldedLaunchesTakeTheKernelWithTheBoundAtRunTime) {
+  for (const bool causal : {false, true}) {
+    fa4::ForwardArgs a = args_for(2, 4, 300, 32, 8, 128);
+    a.problem.causal = causal;
+    const fa4::detail::FwdParams f = fa4::detail::make_fwd_params(a);
+    ASSERT_EQ(f.fold, 2);
+    EXPECT_FALSE(fa4::sm90::tiles_of_one_length(f));
+    EXPECT_FALSE(fa4::sm90::causal_bound(f));
+    EXPECT_NE(fa4::sm90::d256_block_keys(f), 128);  // not the serial step, which has no such kernel
+    EXPECT_EQ(fa4::sm90::d64_consumers(f), 2);       // decoding's tiles' rule: 128 rows, as unfolded
+    fa4::detail::FwdParams g = f;
+    g.fold = 0;  // the same window unfolded
+    EXPECT_EQ(fa4::sm90::tiles_of_one_length(g), !causal);
+    EXPECT_EQ(fa4::sm90::causal_bound(g), causal);
   }
 }
 

@@ -68,28 +68,33 @@ __device__ __forceinline__ void stmatrix_tile(uint32_t base, int consumer, int t
 struct MapRow {
   int row, head;
 };
-template <class Params>
+// kFold false (kernels that never run a folded launch: fwd_kernel's kFoldable): rows are queries
+// at compile time.
+template <bool kFold = true, class Params>
 __host__ __device__ __forceinline__ MapRow qo_map_row(const Params& p, int row, int head) {
+  if constexpr (!kFold) return {row, head};
   const int f = p.window.fold;
   return f == 0 ? MapRow{row, head} : MapRow{head << f, row >> f};
 }
 // Row q's element offset from the (batch, head) start, and the LSE's index ([batch, heads_q,
 // seqlen_q]; folded: [batch, heads_kv, 2^f, seqlen_q >> f]).
-template <class Params>
+template <bool kFold = true, class Params>
 __host__ __device__ __forceinline__ int64_t o_row_offset(const Params& p, int head, int q) {
+  if constexpr (!kFold) return int64_t(q) * p.o_stride[1] + head * p.o_stride[2];
   const int f = p.window.fold;
   return int64_t(q >> f) * p.o_stride[1] + int64_t((head << f) + (q & ((1 << f) - 1))) * p.o_stride[2];
 }
-template <class Params>
+template <bool kFold = true, class Params>
 __host__ __device__ __forceinline__ int64_t lse_index(const Params& p, const Tile& tl, int q) {
+  if constexpr (!kFold) return (int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q;
   const int f = p.window.fold;
   return (int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + (q & ((1 << f) - 1)) * (p.seqlen_q >> f) + (q >> f);
 }
 
 // Row q of O for tile tl's (batch, head), in elements of Elem.
-template <class Elem, class Params>
+template <class Elem, bool kFold, class Params>
 __device__ __forceinline__ Elem* o_row(const Params& p, const Tile& tl, int q) {
-  return static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + o_row_offset(p, tl.head, q);
+  return static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + o_row_offset<kFold>(p, tl.head, q);
 }
 // Packed row q (a variable-length batch's: no batch term) of head tl.head.
 template <class Elem, class Params>
@@ -102,7 +107,7 @@ __device__ __forceinline__ Elem* o_packed_row(const Params& p, const Tile& tl, i
 // without keys). first: the tile's first row; row0: this thread's first row in the tile. The LSE
 // is [batch, heads_q, seqlen_q], or with kVarlen [heads_q, total_q] (the sequence's rows from
 // sp.q_off).
-template <class Cfg, bool kVarlen, class Params>
+template <class Cfg, bool kVarlen, class Params, bool kFold = false>
 __device__ __forceinline__ void finish_rows(const Params& p, const Tile& tl, const SeqSpan& sp,
                                             numerics::RowState (&rows)[2], int first, int row0, int lane,
                                             float (&inv)[2]) {
@@ -123,7 +128,7 @@ __device__ __forceinline__ void finish_rows(const Params& p, const Tile& tl, con
         p.lse[int64_t(tl.head) * p.total_q + sp.q_off + q] = numerics::row_lse(rows[i], Lg2Approx{});
     } else {
       if (p.lse != nullptr && lane % 4 == 0 && q >= 0 && q < p.seqlen_q)
-        p.lse[lse_index(p, tl, q)] = numerics::row_lse(rows[i], Lg2Approx{});
+        p.lse[lse_index<kFold>(p, tl, q)] = numerics::row_lse(rows[i], Lg2Approx{});
     }
   }
 }
@@ -140,7 +145,7 @@ __device__ __forceinline__ void finish_rows(const Params& p, const Tile& tl, con
 // reaches past its sequence's last row is copied out by its 128 threads, row by row, where a box
 // would write into the next sequence.
 template <class Cfg, bool kStaged, class Params, bool kWide = false, int kStageRows = Cfg::kBlockM,
-          bool kVarlen = false>
+          bool kVarlen = false, bool kFold = false>
 __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, const SeqSpan& sp,
                                              float (&o)[Cfg::kHeadDim / 2],
                                              numerics::RowState (&rows)[2], int consumer, int t,
@@ -154,7 +159,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
   // multiple of 64: a consumer's 64 rows lie all before row 0 or none).
   const int first = tile_first_row<Cfg::kBlockM>(p.window, tl.m_block);
   float inv[2];
-  finish_rows<Cfg, kVarlen>(p, tl, sp, rows, first, row0, lane, inv);
+  finish_rows<Cfg, kVarlen, Params, kFold>(p, tl, sp, rows, first, row0, lane, inv);
   if constexpr (kStaged) {
     constexpr bool kOwn = kStageRows != Cfg::kBlockM;  // a tile of this consumer's rows alone
     const uint32_t bar_id = own_barrier<Cfg>(consumer);
@@ -180,11 +185,11 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
       ptx::named_bar_sync(bar_id, 128);
     } else if (t == 0 && first + consumer * 64 >= 0) {
       const MapRow at = kVarlen ? MapRow{sp.q_off + first + consumer * 64, tl.head}
-                                : qo_map_row(p, first + consumer * 64, tl.head);
+                                : qo_map_row<kFold>(p, first + consumer * 64, tl.head);
       const int batch = kVarlen ? 0 : tl.batch;
       if constexpr (kOwn && Cfg::kFoldedQO) {  // the consumer's rows as one box of every chunk
         // (Folded query groups: the map's dims (64, heads_q, seq, chunks, batch).)
-        const bool fold = !kVarlen && p.window.fold != 0;
+        const bool fold = kFold && p.window.fold != 0;
         const int c2 = fold ? at.head : 0, c3 = fold ? 0 : at.head;
         if constexpr (Cfg::kQOEvictFirst)
           ptx::tma_store_5d_hint(&p.tm_o, s_o, 0, at.row, c2, c3, batch, ptx::l2_policy_evict_first());
@@ -219,7 +224,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
           out = o_packed_row<Elem>(p, tl, sp.q_off + (store ? q : 0));
         } else {
           store = q >= 0 && q < p.seqlen_q;
-          out = o_row<Elem>(p, tl, store ? q : 0);
+          out = o_row<Elem, kFold>(p, tl, store ? q : 0);
         }
 #pragma unroll
         for (int g = 0; g < Cfg::kHeadDim / 32; ++g) {
@@ -258,7 +263,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
         if constexpr (kVarlen)
           out = o_packed_row<Elem>(p, tl, sp.q_off + q);
         else
-          out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + o_row_offset(p, tl.head, q);
+          out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + o_row_offset<kFold>(p, tl.head, q);
 #pragma unroll
         for (int j = 0; j < Cfg::kHeadDim / 8; ++j)
           *reinterpret_cast<uint32_t*>(out + 8 * j + col0) =
@@ -270,14 +275,14 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
 
 // The epilogue of a tile whose key range is empty: its rows saw no key, O = 0 (16-byte stores of
 // zeros, each thread every 128th of the consumer's 64 x d) and their LSE, with no staging.
-template <class Cfg, bool kVarlen, class Params>
+template <class Cfg, bool kVarlen, class Params, bool kFold = false>
 __device__ __forceinline__ void store_keyless(const Params& p, const Tile& tl, const SeqSpan& sp,
                                               numerics::RowState (&rows)[2], int consumer, int t) {
   using Elem = std::conditional_t<Cfg::kBF16, __nv_bfloat16, __half>;
   const int lane = t % 32;
   const int first = tile_first_row<Cfg::kBlockM>(p.window, tl.m_block);
   float inv[2];
-  finish_rows<Cfg, kVarlen>(p, tl, sp, rows, first, consumer * 64 + (t / 32) * 16 + lane / 4, lane, inv);
+  finish_rows<Cfg, kVarlen, Params, kFold>(p, tl, sp, rows, first, consumer * 64 + (t / 32) * 16 + lane / 4, lane, inv);
   constexpr int kVecs = Cfg::kHeadDim / 8;  // 16-byte vectors a row
   for (int i = t; i < 64 * kVecs; i += 128) {
     const int q = first + consumer * 64 + i / kVecs;
@@ -286,7 +291,7 @@ __device__ __forceinline__ void store_keyless(const Params& p, const Tile& tl, c
         *reinterpret_cast<uint4*>(o_packed_row<Elem>(p, tl, sp.q_off + q) + 8 * (i % kVecs)) = make_uint4(0, 0, 0, 0);
     } else {
       if (q >= 0 && q < p.seqlen_q)
-        *reinterpret_cast<uint4*>(o_row<Elem>(p, tl, q) + 8 * (i % kVecs)) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(o_row<Elem, kFold>(p, tl, q) + 8 * (i % kVecs)) = make_uint4(0, 0, 0, 0);
     }
   }
 }

@@ -563,6 +563,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // causal 512 / 1k / 2k / 4k +1.2 / +1.3 / +0.7 / +1.3 %; the same kernel without a bound 512
   // +1.7 % but 16k -3.7 %; d128 and d256 within noise (docs/perf-notes.md, "Descriptors before
   // the turn").
+  // Query groups folded into rows (FwdParams::fold) run on the kernel with a bound at run time
+  // (the launch's tiles_of_one_length and causal_bound say no to them), so that only it reads each
+  // row's query and query head at run time (Window::fold; epilogue.cuh, MapRow); in the others
+  // rows are queries at compile time.
+  constexpr bool kFoldable = kBounded && !kCausal && !kVarlen;
   constexpr bool kDescsAhead =
       kBounded && Cfg::kConsumers == 3 && kHeadDim == 64 && !Cfg::kSmemP && !Cfg::kTensorRowSum;
   // The window as the key ranges and the mask see it: in a kernel without a bound, unbounded at
@@ -571,8 +576,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // docs/perf-notes.md, "The window known unbounded at compile time"). Rows still come from
   // p.window (its shift). Read afresh at each use: one copy held from here spilled (ptxas -v).
   auto bound = [&p]() -> Window {
-    if constexpr (kCausal) return Window{-1, 0, p.window.shift, p.window.fold};
-    return kBounded ? p.window : Window{-1, -1, 0};
+    if constexpr (kCausal) return Window{-1, 0, p.window.shift};
+    if constexpr (kFoldable) return p.window;
+    return kBounded ? Window{p.window.left, p.window.right, p.window.shift} : Window{-1, -1, 0};
+  };
+  // The launch's window with the rows' fold where this kernel runs folded launches (kFoldable),
+  // without it (0 at compile time) elsewhere.
+  auto window = [&p]() -> Window {
+    if constexpr (kFoldable) return p.window;
+    return Window{p.window.left, p.window.right, p.window.shift};
   };
 
   extern __shared__ uint8_t smem_raw[];
@@ -642,8 +654,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if constexpr (Cfg::kFoldedQO) {
         const int row = tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64;
         // (A folded query group's map: dims (64, heads_q, seq, chunks, batch); epilogue.cuh, MapRow.)
-        const MapRow at = kVarlen ? MapRow{sp.q_off + row, tl.head} : qo_map_row(p, row, tl.head);
-        const bool fold = !kVarlen && p.window.fold != 0;
+        const MapRow at = kVarlen ? MapRow{sp.q_off + row, tl.head} : qo_map_row<kFoldable>(p, row, tl.head);
+        const bool fold = kFoldable && p.window.fold != 0;
         const int c2 = fold ? at.head : 0, c3 = fold ? 0 : at.head;
         const int batch = kVarlen ? 0 : tl.batch;
         uint8_t* dst = sQ + c * (Cfg::kQBytes / 2);
@@ -794,7 +806,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             // and row tests leave them out).
             // (A folded query group's rows: epilogue.cuh, MapRow.)
             const int first = tile_first_row<kBlockM>(p.window, tl.m_block);
-            const MapRow at = kVarlen ? MapRow{sp.q_off + first, tl.head} : qo_map_row(p, first, tl.head);
+            const MapRow at = kVarlen ? MapRow{sp.q_off + first, tl.head} : qo_map_row<kFoldable>(p, first, tl.head);
             load_tile(sQ + qw.stage * Cfg::kQBytes, &p.tm_q, &bar.q_full[qw.stage], Cfg::kQBytes, kBlockM, at.row,
                       at.head, kVarlen ? 0 : tl.batch, Cfg::kQOEvictFirst);
           }
@@ -1185,7 +1197,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int first_row = tile_first_row<kBlockM>(p.window, tl.m_block);
     // (p.window, not bound(), except in the causal kernel: with bound() the d64 kernel without a
     // bound spilled 4 bytes)
-    BlockRange range = key_block_range<kBlockM, kBlockN>(kCausal ? bound() : p.window, tl.m_block, len_q(), len_k());
+    BlockRange range = key_block_range<kBlockM, kBlockN>(kCausal ? bound() : window(), tl.m_block, len_q(), len_k());
     if constexpr (kSplit) range = piece_range(range, tl);
     auto blk = [&](int n) {
       if constexpr (kPairs)
@@ -1585,7 +1597,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int te = Cfg::kConsumers >= 3 && (kBounded || kSplit) ? ptx::fresh_thread_index() % 128 : t;
     if constexpr (kOInKV) {
       if (range.hi <= range.lo) {
-        store_keyless<Cfg, kVarlen>(p, tl, sp, rows, consumer, t);
+        store_keyless<Cfg, kVarlen, FwdKernelParams, kFoldable>(p, tl, sp, rows, consumer, t);
       } else {
         // The other consumer has read the slot. An idle consumer waits too, so every phase of
         // kv_read is observed: skipped, it left a phase no thread waited on before the other
@@ -1598,7 +1610,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           uint8_t* slot = (consumer == 0 ? sK : sV) + last_slot * Cfg::kKVBytes;
           if constexpr (Cfg::kStageO0Apart)
             if (own_buffer) slot = s_o;
-          store_output<Cfg, true, FwdKernelParams, kWideO, 64, kVarlen>(p, tl, sp, o, rows, consumer, te, slot);
+          store_output<Cfg, true, FwdKernelParams, kWideO, 64, kVarlen, kFoldable>(p, tl, sp, o, rows, consumer, te, slot);
           if (!own_buffer) {
             if (t == 0) tma_store_wait_read();  // the store has read the slot: back to the loader
             release(consumer == 0 ? &bar.k_empty[last_slot] : &bar.v_empty[last_slot]);
@@ -1611,9 +1623,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // A stream-K piece stores only when it is its tile's last and has merged the others; an idle
       // consumer has nothing to merge or store.
       if (!idle && (tl.pieces == 1 || merge_pieces<Cfg, kCluster>(p, tl, o, rows, consumer, t, rank)))
-        store_output<Cfg, kStaged, FwdKernelParams, kWideO>(p, tl, sp, o, rows, consumer, te, s_o);
+        store_output<Cfg, kStaged, FwdKernelParams, kWideO, Cfg::kBlockM, false, kFoldable>(p, tl, sp, o, rows, consumer, te, s_o);
     } else {
-      store_output<Cfg, kStaged, FwdKernelParams, kWideO, Cfg::kBlockM, kVarlen>(p, tl, sp, o, rows, consumer, te, s_o);
+      store_output<Cfg, kStaged, FwdKernelParams, kWideO, Cfg::kBlockM, kVarlen, kFoldable>(p, tl, sp, o, rows, consumer, te, s_o);
     }
     stamp_b(3);
     qr.advance();

@@ -143,11 +143,15 @@ TailScratchLayout tail_scratch_layout(const TileOrder& order) {
 
 // Whether every query tile sees the same key blocks (no causal or window bound): only such tiles
 // may go to clusters (in static rounds) or take a stream-K tail.
-inline bool tiles_of_one_length(const detail::FwdParams& a) { return a.window_right < 0 && a.window_left < 0; }
+// (A folded query group, FwdParams::fold, is neither this nor causal_bound's: its launches take the
+// kernel with the bound at run time, the one that reads each row's query, fwd_kernel's kFoldable.)
+inline bool tiles_of_one_length(const detail::FwdParams& a) {
+  return a.fold == 0 && a.window_right < 0 && a.window_left < 0;
+}
 
 // Whether the bound is causal, (-1, 0) however it was asked for (causal, or that window): such
 // launches run the kernel with the bound at compile time (fwd_kernel's kCausal).
-inline bool causal_bound(const detail::FwdParams& a) { return a.window_left < 0 && a.window_right == 0; }
+inline bool causal_bound(const detail::FwdParams& a) { return a.fold == 0 && a.window_left < 0 && a.window_right == 0; }
 
 // Whether a launch of `grid` units over `tiles` tiles takes each CTA's tiles past its first from
 // the tile counter (FwdKernelParams::tile_counter): where tile lengths vary, and for tiles of one
@@ -334,7 +338,9 @@ inline constexpr double kD64WideTilesWorse = 1.075;
 inline constexpr double kD64WideTilesWorseBounded = 1.12;
 inline int d64_consumers(const detail::FwdParams& a) {
   const double three = computed_scores<192, 128>(a);
-  const bool uniform = tiles_of_one_length(a);
+  // (A folded query group, whose one tile a head sees every key block, takes the rule of tiles of
+  // one length, the one its unfolded decoding tiles were measured under.)
+  const bool uniform = tiles_of_one_length(a) || a.fold > 0;
   const double two = (uniform ? kD64TallTilesWorse : kD64TallTilesWorseBounded) * computed_scores<128, 128>(a);
   const double four = uniform ? kD64WideTilesWorse * computed_scores<256, 64>(a)
                               : kD64WideTilesWorseBounded * four_consumer_scores(a);
