@@ -354,7 +354,9 @@ TEST(ForwardGpu, DecodingQueryGroupsFolded) {
 // head's group of query heads folded into a tile's rows (detail::fold_query_rows), each row
 // masked by its own query (causal, windows on either side, rows without keys where seqlen_q >
 // seqlen_k), in every layout and head dim, whole and cut into stream-K pieces, soft-capped, and
-// the largest folds (128 rows, a group of 64). Each case first checks that it folds.
+// the largest folds (128 rows, a group of 64). Each case first checks that it folds, and runs on
+// a grid of 4 CTAs, where the launch keeps the fold (fwd_launch.cuh, fold_pays); the last case runs
+// on the whole device, unfolded there.
 TEST(ForwardGpu, QueryRowsOfAGroupFolded) {
   FA4_REQUIRE_GPU();
   auto fold_of = [](const Case& c) {
@@ -388,10 +390,12 @@ TEST(ForwardGpu, QueryRowsOfAGroupFolded) {
     Case capped = {BF16, 2, 3, 900, 16, 4, d, true};
     capped.softcap = 15.0f;
     cases.push_back(capped);
-    for (const Case& c : cases) {
+    for (Case c : cases) {
       ASSERT_GT(fold_of(c), 0) << c.name();
+      c.max_ctas = 4;
       ASSERT_NO_FATAL_FAILURE(run_case(c, seed++));
     }
+    ASSERT_NO_FATAL_FAILURE(run_case({BF16, 1, 4, 3000, 32, 8, d, true}, seed++));  // 32 query heads: unfolded
   }
 }
 

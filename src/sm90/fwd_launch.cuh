@@ -467,6 +467,35 @@ int max_cluster_pairs(int device) {
   });
 }
 
+// A folded query group (FwdParams::fold) reads each KV head's K and V once a tile instead of once a
+// query head's tile. Where the unfolded tiles (one a query head: at most 64 rows) fit in one round
+// of the grid, each already streams its keys beside the others and the fold only leaves
+// multiprocessors idle; there the launch runs unfolded. H200, fa4-bench against the unfolded
+// build, causal: past one round 1.71-2.51 (d128 b 8 x 32/8 heads x 4 queries x 8k keys 1.72, b 32
+// x 4k 2.07, 8 queries 1.71; d64 b 8 x 32/4 2.51); within one, b 1 x 32/8 d128 (32 tiles) 0.96 and
+// d256 b 8 x 16/4 (128 tiles) 0.99 (docs/perf-notes.md, "A few query rows a head").
+// sms: the multiprocessors, of which the grid takes at most FwdParams::max_ctas where set.
+inline bool fold_pays(const detail::FwdParams& a, int sms) {
+  const int grid = a.max_ctas > 0 && a.max_ctas < sms ? a.max_ctas : sms;
+  return a.fold > 0 && int64_t(a.batch) * (int64_t(a.heads_q) << a.fold) > grid;
+}
+inline void unfold_query_rows(detail::FwdParams* a) {
+  a->seqlen_q >>= a->fold;
+  a->heads_q <<= a->fold;
+  a->fold = 0;
+}
+inline int multiprocessors(int device) {
+  static PerDevice count;
+  return count.get(device, [device] {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  });
+}
+
 // The device's peak DRAM bandwidth in GB/s by its memory clock and bus width (double data rate);
 // 0 where the query fails (asked again next launch), at least 1 where it answers. Kept once a
 // device: the memory clock's query took about 0.7 ms a call on an H200, several times the launch

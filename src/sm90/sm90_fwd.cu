@@ -4,7 +4,13 @@
 
 namespace fa4::detail {
 
-Status sm90_forward(const FwdParams& a, cudaStream_t stream) {
+Status sm90_forward(const FwdParams& given, cudaStream_t stream) {
+  FwdParams a = given;
+  if (a.fold > 0) {  // unfolded where the fold does not pay (sm90::fold_pays)
+    int device = 0;
+    if (cudaGetDevice(&device) == cudaSuccess && !sm90::fold_pays(a, sm90::multiprocessors(device)))
+      sm90::unfold_query_rows(&a);
+  }
   if (a.softcap > 0.0f) return sm90_forward_softcap(a, stream);
   if (a.varlen()) return sm90_forward_varlen(a, stream);
   auto launch = [&]<class Cfg>() { return sm90::launch_forward<Cfg>(a, stream); };

@@ -166,10 +166,11 @@ FWD_CASES = [
     (2, 1, 777, 16, 1, 64, False, (-1, -1), "bhsd", torch.float16),  # MQA, BHSD views
     (3, 1, 500, 8, 2, 256, False, (100, 0), "bshd", torch.bfloat16),  # keys dropped: not folded
     # A few query rows under GQA (speculative decoding): the group's heads folded into rows, each
-    # row masked by its own query
-    (4, 4, 3000, 32, 8, 128, True, (-1, -1), "bshd", torch.bfloat16),
-    (2, 5, 777, 16, 1, 64, True, (-1, -1), "bhsd", torch.float16),  # MQA, BHSD views
-    (2, 3, 500, 8, 2, 256, False, (100, 0), "bshd", torch.bfloat16),  # a window
+    # row masked by its own query (more query heads than an H100's or H200's SMs: folded there)
+    (8, 4, 3000, 32, 8, 128, True, (-1, -1), "bshd", torch.bfloat16),
+    (16, 5, 777, 16, 1, 64, True, (-1, -1), "bhsd", torch.float16),  # MQA, BHSD views
+    (24, 3, 500, 8, 2, 256, False, (100, 0), "bshd", torch.bfloat16),  # a window
+    (2, 4, 3000, 32, 8, 128, True, (-1, -1), "bshd", torch.bfloat16),  # 64 query heads: unfolded
 ]
 
 
@@ -454,7 +455,7 @@ def reference_grads(q, k, v, dout, scale, causal, window, lowp, softcap=0.0):
 @pytest.mark.parametrize(
     "case",
     [(2, 129, 257, 4, 2, 128, True, (-1, -1)), (1, 200, 200, 2, 2, 64, False, (48, 0)),
-     (2, 1, 300, 8, 2, 128, False, (-1, -1)), (2, 4, 300, 8, 2, 128, True, (-1, -1))],
+     (2, 1, 300, 8, 2, 128, False, (-1, -1)), (24, 4, 300, 8, 2, 128, True, (-1, -1))],
     ids=["gqa-causal", "window", "one-query-row-gqa", "four-query-rows-gqa-causal"],
 )
 def test_backward(case, deterministic):
