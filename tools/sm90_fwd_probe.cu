@@ -21,8 +21,9 @@
 //   sm90_fwd_probe fold [ROUNDS]
 //                              a few query rows a head under GQA (speculative decoding), causal:
 //                              each KV head's query group folded into a tile's rows
-//                              (detail::fold_query_rows, the launch's way) beside the same call
-//                              unfolded (a tile a query head); ROUNDS alternating rounds (default
+//                              (detail::fold_query_rows; the launch's way, which unfolds where
+//                              sm90::fold_pays says no) beside the same call unfolded (a tile a
+//                              query head); ROUNDS alternating rounds (default
 //                              5), the L2 flushed before every launch, medians in us.
 //                              FA4_FOLD_SHAPES="B,SQ,HQ,HKV,SK,D;..." takes other shapes
 //   sm90_fwd_probe trace DIR [variants]
@@ -755,6 +756,9 @@ int main(int argc, char** argv) {
       CK(cudaMalloc(&lse, size_t(x.b) * x.hq * x.sq * 4));
       fill_device(q, nq, 7); fill_device(k, nkv, 8); fill_device(v, nkv, 9);
       const FwdParams folded = make_params(sh, q, k, v, o, lse);
+      int dev = 0;
+      CK(cudaGetDevice(&dev));
+      const bool kept = fa4::sm90::fold_pays(folded, fa4::sm90::multiprocessors(dev));  // else the launch unfolds
       FwdParams plain = folded;  // the fold undone: a tile a query head
       if (plain.fold > 0) plain.seqlen_q = x.sq, plain.heads_q = x.hq, plain.fold = 0;
       const FwdParams* ways[2] = {&folded, &plain};
@@ -778,9 +782,10 @@ int main(int argc, char** argv) {
       for (auto& u : us) std::sort(u.begin(), u.end());
       const double f = us[0][us[0].size() / 2], u = us[1][us[1].size() / 2];
       const double bytes = 2.0 * (2.0 * nq + 2.0 * nkv);
-      std::printf("FOLD b=%d sq=%d hq=%d hkv=%d sk=%d d=%d causal (fold %d: %d rows of %d heads): folded %.1f us "
-                  "%.0f GB/s [%.1f-%.1f], unfolded %.1f us [%.1f-%.1f], unfolded / folded %.2f\n",
-                  x.b, x.sq, x.hq, x.hkv, x.sk, x.d, folded.fold, folded.seqlen_q, folded.heads_q, f,
+      std::printf("FOLD b=%d sq=%d hq=%d hkv=%d sk=%d d=%d causal (fold %d: %d rows of %d heads; the launch %s): "
+                  "launch %.1f us %.0f GB/s [%.1f-%.1f], unfolded %.1f us [%.1f-%.1f], unfolded / launch %.2f\n",
+                  x.b, x.sq, x.hq, x.hkv, x.sk, x.d, folded.fold, folded.seqlen_q, folded.heads_q,
+                  kept ? "keeps it" : "unfolds (fold_pays)", f,
                   bytes / (f * 1e-6) / 1e9, us[0].front(), us[0].back(), u, us[1].front(), us[1].back(), u / f);
       cudaFree(q); cudaFree(o); cudaFree(k); cudaFree(v); cudaFree(lse);
     }
