@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "mask_rule.h"
 #include "reference.h"
 #include "sm90/mask.cuh"
 
@@ -15,15 +16,7 @@ namespace {
 
 using fa4::sm90::Window;
 
-// Query q sees key k: k in the sequence and visible by the reference's rule under window w.
-bool visible(int64_t q, int64_t k, Window w, int seqlen_q, int seqlen_k) {
-  fa4::Problem p;
-  p.seqlen_q = seqlen_q;
-  p.seqlen_k = seqlen_k;
-  p.window_left = w.left;
-  p.window_right = w.right;
-  return k >= 0 && k < seqlen_k && fa4::ref::visible(p, q, k);
-}
+using fa4::test::visible;
 
 // One thread's slice of S (accumulator layout: rows row and row + 8, keys key + 8 * chunk + {0, 1})
 // masked by apply_mask; every element must be -inf exactly where its pair is not visible.

@@ -11,6 +11,7 @@
 
 #include "common/validate.h"
 #include "fa4/attention.h"
+#include "mask_rule.h"
 #include "reference.h"
 #include "sm90/epilogue.cuh"
 #include "sm90/fwd_launch.cuh"
@@ -147,15 +148,7 @@ TEST(QueryFold, UnfoldedRowsKeepTheirPlainIndices) {
   }
 }
 
-// Query q sees key k by the reference's rule (window w, seqlen_q queries).
-bool visible(int64_t q, int64_t k, Window w, int seqlen_q, int seqlen_k) {
-  fa4::Problem p;
-  p.seqlen_q = seqlen_q;
-  p.seqlen_k = seqlen_k;
-  p.window_left = w.left;
-  p.window_right = w.right;
-  return k >= 0 && k < seqlen_k && fa4::ref::visible(p, q, k);
-}
+using fa4::test::visible;
 
 // The masks over folded rows: apply_mask (both paths) hides exactly the keys a row's query does not
 // see, block_needs_mask is true exactly where some row misses a key of the block, and

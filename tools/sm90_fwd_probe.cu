@@ -169,6 +169,39 @@ static bool check(const Shape& s, int row_step = 1) {
 
 using Launcher = fa4::Status (*)(const FwdParams&, cudaStream_t);
 
+// Launches timed from a cold L2 (decode and fold modes): median_us is the median of 20 launches
+// of fn(p) in microseconds, after 3 warm-up ones, 256 MB written before each.
+struct ColdTimer {
+  const size_t flush_bytes = size_t(256) << 20;
+  void* flush = nullptr;
+  cudaEvent_t e0{}, e1{};
+  ColdTimer() {
+    CK(cudaMalloc(&flush, flush_bytes));
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+  }
+  ~ColdTimer() {
+    cudaFree(flush);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
+  double median_us(Launcher fn, const FwdParams& p) {
+    std::vector<float> ms;
+    for (int i = 0; i < 23; ++i) {
+      cudaMemsetAsync(flush, i, flush_bytes);
+      cudaEventRecord(e0);
+      const fa4::Status st = fn(p, 0);
+      if (!st.ok()) { std::printf("launch failed: %s\n", st.message.c_str()); std::exit(1); }
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float t; cudaEventElapsedTime(&t, e0, e1);
+      if (i >= 3) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    return 1e3 * ms[ms.size() / 2];
+  }
+};
+
 struct Variant {
   int schedule;
   const char* name;
@@ -676,11 +709,7 @@ int main(int argc, char** argv) {
         {"launch_kv_bhsd", fa4::detail::sm90_forward, 0, 0, true}, {"split_never_kv_bhsd", fa4::detail::sm90_forward, 1, 0, true},
     };
     const int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
-    void* flush = nullptr;
-    const size_t flush_bytes = size_t(256) << 20;
-    CK(cudaMalloc(&flush, flush_bytes));
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0); cudaEventCreate(&e1);
+    ColdTimer timer;
     for (const Dec& x : shapes) {
       const Shape sh{x.b, x.hq, x.hkv, 1, x.sk, x.d, false};
       const size_t nq = size_t(x.b) * x.hq * x.d, nkv = size_t(x.b) * x.sk * x.hkv * x.d;
@@ -696,19 +725,7 @@ int main(int argc, char** argv) {
           pw.split = ways[w].split;
           if (ways[w].bhsd)
             for (int64_t* st : {pw.k_stride, pw.v_stride}) st[1] = x.d, st[2] = int64_t(x.sk) * x.d;
-          std::vector<float> ms;
-          for (int i = 0; i < 23; ++i) {
-            cudaMemsetAsync(flush, i, flush_bytes);
-            cudaEventRecord(e0);
-            const fa4::Status st = ways[w].fn(pw, 0);
-            if (!st.ok()) { std::printf("launch failed: %s\n", st.message.c_str()); std::exit(1); }
-            cudaEventRecord(e1);
-            cudaEventSynchronize(e1);
-            float t; cudaEventElapsedTime(&t, e0, e1);
-            if (i >= 3) ms.push_back(t);
-          }
-          std::sort(ms.begin(), ms.end());
-          us[w].push_back(1e3 * ms[ms.size() / 2]);
+          us[w].push_back(timer.median_us(ways[w].fn, pw));
         }
       const double bytes = 2.0 * (2.0 * nq + 2.0 * nkv);
       std::printf("DECODE b=%d hq=%d hkv=%d sk=%d d=%d (folded: %d rows of %d heads)", x.b, x.hq, x.hkv, x.sk, x.d,
@@ -723,7 +740,6 @@ int main(int argc, char** argv) {
       std::printf("\n");
       cudaFree(q); cudaFree(o); cudaFree(k); cudaFree(v);
     }
-    cudaFree(flush);
     return 0;
   }
   if (std::strcmp(mode, "fold") == 0) {  // query groups folded into rows against a tile a query head
@@ -742,11 +758,7 @@ int main(int argc, char** argv) {
       }
     }
     const int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
-    void* flush = nullptr;
-    const size_t flush_bytes = size_t(256) << 20;
-    CK(cudaMalloc(&flush, flush_bytes));
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0); cudaEventCreate(&e1);
+    ColdTimer timer;
     for (const Spec& x : shapes) {
       const Shape sh{x.b, x.hq, x.hkv, x.sq, x.sk, x.d, true};
       const size_t nq = size_t(x.b) * x.sq * x.hq * x.d, nkv = size_t(x.b) * x.sk * x.hkv * x.d;
@@ -764,21 +776,7 @@ int main(int argc, char** argv) {
       const FwdParams* ways[2] = {&folded, &plain};
       std::vector<double> us[2];
       for (int r = 0; r < rounds; ++r)
-        for (int w = 0; w < 2; ++w) {
-          std::vector<float> ms;
-          for (int i = 0; i < 23; ++i) {
-            cudaMemsetAsync(flush, i, flush_bytes);
-            cudaEventRecord(e0);
-            const fa4::Status st = fa4::detail::sm90_forward(*ways[w], 0);
-            if (!st.ok()) { std::printf("launch failed: %s\n", st.message.c_str()); std::exit(1); }
-            cudaEventRecord(e1);
-            cudaEventSynchronize(e1);
-            float t; cudaEventElapsedTime(&t, e0, e1);
-            if (i >= 3) ms.push_back(t);
-          }
-          std::sort(ms.begin(), ms.end());
-          us[w].push_back(1e3 * ms[ms.size() / 2]);
-        }
+        for (int w = 0; w < 2; ++w) us[w].push_back(timer.median_us(fa4::detail::sm90_forward, *ways[w]));
       for (auto& u : us) std::sort(u.begin(), u.end());
       const double f = us[0][us[0].size() / 2], u = us[1][us[1].size() / 2];
       const double bytes = 2.0 * (2.0 * nq + 2.0 * nkv);
@@ -789,7 +787,6 @@ int main(int argc, char** argv) {
                   bytes / (f * 1e-6) / 1e9, us[0].front(), us[0].back(), u, us[1].front(), us[1].back(), u / f);
       cudaFree(q); cudaFree(o); cudaFree(k); cudaFree(v); cudaFree(lse);
     }
-    cudaFree(flush);
     return 0;
   }
   if (std::strcmp(mode, "variants") == 0) {  // candidates against the shipped kernel, same run
