@@ -94,6 +94,8 @@ __host__ __device__ __forceinline__ int64_t lse_index(const Params& p, const Til
 // Row q of O for tile tl's (batch, head), in elements of Elem.
 template <class Elem, bool kFold, class Params>
 __device__ __forceinline__ Elem* o_row(const Params& p, const Tile& tl, int q) {
+  if constexpr (!kFold)
+    return static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] + tl.head * p.o_stride[2];
   return static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + o_row_offset<kFold>(p, tl.head, q);
 }
 // Packed row q (a variable-length batch's: no batch term) of head tl.head.
@@ -262,6 +264,9 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
         Elem* out;
         if constexpr (kVarlen)
           out = o_packed_row<Elem>(p, tl, sp.q_off + q);
+        else if constexpr (!kFold)
+          out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] +
+                tl.head * p.o_stride[2];
         else
           out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + o_row_offset<kFold>(p, tl.head, q);
 #pragma unroll
