@@ -29,18 +29,8 @@ using fa4::StatusCode;
 using fa4::TensorRef;
 
 using fa4::test::fake;
+using fa4::test::fake_forward;
 using fa4::test::make_problem;
-
-ForwardArgs fake_forward(const Problem& p) {
-  ForwardArgs a;
-  a.problem = p;
-  a.q = fa4::bshd(fake(0), p.seqlen_q, p.heads_q, p.head_dim);
-  a.k = fa4::bshd(fake(1), p.seqlen_k, p.heads_kv, p.head_dim);
-  a.v = fa4::bshd(fake(2), p.seqlen_k, p.heads_kv, p.head_dim);
-  a.o = fa4::bshd(fake(3), p.seqlen_q, p.heads_q, p.head_dim);
-  a.lse = static_cast<float*>(fake(4));
-  return a;
-}
 
 BackwardArgs fake_backward(const Problem& p) {
   BackwardArgs a;

@@ -76,20 +76,19 @@ struct Case {
 
 // Runs case c and checks O and LSE against the float64 reference; O and LSE land in *o_out and
 // *lse_out when given.
-void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr, std::vector<float>* lse_out = nullptr) {
-  SCOPED_TRACE(c.name());
-  fa4::Problem p;
-  p.dtype = c.dtype;
-  p.batch = c.batch;
-  p.seqlen_q = c.seqlen_q;
-  p.seqlen_k = c.seqlen_k;
-  p.heads_q = c.heads_q;
-  p.heads_kv = c.heads_kv;
-  p.head_dim = c.head_dim;
+// Case c's problem.
+fa4::Problem problem_of(const Case& c) {
+  fa4::Problem p = fa4::test::make_problem(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_kv, c.head_dim, c.dtype);
   p.causal = c.causal;
   p.window_left = c.left;
   p.window_right = c.right;
   p.softcap = c.softcap;
+  return p;
+}
+
+void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr, std::vector<float>* lse_out = nullptr) {
+  SCOPED_TRACE(c.name());
+  const fa4::Problem p = problem_of(c);
 
   std::mt19937 rng(seed);
   std::normal_distribution<double> normal(0.0, 1.0);
@@ -360,15 +359,7 @@ TEST(ForwardGpu, DecodingQueryGroupsFolded) {
 TEST(ForwardGpu, QueryRowsOfAGroupFolded) {
   FA4_REQUIRE_GPU();
   auto fold_of = [](const Case& c) {
-    fa4::Problem p;
-    p.batch = c.batch, p.seqlen_q = c.seqlen_q, p.seqlen_k = c.seqlen_k, p.heads_q = c.heads_q;
-    p.heads_kv = c.heads_kv, p.head_dim = c.head_dim, p.causal = c.causal;
-    p.window_left = c.left, p.window_right = c.right;
-    fa4::ForwardArgs a;
-    a.problem = p;
-    a.q = a.o = fa4::bshd(nullptr, c.seqlen_q, c.heads_q, c.head_dim);
-    a.k = a.v = fa4::bshd(nullptr, c.seqlen_k, c.heads_kv, c.head_dim);
-    return fa4::detail::make_fwd_params(a).fold;
+    return fa4::detail::make_fwd_params(fa4::test::fake_forward(problem_of(c))).fold;
   };
   uint32_t seed = 370;
   for (int64_t d : {64, 128, 256}) {

@@ -1,8 +1,9 @@
 // Query groups folded into rows (detail::fold_query_rows, FwdParams::fold) on the CPU: where a call
 // folds, and that every folded row reaches the elements of its own query and query head through
 // each path the kernel takes: Q's and O's TMA boxes (ptx::bshd_query_group_spec at the coordinates
-// of sm90::qo_map_row), O's per-thread stores (o_row_offset) and the LSE (lse_index), for BSHD, BHSD
-// and padded strides, and the masks by each row's query (Window::fold) against the reference's rule.
+// of sm90::qo_map_row and chunked_at), O's per-thread stores (o_row_offset) and the LSE
+// (lse_index), for BSHD, BHSD and padded strides, and the masks by each row's query (Window::fold)
+// against the reference's rule.
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -23,16 +24,7 @@ namespace {
 using fa4::sm90::Window;
 
 fa4::ForwardArgs args_for(int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d) {
-  fa4::Problem p;
-  p.batch = batch, p.seqlen_q = sq, p.seqlen_k = sk, p.heads_q = hq, p.heads_kv = hkv, p.head_dim = d;
-  fa4::ForwardArgs a;
-  a.problem = p;
-  auto* base = reinterpret_cast<char*>(uintptr_t(1) << 20);
-  a.q = fa4::bshd(base, sq, hq, d);
-  a.k = fa4::bshd(base + (1 << 24), sk, hkv, d);
-  a.v = fa4::bshd(base + (2 << 24), sk, hkv, d);
-  a.o = fa4::bshd(base + (3 << 24), sq, hq, d);
-  return a;
+  return fa4::test::fake_forward(fa4::test::make_problem(batch, sq, sk, hq, hkv, d));
 }
 
 TEST(QueryFold, FoldsAGroupOfPowerOfTwoHeadsIntoATilesRows) {
@@ -98,20 +90,19 @@ TEST(QueryFold, EveryRowReachesItsQueryAndHeadThroughBoxesStoresAndTheLse) {
               for (int b = 0; b < batch; ++b)
                 for (int hk = 0; hk < hkv; ++hk) {
                   const fa4::sm90::MapRow at = fa4::sm90::qo_map_row(p, first, hk);
+                  const fa4::sm90::ChunkedAt ca = fa4::sm90::chunked_at<true>(p, at);
                   for (int r = 0; r < rows; ++r) {
                     const int row = first + r, q = row >> fold, h = hk * group + (row & (group - 1));
-                    // Box element (e, r % group, r / group[, chunk]) from the coordinates at.
+                    // Box element (e, r % group, r / group[, chunk]) from the kernel's coordinates
+                    // (at, or ca for the chunked maps).
                     for (int e = 0; e < 64; e += 21)
                       for (int c = 0; c < d / 64; ++c) {
-                        int64_t box_q = int64_t(at.head) + r / group;
-                        uint64_t off;
-                        if (chunked)
-                          off = uint64_t(e) * 2 + uint64_t(at.row + r % group) * m.strides_bytes[0] +
-                                uint64_t(box_q) * m.strides_bytes[1] + uint64_t(c) * m.strides_bytes[2] +
-                                uint64_t(b) * m.strides_bytes[3];
-                        else
-                          off = uint64_t(64 * c + e) * 2 + uint64_t(at.row + r % group) * m.strides_bytes[0] +
-                                uint64_t(box_q) * m.strides_bytes[1] + uint64_t(b) * m.strides_bytes[2];
+                        const int64_t box_q = int64_t(chunked ? ca.c2 : at.head) + r / group;
+                        const uint64_t off =
+                            chunked ? m.offset({uint64_t(e), uint64_t(ca.c1 + r % group), uint64_t(box_q),
+                                                uint64_t(ca.c3 + c), uint64_t(b)})
+                                    : m.offset({uint64_t(64 * c + e), uint64_t(at.row + r % group), uint64_t(box_q),
+                                                uint64_t(b)});
                         if (q < 0 || q >= sq) {  // outside the tensor: TMA's zero fill, clipped stores
                           ASSERT_TRUE(box_q < 0 || box_q >= sq);
                           continue;

@@ -39,4 +39,17 @@ inline Problem make_problem(int64_t batch, int64_t sq, int64_t sk, int64_t hq, i
   return p;
 }
 
+// Forward arguments of p over contiguous BSHD tensors at fake addresses (fake(0..3): q, k, v, o;
+// fake(4): the LSE), for argument checks and parameter building on the host.
+inline ForwardArgs fake_forward(const Problem& p) {
+  ForwardArgs a;
+  a.problem = p;
+  a.q = bshd(fake(0), p.seqlen_q, p.heads_q, p.head_dim);
+  a.k = bshd(fake(1), p.seqlen_k, p.heads_kv, p.head_dim);
+  a.v = bshd(fake(2), p.seqlen_k, p.heads_kv, p.head_dim);
+  a.o = bshd(fake(3), p.seqlen_q, p.heads_q, p.head_dim);
+  a.lse = static_cast<float*>(fake(4));
+  return a;
+}
+
 }  // namespace fa4::test

@@ -13,13 +13,6 @@ namespace {
 
 using fa4::ptx::TensorMapSpec;
 
-// Byte offset from the base of the element at coordinates c (innermost first) of map m.
-uint64_t offset(const TensorMapSpec& m, const std::vector<uint64_t>& c) {
-  uint64_t off = c[0] * 2;
-  for (int i = 1; i < m.rank; ++i) off += c[i] * m.strides_bytes[i - 1];
-  return off;
-}
-
 struct Layout {
   const char* name;
   int batch, seqlen, heads, head_dim;
@@ -57,9 +50,9 @@ TEST(TmaSpec, FoldedBoxesCoverTheBytesOfTheirColumnBoxes) {
         for (int k = 0; k < nb; ++k)
           for (int r = 0; r < rows; ++r)
             for (int e = 0; e < 64; e += 7) {
-              const uint64_t a = offset(folded, {uint64_t(e), uint64_t(q0 + r), uint64_t(first_block + k), uint64_t(h),
+              const uint64_t a = folded.offset({uint64_t(e), uint64_t(q0 + r), uint64_t(first_block + k), uint64_t(h),
                                                  uint64_t(b)});
-              const uint64_t c = offset(flat, {uint64_t(64 * (first_block + k) + e), uint64_t(q0 + r), uint64_t(h),
+              const uint64_t c = flat.offset({uint64_t(64 * (first_block + k) + e), uint64_t(q0 + r), uint64_t(h),
                                                uint64_t(b)});
               ASSERT_EQ(a, c) << l.name << " rows " << rows << " block " << k << " row " << r << " col " << e;
             }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include <cuda.h>
 
@@ -26,6 +27,13 @@ struct TensorMapSpec {
   uint64_t dims[5] = {};
   uint64_t strides_bytes[4] = {};
   uint32_t box[5] = {};
+  // Byte offset from the base of the element at coordinates c (innermost first, rank of them).
+  uint64_t offset(std::initializer_list<uint64_t> c) const {
+    uint64_t off = 0;
+    int i = 0;
+    for (const uint64_t x : c) off += i == 0 ? x * 2 : x * strides_bytes[i - 1], ++i;
+    return off;
+  }
 };
 
 // A [batch][seq][heads][dim] tensor (element strides [batch, seq, head], dim contiguous) as a map

@@ -76,11 +76,22 @@ __host__ __device__ __forceinline__ MapRow qo_map_row(const Params& p, int row, 
   const int f = p.window.fold;
   return f == 0 ? MapRow{row, head} : MapRow{head << f, row >> f};
 }
-// Row q's element offset from the (batch, head) start, and the LSE's index ([batch, heads_q,
-// seqlen_q]; folded: [batch, heads_kv, 2^f, seqlen_q >> f]).
-template <bool kFold = true, class Params>
+// The coordinates 1 to 3 of `at` in the chunked 5-D maps (FwdConfig::kFoldedQO): (row, 0, head)
+// in bshd_folded_spec's (64, seq, chunks, heads, batch), (head, query, 0) in a folded group's (64,
+// heads_q, seq, chunks, batch).
+struct ChunkedAt {
+  int c1, c2, c3;
+};
+template <bool kFold, class Params>
+__host__ __device__ __forceinline__ ChunkedAt chunked_at(const Params& p, MapRow at) {
+  const bool fold = kFold && p.window.fold != 0;
+  return {at.row, fold ? at.head : 0, fold ? 0 : at.head};
+}
+// Row q's element offset from the (batch, head) start of a folded launch's O (rows are queries
+// where fold is 0), and the LSE's index ([batch, heads_q, seqlen_q]; folded: [batch, heads_kv,
+// 2^f, seqlen_q >> f]).
+template <class Params>
 __host__ __device__ __forceinline__ int64_t o_row_offset(const Params& p, int head, int q) {
-  if constexpr (!kFold) return int64_t(q) * p.o_stride[1] + head * p.o_stride[2];
   const int f = p.window.fold;
   return int64_t(q >> f) * p.o_stride[1] + int64_t((head << f) + (q & ((1 << f) - 1))) * p.o_stride[2];
 }
@@ -96,7 +107,7 @@ template <class Elem, bool kFold, class Params>
 __device__ __forceinline__ Elem* o_row(const Params& p, const Tile& tl, int q) {
   if constexpr (!kFold)
     return static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] + tl.head * p.o_stride[2];
-  return static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + o_row_offset<kFold>(p, tl.head, q);
+  return static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + o_row_offset(p, tl.head, q);
 }
 // Packed row q (a variable-length batch's: no batch term) of head tl.head.
 template <class Elem, class Params>
@@ -190,13 +201,11 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
                                 : qo_map_row<kFold>(p, first + consumer * 64, tl.head);
       const int batch = kVarlen ? 0 : tl.batch;
       if constexpr (kOwn && Cfg::kFoldedQO) {  // the consumer's rows as one box of every chunk
-        // (Folded query groups: the map's dims (64, heads_q, seq, chunks, batch).)
-        const bool fold = kFold && p.window.fold != 0;
-        const int c2 = fold ? at.head : 0, c3 = fold ? 0 : at.head;
+        const ChunkedAt c = chunked_at<kFold>(p, at);
         if constexpr (Cfg::kQOEvictFirst)
-          ptx::tma_store_5d_hint(&p.tm_o, s_o, 0, at.row, c2, c3, batch, ptx::l2_policy_evict_first());
+          ptx::tma_store_5d_hint(&p.tm_o, s_o, 0, c.c1, c.c2, c.c3, batch, ptx::l2_policy_evict_first());
         else
-          ptx::tma_store_5d(&p.tm_o, s_o, 0, at.row, c2, c3, batch);
+          ptx::tma_store_5d(&p.tm_o, s_o, 0, c.c1, c.c2, c.c3, batch);
       } else {
 #pragma unroll
         for (int c = 0; c < Cfg::kChunks; ++c) {
@@ -268,7 +277,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
           out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + int64_t(q) * p.o_stride[1] +
                 tl.head * p.o_stride[2];
         else
-          out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + o_row_offset<kFold>(p, tl.head, q);
+          out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + o_row_offset(p, tl.head, q);
 #pragma unroll
         for (int j = 0; j < Cfg::kHeadDim / 8; ++j)
           *reinterpret_cast<uint32_t*>(out + 8 * j + col0) =

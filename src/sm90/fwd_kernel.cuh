@@ -575,16 +575,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // the window's runtime tests drop out (d64 non-causal: 512 +1.1 %, 1000 +3.2 %, H200;
   // docs/perf-notes.md, "The window known unbounded at compile time"). Rows still come from
   // p.window (its shift). Read afresh at each use: one copy held from here spilled (ptxas -v).
-  auto bound = [&p]() -> Window {
-    if constexpr (kCausal) return Window{-1, 0, p.window.shift};
-    if constexpr (kFoldable) return p.window;
-    return kBounded ? Window{p.window.left, p.window.right, p.window.shift} : Window{-1, -1, 0};
-  };
   // The launch's window with the rows' fold where this kernel runs folded launches (kFoldable),
   // without it (0 at compile time) elsewhere.
   auto window = [&p]() -> Window {
     if constexpr (kFoldable) return p.window;
     return Window{p.window.left, p.window.right, p.window.shift};
+  };
+  auto bound = [&p, &window]() -> Window {
+    if constexpr (kCausal) return Window{-1, 0, p.window.shift};
+    return kBounded ? window() : Window{-1, -1, 0};
   };
 
   extern __shared__ uint8_t smem_raw[];
@@ -653,16 +652,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     [[maybe_unused]] auto load_q_rows = [&](int c, const Tile& tl, const SeqSpan& sp, uint64_t* full) {
       if constexpr (Cfg::kFoldedQO) {
         const int row = tile_first_row<kBlockM>(p.window, tl.m_block) + c * 64;
-        // (A folded query group's map: dims (64, heads_q, seq, chunks, batch); epilogue.cuh, MapRow.)
+        // (A folded query group's map: epilogue.cuh, MapRow and chunked_at.)
         const MapRow at = kVarlen ? MapRow{sp.q_off + row, tl.head} : qo_map_row<kFoldable>(p, row, tl.head);
-        const bool fold = kFoldable && p.window.fold != 0;
-        const int c2 = fold ? at.head : 0, c3 = fold ? 0 : at.head;
+        const ChunkedAt ca = chunked_at<kFoldable>(p, at);
         const int batch = kVarlen ? 0 : tl.batch;
         uint8_t* dst = sQ + c * (Cfg::kQBytes / 2);
         if constexpr (Cfg::kQOEvictFirst)
-          tma_load_5d_hint(dst, &p.tm_q, full, 0, at.row, c2, c3, batch, l2_policy_evict_first());
+          tma_load_5d_hint(dst, &p.tm_q, full, 0, ca.c1, ca.c2, ca.c3, batch, l2_policy_evict_first());
         else
-          tma_load_5d(dst, &p.tm_q, full, 0, at.row, c2, c3, batch);
+          tma_load_5d(dst, &p.tm_q, full, 0, ca.c1, ca.c2, ca.c3, batch);
       }
     };
     if constexpr (kOInKV) {
@@ -1195,7 +1193,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       sp.k_len = uniform(sp.k_len);
     }
     const int first_row = tile_first_row<kBlockM>(p.window, tl.m_block);
-    // (p.window, not bound(), except in the causal kernel: with bound() the d64 kernel without a
+    // (window(), not bound(), except in the causal kernel: with bound() the d64 kernel without a
     // bound spilled 4 bytes)
     BlockRange range = key_block_range<kBlockM, kBlockN>(kCausal ? bound() : window(), tl.m_block, len_q(), len_k());
     if constexpr (kSplit) range = piece_range(range, tl);
