@@ -354,8 +354,8 @@ TEST(ForwardGpu, DecodingQueryGroupsFolded) {
 // masked by its own query (causal, windows on either side, rows without keys where seqlen_q >
 // seqlen_k), in every layout and head dim, whole and cut into stream-K pieces, soft-capped, and
 // the largest folds (128 rows, a group of 64). Each case first checks that it folds, and runs on
-// a grid of 4 CTAs, where the launch keeps the fold (fwd_launch.cuh, fold_pays); the last case runs
-// on the whole device, unfolded there.
+// a grid of 4 CTAs, where the launch keeps the fold (fwd_launch.cuh, fold_pays); the last cases run
+// on the whole device, folded, and unfolded without the stream-K tail.
 TEST(ForwardGpu, QueryRowsOfAGroupFolded) {
   FA4_REQUIRE_GPU();
   auto fold_of = [](const Case& c) {
@@ -386,7 +386,12 @@ TEST(ForwardGpu, QueryRowsOfAGroupFolded) {
       c.max_ctas = 4;
       ASSERT_NO_FATAL_FAILURE(run_case(c, seed++));
     }
-    ASSERT_NO_FATAL_FAILURE(run_case({BF16, 1, 4, 3000, 32, 8, d, true}, seed++));  // 32 query heads: unfolded
+    // 32 query heads, one round unfolded: folded and cut into pieces by default, unfolded whole
+    // tiles without the tail (fold_pays).
+    ASSERT_NO_FATAL_FAILURE(run_case({BF16, 1, 4, 3000, 32, 8, d, true}, seed++));
+    Case whole = {BF16, 1, 4, 3000, 32, 8, d, true};
+    whole.split = 1;
+    ASSERT_NO_FATAL_FAILURE(run_case(whole, seed++));
   }
 }
 
@@ -771,6 +776,50 @@ TEST(ForwardGpu, StreamKTailMatchesTheReference) {
   // Through the public API: a short query against many keys takes every SM with the keys cut.
   run_case({BF16, 1, 100, 16384, 4, 4, 128, false}, 1400);
   run_case({BF16, 2, 150, 8000, 2, 1, 64, false}, 1401);
+}
+
+// The stream-K tail under a bound: tiles of one query block a head (a few query rows, folded or
+// not) see alike key ranges, so their key blocks are cut into pieces as tiles of one length are
+// (fwd_launch.cuh, tiles_alike), and the pieces mask by the launch's bound and fold at run time
+// (fwd_kernel's kSplitBound). Causal with the rows at the keys' end, windows open and closed on
+// the left, a right bound past the diagonal, a last block of one key (a piece whose first rows
+// may see none of its keys), an idle consumer (rows placed after the tile's first 64 by the row
+// shift), a group too large to fold, whole rounds on the bounded kernels before the pieces,
+// every head dim, fp16, BHSD. Cut always (split 2) on a small grid and on the whole device, twice
+// for the same bits, then whole (split 1).
+TEST(ForwardGpu, BoundedTilesOfOneQueryBlockCutIntoPieces) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 1500;
+  for (int64_t d : {64, 128, 256}) {
+    const Case cases[] = {
+        {BF16, 1, 4, 2049, 8, 8, d, true},                         // MHA, 4 rows a tile, unfolded
+        {BF16, 1, 4, 2049, 32, 8, d, true},                        // GQA folded: 16 rows; a 1-key last block
+        {BF16, 3, 8, 1500, 6, 6, d, true},                         // 18 tiles: whole rounds, then pieces
+        {FP16, 1, 50, 3001, 4, 4, d, false, 700, 0},               // a window closed on the left
+        {BF16, 1, 30, 1000, 4, 2, d, false, -1, 5, Layout::kBHSD}, // right bound past the diagonal, folded
+        {BF16, 2, 24, 700, 8, 1, d, true},                         // MQA, 24 x 8 rows: 192, unfolded
+        {BF16, 1, 64, 4097, 2, 1, d, false, 1000, 1000},           // both sides bounded, MQA folded
+    };
+    for (Case c : cases)
+      for (int ctas : {5, 0}) {
+        c.max_ctas = ctas;
+        c.split = 2;
+        std::vector<double> o1, o2;
+        std::vector<float> l1, l2;
+        ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o1, &l1));
+        ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o2, &l2));
+        SCOPED_TRACE(c.name());
+        EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(double)), 0) << "O differs between runs";
+        EXPECT_EQ(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)), 0) << "LSE differs between runs";
+        c.split = 1;
+        ASSERT_NO_FATAL_FAILURE(run_case(c, seed));
+        ++seed;
+      }
+  }
+  // Through the public API: speculative decoding's shape at batch 1, cut where the launch decides.
+  run_case({BF16, 1, 4, 20000, 32, 8, 128, true}, 1600);
+  run_case({BF16, 1, 4, 20000, 32, 8, 128, false}, 1601);
+  run_case({BF16, 1, 3, 9000, 16, 16, 64, true}, 1602);
 }
 
 // n bf16 values drawn from N(0, 1) by rng, in a new device buffer (the caller frees it).

@@ -229,22 +229,40 @@ TEST(QueryFold, FoldedLaunchesTakeTheKernelWithTheBoundAtRunTime) {
 
 namespace {
 
-// The fold where the unfolded tiles (one a query head) take more than one round of the grid, as
-// measured (fwd_launch.cuh, fold_pays); unfolding gives the tensors' own geometry back.
-TEST(QueryFold, PaysPastOneRoundOfUnfoldedTiles) {
-  auto params = [](int b, int sq, int hq, int hkv) {
-    const fa4::detail::FwdParams f = fa4::detail::make_fwd_params(args_for(b, sq, 8192, hq, hkv, 128));
+// The fold wherever its tiles may be cut into stream-K pieces (its one query block a head makes
+// them alike: tiles_alike), and without pieces where the unfolded tiles (one a query head) take
+// more than one round of the grid, as measured (fwd_launch.cuh, fold_pays); unfolding gives the
+// tensors' own geometry back.
+TEST(QueryFold, PaysWithPiecesOrPastOneRoundOfUnfoldedTiles) {
+  auto params = [](int b, int sq, int hq, int hkv, int split = 0) {
+    fa4::detail::FwdParams f = fa4::detail::make_fwd_params(args_for(b, sq, 8192, hq, hkv, 128));
     EXPECT_GT(f.fold, 0);
+    EXPECT_TRUE(fa4::sm90::tiles_alike(f, (f.seqlen_q + 127) / 128));
+    f.split = split;
     return f;
   };
-  EXPECT_TRUE(fa4::sm90::fold_pays(params(8, 4, 32, 8), 132));    // 256 query heads: 1.72 measured
-  EXPECT_TRUE(fa4::sm90::fold_pays(params(32, 4, 32, 8), 132));   // 2.07
-  EXPECT_FALSE(fa4::sm90::fold_pays(params(1, 4, 32, 8), 132));   // 32: 0.96
-  EXPECT_FALSE(fa4::sm90::fold_pays(params(8, 4, 16, 4), 132));   // 128: 0.99 (d256)
-  EXPECT_TRUE(fa4::sm90::fold_pays(params(8, 4, 16, 4), 114));    // the same past an H100 PCIe's SMs
-  fa4::detail::FwdParams small_grid = params(1, 4, 32, 8);
+  for (const int split : {0, 2}) {  // pieces where they pay, or always
+    EXPECT_TRUE(fa4::sm90::fold_pays(params(1, 4, 32, 8, split), 132));
+    EXPECT_TRUE(fa4::sm90::fold_pays(params(8, 4, 16, 4, split), 132));
+  }
+  // Without pieces (split 1), as measured on whole tiles.
+  EXPECT_TRUE(fa4::sm90::fold_pays(params(8, 4, 32, 8, 1), 132));    // 256 query heads: 1.72 measured
+  EXPECT_TRUE(fa4::sm90::fold_pays(params(32, 4, 32, 8, 1), 132));   // 2.07
+  EXPECT_FALSE(fa4::sm90::fold_pays(params(1, 4, 32, 8, 1), 132));   // 32: 0.96
+  EXPECT_FALSE(fa4::sm90::fold_pays(params(8, 4, 16, 4, 1), 132));   // 128: 0.99 (d256)
+  EXPECT_TRUE(fa4::sm90::fold_pays(params(8, 4, 16, 4, 1), 114));    // the same past an H100 PCIe's SMs
+  fa4::detail::FwdParams small_grid = params(1, 4, 32, 8, 1);
   small_grid.max_ctas = 16;  // a grid of 16 CTAs: 32 query heads take two rounds
   EXPECT_TRUE(fa4::sm90::fold_pays(small_grid, 132));
+  fa4::detail::FwdParams whole_grid = params(1, 4, 32, 8);
+  whole_grid.schedule = 2;  // one CTA a tile: no pieces
+  EXPECT_FALSE(fa4::sm90::fold_pays(whole_grid, 132));
+  fa4::detail::FwdParams capped = params(1, 4, 16, 4);
+  capped.softcap = 30.0f;  // soft-capped d256 under a bound has no stream-K kernel
+  capped.head_dim = 256;
+  EXPECT_FALSE(fa4::sm90::fold_pays(capped, 132));
+  capped.head_dim = 128;
+  EXPECT_TRUE(fa4::sm90::fold_pays(capped, 132));
   fa4::detail::FwdParams f = params(3, 5, 16, 2);
   fa4::sm90::unfold_query_rows(&f);
   EXPECT_EQ(f.fold, 0);

@@ -150,8 +150,8 @@ TEST(TileOrder, TilesOfOneLengthRiseAndSpreadTheirPartialBlocks) {
 }
 
 // Which launches take tiles from the counter: tiles whose lengths vary, and tiles of one length on
-// single CTAs without a stream-K tail (their partial last blocks even out from it); not clusters,
-// stream-K tails, one CTA a tile, the static rounds' ablation, nor a grid as large as the tiles.
+// single CTAs (their partial last blocks even out from it); not clusters, stream-K tails (bounded
+// or not), one CTA a tile, the static rounds' ablation, nor a grid as large as the tiles.
 TEST(TileOrder, TileCounterWhereTilesVaryOrOnSingleCtas) {
   using fa4::sm90::use_tile_counter;
   for (int schedule : {0, 1, 4}) {
@@ -159,6 +159,7 @@ TEST(TileOrder, TileCounterWhereTilesVaryOrOnSingleCtas) {
     EXPECT_TRUE(use_tile_counter(true, 1, false, schedule, 132, 3072));   // d64 non-causal
     EXPECT_FALSE(use_tile_counter(true, 2, false, schedule, 132, 3072));  // clusters: static rounds
     EXPECT_FALSE(use_tile_counter(true, 1, true, schedule, 132, 3072));   // a stream-K tail
+    EXPECT_FALSE(use_tile_counter(false, 1, true, schedule, 132, 3072));  // one under a bound (tiles_alike)
     EXPECT_FALSE(use_tile_counter(false, 1, false, schedule, 132, 132));  // a CTA for every tile
     EXPECT_FALSE(use_tile_counter(true, 1, false, schedule, 132, 100));
   }
@@ -342,6 +343,46 @@ TEST(TileOrder, CausalKernelForTheCausalBoundOnly) {
   EXPECT_FALSE(causal_bound(params(false, 0, 0)));
   EXPECT_FALSE(causal_bound(params(true, 64, -1)));
   EXPECT_FALSE(causal_bound(params(false, 100, 20)));
+}
+
+// Tiles alike (fwd_launch.cuh, tiles_alike): tiles of one length, or one query block a head under
+// any bound (a few query rows, folded or not), whose tiles all see tile 0's key range; not two
+// query blocks under a bound, nor variable-length batches. Their static rounds and pieces cover
+// every tile's key blocks once.
+TEST(TileOrder, TilesOfOneQueryBlockAlikeUnderAnyBound) {
+  using fa4::sm90::tiles_alike;
+  for (auto [sq, left, right, alike] : std::vector<std::array<int, 4>>{
+           {4, -1, 0, 1}, {128, -1, 0, 1}, {129, -1, 0, 0}, {50, 700, 0, 1}, {30, -1, 5, 1}, {64, 900, 900, 1},
+           {1000, -1, -1, 1}, {300, 100, 20, 0}}) {
+    fa4::detail::FwdParams a = fwd_params(3, 6, 6, sq, 1500, 128);
+    a.window_left = left;
+    a.window_right = right;
+    const int64_t m_blocks = (sq + 127) / 128;
+    SCOPED_TRACE("seqlen_q " + std::to_string(sq) + " window (" + std::to_string(left) + ", " + std::to_string(right) + ")");
+    EXPECT_EQ(tiles_alike(a, m_blocks), alike != 0);
+    if (!alike || fa4::sm90::tiles_of_one_length(a)) continue;
+    const fa4::sm90::Window w = fa4::sm90::tile_window<128>(a);
+    const fa4::sm90::BlockRange r = fa4::sm90::key_block_range<128, 128>(w, 0, a.seqlen_q, a.seqlen_k);
+    TileOrder order = fa4::sm90::make_tile_order(a, m_blocks, 1, false, 5, fa4::sm90::kVaryingSectionGridShare);
+    ASSERT_TRUE(fa4::sm90::plan_tail_split(order, 5, r.hi - r.lo, true));
+    EXPECT_EQ(order.full, 15);  // 18 tiles: three whole rounds of 5, then 3 cut into pieces
+    std::vector<int> covered(size_t(order.count) * (r.hi - r.lo), 0);
+    for (int unit = 0; unit < 5; ++unit)
+      for (int round = 0;; ++round) {
+        fa4::sm90::Tile tl;
+        const int t = order.item(round, unit, 5);
+        if (!order.decode_valid(t, 0, tl)) break;
+        ASSERT_EQ(tl.m_block, 0);
+        const int tile = t < order.full ? t : order.full + tl.tail;
+        const int lo = tl.hi < 0 ? 0 : tl.lo, hi = tl.hi < 0 ? r.hi - r.lo : tl.hi;
+        for (int b = lo; b < hi; ++b) ++covered[size_t(tile) * (r.hi - r.lo) + b];
+      }
+    for (int c : covered) ASSERT_EQ(c, 1);
+  }
+  fa4::detail::FwdParams v = fwd_params(3, 6, 6, 4, 1500, 128);
+  v.window_right = 0;
+  v.cu_seqlens_q = reinterpret_cast<const int32_t*>(256);  // varlen: whole tiles
+  EXPECT_FALSE(tiles_alike(v, 1));
 }
 
 // With clusters each tile is a pair: over every tile and both ranks, each (batch, head, query

@@ -19,13 +19,14 @@
 //                              medians in us and GB/s. FA4_DECODE_SHAPES="B,HQ,HKV,SK,D;..." takes
 //                              other shapes
 //   sm90_fwd_probe fold [ROUNDS]
-//                              a few query rows a head under GQA (speculative decoding), causal:
+//                              a few query rows a head under GQA (speculative decoding):
 //                              each KV head's query group folded into a tile's rows
-//                              (detail::fold_query_rows; the launch's way, which unfolds where
-//                              sm90::fold_pays says no) beside the same call unfolded (a tile a
-//                              query head); ROUNDS alternating rounds (default
-//                              5), the L2 flushed before every launch, medians in us.
-//                              FA4_FOLD_SHAPES="B,SQ,HQ,HKV,SK,D;..." takes other shapes
+//                              (detail::fold_query_rows): the launch's way, which unfolds where
+//                              sm90::fold_pays says no, beside the rows folded whatever it says
+//                              and unfolded (a tile a query head); ROUNDS alternating rounds
+//                              (default 5), the L2 flushed before every launch, medians in us.
+//                              FA4_FOLD_SHAPES="B,SQ,HQ,HKV,SK,D[,CAUSAL];..." takes other shapes
+//                              (CAUSAL 0: no bound; default 1)
 //   sm90_fwd_probe trace DIR [variants]
 //                              clock64 timeline of the first CTAs (csv in DIR, medians printed);
 //                              with `variants` also the configurations measured and not shipped;
@@ -743,7 +744,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (std::strcmp(mode, "fold") == 0) {  // query groups folded into rows against a tile a query head
-    struct Spec { int b, sq, hq, hkv, sk, d; };
+    struct Spec { int b, sq, hq, hkv, sk, d, causal = 1; };
     std::vector<Spec> shapes = {{1, 4, 32, 8, 8192, 128},  {8, 4, 32, 8, 8192, 128}, {8, 2, 32, 8, 8192, 128},
                                 {8, 8, 32, 8, 8192, 128},  {32, 4, 32, 8, 4096, 128}, {8, 16, 64, 8, 8192, 128},
                                 {16, 4, 16, 1, 8192, 128}, {8, 4, 32, 4, 8192, 64},  {8, 4, 16, 4, 8192, 256}};
@@ -751,7 +752,9 @@ int main(int argc, char** argv) {
       shapes.clear();
       for (const char* c = list; *c;) {
         Spec x{};
-        if (std::sscanf(c, "%d,%d,%d,%d,%d,%d", &x.b, &x.sq, &x.hq, &x.hkv, &x.sk, &x.d) == 6) shapes.push_back(x);
+        const int got = std::sscanf(c, "%d,%d,%d,%d,%d,%d,%d", &x.b, &x.sq, &x.hq, &x.hkv, &x.sk, &x.d, &x.causal);
+        if (got == 6) x.causal = 1;
+        if (got >= 6) shapes.push_back(x);
         c = std::strchr(c, ';');
         if (!c) break;
         ++c;
@@ -760,7 +763,7 @@ int main(int argc, char** argv) {
     const int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
     ColdTimer timer;
     for (const Spec& x : shapes) {
-      const Shape sh{x.b, x.hq, x.hkv, x.sq, x.sk, x.d, true};
+      const Shape sh{x.b, x.hq, x.hkv, x.sq, x.sk, x.d, x.causal != 0};
       const size_t nq = size_t(x.b) * x.sq * x.hq * x.d, nkv = size_t(x.b) * x.sk * x.hkv * x.d;
       void *q, *k, *v, *o;
       float* lse;
@@ -772,19 +775,22 @@ int main(int argc, char** argv) {
       CK(cudaGetDevice(&dev));
       const bool kept = fa4::sm90::fold_pays(folded, fa4::sm90::multiprocessors(dev));  // else the launch unfolds
       FwdParams plain = folded;  // the fold undone: a tile a query head
-      if (plain.fold > 0) plain.seqlen_q = x.sq, plain.heads_q = x.hq, plain.fold = 0;
-      const FwdParams* ways[2] = {&folded, &plain};
-      std::vector<double> us[2];
+      if (plain.fold > 0) fa4::sm90::unfold_query_rows(&plain);
+      // The launch (its rule), the rows folded whatever the rule says, and unfolded.
+      const Launcher fns[3] = {fa4::detail::sm90_forward, fa4::detail::sm90_forward_rows, fa4::detail::sm90_forward_rows};
+      const FwdParams* ways[3] = {&folded, &folded, &plain};
+      std::vector<double> us[3];
       for (int r = 0; r < rounds; ++r)
-        for (int w = 0; w < 2; ++w) us[w].push_back(timer.median_us(fa4::detail::sm90_forward, *ways[w]));
+        for (int w = 0; w < 3; ++w) us[w].push_back(timer.median_us(fns[w], *ways[w]));
       for (auto& u : us) std::sort(u.begin(), u.end());
-      const double f = us[0][us[0].size() / 2], u = us[1][us[1].size() / 2];
+      const double l = us[0][us[0].size() / 2], f = us[1][us[1].size() / 2], u = us[2][us[2].size() / 2];
       const double bytes = 2.0 * (2.0 * nq + 2.0 * nkv);
-      std::printf("FOLD b=%d sq=%d hq=%d hkv=%d sk=%d d=%d causal (fold %d: %d rows of %d heads; the launch %s): "
-                  "launch %.1f us %.0f GB/s [%.1f-%.1f], unfolded %.1f us [%.1f-%.1f], unfolded / launch %.2f\n",
-                  x.b, x.sq, x.hq, x.hkv, x.sk, x.d, folded.fold, folded.seqlen_q, folded.heads_q,
-                  kept ? "keeps it" : "unfolds (fold_pays)", f,
-                  bytes / (f * 1e-6) / 1e9, us[0].front(), us[0].back(), u, us[1].front(), us[1].back(), u / f);
+      std::printf("FOLD b=%d sq=%d hq=%d hkv=%d sk=%d d=%d %s (fold %d: %d rows of %d heads; the launch %s): "
+                  "launch %.1f us %.0f GB/s [%.1f-%.1f], folded %.1f us [%.1f-%.1f], unfolded %.1f us [%.1f-%.1f], "
+                  "unfolded / folded %.2f\n",
+                  x.b, x.sq, x.hq, x.hkv, x.sk, x.d, x.causal ? "causal" : "non-causal", folded.fold, folded.seqlen_q,
+                  folded.heads_q, kept ? "keeps it" : "unfolds (fold_pays)", l, bytes / (l * 1e-6) / 1e9,
+                  us[0].front(), us[0].back(), f, us[1].front(), us[1].back(), u, us[2].front(), us[2].back(), u / f);
       cudaFree(q); cudaFree(o); cudaFree(k); cudaFree(v); cudaFree(lse);
     }
     return 0;

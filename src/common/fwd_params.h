@@ -61,8 +61,11 @@ struct FwdParams {
   bool varlen() const { return cu_seqlens_q != nullptr; }
 };
 
-// Launches the sm90 forward kernel; kNotSupported for configurations it does not cover.
+// Launches the sm90 forward kernel; kNotSupported for configurations it does not cover. A folded
+// query group (p.fold) may be unfolded first (sm90::fold_pays).
 Status sm90_forward(const FwdParams& p, cudaStream_t stream);
+// The same with the rows as given, folded or not (measurements of the fold's rule).
+Status sm90_forward_rows(const FwdParams& p, cudaStream_t stream);
 // The same for a variable-length batch (p.varlen()), which sm90_forward hands on to it.
 Status sm90_forward_varlen(const FwdParams& p, cudaStream_t stream);
 Status sm90_forward_softcap(const FwdParams& p, cudaStream_t stream);

@@ -16,7 +16,8 @@
 // both; a slot is free when the consumers of both CTAs have released it (their arrives go to both
 // CTAs' empty barriers). Halves the K/V traffic from L2 to the SMs.
 //
-// Stream-K pieces (kSplit, tiles of one length): where the last round would leave much of the
+// Stream-K pieces (kSplit, tiles of one length, or on single CTAs tiles of one query block a head
+// under a bound, whose key ranges are alike): where the last round would leave much of the
 // grid idle, the launch cuts the remaining tiles' key blocks into one equal run a unit
 // (tile_order.cuh); a piece runs the same pipeline over its sub-range of key blocks and, unless it
 // is its tile's only piece, hands its unnormalised O and row stats to the tile's last piece, which
@@ -464,14 +465,25 @@ __device__ __forceinline__ void pass_softmax_turn(int consumer) {
   ptx::named_bar_arrive(1 + 2 * kConsumers + (consumer + 1) % kConsumers, 256);
 }
 
+// Whether the stream-K kernel of single CTAs reads the launch's bound and fold (fwd_kernel's
+// kSplitBound), so that tiles of one query block a head under a bound may be cut (fwd_launch.cuh,
+// tiles_alike). Not the serial step's (d256 on 128-key blocks), which no such launch takes
+// (d256_block_keys) and whose kernel spilled 84 bytes with it.
+template <class Cfg>
+constexpr bool split_reads_bound() {
+  return !Cfg::kSerialStep;
+}
+
 // kSplit: the kernel for a stream-K tail (TileOrder::split): work items are whole tiles or
 // pieces, and pieces merge (epilogue.cuh). Without it the kernel walks whole tiles only: a separate
 // instantiation, so the pieces' bookkeeping costs the other launches nothing.
 // kBounded: the launch has a causal or window bound (FwdKernelParams::window). Only such launches
 // run the mask's finer cuts (kConsumerMask, kHalfFirst, kSkipFirst, kSkipLeading), in their own
 // instantiation, so the kernels without a bound carry none of that code: ptxas schedules them as
-// before (d64's three-consumer kernel instruction for instruction). Clusters and stream-K pieces run
-// tiles of one length only (fwd_launch.cuh), so they never have a bound.
+// before (d64's three-consumer kernel instruction for instruction). Clusters run tiles of one
+// length only (fwd_launch.cuh), so they never have a bound; stream-K pieces on single CTAs may
+// (tiles alike: one query block a head), and read it at run time without the finer cuts
+// (kSplitBound below).
 // kCausal: a bounded kernel whose bound is causal (window (-1, 0)) at compile time; only the row
 // shift comes from the launch. The mask's and the key ranges' window tests become constants
 // (d64's three-consumer kernel 3200 -> 2776 instructions, d128's 5072 -> 4112). H100, against the
@@ -487,7 +499,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fwd_kernel(const __grid_constant__ FwdKernelParams p) {
   static_assert(kCluster == 1 || kCluster == 2, "clusters of one or two CTAs");
   static_assert(!kVarlen || (kCluster == 1 && !kSplit), "variable-length batches run on whole tiles, one CTA a unit");
-  static_assert(!kBounded || (kCluster == 1 && !kSplit), "bounds run on whole tiles, one CTA a unit");
+  static_assert(!kBounded || (kCluster == 1 && !kSplit),
+                "bounds run on whole tiles, one CTA a unit (stream-K pieces read theirs at run time: kSplitBound)");
   static_assert(!kCausal || kBounded, "the causal kernel is a bounded one");
   static_assert(kCluster == 1 || Cfg::kBlockN / 2 * 128 % 1024 == 0, "a K/V half must keep 1024-byte alignment");
   using namespace fa4::ptx;
@@ -567,7 +580,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // (the launch's tiles_of_one_length and causal_bound say no to them), so that only it reads each
   // row's query and query head at run time (Window::fold; epilogue.cuh, MapRow); in the others
   // rows are queries at compile time.
-  constexpr bool kFoldable = kBounded && !kCausal && !kVarlen;
+  // The stream-K kernel of single CTAs also cuts tiles that see alike key ranges under a bound
+  // (one query block a head: decoding's few rows, causal or in a window, folded or not;
+  // fwd_launch.cuh, tiles_alike): it reads the launch's bound and fold at run time (kSplitBound).
+  // Its clusters run tiles of one length only, unbounded and unfolded at compile time, as does
+  // the serial step's (split_reads_bound).
+  constexpr bool kSplitBound = kSplit && kCluster == 1 && split_reads_bound<Cfg>();
+  constexpr bool kFoldable = (kBounded && !kCausal && !kVarlen) || kSplitBound;
   constexpr bool kDescsAhead =
       kBounded && Cfg::kConsumers == 3 && kHeadDim == 64 && !Cfg::kSmemP && !Cfg::kTensorRowSum;
   // The window as the key ranges and the mask see it: in a kernel without a bound, unbounded at
@@ -583,7 +602,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   auto bound = [&p, &window]() -> Window {
     if constexpr (kCausal) return Window{-1, 0, p.window.shift};
-    return kBounded ? window() : Window{-1, -1, 0};
+    return kBounded || kSplitBound ? window() : Window{-1, -1, 0};
   };
 
   extern __shared__ uint8_t smem_raw[];

@@ -153,12 +153,20 @@ inline bool tiles_of_one_length(const detail::FwdParams& a) {
 // launches run the kernel with the bound at compile time (fwd_kernel's kCausal).
 inline bool causal_bound(const detail::FwdParams& a) { return a.fold == 0 && a.window_left < 0 && a.window_right == 0; }
 
+// Whether every query tile sees the same key blocks: tiles of one length, or one query block a head
+// (seqlen_q within a tile: decoding's few rows, folded or not) under any bound, where each head's
+// one tile has tile 0's key range. Such tiles may take a stream-K tail (the bounded ones on single
+// CTAs: fwd_kernel's kSplitBound).
+inline bool tiles_alike(const detail::FwdParams& a, int64_t m_blocks) {
+  return tiles_of_one_length(a) || (m_blocks == 1 && !a.varlen());
+}
+
 // Whether a launch of `grid` units over `tiles` tiles takes each CTA's tiles past its first from
 // the tile counter (FwdKernelParams::tile_counter): where tile lengths vary, and for tiles of one
-// length on single CTAs without a stream-K tail; never for one CTA a tile (schedule 2), the static
-// rounds' ablation (schedule 3), or a grid with a CTA for every tile.
+// length on single CTAs; never with a stream-K tail (static rounds), for one CTA a tile (schedule
+// 2), the static rounds' ablation (schedule 3), or a grid with a CTA for every tile.
 inline bool use_tile_counter(bool uniform, int cluster, bool stream_k_tail, int schedule, int64_t grid, int64_t tiles) {
-  return (!uniform || (cluster == 1 && !stream_k_tail)) && schedule != 2 && schedule != 3 && grid < tiles;
+  return (!uniform || cluster == 1) && !stream_k_tail && schedule != 2 && schedule != 3 && grid < tiles;
 }
 
 // Whether a problem's tiles go to clusters of two CTAs sharing K and V (fwd_kernel.cuh): tiles of
@@ -474,10 +482,18 @@ int max_cluster_pairs(int device) {
 // build, causal: past one round 1.71-2.51 (d128 b 8 x 32/8 heads x 4 queries x 8k keys 1.72, b 32
 // x 4k 2.07, 8 queries 1.71; d64 b 8 x 32/4 2.51); within one, b 1 x 32/8 d128 (32 tiles) 0.96 and
 // d256 b 8 x 16/4 (128 tiles) 0.99 (docs/perf-notes.md, "A few query rows a head").
+// Those were whole tiles. A folded launch's tiles (one query block a head) now also take the
+// stream-K tail (tiles_alike), which spreads even a few of them over every multiprocessor: there
+// the fold reads each KV head's K and V once for the whole grid, where unfolded tiles read them
+// once a query head. So the fold is undone only where its tiles stay whole by the ablations'
+// choice (FwdParams::split 1, schedule 2) or for want of a stream-K kernel (soft-capped d256 under a
+// bound, which a fold is: launch_forward's kSplits) and fit in one round unfolded.
 // sms: the multiprocessors, of which the grid takes at most FwdParams::max_ctas where set.
 inline bool fold_pays(const detail::FwdParams& a, int sms) {
   const int grid = a.max_ctas > 0 && a.max_ctas < sms ? a.max_ctas : sms;
-  return a.fold > 0 && int64_t(a.batch) * (int64_t(a.heads_q) << a.fold) > grid;
+  if (a.fold == 0) return false;
+  const bool pieces = a.split != 1 && a.schedule != 2 && !(a.softcap > 0.0f && a.head_dim == 256);
+  return pieces || int64_t(a.batch) * (int64_t(a.heads_q) << a.fold) > grid;
 }
 inline void unfold_query_rows(detail::FwdParams* a) {
   a->seqlen_q >>= a->fold;
@@ -663,7 +679,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   }
   LaunchScratch scratch;
   if constexpr (kSplits) {  // (no stream-K kernel is built for whole-tile configs)
-    if (uniform && a.schedule != 2 && a.split != 1) {
+    if ((uniform || (split_reads_bound<Cfg>() && tiles_alike(a, m_blocks))) && a.schedule != 2 && a.split != 1) {
       // Every unit takes part, also when there are fewer tiles than units (then every tile is cut).
       const BlockRange kr = key_block_range<Cfg::kBlockM, Cfg::kBlockN>(k.window, 0, a.seqlen_q, a.seqlen_k);
       TileOrder order = k.tiles;

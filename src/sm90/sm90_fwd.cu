@@ -11,6 +11,10 @@ Status sm90_forward(const FwdParams& given, cudaStream_t stream) {
     if (cudaGetDevice(&device) == cudaSuccess && !sm90::fold_pays(a, sm90::multiprocessors(device)))
       sm90::unfold_query_rows(&a);
   }
+  return sm90_forward_rows(a, stream);
+}
+
+Status sm90_forward_rows(const FwdParams& a, cudaStream_t stream) {
   if (a.softcap > 0.0f) return sm90_forward_softcap(a, stream);
   if (a.varlen()) return sm90_forward_varlen(a, stream);
   auto launch = [&]<class Cfg>() { return sm90::launch_forward<Cfg>(a, stream); };
