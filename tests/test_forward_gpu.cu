@@ -739,6 +739,22 @@ TEST(ForwardGpu, ClusterPairsMatchOneCtaBitForBit) {
   }
 }
 
+// Case c cut into stream-K pieces wherever the last round is partial (split 2), twice for the same
+// bits (the merge goes in piece order, whoever finishes last), then with whole tiles (split 1);
+// each against the float64 reference.
+void expect_cut_alike_and_whole(Case c, uint32_t seed) {
+  c.split = 2;
+  std::vector<double> o1, o2;
+  std::vector<float> l1, l2;
+  ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o1, &l1));
+  ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o2, &l2));
+  SCOPED_TRACE(c.name());
+  EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(double)), 0) << "O differs between runs";
+  EXPECT_EQ(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)), 0) << "LSE differs between runs";
+  c.split = 1;
+  ASSERT_NO_FATAL_FAILURE(run_case(c, seed));
+}
+
 TEST(ForwardGpu, StreamKTailMatchesTheReference) {
   FA4_REQUIRE_GPU();
   // The last partial round's tiles cut into equal runs of key blocks, pieces merged by the last to
@@ -761,17 +777,7 @@ TEST(ForwardGpu, StreamKTailMatchesTheReference) {
     for (auto [cluster, ctas] : {std::pair<int, int>{1, 5}, {2, 14}}) {
       c.cluster = cluster;
       c.max_ctas = ctas;
-      c.split = 2;
-      std::vector<double> o1, o2;
-      std::vector<float> l1, l2;
-      ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o1, &l1));
-      ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o2, &l2));
-      SCOPED_TRACE(c.name());
-      EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(double)), 0) << "O differs between runs";
-      EXPECT_EQ(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)), 0) << "LSE differs between runs";
-      c.split = 1;
-      ASSERT_NO_FATAL_FAILURE(run_case(c, seed));
-      ++seed;
+      ASSERT_NO_FATAL_FAILURE(expect_cut_alike_and_whole(c, seed++));
     }
   // Through the public API: a short query against many keys takes every SM with the keys cut.
   run_case({BF16, 1, 100, 16384, 4, 4, 128, false}, 1400);
@@ -803,17 +809,7 @@ TEST(ForwardGpu, BoundedTilesOfOneQueryBlockCutIntoPieces) {
     for (Case c : cases)
       for (int ctas : {5, 0}) {
         c.max_ctas = ctas;
-        c.split = 2;
-        std::vector<double> o1, o2;
-        std::vector<float> l1, l2;
-        ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o1, &l1));
-        ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o2, &l2));
-        SCOPED_TRACE(c.name());
-        EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(double)), 0) << "O differs between runs";
-        EXPECT_EQ(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)), 0) << "LSE differs between runs";
-        c.split = 1;
-        ASSERT_NO_FATAL_FAILURE(run_case(c, seed));
-        ++seed;
+        ASSERT_NO_FATAL_FAILURE(expect_cut_alike_and_whole(c, seed++));
       }
   }
   // Through the public API: speculative decoding's shape at batch 1, cut where the launch decides.
