@@ -147,6 +147,43 @@ TEST(Varlen, BackwardRefusalsNameTheArgument) {
   EXPECT_TRUE(s.ok()) << s.message;
 }
 
+// seqused_k (the filled part of each sequence's key span): forward only, int32-aligned, and only
+// with the cu_seqlens it narrows; it reaches the kernel's parameters.
+TEST(Varlen, SequsedKeysForwardOnly) {
+  ForwardArgs a = valid_varlen();
+  a.varlen.seqused_k = static_cast<const int32_t*>(fake(14));
+  Status s = fa4::validate(a);
+  EXPECT_TRUE(s.ok()) << s.message;
+  EXPECT_EQ(fa4::detail::make_fwd_params(a).seqused_k, a.varlen.seqused_k);
+  a.varlen.seqused_k = reinterpret_cast<const int32_t*>(static_cast<const char*>(fake(14)) + 2);
+  expect_refused(a, "varlen.seqused_k = 0x7f00e0000002: must be a multiple of 4 bytes (int32)");
+  ForwardArgs batched;
+  batched.problem = fa4::test::make_problem(2, 50, 60, 8, 2, 128);
+  batched.q = fa4::bshd(fake(1), 50, 8, 128);
+  batched.o = fa4::bshd(fake(2), 50, 8, 128);
+  batched.k = batched.v = fa4::bshd(fake(3), 60, 2, 128);
+  ASSERT_TRUE(fa4::validate(batched).ok());
+  batched.varlen.seqused_k = static_cast<const int32_t*>(fake(14));
+  expect_refused(batched, "varlen.seqused_k = 0x7f00e0000000: needs a variable-length batch");
+  fa4::BackwardArgs b;
+  b.problem = a.problem;
+  b.q = a.q, b.k = a.k, b.v = a.v, b.o = a.o;
+  b.dout = {fake(8), 0, 8 * 128, 128};
+  b.dq = {fake(9), 0, 8 * 128, 128};
+  b.dk = {fake(10), 0, 2 * 128, 128};
+  b.dv = {fake(11), 0, 2 * 128, 128};
+  b.lse = static_cast<const float*>(fake(12));
+  b.varlen = valid_varlen().varlen;
+  ASSERT_TRUE(fa4::backward_workspace_size(b, &b.workspace_bytes).ok());
+  b.workspace = fake(13);
+  ASSERT_TRUE(fa4::validate(b).ok());
+  b.varlen.seqused_k = static_cast<const int32_t*>(fake(14));
+  s = fa4::validate(b);
+  EXPECT_EQ(s.code, StatusCode::kNotSupported) << s.message;
+  EXPECT_NE(s.message.find("varlen.seqused_k = 0x7f00e0000000: the backward takes each sequence's keys"),
+            std::string::npos) << s.message;
+}
+
 TEST(Varlen, BatchStrideIsNotRead) {
   ForwardArgs a = valid_varlen();
   a.q.batch_stride = 12345;  // misaligned, and never used

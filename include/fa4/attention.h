@@ -75,11 +75,15 @@ struct Problem {
 // backward sets them to 0 in dq, dk and dv (their gradient). Entries that break the rules are
 // clamped on the device (a sequence then reads and writes inside [0, total) only, and none before
 // its start), never read past.
+// seqused_k (forward only; optional): int32 [problem.batch] in device memory, sequence b's keys
+// being only the first seqused_k[b] rows of its cu_seqlens_k span (a KV cache's filled part;
+// flash-attn's seqused_k): causal and windows align to them. Entries are clamped to [0, span].
 struct Varlen {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   int64_t total_q = 0;
   int64_t total_k = 0;
+  const int32_t* seqused_k = nullptr;
   bool enabled() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }
 };
 

@@ -6,10 +6,11 @@
 //   fa4::bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
 //            deterministic, softcap=0.0) -> (dq, dk, dv)     (softcap: the forward's)
 //   fa4::fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-//                   softmax_scale, causal, window_left, window_right, with_lse=True, softcap=0.0)
-//       -> (out, lse)
+//                   softmax_scale, causal, window_left, window_right, with_lse=True, softcap=0.0,
+//                   seqused_k=None) -> (out, lse)
 //       packed sequences: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim],
-//       cu_seqlens int32 [batch + 1] on q's device; out like q, lse fp32 [heads_q, total_q].
+//       cu_seqlens int32 [batch + 1] on q's device; out like q, lse fp32 [heads_q, total_q];
+//       seqused_k int32 [batch]: sequence b's keys are the first seqused_k[b] of its span.
 //   fa4::bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
 //                   softmax_scale, causal, window_left, window_right, deterministic, softcap=0.0)
 //       -> (dq, dk, dv)
@@ -364,16 +365,28 @@ std::tuple<at::Tensor, at::Tensor> fwd_varlen_op(const at::Tensor& q, const at::
                                                  int64_t max_seqlen_q, int64_t max_seqlen_k,
                                                  std::optional<double> softmax_scale, bool causal,
                                                  int64_t window_left, int64_t window_right, bool with_lse,
-                                                 double softcap) {
+                                                 double softcap, const std::optional<at::Tensor>& seqused_k) {
   const char* op = "fa4::fwd_varlen";
   fa4::Problem p = check_varlen_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     softmax_scale, causal, window_left, window_right, op);
   p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
+  fa4::Varlen varlen = varlen_of(q, k, cu_seqlens_q, cu_seqlens_k);
+  if (seqused_k.has_value()) {
+    const at::Tensor& used = *seqused_k;
+    FA4_CHECK_VALUE(used.defined() && used.is_cuda() && used.device() == q.device(), op,
+                    ": seqused_k must be a CUDA tensor on q's device");
+    FA4_CHECK_VALUE(used.scalar_type() == at::kInt, op, ": seqused_k has dtype ", used.scalar_type(),
+                    ": must be torch.int32");
+    FA4_CHECK_VALUE(used.dim() == 1 && used.size(0) == p.batch && used.is_contiguous(), op,
+                    ": seqused_k has shape ", shape_str(used), " and strides ", strides_str(used),
+                    ": must be contiguous [batch] (batch = ", p.batch, ", from cu_seqlens_q)");
+    varlen.seqused_k = used.data_ptr<int32_t>();
+  }
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty(q.sizes(), q.options());
   const auto f32 = q.options().dtype(at::kFloat);
   at::Tensor lse = with_lse ? at::empty({p.heads_q, q.size(0)}, f32) : at::empty({0}, f32);
-  return run_forward(p, packed_ref, q, k, v, out, lse, varlen_of(q, k, cu_seqlens_q, cu_seqlens_k), op);
+  return run_forward(p, packed_ref, q, k, v, out, lse, varlen, op);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_varlen_op(
@@ -413,7 +426,7 @@ TORCH_LIBRARY(fa4, m) {
   m.def(
       "fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, float? softmax_scale, bool causal, int window_left, int window_right, "
-      "bool with_lse=True, float softcap=0.0) -> (Tensor out, Tensor lse)");
+      "bool with_lse=True, float softcap=0.0, Tensor? seqused_k=None) -> (Tensor out, Tensor lse)");
   m.def(
       "bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale, bool causal, "

@@ -21,8 +21,8 @@ from typing import Optional, Tuple
 
 import torch
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
-           "scaled_dot_product_attention", "library_path", "LIBRARY_NAME", "__version__"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_qkvpacked_func",
+           "flash_attn_kvpacked_func", "scaled_dot_product_attention", "library_path", "LIBRARY_NAME", "__version__"]
 __version__ = "0.1.0"
 
 LIBRARY_NAME = "fa4_C.so"
@@ -92,7 +92,7 @@ def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, window_left, windo
 
 @torch.library.register_fake("fa4::fwd_varlen")
 def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, window_left, window_right, with_lse=True, softcap=0.0):
+                     causal, window_left, window_right, with_lse=True, softcap=0.0, seqused_k=None):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"fa4::fwd_varlen: {name} has shape {tuple(t.shape)}: must be 3-d "
@@ -243,6 +243,7 @@ def flash_attn_varlen_func(
     deterministic: bool = False,
     return_lse: bool = False,
     *,
+    seqused_k: Optional[torch.Tensor] = None,
     dropout_p: float = 0.0,
     alibi_slopes: Optional[torch.Tensor] = None,
     return_attn_probs: bool = False,
@@ -258,12 +259,24 @@ def flash_attn_varlen_func(
     sequence are not written in out (and get zero gradients). softcap > 0 soft-caps each score as
     flash_attn_func does. Returns out like q, and with
     return_lse the fp32 LSE [heads_q, total_q]. Differentiable (torch.ops.fa4.bwd_varlen);
-    deterministic: the backward's deterministic mode.
+    deterministic: the backward's deterministic mode. seqused_k: int32 [batch] on q's device,
+    sequence b's keys being only the first seqused_k[b] rows of its k, v span (a KV cache's filled
+    part; causal and windows align to them); forward only.
     """
     softmax_scale, window_left, window_right, softcap = _options(
         "fa4.flash_attn_varlen_func", softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
     return_lse = bool(return_lse or return_attn_probs)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if seqused_k is not None:
+        if grad:
+            raise NotImplementedError("fa4.flash_attn_varlen_func: seqused_k is forward only (the backward "
+                                      "takes each sequence's keys from cu_seqlens_k alone); call it under "
+                                      "torch.no_grad() or on tensors that do not require grad")
+        out, lse = torch.ops.fa4.fwd_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
+            bool(causal), window_left, window_right, return_lse, softcap, seqused_k,
+        )
+    elif grad:
         out, lse = _FlashAttnVarlenFunc.apply(
             q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
             bool(causal), window_left, window_right, bool(deterministic), softcap,
@@ -274,6 +287,108 @@ def flash_attn_varlen_func(
             bool(causal), window_left, window_right, return_lse, softcap,
         )
     return (out, lse) if return_lse else out
+
+
+def _cache_rows(cache: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    """A KV cache [batch, seqlen_cache, heads, head_dim] as packed rows [rows, heads, head_dim] and
+    the rows from one batch entry to the next: a view where its batch stride is a whole number of
+    its row stride (BSHD, BHSD, a slice along the sequence), else a contiguous copy."""
+    b, s, h, d = cache.shape
+    bs, ss, hs, ds = cache.stride()
+    if b == 0 or s == 0:
+        return cache.reshape(b * s, h, d), s
+    if ds == 1 and ss > 0 and bs % ss == 0 and bs // ss >= s:
+        step = bs // ss if b > 1 else s
+        rows = (b - 1) * step + s
+        return cache.as_strided((rows, h, d), (ss, hs, 1)), step
+    return cache.contiguous().reshape(b * s, h, d), s
+
+
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: Optional[torch.Tensor] = None,
+    v: Optional[torch.Tensor] = None,
+    rotary_cos: Optional[torch.Tensor] = None,
+    rotary_sin: Optional[torch.Tensor] = None,
+    cache_seqlens=None,
+    cache_batch_idx: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    block_table: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: Optional[torch.Tensor] = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+):
+    """Attention of new queries against a KV cache, flash-attn's flash_attn_with_kvcache (inference).
+
+    q: [batch, seqlen_q, heads_q, head_dim]; k_cache, v_cache: [batch, seqlen_cache, heads_kv,
+    head_dim] (bf16 or fp16, head_dim contiguous; BSHD, BHSD or a slice along the sequence are read
+    in place). cache_seqlens: an int or int32 [batch] on q's device, batch entry b attending to the
+    first cache_seqlens[b] keys of its cache (at most seqlen_cache; None: all of them); causal and
+    window_size align its queries to the last of those keys (query i sees keys up to
+    cache_seqlens[b] - seqlen_q + i). softcap as flash_attn_func. Returns out [batch, seqlen_q,
+    heads_q, head_dim], and with return_softmax_lse the fp32 LSE [batch, heads_q, seqlen_q].
+    num_splits is accepted and not read (the launch picks its own split of the keys). Not
+    implemented: appending k, v to the cache, rotary embedding, cache_batch_idx, cache_leftpad,
+    block_table (paged caches), alibi_slopes. Runs on the variable-length kernels (the cache's
+    filled part: Varlen::seqused_k).
+    """
+    name = "fa4.flash_attn_with_kvcache"
+    for arg, value in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                       ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+                       ("block_table", block_table)):
+        if value is not None:
+            raise NotImplementedError(f"{name}: {arg} is not implemented (must be None): append new keys to "
+                                      "the cache, apply rotary embedding and gather paged blocks beforehand")
+    softmax_scale, window_left, window_right, softcap = _options(name, softmax_scale, window_size, softcap, 0.0,
+                                                                 alibi_slopes)
+    for arg, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name}: {arg} has shape {shape}: must be 4-d [batch, seqlen, heads, head_dim]")
+    b, sq, hq, d = q.shape
+    if k_cache.shape[0] != b or v_cache.shape != k_cache.shape:
+        raise ValueError(f"{name}: k_cache has shape {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}, q "
+                         f"{tuple(q.shape)}: the caches must agree, with q's batch ({b})")
+    s_cache = k_cache.shape[1]
+    if cache_seqlens is None:
+        used = None
+    elif isinstance(cache_seqlens, int):
+        if not 0 <= cache_seqlens <= s_cache:
+            raise ValueError(f"{name}: cache_seqlens = {cache_seqlens}: must be in [0, {s_cache}] (seqlen_cache)")
+        used = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
+    elif isinstance(cache_seqlens, torch.Tensor):
+        if cache_seqlens.shape != (b,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name}: cache_seqlens has shape {tuple(cache_seqlens.shape)} and dtype "
+                             f"{cache_seqlens.dtype}: must be int32 [batch] (batch = {b})")
+        used = cache_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
+    else:
+        raise ValueError(f"{name}: cache_seqlens = {cache_seqlens!r}: must be None, an int or an int32 tensor")
+    q_rows = q.reshape(b * sq, hq, d)
+    k_rows, step_k = _cache_rows(k_cache)
+    v_rows, step_v = _cache_rows(v_cache)
+    if step_v != step_k:  # the two caches laid out apart: one row layout for both
+        k_rows, step_k = k_cache.contiguous().reshape(b * s_cache, k_cache.shape[2], d), s_cache
+        v_rows = v_cache.contiguous().reshape(b * s_cache, k_cache.shape[2], d)
+    cu_q = torch.arange(0, b + 1, dtype=torch.int32, device=q.device) * sq
+    cu_k = torch.arange(0, b + 1, dtype=torch.int32, device=q.device) * step_k
+    if b > 0:
+        cu_k[b] = k_rows.shape[0]  # the last entry's span ends with the rows there are
+    with torch.no_grad():
+        out, lse = torch.ops.fa4.fwd_varlen(
+            q_rows, k_rows, v_rows, cu_q, cu_k, sq, s_cache, softmax_scale, bool(causal), window_left,
+            window_right, bool(return_softmax_lse), softcap, used,
+        )
+    out = out.reshape(b, sq, hq, d)
+    if not return_softmax_lse:
+        return out
+    return out, lse.reshape(hq, b, sq).permute(1, 0, 2)
 
 
 def _refuse_unimplemented(name: str, dropout_p: float, alibi_slopes) -> None:

@@ -164,6 +164,13 @@ Status check_shared(const Problem& p, const TensorRef& q, const TensorRef& k, co
   return check_tensor("o", o, qs, p);
 }
 
+// Varlen::seqused_k without the cu_seqlens it narrows.
+Status check_seqused_alone(const Varlen& v) {
+  if (v.seqused_k == nullptr) return Status::Ok();
+  return invalid("varlen.seqused_k = " + detail::format_pointer(v.seqused_k) +
+                 ": needs a variable-length batch (varlen.cu_seqlens_q and cu_seqlens_k set)");
+}
+
 // A variable-length batch (Varlen): both cu_seqlens, aligned; totals that the kernel's int rows
 // hold; q, o (and dout, dq) over total_q rows and k, v (dk, dv) over total_k rows (one batch:
 // batch_stride is not read); the LSE [heads_q, total_q].
@@ -182,6 +189,15 @@ Status check_varlen(const Args& args) {
                      "cu_seqlens_k (int32, batch + 1 entries each, on the device)");
     if (reinterpret_cast<uintptr_t>(c.ptr) % alignof(int32_t) != 0)
       return invalid(std::string(c.name) + " = " + detail::format_pointer(c.ptr) + ": must be a multiple of " +
+                     str(int64_t{alignof(int32_t)}) + " bytes (int32)");
+  }
+  if (v.seqused_k != nullptr) {
+    if constexpr (kBackward)
+      return {StatusCode::kNotSupported, "varlen.seqused_k = " + detail::format_pointer(v.seqused_k) +
+                                             ": the backward takes each sequence's keys from cu_seqlens_k alone "
+                                             "(null is allowed)"};
+    if (reinterpret_cast<uintptr_t>(v.seqused_k) % alignof(int32_t) != 0)
+      return invalid("varlen.seqused_k = " + detail::format_pointer(v.seqused_k) + ": must be a multiple of " +
                      str(int64_t{alignof(int32_t)}) + " bytes (int32)");
   }
   Status s;
@@ -248,6 +264,7 @@ Status validate(const ForwardArgs& args) {
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
   if (args.varlen.enabled()) return check_varlen(args);
+  if (!(s = check_seqused_alone(args.varlen)).ok()) return s;
   if (!(s = check_lse(args.lse, p, /*required=*/false)).ok()) return s;
   return check_shared(p, args.q, args.k, args.v, args.o);
 }
@@ -260,6 +277,7 @@ Status validate(const BackwardArgs& args) {
     if (!(s = check_varlen(args)).ok()) return s;
     return check_workspace(args);
   }
+  if (!(s = check_seqused_alone(args.varlen)).ok()) return s;
   if (!(s = check_lse(args.lse, p, /*required=*/true)).ok()) return s;
   if (!(s = check_shared(p, args.q, args.k, args.v, args.o)).ok()) return s;
   const Shape qs{"seqlen_q", p.seqlen_q, "heads_q", p.heads_q};
@@ -434,6 +452,7 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
     f.cu_seqlens_k = args.varlen.cu_seqlens_k;
     f.total_q = static_cast<int>(args.varlen.total_q);
     f.total_k = static_cast<int>(args.varlen.total_k);
+    f.seqused_k = args.varlen.seqused_k;
     return f;
   }
   if (!fold_query_groups(&f)) fold_query_rows(&f);

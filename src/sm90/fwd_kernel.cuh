@@ -257,6 +257,9 @@ struct FwdKernelParams {
   // other kernels' parameters keep their offsets (d256's serial-step kernel sits at the edge of
   // its registers, and a shift of the fields above moved ptxas to serialize its wgmma).
   float softcap, softcap_in;
+  // Varlen::seqused_k (the kVarlen kernels; null: each sequence's whole key span). After the
+  // soft cap for the same reason.
+  const int* seqused_k;
 };
 
 // Soft-capped scores (Problem::softcap): a config that derives from a shipped one and sets

@@ -630,6 +630,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     k.cu_seqlens_k = a.cu_seqlens_k;
     k.total_q = a.total_q;
     k.total_k = a.total_k;
+    k.seqused_k = a.seqused_k;
   }
   k.batch = a.batch;
   k.seqlen_q = a.seqlen_q;

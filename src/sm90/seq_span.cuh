@@ -12,7 +12,8 @@ struct SeqSpan {
 // of cu_seqlens, clamped so that a sequence starts where the one before it does at the earliest,
 // ends inside [0, total) and is no longer than the launch's bound (p.seqlen_q, p.seqlen_k: the
 // grids and the kernels' choice rest on them): entries that break the API's rules never send a
-// load or store out of the tensors. Params: the forward's or the backward's kernel parameters.
+// load or store out of the tensors. Where the forward's Params carry seqused_k (Varlen), the keys
+// are at most its entry's. Params: the forward's or the backward's kernel parameters.
 template <bool kVarlen, class Params>
 __device__ __forceinline__ SeqSpan seq_span(const Params& p, int batch) {
   if constexpr (!kVarlen) {
@@ -22,7 +23,11 @@ __device__ __forceinline__ SeqSpan seq_span(const Params& p, int batch) {
     const int q1 = min(max(__ldg(p.cu_seqlens_q + batch + 1), q0), p.total_q);
     const int k0 = min(max(__ldg(p.cu_seqlens_k + batch), 0), p.total_k);
     const int k1 = min(max(__ldg(p.cu_seqlens_k + batch + 1), k0), p.total_k);
-    return {q0, min(q1 - q0, p.seqlen_q), k0, min(k1 - k0, p.seqlen_k)};
+    int k_len = min(k1 - k0, p.seqlen_k);
+    // The forward's Varlen::seqused_k: the first seqused_k[batch] keys of the span.
+    if constexpr (requires { p.seqused_k; })
+      if (p.seqused_k != nullptr) k_len = min(k_len, max(__ldg(p.seqused_k + batch), 0));
+    return {q0, min(q1 - q0, p.seqlen_q), k0, k_len};
   }
 }
 

@@ -254,3 +254,30 @@ def test_varlen_autograd_reaches_the_backward_operator():
     schema = str(torch.ops.fa4.bwd_varlen.default._schema)
     assert "Tensor cu_seqlens_k" in schema and "bool deterministic" in schema and "float softcap=0." in schema
     assert "float softcap=0." in str(torch.ops.fa4.fwd_varlen.default._schema)
+
+
+def test_kvcache_traces_on_meta_and_refuses_what_it_does_not_implement():
+    schema = str(torch.ops.fa4.fwd_varlen.default._schema)
+    assert "Tensor? seqused_k=None" in schema
+    q = meta(3, 4, 8, 128)
+    for cache in (meta(3, 500, 2, 128), meta(3, 2, 500, 128).transpose(1, 2), meta(3, 600, 2, 128)[:, :500]):
+        used = torch.empty(3, device="meta", dtype=torch.int32)
+        out, lse = fa4.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=used, causal=True,
+                                               return_softmax_lse=True)
+        assert out.shape == (3, 4, 8, 128) and out.dtype == torch.bfloat16
+        assert lse.shape == (3, 8, 4) and lse.dtype == torch.float32
+    assert fa4.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=7).shape == (3, 4, 8, 128)
+    with pytest.raises(NotImplementedError, match=r"rotary_cos is not implemented"):
+        fa4.flash_attn_with_kvcache(q, cache, cache, rotary_cos=meta(500, 64))
+    with pytest.raises(NotImplementedError, match=r"alibi_slopes"):
+        fa4.flash_attn_with_kvcache(q, cache, cache, alibi_slopes=meta(8, dtype=torch.float32))
+    with pytest.raises(ValueError, match=r"cache_seqlens = 501: must be in \[0, 500\]"):
+        fa4.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=501)
+    with pytest.raises(ValueError, match=r"k_cache has shape \(2, 500, 2, 128\)"):
+        fa4.flash_attn_with_kvcache(q, meta(2, 500, 2, 128), meta(2, 500, 2, 128))
+    with pytest.raises(ValueError, match=r"q has shape \(3, 8, 128\): must be 4-d"):
+        fa4.flash_attn_with_kvcache(meta(3, 8, 128), cache, cache)
+    qc = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16)
+    kc = torch.randn(2, 50, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"fa4::fwd_varlen: q is on cpu: must be a CUDA tensor"):
+        fa4.flash_attn_with_kvcache(qc, kc, kc, cache_seqlens=torch.tensor([3, 50], dtype=torch.int32))

@@ -14,7 +14,10 @@
   mask aligned top-left as torch's; the packed forms (qkv, kv) give the unpacked answer exactly;
 - flash_attn_varlen_func: each packed sequence matches the reference of that sequence alone (odd
   and zero lengths, causal per sequence, GQA, a window, decoding), forward and backward (both
-  modes), and equal lengths match the batched call; torch.compile traces it.
+  modes), and equal lengths match the batched call; torch.compile traces it;
+- flash_attn_with_kvcache (and varlen's seqused_k): each batch entry against the reference over its
+  cache's filled keys (a full, a one-key, an empty and a partial entry; causal aligned to them, a
+  window, GQA/MQA, BSHD, BHSD and sliced caches); what it does not implement raises.
 
 A test that needs a kernel fa4 does not have (the op raises NotImplementedError) is skipped with
 fa4's message; every other failure fails.
@@ -558,6 +561,81 @@ def test_varlen_equal_lengths_match_the_batched_call():
     ref_lp, _ = reference(q, k, v, 1.0 / math.sqrt(128), True, (-1, -1), lowp=True)
     assert_close_by_criterion(out_v.reshape(3, 200, 4, 128), ref_lp, ref, "varlen")
     assert (out_v.reshape(3, 200, 4, 128).double() - out.double()).abs().max().item() <= 2e-2
+
+
+# (batch, seqlen_q, seqlen_cache, heads_q, heads_kv, head_dim, causal, window, cache layout, dtype)
+KVCACHE_CASES = [
+    (4, 1, 1000, 8, 2, 128, True, (-1, -1), "bshd", torch.bfloat16),  # decoding, GQA
+    (3, 4, 777, 8, 8, 64, True, (-1, -1), "bhsd", torch.bfloat16),  # speculative rows, BHSD cache
+    (2, 5, 300, 4, 1, 256, False, (-1, -1), "slice", torch.float16),  # MQA, a cache sliced along seq
+    (3, 3, 513, 4, 2, 128, False, (100, 0), "bshd", torch.bfloat16),  # a window
+]
+
+
+def cache_of(t, layout, s_cache):
+    """[b, s_cache, h, d] in the given layout: BSHD, a BSHD view of BHSD storage, or the first
+    s_cache rows of a longer BSHD cache."""
+    if layout == "bhsd":
+        return t.transpose(1, 2).contiguous().transpose(1, 2)
+    if layout == "slice":
+        big = torch.randn(t.shape[0], s_cache + 37, t.shape[2], t.shape[3], device=DEV, dtype=t.dtype)
+        big[:, :s_cache] = t
+        return big[:, :s_cache]
+    return t
+
+
+@pytest.mark.parametrize("case", KVCACHE_CASES, ids=[f"kvcache{i}" for i in range(len(KVCACHE_CASES))])
+def test_kvcache_matches_each_batch_entrys_filled_keys(case):
+    b, sq, sc, hq, hkv, d, causal, window, layout, dtype = case
+    gen = torch.Generator(device=DEV).manual_seed(4321)
+    q = torch.randn(b, sq, hq, d, device=DEV, dtype=dtype, generator=gen)
+    k = cache_of(torch.randn(b, sc, hkv, d, device=DEV, dtype=dtype, generator=gen), layout, sc)
+    v = cache_of(torch.randn(b, sc, hkv, d, device=DEV, dtype=dtype, generator=gen), layout, sc)
+    lens = [sc, 1, 0, sc // 2 + 7][:b]  # full, one key, none, part
+    used = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    out, lse = call_or_skip(fa4.flash_attn_with_kvcache, q, k, v, cache_seqlens=used, causal=causal,
+                            window_size=window, return_softmax_lse=True)
+    assert out.shape == q.shape and lse.shape == (b, hq, sq)
+    scale = 1.0 / math.sqrt(d)
+    for i, n in enumerate(lens):
+        qs, ks, vs = q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n]
+        ref, lse_ref = reference(qs, ks, vs, scale, causal, window, lowp=False)
+        ref_lp, lse_lp = reference(qs, ks, vs, scale, causal, window, lowp=True)
+        assert_close_by_criterion(out[i:i + 1], ref_lp, ref, f"batch entry {i} ({sq} x {n} of {sc} keys)")
+        assert_lse(lse[i:i + 1], lse_lp, lse_ref)
+    # The same through flash_attn_varlen_func's seqused_k, and a full cache as flash_attn_func.
+    flat_k, flat_v = k.reshape(b * sc, hkv, d), v.reshape(b * sc, hkv, d)
+    cu_q = torch.arange(0, b + 1, dtype=torch.int32, device=DEV) * sq
+    cu_k = torch.arange(0, b + 1, dtype=torch.int32, device=DEV) * sc
+    out_v = fa4.flash_attn_varlen_func(q.reshape(b * sq, hq, d), flat_k, flat_v, cu_q, cu_k, sq, sc, causal=causal,
+                                       window_size=window, seqused_k=used)
+    assert torch.equal(out_v.reshape(b, sq, hq, d), out), "seqused_k and the kvcache call differ"
+    full = fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=sc, causal=causal, window_size=window)
+    ref, _ = reference(q, k, v, scale, causal, window, lowp=False)
+    ref_lp, _ = reference(q, k, v, scale, causal, window, lowp=True)
+    assert_close_by_criterion(full, ref_lp, ref, "every key of the cache")
+
+
+def test_kvcache_refuses_what_it_does_not_implement():
+    q = torch.randn(2, 1, 4, 64, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(2, 100, 4, 64, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="block_table"):
+        fa4.flash_attn_with_kvcache(q, k, k, block_table=torch.zeros(2, 1, dtype=torch.int32, device=DEV))
+    with pytest.raises(NotImplementedError, match="k is not implemented"):
+        fa4.flash_attn_with_kvcache(q, k, k, k=k[:, :1], v=k[:, :1])
+    with pytest.raises(ValueError, match="cache_seqlens = 101"):
+        fa4.flash_attn_with_kvcache(q, k, k, cache_seqlens=101)
+    with pytest.raises(ValueError, match="cache_seqlens has shape"):
+        fa4.flash_attn_with_kvcache(q, k, k, cache_seqlens=torch.zeros(3, dtype=torch.int32, device=DEV))
+    with pytest.raises(ValueError, match="seqused_k has dtype"):
+        cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV)
+        fa4.flash_attn_varlen_func(q.reshape(2, 4, 64), k.reshape(200, 4, 64), k.reshape(200, 4, 64), cu,
+                                   cu * 100, 1, 100, seqused_k=torch.zeros(2, dtype=torch.int64, device=DEV))
+    qg = q.reshape(2, 4, 64).clone().requires_grad_()
+    with pytest.raises(NotImplementedError, match="forward only"):
+        cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV)
+        fa4.flash_attn_varlen_func(qg, k.reshape(200, 4, 64), k.reshape(200, 4, 64), cu, cu * 100, 1, 100,
+                                   seqused_k=torch.ones(2, dtype=torch.int32, device=DEV))
 
 
 def test_varlen_compiles_fullgraph():
