@@ -336,8 +336,10 @@ def flash_attn_with_kvcache(
     heads_q, head_dim], and with return_softmax_lse the fp32 LSE [batch, heads_q, seqlen_q].
     num_splits is accepted and not read (the launch picks its own split of the keys). Not
     implemented: appending k, v to the cache, rotary embedding, cache_batch_idx, cache_leftpad,
-    block_table (paged caches), alibi_slopes. Runs on the variable-length kernels (the cache's
-    filled part: Varlen::seqused_k).
+    block_table (paged caches), alibi_slopes. With one length for every entry (an int, or None)
+    it is flash_attn_func over the cache's first rows; with a tensor it runs on the variable-length
+    kernels (the cache's filled part: Varlen::seqused_k), which neither fold query groups nor cut
+    the keys across the GPU.
     """
     name = "fa4.flash_attn_with_kvcache"
     for arg, value in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
@@ -357,13 +359,16 @@ def flash_attn_with_kvcache(
         raise ValueError(f"{name}: k_cache has shape {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}, q "
                          f"{tuple(q.shape)}: the caches must agree, with q's batch ({b})")
     s_cache = k_cache.shape[1]
-    if cache_seqlens is None:
-        used = None
-    elif isinstance(cache_seqlens, int):
-        if not 0 <= cache_seqlens <= s_cache:
-            raise ValueError(f"{name}: cache_seqlens = {cache_seqlens}: must be in [0, {s_cache}] (seqlen_cache)")
-        used = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
-    elif isinstance(cache_seqlens, torch.Tensor):
+    if cache_seqlens is None or isinstance(cache_seqlens, int):
+        # One length for every entry: the batched call over the cache's first n rows (a view),
+        # whose decoding folds query groups and cuts the keys across the GPU.
+        n = s_cache if cache_seqlens is None else cache_seqlens
+        if not 0 <= n <= s_cache:
+            raise ValueError(f"{name}: cache_seqlens = {n}: must be in [0, {s_cache}] (seqlen_cache)")
+        with torch.no_grad():
+            return flash_attn_func(q, k_cache[:, :n], v_cache[:, :n], softmax_scale, bool(causal),
+                                   (window_left, window_right), softcap, return_lse=bool(return_softmax_lse))
+    if isinstance(cache_seqlens, torch.Tensor):
         if cache_seqlens.shape != (b,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"{name}: cache_seqlens has shape {tuple(cache_seqlens.shape)} and dtype "
                              f"{cache_seqlens.dtype}: must be int32 [batch] (batch = {b})")
