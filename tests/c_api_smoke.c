@@ -44,12 +44,20 @@ int main(void) {
 
   const int varlen_ok = no_cu_k == 1 && strstr(msg, "varlen.cu_seqlens_k = null") != NULL;
 
+  /* A misaligned seqused_k is refused, naming it. */
+  const int32_t* cu_k = (const int32_t*)(size_t)0x7f0020000000ull;
+  const int32_t* used = (const int32_t*)(size_t)0x7f0030000002ull;
+  const int bad_used = fa4_forward_varlen_seqused(&p, packed, packed, packed, packed, cu_q, cu_k, used, 150, 400,
+                                                  NULL, NULL, msg, sizeof msg);
+  printf("fa4_forward_varlen_seqused(misaligned seqused_k): %d, %s\n", bad_used, msg);
+  const int used_ok = bad_used == 1 && strstr(msg, "varlen.seqused_k = 0x7f0030000002") != NULL;
+
   /* The soft cap is the problem's last field: a negative one is refused, naming it. */
   p.softcap = -1.0f;
   const int bad_cap = fa4_backward_workspace_size(&p, &unused, msg, sizeof msg);
   printf("softcap -1: %d, %s\n", bad_cap, msg);
   const int cap_ok = bad_cap == 1 && strstr(msg, "softcap = -1") != NULL;
 
-  const int as_documented = ok == 0 && bytes == expect && bad == 1 && null_ok && varlen_ok && cap_ok;
+  const int as_documented = ok == 0 && bytes == expect && bad == 1 && null_ok && varlen_ok && used_ok && cap_ok;
   return as_documented ? 0 : 1;
 }

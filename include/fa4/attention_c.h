@@ -41,6 +41,12 @@ int fa4_forward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tens
 int fa4_forward_varlen(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
                        const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, int64_t total_q,
                        int64_t total_k, float* lse, cudaStream_t stream, char* message, size_t message_len);
+// The same with fa4::Varlen::seqused_k: sequence b's keys are the first seqused_k[b] rows of its
+// span (int32, device, problem->batch entries; a KV cache's filled part). Forward only.
+int fa4_forward_varlen_seqused(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
+                               const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, const int32_t* seqused_k,
+                               int64_t total_q, int64_t total_k, float* lse, cudaStream_t stream, char* message,
+                               size_t message_len);
 // Its backward (fa4::BackwardArgs::varlen): dout and dq packed as q, dk and dv as k; the workspace
 // as fa4_backward_workspace_size gives it for problem (seqlen_q the longest sequence's).
 int fa4_backward_varlen(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
