@@ -47,6 +47,21 @@ ForwardArgs valid_varlen() {
   return a;
 }
 
+// The backward of valid_varlen(): dout, dq, dk, dv packed as q and k, an LSE, no workspace yet.
+fa4::BackwardArgs valid_varlen_backward() {
+  const ForwardArgs f = valid_varlen();
+  fa4::BackwardArgs b;
+  b.problem = f.problem;
+  b.q = f.q, b.k = f.k, b.v = f.v, b.o = f.o;
+  b.dout = {fake(8), 0, 8 * 128, 128};
+  b.dq = {fake(9), 0, 8 * 128, 128};
+  b.dk = {fake(10), 0, 2 * 128, 128};
+  b.dv = {fake(11), 0, 2 * 128, 128};
+  b.lse = static_cast<const float*>(fake(12));
+  b.varlen = f.varlen;
+  return b;
+}
+
 void expect_refused(const ForwardArgs& a, const std::string& needle) {
   const Status s = fa4::validate(a);
   EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << needle;
@@ -101,16 +116,7 @@ TEST(Varlen, RefusalsNameTheArgumentAndTheRule) {
 }
 
 TEST(Varlen, BackwardRefusalsNameTheArgument) {
-  const ForwardArgs f = valid_varlen();
-  fa4::BackwardArgs b;
-  b.problem = f.problem;
-  b.q = f.q, b.k = f.k, b.v = f.v, b.o = f.o;
-  b.dout = {fake(8), 0, 8 * 128, 128};
-  b.dq = {fake(9), 0, 8 * 128, 128};
-  b.dk = {fake(10), 0, 2 * 128, 128};
-  b.dv = {fake(11), 0, 2 * 128, 128};
-  b.lse = static_cast<const float*>(fake(12));
-  b.varlen = f.varlen;
+  fa4::BackwardArgs b = valid_varlen_backward();
   ASSERT_TRUE(fa4::backward_workspace_size(b, &b.workspace_bytes).ok());
   // batch x round_up(longest query sequence, 128) x heads_q x (head_dim + 2) x 4
   EXPECT_EQ(b.workspace_bytes, size_t(3) * 128 * 8 * (128 + 2) * 4);
@@ -165,15 +171,7 @@ TEST(Varlen, SequsedKeysForwardOnly) {
   ASSERT_TRUE(fa4::validate(batched).ok());
   batched.varlen.seqused_k = static_cast<const int32_t*>(fake(14));
   expect_refused(batched, "varlen.seqused_k = 0x7f00e0000000: needs a variable-length batch");
-  fa4::BackwardArgs b;
-  b.problem = a.problem;
-  b.q = a.q, b.k = a.k, b.v = a.v, b.o = a.o;
-  b.dout = {fake(8), 0, 8 * 128, 128};
-  b.dq = {fake(9), 0, 8 * 128, 128};
-  b.dk = {fake(10), 0, 2 * 128, 128};
-  b.dv = {fake(11), 0, 2 * 128, 128};
-  b.lse = static_cast<const float*>(fake(12));
-  b.varlen = valid_varlen().varlen;
+  fa4::BackwardArgs b = valid_varlen_backward();
   ASSERT_TRUE(fa4::backward_workspace_size(b, &b.workspace_bytes).ok());
   b.workspace = fake(13);
   ASSERT_TRUE(fa4::validate(b).ok());
