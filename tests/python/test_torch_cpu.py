@@ -281,3 +281,25 @@ def test_kvcache_traces_on_meta_and_refuses_what_it_does_not_implement():
     kc = torch.randn(2, 50, 4, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"fa4::fwd_varlen: q is on cpu: must be a CUDA tensor"):
         fa4.flash_attn_with_kvcache(qc, kc, kc, cache_seqlens=torch.tensor([3, 50], dtype=torch.int32))
+
+
+def test_kvcache_one_length_for_all_is_the_batched_call():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q, cache = meta(3, 1, 8, 128), meta(3, 500, 2, 128)
+    for lens, op in ((7, "fa4.fwd.default"), (None, "fa4.fwd.default"),
+                     (torch.empty(3, device="meta", dtype=torch.int32), "fa4.fwd_varlen.default")):
+        with Ops() as seen:
+            out = fa4.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lens, causal=True)
+        assert out.shape == (3, 1, 8, 128)
+        fa4_ops = [n for n in seen.names if n.startswith("fa4.")]
+        assert fa4_ops == [op], (lens, seen.names)
