@@ -164,6 +164,13 @@ Status check_shared(const Problem& p, const TensorRef& q, const TensorRef& k, co
   return check_tensor("o", o, qs, p);
 }
 
+// A device array of int32 (Varlen's): aligned to its element.
+Status check_int32_aligned(const char* name, const int32_t* ptr) {
+  if (reinterpret_cast<uintptr_t>(ptr) % alignof(int32_t) == 0) return Status::Ok();
+  return invalid(std::string(name) + " = " + detail::format_pointer(ptr) + ": must be a multiple of " +
+                 str(int64_t{alignof(int32_t)}) + " bytes (int32)");
+}
+
 // Varlen::seqused_k without the cu_seqlens it narrows.
 Status check_seqused_alone(const Varlen& v) {
   if (v.seqused_k == nullptr) return Status::Ok();
@@ -187,18 +194,14 @@ Status check_varlen(const Args& args) {
     if (c.ptr == nullptr)
       return invalid(std::string(c.name) + " = null: a variable-length batch needs both cu_seqlens_q and "
                      "cu_seqlens_k (int32, batch + 1 entries each, on the device)");
-    if (reinterpret_cast<uintptr_t>(c.ptr) % alignof(int32_t) != 0)
-      return invalid(std::string(c.name) + " = " + detail::format_pointer(c.ptr) + ": must be a multiple of " +
-                     str(int64_t{alignof(int32_t)}) + " bytes (int32)");
+    if (Status s = check_int32_aligned(c.name, c.ptr); !s.ok()) return s;
   }
   if (v.seqused_k != nullptr) {
     if constexpr (kBackward)
       return {StatusCode::kNotSupported, "varlen.seqused_k = " + detail::format_pointer(v.seqused_k) +
                                              ": the backward takes each sequence's keys from cu_seqlens_k alone "
                                              "(null is allowed)"};
-    if (reinterpret_cast<uintptr_t>(v.seqused_k) % alignof(int32_t) != 0)
-      return invalid("varlen.seqused_k = " + detail::format_pointer(v.seqused_k) + ": must be a multiple of " +
-                     str(int64_t{alignof(int32_t)}) + " bytes (int32)");
+    if (Status s = check_int32_aligned("varlen.seqused_k", v.seqused_k); !s.ok()) return s;
   }
   Status s;
   if (!(s = check_size("varlen.total_q", v.total_q, 0)).ok()) return s;
