@@ -1,7 +1,8 @@
 """Decoding: one query row a head (or a few) against a long K/V, fa4 next to its peers in one process.
 
     python3 bench/decode.py [--shapes "B,HQ,HKV,SK,D;..."] [--seqlen-q N] [--causal]
-        [--providers fa4,cudnn,fa2] [--rounds 3] [--dtype bf16|fp16] [--name WHAT] [--out DIR]
+        [--providers fa4,fa4kv,cudnn,fa2] [--fill LO] [--rounds 3] [--dtype bf16|fp16] [--name WHAT]
+        [--out DIR]
 
 Each shape is [batch, seqlen_q, heads_q, d] queries (seqlen_q 1 unless --seqlen-q: speculative
 decoding's few rows) against [batch, seqlen_k, heads_kv, d] keys and values (GQA where heads_q >
@@ -11,6 +12,9 @@ recorded as "peer_causal": false). The work is reading K and V once, so besides 
 each record has the bandwidth it reached over the bytes a call must move (Q, K, V, O), to set
 against the GPU's DRAM. Providers:
   fa4    fa4.flash_attn_func on BSHD tensors
+  fa4kv  fa4.flash_attn_with_kvcache on the same tensors as a cache, with a tensor of lengths
+         (cache_seqlens): every entry's seqlen_k (the others' work), or with --fill LO each entry
+         a length drawn from [LO * seqlen_k, seqlen_k] (its GB/s then over the keys it reads)
   cudnn  torch SDPA, cuDNN backend  } BHSD tensors of the same values, enable_gqa=True; where the
   fa2    torch SDPA, flash backend  } backend refuses GQA, K and V expanded to heads_q beforehand
                                       (recorded as "kv_expanded": the bytes it reads grow)
@@ -86,6 +90,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlen-q", type=int, default=1)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--providers", default="fa4,cudnn,fa2")
+    ap.add_argument("--fill", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     ap.add_argument("--name", default="decode")
@@ -106,13 +111,27 @@ def main(argv=None) -> int:
         v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype, generator=g)
         group = hq // hkv
         moved = 2 * (2 * b * sq * hq * d + 2 * b * sk * hkv * d)  # bytes: Q and O, K and V once
+        # fa4kv's cache lengths: all seqlen_k, or drawn from [fill * seqlen_k, seqlen_k]
+        lo = max(0, min(sk, int(a.fill * sk)))
+        lens = torch.randint(lo, sk + 1, (b,), device="cuda", dtype=torch.int32, generator=g) if lo < sk else \
+            torch.full((b,), sk, device="cuda", dtype=torch.int32)
         fns, recs = {}, {}
         for p in providers:
             rec = {"op": "fwd", "provider": p, "dtype": a.dtype, "batch": b, "heads_q": hq, "heads_kv": hkv,
                    "seqlen_q": sq, "seqlen_k": sk, "head_dim": d, "causal": a.causal, "ms": None, **meta}
             recs[p] = rec
             try:
-                if p == "fa4":
+                if p == "fa4kv":
+                    rec["cache_seqlens"] = lens.tolist()
+                    with torch.no_grad():
+                        out = fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=a.causal)
+                        n = int(lens[0])  # batch 0 against its filled keys
+                        rec["check"] = check_fa4(q[:1], k[:1, :n].repeat_interleave(group, dim=2),
+                                                 v[:1, :n].repeat_interleave(group, dim=2), out[:1], a.causal)
+                    failed += not rec["check"]["pass"]
+                    fns[p] = lambda q=q, k=k, v=v, lens=lens: fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens,
+                                                                                          causal=a.causal)
+                elif p == "fa4":
                     with torch.no_grad():
                         out = fa4.flash_attn_func(q, k, v, causal=a.causal)
                         # the reference per query head: K and V of batch 0 expanded to heads_q
@@ -139,7 +158,8 @@ def main(argv=None) -> int:
             if "error" not in rec and timed.get(p):
                 rec.update(summary(timed[p], a.rounds > 1))
                 rec["us"] = rec["ms"] * 1e3
-                rec["gbps"] = moved / (rec["ms"] * 1e-3) / 1e9
+                used = moved if p != "fa4kv" else 2 * (2 * b * sq * hq * d + 2 * int(lens.sum()) * hkv * d)
+                rec["gbps"] = used / (rec["ms"] * 1e-3) / 1e9
             records.append(rec)
         del q, k, v, fns
         torch.cuda.empty_cache()

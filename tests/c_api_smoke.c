@@ -51,6 +51,10 @@ int main(void) {
                                                   NULL, NULL, msg, sizeof msg);
   printf("fa4_forward_varlen_seqused(misaligned seqused_k): %d, %s\n", bad_used, msg);
   const int used_ok = bad_used == 1 && strstr(msg, "varlen.seqused_k = 0x7f0030000002") != NULL;
+  /* The same for batched tensors' per-entry key lengths. */
+  const int bad_entry = fa4_forward_seqused(&p, packed, packed, packed, packed, used, NULL, NULL, msg, sizeof msg);
+  printf("fa4_forward_seqused(misaligned seqused_k): %d, %s\n", bad_entry, msg);
+  const int entry_ok = bad_entry == 1 && strstr(msg, "varlen.seqused_k = 0x7f0030000002") != NULL;
 
   /* The soft cap is the problem's last field: a negative one is refused, naming it. */
   p.softcap = -1.0f;
@@ -58,6 +62,6 @@ int main(void) {
   printf("softcap -1: %d, %s\n", bad_cap, msg);
   const int cap_ok = bad_cap == 1 && strstr(msg, "softcap = -1") != NULL;
 
-  const int as_documented = ok == 0 && bytes == expect && bad == 1 && null_ok && varlen_ok && used_ok && cap_ok;
+  const int as_documented = ok == 0 && bytes == expect && bad == 1 && null_ok && varlen_ok && used_ok && entry_ok && cap_ok;
   return as_documented ? 0 : 1;
 }

@@ -153,8 +153,9 @@ TEST(Varlen, BackwardRefusalsNameTheArgument) {
   EXPECT_TRUE(s.ok()) << s.message;
 }
 
-// seqused_k (the filled part of each sequence's key span): forward only, int32-aligned, and only
-// with the cu_seqlens it narrows; it reaches the kernel's parameters.
+// seqused_k (the filled part of each sequence's key span): forward only, int32-aligned; with
+// cu_seqlens it narrows each span, without them each batch entry's keys (a KV cache's cache_seqlens);
+// it reaches the kernel's parameters either way.
 TEST(Varlen, SequsedKeysForwardOnly) {
   ForwardArgs a = valid_varlen();
   a.varlen.seqused_k = static_cast<const int32_t*>(fake(14));
@@ -170,7 +171,21 @@ TEST(Varlen, SequsedKeysForwardOnly) {
   batched.k = batched.v = fa4::bshd(fake(3), 60, 2, 128);
   ASSERT_TRUE(fa4::validate(batched).ok());
   batched.varlen.seqused_k = static_cast<const int32_t*>(fake(14));
-  expect_refused(batched, "varlen.seqused_k = 0x7f00e0000000: needs a variable-length batch");
+  s = fa4::validate(batched);
+  EXPECT_TRUE(s.ok()) << s.message;
+  const fa4::detail::FwdParams fb = fa4::detail::make_fwd_params(batched);
+  EXPECT_FALSE(fb.varlen());
+  EXPECT_EQ(fb.seqused_k, batched.varlen.seqused_k);
+  EXPECT_EQ(fb.seqlen_q, 50);
+  ForwardArgs decode = batched;  // one query a head: its group of 4 heads still folds into rows
+  decode.problem.seqlen_q = 1;
+  ASSERT_TRUE(fa4::validate(decode).ok());
+  const fa4::detail::FwdParams fd = fa4::detail::make_fwd_params(decode);
+  EXPECT_EQ(fd.seqlen_q, 4);
+  EXPECT_EQ(fd.heads_q, 2);
+  EXPECT_EQ(fd.seqused_k, decode.varlen.seqused_k);
+  batched.varlen.seqused_k = reinterpret_cast<const int32_t*>(static_cast<const char*>(fake(14)) + 2);
+  expect_refused(batched, "varlen.seqused_k = 0x7f00e0000002: must be a multiple of 4 bytes (int32)");
   fa4::BackwardArgs b = valid_varlen_backward();
   ASSERT_TRUE(fa4::backward_workspace_size(b, &b.workspace_bytes).ok());
   b.workspace = fake(13);
@@ -179,6 +194,16 @@ TEST(Varlen, SequsedKeysForwardOnly) {
   s = fa4::validate(b);
   EXPECT_EQ(s.code, StatusCode::kNotSupported) << s.message;
   EXPECT_NE(s.message.find("varlen.seqused_k = 0x7f00e0000000: the backward takes each sequence's keys"),
+            std::string::npos) << s.message;
+  fa4::BackwardArgs bb;
+  bb.problem = batched.problem;
+  bb.q = bb.o = bb.dout = bb.dq = batched.q;
+  bb.k = bb.v = bb.dk = bb.dv = batched.k;
+  bb.lse = static_cast<const float*>(fake(15));
+  bb.varlen.seqused_k = static_cast<const int32_t*>(fake(14));
+  s = fa4::validate(bb);
+  EXPECT_EQ(s.code, StatusCode::kNotSupported) << s.message;
+  EXPECT_NE(s.message.find("varlen.seqused_k = 0x7f00e0000000: the backward takes every key of seqlen_k"),
             std::string::npos) << s.message;
 }
 
@@ -630,6 +655,181 @@ TEST(VarlenGpu, SoftcapForwardAndBackward) {
   causal.causal = true, causal.softcap = 30.0f, causal.key_scale = 2.5;
   run_varlen(causal, seed++);
   run_varlen_backward(causal, seed++, false);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Batched tensors whose entries have keys of their own (Varlen::seqused_k without cu_seqlens: a KV
+// cache's filled part). Each entry's O and LSE against the float64 reference of that entry with its
+// first used[b] keys alone; O and the LSE poisoned first, so every row must be written.
+
+namespace {
+
+struct EntryKeysCase {
+  DType dtype;
+  int64_t heads_q, heads_kv, head_dim, seqlen_q, seqlen_k;
+  std::vector<int> used;  // per entry, as the caller passes them (clamped to [0, seqlen_k])
+  bool causal = false;
+  int64_t left = -1, right = -1;
+  float softcap = 0.0f;
+  int split = 0, schedule = 0, max_ctas = 0;  // FwdParams' through the sm90 launch where set
+
+  std::string name() const {
+    std::string s = std::string(fa4::to_string(dtype)) + " h" + std::to_string(heads_q) + "/" +
+                    std::to_string(heads_kv) + " d" + std::to_string(head_dim) + " " + std::to_string(seqlen_q) +
+                    " x " + std::to_string(seqlen_k) + (causal ? " causal" : "") + " win(" + std::to_string(left) +
+                    "," + std::to_string(right) + ") used{";
+    for (int x : used) s += std::to_string(x) + ",";
+    s += "}";
+    if (softcap > 0) s += " softcap " + std::to_string(softcap);
+    if (split || schedule || max_ctas)
+      s += " split " + std::to_string(split) + " schedule " + std::to_string(schedule) + " ctas " +
+           std::to_string(max_ctas);
+    return s;
+  }
+};
+
+void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
+  SCOPED_TRACE(c.name());
+  const int64_t batch = int64_t(c.used.size()), sq = c.seqlen_q, sk = c.seqlen_k, d = c.head_dim;
+  Packed q, k, v, o;  // [batch * seq] rows: entry b's from row b * seq
+  ASSERT_NO_FATAL_FAILURE(q.make(batch * sq, c.heads_q, 0, d));
+  ASSERT_NO_FATAL_FAILURE(k.make(batch * sk, c.heads_kv, 0, d));
+  ASSERT_NO_FATAL_FAILURE(v.make(batch * sk, c.heads_kv, 0, d));
+  ASSERT_NO_FATAL_FAILURE(o.make(batch * sq, c.heads_q, 0, d));
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> hq, hk, hv;
+  auto fill = [&](const Packed& t, std::vector<double>& vals) {
+    vals.assign(size_t(t.rows * t.hs * t.d), 0.0);
+    for (double& x : vals) x = fa4::ref::round_to(c.dtype, float(normal(rng)));
+    const std::vector<uint16_t> bits = fa4::ref::to_bits(c.dtype, vals);
+    CUDA_OK(cudaMemcpy(t.buf.ptr, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+  };
+  ASSERT_NO_FATAL_FAILURE(fill(q, hq));
+  ASSERT_NO_FATAL_FAILURE(fill(k, hk));
+  ASSERT_NO_FATAL_FAILURE(fill(v, hv));
+  fa4_test::DeviceBuffer dused, dlse;
+  CUDA_OK(cudaMalloc(&dused.ptr, c.used.size() * 4));
+  CUDA_OK(cudaMemcpy(dused.ptr, c.used.data(), c.used.size() * 4, cudaMemcpyHostToDevice));
+  const int64_t n_lse = batch * c.heads_q * sq;
+  CUDA_OK(cudaMalloc(&dlse.ptr, n_lse * 4));
+  CUDA_OK(cudaMemset(dlse.ptr, 0xFF, n_lse * 4));
+
+  ForwardArgs a;
+  a.problem = fa4::test::make_problem(batch, sq, sk, c.heads_q, c.heads_kv, d, c.dtype);
+  a.problem.causal = c.causal;
+  a.problem.window_left = c.left;
+  a.problem.window_right = c.right;
+  a.problem.softcap = c.softcap;
+  auto batched = [](const Packed& t, int64_t seq) { return fa4::TensorRef{t.buf.ptr, seq * t.hs * t.d, t.hs * t.d, t.d}; };
+  a.q = batched(q, sq), a.k = batched(k, sk), a.v = batched(v, sk), a.o = batched(o, sq);
+  a.lse = static_cast<float*>(dlse.ptr);
+  a.varlen.seqused_k = static_cast<const int32_t*>(dused.ptr);
+  Status st = fa4::validate(a);
+  ASSERT_TRUE(st.ok()) << st.message;
+  if (c.split == 0 && c.schedule == 0 && c.max_ctas == 0) {
+    st = fa4::forward(a, nullptr);
+  } else {
+    fa4::detail::FwdParams fp = fa4::detail::make_fwd_params(a);
+    fp.split = c.split;
+    fp.schedule = c.schedule;
+    fp.max_ctas = c.max_ctas;
+    st = fa4::detail::sm90_forward(fp, nullptr);
+  }
+  ASSERT_TRUE(st.ok()) << st.message;
+  fa4_test::finish_or_exit(c.name());
+  CUDA_OK(cudaDeviceSynchronize());
+
+  const std::vector<uint16_t> out_bits = download(o);
+  std::vector<float> lse(static_cast<size_t>(n_lse));
+  CUDA_OK(cudaMemcpy(lse.data(), dlse.ptr, lse.size() * 4, cudaMemcpyDeviceToHost));
+  for (int64_t b = 0; b < batch; ++b) {
+    const int len = std::clamp<int>(c.used[size_t(b)], 0, int(sk));
+    SCOPED_TRACE("entry " + std::to_string(b) + " (" + std::to_string(len) + " keys)");
+    fa4::Problem p = a.problem;
+    p.batch = 1;
+    p.seqlen_k = len;
+    const std::vector<double> got = gather_bits(o, out_bits, c.dtype, b * sq, sq);
+    fa4::ref::Forward64 ref;
+    if (len > 0) {
+      const std::vector<double> eq = gather(q, hq, b * sq, sq), ek = gather(k, hk, b * sk, len),
+                                ev = gather(v, hv, b * sk, len);
+      ref = fa4::ref::forward(p, eq, ek, ev);
+      const fa4::ref::Forward64 low = fa4::ref::forward_lowp(p, eq, ek, ev);
+      const fa4::ref::ErrorStats e = fa4::ref::error_stats(got, ref.o);
+      const fa4::ref::ErrorStats e_low = fa4::ref::error_stats(low.o, ref.o);
+      EXPECT_FALSE(std::isnan(e.max_abs)) << "NaN in O: an element was not written or the math broke";
+      EXPECT_LE(e.max_abs, 2.0 * e_low.max_abs + 1e-3) << "plain 16-bit max error " << e_low.max_abs;
+      EXPECT_LE(e.rel_frobenius, 1e-2);
+    } else {  // no key: O = 0, LSE = -inf
+      ref.lse.assign(size_t(c.heads_q * sq), -INFINITY);
+      for (double g : got) ASSERT_EQ(g, 0.0) << "a row without keys must be 0";
+    }
+    fa4::test::LseCompare lse_cmp;
+    for (int64_t h = 0; h < c.heads_q; ++h)
+      for (int64_t r = 0; r < sq; ++r) lse_cmp.add(ref.lse[size_t(h * sq + r)], lse[size_t((b * c.heads_q + h) * sq + r)]);
+    EXPECT_EQ(lse_cmp.mismatch, 0) << "LSE rows -inf in one and finite (or NaN) in the other";
+    EXPECT_LE(lse_cmp.max_err, 1e-3);
+  }
+}
+
+// Decoding (one query a head): query groups folded into rows, causal and not, every head dim; the
+// entries' keys cut into stream-K pieces along the longest (the default: 5 x 2 tiles), whole
+// tiles (split 1), and pieces of many tiles over 3 CTAs. Lengths clamp: -3 to 0, 5000 to seqlen_k.
+TEST(EntryKeysGpu, DecodingEveryHeadDimPiecesAndWholeTiles) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 901;
+  for (int64_t d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      EntryKeysCase c{BF16, 8, 2, d, 1, 1000, {1000, 1, 0, 517, 999}};
+      c.causal = causal;
+      run_entry_keys(c, seed++);
+      c.used = {-3, 5000, 129, 64, 65};
+      c.split = 1;
+      run_entry_keys(c, seed++);
+      c.dtype = FP16;
+      c.split = 2, c.max_ctas = 3;
+      run_entry_keys(c, seed++);
+    }
+}
+
+// A few query rows a head: their group folded (4 x 4 rows) or not (MHA); causal rows that see none
+// of a short entry's keys (LSE -inf); longer rows (two query blocks and more) on whole tiles.
+TEST(EntryKeysGpu, FewRowsLongRowsAndCausalRowsWithoutKeys) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 951;
+  for (int64_t d : {64, 128, 256}) {
+    EntryKeysCase c{BF16, 8, 2, d, 4, 777, {300, 2, 777, 0, 45}};
+    c.causal = true;
+    run_entry_keys(c, seed++);
+    EntryKeysCase mha{FP16, 4, 4, d, 1, 640, {640, 17, 300}};
+    run_entry_keys(mha, seed++);
+    EntryKeysCase tall{BF16, 4, 1, d, 200, 900, {900, 150, 1, 613}};
+    tall.causal = true;
+    run_entry_keys(tall, seed++);
+    tall.causal = false;
+    run_entry_keys(tall, seed++);
+  }
+}
+
+// Windows (whole tiles: an entry's range may start off the pieces' grid), and the soft cap.
+TEST(EntryKeysGpu, WindowsAndSoftcap) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 981;
+  for (int64_t d : {64, 128, 256}) {
+    EntryKeysCase w{BF16, 8, 2, d, 1, 1000, {1000, 333, 0, 70}};
+    w.left = 100, w.right = 0;
+    run_entry_keys(w, seed++);
+    w.seqlen_q = 16;
+    w.left = 64, w.right = 8;
+    run_entry_keys(w, seed++);
+    EntryKeysCase cap{FP16, 8, 2, d, 1, 800, {800, 1, 411}};
+    cap.softcap = 30.0f;
+    cap.causal = true;
+    run_entry_keys(cap, seed++);
+  }
 }
 
 }  // namespace

@@ -78,6 +78,10 @@ struct Problem {
 // seqused_k (forward only; optional): int32 [problem.batch] in device memory, sequence b's keys
 // being only the first seqused_k[b] rows of its cu_seqlens_k span (a KV cache's filled part;
 // flash-attn's seqused_k): causal and windows align to them. Entries are clamped to [0, span].
+// Without cu_seqlens (batched tensors) the same for batch entry b: its keys are the first
+// seqused_k[b] of problem.seqlen_k (clamped to [0, seqlen_k]; flash-attn's cache_seqlens), each
+// entry's queries aligned bottom-right to them under causal and windows. Rows of an entry without
+// keys: O = 0, LSE = -inf.
 struct Varlen {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;

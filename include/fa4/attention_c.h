@@ -35,6 +35,12 @@ typedef struct fa4_problem {
 int fa4_forward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
                 float* lse, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                 char* message, size_t message_len);
+// Batched tensors whose entries have keys of their own (fa4::Varlen::seqused_k without cu_seqlens;
+// a KV cache's filled part): entry b's keys are the first seqused_k[b] rows of k and v (int32,
+// device, problem->batch entries, clamped to [0, seqlen_k]). Forward only; needs no workspace.
+int fa4_forward_seqused(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
+                        const int32_t* seqused_k, float* lse, cudaStream_t stream, char* message,
+                        size_t message_len);
 // Variable-length batches (fa4::Varlen): q and o of total_q rows, k and v of total_k rows, sequence
 // b's rows from cu_seqlens_q[b] / cu_seqlens_k[b] (int32, device, problem->batch + 1 entries);
 // problem->seqlen_q / seqlen_k the longest sequence's lengths; lse (optional) [heads_q, total_q].

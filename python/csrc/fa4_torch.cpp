@@ -1,8 +1,9 @@
 // PyTorch operators over fa4, registered with TORCH_LIBRARY so torch.compile sees them as ops:
 //
-//   fa4::fwd(q, k, v, softmax_scale, causal, window_left, window_right, with_lse=True, softcap=0.0)
-//       -> (out, lse)      (with_lse false: no LSE written, lse empty [0]; softcap > 0: scores
-//       soft-capped)
+//   fa4::fwd(q, k, v, softmax_scale, causal, window_left, window_right, with_lse=True, softcap=0.0,
+//            seqused_k=None) -> (out, lse)      (with_lse false: no LSE written, lse empty [0];
+//       softcap > 0: scores soft-capped; seqused_k int32 [batch]: entry b's keys are the first
+//       seqused_k[b] of k and v, a KV cache's filled part)
 //   fa4::bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
 //            deterministic, softcap=0.0) -> (dq, dk, dv)     (softcap: the forward's)
 //   fa4::fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -254,20 +255,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(const fa4::Problem& 
   return {dq, dk, dv};
 }
 
+// An int32 tensor on q's device (cu_seqlens, seqused_k).
+void check_int32_on(const at::Tensor& t, const char* op, const char* name, const at::Device& device) {
+  FA4_CHECK_VALUE(t.defined() && t.is_cuda() && t.device() == device, op, ": ", name,
+                  " must be a CUDA tensor on q's device");
+  FA4_CHECK_VALUE(t.scalar_type() == at::kInt, op, ": ", name, " has dtype ", t.scalar_type(),
+                  ": must be torch.int32");
+}
+
+// seqused_k, where given: int32, contiguous [batch] on q's device (`from`: where batch comes from).
+const int32_t* seqused_of(const std::optional<at::Tensor>& seqused_k, int64_t batch, const at::Device& device,
+                          const char* op, const char* from) {
+  if (!seqused_k.has_value()) return nullptr;
+  const at::Tensor& used = *seqused_k;
+  check_int32_on(used, op, "seqused_k", device);
+  FA4_CHECK_VALUE(used.dim() == 1 && used.size(0) == batch && used.is_contiguous(), op, ": seqused_k has shape ",
+                  shape_str(used), " and strides ", strides_str(used), ": must be contiguous [batch] (batch = ",
+                  batch, ", from ", from, ")");
+  return used.data_ptr<int32_t>();
+}
+
 std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor& k,
                                             const at::Tensor& v,
                                             std::optional<double> softmax_scale, bool causal,
                                             int64_t window_left, int64_t window_right,
-                                            bool with_lse, double softcap) {
+                                            bool with_lse, double softcap,
+                                            const std::optional<at::Tensor>& seqused_k) {
   const char* op = "fa4::fwd";
   fa4::Problem p = check_qkv(q, k, v, softmax_scale, causal, window_left, window_right, op);
   p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
+  fa4::Varlen entries;  // batch entries' own key lengths, where given (no cu_seqlens)
+  entries.seqused_k = seqused_of(seqused_k, p.batch, q.device(), op, "q");
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty({p.batch, p.seqlen_q, p.heads_q, p.head_dim}, q.options());
   // Without with_lse (an inference call) the kernels write no LSE: lse comes back empty, [0].
   const auto f32 = q.options().dtype(at::kFloat);
   at::Tensor lse = with_lse ? at::empty({p.batch, p.heads_q, p.seqlen_q}, f32) : at::empty({0}, f32);
-  return run_forward(p, tensor_ref, q, k, v, out, lse, {}, op);
+  return run_forward(p, tensor_ref, q, k, v, out, lse, entries, op);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_op(
@@ -317,14 +341,12 @@ fa4::Varlen varlen_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 }
 
 void check_cu_seqlens(const at::Tensor& cu, const char* op, const char* name, const at::Device& device) {
-  FA4_CHECK_VALUE(cu.defined() && cu.is_cuda() && cu.device() == device, op, ": ", name,
-                    " must be a CUDA tensor on q's device");
-  FA4_CHECK_VALUE(cu.scalar_type() == at::kInt, op, ": ", name, " has dtype ", cu.scalar_type(),
-                    ": must be torch.int32");
+  check_int32_on(cu, op, name, device);
   FA4_CHECK_VALUE(cu.dim() == 1 && cu.size(0) >= 1, op, ": ", name, " has shape ", shape_str(cu),
                     ": must be 1-d [batch + 1]");
   FA4_CHECK_VALUE(cu.is_contiguous(), op, ": ", name, " has strides ", strides_str(cu), ": must be contiguous");
 }
+
 
 // The checks the varlen operators share: q, k, v packed and agreeing, the cu_seqlens; returns
 // the problem (batch from cu_seqlens, the longest lengths as given).
@@ -371,17 +393,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_varlen_op(const at::Tensor& q, const at::
                                     softmax_scale, causal, window_left, window_right, op);
   p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
   fa4::Varlen varlen = varlen_of(q, k, cu_seqlens_q, cu_seqlens_k);
-  if (seqused_k.has_value()) {
-    const at::Tensor& used = *seqused_k;
-    FA4_CHECK_VALUE(used.defined() && used.is_cuda() && used.device() == q.device(), op,
-                    ": seqused_k must be a CUDA tensor on q's device");
-    FA4_CHECK_VALUE(used.scalar_type() == at::kInt, op, ": seqused_k has dtype ", used.scalar_type(),
-                    ": must be torch.int32");
-    FA4_CHECK_VALUE(used.dim() == 1 && used.size(0) == p.batch && used.is_contiguous(), op,
-                    ": seqused_k has shape ", shape_str(used), " and strides ", strides_str(used),
-                    ": must be contiguous [batch] (batch = ", p.batch, ", from cu_seqlens_q)");
-    varlen.seqused_k = used.data_ptr<int32_t>();
-  }
+  varlen.seqused_k = seqused_of(seqused_k, p.batch, q.device(), op, "cu_seqlens_q");
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty(q.sizes(), q.options());
   const auto f32 = q.options().dtype(at::kFloat);
@@ -418,7 +430,8 @@ TORCH_LIBRARY(fa4, m) {
   m.set_python_module("fa4");
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal, int window_left, "
-      "int window_right, bool with_lse=True, float softcap=0.0) -> (Tensor out, Tensor lse)");
+      "int window_right, bool with_lse=True, float softcap=0.0, Tensor? seqused_k=None) -> (Tensor out, "
+      "Tensor lse)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "float? softmax_scale, bool causal, int window_left, int window_right, bool deterministic, "

@@ -75,7 +75,8 @@ def _check_fake_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, op: str) 
 
 
 @torch.library.register_fake("fa4::fwd")
-def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, with_lse=True, softcap=0.0):
+def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, with_lse=True, softcap=0.0,
+              seqused_k=None):
     _check_fake_qkv(q, k, v, "fa4::fwd")
     b, sq, hq, d = q.shape
     out = q.new_empty((b, sq, hq, d))
@@ -289,21 +290,6 @@ def flash_attn_varlen_func(
     return (out, lse) if return_lse else out
 
 
-def _cache_rows(cache: torch.Tensor) -> Tuple[torch.Tensor, int]:
-    """A KV cache [batch, seqlen_cache, heads, head_dim] as packed rows [rows, heads, head_dim] and
-    the rows from one batch entry to the next: a view where its batch stride is a whole number of
-    its row stride (BSHD, BHSD, a slice along the sequence), else a contiguous copy."""
-    b, s, h, d = cache.shape
-    bs, ss, hs, ds = cache.stride()
-    if b == 0 or s == 0:
-        return cache.reshape(b * s, h, d), s
-    if ds == 1 and ss > 0 and bs % ss == 0 and bs // ss >= s:
-        step = bs // ss if b > 1 else s
-        rows = (b - 1) * step + s
-        return cache.as_strided((rows, h, d), (ss, hs, 1)), step
-    return cache.contiguous().reshape(b * s, h, d), s
-
-
 def flash_attn_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -337,9 +323,9 @@ def flash_attn_with_kvcache(
     num_splits is accepted and not read (the launch picks its own split of the keys). Not
     implemented: appending k, v to the cache, rotary embedding, cache_batch_idx, cache_leftpad,
     block_table (paged caches), alibi_slopes. With one length for every entry (an int, or None)
-    it is flash_attn_func over the cache's first rows; with a tensor it runs on the variable-length
-    kernels (the cache's filled part: Varlen::seqused_k), which neither fold query groups nor cut
-    the keys across the GPU.
+    it is flash_attn_func over the cache's first rows; with a tensor, the batched call with each
+    entry's keys its own (torch.ops.fa4.fwd's seqused_k), which folds query groups and cuts the
+    keys across the GPU as the batched decoding does.
     """
     name = "fa4.flash_attn_with_kvcache"
     for arg, value in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
@@ -375,25 +361,10 @@ def flash_attn_with_kvcache(
         used = cache_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
     else:
         raise ValueError(f"{name}: cache_seqlens = {cache_seqlens!r}: must be None, an int or an int32 tensor")
-    q_rows = q.reshape(b * sq, hq, d)
-    k_rows, step_k = _cache_rows(k_cache)
-    v_rows, step_v = _cache_rows(v_cache)
-    if step_v != step_k:  # the two caches laid out apart: one row layout for both
-        k_rows, step_k = k_cache.contiguous().reshape(b * s_cache, k_cache.shape[2], d), s_cache
-        v_rows = v_cache.contiguous().reshape(b * s_cache, k_cache.shape[2], d)
-    cu_q = torch.arange(0, b + 1, dtype=torch.int32, device=q.device) * sq
-    cu_k = torch.arange(0, b + 1, dtype=torch.int32, device=q.device) * step_k
-    if b > 0:
-        cu_k[b] = k_rows.shape[0]  # the last entry's span ends with the rows there are
     with torch.no_grad():
-        out, lse = torch.ops.fa4.fwd_varlen(
-            q_rows, k_rows, v_rows, cu_q, cu_k, sq, s_cache, softmax_scale, bool(causal), window_left,
-            window_right, bool(return_softmax_lse), softcap, used,
-        )
-    out = out.reshape(b, sq, hq, d)
-    if not return_softmax_lse:
-        return out
-    return out, lse.reshape(hq, b, sq).permute(1, 0, 2)
+        out, lse = torch.ops.fa4.fwd(q, k_cache, v_cache, softmax_scale, bool(causal), window_left, window_right,
+                                     bool(return_softmax_lse), softcap, used)
+    return (out, lse) if return_softmax_lse else out
 
 
 def _refuse_unimplemented(name: str, dropout_p: float, alibi_slopes) -> None:

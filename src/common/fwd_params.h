@@ -54,7 +54,8 @@ struct FwdParams {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   int total_q = 0, total_k = 0;
-  // Varlen::seqused_k: sequence b's keys are the first seqused_k[b] of its span (null: all).
+  // Varlen::seqused_k: sequence b's keys are the first seqused_k[b] of its span (null: all); without
+  // varlen batch entry b's are the first seqused_k[b] of seqlen_k.
   const int32_t* seqused_k = nullptr;
   // A query group of 2^fold heads folded into rows (fold_query_rows; 0 = not): seqlen_q and heads_q
   // are then the folded rows (queries << fold) and heads (heads_kv), q_stride and o_stride stay the

@@ -171,11 +171,14 @@ Status check_int32_aligned(const char* name, const int32_t* ptr) {
                  str(int64_t{alignof(int32_t)}) + " bytes (int32)");
 }
 
-// Varlen::seqused_k without the cu_seqlens it narrows.
-Status check_seqused_alone(const Varlen& v) {
+// Varlen::seqused_k without cu_seqlens: the forward's batch entries with keys of their own
+// (int32-aligned); the backward has none.
+Status check_seqused_alone(const Varlen& v, bool backward) {
   if (v.seqused_k == nullptr) return Status::Ok();
-  return invalid("varlen.seqused_k = " + detail::format_pointer(v.seqused_k) +
-                 ": needs a variable-length batch (varlen.cu_seqlens_q and cu_seqlens_k set)");
+  if (backward)
+    return {StatusCode::kNotSupported, "varlen.seqused_k = " + detail::format_pointer(v.seqused_k) +
+                                           ": the backward takes every key of seqlen_k (null is allowed)"};
+  return check_int32_aligned("varlen.seqused_k", v.seqused_k);
 }
 
 // A variable-length batch (Varlen): both cu_seqlens, aligned; totals that the kernel's int rows
@@ -267,7 +270,7 @@ Status validate(const ForwardArgs& args) {
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
   if (args.varlen.enabled()) return check_varlen(args);
-  if (!(s = check_seqused_alone(args.varlen)).ok()) return s;
+  if (!(s = check_seqused_alone(args.varlen, /*backward=*/false)).ok()) return s;
   if (!(s = check_lse(args.lse, p, /*required=*/false)).ok()) return s;
   return check_shared(p, args.q, args.k, args.v, args.o);
 }
@@ -280,7 +283,7 @@ Status validate(const BackwardArgs& args) {
     if (!(s = check_varlen(args)).ok()) return s;
     return check_workspace(args);
   }
-  if (!(s = check_seqused_alone(args.varlen)).ok()) return s;
+  if (!(s = check_seqused_alone(args.varlen, /*backward=*/true)).ok()) return s;
   if (!(s = check_lse(args.lse, p, /*required=*/true)).ok()) return s;
   if (!(s = check_shared(p, args.q, args.k, args.v, args.o)).ok()) return s;
   const Shape qs{"seqlen_q", p.seqlen_q, "heads_q", p.heads_q};
@@ -458,6 +461,7 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
     f.seqused_k = args.varlen.seqused_k;
     return f;
   }
+  f.seqused_k = args.varlen.seqused_k;  // batch entries' own keys (a query group folds as before)
   if (!fold_query_groups(&f)) fold_query_rows(&f);
   return f;
 }

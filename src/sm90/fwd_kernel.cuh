@@ -83,8 +83,12 @@ __device__ __forceinline__ void unpack_place(uint32_t w, Tile& tl) {
 }
 
 // The key blocks a work item covers: its tile's range, or a stream-K piece's part of it.
+// kShort: pieces cut along the launch's longest key range, of a tile whose range may be shorter
+// (a batch entry with fewer keys, FwdKernelParams::seqused_k): those past its own range are empty
+// or cut short.
+template <bool kShort = false>
 __host__ __device__ __forceinline__ BlockRange piece_range(BlockRange r, const Tile& tl) {
-  return tl.hi < 0 ? r : BlockRange{r.lo + tl.lo, r.lo + tl.hi};
+  return tl.hi < 0 ? r : BlockRange{r.lo + tl.lo, kShort ? min(r.hi, r.lo + tl.hi) : r.lo + tl.hi};
 }
 
 // Tile shape and shared-memory layout of one forward configuration.
@@ -257,8 +261,9 @@ struct FwdKernelParams {
   // other kernels' parameters keep their offsets (d256's serial-step kernel sits at the edge of
   // its registers, and a shift of the fields above moved ptxas to serialize its wgmma).
   float softcap, softcap_in;
-  // Varlen::seqused_k (the kVarlen kernels; null: each sequence's whole key span). After the
-  // soft cap for the same reason.
+  // Varlen::seqused_k (null: each sequence's whole key span): in the kVarlen kernels; without
+  // varlen each batch entry's keys, read by the kernels with a bound at run time (fwd_kernel's
+  // kEntryKeys; seq_span.cuh, entry_keys). After the soft cap for the same reason.
   const int* seqused_k;
 };
 
@@ -476,6 +481,14 @@ template <class Cfg>
 constexpr bool split_reads_bound() {
   return !Cfg::kSerialStep;
 }
+// Whether that kernel also reads batch entries' own key lengths (fwd_kernel's kEntryKeys): not
+// d64's on three or four consumers, where the entry's key count held through the loop spilled 4
+// bytes (ptxas -v). Launches with such lengths keep whole tiles there (fwd_launch.cuh); d64's
+// decoding rows take two consumers (d64_consumers).
+template <class Cfg>
+constexpr bool split_reads_entry_keys() {
+  return split_reads_bound<Cfg>() && !(Cfg::kHeadDim == 64 && Cfg::kConsumers >= 3);
+}
 
 // kSplit: the kernel for a stream-K tail (TileOrder::split): work items are whole tiles or
 // pieces, and pieces merge (epilogue.cuh). Without it the kernel walks whole tiles only: a separate
@@ -590,6 +603,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // the serial step's (split_reads_bound).
   constexpr bool kSplitBound = kSplit && kCluster == 1 && split_reads_bound<Cfg>();
   constexpr bool kFoldable = (kBounded && !kCausal && !kVarlen) || kSplitBound;
+  // Batch entries with keys of their own (FwdKernelParams::seqused_k without varlen): read by the
+  // kernels that read the fold (but split_reads_entry_keys), the launch taking such keys as it
+  // takes a bound (fwd_launch.cuh, entry_keys), so the kernels without a bound or with the causal
+  // one at compile time keep none of it.
+  constexpr bool kEntryKeys = (kBounded && !kCausal && !kVarlen) || (kSplitBound && split_reads_entry_keys<Cfg>());
   constexpr bool kDescsAhead =
       kBounded && Cfg::kConsumers == 3 && kHeadDim == 64 && !Cfg::kSmemP && !Cfg::kTensorRowSum;
   // The window as the key ranges and the mask see it: in a kernel without a bound, unbounded at
@@ -851,9 +869,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         qw.advance();
         if constexpr (test_lags<Cfg>().tile > 0)  // (a test's config: the loaders held in turn too)
           if ((round + int(threadIdx.x) / 32 + rank) % 3 == 0) spin_cycles(test_lags<Cfg>().tile);
-        BlockRange range = kVarlen ? key_block_range<kBlockM, kBlockN>(bound(), tl.m_block, sp.q_len, sp.k_len)
-                                   : key_block_range<kBlockM, kBlockN>(bound(), tl.m_block, p.seqlen_q, p.seqlen_k);
-        if constexpr (kSplit) range = piece_range(range, tl);
+        BlockRange range =
+            kVarlen ? key_block_range<kBlockM, kBlockN>(bound(), tl.m_block, sp.q_len, sp.k_len)
+                    : key_block_range<kBlockM, kBlockN>(bound(), tl.m_block, p.seqlen_q,
+                                                        kEntryKeys ? entry_keys(p, tl.batch) : p.seqlen_k);
+        if constexpr (kSplit) range = piece_range<kEntryKeys>(range, tl);
         const int h_kv = tl.head / p.head_ratio;
         // With varlen the sequence's first key row, batch 0 of the maps.
         const int kv_row = kVarlen ? sp.k_off : 0, kv_batch = kVarlen ? 0 : tl.batch;
@@ -1040,7 +1060,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (Cfg::kTensorRowSum) wgmma::pin(lsum);
   };
   // The current tile's sequence (seq_span): with varlen its own; otherwise the launch's lengths,
-  // read at each use (len_q, len_k) as before there was varlen.
+  // read at each use (len_q, len_k) as before there was varlen, but for the keys of a batch
+  // entry's own (kEntryKeys: sp.k_len).
   SeqSpan sp{};
   auto len_q = [&] {
     if constexpr (kVarlen)
@@ -1049,7 +1070,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       return p.seqlen_q;
   };
   auto len_k = [&] {
-    if constexpr (kVarlen)
+    if constexpr (kVarlen || kEntryKeys)
       return sp.k_len;
     else
       return p.seqlen_k;
@@ -1214,11 +1235,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       sp.q_len = uniform(sp.q_len);
       sp.k_len = uniform(sp.k_len);
     }
+    if constexpr (kEntryKeys) sp.k_len = uniform(entry_keys(p, tl.batch));
     const int first_row = tile_first_row<kBlockM>(p.window, tl.m_block);
     // (window(), not bound(), except in the causal kernel: with bound() the d64 kernel without a
     // bound spilled 4 bytes)
     BlockRange range = key_block_range<kBlockM, kBlockN>(kCausal ? bound() : window(), tl.m_block, len_q(), len_k());
-    if constexpr (kSplit) range = piece_range(range, tl);
+    if constexpr (kSplit) range = piece_range<kEntryKeys>(range, tl);
     auto blk = [&](int n) {
       if constexpr (kPairs)
         return TileOrder::walk_block(diag_last, n, range.lo, range.hi);

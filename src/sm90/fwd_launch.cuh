@@ -141,24 +141,38 @@ TailScratchLayout tail_scratch_layout(const TileOrder& order) {
           size_t(consumers) * order.max_pieces * 128 * (Cfg::kHeadDim / 2 + 4) * sizeof(float)};
 }
 
+// Whether batched tensors' entries have keys of their own, the first seqused_k[b] of seqlen_k
+// (Varlen::seqused_k without cu_seqlens: a KV cache's filled part). The launch takes them as a
+// bound: the kernels with a bound at run time read each entry's (fwd_kernel's kEntryKeys), the
+// others keep none of it.
+inline bool entry_keys(const detail::FwdParams& a) { return a.seqused_k != nullptr && !a.varlen(); }
+
 // Whether every query tile sees the same key blocks (no causal or window bound): only such tiles
 // may go to clusters (in static rounds) or take a stream-K tail.
 // (A folded query group, FwdParams::fold, is neither this nor causal_bound's: its launches take the
 // kernel with the bound at run time, the one that reads each row's query, fwd_kernel's kFoldable.)
+// (Nor are batch entries with keys of their own, entry_keys.)
 inline bool tiles_of_one_length(const detail::FwdParams& a) {
-  return a.fold == 0 && a.window_right < 0 && a.window_left < 0;
+  return a.fold == 0 && !entry_keys(a) && a.window_right < 0 && a.window_left < 0;
 }
 
 // Whether the bound is causal, (-1, 0) however it was asked for (causal, or that window): such
 // launches run the kernel with the bound at compile time (fwd_kernel's kCausal).
-inline bool causal_bound(const detail::FwdParams& a) { return a.fold == 0 && a.window_left < 0 && a.window_right == 0; }
+inline bool causal_bound(const detail::FwdParams& a) {
+  return a.fold == 0 && !entry_keys(a) && a.window_left < 0 && a.window_right == 0;
+}
 
 // Whether every query tile sees the same key blocks: tiles of one length, or one query block a head
 // (seqlen_q within a tile: decoding's few rows, folded or not) under any bound, where each head's
 // one tile has tile 0's key range. Such tiles may take a stream-K tail (the bounded ones on single
 // CTAs: fwd_kernel's kSplitBound).
+// With batch entries' own keys (entry_keys) the pieces are cut along the longest range, tile 0's
+// at seqlen_k, and each entry's tile walks those of its pieces that fall in its own range
+// (fwd_kernel.cuh, piece_range). Without a left bound an entry's range starts at block 0 and ends
+// at or below the longest one's end; with one it may start a block off the pieces' grid, so such
+// tiles stay whole.
 inline bool tiles_alike(const detail::FwdParams& a, int64_t m_blocks) {
-  return tiles_of_one_length(a) || (m_blocks == 1 && !a.varlen());
+  return tiles_of_one_length(a) || (m_blocks == 1 && !a.varlen() && !(entry_keys(a) && a.window_left >= 0));
 }
 
 // Whether a launch of `grid` units over `tiles` tiles takes each CTA's tiles past its first from
@@ -632,6 +646,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     k.total_k = a.total_k;
     k.seqused_k = a.seqused_k;
   }
+  if (entry_keys(a)) k.seqused_k = a.seqused_k;  // (read by the kernels with a bound at run time)
   k.batch = a.batch;
   k.seqlen_q = a.seqlen_q;
   k.seqlen_k = a.seqlen_k;
@@ -680,7 +695,8 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   }
   LaunchScratch scratch;
   if constexpr (kSplits) {  // (no stream-K kernel is built for whole-tile configs)
-    if ((uniform || (split_reads_bound<Cfg>() && tiles_alike(a, m_blocks))) && a.schedule != 2 && a.split != 1) {
+    if ((uniform || (split_reads_bound<Cfg>() && tiles_alike(a, m_blocks))) &&
+        (!entry_keys(a) || split_reads_entry_keys<Cfg>()) && a.schedule != 2 && a.split != 1) {
       // Every unit takes part, also when there are fewer tiles than units (then every tile is cut).
       const BlockRange kr = key_block_range<Cfg::kBlockM, Cfg::kBlockN>(k.window, 0, a.seqlen_q, a.seqlen_k);
       TileOrder order = k.tiles;

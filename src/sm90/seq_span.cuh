@@ -31,4 +31,12 @@ __device__ __forceinline__ SeqSpan seq_span(const Params& p, int batch) {
   }
 }
 
+// Batched tensors (no varlen): entry `batch`'s keys, the launch's seqlen_k or, with the forward's
+// per-entry lengths (Varlen::seqused_k without cu_seqlens: a KV cache's filled part), the first
+// seqused_k[batch] of them, clamped to [0, seqlen_k].
+template <class Params>
+__device__ __forceinline__ int entry_keys(const Params& p, int batch) {
+  return p.seqused_k == nullptr ? p.seqlen_k : min(max(__ldg(p.seqused_k + batch), 0), p.seqlen_k);
+}
+
 }  // namespace fa4::sm90

@@ -257,8 +257,8 @@ def test_varlen_autograd_reaches_the_backward_operator():
 
 
 def test_kvcache_traces_on_meta_and_refuses_what_it_does_not_implement():
-    schema = str(torch.ops.fa4.fwd_varlen.default._schema)
-    assert "Tensor? seqused_k=None" in schema
+    assert "Tensor? seqused_k=None" in str(torch.ops.fa4.fwd_varlen.default._schema)
+    assert "Tensor? seqused_k=None" in str(torch.ops.fa4.fwd.default._schema)
     q = meta(3, 4, 8, 128)
     for cache in (meta(3, 500, 2, 128), meta(3, 2, 500, 128).transpose(1, 2), meta(3, 600, 2, 128)[:, :500]):
         used = torch.empty(3, device="meta", dtype=torch.int32)
@@ -279,11 +279,11 @@ def test_kvcache_traces_on_meta_and_refuses_what_it_does_not_implement():
         fa4.flash_attn_with_kvcache(meta(3, 8, 128), cache, cache)
     qc = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16)
     kc = torch.randn(2, 50, 4, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"fa4::fwd_varlen: q is on cpu: must be a CUDA tensor"):
+    with pytest.raises(ValueError, match=r"fa4::fwd: q is on cpu: must be a CUDA tensor"):
         fa4.flash_attn_with_kvcache(qc, kc, kc, cache_seqlens=torch.tensor([3, 50], dtype=torch.int32))
 
 
-def test_kvcache_one_length_for_all_is_the_batched_call():
+def test_kvcache_is_the_batched_call_with_one_length_or_many():
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Ops(TorchDispatchMode):
@@ -293,13 +293,18 @@ def test_kvcache_one_length_for_all_is_the_batched_call():
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             self.names.append(str(func))
+            if str(func) == "fa4.fwd.default":
+                self.seqused = dict(zip([a.name for a in func._schema.arguments], args)).get(
+                    "seqused_k", (kwargs or {}).get("seqused_k"))
             return func(*args, **(kwargs or {}))
 
     q, cache = meta(3, 1, 8, 128), meta(3, 500, 2, 128)
     for lens, op in ((7, "fa4.fwd.default"), (None, "fa4.fwd.default"),
-                     (torch.empty(3, device="meta", dtype=torch.int32), "fa4.fwd_varlen.default")):
+                     (torch.empty(3, device="meta", dtype=torch.int32), "fa4.fwd.default")):
         with Ops() as seen:
             out = fa4.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=lens, causal=True)
         assert out.shape == (3, 1, 8, 128)
         fa4_ops = [n for n in seen.names if n.startswith("fa4.")]
         assert fa4_ops == [op], (lens, seen.names)
+        # A tensor of lengths reaches the op as its seqused_k; one length as a view of the cache.
+        assert (seen.seqused is lens) if isinstance(lens, torch.Tensor) else seen.seqused is None

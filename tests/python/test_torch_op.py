@@ -609,7 +609,8 @@ def test_kvcache_matches_each_batch_entrys_filled_keys(case):
     cu_k = torch.arange(0, b + 1, dtype=torch.int32, device=DEV) * sc
     out_v = fa4.flash_attn_varlen_func(q.reshape(b * sq, hq, d), flat_k, flat_v, cu_q, cu_k, sq, sc, causal=causal,
                                        window_size=window, seqused_k=used)
-    assert torch.equal(out_v.reshape(b, sq, hq, d), out), "seqused_k and the kvcache call differ"
+    assert (out_v.reshape(b, sq, hq, d).double() - out.double()).abs().max().item() <= 2e-2, \
+        "varlen's seqused_k and the kvcache call differ"
     full = fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=sc, causal=causal, window_size=window)
     ref, _ = reference(q, k, v, scale, causal, window, lowp=False)
     ref_lp, _ = reference(q, k, v, scale, causal, window, lowp=True)
