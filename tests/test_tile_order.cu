@@ -385,6 +385,65 @@ TEST(TileOrder, TilesOfOneQueryBlockAlikeUnderAnyBound) {
   EXPECT_FALSE(tiles_alike(v, 1));
 }
 
+// Batch entries with keys of their own (Varlen::seqused_k without cu_seqlens; fwd_launch.cuh,
+// entry_keys) go as a bound goes: to the kernels that read it at run time, never the unbounded or
+// the causal one; one query block a head is still alike (cut into pieces) but under a left bound;
+// decoding's rows keep their tile height (d64 two consumers, whose stream-K kernel reads the keys).
+// Pieces cut along the longest range and clamped to an entry's own (piece_range<true>) walk each of
+// that entry's blocks once, and none past them, for every entry length.
+TEST(TileOrder, EntriesOwnKeysRunAsABoundAndTheirPiecesCoverTheirBlocks) {
+  using fa4::sm90::tiles_alike;
+  const auto* used = reinterpret_cast<const int32_t*>(256);
+  for (const int right : {-1, 0}) {
+    fa4::detail::FwdParams a = fwd_params(3, 6, 6, 4, 1500, 128);
+    a.window_right = right;
+    a.seqused_k = used;
+    EXPECT_TRUE(fa4::sm90::entry_keys(a));
+    EXPECT_FALSE(fa4::sm90::tiles_of_one_length(a));
+    EXPECT_FALSE(fa4::sm90::causal_bound(a));
+    EXPECT_TRUE(tiles_alike(a, 1));
+    EXPECT_FALSE(tiles_alike(a, 2));
+    fa4::detail::FwdParams d64 = a;
+    d64.head_dim = 64;
+    EXPECT_EQ(fa4::sm90::d64_consumers(d64), 2);
+    EXPECT_NE(fa4::sm90::d256_block_keys(a), 128);  // not the serial step (no bounded kernel)
+    a.window_left = 100;
+    EXPECT_FALSE(tiles_alike(a, 1));  // an entry's range may start off the pieces' grid
+  }
+  fa4::detail::FwdParams v = fwd_params(3, 6, 6, 4, 1500, 128);
+  v.seqused_k = used;
+  v.cu_seqlens_q = reinterpret_cast<const int32_t*>(512);  // varlen's seqused_k: its own kernels
+  EXPECT_FALSE(fa4::sm90::entry_keys(v));
+
+  for (const int right : {-1, 0})
+    for (const int units : {2, 5, 7, 16}) {  // (at least two blocks a unit: 36 blocks)
+      const int seqlen_q = 4, seqlen_k = 1500;
+      const fa4::sm90::Window w{-1, right, 0, 0};
+      const fa4::sm90::BlockRange longest = fa4::sm90::key_block_range<128, 128>(w, 0, seqlen_q, seqlen_k);
+      const int blocks = longest.hi - longest.lo;
+      TileOrder order{3, 1, 3, 3, 3, 1, false};
+      ASSERT_TRUE(fa4::sm90::plan_tail_split(order, units, blocks, true));
+      for (const int len : {0, 1, 127, 128, 129, 700, 1499, 1500}) {
+        SCOPED_TRACE("right " + std::to_string(right) + ", " + std::to_string(units) + " units, entry of " +
+                     std::to_string(len) + " keys");
+        const fa4::sm90::BlockRange own = fa4::sm90::key_block_range<128, 128>(w, 0, seqlen_q, len);
+        ASSERT_EQ(own.lo, longest.lo);
+        ASSERT_LE(own.hi, longest.hi);
+        std::vector<int> walked(size_t(blocks) + 1, 0);
+        for (int unit = 0; unit < units; ++unit)
+          for (int round = 0;; ++round) {
+            fa4::sm90::Tile tl;
+            const int t = order.item(round, unit, units);
+            if (!order.decode_valid(t, 0, tl)) break;
+            if ((t < order.full ? t : order.full + tl.tail) != 1) continue;  // the tile of entry 1
+            const fa4::sm90::BlockRange r = fa4::sm90::piece_range<true>(own, tl);
+            for (int n = r.hi - 1; n >= r.lo; --n) ++walked[size_t(n)];
+          }
+        for (int n = 0; n <= blocks; ++n) ASSERT_EQ(walked[size_t(n)], n >= own.lo && n < own.hi ? 1 : 0) << n;
+      }
+    }
+}
+
 // With clusters each tile is a pair: over every tile and both ranks, each (batch, head, query
 // block) comes once, both ranks of a tile share batch and head (so K and V), and the only extra
 // is block m_blocks (past seqlen_q) as rank 1 of a head's last pair when m_blocks is odd.

@@ -361,8 +361,12 @@ inline constexpr double kD64WideTilesWorseBounded = 1.12;
 inline int d64_consumers(const detail::FwdParams& a) {
   const double three = computed_scores<192, 128>(a);
   // (A folded query group, whose one tile a head sees every key block, takes the rule of tiles of
-  // one length, the one its unfolded decoding tiles were measured under.)
-  const bool uniform = tiles_of_one_length(a) || a.fold > 0;
+  // one length, the one its unfolded decoding tiles were measured under; so do decoding's few rows
+  // against batch entries' own keys (entry_keys), whose tiles differ in their keys alone: under the
+  // bounded rule four consumers, which count only the one with rows, won, and their stream-K kernel
+  // reads no entry's keys (split_reads_entry_keys), so 8 x 32/4 heads x 8k keys ran on whole tiles
+  // in 2.08 times the time of the same call without the lengths; H200, 71306b7.)
+  const bool uniform = tiles_of_one_length(a) || a.fold > 0 || (entry_keys(a) && a.seqlen_q <= kShortTileRows);
   const double two = (uniform ? kD64TallTilesWorse : kD64TallTilesWorseBounded) * computed_scores<128, 128>(a);
   const double four = uniform ? kD64WideTilesWorse * computed_scores<256, 64>(a)
                               : kD64WideTilesWorseBounded * four_consumer_scores(a);
