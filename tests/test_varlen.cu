@@ -395,6 +395,26 @@ int64_t wrong_outside_grad(const Packed& t, const std::vector<uint16_t>& bits, i
   return n;
 }
 
+// One sequence's O (`got`, [rows][heads_q][d]) against the float64 reference of it alone with
+// DESIGN.md §3's criterion, or all 0 where it has no key; returns the reference's LSE
+// ([heads_q][rows], -inf without keys).
+std::vector<double> expect_o_of(const fa4::Problem& p, const std::vector<double>& q, const std::vector<double>& k,
+                                const std::vector<double>& v, const std::vector<double>& got) {
+  if (p.seqlen_k == 0) {  // no key: O = 0, LSE = -inf
+    EXPECT_EQ(std::count_if(got.begin(), got.end(), [](double g) { return g != 0.0; }), 0)
+        << "a row without keys must be 0";
+    return std::vector<double>(size_t(p.heads_q * p.seqlen_q), -INFINITY);
+  }
+  const fa4::ref::Forward64 ref = fa4::ref::forward(p, q, k, v);
+  const fa4::ref::Forward64 low = fa4::ref::forward_lowp(p, q, k, v);
+  const fa4::ref::ErrorStats e = fa4::ref::error_stats(got, ref.o);
+  const fa4::ref::ErrorStats e_low = fa4::ref::error_stats(low.o, ref.o);
+  EXPECT_FALSE(std::isnan(e.max_abs)) << "NaN in O: an element was not written or the math broke";
+  EXPECT_LE(e.max_abs, 2.0 * e_low.max_abs + 1e-3) << "plain 16-bit max error " << e_low.max_abs;
+  EXPECT_LE(e.rel_frobenius, 1e-2);
+  return ref.lse;
+}
+
 void run_varlen(const VarlenCase& c, uint32_t seed) {
   SCOPED_TRACE(c.name());
   VarlenRun run;
@@ -436,26 +456,14 @@ void run_varlen(const VarlenCase& c, uint32_t seed) {
     const int64_t q0 = run.cu_q[size_t(b)], k0 = run.cu_k[size_t(b)];
     const std::vector<double> sq_q = gather(run.q, run.hq, q0, sq), sk_k = gather(run.k, run.hk, k0, sk),
                               sk_v = gather(run.v, run.hv, k0, sk);
-    const std::vector<double> got = gather_bits(run.o, out_bits, c.dtype, q0, sq);
-    fa4::ref::Forward64 ref;
-    if (sk > 0) {
-      ref = fa4::ref::forward(p, sq_q, sk_k, sk_v);
-      const fa4::ref::Forward64 low = fa4::ref::forward_lowp(p, sq_q, sk_k, sk_v);
-      const fa4::ref::ErrorStats e = fa4::ref::error_stats(got, ref.o);
-      const fa4::ref::ErrorStats e_low = fa4::ref::error_stats(low.o, ref.o);
-      EXPECT_FALSE(std::isnan(e.max_abs)) << "NaN in O: an element was not written or the math broke";
-      EXPECT_LE(e.max_abs, 2.0 * e_low.max_abs + 1e-3) << "plain 16-bit max error " << e_low.max_abs;
-      EXPECT_LE(e.rel_frobenius, 1e-2);
-    } else {  // no key: O = 0, LSE = -inf
-      ref.lse.assign(size_t(c.heads_q * sq), -INFINITY);
-      for (double g : got) ASSERT_EQ(g, 0.0) << "a row without keys must be 0";
-    }
+    const std::vector<double> ref_lse =
+        expect_o_of(p, sq_q, sk_k, sk_v, gather_bits(run.o, out_bits, c.dtype, q0, sq));
     fa4::test::LseCompare lse_cmp;
     for (int64_t h = 0; h < c.heads_q; ++h)
       for (int64_t r = 0; r < sq; ++r) {
         float g;
         std::memcpy(&g, &lse_bits[size_t(h * run.total_q + q0 + r)], 4);
-        lse_cmp.add(ref.lse[size_t(h * sq + r)], g);
+        lse_cmp.add(ref_lse[size_t(h * sq + r)], g);
       }
     EXPECT_EQ(lse_cmp.mismatch, 0) << "LSE rows -inf in one and finite (or NaN) in the other";
     EXPECT_LE(lse_cmp.max_err, 1e-3);
@@ -751,25 +759,12 @@ void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
     fa4::Problem p = a.problem;
     p.batch = 1;
     p.seqlen_k = len;
-    const std::vector<double> got = gather_bits(o, out_bits, c.dtype, b * sq, sq);
-    fa4::ref::Forward64 ref;
-    if (len > 0) {
-      const std::vector<double> eq = gather(q, hq, b * sq, sq), ek = gather(k, hk, b * sk, len),
-                                ev = gather(v, hv, b * sk, len);
-      ref = fa4::ref::forward(p, eq, ek, ev);
-      const fa4::ref::Forward64 low = fa4::ref::forward_lowp(p, eq, ek, ev);
-      const fa4::ref::ErrorStats e = fa4::ref::error_stats(got, ref.o);
-      const fa4::ref::ErrorStats e_low = fa4::ref::error_stats(low.o, ref.o);
-      EXPECT_FALSE(std::isnan(e.max_abs)) << "NaN in O: an element was not written or the math broke";
-      EXPECT_LE(e.max_abs, 2.0 * e_low.max_abs + 1e-3) << "plain 16-bit max error " << e_low.max_abs;
-      EXPECT_LE(e.rel_frobenius, 1e-2);
-    } else {  // no key: O = 0, LSE = -inf
-      ref.lse.assign(size_t(c.heads_q * sq), -INFINITY);
-      for (double g : got) ASSERT_EQ(g, 0.0) << "a row without keys must be 0";
-    }
+    const std::vector<double> ref_lse =
+        expect_o_of(p, gather(q, hq, b * sq, sq), gather(k, hk, b * sk, len), gather(v, hv, b * sk, len),
+                    gather_bits(o, out_bits, c.dtype, b * sq, sq));
     fa4::test::LseCompare lse_cmp;
     for (int64_t h = 0; h < c.heads_q; ++h)
-      for (int64_t r = 0; r < sq; ++r) lse_cmp.add(ref.lse[size_t(h * sq + r)], lse[size_t((b * c.heads_q + h) * sq + r)]);
+      for (int64_t r = 0; r < sq; ++r) lse_cmp.add(ref_lse[size_t(h * sq + r)], lse[size_t((b * c.heads_q + h) * sq + r)]);
     EXPECT_EQ(lse_cmp.mismatch, 0) << "LSE rows -inf in one and finite (or NaN) in the other";
     EXPECT_LE(lse_cmp.max_err, 1e-3);
   }

@@ -628,6 +628,13 @@ def test_kvcache_refuses_what_it_does_not_implement():
         fa4.flash_attn_with_kvcache(q, k, k, cache_seqlens=101)
     with pytest.raises(ValueError, match="cache_seqlens has shape"):
         fa4.flash_attn_with_kvcache(q, k, k, cache_seqlens=torch.zeros(3, dtype=torch.int32, device=DEV))
+    # The batched operator's per-entry lengths: int32, contiguous [batch] on q's device.
+    for used, what in ((torch.zeros(2, dtype=torch.int64, device=DEV), r"fa4::fwd: seqused_k has dtype"),
+                       (torch.zeros(3, dtype=torch.int32, device=DEV), r"must be contiguous \[batch\] \(batch = 2"),
+                       (torch.zeros(4, dtype=torch.int32, device=DEV)[::2], r"seqused_k has shape \[2\] and strides"),
+                       (torch.zeros(2, dtype=torch.int32), r"seqused_k must be a CUDA tensor on q's device")):
+        with pytest.raises(ValueError, match=what):
+            torch.ops.fa4.fwd(q, k, k, None, False, -1, -1, True, 0.0, used)
     with pytest.raises(ValueError, match="seqused_k has dtype"):
         cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV)
         fa4.flash_attn_varlen_func(q.reshape(2, 4, 64), k.reshape(200, 4, 64), k.reshape(200, 4, 64), cu,
