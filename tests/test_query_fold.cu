@@ -257,6 +257,12 @@ TEST(QueryFold, PaysWithPiecesOrPastOneRoundOfUnfoldedTiles) {
   fa4::detail::FwdParams whole_grid = params(1, 4, 32, 8);
   whole_grid.schedule = 2;  // one CTA a tile: no pieces
   EXPECT_FALSE(fa4::sm90::fold_pays(whole_grid, 132));
+  fa4::detail::FwdParams own_keys = params(1, 4, 32, 8);
+  own_keys.seqused_k = reinterpret_cast<const int32_t*>(256);  // batch entries' own keys: pieces
+  EXPECT_TRUE(fa4::sm90::fold_pays(own_keys, 132));
+  own_keys.window_left = 1000;  // under a left bound their tiles stay whole: 32 query heads fit one round
+  EXPECT_FALSE(fa4::sm90::tiles_alike(own_keys, 1));
+  EXPECT_FALSE(fa4::sm90::fold_pays(own_keys, 132));
   fa4::detail::FwdParams capped = params(1, 4, 16, 4);
   capped.softcap = 30.0f;  // soft-capped d256 under a bound has no stream-K kernel
   capped.head_dim = 256;
