@@ -5,9 +5,28 @@
 #include <cmath>
 #include <cstdint>
 
+#include <gtest/gtest.h>
+
 #include "fa4/attention.h"
+#include "reference.h"
 
 namespace fa4::test {
+
+// DESIGN.md §3's criterion for a forward's O (`got`) against the float64 reference of problem p
+// on these inputs: no NaN, the largest error within twice the plain 16-bit forward's (+ 1e-3), the
+// relative Frobenius error at most 1e-2. Returns the reference (its LSE for the caller's rows).
+inline fa4::ref::Forward64 expect_forward_matches(const Problem& p, const std::vector<double>& q,
+                                                  const std::vector<double>& k, const std::vector<double>& v,
+                                                  const std::vector<double>& got) {
+  fa4::ref::Forward64 ref = fa4::ref::forward(p, q, k, v);
+  const fa4::ref::Forward64 low = fa4::ref::forward_lowp(p, q, k, v);
+  const fa4::ref::ErrorStats e = fa4::ref::error_stats(got, ref.o);
+  const fa4::ref::ErrorStats e_low = fa4::ref::error_stats(low.o, ref.o);
+  EXPECT_FALSE(std::isnan(e.max_abs)) << "NaN in O: an element was not written or the math broke";
+  EXPECT_LE(e.max_abs, 2.0 * e_low.max_abs + 1e-3) << "plain 16-bit max error " << e_low.max_abs;
+  EXPECT_LE(e.rel_frobenius, 1e-2);
+  return ref;
+}
 
 // A forward's LSE rows against the float64 reference's: `mismatch` counts the rows -inf in one and
 // finite (or NaN) in the other, `max_err` is the largest difference among the rest.

@@ -405,34 +405,34 @@ std::vector<double> expect_o_of(const fa4::Problem& p, const std::vector<double>
         << "a row without keys must be 0";
     return std::vector<double>(size_t(p.heads_q * p.seqlen_q), -INFINITY);
   }
-  const fa4::ref::Forward64 ref = fa4::ref::forward(p, q, k, v);
-  const fa4::ref::Forward64 low = fa4::ref::forward_lowp(p, q, k, v);
-  const fa4::ref::ErrorStats e = fa4::ref::error_stats(got, ref.o);
-  const fa4::ref::ErrorStats e_low = fa4::ref::error_stats(low.o, ref.o);
-  EXPECT_FALSE(std::isnan(e.max_abs)) << "NaN in O: an element was not written or the math broke";
-  EXPECT_LE(e.max_abs, 2.0 * e_low.max_abs + 1e-3) << "plain 16-bit max error " << e_low.max_abs;
-  EXPECT_LE(e.rel_frobenius, 1e-2);
-  return ref.lse;
+  return fa4::test::expect_forward_matches(p, q, k, v, got).lse;
+}
+
+// The forward of `a`: fa4::forward, or the sm90 launch with FwdParams' split, schedule and
+// max_ctas where any is set; then waits for it (a hang or a fault ends the process, naming `name`).
+void run_forward_with(const ForwardArgs& a, int split, int schedule, int max_ctas, const std::string& name) {
+  Status st;
+  if (split == 0 && schedule == 0 && max_ctas == 0) {
+    st = fa4::forward(a, nullptr);
+  } else {
+    st = fa4::validate(a);
+    ASSERT_TRUE(st.ok()) << st.message;
+    fa4::detail::FwdParams fp = fa4::detail::make_fwd_params(a);
+    fp.split = split;
+    fp.schedule = schedule;
+    fp.max_ctas = max_ctas;
+    st = fa4::detail::sm90_forward(fp, nullptr);
+  }
+  ASSERT_TRUE(st.ok()) << st.message;
+  fa4_test::finish_or_exit(name);
+  CUDA_OK(cudaDeviceSynchronize());
 }
 
 void run_varlen(const VarlenCase& c, uint32_t seed) {
   SCOPED_TRACE(c.name());
   VarlenRun run;
   ASSERT_NO_FATAL_FAILURE(run.setup(c, seed, false));
-  Status st;
-  if (c.schedule == 0 && c.max_ctas == 0) {
-    st = fa4::forward(run.args, nullptr);
-  } else {
-    st = fa4::validate(run.args);
-    ASSERT_TRUE(st.ok()) << st.message;
-    fa4::detail::FwdParams fp = fa4::detail::make_fwd_params(run.args);
-    fp.schedule = c.schedule;
-    fp.max_ctas = c.max_ctas;
-    st = fa4::detail::sm90_forward(fp, nullptr);
-  }
-  ASSERT_TRUE(st.ok()) << st.message;
-  fa4_test::finish_or_exit(c.name());
-  CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_NO_FATAL_FAILURE(run_forward_with(run.args, 0, c.schedule, c.max_ctas, c.name()));
 
   const std::vector<uint16_t> out_bits = download(run.o);
   const int64_t n_lse = std::max<int64_t>(c.heads_q * run.total_q, 1);
@@ -735,20 +735,9 @@ void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
   a.q = batched(q, sq), a.k = batched(k, sk), a.v = batched(v, sk), a.o = batched(o, sq);
   a.lse = static_cast<float*>(dlse.ptr);
   a.varlen.seqused_k = static_cast<const int32_t*>(dused.ptr);
-  Status st = fa4::validate(a);
+  const Status st = fa4::validate(a);
   ASSERT_TRUE(st.ok()) << st.message;
-  if (c.split == 0 && c.schedule == 0 && c.max_ctas == 0) {
-    st = fa4::forward(a, nullptr);
-  } else {
-    fa4::detail::FwdParams fp = fa4::detail::make_fwd_params(a);
-    fp.split = c.split;
-    fp.schedule = c.schedule;
-    fp.max_ctas = c.max_ctas;
-    st = fa4::detail::sm90_forward(fp, nullptr);
-  }
-  ASSERT_TRUE(st.ok()) << st.message;
-  fa4_test::finish_or_exit(c.name());
-  CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_NO_FATAL_FAILURE(run_forward_with(a, c.split, c.schedule, c.max_ctas, c.name()));
 
   const std::vector<uint16_t> out_bits = download(o);
   std::vector<float> lse(static_cast<size_t>(n_lse));
