@@ -125,9 +125,11 @@ def main(argv=None) -> int:
                     rec["cache_seqlens"] = lens.tolist()
                     with torch.no_grad():
                         out = fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=a.causal)
-                        n = int(lens[0])  # batch 0 against its filled keys
-                        rec["check"] = check_fa4(q[:1], k[:1, :n].repeat_interleave(group, dim=2),
-                                                 v[:1, :n].repeat_interleave(group, dim=2), out[:1], a.causal)
+                        i = int(torch.argmax(lens))  # the longest entry against its filled keys
+                        n = int(lens[i])
+                        rec["check"] = check_fa4(q[i:i + 1], k[i:i + 1, :n].repeat_interleave(group, dim=2),
+                                                 v[i:i + 1, :n].repeat_interleave(group, dim=2), out[i:i + 1],
+                                                 a.causal)
                     failed += not rec["check"]["pass"]
                     fns[p] = lambda q=q, k=k, v=v, lens=lens: fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens,
                                                                                           causal=a.causal)
