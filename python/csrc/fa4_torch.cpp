@@ -347,7 +347,6 @@ void check_cu_seqlens(const at::Tensor& cu, const char* op, const char* name, co
   FA4_CHECK_VALUE(cu.is_contiguous(), op, ": ", name, " has strides ", strides_str(cu), ": must be contiguous");
 }
 
-
 // The checks the varlen operators share: q, k, v packed and agreeing, the cu_seqlens; returns
 // the problem (batch from cu_seqlens, the longest lengths as given).
 fa4::Problem check_varlen_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -510,9 +510,9 @@ int max_cluster_pairs(int device) {
 inline bool fold_pays(const detail::FwdParams& a, int sms) {
   const int grid = a.max_ctas > 0 && a.max_ctas < sms ? a.max_ctas : sms;
   if (a.fold == 0) return false;
-  // (Batch entries' own keys under a left bound stay whole too: tiles_alike.)
-  const bool pieces = a.split != 1 && a.schedule != 2 && !(a.softcap > 0.0f && a.head_dim == 256) &&
-                      !(entry_keys(a) && a.window_left >= 0);
+  // (A fold's rows are one query block a head: pieces where such tiles are alike, tiles_alike.)
+  const bool pieces =
+      a.split != 1 && a.schedule != 2 && !(a.softcap > 0.0f && a.head_dim == 256) && tiles_alike(a, 1);
   return pieces || int64_t(a.batch) * (int64_t(a.heads_q) << a.fold) > grid;
 }
 inline void unfold_query_rows(detail::FwdParams* a) {
