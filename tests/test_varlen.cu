@@ -670,7 +670,8 @@ TEST(VarlenGpu, SoftcapForwardAndBackward) {
 // ---------------------------------------------------------------------------------------------
 // Batched tensors whose entries have keys of their own (Varlen::seqused_k without cu_seqlens: a KV
 // cache's filled part). Each entry's O and LSE against the float64 reference of that entry with its
-// first used[b] keys alone; O and the LSE poisoned first, so every row must be written.
+// first used[b] keys alone; O and the LSE poisoned first, so every row must be written, and the
+// keys past used[b] NaN (a cache's unfilled rows), so none of them may reach O.
 
 namespace {
 
@@ -718,6 +719,13 @@ void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
   ASSERT_NO_FATAL_FAILURE(fill(q, hq));
   ASSERT_NO_FATAL_FAILURE(fill(k, hk));
   ASSERT_NO_FATAL_FAILURE(fill(v, hv));
+  // Rows past each entry's keys hold NaN, as a cache's never-written part may: none may reach O.
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = std::clamp<int64_t>(c.used[size_t(b)], 0, sk);
+    for (const Packed* t : {&k, &v})
+      CUDA_OK(cudaMemset(static_cast<uint16_t*>(t->buf.ptr) + (b * sk + len) * t->hs * t->d, 0xFF,
+                         size_t((sk - len) * t->hs * t->d) * 2));
+  }
   fa4_test::DeviceBuffer dused, dlse;
   CUDA_OK(cudaMalloc(&dused.ptr, c.used.size() * 4));
   CUDA_OK(cudaMemcpy(dused.ptr, c.used.data(), c.used.size() * 4, cudaMemcpyHostToDevice));

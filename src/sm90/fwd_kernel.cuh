@@ -413,6 +413,12 @@ struct alignas(16) FwdBarriers {
   // has read its last K (kv_read[0]), consumer 1's in the V slot, once consumer 0's last P V has
   // read it (kv_read[1]); each holds its slot (no empty arrive) until its O store has read it.
   uint64_t kv_read[2];
+  // The V block that holds the rows past a batch entry's own keys (fwd_kernel's kZeroTail) lands
+  // on v_tail instead of v_full, so that the V loader zeroes those rows before it completes v_full
+  // for the consumers. v_tail_at, the V loader's alone: {the tile's block to zero (-1: none), the
+  // rows' bytes [y, z) in each chunk, v_tail's phase}.
+  uint64_t v_tail;
+  int4 v_tail_at;
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
 
@@ -608,6 +614,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // takes a bound (fwd_launch.cuh, entry_keys), so the kernels without a bound or with the causal
   // one at compile time keep none of it.
   constexpr bool kEntryKeys = (kBounded && !kCausal && !kVarlen) || (kSplitBound && split_reads_entry_keys<Cfg>());
+  // Keys past a batch entry's own count (Varlen::seqused_k without cu_seqlens: a KV cache's
+  // filled part) that lie inside the tensor hold whatever the cache holds there: memory never
+  // written may read as NaN. Their scores are masked (P = 0), but 0 * NaN in P V is NaN, so the V
+  // loader zeroes those rows of the block that holds the entry's last key before the consumers read
+  // it, as TMA's fill does for rows past the tensor (flash-attn's FA2 zeroes them in its loads; its
+  // TMA kernels do not). Not in the varlen kernels, whose loaders spilled with it (8-32 bytes; a
+  // zeroing warp of its own, 20-52): there seqused_k's rows past a sequence's keys must be finite.
+  constexpr bool kZeroTail = kEntryKeys;
   constexpr bool kDescsAhead =
       kBounded && Cfg::kConsumers == 3 && kHeadDim == 64 && !Cfg::kSmemP && !Cfg::kTensorRowSum;
   // The window as the key ranges and the mask see it: in a kernel without a bound, unbounded at
@@ -652,6 +666,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_init(&bar.v_full[s], 1);
       mbar_init(&bar.k_empty[s], Cfg::kConsumers * kCluster);  // every CTA's consumers
       mbar_init(&bar.v_empty[s], Cfg::kConsumers * kCluster);
+    }
+    if constexpr (kZeroTail) {
+      mbar_init(&bar.v_tail, 1);
+      bar.v_tail_at = make_int4(-1, 0, 0, 0);
     }
     if constexpr (kOInKV) {  // one Q loader a consumer (rows 64c..64c+63); q_full[1] is free with one Q buffer
       static_assert(Cfg::kQStages == 1 && Cfg::kConsumers == 2, "O staged in K/V slots: one Q buffer, two consumers");
@@ -877,6 +895,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int h_kv = tl.head / p.head_ratio;
         // With varlen the sequence's first key row, batch 0 of the maps.
         const int kv_row = kVarlen ? sp.k_off : 0, kv_batch = kVarlen ? 0 : tl.batch;
+        // (kZeroTail) The block that holds the entry's last key where rows after it, in the same
+        // block, lie inside the tensor (else -1), and those rows' bytes [lo, hi) of each chunk.
+        // Kept in shared memory, read at each V load: registers held through the loop spilled.
+        if constexpr (kZeroTail)
+          if (loads_v) {
+            int block = -1, lo = 0, hi = 0;
+            if (p.seqused_k != nullptr) {
+              const int keys = entry_keys(p, tl.batch), end = p.seqlen_k;  // end: the tensor's rows
+              if (keys % kBlockN != 0 && keys < end) {
+                block = keys / kBlockN;
+                lo = keys % kBlockN * 128;
+                hi = min(kBlockN, end - block * kBlockN) * 128;
+              }
+            }
+            bar.v_tail_at = make_int4(block, lo, hi, bar.v_tail_at.w);
+          }
         // Trace events of a load: 0/1 before/after K's empty wait, 2/3 the same for V.
         // The walk's order of key blocks (TileOrder::walk_block), as the consumers take it.
         const bool diag_last = kPairs && p.tiles.diagonal_last(tile, tl.m_block);
@@ -892,7 +926,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(2);
             wait_empty(&bar.v_empty[w.stage], w.phase ^ 1);
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(3);
-            load_kv(sV + w.stage * Cfg::kKVBytes, &p.tm_v, &bar.v_full[w.stage], kv_row + nb * kBlockN, h_kv, kv_batch);
+            uint8_t* dst = sV + w.stage * Cfg::kKVBytes;
+            if (kZeroTail && nb == ld_shared(&bar.v_tail_at.x)) {
+              load_kv(dst, &p.tm_v, &bar.v_tail, kv_row + nb * kBlockN, h_kv, kv_batch);
+              const int4 at = ld_shared_v4(&bar.v_tail_at);  // .w: bar.v_tail's phase
+              mbar_wait(&bar.v_tail, uint32_t(at.w));
+              bar.v_tail_at.w = at.w ^ 1;
+              // Whole 128-byte rows of each chunk: the swizzle stays inside each.
+#pragma unroll 1
+              for (uint32_t b = smem_addr(dst) + at.y; b < smem_addr(dst) + at.z; b += 16)
+#pragma unroll
+                for (int c = 0; c < Cfg::kChunks; ++c) st_shared_v4_f32(b + c * kBlockN * 128, 0.f, 0.f, 0.f, 0.f);
+              fence_proxy_async_smem();  // the consumers' wgmma (async proxy) reads these stores
+              mbar_arrive(&bar.v_full[w.stage]);
+            } else {
+              load_kv(dst, &p.tm_v, &bar.v_full[w.stage], kv_row + nb * kBlockN, h_kv, kv_batch);
+            }
           }
           if constexpr (traced<Cfg>(kTraceStep)) tr.next();
           w.advance();

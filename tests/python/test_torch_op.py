@@ -617,6 +617,31 @@ def test_kvcache_matches_each_batch_entrys_filled_keys(case):
     assert_close_by_criterion(full, ref_lp, ref, "every key of the cache")
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_kvcache_rows_past_the_lengths_may_hold_nan(d):
+    """A cache's never-written rows may read as NaN: their scores are masked, and their V rows
+    must not reach O (0 * NaN), decoding and a few causal rows alike."""
+    b, sc, hq, hkv = 4, 333, 8, 2
+    gen = torch.Generator(device=DEV).manual_seed(77)
+    lens = [sc, 200, 1, 129]
+    used = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    scale = 1.0 / math.sqrt(d)
+    for sq, causal in ((1, False), (3, True)):
+        q = torch.randn(b, sq, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+        k = torch.randn(b, sc, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+        v = torch.randn(b, sc, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+        for i, n in enumerate(lens):
+            k[i, n:] = float("nan")
+            v[i, n:] = float("nan")
+        out = call_or_skip(fa4.flash_attn_with_kvcache, q, k, v, cache_seqlens=used, causal=causal)
+        for i, n in enumerate(lens):
+            qs, ks, vs = q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n]
+            ref, _ = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=False)
+            ref_lp, _ = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=True)
+            assert_close_by_criterion(out[i:i + 1], ref_lp, ref,
+                                      f"d{d} {sq} rows causal={causal} entry {i} ({n} of {sc} keys, NaN past them)")
+
+
 def test_kvcache_refuses_what_it_does_not_implement():
     q = torch.randn(2, 1, 4, 64, device=DEV, dtype=torch.bfloat16)
     k = torch.randn(2, 100, 4, 64, device=DEV, dtype=torch.bfloat16)
