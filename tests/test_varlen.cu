@@ -250,6 +250,9 @@ struct VarlenCase {
   int max_ctas = 0;
   float softcap = 0.0f;   // Problem::softcap, with K's entries scaled by key_scale (the cap's bend)
   double key_scale = 1.0;
+  // Varlen::seqused_k where not empty (forward only): sequence b's keys the first used[b] of its
+  // span (clamped to [0, len_k[b]]), the span's rows after them NaN (a cache's unwritten rows).
+  std::vector<int> used;
 
   std::string name() const {
     std::string s = std::string(fa4::to_string(dtype)) + " h" + std::to_string(heads_q) + "/" +
@@ -261,6 +264,11 @@ struct VarlenCase {
     s += "}";
     if (spare_heads) s += " strided";
     if (schedule || max_ctas) s += " schedule " + std::to_string(schedule) + " ctas " + std::to_string(max_ctas);
+    if (!used.empty()) {
+      s += " used{";
+      for (int x : used) s += std::to_string(x) + ",";
+      s += "}";
+    }
     if (softcap > 0) s += " softcap " + std::to_string(softcap) + " keys x" + std::to_string(key_scale);
     return s;
   }
@@ -293,8 +301,13 @@ struct VarlenRun {
   int64_t batch = 0, total_q = 0, total_k = 0;
   Packed q, k, v, o, dout;
   std::vector<double> hq, hk, hv, hdo;
-  fa4_test::DeviceBuffer dcu_q, dcu_k, dlse;
+  fa4_test::DeviceBuffer dcu_q, dcu_k, dlse, dused;
   ForwardArgs args;
+  // Sequence b's keys: len_k[b], or used[b] clamped to it.
+  static int keys_of(const VarlenCase& c, int64_t b) {
+    const int len = c.len_k[size_t(b)];
+    return c.used.empty() ? len : std::clamp(c.used[size_t(b)], 0, len);
+  }
 
   void setup(const VarlenCase& c, uint32_t seed, bool with_dout) {
     batch = int64_t(c.len_q.size());
@@ -338,6 +351,16 @@ struct VarlenRun {
     args.q = q.ref, args.k = k.ref, args.v = v.ref, args.o = o.ref;
     args.lse = static_cast<float*>(dlse.ptr);
     args.varlen = {static_cast<const int32_t*>(dcu_q.ptr), static_cast<const int32_t*>(dcu_k.ptr), total_q, total_k};
+    if (!c.used.empty()) {
+      ASSERT_EQ(c.used.size(), c.len_k.size());
+      CUDA_OK(cudaMalloc(&dused.ptr, c.used.size() * 4));
+      CUDA_OK(cudaMemcpy(dused.ptr, c.used.data(), c.used.size() * 4, cudaMemcpyHostToDevice));
+      args.varlen.seqused_k = static_cast<const int32_t*>(dused.ptr);
+      for (int64_t b = 0; b < batch; ++b)  // the span's rows past the used keys: NaN (0xFFFF)
+        for (const Packed* t : {&k, &v})
+          CUDA_OK(cudaMemset(static_cast<uint16_t*>(t->buf.ptr) + (cu_k[size_t(b)] + keys_of(c, b)) * t->hs * t->d, 0xFF,
+                             size_t((c.len_k[size_t(b)] - keys_of(c, b)) * t->hs * t->d) * 2));
+    }
   }
   // Sequence b's problem alone (a batch of one).
   fa4::Problem problem_of(const VarlenCase& c, int64_t b) const {
@@ -449,10 +472,11 @@ void run_varlen(const VarlenCase& c, uint32_t seed) {
   EXPECT_EQ(lse_written_outside, 0) << "LSE rows written past the last sequence";
 
   for (int64_t b = 0; b < run.batch; ++b) {
-    const int sq = c.len_q[size_t(b)], sk = c.len_k[size_t(b)];
+    const int sq = c.len_q[size_t(b)], sk = VarlenRun::keys_of(c, b);
     if (sq == 0) continue;
     SCOPED_TRACE("sequence " + std::to_string(b) + " (" + std::to_string(sq) + " x " + std::to_string(sk) + ")");
-    const fa4::Problem p = run.problem_of(c, b);
+    fa4::Problem p = run.problem_of(c, b);
+    p.seqlen_k = sk;
     const int64_t q0 = run.cu_q[size_t(b)], k0 = run.cu_k[size_t(b)];
     const std::vector<double> sq_q = gather(run.q, run.hq, q0, sq), sk_k = gather(run.k, run.hk, k0, sk),
                               sk_v = gather(run.v, run.hv, k0, sk);
@@ -663,6 +687,25 @@ TEST(VarlenGpu, SoftcapForwardAndBackward) {
   causal.causal = true, causal.softcap = 30.0f, causal.key_scale = 2.5;
   run_varlen(causal, seed++);
   run_varlen_backward(causal, seed++, false);
+}
+
+// seqused_k on packed sequences (a KV cache's filled part of each span), the rest of each span
+// NaN: every head dim, causal and not, decoding rows and longer ones, a sequence without keys
+// and one whose count is clamped to its span.
+TEST(VarlenGpu, SequsedKeysWithNaNPastThem) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 1201;
+  for (int64_t d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      VarlenCase c{BF16, 8, 2, d, {1, 1, 1, 1}, {700, 333, 129, 64}};
+      c.causal = causal;
+      c.used = {517, 0, 200, 64};
+      run_varlen(c, seed++);
+      VarlenCase rows{FP16, 4, 4, d, {130, 7, 300}, {900, 500, 300}};
+      rows.causal = causal;
+      rows.used = {777, 129, 1};
+      run_varlen(rows, seed++);
+    }
 }
 
 }  // namespace

@@ -81,7 +81,8 @@ struct Problem {
 // Without cu_seqlens (batched tensors) the same for batch entry b: its keys are the first
 // seqused_k[b] of problem.seqlen_k (clamped to [0, seqlen_k]; flash-attn's cache_seqlens), each
 // entry's queries aligned bottom-right to them under causal and windows. Rows of an entry without
-// keys: O = 0, LSE = -inf.
+// keys: O = 0, LSE = -inf. The rows past seqused_k (a cache's never-written rows) may hold
+// anything, NaN too: they never reach O.
 struct Varlen {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;

@@ -262,7 +262,8 @@ def flash_attn_varlen_func(
     return_lse the fp32 LSE [heads_q, total_q]. Differentiable (torch.ops.fa4.bwd_varlen);
     deterministic: the backward's deterministic mode. seqused_k: int32 [batch] on q's device,
     sequence b's keys being only the first seqused_k[b] rows of its k, v span (a KV cache's filled
-    part; causal and windows align to them); forward only.
+    part; causal and windows align to them; the span's rows after them may hold anything, NaN too);
+    forward only.
     """
     softmax_scale, window_left, window_right, softcap = _options(
         "fa4.flash_attn_varlen_func", softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
@@ -316,7 +317,8 @@ def flash_attn_with_kvcache(
     q: [batch, seqlen_q, heads_q, head_dim]; k_cache, v_cache: [batch, seqlen_cache, heads_kv,
     head_dim] (bf16 or fp16, head_dim contiguous; BSHD, BHSD or a slice along the sequence are read
     in place). cache_seqlens: an int or int32 [batch] on q's device, batch entry b attending to the
-    first cache_seqlens[b] keys of its cache (at most seqlen_cache; None: all of them); causal and
+    first cache_seqlens[b] keys of its cache (at most seqlen_cache; None: all of them; the rows
+    after them may hold anything, NaN from memory never written too); causal and
     window_size align its queries to the last of those keys (query i sees keys up to
     cache_seqlens[b] - seqlen_q + i). softcap as flash_attn_func. Returns out [batch, seqlen_q,
     heads_q, head_dim], and with return_softmax_lse the fp32 LSE [batch, heads_q, seqlen_q].

@@ -413,12 +413,13 @@ struct alignas(16) FwdBarriers {
   // has read its last K (kv_read[0]), consumer 1's in the V slot, once consumer 0's last P V has
   // read it (kv_read[1]); each holds its slot (no empty arrive) until its O store has read it.
   uint64_t kv_read[2];
-  // The V block that holds the rows past a batch entry's own keys (fwd_kernel's kZeroTail) lands
-  // on v_tail instead of v_full, so that the V loader zeroes those rows before it completes v_full
-  // for the consumers. v_tail_at, the V loader's alone: {the tile's block to zero (-1: none), the
-  // rows' bytes [y, z) in each chunk, v_tail's phase}.
-  uint64_t v_tail;
-  int4 v_tail_at;
+  // The V block that holds the rows past a sequence's own keys (fwd_kernel's kZeroTail) lands on
+  // v_tail instead of v_full, and the zeroing lanes take it from there: v_tail_at is {its stage,
+  // the sequence's keys, the tensor's rows from the sequence's first} (x < 0: no more), posted by
+  // the V loader once v_tail_free says the last one is taken. v_tail_next, the V loader's own:
+  // {this tile's keys (INT_MIN: no rows to zero), the tensor's rows, -, v_tail_free's phase}.
+  uint64_t v_tail, v_tail_free;
+  int4 v_tail_at, v_tail_next;
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
 
@@ -614,14 +615,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // takes a bound (fwd_launch.cuh, entry_keys), so the kernels without a bound or with the causal
   // one at compile time keep none of it.
   constexpr bool kEntryKeys = (kBounded && !kCausal && !kVarlen) || (kSplitBound && split_reads_entry_keys<Cfg>());
-  // Keys past a batch entry's own count (Varlen::seqused_k without cu_seqlens: a KV cache's
-  // filled part) that lie inside the tensor hold whatever the cache holds there: memory never
-  // written may read as NaN. Their scores are masked (P = 0), but 0 * NaN in P V is NaN, so the V
-  // loader zeroes those rows of the block that holds the entry's last key before the consumers read
-  // it, as TMA's fill does for rows past the tensor (flash-attn's FA2 zeroes them in its loads; its
-  // TMA kernels do not). Not in the varlen kernels, whose loaders spilled with it (8-32 bytes; a
-  // zeroing warp of its own, 20-52): there seqused_k's rows past a sequence's keys must be finite.
-  constexpr bool kZeroTail = kEntryKeys;
+  // Keys past a sequence's own count (Varlen::seqused_k, batched or varlen: a KV cache's filled
+  // part) that lie inside the tensor hold whatever the caller's cache holds there: memory never
+  // written may read as NaN. Their scores are masked (P = 0), but 0 * NaN in P V is NaN, so the
+  // rows of the V block that holds the last key are zeroed before the consumers read it, as TMA's
+  // fill does for rows past the tensor (flash-attn's FA2 zeroes them in its loads; its TMA kernels
+  // do not). The V loader hands that block to 31 lanes of warp 3, which zero it once it lands: the
+  // loader zeroing it alone stalled its ring (up to 1.56 times the decoding call's time at --fill
+  // 0.5; docs/perf-notes.md, "A KV cache's unwritten rows").
+  constexpr bool kZeroTail = kEntryKeys || kVarlen;
   constexpr bool kDescsAhead =
       kBounded && Cfg::kConsumers == 3 && kHeadDim == 64 && !Cfg::kSmemP && !Cfg::kTensorRowSum;
   // The window as the key ranges and the mask see it: in a kernel without a bound, unbounded at
@@ -669,7 +671,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     if constexpr (kZeroTail) {
       mbar_init(&bar.v_tail, 1);
-      bar.v_tail_at = make_int4(-1, 0, 0, 0);
+      mbar_init(&bar.v_tail_free, 1);
+      bar.v_tail_next = make_int4(-1, 0, 0, 0);
     }
     if constexpr (kOInKV) {  // one Q loader a consumer (rows 64c..64c+63); q_full[1] is free with one Q buffer
       static_assert(Cfg::kQStages == 1 && Cfg::kConsumers == 2, "O staged in K/V slots: one Q buffer, two consumers");
@@ -702,7 +705,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // ---------------- producer ----------------
     // (The varlen kernels' loaders pass tiles by: the stream-K kernels' count, 32 where there are
     // three consumers.)
-    regs_decrease<kSplit || kVarlen ? Cfg::kProducerRegsSplit : Cfg::kProducerRegs>();
+    // (kZeroTail: the hand-over spilled at 24 with three consumers, who leave 32.)
+    regs_decrease<kSplit || kVarlen || kZeroTail ? Cfg::kProducerRegsSplit : Cfg::kProducerRegs>();
     // Consumer c's 64 rows of tile tl's Q (FwdConfig::kStageOInKV, whose Q is folded:
     // FwdConfig::kFoldedQO) as one TMA box of every 64-column chunk, on `full`, whose expected bytes
     // the caller has set.
@@ -744,6 +748,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // One box lands every chunk on q_full, which the consumer waits for before its first S.
           mbar_arrive_expect_tx(&bar.q_full[c], Cfg::kQBytes / 2);
           load_q_rows(c, tl, sp, &bar.q_full[c]);
+        }
+        return;
+      }
+    }
+    if constexpr (kZeroTail) {
+      // Lanes 1-31 of warp 3 zero the rows of V blocks past a sequence's keys (v_tail_at) once
+      // their TMA has landed, then complete the block's v_full for the consumers.
+      if (threadIdx.x > 96) {
+        const int lane = int(threadIdx.x) - 97;
+        for (uint32_t phase = 0;; phase ^= 1u) {
+          mbar_wait(&bar.v_tail, phase);
+          const int4 at = ld_shared_v4(&bar.v_tail_at);  // {stage, keys, end}
+          if (at.x < 0) break;
+          const uint32_t base = smem_addr(sV + at.x * Cfg::kKVBytes);
+          const int first = at.y / kBlockN * kBlockN;  // the block's first key
+          // Rows [keys, min(end, the block's end)) of the block, whole 128-byte rows of each chunk:
+          // the swizzle stays inside each.
+          const int hi = min(kBlockN, at.z - first) * 128;
+          for (int b = (at.y - first) * 128 + lane * 16; b < hi; b += 31 * 16)
+#pragma unroll
+            for (int c = 0; c < Cfg::kChunks; ++c) st_shared_v4_f32(base + c * kBlockN * 128 + b, 0.f, 0.f, 0.f, 0.f);
+          fence_proxy_async_smem();  // the consumers' wgmma (async proxy) reads these stores
+          __syncwarp(0xfffffffeu);
+          if (lane == 0) {
+            mbar_arrive(&bar.v_full[at.x]);
+            mbar_arrive(&bar.v_tail_free);
+          }
         }
         return;
       }
@@ -895,21 +926,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const int h_kv = tl.head / p.head_ratio;
         // With varlen the sequence's first key row, batch 0 of the maps.
         const int kv_row = kVarlen ? sp.k_off : 0, kv_batch = kVarlen ? 0 : tl.batch;
-        // (kZeroTail) The block that holds the entry's last key where rows after it, in the same
-        // block, lie inside the tensor (else -1), and those rows' bytes [lo, hi) of each chunk.
-        // Kept in shared memory, read at each V load: registers held through the loop spilled.
+        // (kZeroTail) The sequence's keys where rows after its last one, in the same block, lie
+        // inside the tensor (else INT_MIN), and the tensor's rows. Kept in shared memory
+        // (bar.v_tail_next), read at each V load, written by st.shared: held in registers, or
+        // written through the generic address, they spilled.
         if constexpr (kZeroTail)
           if (loads_v) {
-            int block = -1, lo = 0, hi = 0;
+            int keys = INT_MIN, end = 0;  // (INT_MIN / kBlockN is no block)
             if (p.seqused_k != nullptr) {
-              const int keys = entry_keys(p, tl.batch), end = p.seqlen_k;  // end: the tensor's rows
-              if (keys % kBlockN != 0 && keys < end) {
-                block = keys / kBlockN;
-                lo = keys % kBlockN * 128;
-                hi = min(kBlockN, end - block * kBlockN) * 128;
-              }
+              keys = kVarlen ? sp.k_len : entry_keys(p, tl.batch);
+              end = kVarlen ? p.total_k - sp.k_off : p.seqlen_k;  // the tensor's rows
+              if (keys % kBlockN == 0 || keys >= end) keys = INT_MIN;
             }
-            bar.v_tail_at = make_int4(block, lo, hi, bar.v_tail_at.w);
+            const uint32_t at = smem_addr(&bar.v_tail_next);  // (.w, the phase, kept)
+            st_shared_b32(at, uint32_t(keys));
+            st_shared_b32(at + 4, uint32_t(end));
           }
         // Trace events of a load: 0/1 before/after K's empty wait, 2/3 the same for V.
         // The walk's order of key blocks (TileOrder::walk_block), as the consumers take it.
@@ -927,26 +958,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             wait_empty(&bar.v_empty[w.stage], w.phase ^ 1);
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(3);
             uint8_t* dst = sV + w.stage * Cfg::kKVBytes;
-            if (kZeroTail && nb == ld_shared(&bar.v_tail_at.x)) {
-              load_kv(dst, &p.tm_v, &bar.v_tail, kv_row + nb * kBlockN, h_kv, kv_batch);
-              const int4 at = ld_shared_v4(&bar.v_tail_at);  // .w: bar.v_tail's phase
-              mbar_wait(&bar.v_tail, uint32_t(at.w));
-              bar.v_tail_at.w = at.w ^ 1;
-              // Whole 128-byte rows of each chunk: the swizzle stays inside each.
-#pragma unroll 1
-              for (uint32_t b = smem_addr(dst) + at.y; b < smem_addr(dst) + at.z; b += 16)
-#pragma unroll
-                for (int c = 0; c < Cfg::kChunks; ++c) st_shared_v4_f32(b + c * kBlockN * 128, 0.f, 0.f, 0.f, 0.f);
-              fence_proxy_async_smem();  // the consumers' wgmma (async proxy) reads these stores
-              mbar_arrive(&bar.v_full[w.stage]);
-            } else {
-              load_kv(dst, &p.tm_v, &bar.v_full[w.stage], kv_row + nb * kBlockN, h_kv, kv_batch);
+            uint64_t* full = &bar.v_full[w.stage];
+            if (kZeroTail && nb == ld_shared(&bar.v_tail_next.x) / kBlockN) {  // to the zeroing lanes, on v_tail
+              const uint32_t free_phase = uint32_t(ld_shared(&bar.v_tail_next.w));
+              mbar_wait(&bar.v_tail_free, free_phase ^ 1u);
+              st_shared_b32(smem_addr(&bar.v_tail_next.w), free_phase ^ 1u);
+              st_shared_b32(smem_addr(&bar.v_tail_at.x), uint32_t(w.stage));
+              st_shared_b32(smem_addr(&bar.v_tail_at.y), uint32_t(ld_shared(&bar.v_tail_next.x)));
+              st_shared_b32(smem_addr(&bar.v_tail_at.z), uint32_t(ld_shared(&bar.v_tail_next.y)));
+              full = &bar.v_tail;  // (the load's arrive releases these stores)
             }
+            load_kv(dst, &p.tm_v, full, kv_row + nb * kBlockN, h_kv, kv_batch);
           }
           if constexpr (traced<Cfg>(kTraceStep)) tr.next();
           w.advance();
         }
       }
+      if constexpr (kZeroTail)
+        if (loads_v) {  // the zeroing lanes' end
+          mbar_wait(&bar.v_tail_free, uint32_t(ld_shared(&bar.v_tail_next.w)) ^ 1u);
+          st_shared_b32(smem_addr(&bar.v_tail_at.x), uint32_t(-1));
+          mbar_arrive(&bar.v_tail);
+        }
       // The tile counter and its finish count go back to zero with the launch's last CTA, ready for
       // the stream's next launch (detail::stream_counters): each CTA counts itself finished once
       // its last claim is made, and the one that finds all the others finished zeroes both.

@@ -620,7 +620,8 @@ def test_kvcache_matches_each_batch_entrys_filled_keys(case):
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_kvcache_rows_past_the_lengths_may_hold_nan(d):
     """A cache's never-written rows may read as NaN: their scores are masked, and their V rows
-    must not reach O (0 * NaN), decoding and a few causal rows alike."""
+    must not reach O (0 * NaN), decoding and a few causal rows alike, through the kvcache call and
+    varlen's seqused_k."""
     b, sc, hq, hkv = 4, 333, 8, 2
     gen = torch.Generator(device=DEV).manual_seed(77)
     lens = [sc, 200, 1, 129]
@@ -634,12 +635,18 @@ def test_kvcache_rows_past_the_lengths_may_hold_nan(d):
             k[i, n:] = float("nan")
             v[i, n:] = float("nan")
         out = call_or_skip(fa4.flash_attn_with_kvcache, q, k, v, cache_seqlens=used, causal=causal)
+        cu_q = torch.arange(0, b + 1, dtype=torch.int32, device=DEV) * sq
+        cu_k = torch.arange(0, b + 1, dtype=torch.int32, device=DEV) * sc
+        out_v = fa4.flash_attn_varlen_func(q.reshape(b * sq, hq, d), k.reshape(b * sc, hkv, d),
+                                           v.reshape(b * sc, hkv, d), cu_q, cu_k, sq, sc, causal=causal,
+                                           seqused_k=used).reshape(b, sq, hq, d)
         for i, n in enumerate(lens):
             qs, ks, vs = q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n]
             ref, _ = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=False)
             ref_lp, _ = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=True)
-            assert_close_by_criterion(out[i:i + 1], ref_lp, ref,
-                                      f"d{d} {sq} rows causal={causal} entry {i} ({n} of {sc} keys, NaN past them)")
+            what = f"d{d} {sq} rows causal={causal} entry {i} ({n} of {sc} keys, NaN past them)"
+            assert_close_by_criterion(out[i:i + 1], ref_lp, ref, "kvcache " + what)
+            assert_close_by_criterion(out_v[i:i + 1], ref_lp, ref, "varlen seqused_k " + what)
 
 
 def test_kvcache_refuses_what_it_does_not_implement():
