@@ -418,7 +418,10 @@ struct alignas(16) FwdBarriers {
   // the sequence's keys, the tensor's rows from the sequence's first} (x < 0: no more), posted by
   // the V loader once v_tail_free says the last one is taken. v_tail_next, the V loader's own:
   // {this tile's keys (INT_MIN: no rows to zero), the tensor's rows, -, v_tail_free's phase}.
-  uint64_t v_tail, v_tail_free;
+  // v_zeroed: each zeroing lane has read v_tail_at and zeroed its rows (31 arrivals), so that lane 0
+  // completes v_full and v_tail_free after all of them (an mbarrier chain, which racecheck follows
+  // where __syncwarp left it 12-24 hazards).
+  uint64_t v_tail, v_tail_free, v_zeroed;
   int4 v_tail_at, v_tail_next;
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
@@ -672,6 +675,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (kZeroTail) {
       mbar_init(&bar.v_tail, 1);
       mbar_init(&bar.v_tail_free, 1);
+      mbar_init(&bar.v_zeroed, 31);
       bar.v_tail_next = make_int4(-1, 0, 0, 0);
     }
     if constexpr (kOInKV) {  // one Q loader a consumer (rows 64c..64c+63); q_full[1] is free with one Q buffer
@@ -770,8 +774,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
             for (int c = 0; c < Cfg::kChunks; ++c) st_shared_v4_f32(base + c * kBlockN * 128 + b, 0.f, 0.f, 0.f, 0.f);
           fence_proxy_async_smem();  // the consumers' wgmma (async proxy) reads these stores
-          __syncwarp(0xfffffffeu);
+          mbar_arrive(&bar.v_zeroed);
           if (lane == 0) {
+            mbar_wait(&bar.v_zeroed, phase);  // (one phase a block, as v_tail's)
             mbar_arrive(&bar.v_full[at.x]);
             mbar_arrive(&bar.v_tail_free);
           }
