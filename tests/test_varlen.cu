@@ -292,6 +292,10 @@ struct Packed {
     ref = {buf.ptr, 0, hs * d, d};
   }
   int64_t at(int64_t r, int64_t h, int64_t x) const { return (r * hs + h) * d + x; }
+  // Rows [first, first + n) set to NaN (0xFFFF in bf16 and fp16): a cache's never-written rows.
+  void nan_rows(int64_t first, int64_t n) const {
+    CUDA_OK(cudaMemset(static_cast<uint16_t*>(buf.ptr) + first * hs * d, 0xFF, size_t(n * hs * d) * 2));
+  }
 };
 
 // A case's inputs on the device: q, k, v random (and dout for the backward), o poisoned, the
@@ -356,15 +360,13 @@ struct VarlenRun {
       CUDA_OK(cudaMalloc(&dused.ptr, c.used.size() * 4));
       CUDA_OK(cudaMemcpy(dused.ptr, c.used.data(), c.used.size() * 4, cudaMemcpyHostToDevice));
       args.varlen.seqused_k = static_cast<const int32_t*>(dused.ptr);
-      for (int64_t b = 0; b < batch; ++b)  // the span's rows past the used keys: NaN (0xFFFF)
-        for (const Packed* t : {&k, &v})
-          CUDA_OK(cudaMemset(static_cast<uint16_t*>(t->buf.ptr) + (cu_k[size_t(b)] + keys_of(c, b)) * t->hs * t->d, 0xFF,
-                             size_t((c.len_k[size_t(b)] - keys_of(c, b)) * t->hs * t->d) * 2));
+      for (int64_t b = 0; b < batch; ++b)  // the span's rows past the used keys
+        for (const Packed* t : {&k, &v}) t->nan_rows(cu_k[size_t(b)] + keys_of(c, b), c.len_k[size_t(b)] - keys_of(c, b));
     }
   }
-  // Sequence b's problem alone (a batch of one).
+  // Sequence b's problem alone (a batch of one), over its keys (keys_of).
   fa4::Problem problem_of(const VarlenCase& c, int64_t b) const {
-    fa4::Problem p = fa4::test::make_problem(1, c.len_q[size_t(b)], c.len_k[size_t(b)], c.heads_q, c.heads_kv,
+    fa4::Problem p = fa4::test::make_problem(1, c.len_q[size_t(b)], keys_of(c, b), c.heads_q, c.heads_kv,
                                              c.head_dim, c.dtype);
     p.causal = c.causal;
     p.window_left = c.left;
@@ -475,8 +477,7 @@ void run_varlen(const VarlenCase& c, uint32_t seed) {
     const int sq = c.len_q[size_t(b)], sk = VarlenRun::keys_of(c, b);
     if (sq == 0) continue;
     SCOPED_TRACE("sequence " + std::to_string(b) + " (" + std::to_string(sq) + " x " + std::to_string(sk) + ")");
-    fa4::Problem p = run.problem_of(c, b);
-    p.seqlen_k = sk;
+    const fa4::Problem p = run.problem_of(c, b);
     const int64_t q0 = run.cu_q[size_t(b)], k0 = run.cu_k[size_t(b)];
     const std::vector<double> sq_q = gather(run.q, run.hq, q0, sq), sk_k = gather(run.k, run.hk, k0, sk),
                               sk_v = gather(run.v, run.hv, k0, sk);
@@ -765,9 +766,7 @@ void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
   // Rows past each entry's keys hold NaN, as a cache's never-written part may: none may reach O.
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = std::clamp<int64_t>(c.used[size_t(b)], 0, sk);
-    for (const Packed* t : {&k, &v})
-      CUDA_OK(cudaMemset(static_cast<uint16_t*>(t->buf.ptr) + (b * sk + len) * t->hs * t->d, 0xFF,
-                         size_t((sk - len) * t->hs * t->d) * 2));
+    for (const Packed* t : {&k, &v}) t->nan_rows(b * sk + len, sk - len);
   }
   fa4_test::DeviceBuffer dused, dlse;
   CUDA_OK(cudaMalloc(&dused.ptr, c.used.size() * 4));
