@@ -253,6 +253,12 @@ struct VarlenCase {
   // Varlen::seqused_k where not empty (forward only): sequence b's keys the first used[b] of its
   // span (clamped to [0, len_k[b]]), the span's rows after them NaN (a cache's unwritten rows).
   std::vector<int> used;
+  // Rows set to NaN in every input (q, k, v and dout): those of the sequences listed, whose own
+  // outputs are then not checked, and with nan_spare the spare rows after the last sequence. The
+  // other sequences' outputs must not see them.
+  std::vector<int> nan_seqs;
+  bool nan_spare = false;
+  bool is_nan_seq(int64_t b) const { return std::find(nan_seqs.begin(), nan_seqs.end(), int(b)) != nan_seqs.end(); }
 
   std::string name() const {
     std::string s = std::string(fa4::to_string(dtype)) + " h" + std::to_string(heads_q) + "/" +
@@ -355,6 +361,16 @@ struct VarlenRun {
     args.q = q.ref, args.k = k.ref, args.v = v.ref, args.o = o.ref;
     args.lse = static_cast<float*>(dlse.ptr);
     args.varlen = {static_cast<const int32_t*>(dcu_q.ptr), static_cast<const int32_t*>(dcu_k.ptr), total_q, total_k};
+    for (int b : c.nan_seqs) {
+      for (const Packed* t : {&k, &v}) t->nan_rows(cu_k[size_t(b)], c.len_k[size_t(b)]);
+      q.nan_rows(cu_q[size_t(b)], c.len_q[size_t(b)]);
+      if (with_dout) dout.nan_rows(cu_q[size_t(b)], c.len_q[size_t(b)]);
+    }
+    if (c.nan_spare) {
+      for (const Packed* t : {&k, &v}) t->nan_rows(cu_k.back(), total_k - cu_k.back());
+      q.nan_rows(cu_q.back(), total_q - cu_q.back());
+      if (with_dout) dout.nan_rows(cu_q.back(), total_q - cu_q.back());
+    }
     if (!c.used.empty()) {
       ASSERT_EQ(c.used.size(), c.len_k.size());
       CUDA_OK(cudaMalloc(&dused.ptr, c.used.size() * 4));
@@ -475,7 +491,7 @@ void run_varlen(const VarlenCase& c, uint32_t seed) {
 
   for (int64_t b = 0; b < run.batch; ++b) {
     const int sq = c.len_q[size_t(b)], sk = VarlenRun::keys_of(c, b);
-    if (sq == 0) continue;
+    if (sq == 0 || c.is_nan_seq(b)) continue;
     SCOPED_TRACE("sequence " + std::to_string(b) + " (" + std::to_string(sq) + " x " + std::to_string(sk) + ")");
     const fa4::Problem p = run.problem_of(c, b);
     const int64_t q0 = run.cu_q[size_t(b)], k0 = run.cu_k[size_t(b)];
@@ -535,7 +551,7 @@ void run_varlen_backward(const VarlenCase& c, uint32_t seed, bool deterministic)
 
   for (int64_t s = 0; s < run.batch; ++s) {
     const int sq = c.len_q[size_t(s)], sk = c.len_k[size_t(s)];
-    if (sq == 0 && sk == 0) continue;
+    if ((sq == 0 && sk == 0) || c.is_nan_seq(s)) continue;
     SCOPED_TRACE("sequence " + std::to_string(s) + " (" + std::to_string(sq) + " x " + std::to_string(sk) + ")");
     const fa4::Problem p = run.problem_of(c, s);
     const int64_t q0 = run.cu_q[size_t(s)], k0 = run.cu_k[size_t(s)];
@@ -688,6 +704,35 @@ TEST(VarlenGpu, SoftcapForwardAndBackward) {
   causal.causal = true, causal.softcap = 30.0f, causal.key_scale = 2.5;
   run_varlen(causal, seed++);
   run_varlen_backward(causal, seed++, false);
+}
+
+// Rows past a sequence are the next one's (or spare rows): NaN there, in a sequence of its own or
+// in the spare rows, reaches no other sequence's O or gradients. Every head dim, causal and not,
+// decoding rows and longer ones, the backward deterministic and not.
+TEST(VarlenGpu, NaNInOtherSequencesRowsStaysThere) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 1301;
+  for (int64_t d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      VarlenCase c{BF16, 8, 2, d, {1, 0, 3, 1}, {300, 77, 129, 65}};
+      c.causal = causal;
+      c.nan_seqs = {1};
+      c.nan_spare = true;
+      run_varlen(c, seed++);
+      VarlenCase rows{FP16, 4, 4, d, {200, 50, 130}, {333, 64, 700}};
+      rows.causal = causal;
+      rows.nan_seqs = {1};
+      rows.nan_spare = true;
+      run_varlen(rows, seed++);
+      // The backward: query and key rows run past sequences 0 and 2 into NaN.
+      VarlenCase grads{BF16, 4, 2, d, {70, 33, 200, 5}, {150, 40, 77, 3}};
+      grads.causal = causal;
+      grads.nan_seqs = {1, 3};
+      grads.nan_spare = true;
+      run_varlen_backward(grads, seed++, causal);
+      grads.dtype = FP16;
+      run_varlen_backward(grads, seed++, !causal);
+    }
 }
 
 // seqused_k on packed sequences (a KV cache's filled part of each span), the rest of each span

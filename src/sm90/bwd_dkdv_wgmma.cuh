@@ -192,6 +192,27 @@ __device__ __forceinline__ Walk walk_of(const detail::BwdParams& p, const SeqSpa
   }
 }
 
+// Rows [from, to) of a 128-byte-swizzled tile of kD / 64 column blocks of kRows rows set to zero
+// by `threads` threads (this one `tid`): a row's 128 bytes a block stay in that row, whatever the
+// swizzle. The caller fences them for the async proxy and syncs whoever reads them.
+template <int kRows, int kD>
+__device__ __forceinline__ void zero_rows(char* tile, int from, int to, int tid, int threads) {
+  const int pieces = (to - from) * 8;  // 16 bytes each, a column block
+  for (int i = tid; i < kD / 64 * pieces; i += threads)
+    *reinterpret_cast<int4*>(tile + (i / pieces) * kRows * 128 + from * 128 + (i % pieces) * 16) = make_int4(0, 0, 0, 0);
+}
+
+// Varlen: the rows of step buffer `buf` from `from` on (past the sequence: the next one's, or
+// spare rows) set to zero in Q and dO, by `threads` threads (this one `tid`), and fenced for the
+// async proxy. The LSE's +inf and the mask give them P^T = 0 and dS^T = 0, but dV += P^T dO and
+// dK += dS^T Q would carry a NaN there into this sequence's gradients.
+template <class L, class Cfg>
+__device__ __forceinline__ void zero_step_tail(char* smem, int buf, int from, int tid, int threads) {
+  zero_rows<kBlock, Cfg::kD>(smem + L::kQ + buf * L::kQBytes, from, kBlock, tid, threads);
+  zero_rows<kBlock, Cfg::kD>(smem + L::kDo + buf * L::kQBytes, from, kBlock, tid, threads);
+  ptx::fence_proxy_async_smem();
+}
+
 // The sequence of the dK/dV CTA whose keys start at k0 (blockIdx.z's); false when, with varlen,
 // they start past its end: the CTA then has nothing to do, once past D's grid (which the dQ kernel
 // reads).
@@ -273,7 +294,7 @@ __device__ __forceinline__ void wait_for_delta() {
 // 64 rows) and the step's rows of D and of the LSE in log2 units (bulk copies from the
 // workspace). Rows past seqlen_q read as zeros (TMA) and as D 0 and LSE +inf (bwd_delta_kernel);
 // with varlen (Cfg::kVarlen: rows from q_off of maps over the packed rows, batch 0) rows past the
-// sequence read the next one's, which the LSE's +inf and the mask leave out the same way.
+// sequence read the next one's, which the kernels zero once landed (zero_step_tail).
 template <class L, class Cfg>
 __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_do,
                                             int b, int q_off, int s, StepAt at, char* smem, const typename L::Ring& ring) {
@@ -340,6 +361,16 @@ __device__ __forceinline__ typename L::Ring start_dkdv(const detail::BwdParams& 
       load_q_step<L, Cfg>(p, tm_q, tm_do, walk.b, walk.q_off, 0, walk.first(), smem, ring);
     __syncthreads();  // the barriers are initialised
     ptx::mbar_wait(kv_bar, 0);
+    // Varlen: the rows past the sequence are the next one's (or spare rows); masked, they still
+    // meet P^T = 0 and dS^T = 0 in products, where a NaN among them would reach dQ. Zeroed, as
+    // load_kv's cp.async does.
+    if constexpr (Cfg::kVarlen)
+      if (k_len - k0 < kKeys) {
+        zero_rows<kKeys, Cfg::kD>(smem + L::kK, k_len - k0, kKeys, threadIdx.x, Cfg::kCtaThreads);
+        zero_rows<kKeys, Cfg::kD>(smem + L::kV, k_len - k0, kKeys, threadIdx.x, Cfg::kCtaThreads);
+        ptx::fence_proxy_async_smem();
+        __syncthreads();
+      }
   } else {
     if (threadIdx.x == 0) ring.init();
     load_kv<kKeys, Cfg::kD, Cfg::kCtaThreads>(p, walk, k0, k_len, smem + L::kK, smem + L::kV);
@@ -590,13 +621,16 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
 
   float dk[kD / 2] = {}, dv[kD / 2] = {};
   [[maybe_unused]] int h_prev = 0, q0_prev = 0;  // Cfg::kDqLag: the previous step's
+  // Varlen: the step's query rows run past the sequence (zero_step_tail, both warpgroups, then
+  // named barrier 6 before either reads them).
+  bool q_tail = false;
   // Cfg::kSkew: warpgroup 1 starts once warpgroup 0's first step has reached point Cfg::kSkew (named
-  // barrier 5; skew_signal).
+  // barrier 5; skew_signal), or its tail's zeroing, where warpgroup 0 waits for warpgroup 1.
   if constexpr (Cfg::kSkew != 0)
     if (wg == 1 && steps > 0) ptx::named_bar_sync(5, kThreads);
   auto skew_signal = [&](int s, [[maybe_unused]] int point) {
     if constexpr (Cfg::kSkew != 0)
-      if (wg == 0 && s == 0 && point == Cfg::kSkew) ptx::named_bar_arrive(5, kThreads);
+      if (wg == 0 && s == 0 && point == Cfg::kSkew && !q_tail) ptx::named_bar_arrive(5, kThreads);
   };
   StepAt at = walk.first(), at_next = walk.next(at);  // steps s and s + 1
   for (int s = 0; s < steps; ++s, at = at_next, at_next = walk.next(at_next)) {
@@ -609,6 +643,13 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     if constexpr (step_warp_lag<Cfg>() > 0)  // (a test's config)
       if ((wg == 1 && s % 5 == 0) || (wg == 0 && s % 7 == 3)) spin_cycles(step_warp_lag<Cfg>());
     ring.wait(s);
+    q_tail = Cfg::kVarlen && q0 + kBlock > vis.seqlen_q;
+    if (q_tail) {
+      if constexpr (Cfg::kSkew != 0)
+        if (wg == 0 && s == 0) ptx::named_bar_arrive(5, kThreads);
+      zero_step_tail<L, Cfg>(smem, buf, vis.seqlen_q - q0, threadIdx.x, kThreads);
+      ptx::named_bar_sync(6, kThreads);
+    }
     if constexpr (Cfg::kTrace) tr.stamp(s, 1);
 
     // S^T and dP^T: this warpgroup's 64 keys x 64 queries, in two groups, so that P^T's
@@ -858,6 +899,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0 && s + 1 < steps)
       load_q_step<L, Cfg>(p, &tm_q, &tm_do, b, walk.q_off, s + 1, walk_step<Cfg>(walk, s + 1, at_next), smem, ring);
     ring.wait(s);
+    // Varlen, rows past the sequence: each warpgroup zeroes its own 32 rows, which its S^T and dP^T
+    // read; the step's CTA barrier comes before the other's dV and dK read them.
+    if (Cfg::kVarlen && q0 + kBlock > vis.seqlen_q) {
+      const int from = max(vis.seqlen_q - q0, 32 * wg), to = 32 * wg + 32;
+      if (from < to) {
+        zero_rows<kBlock, kD>(smem + L::kQ + buf * L::kQBytes, from, to, tid, 128);
+        zero_rows<kBlock, kD>(smem + L::kDo + buf * L::kQBytes, from, to, tid, 128);
+      }
+      ptx::fence_proxy_async_smem();
+      ptx::named_bar_sync(1 + wg, 128);
+    }
     if constexpr (Cfg::kTrace) tr.stamp(s, 1);
     const uint32_t p_off = buf * L::kPBytes;  // this step's P^T and dS^T buffer
     const uint32_t pt_tile = smem_addr(smem + L::kPt) + p_off, dst_tile = smem_addr(smem + L::kDst) + p_off;

@@ -133,6 +133,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     ring.wait(s);
+    // Varlen: the keys past the sequence are the next one's (or spare rows). Masked, they still
+    // meet dS = 0 in dQ += dS K, and dS = P (dP - D) is NaN where V is, so the step's K and V rows
+    // from k_len on are zeroed before any GEMM reads them (the last step; every thread is on it).
+    if constexpr (kVarlen)
+      if (k0 + kKeys > vis.seqlen_k) {
+        zero_rows<kKeys, kD>(smem + L::kK + buf * L::kKVBytes, vis.seqlen_k - k0, kKeys, threadIdx.x, kThreads);
+        zero_rows<kKeys, kD>(smem + L::kV + buf * L::kKVBytes, vis.seqlen_k - k0, kKeys, threadIdx.x, kThreads);
+        ptx::fence_proxy_async_smem();
+        __syncthreads();
+      }
 
     // acc = A B^T over the head dim: A this warpgroup's rows of Q or dO, B the block's K or V.
     auto gemm = [&](float(&acc)[kKeys / 2], uint64_t a_desc, uint64_t b_desc) {

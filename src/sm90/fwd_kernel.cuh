@@ -676,7 +676,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_init(&bar.v_tail, 1);
       mbar_init(&bar.v_tail_free, 1);
       mbar_init(&bar.v_zeroed, 31);
-      bar.v_tail_next = make_int4(-1, 0, 0, 0);
+      bar.v_tail_next.w = 0;  // v_tail_free's phase (the tile's .x and .y are set at each tile)
     }
     if constexpr (kOInKV) {  // one Q loader a consumer (rows 64c..64c+63); q_full[1] is free with one Q buffer
       static_assert(Cfg::kQStages == 1 && Cfg::kConsumers == 2, "O staged in K/V slots: one Q buffer, two consumers");
@@ -938,7 +938,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if constexpr (kZeroTail)
           if (loads_v) {
             int keys = INT_MIN, end = 0;  // (INT_MIN / kBlockN is no block)
-            if (p.seqused_k != nullptr) {
+            // (Varlen: rows past a sequence are the next one's, or spare rows up to total_k.)
+            if (kVarlen || p.seqused_k != nullptr) {
               keys = kVarlen ? sp.k_len : entry_keys(p, tl.batch);
               end = kVarlen ? p.total_k - sp.k_off : p.seqlen_k;  // the tensor's rows
               if (keys % kBlockN == 0 || keys >= end) keys = INT_MIN;
