@@ -408,7 +408,8 @@ struct WgSmem {
   static constexpr int kDsBars = kBars + 2 * kBufs * 8;             // Cfg::kDqLag: dS^T's full, empty
   static constexpr int kPairBars = kDsBars + (Cfg::kDqLag ? 2 * kDsBufs * 8 : 0);  // Cfg::kDqPairSum: half, free
   static constexpr int kKvBar = kPairBars + (Cfg::kDqPairSum ? 4 * 8 : 0);        // Cfg::kKvTma: K and V landed
-  static constexpr int kBytes = kKvBar + (Cfg::kKvTma ? 8 : 0) + 1024;  // + slack to align the base
+  static constexpr int kZeroed = kKvBar + (Cfg::kKvTma ? 8 : 0);                  // Cfg::kVarlen: [kBufs]
+  static constexpr int kBytes = kZeroed + (Cfg::kVarlen ? kBufs * 8 : 0) + 1024;  // + slack to align the base
   static_assert(kBytes <= 227 * 1024, "the wgmma dK/dV kernel's shared memory");
 };
 
@@ -462,6 +463,11 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
         ptx::mbar_init(&ds_empty[i], Cfg::kDqAlternate ? 4 : kThreads / 32);
       }
   }
+  // Varlen: zeroed[u], step buffer u's rows past the sequence zeroed by warpgroup 0 (each thread).
+  uint64_t* zeroed = reinterpret_cast<uint64_t*>(smem + L::kZeroed);
+  if constexpr (Cfg::kVarlen)
+    if (threadIdx.x == 0)
+      for (int i = 0; i < L::kBufs; ++i) ptx::mbar_init(&zeroed[i], 128);
   const auto ring = start_dkdv<L, kWgKeys, Cfg>(p, &tm_q, &tm_do, &tm_k, &tm_v, walk, k0, Cfg::kVarlen ? seq.k_len : p.seqlen_k, smem);  // fences the inits
   // Cfg::kLoadIssue 2: a third warpgroup gives its registers to the two (setmaxnreg), and its first
   // thread issues every later step's loads as soon as the ring frees a buffer; then it leaves.
@@ -621,16 +627,16 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
 
   float dk[kD / 2] = {}, dv[kD / 2] = {};
   [[maybe_unused]] int h_prev = 0, q0_prev = 0;  // Cfg::kDqLag: the previous step's
-  // Varlen: the step's query rows run past the sequence (zero_step_tail, both warpgroups, then
-  // named barrier 6 before either reads them).
-  bool q_tail = false;
+  // Varlen: bit u flips at each step on buffer u whose query rows run past the sequence (zeroed's
+  // phase).
+  [[maybe_unused]] uint32_t zero_phase = 0;
   // Cfg::kSkew: warpgroup 1 starts once warpgroup 0's first step has reached point Cfg::kSkew (named
-  // barrier 5; skew_signal), or its tail's zeroing, where warpgroup 0 waits for warpgroup 1.
+  // barrier 5; skew_signal).
   if constexpr (Cfg::kSkew != 0)
     if (wg == 1 && steps > 0) ptx::named_bar_sync(5, kThreads);
   auto skew_signal = [&](int s, [[maybe_unused]] int point) {
     if constexpr (Cfg::kSkew != 0)
-      if (wg == 0 && s == 0 && point == Cfg::kSkew && !q_tail) ptx::named_bar_arrive(5, kThreads);
+      if (wg == 0 && s == 0 && point == Cfg::kSkew) ptx::named_bar_arrive(5, kThreads);
   };
   StepAt at = walk.first(), at_next = walk.next(at);  // steps s and s + 1
   for (int s = 0; s < steps; ++s, at = at_next, at_next = walk.next(at_next)) {
@@ -643,13 +649,20 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     if constexpr (step_warp_lag<Cfg>() > 0)  // (a test's config)
       if ((wg == 1 && s % 5 == 0) || (wg == 0 && s % 7 == 3)) spin_cycles(step_warp_lag<Cfg>());
     ring.wait(s);
-    q_tail = Cfg::kVarlen && q0 + kBlock > vis.seqlen_q;
-    if (q_tail) {
-      if constexpr (Cfg::kSkew != 0)
-        if (wg == 0 && s == 0) ptx::named_bar_arrive(5, kThreads);
-      zero_step_tail<L, Cfg>(smem, buf, vis.seqlen_q - q0, threadIdx.x, kThreads);
-      ptx::named_bar_sync(6, kThreads);
-    }
+    // Varlen, rows past the sequence: warpgroup 0 (the one ahead, Cfg::kSkew) zeroes them and
+    // arrives on zeroed[buf]; both warpgroups wait for it there. A CTA barrier instead aligned the
+    // two warpgroups, and their skew was lost for the rest of the walk (-4 to -6 % on short
+    // sequences). The ring keeps warpgroup 0 from reaching buffer buf again before warpgroup 1 has
+    // passed this phase.
+    if constexpr (Cfg::kVarlen)
+      if (q0 + kBlock > vis.seqlen_q) {
+        if (wg == 0) {
+          zero_step_tail<L, Cfg>(smem, buf, vis.seqlen_q - q0, tid, 128);
+          ptx::mbar_arrive(&zeroed[buf]);
+        }
+        ptx::mbar_wait(&zeroed[buf], (zero_phase >> buf) & 1);
+        zero_phase ^= 1u << buf;
+      }
     if constexpr (Cfg::kTrace) tr.stamp(s, 1);
 
     // S^T and dP^T: this warpgroup's 64 keys x 64 queries, in two groups, so that P^T's
