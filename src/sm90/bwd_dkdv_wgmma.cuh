@@ -193,23 +193,26 @@ __device__ __forceinline__ Walk walk_of(const detail::BwdParams& p, const SeqSpa
 }
 
 // Rows [from, to) of a 128-byte-swizzled tile of kD / 64 column blocks of kRows rows set to zero
-// by `threads` threads (this one `tid`): a row's 128 bytes a block stay in that row, whatever the
-// swizzle. The caller fences them for the async proxy and syncs whoever reads them.
-template <int kRows, int kD>
-__device__ __forceinline__ void zero_rows(char* tile, int from, int to, int tid, int threads) {
-  const int pieces = (to - from) * 8;  // 16 bytes each, a column block
-  for (int i = tid; i < kD / 64 * pieces; i += threads)
-    *reinterpret_cast<int4*>(tile + (i / pieces) * kRows * 128 + from * 128 + (i % pieces) * 16) = make_int4(0, 0, 0, 0);
+// by kBy threads (this one `tid`), a row's eight 16-byte pieces by eight of them: a row's 128
+// bytes a block stay in that row, whatever the swizzle. The caller fences them for the async proxy
+// and syncs whoever reads them.
+template <int kRows, int kD, int kBy>
+__device__ __forceinline__ void zero_rows(char* tile, int from, int to, int tid) {
+  static_assert(kBy % 8 == 0, "eight threads a row");
+  for (int r = from + tid / 8; r < to; r += kBy / 8)
+#pragma unroll
+    for (int c = 0; c < kD / 64; ++c)
+      *reinterpret_cast<int4*>(tile + c * kRows * 128 + r * 128 + (tid % 8) * 16) = make_int4(0, 0, 0, 0);
 }
 
 // Varlen: the rows of step buffer `buf` from `from` on (past the sequence: the next one's, or
 // spare rows) set to zero in Q and dO, by `threads` threads (this one `tid`), and fenced for the
 // async proxy. The LSE's +inf and the mask give them P^T = 0 and dS^T = 0, but dV += P^T dO and
 // dK += dS^T Q would carry a NaN there into this sequence's gradients.
-template <class L, class Cfg>
-__device__ __forceinline__ void zero_step_tail(char* smem, int buf, int from, int tid, int threads) {
-  zero_rows<kBlock, Cfg::kD>(smem + L::kQ + buf * L::kQBytes, from, kBlock, tid, threads);
-  zero_rows<kBlock, Cfg::kD>(smem + L::kDo + buf * L::kQBytes, from, kBlock, tid, threads);
+template <class L, class Cfg, int kBy>
+__device__ __forceinline__ void zero_step_tail(char* smem, int buf, int from, int tid) {
+  zero_rows<kBlock, Cfg::kD, kBy>(smem + L::kQ + buf * L::kQBytes, from, kBlock, tid);
+  zero_rows<kBlock, Cfg::kD, kBy>(smem + L::kDo + buf * L::kQBytes, from, kBlock, tid);
   ptx::fence_proxy_async_smem();
 }
 
@@ -366,8 +369,8 @@ __device__ __forceinline__ typename L::Ring start_dkdv(const detail::BwdParams& 
     // load_kv's cp.async does.
     if constexpr (Cfg::kVarlen)
       if (k_len - k0 < kKeys) {
-        zero_rows<kKeys, Cfg::kD>(smem + L::kK, k_len - k0, kKeys, threadIdx.x, Cfg::kCtaThreads);
-        zero_rows<kKeys, Cfg::kD>(smem + L::kV, k_len - k0, kKeys, threadIdx.x, Cfg::kCtaThreads);
+        zero_rows<kKeys, Cfg::kD, Cfg::kCtaThreads>(smem + L::kK, k_len - k0, kKeys, threadIdx.x);
+        zero_rows<kKeys, Cfg::kD, Cfg::kCtaThreads>(smem + L::kV, k_len - k0, kKeys, threadIdx.x);
         ptx::fence_proxy_async_smem();
         __syncthreads();
       }
@@ -650,14 +653,14 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
       if ((wg == 1 && s % 5 == 0) || (wg == 0 && s % 7 == 3)) spin_cycles(step_warp_lag<Cfg>());
     ring.wait(s);
     // Varlen, rows past the sequence: warpgroup 0 (the one ahead, Cfg::kSkew) zeroes them and
-    // arrives on zeroed[buf]; both warpgroups wait for it there. A CTA barrier instead aligned the
-    // two warpgroups, and their skew was lost for the rest of the walk (-4 to -6 % on short
-    // sequences). The ring keeps warpgroup 0 from reaching buffer buf again before warpgroup 1 has
-    // passed this phase.
+    // arrives on zeroed[buf]; both warpgroups wait for it there (each thread of warpgroup 0
+    // arrives, so that racecheck sees every store ordered before the reads). The ring keeps
+    // warpgroup 0 from reaching buffer buf again before warpgroup 1 has passed this phase. What it
+    // costs: docs/perf-notes.md, "Varlen's rows past every sequence".
     if constexpr (Cfg::kVarlen)
       if (q0 + kBlock > vis.seqlen_q) {
         if (wg == 0) {
-          zero_step_tail<L, Cfg>(smem, buf, vis.seqlen_q - q0, tid, 128);
+          zero_step_tail<L, Cfg, 128>(smem, buf, vis.seqlen_q - q0, tid);
           ptx::mbar_arrive(&zeroed[buf]);
         }
         ptx::mbar_wait(&zeroed[buf], (zero_phase >> buf) & 1);
@@ -916,10 +919,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // read; the step's CTA barrier comes before the other's dV and dK read them.
     if (Cfg::kVarlen && q0 + kBlock > vis.seqlen_q) {
       const int from = max(vis.seqlen_q - q0, 32 * wg), to = 32 * wg + 32;
-      if (from < to) {
-        zero_rows<kBlock, kD>(smem + L::kQ + buf * L::kQBytes, from, to, tid, 128);
-        zero_rows<kBlock, kD>(smem + L::kDo + buf * L::kQBytes, from, to, tid, 128);
-      }
+      zero_rows<kBlock, kD, 128>(smem + L::kQ + buf * L::kQBytes, from, to, tid);
+      zero_rows<kBlock, kD, 128>(smem + L::kDo + buf * L::kQBytes, from, to, tid);
       ptx::fence_proxy_async_smem();
       ptx::named_bar_sync(1 + wg, 128);
     }

@@ -138,8 +138,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // from k_len on are zeroed before any GEMM reads them (the last step; every thread is on it).
     if constexpr (kVarlen)
       if (k0 + kKeys > vis.seqlen_k) {
-        zero_rows<kKeys, kD>(smem + L::kK + buf * L::kKVBytes, vis.seqlen_k - k0, kKeys, threadIdx.x, kThreads);
-        zero_rows<kKeys, kD>(smem + L::kV + buf * L::kKVBytes, vis.seqlen_k - k0, kKeys, threadIdx.x, kThreads);
+        zero_rows<kKeys, kD, kThreads>(smem + L::kK + buf * L::kKVBytes, vis.seqlen_k - k0, kKeys, threadIdx.x);
+        zero_rows<kKeys, kD, kThreads>(smem + L::kV + buf * L::kKVBytes, vis.seqlen_k - k0, kKeys, threadIdx.x);
         ptx::fence_proxy_async_smem();
         __syncthreads();
       }

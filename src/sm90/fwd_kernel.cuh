@@ -758,8 +758,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     if constexpr (kZeroTail) {
       // Lanes 1-31 of warp 3 zero the rows of V blocks past a sequence's keys (v_tail_at) once
-      // their TMA has landed, then complete the block's v_full for the consumers.
+      // their TMA has landed, then complete the block's v_full for the consumers. Without
+      // seqused_k (batched) there is no such block: they leave at once, and lane 0 (a Q loader
+      // where O is staged in K/V slots) no longer shares its warp with their waits (d256 windows
+      // 1.01 times 93edf2f's time with them waiting).
       if (threadIdx.x > 96) {
+        if (!kVarlen && p.seqused_k == nullptr) return;
         const int lane = int(threadIdx.x) - 97;
         for (uint32_t phase = 0;; phase ^= 1u) {
           mbar_wait(&bar.v_tail, phase);
@@ -981,7 +985,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
       if constexpr (kZeroTail)
-        if (loads_v) {  // the zeroing lanes' end
+        if (loads_v && (kVarlen || p.seqused_k != nullptr)) {  // the zeroing lanes' end
           mbar_wait(&bar.v_tail_free, uint32_t(ld_shared(&bar.v_tail_next.w)) ^ 1u);
           st_shared_b32(smem_addr(&bar.v_tail_at.x), uint32_t(-1));
           mbar_arrive(&bar.v_tail);
