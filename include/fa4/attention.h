@@ -74,7 +74,8 @@ struct Problem {
 // keys bottom-right. Rows outside every sequence: the forward writes none of them (O, LSE), the
 // backward sets them to 0 in dq, dk and dv (their gradient). Entries that break the rules are
 // clamped on the device (a sequence then reads and writes inside [0, total) only, and none before
-// its start), never read past.
+// its start), never read past. No sequence's outputs or gradients read another sequence's rows or
+// the spare rows after the last: a NaN there stays out of them.
 // seqused_k (forward only; optional): int32 [problem.batch] in device memory, sequence b's keys
 // being only the first seqused_k[b] rows of its cu_seqlens_k span (a KV cache's filled part;
 // flash-attn's seqused_k): causal and windows align to them. Entries are clamped to [0, span].

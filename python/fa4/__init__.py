@@ -257,7 +257,8 @@ def flash_attn_varlen_func(
     against k, v rows cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1. max_seqlen_q, max_seqlen_k: the
     longest sequences' lengths (longer ones are cut to them). causal and window_size align each
     sequence's own queries and keys bottom-right, as flash_attn_func does. Rows of q outside every
-    sequence are not written in out (and get zero gradients). softcap > 0 soft-caps each score as
+    sequence are not written in out (and get zero gradients); no sequence's out or gradients read
+    another sequence's rows (a NaN in one stays in its own). softcap > 0 soft-caps each score as
     flash_attn_func does. Returns out like q, and with
     return_lse the fp32 LSE [heads_q, total_q]. Differentiable (torch.ops.fa4.bwd_varlen);
     deterministic: the backward's deterministic mode. seqused_k: int32 [batch] on q's device,
