@@ -206,8 +206,8 @@ __device__ __forceinline__ void zero_rows(char* tile, int from, int to, int tid)
 }
 
 // Varlen: the rows of step buffer `buf` from `from` on (past the sequence: the next one's, or
-// spare rows) set to zero in Q and dO, by `threads` threads (this one `tid`), and fenced for the
-// async proxy. The LSE's +inf and the mask give them P^T = 0 and dS^T = 0, but dV += P^T dO and
+// spare rows) set to zero in Q and dO, by kBy threads (this one `tid`), and fenced for the async
+// proxy. The LSE's +inf and the mask give them P^T = 0 and dS^T = 0, but dV += P^T dO and
 // dK += dS^T Q would carry a NaN there into this sequence's gradients.
 template <class L, class Cfg, int kBy>
 __device__ __forceinline__ void zero_step_tail(char* smem, int buf, int from, int tid) {

@@ -760,8 +760,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Lanes 1-31 of warp 3 zero the rows of V blocks past a sequence's keys (v_tail_at) once
       // their TMA has landed, then complete the block's v_full for the consumers. Without
       // seqused_k (batched) there is no such block: they leave at once, and lane 0 (a Q loader
-      // where O is staged in K/V slots) no longer shares its warp with their waits (d256 windows
-      // 1.01 times 93edf2f's time with them waiting).
+      // where O is staged in K/V slots) no longer shares its warp with their waits.
       if (threadIdx.x > 96) {
         if (!kVarlen && p.seqused_k == nullptr) return;
         const int lane = int(threadIdx.x) - 97;
