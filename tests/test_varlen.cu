@@ -361,16 +361,15 @@ struct VarlenRun {
     args.q = q.ref, args.k = k.ref, args.v = v.ref, args.o = o.ref;
     args.lse = static_cast<float*>(dlse.ptr);
     args.varlen = {static_cast<const int32_t*>(dcu_q.ptr), static_cast<const int32_t*>(dcu_k.ptr), total_q, total_k};
-    for (int b : c.nan_seqs) {
-      for (const Packed* t : {&k, &v}) t->nan_rows(cu_k[size_t(b)], c.len_k[size_t(b)]);
-      q.nan_rows(cu_q[size_t(b)], c.len_q[size_t(b)]);
-      if (with_dout) dout.nan_rows(cu_q[size_t(b)], c.len_q[size_t(b)]);
-    }
-    if (c.nan_spare) {
-      for (const Packed* t : {&k, &v}) t->nan_rows(cu_k.back(), total_k - cu_k.back());
-      q.nan_rows(cu_q.back(), total_q - cu_q.back());
-      if (with_dout) dout.nan_rows(cu_q.back(), total_q - cu_q.back());
-    }
+    // NaN in every input's rows: query rows [q_first, + q_rows) of q (and dout), key rows
+    // [k_first, + k_rows) of k and v.
+    auto nan_inputs = [&](int64_t q_first, int64_t q_rows, int64_t k_first, int64_t k_rows) {
+      for (const Packed* t : {&k, &v}) t->nan_rows(k_first, k_rows);
+      q.nan_rows(q_first, q_rows);
+      if (with_dout) dout.nan_rows(q_first, q_rows);
+    };
+    for (int b : c.nan_seqs) nan_inputs(cu_q[size_t(b)], c.len_q[size_t(b)], cu_k[size_t(b)], c.len_k[size_t(b)]);
+    if (c.nan_spare) nan_inputs(cu_q.back(), total_q - cu_q.back(), cu_k.back(), total_k - cu_k.back());
     if (!c.used.empty()) {
       ASSERT_EQ(c.used.size(), c.len_k.size());
       CUDA_OK(cudaMalloc(&dused.ptr, c.used.size() * 4));

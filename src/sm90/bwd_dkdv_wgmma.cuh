@@ -205,14 +205,14 @@ __device__ __forceinline__ void zero_rows(char* tile, int from, int to, int tid)
       *reinterpret_cast<int4*>(tile + c * kRows * 128 + r * 128 + (tid % 8) * 16) = make_int4(0, 0, 0, 0);
 }
 
-// Varlen: the rows of step buffer `buf` from `from` on (past the sequence: the next one's, or
-// spare rows) set to zero in Q and dO, by kBy threads (this one `tid`), and fenced for the async
-// proxy. The LSE's +inf and the mask give them P^T = 0 and dS^T = 0, but dV += P^T dO and
-// dK += dS^T Q would carry a NaN there into this sequence's gradients.
-template <class L, class Cfg, int kBy>
-__device__ __forceinline__ void zero_step_tail(char* smem, int buf, int from, int tid) {
-  zero_rows<kBlock, Cfg::kD, kBy>(smem + L::kQ + buf * L::kQBytes, from, kBlock, tid);
-  zero_rows<kBlock, Cfg::kD, kBy>(smem + L::kDo + buf * L::kQBytes, from, kBlock, tid);
+// Varlen: rows [from, to) past the sequence (the next one's, or spare rows) of a pair of such
+// tiles, K and V or a step's Q and dO, set to zero by kBy threads (this one `tid`) and fenced for
+// the async proxy. Masked, they meet P = 0 or dS = 0, but the GEMMs still multiply them (P^T dO,
+// dS^T Q, dS K; dS is NaN where V is), and 0 x NaN is NaN.
+template <int kRows, int kD, int kBy>
+__device__ __forceinline__ void zero_tail_rows(char* a, char* b, int from, int to, int tid) {
+  zero_rows<kRows, kD, kBy>(a, from, to, tid);
+  zero_rows<kRows, kD, kBy>(b, from, to, tid);
   ptx::fence_proxy_async_smem();
 }
 
@@ -297,7 +297,7 @@ __device__ __forceinline__ void wait_for_delta() {
 // 64 rows) and the step's rows of D and of the LSE in log2 units (bulk copies from the
 // workspace). Rows past seqlen_q read as zeros (TMA) and as D 0 and LSE +inf (bwd_delta_kernel);
 // with varlen (Cfg::kVarlen: rows from q_off of maps over the packed rows, batch 0) rows past the
-// sequence read the next one's, which the kernels zero once landed (zero_step_tail).
+// sequence read the next one's, which the kernels zero once landed (zero_tail_rows).
 template <class L, class Cfg>
 __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_do,
                                             int b, int q_off, int s, StepAt at, char* smem, const typename L::Ring& ring) {
@@ -364,14 +364,10 @@ __device__ __forceinline__ typename L::Ring start_dkdv(const detail::BwdParams& 
       load_q_step<L, Cfg>(p, tm_q, tm_do, walk.b, walk.q_off, 0, walk.first(), smem, ring);
     __syncthreads();  // the barriers are initialised
     ptx::mbar_wait(kv_bar, 0);
-    // Varlen: the rows past the sequence are the next one's (or spare rows); masked, they still
-    // meet P^T = 0 and dS^T = 0 in products, where a NaN among them would reach dQ. Zeroed, as
-    // load_kv's cp.async does.
+    // Varlen: the rows past the sequence, zeroed as load_kv's cp.async does (zero_tail_rows).
     if constexpr (Cfg::kVarlen)
       if (k_len - k0 < kKeys) {
-        zero_rows<kKeys, Cfg::kD, Cfg::kCtaThreads>(smem + L::kK, k_len - k0, kKeys, threadIdx.x);
-        zero_rows<kKeys, Cfg::kD, Cfg::kCtaThreads>(smem + L::kV, k_len - k0, kKeys, threadIdx.x);
-        ptx::fence_proxy_async_smem();
+        zero_tail_rows<kKeys, Cfg::kD, Cfg::kCtaThreads>(smem + L::kK, smem + L::kV, k_len - k0, kKeys, threadIdx.x);
         __syncthreads();
       }
   } else {
@@ -660,7 +656,8 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     if constexpr (Cfg::kVarlen)
       if (q0 + kBlock > vis.seqlen_q) {
         if (wg == 0) {
-          zero_step_tail<L, Cfg, 128>(smem, buf, vis.seqlen_q - q0, tid);
+          zero_tail_rows<kBlock, kD, 128>(smem + L::kQ + buf * L::kQBytes, smem + L::kDo + buf * L::kQBytes,
+                                          vis.seqlen_q - q0, kBlock, tid);
           ptx::mbar_arrive(&zeroed[buf]);
         }
         ptx::mbar_wait(&zeroed[buf], (zero_phase >> buf) & 1);
@@ -918,10 +915,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Varlen, rows past the sequence: each warpgroup zeroes its own 32 rows, which its S^T and dP^T
     // read; the step's CTA barrier comes before the other's dV and dK read them.
     if (Cfg::kVarlen && q0 + kBlock > vis.seqlen_q) {
-      const int from = max(vis.seqlen_q - q0, 32 * wg), to = 32 * wg + 32;
-      zero_rows<kBlock, kD, 128>(smem + L::kQ + buf * L::kQBytes, from, to, tid);
-      zero_rows<kBlock, kD, 128>(smem + L::kDo + buf * L::kQBytes, from, to, tid);
-      ptx::fence_proxy_async_smem();
+      zero_tail_rows<kBlock, kD, 128>(smem + L::kQ + buf * L::kQBytes, smem + L::kDo + buf * L::kQBytes,
+                                      max(vis.seqlen_q - q0, 32 * wg), 32 * wg + 32, tid);
       ptx::named_bar_sync(1 + wg, 128);
     }
     if constexpr (Cfg::kTrace) tr.stamp(s, 1);

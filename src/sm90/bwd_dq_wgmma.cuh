@@ -133,14 +133,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     ring.wait(s);
-    // Varlen: the keys past the sequence are the next one's (or spare rows). Masked, they still
-    // meet dS = 0 in dQ += dS K, and dS = P (dP - D) is NaN where V is, so the step's K and V rows
-    // from k_len on are zeroed before any GEMM reads them (the last step; every thread is on it).
+    // Varlen: the step's K and V rows past the sequence (zero_tail_rows), before any GEMM reads
+    // them (the last step; every thread is on it).
     if constexpr (kVarlen)
       if (k0 + kKeys > vis.seqlen_k) {
-        zero_rows<kKeys, kD, kThreads>(smem + L::kK + buf * L::kKVBytes, vis.seqlen_k - k0, kKeys, threadIdx.x);
-        zero_rows<kKeys, kD, kThreads>(smem + L::kV + buf * L::kKVBytes, vis.seqlen_k - k0, kKeys, threadIdx.x);
-        ptx::fence_proxy_async_smem();
+        zero_tail_rows<kKeys, kD, kThreads>(smem + L::kK + buf * L::kKVBytes, smem + L::kV + buf * L::kKVBytes,
+                                            vis.seqlen_k - k0, kKeys, threadIdx.x);
         __syncthreads();
       }
 

@@ -627,6 +627,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // loader zeroing it alone stalled its ring (up to 1.56 times the decoding call's time at --fill
   // 0.5; docs/perf-notes.md, "A KV cache's unwritten rows").
   constexpr bool kZeroTail = kEntryKeys || kVarlen;
+  // Whether this launch can have such a block: varlen (rows past a sequence are the next one's, or
+  // spare rows up to total_k) or seqused_k. A parameter's test, uniform, evaluated where used.
+  const auto tails_possible = [&p] { return kVarlen || p.seqused_k != nullptr; };
   constexpr bool kDescsAhead =
       kBounded && Cfg::kConsumers == 3 && kHeadDim == 64 && !Cfg::kSmemP && !Cfg::kTensorRowSum;
   // The window as the key ranges and the mask see it: in a kernel without a bound, unbounded at
@@ -762,7 +765,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // seqused_k (batched) there is no such block: they leave at once, and lane 0 (a Q loader
       // where O is staged in K/V slots) no longer shares its warp with their waits.
       if (threadIdx.x > 96) {
-        if (!kVarlen && p.seqused_k == nullptr) return;
+        if (!tails_possible()) return;
         const int lane = int(threadIdx.x) - 97;
         for (uint32_t phase = 0;; phase ^= 1u) {
           mbar_wait(&bar.v_tail, phase);
@@ -941,8 +944,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         if constexpr (kZeroTail)
           if (loads_v) {
             int keys = INT_MIN, end = 0;  // (INT_MIN / kBlockN is no block)
-            // (Varlen: rows past a sequence are the next one's, or spare rows up to total_k.)
-            if (kVarlen || p.seqused_k != nullptr) {
+            if (tails_possible()) {
               keys = kVarlen ? sp.k_len : entry_keys(p, tl.batch);
               end = kVarlen ? p.total_k - sp.k_off : p.seqlen_k;  // the tensor's rows
               if (keys % kBlockN == 0 || keys >= end) keys = INT_MIN;
@@ -984,7 +986,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
       if constexpr (kZeroTail)
-        if (loads_v && (kVarlen || p.seqused_k != nullptr)) {  // the zeroing lanes' end
+        if (loads_v && tails_possible()) {  // the zeroing lanes' end
           mbar_wait(&bar.v_tail_free, uint32_t(ld_shared(&bar.v_tail_next.w)) ^ 1u);
           st_shared_b32(smem_addr(&bar.v_tail_at.x), uint32_t(-1));
           mbar_arrive(&bar.v_tail);
