@@ -970,7 +970,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(3);
             uint8_t* dst = sV + w.stage * Cfg::kKVBytes;
             uint64_t* full = &bar.v_full[w.stage];
-            if (kZeroTail && nb == ld_shared(&bar.v_tail_next.x) / kBlockN) {  // to the zeroing lanes, on v_tail
+            // (Without seqused_k a batched launch has no tail block: the test is a parameter's, uniform.)
+            if (kZeroTail && (kVarlen || p.seqused_k != nullptr) && nb == ld_shared(&bar.v_tail_next.x) / kBlockN) {  // to the zeroing lanes, on v_tail
               const uint32_t free_phase = uint32_t(ld_shared(&bar.v_tail_next.w));
               mbar_wait(&bar.v_tail_free, free_phase ^ 1u);
               st_shared_b32(smem_addr(&bar.v_tail_next.w), free_phase ^ 1u);
