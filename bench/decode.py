@@ -1,8 +1,8 @@
 """Decoding: one query row a head (or a few) against a long K/V, fa4 next to its peers in one process.
 
     python3 bench/decode.py [--shapes "B,HQ,HKV,SK,D;..."] [--seqlen-q N] [--causal]
-        [--providers fa4,fa4kv,cudnn,fa2] [--fill LO] [--rounds 3] [--dtype bf16|fp16] [--name WHAT]
-        [--out DIR]
+        [--providers fa4,fa4kv,fa4paged,cudnn,fa2] [--fill LO] [--page N] [--rounds 3]
+        [--dtype bf16|fp16] [--name WHAT] [--out DIR]
 
 Each shape is [batch, seqlen_q, heads_q, d] queries (seqlen_q 1 unless --seqlen-q: speculative
 decoding's few rows) against [batch, seqlen_k, heads_kv, d] keys and values (GQA where heads_q >
@@ -15,6 +15,8 @@ against the GPU's DRAM. Providers:
   fa4kv  fa4.flash_attn_with_kvcache on the same tensors as a cache, with a tensor of lengths
          (cache_seqlens): every entry's seqlen_k (the others' work), or with --fill LO each entry
          a length drawn from [LO * seqlen_k, seqlen_k] (its GB/s then over the keys it reads)
+  fa4paged  fa4kv's call on a paged cache (block_table): the same keys on pages of --page rows
+         (default 256) at shuffled ids of a pool twice the pages' size
   cudnn  torch SDPA, cuDNN backend  } BHSD tensors of the same values, enable_gqa=True; where the
   fa2    torch SDPA, flash backend  } backend refuses GQA, K and V expanded to heads_q beforehand
                                       (recorded as "kv_expanded": the bytes it reads grow)
@@ -91,6 +93,7 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--providers", default="fa4,cudnn,fa2")
     ap.add_argument("--fill", type=float, default=1.0)
+    ap.add_argument("--page", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     ap.add_argument("--name", default="decode")
@@ -123,18 +126,30 @@ def main(argv=None) -> int:
                    "seqlen_q": sq, "seqlen_k": sk, "head_dim": d, "causal": a.causal, "ms": None, **meta}
             recs[p] = rec
             try:
-                if p == "fa4kv":
+                if p in ("fa4kv", "fa4paged"):
                     rec["cache_seqlens"] = lens.tolist()
+                    kc, vc, table = k, v, None
+                    if p == "fa4paged":  # entry b's page j at a shuffled id of a pool of 2 * b * per pages
+                        per = -(-sk // a.page)
+                        ids = torch.randperm(2 * b * per, device="cuda", generator=g).to(torch.int32)
+                        table = ids[:b * per].reshape(b, per).contiguous()
+                        pad = per * a.page - sk
+                        kc = torch.zeros(2 * b * per, a.page, hkv, d, device="cuda", dtype=dtype)
+                        vc = torch.zeros_like(kc)
+                        kc[table.flatten().long()] = F.pad(k, (0, 0, 0, 0, 0, pad)).reshape(b * per, a.page, hkv, d)
+                        vc[table.flatten().long()] = F.pad(v, (0, 0, 0, 0, 0, pad)).reshape(b * per, a.page, hkv, d)
+                        rec["page_size"] = a.page
                     with torch.no_grad():
-                        out = fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=a.causal)
+                        out = fa4.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=a.causal,
+                                                          block_table=table)
                         i = int(torch.argmax(lens))  # the longest entry against its filled keys
                         n = int(lens[i])
                         rec["check"] = check_fa4(q[i:i + 1], k[i:i + 1, :n].repeat_interleave(group, dim=2),
                                                  v[i:i + 1, :n].repeat_interleave(group, dim=2), out[i:i + 1],
                                                  a.causal)
                     failed += not rec["check"]["pass"]
-                    fns[p] = lambda q=q, k=k, v=v, lens=lens: fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens,
-                                                                                          causal=a.causal)
+                    fns[p] = lambda q=q, kc=kc, vc=vc, lens=lens, table=table: fa4.flash_attn_with_kvcache(
+                        q, kc, vc, cache_seqlens=lens, causal=a.causal, block_table=table)
                 elif p == "fa4":
                     with torch.no_grad():
                         out = fa4.flash_attn_func(q, k, v, causal=a.causal)
@@ -162,7 +177,7 @@ def main(argv=None) -> int:
             if "error" not in rec and timed.get(p):
                 rec.update(summary(timed[p], a.rounds > 1))
                 rec["us"] = rec["ms"] * 1e3
-                keys = int(lens.sum()) if p == "fa4kv" else b * sk  # fa4kv reads each entry's filled keys
+                keys = int(lens.sum()) if p in ("fa4kv", "fa4paged") else b * sk  # each entry's filled keys
                 rec["gbps"] = moved(keys) / (rec["ms"] * 1e-3) / 1e9
             records.append(rec)
         del q, k, v, fns

@@ -56,12 +56,20 @@ int main(void) {
   printf("fa4_forward_seqused(misaligned seqused_k): %d, %s\n", bad_entry, msg);
   const int entry_ok = bad_entry == 1 && strstr(msg, "varlen.seqused_k = 0x7f0030000002") != NULL;
 
+  /* A paged cache's page size that is not a power of two is refused, naming it. */
+  const int32_t* table = (const int32_t*)(size_t)0x7f0040000000ull;
+  const int bad_page = fa4_forward_paged(&p, packed, packed, packed, packed, table, 4, 300, 10, NULL, NULL, NULL, msg,
+                                         sizeof msg);
+  printf("fa4_forward_paged(page_size 300): %d, %s\n", bad_page, msg);
+  const int paged_ok = bad_page == 1 && strstr(msg, "paged.page_size = 300") != NULL;
+
   /* The soft cap is the problem's last field: a negative one is refused, naming it. */
   p.softcap = -1.0f;
   const int bad_cap = fa4_backward_workspace_size(&p, &unused, msg, sizeof msg);
   printf("softcap -1: %d, %s\n", bad_cap, msg);
   const int cap_ok = bad_cap == 1 && strstr(msg, "softcap = -1") != NULL;
 
-  const int as_documented = ok == 0 && bytes == expect && bad == 1 && null_ok && varlen_ok && used_ok && entry_ok && cap_ok;
+  const int as_documented =
+      ok == 0 && bytes == expect && bad == 1 && null_ok && varlen_ok && used_ok && entry_ok && paged_ok && cap_ok;
   return as_documented ? 0 : 1;
 }

@@ -496,6 +496,65 @@ TEST(Validation, BackwardDqAccumulatorOverflowsInt64) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// A paged KV cache (fa4::PagedKV): k and v as pools [num_pages, page_size, heads_kv, head_dim].
+
+constexpr int64_t kPage = 256, kPages = 7;
+
+ForwardArgs valid_paged() {
+  ForwardArgs a = valid_forward();
+  a.k = fa4::bshd(fake(1), kPage, kHkv, kD);
+  a.v = fa4::bshd(fake(2), kPage, kHkv, kD);
+  a.paged = {static_cast<const int32_t*>(fake(5)), (kSk + kPage - 1) / kPage, kPage, kPages};
+  return a;
+}
+
+::testing::AssertionResult NotSupported(const Status& s, const std::vector<std::string>& needles) {
+  if (s.code != StatusCode::kNotSupported)
+    return ::testing::AssertionFailure() << "code " << fa4::to_string(s.code) << " (message \"" << s.message
+                                         << "\"), expected not supported";
+  for (const std::string& n : needles)
+    if (s.message.find(n) == std::string::npos)
+      return ::testing::AssertionFailure() << "message \"" << s.message << "\" lacks \"" << n << "\"";
+  return ::testing::AssertionSuccess() << s.message;
+}
+
+TEST(Validation, PagedCacheArguments) {
+  ASSERT_TRUE(fa4::validate(valid_paged()).ok()) << fa4::validate(valid_paged()).message;
+  ForwardArgs a = valid_paged();
+  a.varlen.seqused_k = static_cast<const int32_t*>(fake(6));
+  EXPECT_TRUE(fa4::validate(a).ok()) << fa4::validate(a).message;
+
+  a = valid_paged();
+  a.paged.page_size = 384;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"paged.page_size = 384", "power of two"}));
+  a.paged.page_size = 64;
+  EXPECT_TRUE(NotSupported(fa4::validate(a), {"paged.page_size = 64", "128"}));
+  a.paged.page_size = 0;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"paged.page_size = 0"}));
+
+  a = valid_paged();
+  a.paged.table_stride = 1;  // 384 keys need two pages of 256
+  EXPECT_TRUE(Refused(fa4::validate(a), {"paged.table_stride = 1", "= 2"}));
+  a = valid_paged();
+  a.paged.num_pages = 0;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"paged.num_pages = 0"}));
+  a = valid_paged();
+  a.paged.block_table = reinterpret_cast<const int32_t*>(offset_bytes(fake(5), 2));
+  EXPECT_TRUE(Refused(fa4::validate(a), {"paged.block_table", "int32"}));
+  a = valid_paged();
+  a.k.data = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"k.data = null"}));
+  a = valid_paged();
+  a.v.batch_stride += 1;  // a page's stride off TMA's 16 bytes
+  EXPECT_TRUE(Refused(fa4::validate(a), {"v.batch_stride = " + std::to_string(a.v.batch_stride)}));
+
+  a = valid_paged();
+  a.varlen.cu_seqlens_q = static_cast<const int32_t*>(fake(6));
+  a.varlen.cu_seqlens_k = static_cast<const int32_t*>(fake(7));
+  EXPECT_TRUE(NotSupported(fa4::validate(a), {"paged.block_table", "cu_seqlens"}));
+}
+
+// ---------------------------------------------------------------------------------------------
 // The same rules reach the entry points: forward()/backward() refuse before touching the GPU.
 
 TEST(Validation, EntryPointsValidateFirst) {

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -771,6 +772,10 @@ struct EntryKeysCase {
   int64_t left = -1, right = -1;
   float softcap = 0.0f;
   int split = 0, schedule = 0, max_ctas = 0;  // FwdParams' through the sm90 launch where set
+  // A paged cache (fa4::PagedKV) where > 0: the entries' keys on pages of this many rows, placed
+  // at shuffled page ids of a pool with NaN pages between them; each table row with spare columns
+  // that name a NaN page; used empty: no seqused_k (every entry seqlen_k keys).
+  int64_t page = 0;
 
   std::string name() const {
     std::string s = std::string(fa4::to_string(dtype)) + " h" + std::to_string(heads_q) + "/" +
@@ -783,13 +788,50 @@ struct EntryKeysCase {
     if (split || schedule || max_ctas)
       s += " split " + std::to_string(split) + " schedule " + std::to_string(schedule) + " ctas " +
            std::to_string(max_ctas);
+    if (page > 0) s += " pages of " + std::to_string(page);
     return s;
+  }
+};
+
+// The paged form of batched k and v ([batch * sk] rows, entry b's from row b * sk): pools of
+// pages of c.page rows, every row NaN first, entry b's page j copied to a shuffled id; table rows
+// of `stride` columns, those past an entry's pages naming NaN pages.
+struct PagedPools {
+  Packed k, v;
+  fa4_test::DeviceBuffer table;
+  int64_t num_pages = 0, stride = 0;
+  void make(const EntryKeysCase& c, const Packed& kk, const Packed& vv, int64_t batch, std::mt19937& rng) {
+    const int64_t sk = c.seqlen_k, pages = (sk + c.page - 1) / c.page;
+    stride = pages + 2;
+    num_pages = 2 * batch * pages + 3;  // half of them never named but by the spare columns
+    for (Packed* t : {&k, &v}) ASSERT_NO_FATAL_FAILURE(t->make(num_pages * c.page, kk.heads, kk.hs - kk.heads, kk.d));
+    std::vector<int32_t> ids(static_cast<size_t>(num_pages));
+    for (int64_t i = 0; i < num_pages; ++i) ids[size_t(i)] = int32_t(i);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::vector<int32_t> rows(static_cast<size_t>(batch * stride));
+    size_t next = 0;
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t j = 0; j < stride; ++j) {
+        const int32_t id = ids[next++];
+        rows[size_t(b * stride + j)] = id;
+        if (j >= pages) continue;  // a spare column: its page stays NaN
+        const int64_t n = std::min(c.page, sk - j * c.page), row_elems = kk.hs * kk.d;
+        for (auto [dst, src] : {std::pair{&k, &kk}, std::pair{&v, &vv}})
+          CUDA_OK(cudaMemcpy(static_cast<uint16_t*>(dst->buf.ptr) + id * c.page * row_elems,
+                             static_cast<const uint16_t*>(src->buf.ptr) + (b * sk + j * c.page) * row_elems,
+                             size_t(n * row_elems) * 2, cudaMemcpyDeviceToDevice));
+      }
+    CUDA_OK(cudaMalloc(&table.ptr, rows.size() * 4));
+    CUDA_OK(cudaMemcpy(table.ptr, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
   }
 };
 
 void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
   SCOPED_TRACE(c.name());
-  const int64_t batch = int64_t(c.used.size()), sq = c.seqlen_q, sk = c.seqlen_k, d = c.head_dim;
+  const int64_t batch = c.page > 0 && c.used.empty() ? 3 : int64_t(c.used.size());
+  const int64_t sq = c.seqlen_q, sk = c.seqlen_k, d = c.head_dim;
+  // Each entry's keys: used[b] clamped, or all seqlen_k without used.
+  auto keys_of = [&](int64_t b) { return c.used.empty() ? int(sk) : std::clamp<int>(c.used[size_t(b)], 0, int(sk)); };
   Packed q, k, v, o;  // [batch * seq] rows: entry b's from row b * seq
   ASSERT_NO_FATAL_FAILURE(q.make(batch * sq, c.heads_q, 0, d));
   ASSERT_NO_FATAL_FAILURE(k.make(batch * sk, c.heads_kv, 0, d));
@@ -809,12 +851,16 @@ void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
   ASSERT_NO_FATAL_FAILURE(fill(v, hv));
   // Rows past each entry's keys hold NaN, as a cache's never-written part may: none may reach O.
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t len = std::clamp<int64_t>(c.used[size_t(b)], 0, sk);
+    const int64_t len = keys_of(b);
     for (const Packed* t : {&k, &v}) t->nan_rows(b * sk + len, sk - len);
   }
+  PagedPools pools;
+  if (c.page > 0) ASSERT_NO_FATAL_FAILURE(pools.make(c, k, v, batch, rng));
   fa4_test::DeviceBuffer dused, dlse;
-  CUDA_OK(cudaMalloc(&dused.ptr, c.used.size() * 4));
-  CUDA_OK(cudaMemcpy(dused.ptr, c.used.data(), c.used.size() * 4, cudaMemcpyHostToDevice));
+  if (!c.used.empty()) {
+    CUDA_OK(cudaMalloc(&dused.ptr, c.used.size() * 4));
+    CUDA_OK(cudaMemcpy(dused.ptr, c.used.data(), c.used.size() * 4, cudaMemcpyHostToDevice));
+  }
   const int64_t n_lse = batch * c.heads_q * sq;
   CUDA_OK(cudaMalloc(&dlse.ptr, n_lse * 4));
   CUDA_OK(cudaMemset(dlse.ptr, 0xFF, n_lse * 4));
@@ -829,6 +875,10 @@ void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
   a.q = batched(q, sq), a.k = batched(k, sk), a.v = batched(v, sk), a.o = batched(o, sq);
   a.lse = static_cast<float*>(dlse.ptr);
   a.varlen.seqused_k = static_cast<const int32_t*>(dused.ptr);
+  if (c.page > 0) {
+    a.k = batched(pools.k, c.page), a.v = batched(pools.v, c.page);
+    a.paged = {static_cast<const int32_t*>(pools.table.ptr), pools.stride, c.page, pools.num_pages};
+  }
   const Status st = fa4::validate(a);
   ASSERT_TRUE(st.ok()) << st.message;
   ASSERT_NO_FATAL_FAILURE(run_forward_with(a, c.split, c.schedule, c.max_ctas, c.name()));
@@ -837,7 +887,7 @@ void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
   std::vector<float> lse(static_cast<size_t>(n_lse));
   CUDA_OK(cudaMemcpy(lse.data(), dlse.ptr, lse.size() * 4, cudaMemcpyDeviceToHost));
   for (int64_t b = 0; b < batch; ++b) {
-    const int len = std::clamp<int>(c.used[size_t(b)], 0, int(sk));
+    const int len = keys_of(b);
     SCOPED_TRACE("entry " + std::to_string(b) + " (" + std::to_string(len) + " keys)");
     fa4::Problem p = a.problem;
     p.batch = 1;
@@ -890,6 +940,38 @@ TEST(EntryKeysGpu, FewRowsLongRowsAndCausalRowsWithoutKeys) {
     tall.causal = false;
     run_entry_keys(tall, seed++);
   }
+}
+
+// A paged cache (fa4::PagedKV): the same checks with the keys on shuffled pages of a pool whose
+// other pages and spare table columns are NaN. Decoding (folded groups, pieces and whole tiles),
+// a few rows causal, longer rows (whole tiles), pages of 128 to 1024 rows, seqused_k or none, a
+// window and the soft cap; every head dim.
+TEST(PagedGpu, DecodingFewRowsLongRowsEveryHeadDim) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 1401;
+  for (int64_t d : {64, 128, 256})
+    for (int64_t page : {128, 256}) {
+      EntryKeysCase c{BF16, 8, 2, d, 1, 1000, {1000, 1, 0, 517, 999}};
+      c.page = page;
+      run_entry_keys(c, seed++);
+      c.causal = true, c.split = 1;
+      run_entry_keys(c, seed++);
+      c.dtype = FP16, c.causal = false;
+      c.split = 2, c.max_ctas = 3;
+      run_entry_keys(c, seed++);
+      EntryKeysCase few{BF16, 8, 2, d, 4, 777, {300, 2, 777, 0, 45}};
+      few.causal = true, few.page = page;
+      run_entry_keys(few, seed++);
+      EntryKeysCase tall{FP16, 4, 1, d, 200, 900, {900, 150, 1, 613}};
+      tall.causal = page == 128, tall.page = page;
+      run_entry_keys(tall, seed++);
+      EntryKeysCase all{BF16, 4, 4, d, 33, 640, {}};  // no seqused_k: every entry's 640 keys
+      all.page = page * 4;
+      run_entry_keys(all, seed++);
+      EntryKeysCase w{BF16, 8, 2, d, 16, 1000, {1000, 333, 0, 70}};
+      w.left = 64, w.right = 8, w.page = page, w.softcap = page == 256 ? 30.0f : 0.0f;
+      run_entry_keys(w, seed++);
+    }
 }
 
 // Windows (whole tiles: an entry's range may start off the pieces' grid), and the soft cap.

@@ -93,6 +93,23 @@ struct Varlen {
   bool enabled() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }
 };
 
+// A paged KV cache (vLLM's block tables; flash-attn's block_table), forward only, with batched q
+// and o (no cu_seqlens). k and v are pools of pages: each a TensorRef over [num_pages, page_size,
+// heads_kv, head_dim], batch_stride stepping pages. Batch entry b's key j is row j % page_size of
+// page block_table[b * table_stride + j / page_size]: block_table is int32 on the device, its row
+// for an entry covering problem.seqlen_k keys (ceil(seqlen_k / page_size) <= table_stride), and
+// varlen.seqused_k, when set, gives each entry's own count as without pages. page_size is a power
+// of two, 128 at least (a key block lies on one page; fewer rows: kNotSupported). Page ids are clamped to [0, num_pages) on the device (a bad id reads a
+// wrong page, never outside the pools); table entries past seqlen_k's pages are not read, and
+// rows of the last page past an entry's keys may hold anything (NaN too).
+struct PagedKV {
+  const int32_t* block_table = nullptr;
+  int64_t table_stride = 0;
+  int64_t page_size = 0;
+  int64_t num_pages = 0;
+  bool enabled() const { return block_table != nullptr; }
+};
+
 struct ForwardArgs {
   Problem problem;
   TensorRef q, k, v, o;
@@ -100,6 +117,7 @@ struct ForwardArgs {
   // [heads_q, total_q] (flash-attn's layout), row r of head h at h * total_q + r.
   float* lse = nullptr;
   Varlen varlen;  // off unless its pointers are set
+  PagedKV paged;  // off unless block_table is set
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };

@@ -4,6 +4,10 @@
 //            seqused_k=None) -> (out, lse)      (with_lse false: no LSE written, lse empty [0];
 //       softcap > 0: scores soft-capped; seqused_k int32 [batch]: entry b's keys are the first
 //       seqused_k[b] of k and v, a KV cache's filled part)
+//   fa4::fwd_paged(q, k_cache, v_cache, block_table, softmax_scale, causal, window_left, window_right,
+//                  with_lse=True, softcap=0.0, seqused_k=None) -> (out, lse)
+//       a paged KV cache: k_cache, v_cache [num_pages, page_size, heads_kv, head_dim], block_table
+//       int32 [batch, max_pages]; entry b's key j on page block_table[b, j / page_size].
 //   fa4::bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
 //            deterministic, softcap=0.0) -> (dq, dk, dv)     (softcap: the forward's)
 //   fa4::fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -159,16 +163,22 @@ fa4::Problem make_problem(const at::Tensor& q, const at::Tensor& k, std::optiona
   return p;
 }
 
+// q, and k and v (named k_name and v_name), as check_tensor takes them, of q's dtype.
+void check_three(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const char* op,
+                 const char* k_name, const char* v_name) {
+  check_tensor(q, op, "q", q.device());
+  check_tensor(k, op, k_name, q.device());
+  check_tensor(v, op, v_name, q.device());
+  dtype_of(q, op, "q");
+  check_same_dtype(k, q, op, k_name);
+  check_same_dtype(v, q, op, v_name);
+}
+
 // q, k, v agree with each other: returns the problem they describe.
 fa4::Problem check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        std::optional<double> scale, bool causal, int64_t window_left,
                        int64_t window_right, const char* op) {
-  check_tensor(q, op, "q", q.device());
-  check_tensor(k, op, "k", q.device());
-  check_tensor(v, op, "v", q.device());
-  dtype_of(q, op, "q");
-  check_same_dtype(k, q, op, "k");
-  check_same_dtype(v, q, op, "v");
+  check_three(q, k, v, op, "k", "v");
   FA4_CHECK_VALUE(k.size(0) == q.size(0) && k.size(3) == q.size(3), op, ": k has shape ",
                     shape_str(k), ", q has ", shape_str(q),
                     ": batch (dim 0) and head_dim (dim 3) must match");
@@ -292,6 +302,43 @@ std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor&
   const auto f32 = q.options().dtype(at::kFloat);
   at::Tensor lse = with_lse ? at::empty({p.batch, p.heads_q, p.seqlen_q}, f32) : at::empty({0}, f32);
   return run_forward(p, tensor_ref, q, k, v, out, lse, entries, op);
+}
+
+// A paged cache: k_pages and v_pages [num_pages, page_size, heads_kv, head_dim], block_table
+// int32 [batch, max_pages] (its rows contiguous) on q's device; each entry's keys are its first
+// max_pages * page_size, or seqused_k[b] of them.
+std::tuple<at::Tensor, at::Tensor> fwd_paged_op(const at::Tensor& q, const at::Tensor& k_pages,
+                                                  const at::Tensor& v_pages, const at::Tensor& block_table,
+                                                  std::optional<double> softmax_scale, bool causal,
+                                                  int64_t window_left, int64_t window_right, bool with_lse,
+                                                  double softcap, const std::optional<at::Tensor>& seqused_k) {
+  const char* op = "fa4::fwd_paged";
+  check_three(q, k_pages, v_pages, op, "k_cache", "v_cache");
+  FA4_CHECK_VALUE(k_pages.size(3) == q.size(3), op, ": k_cache has shape ", shape_str(k_pages), ", q has ",
+                  shape_str(q), ": head_dim (dim 3) must match");
+  check_shape(v_pages, shape_of(k_pages), op, "v_cache", "k_cache's shape: [num_pages, page_size, heads_kv, head_dim]");
+  check_int32_on(block_table, op, "block_table", q.device());
+  FA4_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == q.size(0) &&
+                      (block_table.stride(1) == 1 || block_table.size(1) <= 1),
+                  op, ": block_table has shape ", shape_str(block_table), " and strides ", strides_str(block_table),
+                  ": must be [batch, max_pages] (batch = ", q.size(0), ", from q) with contiguous rows");
+  fa4::Problem p = make_problem(q, k_pages, softmax_scale, causal, window_left, window_right, op);
+  p.seqlen_k = block_table.size(1) * k_pages.size(1);  // each entry's table row's keys
+  p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty({p.batch, p.seqlen_q, p.heads_q, p.head_dim}, q.options());
+  const auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor lse = with_lse ? at::empty({p.batch, p.heads_q, p.seqlen_q}, f32) : at::empty({0}, f32);
+  fa4::ForwardArgs args = common_args<fa4::ForwardArgs>(p, tensor_ref, q, k_pages, v_pages, out, lse, {});
+  args.varlen.seqused_k = seqused_of(seqused_k, p.batch, q.device(), op, "q");
+  // (One entry's row is never stepped over: its stride is free.)
+  args.paged = {block_table.data_ptr<int32_t>(), block_table.size(0) <= 1 ? block_table.size(1) : block_table.stride(0),
+                k_pages.size(1), k_pages.size(0)};
+  size_t bytes = 0;
+  raise_if_error(fa4::forward_workspace_size(args, &bytes), op);
+  const at::Tensor ws = attach_workspace(args, bytes, q);
+  raise_if_error(fa4::forward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), op);
+  return {out, lse};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_op(
@@ -432,6 +479,10 @@ TORCH_LIBRARY(fa4, m) {
       "int window_right, bool with_lse=True, float softcap=0.0, Tensor? seqused_k=None) -> (Tensor out, "
       "Tensor lse)");
   m.def(
+      "fwd_paged(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, float? softmax_scale, bool causal, "
+      "int window_left, int window_right, bool with_lse=True, float softcap=0.0, Tensor? seqused_k=None) -> "
+      "(Tensor out, Tensor lse)");
+  m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "float? softmax_scale, bool causal, int window_left, int window_right, bool deterministic, "
       "float softcap=0.0) -> (Tensor dq, Tensor dk, Tensor dv)");
@@ -448,6 +499,7 @@ TORCH_LIBRARY(fa4, m) {
 
 TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
   m.impl("fwd", &fwd_op);
+  m.impl("fwd_paged", &fwd_paged_op);
   m.impl("bwd", &bwd_op);
   m.impl("fwd_varlen", &fwd_varlen_op);
   m.impl("bwd_varlen", &bwd_varlen_op);
@@ -457,6 +509,7 @@ TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
 // the dispatcher's "no kernel for CPU").
 TORCH_LIBRARY_IMPL(fa4, CPU, m) {
   m.impl("fwd", &fwd_op);
+  m.impl("fwd_paged", &fwd_paged_op);
   m.impl("bwd", &bwd_op);
   m.impl("fwd_varlen", &fwd_varlen_op);
   m.impl("bwd_varlen", &bwd_varlen_op);

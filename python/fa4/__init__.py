@@ -84,6 +84,17 @@ def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, with_ls
     return out, lse
 
 
+@torch.library.register_fake("fa4::fwd_paged")
+def _fwd_paged_fake(q, k_cache, v_cache, block_table, softmax_scale, causal, window_left, window_right,
+                    with_lse=True, softcap=0.0, seqused_k=None):
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4:
+            raise ValueError(f"fa4::fwd_paged: {name} has shape {tuple(t.shape)}: must be 4-d")
+    b, sq, hq, d = q.shape
+    lse = q.new_empty((b, hq, sq) if with_lse else (0,), dtype=torch.float32)
+    return q.new_empty((b, sq, hq, d)), lse
+
+
 @torch.library.register_fake("fa4::bwd")
 def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
               deterministic, softcap=0.0):
@@ -323,20 +334,23 @@ def flash_attn_with_kvcache(
     window_size align its queries to the last of those keys (query i sees keys up to
     cache_seqlens[b] - seqlen_q + i). softcap as flash_attn_func. Returns out [batch, seqlen_q,
     heads_q, head_dim], and with return_softmax_lse the fp32 LSE [batch, heads_q, seqlen_q].
+    block_table (a paged cache, vLLM's layout): int32 [batch, max_pages] on q's device, the caches
+    then pools [num_pages, page_size, heads_kv, head_dim] with page_size a power of two of 128 rows
+    or more; entry b's key j is row j % page_size of page block_table[b, j // page_size], its keys
+    the first cache_seqlens[b] (None: max_pages * page_size). Page ids are clamped to the pool.
     num_splits is accepted and not read (the launch picks its own split of the keys). Not
     implemented: appending k, v to the cache, rotary embedding, cache_batch_idx, cache_leftpad,
-    block_table (paged caches), alibi_slopes. With one length for every entry (an int, or None)
+    alibi_slopes. With one length for every entry (an int, or None)
     it is flash_attn_func over the cache's first rows; with a tensor, the batched call with each
     entry's keys its own (torch.ops.fa4.fwd's seqused_k), which folds query groups and cuts the
     keys across the GPU as the batched decoding does.
     """
     name = "fa4.flash_attn_with_kvcache"
     for arg, value in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
-                       ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
-                       ("block_table", block_table)):
+                       ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
         if value is not None:
             raise NotImplementedError(f"{name}: {arg} is not implemented (must be None): append new keys to "
-                                      "the cache, apply rotary embedding and gather paged blocks beforehand")
+                                      "the cache and apply rotary embedding beforehand")
     softmax_scale, window_left, window_right, softcap = _options(name, softmax_scale, window_size, softcap, 0.0,
                                                                  alibi_slopes)
     for arg, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -344,6 +358,23 @@ def flash_attn_with_kvcache(
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name}: {arg} has shape {shape}: must be 4-d [batch, seqlen, heads, head_dim]")
     b, sq, hq, d = q.shape
+    if block_table is not None:
+        used = None
+        if isinstance(cache_seqlens, int):
+            used = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
+        elif isinstance(cache_seqlens, torch.Tensor):
+            if cache_seqlens.shape != (b,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"{name}: cache_seqlens has shape {tuple(cache_seqlens.shape)} and dtype "
+                                 f"{cache_seqlens.dtype}: must be int32 [batch] (batch = {b})")
+            used = cache_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
+        elif cache_seqlens is not None:
+            raise ValueError(f"{name}: cache_seqlens = {cache_seqlens!r}: must be None, an int or an int32 tensor")
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+            raise ValueError(f"{name}: block_table must be an int32 tensor [batch, max_pages]")
+        with torch.no_grad():
+            out, lse = torch.ops.fa4.fwd_paged(q, k_cache, v_cache, block_table, softmax_scale, bool(causal),
+                                               window_left, window_right, bool(return_softmax_lse), softcap, used)
+        return (out, lse) if return_softmax_lse else out
     if k_cache.shape[0] != b or v_cache.shape != k_cache.shape:
         raise ValueError(f"{name}: k_cache has shape {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}, q "
                          f"{tuple(q.shape)}: the caches must agree, with q's batch ({b})")

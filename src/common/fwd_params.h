@@ -57,6 +57,11 @@ struct FwdParams {
   // Varlen::seqused_k: sequence b's keys are the first seqused_k[b] of its span (null: all); without
   // varlen batch entry b's are the first seqused_k[b] of seqlen_k.
   const int32_t* seqused_k = nullptr;
+  // A paged KV cache (fa4::PagedKV; batched only): k and v are pools of num_pages pages of
+  // page_size rows (k_stride[0] and v_stride[0] step pages), entry b's key j on page
+  // block_table[b * table_stride + j / page_size]. Null: k and v are [batch, seqlen_k] tensors.
+  const int32_t* block_table = nullptr;
+  int table_stride = 0, page_size = 0, num_pages = 0;
   // A query group of 2^fold heads folded into rows (fold_query_rows; 0 = not): seqlen_q and heads_q
   // are then the folded rows (queries << fold) and heads (heads_kv), q_stride and o_stride stay the
   // tensors' own, and row r is query r >> fold of query head (head << fold) + (r & (2^fold - 1)).

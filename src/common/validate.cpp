@@ -181,6 +181,45 @@ Status check_seqused_alone(const Varlen& v, bool backward) {
   return check_int32_aligned("varlen.seqused_k", v.seqused_k);
 }
 
+// Pages of fewer rows than a key block (128 keys at most) are not implemented: a block lies on one page.
+constexpr int64_t kMinPageSize = 128;
+
+// A paged KV cache (PagedKV): batched q only; a power-of-two page size of 128 rows or more; pages
+// and table sizes that the kernels' int coordinates hold; each entry's table row covering seqlen_k;
+// k and v as pools [num_pages, page_size, heads_kv, head_dim].
+Status check_paged(const ForwardArgs& args) {
+  const PagedKV& pg = args.paged;
+  const Problem& p = args.problem;
+  const std::string table = "paged.block_table = " + detail::format_pointer(pg.block_table);
+  if (args.varlen.enabled())
+    return {StatusCode::kNotSupported, table + ": a paged cache with cu_seqlens is not implemented (batched q only)"};
+  if (Status s = check_int32_aligned("paged.block_table", pg.block_table); !s.ok()) return s;
+  if (pg.page_size < 1 || pg.page_size > (int64_t{1} << 30) || (pg.page_size & (pg.page_size - 1)) != 0)
+    return invalid("paged.page_size = " + str(pg.page_size) + ": must be a power of two in [128, 2^30]");
+  if (pg.page_size < kMinPageSize)
+    return {StatusCode::kNotSupported, "paged.page_size = " + str(pg.page_size) + ": pages of fewer than " +
+                                           str(kMinPageSize) + " rows are not implemented (a power of two in [128, 2^30])"};
+  Status s;
+  if (!(s = check_size("paged.num_pages", pg.num_pages, 1)).ok()) return s;
+  const int64_t pages = (p.seqlen_k + pg.page_size - 1) / pg.page_size;
+  if (pg.table_stride < pages || pg.table_stride > kInt32Max)
+    return invalid("paged.table_stride = " + str(pg.table_stride) + ": must be >= ceil(seqlen_k / page_size) = " +
+                   str(pages) + " (an entry's pages) and fit in int32");
+  if (p.batch > kInt32Max / pg.table_stride)
+    return invalid("paged.table_stride = " + str(pg.table_stride) + " with batch = " + str(p.batch) +
+                   ": the table's batch * table_stride entries must fit in int32");
+  Problem pool = p;  // the pools as [num_pages, page_size] tensors
+  pool.batch = pg.num_pages;
+  const Shape ks{"paged.page_size", pg.page_size, "heads_kv", p.heads_kv};
+  if (p.batch > 0 && p.seqlen_k > 0) {
+    if (!(s = check_tensor("k", args.k, ks, pool)).ok()) return s;
+    if (!(s = check_tensor("v", args.v, ks, pool)).ok()) return s;
+  }
+  const Shape qs{"seqlen_q", p.seqlen_q, "heads_q", p.heads_q};
+  if (!(s = check_tensor("q", args.q, qs, p)).ok()) return s;
+  return check_tensor("o", args.o, qs, p);
+}
+
 // A variable-length batch (Varlen): both cu_seqlens, aligned; totals that the kernel's int rows
 // hold; q, o (and dout, dq) over total_q rows and k, v (dk, dv) over total_k rows (one batch:
 // batch_stride is not read); the LSE [heads_q, total_q].
@@ -269,6 +308,11 @@ Status validate(const ForwardArgs& args) {
   const Problem& p = args.problem;
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
+  if (args.paged.enabled()) {
+    if (!(s = check_paged(args)).ok()) return s;
+    if (!(s = check_seqused_alone(args.varlen, /*backward=*/false)).ok()) return s;
+    return check_lse(args.lse, p, /*required=*/false);
+  }
   if (args.varlen.enabled()) return check_varlen(args);
   if (!(s = check_seqused_alone(args.varlen, /*backward=*/false)).ok()) return s;
   if (!(s = check_lse(args.lse, p, /*required=*/false)).ok()) return s;
@@ -462,6 +506,12 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
     return f;
   }
   f.seqused_k = args.varlen.seqused_k;  // batch entries' own keys (a query group folds as before)
+  if (args.paged.enabled()) {
+    f.block_table = args.paged.block_table;
+    f.table_stride = static_cast<int>(args.paged.table_stride);
+    f.page_size = static_cast<int>(args.paged.page_size);
+    f.num_pages = static_cast<int>(args.paged.num_pages);
+  }
   if (!fold_query_groups(&f)) fold_query_rows(&f);
   return f;
 }

@@ -265,6 +265,13 @@ struct FwdKernelParams {
   // varlen each batch entry's keys, read by the kernels with a bound at run time (fwd_kernel's
   // kEntryKeys; seq_span.cuh, entry_keys). After the soft cap for the same reason.
   const int* seqused_k;
+  // A paged KV cache (FwdParams::block_table), read by the kEntryKeys kernels: tm_k and tm_v run
+  // over the pools' pages (batch: page, seq: the page's row), pages of 2^page_shift >= kBlockN
+  // rows, so that a key block lies on one page; entry b's key j is on page
+  // block_table[b * table_stride + (j >> page_shift)], clamped to [0, num_pages). Null: K and V
+  // are batched tensors.
+  const int* block_table;
+  int table_stride, page_shift, num_pages;
 };
 
 // Soft-capped scores (Problem::softcap): a config that derives from a shipped one and sets
@@ -423,6 +430,15 @@ struct alignas(16) FwdBarriers {
   // where __syncwarp left it 12-24 hazards).
   uint64_t v_tail, v_tail_free, v_zeroed;
   int4 v_tail_at, v_tail_next;
+  // The K loader's claims so far (the static rounds' index), kept here by the kernels that read
+  // entries' keys (fwd_kernel's kEntryKeys): held in a register through the tile loop it spilled
+  // beside a paged cache's look-up.
+  int k_round;
+  // A paged cache (FwdKernelParams::block_table): the tile's entry's first table index (batch *
+  // table_stride), written at each tile by each loader thread for its own loads (slot 0: thread
+  // 0, slot 1: thread 32) and read back at each block: a value held through the loop, or the
+  // row's address, spilled in the producer's registers.
+  int page_row[2];
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
 
@@ -627,9 +643,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // loader zeroing it alone stalled its ring (up to 1.56 times the decoding call's time at --fill
   // 0.5; docs/perf-notes.md, "A KV cache's unwritten rows").
   constexpr bool kZeroTail = kEntryKeys || kVarlen;
+  // A paged KV cache (FwdKernelParams::block_table): read by those kernels on two consumers (with
+  // three or four the page's look-up spilled 16 bytes in the producer; the launch takes d64's
+  // paged caches on two, d64_consumers).
+  constexpr bool kPaged = kEntryKeys && Cfg::kConsumers == 2;
   // Whether this launch can have such a block: varlen (rows past a sequence are the next one's, or
   // spare rows up to total_k) or seqused_k. A parameter's test, uniform, evaluated where used.
-  const auto tails_possible = [&p] { return kVarlen || p.seqused_k != nullptr; };
+  // (Paged, the rows of an entry's last page past its keys: whatever the cache holds there.)
+  const auto tails_possible = [&p] { return kVarlen || p.seqused_k != nullptr || p.block_table != nullptr; };
   constexpr bool kDescsAhead =
       kBounded && Cfg::kConsumers == 3 && kHeadDim == 64 && !Cfg::kSmemP && !Cfg::kTensorRowSum;
   // The window as the key ranges and the mask see it: in a kernel without a bound, unbounded at
@@ -675,6 +696,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_init(&bar.k_empty[s], Cfg::kConsumers * kCluster);  // every CTA's consumers
       mbar_init(&bar.v_empty[s], Cfg::kConsumers * kCluster);
     }
+    if constexpr (kEntryKeys) bar.k_round = 0;
     if constexpr (kZeroTail) {
       mbar_init(&bar.v_tail, 1);
       mbar_init(&bar.v_tail_free, 1);
@@ -826,6 +848,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // CTA's full barrier expects the whole block: its own half and its partner's). Folded
       // (folded_kv): the block as one box, or with clusters this CTA's half of its column chunks.
       auto load_kv = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* full, int row, int head, int batch) {
+        if constexpr (kPaged)
+          if (p.block_table != nullptr) {
+            // Paged: the block lies on one page (pages of kBlockN rows or a power-of-two multiple),
+            // the page from the entry's row of the table; the map's batch is the page.
+            const int page = min(max(__ldg(p.block_table + batch * p.table_stride + (row >> p.page_shift)), 0), p.num_pages - 1);
+            load_tile(dst, map, full, Cfg::kKVBytes, kBlockN, row & ((1 << p.page_shift) - 1), head, page, false);
+            return;
+          }
         if constexpr (folded_kv<Cfg>()) {
           mbar_arrive_expect_tx(full, Cfg::kKVBytes);
           if constexpr (kCluster == 1) {
@@ -863,6 +893,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       [[maybe_unused]] auto tile_past_end = [&](int t) {
         const Tile x = p.tiles.template decode_tile<kPairs>(t, rank);
         return x.m_block * kBlockM >= seq_span<kVarlen>(p, x.batch).q_len;
+      };
+      // The CTA's unit, read afresh at each claim where kEntryKeys: what ptxas derived from it once
+      // before the tile loop spilled (d128's stream-K kernel, 4 bytes).
+      auto unit_now = [&] {
+        if constexpr (kEntryKeys) {
+          uint32_t x;
+          asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(x));
+          return int(x) / kCluster;
+        }
+        return unit;
+      };
+      // The next claim's round: round + 1 (kEntryKeys: counted in bar.k_round).
+      auto next_round = [&](int round) {
+        if constexpr (kEntryKeys) {
+          const int r = ld_shared(&bar.k_round) + 1;
+          st_shared_b32(smem_addr(&bar.k_round), uint32_t(r));
+          return r;
+        }
+        return round + 1;
       };
       for (int round = 0;; ++round) {
         int tile;
@@ -910,8 +959,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
           // The next tile now, so the atomic's latency passes under this tile's K/V loads.
           next = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
-                      : kSplit ? p.tiles.item(round + 1, unit, units)
-                               : p.tiles.template nth<kPairs>(round + 1, unit, units);
+                      : kSplit ? p.tiles.item(next_round(round), unit_now(), units)
+                               : p.tiles.template nth<kPairs>(next_round(round), unit_now(), units);
         } else {  // the V loader: the tile the K loader published, then frees its slot
           if constexpr (kOInKV)
             mbar_wait(&bar.tile_pub, qw.phase);
@@ -946,7 +995,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             int keys = INT_MIN, end = 0;  // (INT_MIN / kBlockN is no block)
             if (tails_possible()) {
               keys = kVarlen ? sp.k_len : entry_keys(p, tl.batch);
-              end = kVarlen ? p.total_k - sp.k_off : p.seqlen_k;  // the tensor's rows
+              // The tensor's rows; paged, no end: a block lies on one page, whose rows past the
+              // entry's keys may hold anything.
+              end = kVarlen ? p.total_k - sp.k_off : p.block_table != nullptr ? INT_MAX : p.seqlen_k;
               if (keys % kBlockN == 0 || keys >= end) keys = INT_MIN;
             }
             const uint32_t at = smem_addr(&bar.v_tail_next);  // (.w, the phase, kept)
@@ -970,8 +1021,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(3);
             uint8_t* dst = sV + w.stage * Cfg::kKVBytes;
             uint64_t* full = &bar.v_full[w.stage];
-            // (Without seqused_k a batched launch has no tail block: the test is a parameter's, uniform.)
-            if (kZeroTail && (kVarlen || p.seqused_k != nullptr) && nb == ld_shared(&bar.v_tail_next.x) / kBlockN) {  // to the zeroing lanes, on v_tail
+            // (Without seqused_k or pages a batched launch has no tail block: the test is a
+            // parameter's, uniform.)
+            if (kZeroTail && tails_possible() && nb == ld_shared(&bar.v_tail_next.x) / kBlockN) {  // to the zeroing lanes, on v_tail
               const uint32_t free_phase = uint32_t(ld_shared(&bar.v_tail_next.w));
               mbar_wait(&bar.v_tail_free, free_phase ^ 1u);
               st_shared_b32(smem_addr(&bar.v_tail_next.w), free_phase ^ 1u);

@@ -145,7 +145,11 @@ TailScratchLayout tail_scratch_layout(const TileOrder& order) {
 // (Varlen::seqused_k without cu_seqlens: a KV cache's filled part). The launch takes them as a
 // bound: the kernels with a bound at run time read each entry's (fwd_kernel's kEntryKeys), the
 // others keep none of it.
-inline bool entry_keys(const detail::FwdParams& a) { return a.seqused_k != nullptr && !a.varlen(); }
+// A paged KV cache (FwdParams::block_table) runs on the same kernels (its entries' keys seqlen_k
+// where seqused_k is null).
+inline bool entry_keys(const detail::FwdParams& a) {
+  return (a.seqused_k != nullptr || a.block_table != nullptr) && !a.varlen();
+}
 
 // Whether every query tile sees the same key blocks (no causal or window bound): only such tiles
 // may go to clusters (in static rounds) or take a stream-K tail.
@@ -359,6 +363,7 @@ inline constexpr double kD64TallTilesWorseBounded = 1.25;
 inline constexpr double kD64WideTilesWorse = 1.075;
 inline constexpr double kD64WideTilesWorseBounded = 1.12;
 inline int d64_consumers(const detail::FwdParams& a) {
+  if (a.block_table != nullptr) return 2;  // a paged cache: the kernels on two consumers read pages
   const double three = computed_scores<192, 128>(a);
   // (A folded query group, whose one tile a head sees every key block, takes the rule of tiles of
   // one length, the one its unfolded decoding tiles were measured under; so do decoding's few rows
@@ -407,6 +412,7 @@ inline constexpr int kD256SerialMaxKeys = 512;
 // short keys without a bound; otherwise 80, 64 where d256_narrow_blocks holds, and 128 where the
 // serial step's causal conditions hold too.
 inline int d256_block_keys(const detail::FwdParams& a) {
+  if (a.block_table != nullptr) return 64;  // a paged cache: a block on one power-of-two page
   if (tiles_of_one_length(a) && a.seqlen_k <= kD256SerialMaxKeys) return 128;
   if (!d256_narrow_blocks(a)) return 80;
   if (!causal_bound(a)) return 64;
@@ -604,6 +610,14 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
         use_cluster_pairs(a, m_blocks) && allow_smem<Cfg, 2>(device) == cudaSuccess ? max_cluster_pairs<Cfg>(device) : 0;
   const int cluster = pair_clusters > 0 ? 2 : 1;
   const int kv_box = Cfg::kBlockN / cluster;  // with clusters each CTA loads half of a block
+  // A paged cache: a key block on one page (pages of a power of two >= kBlockN rows), on the
+  // kernels that read entries' keys (entry_keys), single CTAs, boxes of the whole block.
+  const bool paged = a.block_table != nullptr;
+  if (paged && (kVarlen || folded_kv<Cfg>() || cluster != 1 || Cfg::kConsumers != 2 || a.page_size < Cfg::kBlockN ||
+                (a.page_size & (a.page_size - 1)) != 0))
+    return {StatusCode::kNotSupported, "paged.page_size = " + std::to_string(a.page_size) +
+                                           ": this configuration takes pages of a power of two >= " +
+                                           std::to_string(Cfg::kBlockN) + " rows, batched, on single CTAs"};
 
   // The maps' geometry: with varlen one batch of the packed rows (its stride, never stepped, one
   // TMA takes: the rows').
@@ -614,6 +628,9 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     mp.seqlen_k = a.total_k;
     for (int64_t* st : {mp.q_stride, mp.k_stride, mp.v_stride, mp.o_stride}) st[0] = std::max<int64_t>(st[1], 8);
   }
+  // A paged cache's K and V maps run over the pools: a page a batch entry, its rows a sequence.
+  // (Q and O keep the batch's.)
+  const int kv_batches = paged ? a.num_pages : mp.batch, kv_rows = paged ? a.page_size : mp.seqlen_k;
   // With O staged in K/V slots (one Q buffer; FwdConfig::kFoldedQO) Q loads as each consumer's 64 rows
   // of every 64-column chunk in one box (fwd_kernel's Q loaders), and O leaves the same way; otherwise
   // a box is a tile's rows of one chunk.
@@ -634,7 +651,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   auto map_kv = [&](CUtensorMap* map, const void* base, const int64_t(&stride)[3]) {
     return folded_kv<Cfg>() ? ptx::map_bshd_16bit_sw128_folded(map, base, stride, mp.batch, mp.seqlen_k, a.heads_kv,
                                                                a.head_dim, Cfg::kBlockN, Cfg::kChunks / cluster)
-                            : ptx::map_bshd_16bit_sw128(map, base, stride, mp.batch, mp.seqlen_k, a.heads_kv, a.head_dim, kv_box);
+                            : ptx::map_bshd_16bit_sw128(map, base, stride, kv_batches, kv_rows, a.heads_kv, a.head_dim, kv_box);
   };
   const int rk = map_kv(&k.tm_k, a.k, mp.k_stride), rv = map_kv(&k.tm_v, a.v, mp.v_stride);
   const int ro = Cfg::kTmaStoreO ? map_qo(&k.tm_o, a.o, mp.o_stride, 64) : 0;
@@ -653,6 +670,12 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     k.seqused_k = a.seqused_k;
   }
   if (entry_keys(a)) k.seqused_k = a.seqused_k;  // (read by the kernels with a bound at run time)
+  if (paged) {  // (those kernels too)
+    k.block_table = a.block_table;
+    k.table_stride = a.table_stride;
+    k.num_pages = a.num_pages;
+    while ((1 << k.page_shift) < a.page_size) ++k.page_shift;
+  }
   k.batch = a.batch;
   k.seqlen_q = a.seqlen_q;
   k.seqlen_k = a.seqlen_k;

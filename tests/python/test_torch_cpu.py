@@ -283,6 +283,23 @@ def test_kvcache_traces_on_meta_and_refuses_what_it_does_not_implement():
         fa4.flash_attn_with_kvcache(qc, kc, kc, cache_seqlens=torch.tensor([3, 50], dtype=torch.int32))
 
 
+def test_kvcache_paged_traces_on_meta_and_checks_its_table():
+    assert "Tensor block_table" in str(torch.ops.fa4.fwd_paged.default._schema)
+    q = meta(3, 4, 8, 128)
+    pages = meta(10, 256, 2, 128)
+    for used in (None, 7, torch.empty(3, device="meta", dtype=torch.int32)):
+        out, lse = fa4.flash_attn_with_kvcache(q, pages, pages, cache_seqlens=used,
+                                               block_table=torch.empty(3, 4, device="meta", dtype=torch.int32),
+                                               return_softmax_lse=True)
+        assert out.shape == (3, 4, 8, 128) and lse.shape == (3, 8, 4)
+    with pytest.raises(ValueError, match=r"block_table must be an int32 tensor"):
+        fa4.flash_attn_with_kvcache(q, pages, pages, block_table=torch.empty(3, 4, device="meta", dtype=torch.int64))
+    qc = torch.randn(2, 1, 4, 128, dtype=torch.bfloat16)
+    pc = torch.randn(4, 128, 4, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"fa4::fwd_paged: q is on cpu: must be a CUDA tensor"):
+        fa4.flash_attn_with_kvcache(qc, pc, pc, block_table=torch.zeros(2, 2, dtype=torch.int32))
+
+
 def test_kvcache_is_the_batched_call_with_one_length_or_many():
     from torch.utils._python_dispatch import TorchDispatchMode
 

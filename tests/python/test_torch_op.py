@@ -617,6 +617,30 @@ def test_kvcache_matches_each_batch_entrys_filled_keys(case):
     assert_close_by_criterion(full, ref_lp, ref, "every key of the cache")
 
 
+def caches_nan_past(lens, b, sc, hkv, d, gen):
+    """k and v caches [b, sc, hkv, d], random, NaN in each entry's rows past lens[i]."""
+    k = torch.randn(b, sc, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(b, sc, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    for i, n in enumerate(lens):
+        k[i, n:] = float("nan")
+        v[i, n:] = float("nan")
+    return k, v
+
+
+def expect_each_entry(q, k, v, lens, causal, outs, what, lse=None):
+    """Each output of `outs` (name: [b, sq, hq, d]) against entry i's reference over its first
+    lens[i] keys, and the LSE where given."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    for i, n in enumerate(lens):
+        qs, ks, vs = q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n]
+        ref, lse_ref = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=False)
+        ref_lp, lse_lp = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=True)
+        for name, out in outs.items():
+            assert_close_by_criterion(out[i:i + 1], ref_lp, ref, f"{name} {what} entry {i} ({n} keys)")
+        if lse is not None:
+            assert_lse(lse[i:i + 1], lse_lp, lse_ref)
+
+
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_kvcache_rows_past_the_lengths_may_hold_nan(d):
     """A cache's never-written rows may read as NaN: their scores are masked, and their V rows
@@ -626,34 +650,63 @@ def test_kvcache_rows_past_the_lengths_may_hold_nan(d):
     gen = torch.Generator(device=DEV).manual_seed(77)
     lens = [sc, 200, 1, 129]
     used = torch.tensor(lens, dtype=torch.int32, device=DEV)
-    scale = 1.0 / math.sqrt(d)
     for sq, causal in ((1, False), (3, True)):
         q = torch.randn(b, sq, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
-        k = torch.randn(b, sc, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
-        v = torch.randn(b, sc, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
-        for i, n in enumerate(lens):
-            k[i, n:] = float("nan")
-            v[i, n:] = float("nan")
+        k, v = caches_nan_past(lens, b, sc, hkv, d, gen)
         out = call_or_skip(fa4.flash_attn_with_kvcache, q, k, v, cache_seqlens=used, causal=causal)
         cu_q = torch.arange(0, b + 1, dtype=torch.int32, device=DEV) * sq
         cu_k = torch.arange(0, b + 1, dtype=torch.int32, device=DEV) * sc
         out_v = fa4.flash_attn_varlen_func(q.reshape(b * sq, hq, d), k.reshape(b * sc, hkv, d),
                                            v.reshape(b * sc, hkv, d), cu_q, cu_k, sq, sc, causal=causal,
                                            seqused_k=used).reshape(b, sq, hq, d)
-        for i, n in enumerate(lens):
-            qs, ks, vs = q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n]
-            ref, _ = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=False)
-            ref_lp, _ = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=True)
-            what = f"d{d} {sq} rows causal={causal} entry {i} ({n} of {sc} keys, NaN past them)"
-            assert_close_by_criterion(out[i:i + 1], ref_lp, ref, "kvcache " + what)
-            assert_close_by_criterion(out_v[i:i + 1], ref_lp, ref, "varlen seqused_k " + what)
+        expect_each_entry(q, k, v, lens, causal, {"kvcache": out, "varlen seqused_k": out_v},
+                          f"d{d} {sq} rows causal={causal} (of {sc} keys, NaN past them)")
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_kvcache_paged_matches_the_reference_with_nan_pages_between(d):
+    """A paged cache (block_table): each entry's keys on shuffled pages of a pool whose other pages
+    are NaN, as are the spare table columns' pages and the rows past each entry's keys; decoding
+    and a few causal rows, pages of 128 and 512 rows, lengths given and not."""
+    b, hq, hkv = 4, 8, 2
+    gen = torch.Generator(device=DEV).manual_seed(91)
+    # (Without lengths every key of an entry's pages counts: sc a multiple of the page.)
+    for page, sq, causal, with_lens, sc in ((128, 1, False, True, 700), (512, 3, True, True, 700),
+                                            (128, 5, False, False, 640)):
+        lens = [sc, 200, 1, 129] if with_lens else [sc] * b
+        q = torch.randn(b, sq, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+        k, v = caches_nan_past(lens, b, sc, hkv, d, gen)
+        per = -(-sc // page)
+        num_pages = 2 * b * per + 1
+        ids = torch.randperm(num_pages, generator=torch.Generator().manual_seed(page + sq)).to(torch.int32)
+        table = ids[:b * (per + 1)].reshape(b, per + 1).to(DEV)  # a spare column a row: a NaN page
+        kp = torch.full((num_pages, page, hkv, d), float("nan"), device=DEV, dtype=torch.bfloat16)
+        vp = kp.clone()
+        for i in range(b):
+            for j in range(per):
+                n = min(page, sc - j * page)
+                kp[table[i, j], :n] = k[i, j * page:j * page + n]
+                vp[table[i, j], :n] = v[i, j * page:j * page + n]
+        used = torch.tensor(lens, dtype=torch.int32, device=DEV) if with_lens else None
+        out, lse = call_or_skip(fa4.flash_attn_with_kvcache, q, kp, vp, cache_seqlens=used, causal=causal,
+                                block_table=table[:, :per] if not with_lens else table, return_softmax_lse=True)
+        assert out.shape == q.shape and lse.shape == (b, hq, sq)
+        expect_each_entry(q, k, v, lens, causal, {"paged": out}, f"d{d} pages of {page}, {sq} rows causal={causal}",
+                          lse)
 
 
 def test_kvcache_refuses_what_it_does_not_implement():
     q = torch.randn(2, 1, 4, 64, device=DEV, dtype=torch.bfloat16)
     k = torch.randn(2, 100, 4, 64, device=DEV, dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="block_table"):
-        fa4.flash_attn_with_kvcache(q, k, k, block_table=torch.zeros(2, 1, dtype=torch.int32, device=DEV))
+    # A paged cache's pages of fewer than 128 rows, and a page size that is not a power of two.
+    pages = torch.randn(4, 64, 4, 64, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=r"paged.page_size = 64"):
+        fa4.flash_attn_with_kvcache(q, pages, pages, block_table=torch.zeros(2, 2, dtype=torch.int32, device=DEV))
+    pages = torch.randn(4, 192, 4, 64, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"paged.page_size = 192: must be a power of two"):
+        fa4.flash_attn_with_kvcache(q, pages, pages, block_table=torch.zeros(2, 2, dtype=torch.int32, device=DEV))
+    with pytest.raises(ValueError, match=r"block_table has shape \[3, 2\]"):
+        fa4.flash_attn_with_kvcache(q, pages, pages, block_table=torch.zeros(3, 2, dtype=torch.int32, device=DEV))
     with pytest.raises(NotImplementedError, match="k is not implemented"):
         fa4.flash_attn_with_kvcache(q, k, k, k=k[:, :1], v=k[:, :1])
     with pytest.raises(ValueError, match="cache_seqlens = 101"):
