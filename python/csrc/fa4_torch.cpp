@@ -231,8 +231,10 @@ Args common_args(const fa4::Problem& p, Ref ref, const at::Tensor& q, const at::
 template <class Ref>
 std::tuple<at::Tensor, at::Tensor> run_forward(const fa4::Problem& p, Ref ref, const at::Tensor& q,
                                                const at::Tensor& k, const at::Tensor& v, at::Tensor out,
-                                               at::Tensor lse, const fa4::Varlen& varlen, const char* op) {
+                                               at::Tensor lse, const fa4::Varlen& varlen, const char* op,
+                                               const fa4::PagedKV& paged = {}) {
   auto args = common_args<fa4::ForwardArgs>(p, ref, q, k, v, out, lse, varlen);
+  args.paged = paged;
   size_t bytes = 0;
   raise_if_error(fa4::forward_workspace_size(args, &bytes), op);
   const at::Tensor ws = attach_workspace(args, bytes, q);
@@ -285,6 +287,18 @@ const int32_t* seqused_of(const std::optional<at::Tensor>& seqused_k, int64_t ba
   return used.data_ptr<int32_t>();
 }
 
+// run_forward on batched q (out like q, lse [batch, heads_q, seqlen_q]) on q's device.
+std::tuple<at::Tensor, at::Tensor> batched_forward(const fa4::Problem& p, const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& v, bool with_lse, const fa4::Varlen& entries,
+                                                   const char* op, const fa4::PagedKV& paged = {}) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty({p.batch, p.seqlen_q, p.heads_q, p.head_dim}, q.options());
+  // Without with_lse (an inference call) the kernels write no LSE: lse comes back empty, [0].
+  const auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor lse = with_lse ? at::empty({p.batch, p.heads_q, p.seqlen_q}, f32) : at::empty({0}, f32);
+  return run_forward(p, tensor_ref, q, k, v, out, lse, entries, op, paged);
+}
+
 std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor& k,
                                             const at::Tensor& v,
                                             std::optional<double> softmax_scale, bool causal,
@@ -296,12 +310,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor&
   p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
   fa4::Varlen entries;  // batch entries' own key lengths, where given (no cu_seqlens)
   entries.seqused_k = seqused_of(seqused_k, p.batch, q.device(), op, "q");
-  const c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor out = at::empty({p.batch, p.seqlen_q, p.heads_q, p.head_dim}, q.options());
-  // Without with_lse (an inference call) the kernels write no LSE: lse comes back empty, [0].
-  const auto f32 = q.options().dtype(at::kFloat);
-  at::Tensor lse = with_lse ? at::empty({p.batch, p.heads_q, p.seqlen_q}, f32) : at::empty({0}, f32);
-  return run_forward(p, tensor_ref, q, k, v, out, lse, entries, op);
+  return batched_forward(p, q, k, v, with_lse, entries, op);
 }
 
 // A paged cache: k_pages and v_pages [num_pages, page_size, heads_kv, head_dim], block_table
@@ -325,20 +334,13 @@ std::tuple<at::Tensor, at::Tensor> fwd_paged_op(const at::Tensor& q, const at::T
   fa4::Problem p = make_problem(q, k_pages, softmax_scale, causal, window_left, window_right, op);
   p.seqlen_k = block_table.size(1) * k_pages.size(1);  // each entry's table row's keys
   p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
-  const c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor out = at::empty({p.batch, p.seqlen_q, p.heads_q, p.head_dim}, q.options());
-  const auto f32 = q.options().dtype(at::kFloat);
-  at::Tensor lse = with_lse ? at::empty({p.batch, p.heads_q, p.seqlen_q}, f32) : at::empty({0}, f32);
-  fa4::ForwardArgs args = common_args<fa4::ForwardArgs>(p, tensor_ref, q, k_pages, v_pages, out, lse, {});
-  args.varlen.seqused_k = seqused_of(seqused_k, p.batch, q.device(), op, "q");
+  fa4::Varlen entries;
+  entries.seqused_k = seqused_of(seqused_k, p.batch, q.device(), op, "q");
   // (One entry's row is never stepped over: its stride is free.)
-  args.paged = {block_table.data_ptr<int32_t>(), block_table.size(0) <= 1 ? block_table.size(1) : block_table.stride(0),
-                k_pages.size(1), k_pages.size(0)};
-  size_t bytes = 0;
-  raise_if_error(fa4::forward_workspace_size(args, &bytes), op);
-  const at::Tensor ws = attach_workspace(args, bytes, q);
-  raise_if_error(fa4::forward(args, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), op);
-  return {out, lse};
+  const fa4::PagedKV paged{block_table.data_ptr<int32_t>(),
+                           block_table.size(0) <= 1 ? block_table.size(1) : block_table.stride(0), k_pages.size(1),
+                           k_pages.size(0)};
+  return batched_forward(p, q, k_pages, v_pages, with_lse, entries, op, paged);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_op(

@@ -358,17 +358,24 @@ def flash_attn_with_kvcache(
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name}: {arg} has shape {shape}: must be 4-d [batch, seqlen, heads, head_dim]")
     b, sq, hq, d = q.shape
+
+    def lengths_tensor():  # cache_seqlens as the operators take it: int32 [batch] on q's device
+        if cache_seqlens.shape != (b,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name}: cache_seqlens has shape {tuple(cache_seqlens.shape)} and dtype "
+                             f"{cache_seqlens.dtype}: must be int32 [batch] (batch = {b})")
+        return cache_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
+
+    def bad_lengths():
+        return ValueError(f"{name}: cache_seqlens = {cache_seqlens!r}: must be None, an int or an int32 tensor")
+
     if block_table is not None:
         used = None
         if isinstance(cache_seqlens, int):
             used = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
         elif isinstance(cache_seqlens, torch.Tensor):
-            if cache_seqlens.shape != (b,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
-                raise ValueError(f"{name}: cache_seqlens has shape {tuple(cache_seqlens.shape)} and dtype "
-                                 f"{cache_seqlens.dtype}: must be int32 [batch] (batch = {b})")
-            used = cache_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
+            used = lengths_tensor()
         elif cache_seqlens is not None:
-            raise ValueError(f"{name}: cache_seqlens = {cache_seqlens!r}: must be None, an int or an int32 tensor")
+            raise bad_lengths()
         if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
             raise ValueError(f"{name}: block_table must be an int32 tensor [batch, max_pages]")
         with torch.no_grad():
@@ -388,13 +395,9 @@ def flash_attn_with_kvcache(
         with torch.no_grad():
             return flash_attn_func(q, k_cache[:, :n], v_cache[:, :n], softmax_scale, bool(causal),
                                    (window_left, window_right), softcap, return_lse=bool(return_softmax_lse))
-    if isinstance(cache_seqlens, torch.Tensor):
-        if cache_seqlens.shape != (b,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"{name}: cache_seqlens has shape {tuple(cache_seqlens.shape)} and dtype "
-                             f"{cache_seqlens.dtype}: must be int32 [batch] (batch = {b})")
-        used = cache_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
-    else:
-        raise ValueError(f"{name}: cache_seqlens = {cache_seqlens!r}: must be None, an int or an int32 tensor")
+    if not isinstance(cache_seqlens, torch.Tensor):
+        raise bad_lengths()
+    used = lengths_tensor()
     with torch.no_grad():
         out, lse = torch.ops.fa4.fwd(q, k_cache, v_cache, softmax_scale, bool(causal), window_left, window_right,
                                      bool(return_softmax_lse), softcap, used)

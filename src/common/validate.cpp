@@ -198,7 +198,8 @@ Status check_paged(const ForwardArgs& args) {
     return invalid("paged.page_size = " + str(pg.page_size) + ": must be a power of two in [128, 2^30]");
   if (pg.page_size < kMinPageSize)
     return {StatusCode::kNotSupported, "paged.page_size = " + str(pg.page_size) + ": pages of fewer than " +
-                                           str(kMinPageSize) + " rows are not implemented (a power of two in [128, 2^30])"};
+                                           str(kMinPageSize) +
+                                           " rows are not implemented (a power of two in [128, 2^30])"};
   Status s;
   if (!(s = check_size("paged.num_pages", pg.num_pages, 1)).ok()) return s;
   const int64_t pages = (p.seqlen_k + pg.page_size - 1) / pg.page_size;
@@ -308,15 +309,11 @@ Status validate(const ForwardArgs& args) {
   const Problem& p = args.problem;
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
-  if (args.paged.enabled()) {
-    if (!(s = check_paged(args)).ok()) return s;
-    if (!(s = check_seqused_alone(args.varlen, /*backward=*/false)).ok()) return s;
-    return check_lse(args.lse, p, /*required=*/false);
-  }
-  if (args.varlen.enabled()) return check_varlen(args);
+  if (args.varlen.enabled() && !args.paged.enabled()) return check_varlen(args);
   if (!(s = check_seqused_alone(args.varlen, /*backward=*/false)).ok()) return s;
   if (!(s = check_lse(args.lse, p, /*required=*/false)).ok()) return s;
-  return check_shared(p, args.q, args.k, args.v, args.o);
+  // A paged cache's k and v are pools of pages (check_paged refuses it with cu_seqlens).
+  return args.paged.enabled() ? check_paged(args) : check_shared(p, args.q, args.k, args.v, args.o);
 }
 
 Status validate(const BackwardArgs& args) {

@@ -434,11 +434,6 @@ struct alignas(16) FwdBarriers {
   // entries' keys (fwd_kernel's kEntryKeys): held in a register through the tile loop it spilled
   // beside a paged cache's look-up.
   int k_round;
-  // A paged cache (FwdKernelParams::block_table): the tile's entry's first table index (batch *
-  // table_stride), written at each tile by each loader thread for its own loads (slot 0: thread
-  // 0, slot 1: thread 32) and read back at each block: a value held through the loop, or the
-  // row's address, spilled in the producer's registers.
-  int page_row[2];
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
 
@@ -852,7 +847,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if (p.block_table != nullptr) {
             // Paged: the block lies on one page (pages of kBlockN rows or a power-of-two multiple),
             // the page from the entry's row of the table; the map's batch is the page.
-            const int page = min(max(__ldg(p.block_table + batch * p.table_stride + (row >> p.page_shift)), 0), p.num_pages - 1);
+            const int page =
+                min(max(__ldg(p.block_table + batch * p.table_stride + (row >> p.page_shift)), 0), p.num_pages - 1);
             load_tile(dst, map, full, Cfg::kKVBytes, kBlockN, row & ((1 << p.page_shift) - 1), head, page, false);
             return;
           }
