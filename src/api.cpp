@@ -300,6 +300,19 @@ extern "C" int fa4_forward_paged(const fa4_problem* problem, fa4_tensor q, fa4_t
   });
 }
 
+extern "C" int fa4_forward_paged_varlen(const fa4_problem* problem, fa4_tensor q, fa4_tensor k_pages,
+                                        fa4_tensor v_pages, fa4_tensor o, const int32_t* cu_seqlens_q, int64_t total_q,
+                                        const int32_t* cu_seqlens_k, const int32_t* block_table, int64_t table_stride,
+                                        int64_t page_size, int64_t num_pages, const int32_t* seqused_k, float* lse,
+                                        cudaStream_t stream, char* message, size_t message_len) {
+  return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {
+    fa4::ForwardArgs a = forward_args(p, q, k_pages, v_pages, o, lse);
+    a.varlen = {cu_seqlens_q, cu_seqlens_k, total_q, 0, seqused_k};
+    a.paged = {block_table, table_stride, page_size, num_pages};
+    return fa4::forward(a, stream);
+  });
+}
+
 extern "C" int fa4_forward_varlen(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
                                   fa4_tensor o, const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
                                   int64_t total_q, int64_t total_k, float* lse, cudaStream_t stream,

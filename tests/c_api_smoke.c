@@ -62,6 +62,11 @@ int main(void) {
                                          sizeof msg);
   printf("fa4_forward_paged(page_size 300): %d, %s\n", bad_page, msg);
   const int paged_ok = bad_page == 1 && strstr(msg, "paged.page_size = 300") != NULL;
+  /* With packed queries: cu_seqlens_q is required (cu_seqlens_k alone names it). */
+  const int bad_packed = fa4_forward_paged_varlen(&p, packed, packed, packed, packed, NULL, 150, cu_k, table, 4, 256,
+                                                  10, NULL, NULL, NULL, msg, sizeof msg);
+  printf("fa4_forward_paged_varlen(cu_seqlens_q NULL): %d, %s\n", bad_packed, msg);
+  const int packed_ok = bad_packed == 1 && strstr(msg, "varlen.cu_seqlens_q = null") != NULL;
 
   /* The soft cap is the problem's last field: a negative one is refused, naming it. */
   p.softcap = -1.0f;
@@ -70,6 +75,7 @@ int main(void) {
   const int cap_ok = bad_cap == 1 && strstr(msg, "softcap = -1") != NULL;
 
   const int as_documented =
-      ok == 0 && bytes == expect && bad == 1 && null_ok && varlen_ok && used_ok && entry_ok && paged_ok && cap_ok;
+      ok == 0 && bytes == expect && bad == 1 && null_ok && varlen_ok && used_ok && entry_ok && paged_ok && packed_ok &&
+      cap_ok;
   return as_documented ? 0 : 1;
 }

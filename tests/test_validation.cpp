@@ -527,8 +527,17 @@ TEST(Validation, PagedCacheArguments) {
   a = valid_paged();
   a.paged.page_size = 384;
   EXPECT_TRUE(Refused(fa4::validate(a), {"paged.page_size = 384", "power of two"}));
-  a.paged.page_size = 64;
-  EXPECT_TRUE(NotSupported(fa4::validate(a), {"paged.page_size = 64", "128"}));
+  a.paged.page_size = 8;
+  EXPECT_TRUE(NotSupported(fa4::validate(a), {"paged.page_size = 8", "16"}));
+  a = valid_paged();
+  a.paged.page_size = 16;  // 384 keys on 24 pages of 16
+  a.k = fa4::bshd(fake(1), 16, kHkv, kD);
+  a.v = fa4::bshd(fake(2), 16, kHkv, kD);
+  a.paged.table_stride = 23;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"paged.table_stride = 23", "= 24"}));
+  a.paged.table_stride = 24;
+  EXPECT_TRUE(fa4::validate(a).ok()) << fa4::validate(a).message;
+  a = valid_paged();
   a.paged.page_size = 0;
   EXPECT_TRUE(Refused(fa4::validate(a), {"paged.page_size = 0"}));
 
@@ -548,10 +557,25 @@ TEST(Validation, PagedCacheArguments) {
   a.v.batch_stride += 1;  // a page's stride off TMA's 16 bytes
   EXPECT_TRUE(Refused(fa4::validate(a), {"v.batch_stride = " + std::to_string(a.v.batch_stride)}));
 
+  // Packed queries (cu_seqlens_q) over the pages: q and o of total_q rows; cu_seqlens_k optional
+  // (each sequence's key count), cu_seqlens_q not.
   a = valid_paged();
   a.varlen.cu_seqlens_q = static_cast<const int32_t*>(fake(6));
+  a.varlen.total_q = 3 * kSq;
+  a.q = fa4::bshd(fake(0), 3 * kSq, kHq, kD);
+  a.o = fa4::bshd(fake(3), 3 * kSq, kHq, kD);
+  EXPECT_TRUE(fa4::validate(a).ok()) << fa4::validate(a).message;
   a.varlen.cu_seqlens_k = static_cast<const int32_t*>(fake(7));
-  EXPECT_TRUE(NotSupported(fa4::validate(a), {"paged.block_table", "cu_seqlens"}));
+  a.varlen.seqused_k = static_cast<const int32_t*>(fake(8));
+  EXPECT_TRUE(fa4::validate(a).ok()) << fa4::validate(a).message;
+  a.o.data = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"o.data = null"}));
+  a.o = fa4::bshd(fake(3), 3 * kSq, kHq, kD);
+  a.varlen.cu_seqlens_k = reinterpret_cast<const int32_t*>(offset_bytes(fake(7), 2));
+  EXPECT_TRUE(Refused(fa4::validate(a), {"varlen.cu_seqlens_k", "int32"}));
+  a.varlen.cu_seqlens_k = static_cast<const int32_t*>(fake(7));
+  a.varlen.cu_seqlens_q = nullptr;  // cu_seqlens_k alone
+  EXPECT_TRUE(Refused(fa4::validate(a), {"varlen.cu_seqlens_q = null"}));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -776,6 +776,12 @@ struct EntryKeysCase {
   // at shuffled page ids of a pool with NaN pages between them; each table row with spare columns
   // that name a NaN page; used empty: no seqused_k (every entry seqlen_k keys).
   int64_t page = 0;
+  int64_t spare = 2;  // (paged) the table rows' spare columns
+  // (paged) Packed queries where not empty (fa4::Varlen's cu_seqlens_q: vLLM's prefill and mixed
+  // batches): entry b's len_q[b] rows (seqlen_q their longest); with cu_k each entry's key count
+  // also as cu_seqlens_k (its offsets, which the kernels do not read, those of the batched rows).
+  std::vector<int> len_q;
+  std::vector<int> cu_k;
 
   std::string name() const {
     std::string s = std::string(fa4::to_string(dtype)) + " h" + std::to_string(heads_q) + "/" +
@@ -788,21 +794,28 @@ struct EntryKeysCase {
     if (split || schedule || max_ctas)
       s += " split " + std::to_string(split) + " schedule " + std::to_string(schedule) + " ctas " +
            std::to_string(max_ctas);
-    if (page > 0) s += " pages of " + std::to_string(page);
+    if (page > 0) s += " pages of " + std::to_string(page) + " spare " + std::to_string(spare);
+    if (!len_q.empty()) {
+      s += " packed q{";
+      for (int x : len_q) s += std::to_string(x) + ",";
+      s += "} cu_k{";
+      for (int x : cu_k) s += std::to_string(x) + ",";
+      s += "}";
+    }
     return s;
   }
 };
 
 // The paged form of batched k and v ([batch * sk] rows, entry b's from row b * sk): pools of
 // pages of c.page rows, every row NaN first, entry b's page j copied to a shuffled id; table rows
-// of `stride` columns, those past an entry's pages naming NaN pages.
+// of `stride` columns (c.spare past an entry's pages), those naming NaN pages.
 struct PagedPools {
   Packed k, v;
   fa4_test::DeviceBuffer table;
   int64_t num_pages = 0, stride = 0;
   void make(const EntryKeysCase& c, const Packed& kk, const Packed& vv, int64_t batch, std::mt19937& rng) {
     const int64_t sk = c.seqlen_k, pages = (sk + c.page - 1) / c.page;
-    stride = pages + 2;
+    stride = pages + c.spare;
     num_pages = 2 * batch * pages + 3;  // half of them never named but by the spare columns
     for (Packed* t : {&k, &v}) ASSERT_NO_FATAL_FAILURE(t->make(num_pages * c.page, kk.heads, kk.hs - kk.heads, kk.d));
     std::vector<int32_t> ids(static_cast<size_t>(num_pages));
@@ -828,15 +841,25 @@ struct PagedPools {
 
 void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
   SCOPED_TRACE(c.name());
-  const int64_t batch = c.page > 0 && c.used.empty() ? 3 : int64_t(c.used.size());
+  const bool packed = !c.len_q.empty();
+  const int64_t batch = packed ? int64_t(c.len_q.size()) : c.page > 0 && c.used.empty() ? 3 : int64_t(c.used.size());
   const int64_t sq = c.seqlen_q, sk = c.seqlen_k, d = c.head_dim;
-  // Each entry's keys: used[b] clamped, or all seqlen_k without used.
-  auto keys_of = [&](int64_t b) { return c.used.empty() ? int(sk) : std::clamp<int>(c.used[size_t(b)], 0, int(sk)); };
-  Packed q, k, v, o;  // [batch * seq] rows: entry b's from row b * seq
-  ASSERT_NO_FATAL_FAILURE(q.make(batch * sq, c.heads_q, 0, d));
+  // Each entry's keys: used[b] clamped, or all seqlen_k without used; at most cu_k[b] with cu_k.
+  auto keys_of = [&](int64_t b) {
+    int n = c.used.empty() ? int(sk) : std::clamp<int>(c.used[size_t(b)], 0, int(sk));
+    return c.cu_k.empty() ? n : std::min(n, std::clamp<int>(c.cu_k[size_t(b)], 0, int(sk)));
+  };
+  // Each entry's query rows and its first in q and o: batched, sq from row b * sq; packed, len_q[b]
+  // from cu_seqlens_q[b].
+  const std::vector<int32_t> cu_q = packed ? prefix(c.len_q) : std::vector<int32_t>{};
+  auto rows_of = [&](int64_t b) { return packed ? int64_t(c.len_q[size_t(b)]) : sq; };
+  auto first_of = [&](int64_t b) { return packed ? int64_t(cu_q[size_t(b)]) : b * sq; };
+  const int64_t total_q = packed ? int64_t(cu_q.back()) : batch * sq;
+  Packed q, k, v, o;  // [batch * seq] rows: entry b's from row b * seq (packed q and o: first_of)
+  ASSERT_NO_FATAL_FAILURE(q.make(total_q, c.heads_q, 0, d));
   ASSERT_NO_FATAL_FAILURE(k.make(batch * sk, c.heads_kv, 0, d));
   ASSERT_NO_FATAL_FAILURE(v.make(batch * sk, c.heads_kv, 0, d));
-  ASSERT_NO_FATAL_FAILURE(o.make(batch * sq, c.heads_q, 0, d));
+  ASSERT_NO_FATAL_FAILURE(o.make(total_q, c.heads_q, 0, d));
   std::mt19937 rng(seed);
   std::normal_distribution<double> normal(0.0, 1.0);
   std::vector<double> hq, hk, hv;
@@ -856,12 +879,18 @@ void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
   }
   PagedPools pools;
   if (c.page > 0) ASSERT_NO_FATAL_FAILURE(pools.make(c, k, v, batch, rng));
-  fa4_test::DeviceBuffer dused, dlse;
+  fa4_test::DeviceBuffer dused, dlse, dcu_q, dcu_k;
   if (!c.used.empty()) {
     CUDA_OK(cudaMalloc(&dused.ptr, c.used.size() * 4));
     CUDA_OK(cudaMemcpy(dused.ptr, c.used.data(), c.used.size() * 4, cudaMemcpyHostToDevice));
   }
-  const int64_t n_lse = batch * c.heads_q * sq;
+  auto upload = [](fa4_test::DeviceBuffer& buf, const std::vector<int32_t>& vals) {
+    CUDA_OK(cudaMalloc(&buf.ptr, vals.size() * 4));
+    CUDA_OK(cudaMemcpy(buf.ptr, vals.data(), vals.size() * 4, cudaMemcpyHostToDevice));
+  };
+  if (packed) ASSERT_NO_FATAL_FAILURE(upload(dcu_q, cu_q));
+  if (!c.cu_k.empty()) ASSERT_NO_FATAL_FAILURE(upload(dcu_k, prefix(c.cu_k)));  // entry b's count: a difference
+  const int64_t n_lse = c.heads_q * total_q;
   CUDA_OK(cudaMalloc(&dlse.ptr, n_lse * 4));
   CUDA_OK(cudaMemset(dlse.ptr, 0xFF, n_lse * 4));
 
@@ -875,6 +904,12 @@ void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
   a.q = batched(q, sq), a.k = batched(k, sk), a.v = batched(v, sk), a.o = batched(o, sq);
   a.lse = static_cast<float*>(dlse.ptr);
   a.varlen.seqused_k = static_cast<const int32_t*>(dused.ptr);
+  if (packed) {  // q and o as packed rows (batch_stride not read), the LSE [heads_q, total_q]
+    a.q = q.ref, a.o = o.ref;
+    a.varlen.cu_seqlens_q = static_cast<const int32_t*>(dcu_q.ptr);
+    a.varlen.cu_seqlens_k = static_cast<const int32_t*>(dcu_k.ptr);
+    a.varlen.total_q = total_q;
+  }
   if (c.page > 0) {
     a.k = batched(pools.k, c.page), a.v = batched(pools.v, c.page);
     a.paged = {static_cast<const int32_t*>(pools.table.ptr), pools.stride, c.page, pools.num_pages};
@@ -891,13 +926,17 @@ void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
     SCOPED_TRACE("entry " + std::to_string(b) + " (" + std::to_string(len) + " keys)");
     fa4::Problem p = a.problem;
     p.batch = 1;
+    p.seqlen_q = rows_of(b);
     p.seqlen_k = len;
+    const int64_t rows = rows_of(b), first = first_of(b);
     const std::vector<double> ref_lse =
-        expect_o_of(p, gather(q, hq, b * sq, sq), gather(k, hk, b * sk, len), gather(v, hv, b * sk, len),
-                    gather_bits(o, out_bits, c.dtype, b * sq, sq));
+        expect_o_of(p, gather(q, hq, first, rows), gather(k, hk, b * sk, len), gather(v, hv, b * sk, len),
+                    gather_bits(o, out_bits, c.dtype, first, rows));
     fa4::test::LseCompare lse_cmp;
     for (int64_t h = 0; h < c.heads_q; ++h)
-      for (int64_t r = 0; r < sq; ++r) lse_cmp.add(ref_lse[size_t(h * sq + r)], lse[size_t((b * c.heads_q + h) * sq + r)]);
+      for (int64_t r = 0; r < rows; ++r)
+        lse_cmp.add(ref_lse[size_t(h * rows + r)],
+                    lse[size_t(packed ? h * total_q + first + r : (b * c.heads_q + h) * sq + r)]);
     EXPECT_EQ(lse_cmp.mismatch, 0) << "LSE rows -inf in one and finite (or NaN) in the other";
     EXPECT_LE(lse_cmp.max_err, 1e-3);
   }
@@ -971,6 +1010,60 @@ TEST(PagedGpu, DecodingFewRowsLongRowsEveryHeadDim) {
       EntryKeysCase w{BF16, 8, 2, d, 16, 1000, {1000, 333, 0, 70}};
       w.left = 64, w.right = 8, w.page = page, w.softcap = page == 256 ? 30.0f : 0.0f;
       run_entry_keys(w, seed++);
+    }
+}
+
+// Pages smaller than a key block (vLLM's 16 rows; fa4::PagedKV): a block on whole pages, a box a
+// page. Lengths whose last block runs past seqlen_k's pages (1000 keys: the table's columns past
+// ceil(1000 / page) are not read, nor past table_stride for the last entry); decoding in pieces
+// and whole tiles, a few causal rows, longer rows, no seqused_k, a window with the soft cap.
+TEST(PagedGpu, PagesSmallerThanAKeyBlock) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 1501;
+  for (int64_t d : {64, 128, 256})
+    for (int64_t page : {16, 32, 64}) {
+      EntryKeysCase c{BF16, 8, 2, d, 1, 1000, {1000, 1, 0, 517, 999}};
+      c.page = page;
+      run_entry_keys(c, seed++);
+      c.dtype = FP16, c.causal = true;
+      c.split = 1;
+      run_entry_keys(c, seed++);
+      EntryKeysCase few{BF16, 8, 2, d, 4, 777, {300, 2, 777, 0, 45}};
+      few.causal = true, few.page = page;
+      few.split = 2, few.max_ctas = 3;
+      run_entry_keys(few, seed++);
+      EntryKeysCase tall{FP16, 4, 1, d, 200, 900, {900, 150, 1, 613}};
+      tall.causal = page == 32, tall.page = page;
+      run_entry_keys(tall, seed++);
+      // No seqused_k (every entry's 200 keys) and no spare columns: the last block's pages past
+      // 200 keys would lie past the last entry's table row (memcheck).
+      EntryKeysCase all{BF16, 4, 4, d, 33, 200, {}};
+      all.page = page, all.spare = 0;
+      run_entry_keys(all, seed++);
+      EntryKeysCase w{BF16, 8, 2, d, 16, 1000, {1000, 333, 0, 70}};
+      w.left = 64, w.right = 8, w.page = page, w.softcap = page == 32 ? 30.0f : 0.0f;
+      run_entry_keys(w, seed++);
+    }
+}
+
+// A paged cache with packed queries (cu_seqlens_q; vLLM's prefill and mixed batches): sequences of
+// 1 to 300 query rows over their own key counts (seqused_k, cu_seqlens_k's differences, or both),
+// causal (bottom-right) and not, a window, the soft cap, pages of 16 to 256 rows; every head dim.
+TEST(PagedGpu, PackedQueriesEveryHeadDim) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 1601;
+  for (int64_t d : {64, 128, 256})
+    for (int64_t page : {16, 64, 256}) {
+      EntryKeysCase c{BF16, 8, 2, d, 300, 1000, {1000, 517, 0, 999, 40}};
+      c.page = page, c.len_q = {1, 300, 7, 129, 40};
+      c.causal = true;
+      run_entry_keys(c, seed++);
+      c.causal = false, c.dtype = FP16;
+      c.used = {}, c.cu_k = {1000, 1, 640, 333, 5};  // counts from cu_seqlens_k alone
+      run_entry_keys(c, seed++);
+      c.used = {900, 1000, 0, 64, 2000}, c.cu_k = {1000, 17, 640, 333, 5};  // both: the smaller
+      c.left = 100, c.right = 0, c.softcap = page == 64 ? 30.0f : 0.0f;
+      run_entry_keys(c, seed++);
     }
 }
 

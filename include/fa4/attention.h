@@ -99,10 +99,10 @@ struct Varlen {
 // page block_table[b * table_stride + j / page_size]: block_table is int32 on the device, its row
 // for an entry covering problem.seqlen_k keys (ceil(seqlen_k / page_size) <= table_stride), and
 // varlen.seqused_k, when set, gives each entry's own count as without pages. page_size is a power
-// of two, 128 at least (a key block lies on one page; fewer rows: kNotSupported). Page ids are
-// clamped to [0, num_pages) on the device (a bad id reads a wrong page, never outside the pools);
-// table entries past seqlen_k's pages are not read, and rows of the last page past an entry's keys
-// may hold anything (NaN too).
+// of two, 16 at least (a key block lies on one page or on whole pages; fewer rows: kNotSupported).
+// Page ids are clamped to [0, num_pages) on the device (a bad id reads a wrong page, never outside
+// the pools); table entries past seqlen_k's pages are not read, and rows of the last page past an
+// entry's keys may hold anything (NaN too).
 struct PagedKV {
   const int32_t* block_table = nullptr;
   int64_t table_stride = 0;

@@ -43,11 +43,20 @@ int fa4_forward_seqused(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, 
                         size_t message_len);
 // A paged KV cache (fa4::PagedKV): k_pages and v_pages are pools [num_pages, page_size, heads_kv,
 // head_dim] (batch_stride steps pages), entry b's key j on page block_table[b * table_stride +
-// j / page_size] (int32, device); page_size a power of two >= 128; seqused_k (optional, may be
+// j / page_size] (int32, device); page_size a power of two >= 16; seqused_k (optional, may be
 // null) each entry's keys as in fa4_forward_seqused. Forward only; needs no workspace.
 int fa4_forward_paged(const fa4_problem* problem, fa4_tensor q, fa4_tensor k_pages, fa4_tensor v_pages, fa4_tensor o,
                       const int32_t* block_table, int64_t table_stride, int64_t page_size, int64_t num_pages,
                       const int32_t* seqused_k, float* lse, cudaStream_t stream, char* message, size_t message_len);
+// The same with packed queries (fa4::Varlen with a paged cache: vLLM's prefill and mixed batches):
+// q and o of total_q rows, sequence b's from cu_seqlens_q[b] (problem->batch + 1 entries);
+// cu_seqlens_k (optional, may be null) gives each sequence's key count (its offsets not read),
+// seqused_k (optional) clamps it, else problem->seqlen_k keys; lse (optional) [heads_q, total_q].
+int fa4_forward_paged_varlen(const fa4_problem* problem, fa4_tensor q, fa4_tensor k_pages, fa4_tensor v_pages,
+                             fa4_tensor o, const int32_t* cu_seqlens_q, int64_t total_q, const int32_t* cu_seqlens_k,
+                             const int32_t* block_table, int64_t table_stride, int64_t page_size, int64_t num_pages,
+                             const int32_t* seqused_k, float* lse, cudaStream_t stream, char* message,
+                             size_t message_len);
 // Variable-length batches (fa4::Varlen): q and o of total_q rows, k and v of total_k rows, sequence
 // b's rows from cu_seqlens_q[b] / cu_seqlens_k[b] (int32, device, problem->batch + 1 entries);
 // problem->seqlen_q / seqlen_k the longest sequence's lengths; lse (optional) [heads_q, total_q].

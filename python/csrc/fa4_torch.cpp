@@ -8,6 +8,12 @@
 //                  with_lse=True, softcap=0.0, seqused_k=None) -> (out, lse)
 //       a paged KV cache: k_cache, v_cache [num_pages, page_size, heads_kv, head_dim], block_table
 //       int32 [batch, max_pages]; entry b's key j on page block_table[b, j / page_size].
+//   fa4::fwd_paged_varlen(q, k_cache, v_cache, block_table, cu_seqlens_q, max_seqlen_q, softmax_scale,
+//                         causal, window_left, window_right, with_lse=True, softcap=0.0,
+//                         seqused_k=None, cu_seqlens_k=None) -> (out, lse)
+//       the same with packed queries: q [total_q, heads_q, head_dim], cu_seqlens_q int32
+//       [batch + 1]; sequence b's keys the first of its table row's max_pages * page_size, at most
+//       cu_seqlens_k[b + 1] - cu_seqlens_k[b] and seqused_k[b] where given; lse [heads_q, total_q].
 //   fa4::bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
 //            deterministic, softcap=0.0) -> (dq, dk, dv)     (softcap: the forward's)
 //   fa4::fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -449,6 +455,65 @@ std::tuple<at::Tensor, at::Tensor> fwd_varlen_op(const at::Tensor& q, const at::
   return run_forward(p, packed_ref, q, k, v, out, lse, varlen, op);
 }
 
+// A paged cache with packed queries (vLLM's prefill and mixed batches): q [total_q, heads_q,
+// head_dim] and cu_seqlens_q [batch + 1]; k_cache, v_cache and block_table as fwd_paged's, the
+// table's rows the sequences'; cu_seqlens_k (optional) each sequence's key count, its offsets not
+// read; out like q, lse [heads_q, total_q].
+std::tuple<at::Tensor, at::Tensor> fwd_paged_varlen_op(
+    const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, const at::Tensor& block_table,
+    const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q, std::optional<double> softmax_scale, bool causal,
+    int64_t window_left, int64_t window_right, bool with_lse, double softcap,
+    const std::optional<at::Tensor>& seqused_k, const std::optional<at::Tensor>& cu_seqlens_k) {
+  const char* op = "fa4::fwd_paged_varlen";
+  check_packed(q, op, "q", q.device());
+  const fa4::DType dtype = dtype_of(q, op, "q");
+  for (const auto& [t, name] : {std::pair{&k_pages, "k_cache"}, std::pair{&v_pages, "v_cache"}}) {
+    check_tensor(*t, op, name, q.device());
+    check_same_dtype(*t, q, op, name);
+    FA4_CHECK_VALUE(t->dim() == 4, op, ": ", name, " has shape ", shape_str(*t),
+                    ": must be 4-d [num_pages, page_size, heads_kv, head_dim]");
+  }
+  FA4_CHECK_VALUE(k_pages.size(3) == q.size(2), op, ": k_cache has shape ", shape_str(k_pages), ", q has ",
+                  shape_str(q), ": head_dim must match");
+  check_shape(v_pages, shape_of(k_pages), op, "v_cache", "k_cache's shape: [num_pages, page_size, heads_kv, head_dim]");
+  check_cu_seqlens(cu_seqlens_q, op, "cu_seqlens_q", q.device());
+  const int64_t batch = cu_seqlens_q.size(0) - 1;
+  check_int32_on(block_table, op, "block_table", q.device());
+  FA4_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == batch &&
+                      (block_table.stride(1) == 1 || block_table.size(1) <= 1),
+                  op, ": block_table has shape ", shape_str(block_table), " and strides ", strides_str(block_table),
+                  ": must be [batch, max_pages] (batch = ", batch, ", from cu_seqlens_q) with contiguous rows");
+  if (cu_seqlens_k.has_value()) {
+    check_cu_seqlens(*cu_seqlens_k, op, "cu_seqlens_k", q.device());
+    FA4_CHECK_VALUE(cu_seqlens_k->size(0) == batch + 1, op, ": cu_seqlens_k has ", cu_seqlens_k->size(0),
+                    " entries, cu_seqlens_q ", batch + 1, ": both must be [batch + 1]");
+  }
+  FA4_CHECK_VALUE(max_seqlen_q >= 0, op, ": max_seqlen_q = ", max_seqlen_q, ": must be >= 0");
+  fa4::Problem p;
+  p.dtype = dtype;
+  p.batch = batch;
+  p.seqlen_q = max_seqlen_q;
+  p.seqlen_k = block_table.size(1) * k_pages.size(1);  // each sequence's table row's keys
+  p.heads_q = q.size(1);
+  p.heads_kv = k_pages.size(2);
+  p.head_dim = q.size(2);
+  set_options(p, softmax_scale, causal, window_left, window_right, op);
+  p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
+  fa4::Varlen varlen{cu_seqlens_q.data_ptr<int32_t>(),
+                     cu_seqlens_k.has_value() ? cu_seqlens_k->data_ptr<int32_t>() : nullptr, q.size(0), 0};
+  varlen.seqused_k = seqused_of(seqused_k, p.batch, q.device(), op, "cu_seqlens_q");
+  const fa4::PagedKV paged{block_table.data_ptr<int32_t>(),
+                           block_table.size(0) <= 1 ? block_table.size(1) : block_table.stride(0), k_pages.size(1),
+                           k_pages.size(0)};
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  const auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor lse = with_lse ? at::empty({p.heads_q, q.size(0)}, f32) : at::empty({0}, f32);
+  // q and out packed, the pools 4-d.
+  auto ref = [](const at::Tensor& t) { return t.dim() == 3 ? packed_ref(t) : tensor_ref(t); };
+  return run_forward(p, ref, q, k_pages, v_pages, out, lse, varlen, op, paged);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_varlen_op(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
@@ -493,6 +558,11 @@ TORCH_LIBRARY(fa4, m) {
       "int max_seqlen_k, float? softmax_scale, bool causal, int window_left, int window_right, "
       "bool with_lse=True, float softcap=0.0, Tensor? seqused_k=None) -> (Tensor out, Tensor lse)");
   m.def(
+      "fwd_paged_varlen(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor cu_seqlens_q, "
+      "int max_seqlen_q, float? softmax_scale, bool causal, int window_left, int window_right, "
+      "bool with_lse=True, float softcap=0.0, Tensor? seqused_k=None, Tensor? cu_seqlens_k=None) -> "
+      "(Tensor out, Tensor lse)");
+  m.def(
       "bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale, bool causal, "
       "int window_left, int window_right, bool deterministic, float softcap=0.0) -> (Tensor dq, Tensor dk, "
@@ -504,6 +574,7 @@ TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
   m.impl("fwd_paged", &fwd_paged_op);
   m.impl("bwd", &bwd_op);
   m.impl("fwd_varlen", &fwd_varlen_op);
+  m.impl("fwd_paged_varlen", &fwd_paged_varlen_op);
   m.impl("bwd_varlen", &bwd_varlen_op);
 }
 
@@ -514,5 +585,6 @@ TORCH_LIBRARY_IMPL(fa4, CPU, m) {
   m.impl("fwd_paged", &fwd_paged_op);
   m.impl("bwd", &bwd_op);
   m.impl("fwd_varlen", &fwd_varlen_op);
+  m.impl("fwd_paged_varlen", &fwd_paged_varlen_op);
   m.impl("bwd_varlen", &bwd_varlen_op);
 }

@@ -114,6 +114,21 @@ def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     return q.new_empty(q.shape), lse
 
 
+@torch.library.register_fake("fa4::fwd_paged_varlen")
+def _fwd_paged_varlen_fake(q, k_cache, v_cache, block_table, cu_seqlens_q, max_seqlen_q, softmax_scale, causal,
+                           window_left, window_right, with_lse=True, softcap=0.0, seqused_k=None,
+                           cu_seqlens_k=None):
+    if q.dim() != 3:
+        raise ValueError(f"fa4::fwd_paged_varlen: q has shape {tuple(q.shape)}: must be 3-d "
+                         "[total_q, heads_q, head_dim] (packed sequences)")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4:
+            raise ValueError(f"fa4::fwd_paged_varlen: {name} has shape {tuple(t.shape)}: must be 4-d")
+    total_q, hq, d = q.shape
+    lse = q.new_empty((hq, total_q) if with_lse else (0,), dtype=torch.float32)
+    return q.new_empty(q.shape), lse
+
+
 @torch.library.register_fake("fa4::bwd_varlen")
 def _bwd_varlen_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      softmax_scale, causal, window_left, window_right, deterministic, softcap=0.0):
@@ -256,6 +271,7 @@ def flash_attn_varlen_func(
     return_lse: bool = False,
     *,
     seqused_k: Optional[torch.Tensor] = None,
+    block_table: Optional[torch.Tensor] = None,
     dropout_p: float = 0.0,
     alibi_slopes: Optional[torch.Tensor] = None,
     return_attn_probs: bool = False,
@@ -275,13 +291,27 @@ def flash_attn_varlen_func(
     deterministic: the backward's deterministic mode. seqused_k: int32 [batch] on q's device,
     sequence b's keys being only the first seqused_k[b] rows of its k, v span (a KV cache's filled
     part; causal and windows align to them; the span's rows after them may hold anything, NaN too);
-    forward only.
+    forward only. block_table (a paged KV cache, vLLM's layout; forward only): int32 [batch,
+    max_pages] on q's device, k and v then pools [num_pages, page_size, heads_kv, head_dim] (page_size
+    a power of two of 16 rows or more) as in flash_attn_with_kvcache, sequence b's key j on page
+    block_table[b, j // page_size]; its keys are the first of max_pages * page_size, at most
+    cu_seqlens_k[b + 1] - cu_seqlens_k[b] where cu_seqlens_k is given (it may be None; its offsets
+    are not read) and seqused_k[b] where that is; max_seqlen_k is not read
+    (torch.ops.fa4.fwd_paged_varlen).
     """
     softmax_scale, window_left, window_right, softcap = _options(
         "fa4.flash_attn_varlen_func", softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
     return_lse = bool(return_lse or return_attn_probs)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if seqused_k is not None:
+    if block_table is not None:
+        if grad:
+            raise NotImplementedError("fa4.flash_attn_varlen_func: block_table is forward only; call it under "
+                                      "torch.no_grad() or on tensors that do not require grad")
+        out, lse = torch.ops.fa4.fwd_paged_varlen(
+            q, k, v, block_table, cu_seqlens_q, int(max_seqlen_q), softmax_scale, bool(causal), window_left,
+            window_right, return_lse, softcap, seqused_k, cu_seqlens_k,
+        )
+    elif seqused_k is not None:
         if grad:
             raise NotImplementedError("fa4.flash_attn_varlen_func: seqused_k is forward only (the backward "
                                       "takes each sequence's keys from cu_seqlens_k alone); call it under "
@@ -335,7 +365,7 @@ def flash_attn_with_kvcache(
     cache_seqlens[b] - seqlen_q + i). softcap as flash_attn_func. Returns out [batch, seqlen_q,
     heads_q, head_dim], and with return_softmax_lse the fp32 LSE [batch, heads_q, seqlen_q].
     block_table (a paged cache, vLLM's layout): int32 [batch, max_pages] on q's device, the caches
-    then pools [num_pages, page_size, heads_kv, head_dim] with page_size a power of two of 128 rows
+    then pools [num_pages, page_size, heads_kv, head_dim] with page_size a power of two of 16 rows
     or more; entry b's key j is row j % page_size of page block_table[b, j // page_size], its keys
     the first cache_seqlens[b] (None: max_pages * page_size). Page ids are clamped to the pool.
     num_splits is accepted and not read (the launch picks its own split of the keys). Not

@@ -77,5 +77,7 @@ Status sm90_forward_rows(const FwdParams& p, cudaStream_t stream);
 // The same for a variable-length batch (p.varlen()), which sm90_forward hands on to it.
 Status sm90_forward_varlen(const FwdParams& p, cudaStream_t stream);
 Status sm90_forward_softcap(const FwdParams& p, cudaStream_t stream);
+// A paged KV cache (p.block_table), soft-capped or not, on kernels of its own (sm90_fwd_paged.cu).
+Status sm90_forward_paged(const FwdParams& p, cudaStream_t stream);
 
 }  // namespace fa4::detail

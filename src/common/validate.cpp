@@ -181,25 +181,34 @@ Status check_seqused_alone(const Varlen& v, bool backward) {
   return check_int32_aligned("varlen.seqused_k", v.seqused_k);
 }
 
-// Pages of fewer rows than a key block (128 keys at most) are not implemented: a block lies on one page.
-constexpr int64_t kMinPageSize = 128;
+// Pages of fewer than 16 rows are not implemented: a key block (128 rows at most) loads as a TMA
+// box a page and 64-column chunk, 8 a chunk at 16 rows.
+constexpr int64_t kMinPageSize = 16;
 
-// A paged KV cache (PagedKV): batched q only; a power-of-two page size of 128 rows or more; pages
-// and table sizes that the kernels' int coordinates hold; each entry's table row covering seqlen_k;
-// k and v as pools [num_pages, page_size, heads_kv, head_dim].
+// A paged KV cache (PagedKV): a power-of-two page size of 16 rows or more; pages and table sizes
+// that the kernels' int coordinates hold; each entry's table row covering seqlen_k; k and v as pools
+// [num_pages, page_size, heads_kv, head_dim]; q and o batched, or packed over varlen.total_q rows
+// (cu_seqlens_q; cu_seqlens_k, optional, gives each sequence's key count, its offsets not read).
 Status check_paged(const ForwardArgs& args) {
   const PagedKV& pg = args.paged;
   const Problem& p = args.problem;
-  const std::string table = "paged.block_table = " + detail::format_pointer(pg.block_table);
-  if (args.varlen.enabled())
-    return {StatusCode::kNotSupported, table + ": a paged cache with cu_seqlens is not implemented (batched q only)"};
+  const Varlen& v = args.varlen;
   if (Status s = check_int32_aligned("paged.block_table", pg.block_table); !s.ok()) return s;
+  if (v.enabled()) {
+    if (v.cu_seqlens_q == nullptr)
+      return invalid("varlen.cu_seqlens_q = null: a paged cache with cu_seqlens_k needs cu_seqlens_q (the packed "
+                     "queries' offsets; cu_seqlens_k gives each sequence's key count and may be null)");
+    if (Status s = check_int32_aligned("varlen.cu_seqlens_q", v.cu_seqlens_q); !s.ok()) return s;
+    if (v.cu_seqlens_k != nullptr)
+      if (Status s = check_int32_aligned("varlen.cu_seqlens_k", v.cu_seqlens_k); !s.ok()) return s;
+    if (Status s = check_size("varlen.total_q", v.total_q, 0); !s.ok()) return s;
+  }
   if (pg.page_size < 1 || pg.page_size > (int64_t{1} << 30) || (pg.page_size & (pg.page_size - 1)) != 0)
-    return invalid("paged.page_size = " + str(pg.page_size) + ": must be a power of two in [128, 2^30]");
+    return invalid("paged.page_size = " + str(pg.page_size) + ": must be a power of two in [16, 2^30]");
   if (pg.page_size < kMinPageSize)
     return {StatusCode::kNotSupported, "paged.page_size = " + str(pg.page_size) + ": pages of fewer than " +
                                            str(kMinPageSize) +
-                                           " rows are not implemented (a power of two in [128, 2^30])"};
+                                           " rows are not implemented (a power of two in [16, 2^30])"};
   Status s;
   if (!(s = check_size("paged.num_pages", pg.num_pages, 1)).ok()) return s;
   const int64_t pages = (p.seqlen_k + pg.page_size - 1) / pg.page_size;
@@ -215,6 +224,16 @@ Status check_paged(const ForwardArgs& args) {
   if (p.batch > 0 && p.seqlen_k > 0) {
     if (!(s = check_tensor("k", args.k, ks, pool)).ok()) return s;
     if (!(s = check_tensor("v", args.v, ks, pool)).ok()) return s;
+  }
+  if (v.enabled()) {  // the packed rows as one batch (batch_stride is not read)
+    if (p.batch == 0) return Status::Ok();
+    Problem one = p;
+    one.batch = 1;
+    const Shape qs{"varlen.total_q", v.total_q, "heads_q", p.heads_q};
+    TensorRef q = args.q, o = args.o;
+    q.batch_stride = o.batch_stride = 0;
+    if (!(s = check_tensor("q", q, qs, one)).ok()) return s;
+    return check_tensor("o", o, qs, one);
   }
   const Shape qs{"seqlen_q", p.seqlen_q, "heads_q", p.heads_q};
   if (!(s = check_tensor("q", args.q, qs, p)).ok()) return s;
@@ -312,7 +331,7 @@ Status validate(const ForwardArgs& args) {
   if (args.varlen.enabled() && !args.paged.enabled()) return check_varlen(args);
   if (!(s = check_seqused_alone(args.varlen, /*backward=*/false)).ok()) return s;
   if (!(s = check_lse(args.lse, p, /*required=*/false)).ok()) return s;
-  // A paged cache's k and v are pools of pages (check_paged refuses it with cu_seqlens).
+  // A paged cache's k and v are pools of pages (with cu_seqlens too).
   return args.paged.enabled() ? check_paged(args) : check_shared(p, args.q, args.k, args.v, args.o);
 }
 
@@ -494,6 +513,12 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   set_strides(args.k, f.k_stride);
   set_strides(args.v, f.v_stride);
   set_strides(args.o, f.o_stride);
+  if (args.paged.enabled()) {
+    f.block_table = args.paged.block_table;
+    f.table_stride = static_cast<int>(args.paged.table_stride);
+    f.page_size = static_cast<int>(args.paged.page_size);
+    f.num_pages = static_cast<int>(args.paged.num_pages);
+  }
   if (args.varlen.enabled()) {  // (the fold's rows would not start at a sequence's first)
     f.cu_seqlens_q = args.varlen.cu_seqlens_q;
     f.cu_seqlens_k = args.varlen.cu_seqlens_k;
@@ -503,12 +528,6 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
     return f;
   }
   f.seqused_k = args.varlen.seqused_k;  // batch entries' own keys (a query group folds as before)
-  if (args.paged.enabled()) {
-    f.block_table = args.paged.block_table;
-    f.table_stride = static_cast<int>(args.paged.table_stride);
-    f.page_size = static_cast<int>(args.paged.page_size);
-    f.num_pages = static_cast<int>(args.paged.num_pages);
-  }
   if (!fold_query_groups(&f)) fold_query_rows(&f);
   return f;
 }

@@ -136,6 +136,11 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t smem_row_addr, uint32_t r0,
 __device__ __forceinline__ void st_shared_b32(uint32_t smem_addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(smem_addr), "r"(v) : "memory");
 }
+// Four 32-bit words (16 bytes, 16-byte aligned) likewise.
+__device__ __forceinline__ void st_shared_v4_b32(uint32_t smem_addr, int a, int b, int c, int d) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr), "r"(a), "r"(b), "r"(c), "r"(d)
+               : "memory");
+}
 // Four floats (16 bytes, 16-byte aligned) likewise.
 __device__ __forceinline__ void st_shared_v4_f32(uint32_t smem_addr, float a, float b, float c, float d) {
   asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr), "f"(a), "f"(b), "f"(c), "f"(d)

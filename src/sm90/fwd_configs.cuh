@@ -107,6 +107,40 @@ struct SoftcapConfig : Base {
   static constexpr bool kCapFmaRecip = Base::kHeadDim <= 128;
 };
 
+// A paged KV cache's configurations (sm90_fwd_paged.cu): the same tiles, their loaders looking
+// each key block's pages up in the entry's table row (fwd_kernel.cuh, paged_config). Launched on
+// single CTAs, only the kernels that read entries' keys (a paged cache's launch takes them as
+// seqused_k's: fwd_launch.cuh, entry_keys).
+template <class Base>
+struct PagedConfig : Base {
+  static constexpr bool kPagedKV = true;
+  static_assert(Base::kConsumers == 2, "a paged cache's kernels run on two consumers");
+  // The page lanes' hand-over (fwd_kernel.cuh, PagedLoads), after the barriers.
+  static constexpr int kPagedOffset = Base::kBarOffset + Base::kBarBytes;
+  static constexpr int kSmemBytes = Base::kSmemBytes + 128;
+  static_assert(kSmemBytes <= Base::kSmemLimit, "shared memory over the sm90 limit");
+};
+
+// The paged configurations, soft-capped or not: d64 on two consumers (d64_consumers), d128 its
+// own, d256 on 64-key blocks (a power of two: a block on one page or on whole pages).
+template <bool kBF16, class F>
+Status with_paged_config(const detail::FwdParams& a, F&& f) {
+  const bool cap = a.softcap > 0.0f;
+  switch (a.head_dim) {
+    case 64:
+      if (cap) return f.template operator()<SoftcapConfig<PagedConfig<D64Config<kBF16, 2>>>>();
+      return f.template operator()<PagedConfig<D64Config<kBF16, 2>>>();
+    case 128:
+      if (cap) return f.template operator()<SoftcapConfig<PagedConfig<D128Config<kBF16>>>>();
+      return f.template operator()<PagedConfig<D128Config<kBF16>>>();
+    case 256:
+      if (cap) return f.template operator()<SoftcapConfig<PagedConfig<D256Config<64, kBF16>>>>();
+      return f.template operator()<PagedConfig<D256Config<64, kBF16>>>();
+    default:
+      return {StatusCode::kNotSupported, "head_dim = " + std::to_string(a.head_dim) + " has no sm90 kernel"};
+  }
+}
+
 // The soft-capped configurations (sm90_fwd_softcap.cu), few to keep the kernels built few: d64 on
 // two consumers (128-row tiles; on three ptxas spills 68-76 bytes with the cap), d128 its own,
 // d256 80-key blocks without a bound and 64 under one.

@@ -266,10 +266,10 @@ struct FwdKernelParams {
   // kEntryKeys; seq_span.cuh, entry_keys). After the soft cap for the same reason.
   const int* seqused_k;
   // A paged KV cache (FwdParams::block_table), read by the kEntryKeys kernels: tm_k and tm_v run
-  // over the pools' pages (batch: page, seq: the page's row), pages of 2^page_shift >= kBlockN
-  // rows, so that a key block lies on one page; entry b's key j is on page
-  // block_table[b * table_stride + (j >> page_shift)], clamped to [0, num_pages). Null: K and V
-  // are batched tensors.
+  // over the pools' pages (batch: page, seq: the page's row), pages of 2^page_shift rows (16 or
+  // more), boxes of min(page, kBlockN) rows: a key block lies on one page or on whole pages; entry
+  // b's key j is on page block_table[b * table_stride + (j >> page_shift)], clamped to
+  // [0, num_pages). Null: K and V are batched tensors.
   const int* block_table;
   int table_stride, page_shift, num_pages;
 };
@@ -283,6 +283,24 @@ constexpr bool softcapped() {
     return Cfg::kSoftcap;
   else
     return false;
+}
+
+// A paged KV cache's configuration (fwd_configs.cuh, PagedConfig): its kernels' loaders look each
+// key block's pages up (FwdKernelParams::block_table, never null in them); the other kernels keep
+// none of that code.
+template <class Cfg>
+constexpr bool paged_config() {
+  if constexpr (requires { Cfg::kPagedKV; })
+    return Cfg::kPagedKV;
+  else
+    return false;
+}
+template <class Cfg>
+constexpr int paged_loads_offset() {
+  if constexpr (paged_config<Cfg>())
+    return Cfg::kPagedOffset;
+  else
+    return 0;
 }
 
 // Whether a soft-capped kernel takes the cap's reciprocal on the FMA pipe (softcap_score): where
@@ -436,6 +454,20 @@ struct alignas(16) FwdBarriers {
   int k_round;
 };
 static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the barriers");
+
+// A paged cache's loads (fwd_kernel's kPaged): a key block lies on one page or on up to
+// kBlockN / 16 whole pages, each a TMA box a chunk. The K loader (k = 0) and the V loader (k = 1)
+// hand each block to page lanes of their own warps (lanes 1 to kBlockN / 16): req[k] is {the
+// block's first key, the entry's table offset (batch * table_stride), the head, the ring stage |
+// 256 where V lands on v_tail} (key < 0: no more), posted on req_full[k] once req_empty[k] says
+// every page lane has read the last; page lane i looks up page i of the block and loads it. In
+// the loaders (24 registers a thread) the look-up and a box a page spilled 16-100 bytes.
+struct alignas(16) PagedLoads {
+  int4 req[2];
+  uint64_t req_full[2], req_empty[2];
+  int sent[2];  // the loader's requests so far (req_empty's phase)
+};
+static_assert(sizeof(PagedLoads) <= 128, "PagedConfig's shared memory must hold the hand-over");
 
 // A ring position as one count of the slots taken (stage and phase derived from it): one register
 // where that matters (the consumers' Q ring, held through the main loop).
@@ -638,10 +670,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // loader zeroing it alone stalled its ring (up to 1.56 times the decoding call's time at --fill
   // 0.5; docs/perf-notes.md, "A KV cache's unwritten rows").
   constexpr bool kZeroTail = kEntryKeys || kVarlen;
-  // A paged KV cache (FwdKernelParams::block_table): read by those kernels on two consumers (with
-  // three or four the page's look-up spilled 16 bytes in the producer; the launch takes d64's
-  // paged caches on two, d64_consumers).
-  constexpr bool kPaged = kEntryKeys && Cfg::kConsumers == 2;
+  // A paged KV cache (FwdKernelParams::block_table): its configurations' kernels (paged_config),
+  // those that read entries' keys, on two consumers (with three or four the page's look-up spilled
+  // 16 bytes in the producer; the launch takes d64's paged caches on two, d64_consumers).
+  constexpr bool kPaged = paged_config<Cfg>();
+  static_assert(!kPaged || ((kEntryKeys || kVarlen) && Cfg::kConsumers == 2 && !folded_kv<Cfg>() && kCluster == 1),
+                "a paged cache's kernels read entries' (sequences') keys, on two consumers and single CTAs");
+  // (kPaged) Pages of 16 rows or more: the page lanes a loader has (PagedLoads).
+  constexpr int kMaxPages = Cfg::kBlockN / 16;
+  static_assert(!kPaged || (kMaxPages <= 31 && (Cfg::kBlockN & (Cfg::kBlockN - 1)) == 0),
+                "a paged cache's key blocks: a power of two, 16 rows a page lane");
   // Whether this launch can have such a block: varlen (rows past a sequence are the next one's, or
   // spare rows up to total_k) or seqused_k. A parameter's test, uniform, evaluated where used.
   // (Paged, the rows of an entry's last page past its keys: whatever the cache holds there.)
@@ -667,6 +705,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   auto& bar = *reinterpret_cast<FwdBarriers*>(smem + Cfg::kBarOffset);
+  [[maybe_unused]] auto& pl = *reinterpret_cast<PagedLoads*>(smem + paged_loads_offset<Cfg>());
   uint8_t* sQ = smem + Cfg::kQOffset;
   uint8_t* sK = smem + Cfg::kKOffset;
   uint8_t* sV = smem + Cfg::kVOffset;
@@ -692,6 +731,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_init(&bar.v_empty[s], Cfg::kConsumers * kCluster);
     }
     if constexpr (kEntryKeys) bar.k_round = 0;
+    if constexpr (kPaged)
+      for (int k = 0; k < 2; ++k) {
+        mbar_init(&pl.req_full[k], 1);
+        mbar_init(&pl.req_empty[k], kMaxPages);
+        pl.sent[k] = 0;
+      }
     if constexpr (kZeroTail) {
       mbar_init(&bar.v_tail, 1);
       mbar_init(&bar.v_tail_free, 1);
@@ -749,6 +794,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           tma_load_5d(dst, &p.tm_q, full, 0, ca.c1, ca.c2, ca.c3, batch);
       }
     };
+    if constexpr (kPaged) {
+      // The page lanes (PagedLoads): lanes 1 to kMaxPages of warp 0 load K's pages, of warp 1 V's.
+      const int k = int(threadIdx.x) / 32, i = int(threadIdx.x) % 32 - 1;
+      if (k < 2 && i >= 0 && i < kMaxPages) {
+        const CUtensorMap* map = k == 0 ? &p.tm_k : &p.tm_v;
+        for (uint32_t phase = 0;; phase ^= 1u) {
+          mbar_wait(&pl.req_full[k], phase);
+          const int4 q = ld_shared_v4(&pl.req[k]);
+          mbar_arrive(&pl.req_empty[k]);  // read: the loader may post the next
+          if (q.x < 0) break;
+          // The block's pages: one at the block's row in it where pages hold kBlockN rows or more,
+          // else kBlockN >> page_shift, the map's boxes a page's rows. The table's column at most
+          // the last that seqlen_k's keys name (a block's pages past them load that page again:
+          // rows past the entry's keys are masked, V's zeroed); the map's batch is the page.
+          const int shift = p.page_shift, rows = min(1 << min(shift, 30), kBlockN), r = i * rows;
+          if (r >= kBlockN) continue;
+          const int row = q.x + r;
+          const int page = min(max(__ldg(p.block_table + q.y + min(row >> shift, (p.seqlen_k - 1) >> shift)), 0),
+                               p.num_pages - 1);
+          const int stage = q.w & 255;
+          uint64_t* full = q.w >= 256 ? &bar.v_tail : k == 0 ? &bar.k_full[stage] : &bar.v_full[stage];
+          uint8_t* dst = (k == 0 ? sK : sV) + stage * Cfg::kKVBytes + r * 128;
+#pragma unroll
+          for (int c = 0; c < Cfg::kChunks; ++c)
+            tma_load_4d(dst + c * kBlockN * 128, map, full, c * 64, row & ((1 << shift) - 1), q.z, page);
+        }
+        return;
+      }
+    }
     if constexpr (kOInKV) {
       // Consumer c's 64 rows of each tile's Q, loaded by a thread of warp 2 + c once that
       // consumer's last S has read them (q_free[c]), so one consumer's next Q never waits for the
@@ -767,7 +841,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
           const Tile tl = p.tiles.template decode_tile<kPairs>(tile, rank);
           SeqSpan sp{};
-          if constexpr (kVarlen) sp = seq_span<kVarlen>(p, tl.batch);
+          if constexpr (kVarlen) sp = seq_span<kVarlen, kPaged>(p, tl.batch);
           if (round > 0) mbar_wait(&bar.q_free[c], uint32_t(round - 1) & 1u);
           // One box lands every chunk on q_full, which the consumer waits for before its first S.
           mbar_arrive_expect_tx(&bar.q_full[c], Cfg::kQBytes / 2);
@@ -842,16 +916,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // A K or V block: with clusters this CTA's half of its rows, multicast to both CTAs (each
       // CTA's full barrier expects the whole block: its own half and its partner's). Folded
       // (folded_kv): the block as one box, or with clusters this CTA's half of its column chunks.
+      // (kPaged) A request to loader k's page lanes (PagedLoads), once they have all read the last.
+      [[maybe_unused]] auto post_pages = [&](int k, int row, int table_row, int head, int where) {
+        const int n = ld_shared(&pl.sent[k]);
+        mbar_wait(&pl.req_empty[k], uint32_t(n & 1) ^ 1u);
+        st_shared_v4_b32(smem_addr(&pl.req[k]), row, table_row, head, where);
+        st_shared_b32(smem_addr(&pl.sent[k]), uint32_t(n + 1));
+        mbar_arrive(&pl.req_full[k]);  // (release: the request before it)
+      };
       auto load_kv = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* full, int row, int head, int batch) {
-        if constexpr (kPaged)
-          if (p.block_table != nullptr) {
-            // Paged: the block lies on one page (pages of kBlockN rows or a power-of-two multiple),
-            // the page from the entry's row of the table; the map's batch is the page.
-            const int page =
-                min(max(__ldg(p.block_table + batch * p.table_stride + (row >> p.page_shift)), 0), p.num_pages - 1);
-            load_tile(dst, map, full, Cfg::kKVBytes, kBlockN, row & ((1 << p.page_shift) - 1), head, page, false);
-            return;
-          }
+        if constexpr (kPaged) {
+          // Paged: the block to the page lanes (PagedLoads), its bytes expected here.
+          mbar_arrive_expect_tx(full, Cfg::kKVBytes);
+          const int k = dst >= sV ? 1 : 0;
+          const int stage = int((dst - (k == 0 ? sK : sV)) / Cfg::kKVBytes);
+          post_pages(k, row, batch * p.table_stride, head, stage | (full == &bar.v_tail ? 256 : 0));
+          return;
+        }
         if constexpr (folded_kv<Cfg>()) {
           mbar_arrive_expect_tx(full, Cfg::kKVBytes);
           if constexpr (kCluster == 1) {
@@ -888,7 +969,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       auto done = [&](int t) { return kSplit ? t == TileOrder::kEnd : t >= p.tiles.count; };
       [[maybe_unused]] auto tile_past_end = [&](int t) {
         const Tile x = p.tiles.template decode_tile<kPairs>(t, rank);
-        return x.m_block * kBlockM >= seq_span<kVarlen>(p, x.batch).q_len;
+        return x.m_block * kBlockM >= seq_span<kVarlen, kPaged>(p, x.batch).q_len;
       };
       // The CTA's unit, read afresh at each claim where kEntryKeys: what ptxas derived from it once
       // before the tile loop spilled (d128's stream-K kernel, 4 bytes).
@@ -899,6 +980,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           return int(x) / kCluster;
         }
         return unit;
+      };
+      // The grid's CTAs likewise, read afresh where kPaged: held through the tile loop beside the
+      // hand-over to the page lanes it spilled (d256 soft-capped, 4 bytes).
+      auto grid_now = [&] {
+        if constexpr (kPaged) {
+          uint32_t x;
+          asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(x));
+          return int(x);
+        }
+        return int(gridDim.x);
       };
       // The next claim's round: round + 1 (kEntryKeys: counted in bar.k_round).
       auto next_round = [&](int round) {
@@ -932,7 +1023,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             bar.item[qw.stage] = done(tile) ? make_int4(tile, 0, 0, 0) : make_int4(tile, tl.batch, tl.head, tl.m_block);
           }
           if constexpr (kVarlen)
-            if (!done(tile)) sp = seq_span<kVarlen>(p, tl.batch);
+            if (!done(tile)) sp = seq_span<kVarlen, kPaged>(p, tl.batch);
           if constexpr (kOInKV) mbar_arrive(&bar.tile_pub);  // the Q loaders take it from here
           if (done(tile)) {
             if constexpr (!kOInKV) mbar_arrive(&bar.q_full[qw.stage]);  // no Q: the phase completes on the arrive alone
@@ -954,9 +1045,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                       at.head, kVarlen ? 0 : tl.batch, Cfg::kQOEvictFirst);
           }
           // The next tile now, so the atomic's latency passes under this tile's K/V loads.
-          next = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
-                      : kSplit ? p.tiles.item(next_round(round), unit_now(), units)
-                               : p.tiles.template nth<kPairs>(next_round(round), unit_now(), units);
+          next = p.tile_counter ? grid_now() + atomicAdd(p.tile_counter, 1)
+                      : kSplit ? p.tiles.item(next_round(round), unit_now(), grid_now() / kCluster)
+                               : p.tiles.template nth<kPairs>(next_round(round), unit_now(), grid_now() / kCluster);
         } else {  // the V loader: the tile the K loader published, then frees its slot
           if constexpr (kOInKV)
             mbar_wait(&bar.tile_pub, qw.phase);
@@ -969,7 +1060,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             decode_item(p.tiles, bar, tile, rank, tl);
           else
             tl = p.tiles.template decode_tile<kPairs>(tile, rank);
-          if constexpr (kVarlen) sp = seq_span<kVarlen>(p, tl.batch);
+          if constexpr (kVarlen) sp = seq_span<kVarlen, kPaged>(p, tl.batch);
         }
         qw.advance();
         if constexpr (test_lags<Cfg>().tile > 0)  // (a test's config: the loaders held in turn too)
@@ -980,8 +1071,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                                         kEntryKeys ? entry_keys(p, tl.batch) : p.seqlen_k);
         if constexpr (kSplit) range = piece_range<kEntryKeys>(range, tl);
         const int h_kv = tl.head / p.head_ratio;
-        // With varlen the sequence's first key row, batch 0 of the maps.
-        const int kv_row = kVarlen ? sp.k_off : 0, kv_batch = kVarlen ? 0 : tl.batch;
+        // With varlen the sequence's first key row, batch 0 of the maps (paged: the sequence's
+        // table row, from its key 0).
+        const int kv_row = kVarlen && !kPaged ? sp.k_off : 0, kv_batch = kVarlen && !kPaged ? 0 : tl.batch;
         // (kZeroTail) The sequence's keys where rows after its last one, in the same block, lie
         // inside the tensor (else INT_MIN), and the tensor's rows. Kept in shared memory
         // (bar.v_tail_next), read at each V load, written by st.shared: held in registers, or
@@ -993,7 +1085,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               keys = kVarlen ? sp.k_len : entry_keys(p, tl.batch);
               // The tensor's rows; paged, no end: a block lies on one page, whose rows past the
               // entry's keys may hold anything.
-              end = kVarlen ? p.total_k - sp.k_off : p.block_table != nullptr ? INT_MAX : p.seqlen_k;
+              end = kPaged ? INT_MAX : kVarlen ? p.total_k - sp.k_off : p.seqlen_k;
               if (keys % kBlockN == 0 || keys >= end) keys = INT_MIN;
             }
             const uint32_t at = smem_addr(&bar.v_tail_next);  // (.w, the phase, kept)
@@ -1040,13 +1132,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           st_shared_b32(smem_addr(&bar.v_tail_at.x), uint32_t(-1));
           mbar_arrive(&bar.v_tail);
         }
+      if constexpr (kPaged) {  // the page lanes' end
+        if (loads_k) post_pages(0, -1, 0, 0, 0);
+        if (loads_v) post_pages(1, -1, 0, 0, 0);
+      }
       // The tile counter and its finish count go back to zero with the launch's last CTA, ready for
       // the stream's next launch (detail::stream_counters): each CTA counts itself finished once
       // its last claim is made, and the one that finds all the others finished zeroes both.
       if constexpr (!kSplit)
         if (loads_k && p.tile_counter != nullptr) {
           __threadfence();  // this CTA's claims before its finish
-          if (atomicAdd(p.tile_counter + 1, 1) == int(gridDim.x) - 1) {
+          if (atomicAdd(p.tile_counter + 1, 1) == grid_now() - 1) {
             atomicExch(p.tile_counter, 0);
             atomicExch(p.tile_counter + 1, 0);
           }
@@ -1372,7 +1468,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if constexpr (kPairs) diag_last = p.tiles.diagonal_last(uniform(item.x), tl.m_block);
     }
     if constexpr (kVarlen) {  // from lane 0, as the tile (uniform registers)
-      sp = seq_span<kVarlen>(p, tl.batch);
+      sp = seq_span<kVarlen, kPaged>(p, tl.batch);
       sp.q_off = uniform(sp.q_off);
       sp.q_len = uniform(sp.q_len);
       sp.k_len = uniform(sp.k_len);

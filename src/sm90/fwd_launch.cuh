@@ -412,7 +412,7 @@ inline constexpr int kD256SerialMaxKeys = 512;
 // short keys without a bound; otherwise 80, 64 where d256_narrow_blocks holds, and 128 where the
 // serial step's causal conditions hold too.
 inline int d256_block_keys(const detail::FwdParams& a) {
-  if (a.block_table != nullptr) return 64;  // a paged cache: a block on one power-of-two page
+  if (a.block_table != nullptr) return 64;  // a paged cache: a block on one page or on whole pages
   if (tiles_of_one_length(a) && a.seqlen_k <= kD256SerialMaxKeys) return 128;
   if (!d256_narrow_blocks(a)) return 80;
   if (!causal_bound(a)) return 64;
@@ -441,25 +441,32 @@ cudaError_t allow_smem(int device) {
 // (kVarlen: the kernels with_varlen_config picks, and no others: d256's 80-key blocks without a
 // bound, its 64-key ones under one.)
 // (Soft-capped configs, softcapped<Cfg>(), take the same subset.)
+// (A paged cache's configs, paged_config<Cfg>(): the kernel with a bound at run time only, for
+// every bound: batched, the one that reads entries' keys; varlen, the causal bound and none too.)
 template <class Cfg, bool kVarlen = false, class F>
 cudaError_t with_whole_tile_kernel(bool uniform, bool causal, F&& f) {
-  constexpr bool kSubset = kVarlen || softcapped<Cfg>();
-  constexpr bool kUnbounded = !kSubset || Cfg::kHeadDim != 256 || Cfg::kBlockN == 80;
-  constexpr bool kBounds = !kSubset || Cfg::kHeadDim != 256 || Cfg::kBlockN == 64;
-  if (uniform) {
-    if constexpr (kUnbounded)
-      return f.template operator()<fwd_kernel<Cfg, 1, false, false, false, kVarlen>>();
-    else
-      return cudaErrorNotSupported;
-  }
-  if constexpr (!kBounds) {
-    return cudaErrorNotSupported;
+  if constexpr (paged_config<Cfg>()) {
+    if (!kVarlen && (uniform || causal)) return cudaErrorNotSupported;  // (entry_keys: neither)
+    return f.template operator()<fwd_kernel<Cfg, 1, false, true, false, kVarlen>>();
   } else {
-    if (causal) return f.template operator()<fwd_kernel<Cfg, 1, false, true, true, kVarlen>>();
-    if constexpr (Cfg::kSerialStep)
+    constexpr bool kSubset = kVarlen || softcapped<Cfg>();
+    constexpr bool kUnbounded = !kSubset || Cfg::kHeadDim != 256 || Cfg::kBlockN == 80;
+    constexpr bool kBounds = !kSubset || Cfg::kHeadDim != 256 || Cfg::kBlockN == 64;
+    if (uniform) {
+      if constexpr (kUnbounded)
+        return f.template operator()<fwd_kernel<Cfg, 1, false, false, false, kVarlen>>();
+      else
+        return cudaErrorNotSupported;
+    }
+    if constexpr (!kBounds) {
       return cudaErrorNotSupported;
-    else
-      return f.template operator()<fwd_kernel<Cfg, 1, false, true, false, kVarlen>>();
+    } else {
+      if (causal) return f.template operator()<fwd_kernel<Cfg, 1, false, true, true, kVarlen>>();
+      if constexpr (Cfg::kSerialStep)
+        return cudaErrorNotSupported;
+      else
+        return f.template operator()<fwd_kernel<Cfg, 1, false, true, false, kVarlen>>();
+    }
   }
 }
 
@@ -575,7 +582,7 @@ cudaError_t split_smem_allowed(int device, int cluster) {
 template <class Cfg, bool kVarlen = false>
 Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t* trace = nullptr) {
   constexpr bool kWholeTiles = kVarlen;
-  constexpr bool kSingleCtas = kVarlen || softcapped<Cfg>();
+  constexpr bool kSingleCtas = kVarlen || softcapped<Cfg>() || paged_config<Cfg>();
   // Cut tails run on tiles of one length, which the soft-capped d256 configs take on 80-key blocks.
   constexpr bool kSplits = !kVarlen && (!softcapped<Cfg>() || Cfg::kHeadDim != 256 || Cfg::kBlockN == 80);
   if (a.varlen() != kVarlen)
@@ -583,6 +590,9 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   if ((a.softcap > 0.0f) != softcapped<Cfg>())
     return {StatusCode::kNotSupported, a.softcap > 0.0f ? "softcap > 0 needs a soft-capped configuration"
                                                         : "a soft-capped configuration needs softcap > 0"};
+  if ((a.block_table != nullptr) != paged_config<Cfg>())
+    return {StatusCode::kNotSupported, a.block_table != nullptr ? "a paged cache needs a paged configuration"
+                                                                : "a paged configuration needs a paged cache"};
   // With a causal or window bound the whole-tile kernel that carries it (fwd_kernel's kBounded),
   // the causal one with that bound at compile time (kCausal).
   const bool uniform = tiles_of_one_length(a);
@@ -609,15 +619,15 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     pair_clusters =
         use_cluster_pairs(a, m_blocks) && allow_smem<Cfg, 2>(device) == cudaSuccess ? max_cluster_pairs<Cfg>(device) : 0;
   const int cluster = pair_clusters > 0 ? 2 : 1;
-  const int kv_box = Cfg::kBlockN / cluster;  // with clusters each CTA loads half of a block
-  // A paged cache: a key block on one page (pages of a power of two >= kBlockN rows), on the
-  // kernels that read entries' keys (entry_keys), single CTAs, boxes of the whole block.
+  // A paged cache: a key block on one page or on whole pages (pages of a power of two >= 16 rows),
+  // on the kernels that read entries' keys (entry_keys), single CTAs, boxes of the block's rows or
+  // of a page's where pages are smaller.
   const bool paged = a.block_table != nullptr;
-  if (paged && (kVarlen || folded_kv<Cfg>() || cluster != 1 || Cfg::kConsumers != 2 || a.page_size < Cfg::kBlockN ||
-                (a.page_size & (a.page_size - 1)) != 0))
+  if (paged && (a.page_size < 16 || (a.page_size & (a.page_size - 1)) != 0))
     return {StatusCode::kNotSupported, "paged.page_size = " + std::to_string(a.page_size) +
-                                           ": this configuration takes pages of a power of two >= " +
-                                           std::to_string(Cfg::kBlockN) + " rows, batched, on single CTAs"};
+                                           ": this configuration takes pages of a power of two >= 16 rows"};
+  // With clusters each CTA loads half of a block.
+  const int kv_box = paged ? int(std::min<int64_t>(a.page_size, Cfg::kBlockN)) : Cfg::kBlockN / cluster;
 
   // The maps' geometry: with varlen one batch of the packed rows (its stride, never stepped, one
   // TMA takes: the rows').
@@ -626,7 +636,8 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     mp.batch = 1;
     mp.seqlen_q = a.total_q;
     mp.seqlen_k = a.total_k;
-    for (int64_t* st : {mp.q_stride, mp.k_stride, mp.v_stride, mp.o_stride}) st[0] = std::max<int64_t>(st[1], 8);
+    for (int64_t* st : {mp.q_stride, mp.k_stride, mp.v_stride, mp.o_stride})
+      if (!paged || st == mp.q_stride || st == mp.o_stride) st[0] = std::max<int64_t>(st[1], 8);  // (pages: theirs)
   }
   // A paged cache's K and V maps run over the pools: a page a batch entry, its rows a sequence.
   // (Q and O keep the batch's.)

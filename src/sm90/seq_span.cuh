@@ -14,16 +14,26 @@ struct SeqSpan {
 // grids and the kernels' choice rest on them): entries that break the API's rules never send a
 // load or store out of the tensors. Where the forward's Params carry seqused_k (Varlen), the keys
 // are at most its entry's. Params: the forward's or the backward's kernel parameters.
-template <bool kVarlen, class Params>
+// kPaged (the forward on a paged KV cache): the keys are on the sequence's pages from its key 0
+// (k_off 0), seqlen_k of them, or cu_seqlens_k's count where it is set (its offsets not read).
+template <bool kVarlen, bool kPaged = false, class Params>
 __device__ __forceinline__ SeqSpan seq_span(const Params& p, int batch) {
   if constexpr (!kVarlen) {
     return {0, p.seqlen_q, 0, p.seqlen_k};
   } else {
     const int q0 = min(max(__ldg(p.cu_seqlens_q + batch), 0), p.total_q);
     const int q1 = min(max(__ldg(p.cu_seqlens_q + batch + 1), q0), p.total_q);
-    const int k0 = min(max(__ldg(p.cu_seqlens_k + batch), 0), p.total_k);
-    const int k1 = min(max(__ldg(p.cu_seqlens_k + batch + 1), k0), p.total_k);
-    int k_len = min(k1 - k0, p.seqlen_k);
+    int k0 = 0, k_len = p.seqlen_k;
+    if constexpr (kPaged) {
+      if (p.cu_seqlens_k != nullptr) {
+        const int c0 = max(__ldg(p.cu_seqlens_k + batch), 0);
+        k_len = min(max(__ldg(p.cu_seqlens_k + batch + 1), c0) - c0, p.seqlen_k);
+      }
+    } else {
+      k0 = min(max(__ldg(p.cu_seqlens_k + batch), 0), p.total_k);
+      const int k1 = min(max(__ldg(p.cu_seqlens_k + batch + 1), k0), p.total_k);
+      k_len = min(k1 - k0, p.seqlen_k);
+    }
     // The forward's Varlen::seqused_k: the first seqused_k[batch] keys of the span.
     if constexpr (requires { p.seqused_k; })
       if (p.seqused_k != nullptr) k_len = min(k_len, max(__ldg(p.seqused_k + batch), 0));

@@ -15,6 +15,7 @@ Status sm90_forward(const FwdParams& given, cudaStream_t stream) {
 }
 
 Status sm90_forward_rows(const FwdParams& a, cudaStream_t stream) {
+  if (a.block_table != nullptr) return sm90_forward_paged(a, stream);
   if (a.softcap > 0.0f) return sm90_forward_softcap(a, stream);
   if (a.varlen()) return sm90_forward_varlen(a, stream);
   auto launch = [&]<class Cfg>() { return sm90::launch_forward<Cfg>(a, stream); };

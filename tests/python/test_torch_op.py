@@ -25,6 +25,7 @@ fa4's message; every other failure fails.
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from pathlib import Path
@@ -667,12 +668,14 @@ def test_kvcache_rows_past_the_lengths_may_hold_nan(d):
 def test_kvcache_paged_matches_the_reference_with_nan_pages_between(d):
     """A paged cache (block_table): each entry's keys on shuffled pages of a pool whose other pages
     are NaN, as are the spare table columns' pages and the rows past each entry's keys; decoding
-    and a few causal rows, pages of 128 and 512 rows, lengths given and not."""
+    and a few causal rows, pages of 16 to 512 rows (vLLM's 16: several pages a key block), lengths
+    given and not."""
     b, hq, hkv = 4, 8, 2
     gen = torch.Generator(device=DEV).manual_seed(91)
     # (Without lengths every key of an entry's pages counts: sc a multiple of the page.)
     for page, sq, causal, with_lens, sc in ((128, 1, False, True, 700), (512, 3, True, True, 700),
-                                            (128, 5, False, False, 640)):
+                                            (128, 5, False, False, 640), (16, 1, False, True, 700),
+                                            (32, 4, True, True, 333), (64, 2, False, False, 640)):
         lens = [sc, 200, 1, 129] if with_lens else [sc] * b
         q = torch.randn(b, sq, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
         k, v = caches_nan_past(lens, b, sc, hkv, d, gen)
@@ -695,12 +698,56 @@ def test_kvcache_paged_matches_the_reference_with_nan_pages_between(d):
                           lse)
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_paged_varlen_matches_the_reference_with_nan_pages_between(d):
+    """A paged cache with packed queries (flash_attn_varlen_func with block_table; vLLM's prefill and
+    mixed batches): sequences of 1 to 70 query rows on shuffled pages of 16 and 128 rows among NaN
+    pages, their keys from seqused_k, from cu_seqlens_k's differences, or the table's; causal and
+    not; each sequence against float64, its LSE too."""
+    hq, hkv = 8, 2
+    gen = torch.Generator(device=DEV).manual_seed(93)
+    qlens, sc = [1, 70, 5, 33], 700
+    b = len(qlens)
+    cu_q = torch.tensor([0] + list(itertools.accumulate(qlens)), dtype=torch.int32, device=DEV)
+    for page, causal, lens_from in ((16, True, "seqused_k"), (128, False, "cu_seqlens_k"), (16, False, "table")):
+        lens = [sc] * b if lens_from == "table" else [sc, 200, 70, 129]
+        k, v = caches_nan_past(lens, b, sc, hkv, d, gen)
+        q = torch.randn(cu_q[-1].item(), hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+        per = -(-sc // page)
+        num_pages = 2 * b * per + 1
+        ids = torch.randperm(num_pages, generator=torch.Generator().manual_seed(page)).to(torch.int32)
+        table = ids[:b * per].reshape(b, per).to(DEV)
+        kp = torch.full((num_pages, page, hkv, d), float("nan"), device=DEV, dtype=torch.bfloat16)
+        vp = kp.clone()
+        for i in range(b):
+            for j in range(per):
+                n = min(page, sc - j * page)
+                kp[table[i, j], :n] = k[i, j * page:j * page + n]
+                vp[table[i, j], :n] = v[i, j * page:j * page + n]
+        used = torch.tensor(lens, dtype=torch.int32, device=DEV) if lens_from == "seqused_k" else None
+        cu_k = (torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=DEV)
+                if lens_from == "cu_seqlens_k" else None)
+        with torch.no_grad():
+            out, lse = call_or_skip(fa4.flash_attn_varlen_func, q, kp, vp, cu_q, cu_k, max(qlens), 0,
+                                    causal=causal, return_lse=True, seqused_k=used, block_table=table)
+        assert out.shape == q.shape and lse.shape == (hq, q.shape[0])
+        scale = 1.0 / math.sqrt(d)
+        for i, n in enumerate(lens):
+            r0, r1 = cu_q[i].item(), cu_q[i + 1].item()
+            qs, ks, vs = q[r0:r1].unsqueeze(0), k[i:i + 1, :n], v[i:i + 1, :n]
+            ref, lse_ref = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=False)
+            ref_lp, lse_lp = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=True)
+            assert_close_by_criterion(out[r0:r1].unsqueeze(0), ref_lp, ref,
+                                      f"d{d} pages of {page} ({lens_from}) sequence {i} ({n} keys)")
+            assert_lse(lse[:, r0:r1].unsqueeze(0), lse_lp, lse_ref)
+
+
 def test_kvcache_refuses_what_it_does_not_implement():
     q = torch.randn(2, 1, 4, 64, device=DEV, dtype=torch.bfloat16)
     k = torch.randn(2, 100, 4, 64, device=DEV, dtype=torch.bfloat16)
-    # A paged cache's pages of fewer than 128 rows, and a page size that is not a power of two.
-    pages = torch.randn(4, 64, 4, 64, device=DEV, dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match=r"paged.page_size = 64"):
+    # A paged cache's pages of fewer than 16 rows, and a page size that is not a power of two.
+    pages = torch.randn(4, 8, 4, 64, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=r"paged.page_size = 8"):
         fa4.flash_attn_with_kvcache(q, pages, pages, block_table=torch.zeros(2, 2, dtype=torch.int32, device=DEV))
     pages = torch.randn(4, 192, 4, 64, device=DEV, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"paged.page_size = 192: must be a power of two"):
