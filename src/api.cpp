@@ -28,16 +28,17 @@ Status zero(const char* what, const TensorRef& t, const Problem& p, int64_t seq,
 }
 
 // The query and key rows the tensors hold as zero() takes them: [batch, seqlen] each, or with
-// varlen one batch of total_q / total_k rows (none where the longest sequence is empty).
+// varlen one batch of total_q / total_k rows (none where the longest sequence is empty). A paged
+// cache's keys are its tables' (seqlen_k a sequence), packed queries or not.
 struct Rows {
   Problem shape;
   int64_t q, k;
 };
-Rows rows_of(const Problem& p, const Varlen& vl) {
+Rows rows_of(const Problem& p, const Varlen& vl, bool paged = false) {
   if (!vl.enabled()) return {p, p.seqlen_q, p.seqlen_k};
   Problem one = p;
   one.batch = 1;
-  return {one, p.seqlen_q > 0 ? vl.total_q : 0, p.seqlen_k > 0 ? vl.total_k : 0};
+  return {one, p.seqlen_q > 0 ? vl.total_q : 0, p.seqlen_k > 0 ? (paged ? p.seqlen_k : vl.total_k) : 0};
 }
 
 }  // namespace
@@ -101,7 +102,7 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
   Status s = validate(args);
   if (!s.ok()) return s;
   const Problem& p = args.problem;
-  const Rows rows = rows_of(p, args.varlen);
+  const Rows rows = rows_of(p, args.varlen, args.paged.enabled());
   // Nothing to compute, and nothing the GPU must be asked about.
   if (p.batch == 0 || rows.q == 0) return Status::Ok();
   if (!(s = detail::check_current_device()).ok()) return s;

@@ -111,9 +111,12 @@ struct SoftcapConfig : Base {
 // each key block's pages up in the entry's table row (fwd_kernel.cuh, paged_config). Launched on
 // single CTAs, only the kernels that read entries' keys (a paged cache's launch takes them as
 // seqused_k's: fwd_launch.cuh, entry_keys).
-template <class Base>
+// kLanes: the loaders hand each block to page lanes (pages smaller than a key block, and packed
+// queries); otherwise a block lies on one page and the loaders load it themselves.
+template <class Base, bool kLanes>
 struct PagedConfig : Base {
   static constexpr bool kPagedKV = true;
+  static constexpr bool kPageLanes = kLanes;
   static_assert(Base::kConsumers == 2, "a paged cache's kernels run on two consumers");
   // The page lanes' hand-over (fwd_kernel.cuh, PagedLoads), after the barriers.
   static constexpr int kPagedOffset = Base::kBarOffset + Base::kBarBytes;
@@ -123,19 +126,19 @@ struct PagedConfig : Base {
 
 // The paged configurations, soft-capped or not: d64 on two consumers (d64_consumers), d128 its
 // own, d256 on 64-key blocks (a power of two: a block on one page or on whole pages).
-template <bool kBF16, class F>
+template <bool kBF16, bool kLanes, class F>
 Status with_paged_config(const detail::FwdParams& a, F&& f) {
   const bool cap = a.softcap > 0.0f;
   switch (a.head_dim) {
     case 64:
-      if (cap) return f.template operator()<SoftcapConfig<PagedConfig<D64Config<kBF16, 2>>>>();
-      return f.template operator()<PagedConfig<D64Config<kBF16, 2>>>();
+      if (cap) return f.template operator()<SoftcapConfig<PagedConfig<D64Config<kBF16, 2>, kLanes>>>();
+      return f.template operator()<PagedConfig<D64Config<kBF16, 2>, kLanes>>();
     case 128:
-      if (cap) return f.template operator()<SoftcapConfig<PagedConfig<D128Config<kBF16>>>>();
-      return f.template operator()<PagedConfig<D128Config<kBF16>>>();
+      if (cap) return f.template operator()<SoftcapConfig<PagedConfig<D128Config<kBF16>, kLanes>>>();
+      return f.template operator()<PagedConfig<D128Config<kBF16>, kLanes>>();
     case 256:
-      if (cap) return f.template operator()<SoftcapConfig<PagedConfig<D256Config<64, kBF16>>>>();
-      return f.template operator()<PagedConfig<D256Config<64, kBF16>>>();
+      if (cap) return f.template operator()<SoftcapConfig<PagedConfig<D256Config<64, kBF16>, kLanes>>>();
+      return f.template operator()<PagedConfig<D256Config<64, kBF16>, kLanes>>();
     default:
       return {StatusCode::kNotSupported, "head_dim = " + std::to_string(a.head_dim) + " has no sm90 kernel"};
   }

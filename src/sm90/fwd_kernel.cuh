@@ -296,6 +296,13 @@ constexpr bool paged_config() {
     return false;
 }
 template <class Cfg>
+constexpr bool page_lanes() {
+  if constexpr (requires { Cfg::kPageLanes; })
+    return Cfg::kPageLanes;
+  else
+    return false;
+}
+template <class Cfg>
 constexpr int paged_loads_offset() {
   if constexpr (paged_config<Cfg>())
     return Cfg::kPagedOffset;
@@ -458,10 +465,11 @@ static_assert(sizeof(FwdBarriers) <= 512, "FwdConfig::kBarBytes must hold the ba
 // A paged cache's loads (fwd_kernel's kPaged): a key block lies on one page or on up to
 // kBlockN / 16 whole pages, each a TMA box a chunk. The K loader (k = 0) and the V loader (k = 1)
 // hand each block to page lanes of their own warps (lanes 1 to kBlockN / 16): req[k] is {the
-// block's first key, the entry's table offset (batch * table_stride), the head, the ring stage |
-// 256 where V lands on v_tail} (key < 0: no more), posted on req_full[k] once req_empty[k] says
-// every page lane has read the last; page lane i looks up page i of the block and loads it. In
-// the loaders (24 registers a thread) the look-up and a box a page spilled 16-100 bytes.
+// block's first key, the entry's table offset (batch * table_stride), the head (varlen: the query
+// head), the ring stage | 256 where V lands on v_tail} (key < 0: no more), posted on req_full[k]
+// once req_empty[k] says every page lane has read the last; page lane i looks up page i of the
+// block and loads it. In the loaders (24 registers a thread) the look-up and a box a page spilled
+// 16-100 bytes. (Batched, a block on one page loads in the loader itself: fwd_kernel's load_kv.)
 struct alignas(16) PagedLoads {
   int4 req[2];
   uint64_t req_full[2], req_empty[2];
@@ -676,7 +684,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr bool kPaged = paged_config<Cfg>();
   static_assert(!kPaged || ((kEntryKeys || kVarlen) && Cfg::kConsumers == 2 && !folded_kv<Cfg>() && kCluster == 1),
                 "a paged cache's kernels read entries' (sequences') keys, on two consumers and single CTAs");
-  // (kPaged) Pages of 16 rows or more: the page lanes a loader has (PagedLoads).
+  // (kPaged) Pages of 16 rows or more: the page lanes a loader has (PagedLoads), where the config
+  // takes them (page_lanes: pages smaller than a key block, and packed queries); otherwise a key
+  // block lies on one page, which the loaders look up themselves.
+  constexpr bool kPageLanes = kPaged && page_lanes<Cfg>();
+  static_assert(!kPaged || kPageLanes || !kVarlen, "a paged cache's varlen kernels hand the pages to page lanes");
   constexpr int kMaxPages = Cfg::kBlockN / 16;
   static_assert(!kPaged || (kMaxPages <= 31 && (Cfg::kBlockN & (Cfg::kBlockN - 1)) == 0),
                 "a paged cache's key blocks: a power of two, 16 rows a page lane");
@@ -730,8 +742,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_init(&bar.k_empty[s], Cfg::kConsumers * kCluster);  // every CTA's consumers
       mbar_init(&bar.v_empty[s], Cfg::kConsumers * kCluster);
     }
-    if constexpr (kEntryKeys) bar.k_round = 0;
-    if constexpr (kPaged)
+    if constexpr (kEntryKeys || kPaged) bar.k_round = 0;
+    if constexpr (kPageLanes)
       for (int k = 0; k < 2; ++k) {
         mbar_init(&pl.req_full[k], 1);
         mbar_init(&pl.req_empty[k], kMaxPages);
@@ -794,7 +806,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           tma_load_5d(dst, &p.tm_q, full, 0, ca.c1, ca.c2, ca.c3, batch);
       }
     };
-    if constexpr (kPaged) {
+    if constexpr (kPageLanes) {
       // The page lanes (PagedLoads): lanes 1 to kMaxPages of warp 0 load K's pages, of warp 1 V's.
       const int k = int(threadIdx.x) / 32, i = int(threadIdx.x) % 32 - 1;
       if (k < 2 && i >= 0 && i < kMaxPages) {
@@ -818,7 +830,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           uint8_t* dst = (k == 0 ? sK : sV) + stage * Cfg::kKVBytes + r * 128;
 #pragma unroll
           for (int c = 0; c < Cfg::kChunks; ++c)
-            tma_load_4d(dst + c * kBlockN * 128, map, full, c * 64, row & ((1 << shift) - 1), q.z, page);
+            tma_load_4d(dst + c * kBlockN * 128, map, full, c * 64, row & ((1 << shift) - 1),
+                        kVarlen ? q.z / p.head_ratio : q.z, page);
         }
         return;
       }
@@ -926,7 +939,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       };
       auto load_kv = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* full, int row, int head, int batch) {
         if constexpr (kPaged) {
-          // Paged: the block to the page lanes (PagedLoads), its bytes expected here.
+          // Paged: the block to the page lanes (PagedLoads), its bytes expected here; without
+          // them (kPageLanes false) the block lies on one page (pages of kBlockN rows or more),
+          // loaded here from the page's row. (Both in one loader spilled 8 bytes at d64 and d128.)
+          if constexpr (!kPageLanes) {
+            const int page = min(max(__ldg(p.block_table + batch * p.table_stride + (row >> p.page_shift)), 0),
+                                 p.num_pages - 1);
+            load_tile(dst, map, full, Cfg::kKVBytes, kBlockN, row & ((1 << p.page_shift) - 1), head, page, false);
+            return;
+          }
           mbar_arrive_expect_tx(full, Cfg::kKVBytes);
           const int k = dst >= sV ? 1 : 0;
           const int stage = int((dst - (k == 0 ? sK : sV)) / Cfg::kKVBytes);
@@ -974,7 +995,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // The CTA's unit, read afresh at each claim where kEntryKeys: what ptxas derived from it once
       // before the tile loop spilled (d128's stream-K kernel, 4 bytes).
       auto unit_now = [&] {
-        if constexpr (kEntryKeys) {
+        if constexpr (kEntryKeys || kPaged) {
           uint32_t x;
           asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(x));
           return int(x) / kCluster;
@@ -991,9 +1012,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
         return int(gridDim.x);
       };
-      // The next claim's round: round + 1 (kEntryKeys: counted in bar.k_round).
+      // The next claim's round: round + 1 (kEntryKeys, kPaged: counted in bar.k_round).
       auto next_round = [&](int round) {
-        if constexpr (kEntryKeys) {
+        if constexpr (kEntryKeys || kPaged) {
           const int r = ld_shared(&bar.k_round) + 1;
           st_shared_b32(smem_addr(&bar.k_round), uint32_t(r));
           return r;
@@ -1012,9 +1033,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // Varlen: a tile past its sequence's last row is passed by at once, for the next claim
           // (the K loader's `round` then counts its claims, the static rounds' index).
           if constexpr (kVarlen)
-            while (!done(tile) && tile_past_end(tile))
-              tile = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
-                                    : p.tiles.template nth<kPairs>(++round, unit, units);
+            while (!done(tile) && tile_past_end(tile)) {
+              if constexpr (kPaged)  // (the count in bar.k_round, the unit and grid read afresh)
+                tile = p.tile_counter ? grid_now() + atomicAdd(p.tile_counter, 1)
+                                      : p.tiles.template nth<kPairs>(next_round(round), unit_now(), grid_now());
+              else
+                tile = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
+                                      : p.tiles.template nth<kPairs>(++round, unit, units);
+            }
           mbar_wait(&bar.q_empty[qw.stage], qw.phase ^ 1);
           if constexpr (kSplit) {  // before the arrive that publishes it (release)
             bar.item[qw.stage].x = tile;
@@ -1070,7 +1096,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                     : key_block_range<kBlockM, kBlockN>(bound(), tl.m_block, p.seqlen_q,
                                                         kEntryKeys ? entry_keys(p, tl.batch) : p.seqlen_k);
         if constexpr (kSplit) range = piece_range<kEntryKeys>(range, tl);
-        const int h_kv = tl.head / p.head_ratio;
+        // (kPaged with varlen: the query head, which the page lanes divide: the division's registers
+        // in the loaders spilled 8 bytes there.)
+        const int h_kv = kPaged && kVarlen ? tl.head : tl.head / p.head_ratio;
         // With varlen the sequence's first key row, batch 0 of the maps (paged: the sequence's
         // table row, from its key 0).
         const int kv_row = kVarlen && !kPaged ? sp.k_off : 0, kv_batch = kVarlen && !kPaged ? 0 : tl.batch;
@@ -1132,7 +1160,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           st_shared_b32(smem_addr(&bar.v_tail_at.x), uint32_t(-1));
           mbar_arrive(&bar.v_tail);
         }
-      if constexpr (kPaged) {  // the page lanes' end
+      if constexpr (kPageLanes) {  // the page lanes' end
         if (loads_k) post_pages(0, -1, 0, 0, 0);
         if (loads_v) post_pages(1, -1, 0, 0, 0);
       }

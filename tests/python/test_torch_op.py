@@ -706,7 +706,8 @@ def test_paged_varlen_matches_the_reference_with_nan_pages_between(d):
     not; each sequence against float64, its LSE too."""
     hq, hkv = 8, 2
     gen = torch.Generator(device=DEV).manual_seed(93)
-    qlens, sc = [1, 70, 5, 33], 700
+    # (Without lengths every key of a sequence's pages counts: sc a multiple of the pages.)
+    qlens, sc = [1, 70, 5, 33], 704
     b = len(qlens)
     cu_q = torch.tensor([0] + list(itertools.accumulate(qlens)), dtype=torch.int32, device=DEV)
     for page, causal, lens_from in ((16, True, "seqused_k"), (128, False, "cu_seqlens_k"), (16, False, "table")):
