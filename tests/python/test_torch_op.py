@@ -628,6 +628,25 @@ def caches_nan_past(lens, b, sc, hkv, d, gen):
     return k, v
 
 
+def paged_caches(k, v, page, seed):
+    """k and v [b, sc, hkv, d] as a paged cache: entry i's pages at shuffled ids of a pool of
+    2 * b * pages + 1 whose other rows are NaN. Returns (k pool, v pool, table [b, pages + 1]), each
+    table row's last column naming a NaN page."""
+    b, sc, hkv, d = k.shape
+    per = -(-sc // page)
+    num_pages = 2 * b * per + 1
+    ids = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
+    table = ids[:b * (per + 1)].reshape(b, per + 1).to(DEV)
+    kp = torch.full((num_pages, page, hkv, d), float("nan"), device=DEV, dtype=k.dtype)
+    vp = kp.clone()
+    for i in range(b):
+        for j in range(per):
+            n = min(page, sc - j * page)
+            kp[table[i, j], :n] = k[i, j * page:j * page + n]
+            vp[table[i, j], :n] = v[i, j * page:j * page + n]
+    return kp, vp, table
+
+
 def expect_each_entry(q, k, v, lens, causal, outs, what, lse=None):
     """Each output of `outs` (name: [b, sq, hq, d]) against entry i's reference over its first
     lens[i] keys, and the LSE where given."""
@@ -679,17 +698,8 @@ def test_kvcache_paged_matches_the_reference_with_nan_pages_between(d):
         lens = [sc, 200, 1, 129] if with_lens else [sc] * b
         q = torch.randn(b, sq, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
         k, v = caches_nan_past(lens, b, sc, hkv, d, gen)
-        per = -(-sc // page)
-        num_pages = 2 * b * per + 1
-        ids = torch.randperm(num_pages, generator=torch.Generator().manual_seed(page + sq)).to(torch.int32)
-        table = ids[:b * (per + 1)].reshape(b, per + 1).to(DEV)  # a spare column a row: a NaN page
-        kp = torch.full((num_pages, page, hkv, d), float("nan"), device=DEV, dtype=torch.bfloat16)
-        vp = kp.clone()
-        for i in range(b):
-            for j in range(per):
-                n = min(page, sc - j * page)
-                kp[table[i, j], :n] = k[i, j * page:j * page + n]
-                vp[table[i, j], :n] = v[i, j * page:j * page + n]
+        kp, vp, table = paged_caches(k, v, page, page + sq)  # a spare column a row: a NaN page
+        per = table.shape[1] - 1
         used = torch.tensor(lens, dtype=torch.int32, device=DEV) if with_lens else None
         out, lse = call_or_skip(fa4.flash_attn_with_kvcache, q, kp, vp, cache_seqlens=used, causal=causal,
                                 block_table=table[:, :per] if not with_lens else table, return_softmax_lse=True)
@@ -714,17 +724,8 @@ def test_paged_varlen_matches_the_reference_with_nan_pages_between(d):
         lens = [sc] * b if lens_from == "table" else [sc, 200, 70, 129]
         k, v = caches_nan_past(lens, b, sc, hkv, d, gen)
         q = torch.randn(cu_q[-1].item(), hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
-        per = -(-sc // page)
-        num_pages = 2 * b * per + 1
-        ids = torch.randperm(num_pages, generator=torch.Generator().manual_seed(page)).to(torch.int32)
-        table = ids[:b * per].reshape(b, per).to(DEV)
-        kp = torch.full((num_pages, page, hkv, d), float("nan"), device=DEV, dtype=torch.bfloat16)
-        vp = kp.clone()
-        for i in range(b):
-            for j in range(per):
-                n = min(page, sc - j * page)
-                kp[table[i, j], :n] = k[i, j * page:j * page + n]
-                vp[table[i, j], :n] = v[i, j * page:j * page + n]
+        kp, vp, table = paged_caches(k, v, page, page)
+        table = table[:, :-1]  # (no spare column: the table's keys are the sequences')
         used = torch.tensor(lens, dtype=torch.int32, device=DEV) if lens_from == "seqused_k" else None
         cu_k = (torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=DEV)
                 if lens_from == "cu_seqlens_k" else None)
