@@ -820,13 +820,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // else kBlockN >> page_shift, the map's boxes a page's rows. The table's column at most
           // the last that seqlen_k's keys name (a block's pages past them load that page again:
           // rows past the entry's keys are masked, V's zeroed); the map's batch is the page.
+          // q.w: the stage, 256 where V lands on v_tail, the empty barrier's parity << 9. Each lane
+          // waits for the slot; lane 0 expects its bytes before any lane's box is issued.
           const int shift = p.page_shift, rows = min(1 << min(shift, 30), kBlockN), r = i * rows;
+          const int stage = q.w & 255;
+          uint64_t* full = (q.w & 256) != 0 ? &bar.v_tail : k == 0 ? &bar.k_full[stage] : &bar.v_full[stage];
+          mbar_wait(k == 0 ? &bar.k_empty[stage] : &bar.v_empty[stage], uint32_t(q.w >> 9) & 1u);
+          if (i == 0) mbar_arrive_expect_tx(full, Cfg::kKVBytes);
+          __syncwarp(((1u << kMaxPages) - 1u) << 1);
           if (r >= kBlockN) continue;
           const int row = q.x + r;
           const int page = min(max(__ldg(p.block_table + q.y + min(row >> shift, (p.seqlen_k - 1) >> shift)), 0),
                                p.num_pages - 1);
-          const int stage = q.w & 255;
-          uint64_t* full = q.w >= 256 ? &bar.v_tail : k == 0 ? &bar.k_full[stage] : &bar.v_full[stage];
           uint8_t* dst = (k == 0 ? sK : sV) + stage * Cfg::kKVBytes + r * 128;
 #pragma unroll
           for (int c = 0; c < Cfg::kChunks; ++c)
@@ -929,6 +934,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // A K or V block: with clusters this CTA's half of its rows, multicast to both CTAs (each
       // CTA's full barrier expects the whole block: its own half and its partner's). Folded
       // (folded_kv): the block as one box, or with clusters this CTA's half of its column chunks.
+      RingPos<Cfg::kStages> w;
       // (kPaged) A request to loader k's page lanes (PagedLoads), once they have all read the last.
       [[maybe_unused]] auto post_pages = [&](int k, int row, int table_row, int head, int where) {
         const int n = ld_shared(&pl.sent[k]);
@@ -948,10 +954,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             load_tile(dst, map, full, Cfg::kKVBytes, kBlockN, row & ((1 << p.page_shift) - 1), head, page, false);
             return;
           }
-          mbar_arrive_expect_tx(full, Cfg::kKVBytes);
+          // (The slot's empty wait and the bytes expected are the page lanes': the request goes
+          // out while the slot is still read, so the hand-over's latency passes under that.)
           const int k = dst >= sV ? 1 : 0;
           const int stage = int((dst - (k == 0 ? sK : sV)) / Cfg::kKVBytes);
-          post_pages(k, row, batch * p.table_stride, head, stage | (full == &bar.v_tail ? 256 : 0));
+          post_pages(k, row, batch * p.table_stride, head,
+                     stage | (full == &bar.v_tail ? 256 : 0) | int(w.phase ^ 1u) << 9);
           return;
         }
         if constexpr (folded_kv<Cfg>()) {
@@ -981,7 +989,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         else
           mbar_wait_cluster(empty, phase);  // the partner's consumers arrive on it too
       };
-      RingPos<Cfg::kStages> w;
       RingPos<Cfg::kQStages> qw;
       // The K loader's next work item (it also loads Q, unless kOInKV): the first is the CTA's (or
       // cluster's) own.
@@ -1127,13 +1134,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const int nb = TileOrder::walk_block(diag_last, n, range.lo, range.hi);
           if (loads_k) {
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(0);
-            wait_empty(&bar.k_empty[w.stage], w.phase ^ 1);
+            if constexpr (!kPageLanes) wait_empty(&bar.k_empty[w.stage], w.phase ^ 1);  // (else the lanes')
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(1);
             load_kv(sK + w.stage * Cfg::kKVBytes, &p.tm_k, &bar.k_full[w.stage], kv_row + nb * kBlockN, h_kv, kv_batch);
           }
           if (loads_v) {
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(2);
-            wait_empty(&bar.v_empty[w.stage], w.phase ^ 1);
+            if constexpr (!kPageLanes) wait_empty(&bar.v_empty[w.stage], w.phase ^ 1);  // (else the lanes')
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(3);
             uint8_t* dst = sV + w.stage * Cfg::kKVBytes;
             uint64_t* full = &bar.v_full[w.stage];
