@@ -319,6 +319,20 @@ std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor&
   return batched_forward(p, q, k, v, with_lse, entries, op);
 }
 
+// block_table checked (int32 [batch, max_pages] on `device`, its rows contiguous; batch as taken
+// from `from`) and, with k_pages' page size and count, the PagedKV fa4 takes.
+fa4::PagedKV paged_of(const at::Tensor& block_table, const at::Tensor& k_pages, int64_t batch,
+                      const at::Device& device, const char* op, const char* from) {
+  check_int32_on(block_table, op, "block_table", device);
+  FA4_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == batch &&
+                      (block_table.stride(1) == 1 || block_table.size(1) <= 1),
+                  op, ": block_table has shape ", shape_str(block_table), " and strides ", strides_str(block_table),
+                  ": must be [batch, max_pages] (batch = ", batch, ", from ", from, ") with contiguous rows");
+  // (One entry's row is never stepped over: its stride is free.)
+  return {block_table.data_ptr<int32_t>(), block_table.size(0) <= 1 ? block_table.size(1) : block_table.stride(0),
+          k_pages.size(1), k_pages.size(0)};
+}
+
 // A paged cache: k_pages and v_pages [num_pages, page_size, heads_kv, head_dim], block_table
 // int32 [batch, max_pages] (its rows contiguous) on q's device; each entry's keys are its first
 // max_pages * page_size, or seqused_k[b] of them.
@@ -332,20 +346,12 @@ std::tuple<at::Tensor, at::Tensor> fwd_paged_op(const at::Tensor& q, const at::T
   FA4_CHECK_VALUE(k_pages.size(3) == q.size(3), op, ": k_cache has shape ", shape_str(k_pages), ", q has ",
                   shape_str(q), ": head_dim (dim 3) must match");
   check_shape(v_pages, shape_of(k_pages), op, "v_cache", "k_cache's shape: [num_pages, page_size, heads_kv, head_dim]");
-  check_int32_on(block_table, op, "block_table", q.device());
-  FA4_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == q.size(0) &&
-                      (block_table.stride(1) == 1 || block_table.size(1) <= 1),
-                  op, ": block_table has shape ", shape_str(block_table), " and strides ", strides_str(block_table),
-                  ": must be [batch, max_pages] (batch = ", q.size(0), ", from q) with contiguous rows");
+  const fa4::PagedKV paged = paged_of(block_table, k_pages, q.size(0), q.device(), op, "q");
   fa4::Problem p = make_problem(q, k_pages, softmax_scale, causal, window_left, window_right, op);
   p.seqlen_k = block_table.size(1) * k_pages.size(1);  // each entry's table row's keys
   p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
   fa4::Varlen entries;
   entries.seqused_k = seqused_of(seqused_k, p.batch, q.device(), op, "q");
-  // (One entry's row is never stepped over: its stride is free.)
-  const fa4::PagedKV paged{block_table.data_ptr<int32_t>(),
-                           block_table.size(0) <= 1 ? block_table.size(1) : block_table.stride(0), k_pages.size(1),
-                           k_pages.size(0)};
   return batched_forward(p, q, k_pages, v_pages, with_lse, entries, op, paged);
 }
 
@@ -478,11 +484,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_paged_varlen_op(
   check_shape(v_pages, shape_of(k_pages), op, "v_cache", "k_cache's shape: [num_pages, page_size, heads_kv, head_dim]");
   check_cu_seqlens(cu_seqlens_q, op, "cu_seqlens_q", q.device());
   const int64_t batch = cu_seqlens_q.size(0) - 1;
-  check_int32_on(block_table, op, "block_table", q.device());
-  FA4_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == batch &&
-                      (block_table.stride(1) == 1 || block_table.size(1) <= 1),
-                  op, ": block_table has shape ", shape_str(block_table), " and strides ", strides_str(block_table),
-                  ": must be [batch, max_pages] (batch = ", batch, ", from cu_seqlens_q) with contiguous rows");
+  const fa4::PagedKV paged = paged_of(block_table, k_pages, batch, q.device(), op, "cu_seqlens_q");
   if (cu_seqlens_k.has_value()) {
     check_cu_seqlens(*cu_seqlens_k, op, "cu_seqlens_k", q.device());
     FA4_CHECK_VALUE(cu_seqlens_k->size(0) == batch + 1, op, ": cu_seqlens_k has ", cu_seqlens_k->size(0),
@@ -502,9 +504,6 @@ std::tuple<at::Tensor, at::Tensor> fwd_paged_varlen_op(
   fa4::Varlen varlen{cu_seqlens_q.data_ptr<int32_t>(),
                      cu_seqlens_k.has_value() ? cu_seqlens_k->data_ptr<int32_t>() : nullptr, q.size(0), 0};
   varlen.seqused_k = seqused_of(seqused_k, p.batch, q.device(), op, "cu_seqlens_q");
-  const fa4::PagedKV paged{block_table.data_ptr<int32_t>(),
-                           block_table.size(0) <= 1 ? block_table.size(1) : block_table.stride(0), k_pages.size(1),
-                           k_pages.size(0)};
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty(q.sizes(), q.options());
   const auto f32 = q.options().dtype(at::kFloat);
