@@ -55,6 +55,10 @@ struct Case {
   int diagonal_last = 0;
   // Problem::softcap (0: off).
   float softcap = 0.0f;
+  // Through the sm90 launch where set: FwdParams::decode (1: the tile kernels, 2: the decoding
+  // kernel wherever it runs). With cluster, split, max_ctas or diagonal_last set (the tile
+  // kernels' knobs) and decode 0, the tile kernels (1).
+  int decode = 0;
   // Set: the launch in its place (through FwdParams, with cluster, split, max_ctas and
   // diagonal_last applied).
   fa4::Status (*launch)(const fa4::detail::FwdParams&, cudaStream_t) = nullptr;
@@ -70,7 +74,8 @@ struct Case {
            (cluster > 0 ? " cluster " + std::to_string(cluster) : "") +
            (split > 0 ? " split " + std::to_string(split) : "") + (max_ctas > 0 ? " ctas " + std::to_string(max_ctas) : "") +
            (diagonal_last > 0 ? " diagonal_last " + std::to_string(diagonal_last) : "") +
-           (softcap > 0 ? " softcap " + std::to_string(softcap) : "");
+           (softcap > 0 ? " softcap " + std::to_string(softcap) : "") +
+           (decode > 0 ? " decode " + std::to_string(decode) : "");
   }
 };
 
@@ -133,7 +138,7 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
   args.o = dout.ref;
   args.lse = lse;
   fa4::Status st;
-  if (c.cluster == 0 && c.split == 0 && c.max_ctas == 0 && c.diagonal_last == 0 && c.launch == nullptr) {
+  if (c.cluster == 0 && c.split == 0 && c.max_ctas == 0 && c.diagonal_last == 0 && c.decode == 0 && c.launch == nullptr) {
     st = fa4::forward(args, nullptr);
   } else {
     st = fa4::validate(args);
@@ -143,6 +148,7 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
     fp.split = c.split;
     fp.max_ctas = c.max_ctas;
     fp.diagonal_last = c.diagonal_last;
+    fp.decode = c.decode != 0 ? c.decode : 1;
     st = c.launch ? c.launch(fp, nullptr) : fa4::detail::sm90_forward(fp, nullptr);
   }
   ASSERT_TRUE(st.ok()) << st.message;
@@ -340,6 +346,54 @@ TEST(ForwardGpu, DecodingQueryGroupsFolded) {
     run_case({BF16, 1, 1, 300, 64, 8, d, false, 299, 0}, seed++);  // left = seqlen_k - 1: folded
     run_case({BF16, 1, 1, 300, 8, 2, d, false, 50, 3}, seed++);    // keys dropped: not folded
     run_case({BF16, 2, 1, 333, 4, 4, d, true}, seed++);            // MHA: nothing to fold
+  }
+}
+
+// The decoding kernel alone (sm90/decode_kernel.cuh), its rows unfolded as sm90_forward unfolds
+// them: a launch it does not take fails the case instead of running elsewhere.
+fa4::Status decoding_kernel(const fa4::detail::FwdParams& f, cudaStream_t stream) {
+  fa4::detail::FwdParams g = f;
+  g.seqlen_q >>= g.fold;  // (sm90::unfold_query_rows)
+  g.heads_q <<= g.fold;
+  g.fold = 0;
+  g.decode = 2;
+  return fa4::detail::sm90_forward_decode(g, stream);
+}
+
+// A KV head's rows (seqlen_q x the group, 1 to 16) on the decoding kernel against float64: one key
+// to thousands (a split, many splits), key counts off its 64-key blocks, causal rows without keys
+// (seqlen_q > seqlen_k), windows on either side, a group of 5, scores spread tens of log2 units (the
+// online rescale), BHSD and padded strides, both dtypes; and the same decoding calls on the tile
+// kernels (decode 1), which the launch's rule no longer gives them.
+TEST(ForwardGpu, DecodingKernelRowsSplitsAndBounds) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 900;
+  for (int64_t d : {64, 128}) {
+    std::vector<Case> cases = {
+        {BF16, 2, 1, 1, 8, 2, d, false},            // one key
+        {BF16, 2, 1, 17, 8, 8, d, false},           // MHA: a row a KV head
+        {FP16, 3, 1, 1000, 32, 8, d, false},        // a group of 4
+        {BF16, 2, 1, 4097, 16, 1, d, true},         // MQA, 16 rows
+        {BF16, 1, 2, 300, 16, 2, d, true},          // two queries of a group of 8, each its own keys
+        {FP16, 2, 3, 333, 15, 3, d, true},          // a group of 5: 15 rows
+        {BF16, 1, 4, 65, 8, 2, d, true},            // one key past a block
+        {BF16, 1, 8, 5, 4, 2, d, true},             // seqlen_q > seqlen_k: rows without keys
+        {BF16, 1, 1, 300, 8, 2, d, false, 50, 3},   // a window on both sides
+        {FP16, 2, 2, 1000, 8, 4, d, false, 100, 0}, // causal with a left bound
+        {BF16, 1, 1, 20000, 8, 1, d, false},        // many splits
+        {BF16, 2, 1, 300, 12, 4, d, false, -1, -1, Layout::kBHSD},
+        {FP16, 2, 1, 300, 12, 4, d, false, -1, -1, Layout::kPadded},
+    };
+    Case spread{BF16, 2, 1, 2000, 8, 2, d, false};
+    spread.key_scale = 6.0, spread.key_ramp = 2.0;
+    cases.push_back(spread);
+    for (Case c : cases) {
+      c.launch = decoding_kernel;
+      ASSERT_NO_FATAL_FAILURE(run_case(c, seed++));
+      c.launch = nullptr;
+      c.decode = 1;
+      ASSERT_NO_FATAL_FAILURE(run_case(c, seed++));
+    }
   }
 }
 

@@ -462,6 +462,7 @@ void run_forward_with(const ForwardArgs& a, int split, int schedule, int max_cta
     fp.split = split;
     fp.schedule = schedule;
     fp.max_ctas = max_ctas;
+    fp.decode = 1;  // (these knobs are the tile kernels')
     st = fa4::detail::sm90_forward(fp, nullptr);
   }
   ASSERT_TRUE(st.ok()) << st.message;

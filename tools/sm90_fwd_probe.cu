@@ -700,7 +700,8 @@ int main(int argc, char** argv) {
         ++c;
       }
     }
-    struct Way { const char* name; Launcher fn; int split, d; bool bhsd = false; };
+    // decode: FwdParams::decode (1: the tile kernels, 2: the decoding kernel wherever it runs).
+    struct Way { const char* name; Launcher fn; int split, d; bool bhsd = false; int decode = 1; };
     static const Way ways[] = {
         {"launch", fa4::detail::sm90_forward, 0, 0},      {"split_never", fa4::detail::sm90_forward, 1, 0},
         {"split_always", fa4::detail::sm90_forward, 2, 0}, {"d64_two", run_cfg<64, 128, 4, 0, 2>, 0, 64},
@@ -708,6 +709,8 @@ int main(int argc, char** argv) {
         // K and V read as [batch, heads, seq, dim] (other values, the same bytes): each head's keys
         // contiguous instead of interleaved with the other heads' rows
         {"launch_kv_bhsd", fa4::detail::sm90_forward, 0, 0, true}, {"split_never_kv_bhsd", fa4::detail::sm90_forward, 1, 0, true},
+        // The decoding kernel (sm90/decode_kernel.cuh) where it runs (head dims 64 and 128).
+        {"decode_kernel", fa4::detail::sm90_forward, 0, 0, false, 2}, {"decode_kernel_kv_bhsd", fa4::detail::sm90_forward, 0, 0, true, 2},
     };
     const int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 5;
     ColdTimer timer;
@@ -721,9 +724,10 @@ int main(int argc, char** argv) {
       std::vector<std::vector<double>> us(std::size(ways));
       for (int r = 0; r < rounds; ++r)
         for (size_t w = 0; w < std::size(ways); ++w) {
-          if (ways[w].d != 0 && ways[w].d != x.d) continue;
+          if ((ways[w].d != 0 && ways[w].d != x.d) || (ways[w].decode == 2 && x.d == 256)) continue;
           FwdParams pw = p;
           pw.split = ways[w].split;
+          pw.decode = ways[w].decode;
           if (ways[w].bhsd)
             for (int64_t* st : {pw.k_stride, pw.v_stride}) st[1] = x.d, st[2] = int64_t(x.sk) * x.d;
           us[w].push_back(timer.median_us(ways[w].fn, pw));

@@ -66,6 +66,10 @@ struct FwdParams {
   // are then the folded rows (queries << fold) and heads (heads_kv), q_stride and o_stride stay the
   // tensors' own, and row r is query r >> fold of query head (head << fold) + (r & (2^fold - 1)).
   int fold = 0;
+  // The decoding kernel (sm90/decode_kernel.cuh: a KV head's rows, seqlen_q x the query group, at
+  // most 16, on mma.sync tiles): 0 = where the launch's rule takes it (sm90/decode_plan.h), 1 =
+  // never, 2 = wherever it can run. For tests and measurements.
+  int decode = 0;
   bool varlen() const { return cu_seqlens_q != nullptr; }
 };
 
@@ -79,5 +83,7 @@ Status sm90_forward_varlen(const FwdParams& p, cudaStream_t stream);
 Status sm90_forward_softcap(const FwdParams& p, cudaStream_t stream);
 // A paged KV cache (p.block_table), soft-capped or not, on kernels of its own (sm90_fwd_paged.cu).
 Status sm90_forward_paged(const FwdParams& p, cudaStream_t stream);
+// A decoding call (sm90::decode_runs: unfolded rows, at most 16 a KV head) on the decoding kernel.
+Status sm90_forward_decode(const FwdParams& p, cudaStream_t stream);
 
 }  // namespace fa4::detail

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/bwd_params.h"
+#include "common/launch.cuh"
 #include "common/per_device.h"
 #include "ptx/tma.h"
 #include "sm90/bwd_dkdv_wgmma.cuh"
@@ -43,31 +44,6 @@ inline Status bwd_map_tensor(CUtensorMap* map, const char* name, const void* dat
   if (r == 0) return Status::Ok();
   return {StatusCode::kNotSupported, std::string("sm90 backward: cuTensorMapEncodeTiled refused ") + name +
                                          " (driver error " + std::to_string(r) + ")"};
-}
-
-// `kernel` on `grid`, after the kernel before it in the stream, or with kDependent as that
-// kernel's programmatic dependent: its CTAs may then start once every CTA of that kernel has
-// triggered (cudaTriggerProgrammaticLaunchCompletion) or ended, and must wait for it themselves
-// (cudaGridDependencySynchronize) before they read what it wrote.
-template <bool kDependent, class... Params, class... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t stream,
-                          Args&&... args) {
-  if constexpr (kDependent) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = size_t(smem);
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-  } else {
-    kernel<<<grid, block, size_t(smem), stream>>>(std::forward<Args>(args)...);
-    return cudaGetLastError();
-  }
 }
 
 // The backward of configuration Cfg (sm90::bwd::BwdConfig): the dK/dV kernel is Cfg's; D's kernel,

@@ -1,4 +1,5 @@
 // sm90 forward: the tile configuration of each head dim and dtype (sm90/fwd_configs.cuh).
+#include "sm90/decode_plan.h"
 #include "sm90/fwd_configs.cuh"
 #include "sm90/fwd_launch.cuh"
 
@@ -6,6 +7,14 @@ namespace fa4::detail {
 
 Status sm90_forward(const FwdParams& given, cudaStream_t stream) {
   FwdParams a = given;
+  {  // a decoding call on the decoding kernel, its rows unfolded (sm90/decode_plan.h)
+    FwdParams rows = a;
+    if (rows.fold > 0) sm90::unfold_query_rows(&rows);
+    int device = 0;
+    if (sm90::decode_runs(rows) && cudaGetDevice(&device) == cudaSuccess &&
+        sm90::decode_taken(rows, sm90::multiprocessors(device)))
+      return sm90_forward_decode(rows, stream);
+  }
   if (a.fold > 0) {  // unfolded where the fold does not pay (sm90::fold_pays)
     int device = 0;
     if (cudaGetDevice(&device) == cudaSuccess && !sm90::fold_pays(a, sm90::multiprocessors(device)))

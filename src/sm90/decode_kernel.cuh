@@ -1,0 +1,390 @@
+// sm90 decoding: a KV head's few query rows (seqlen_q x the query group, at most 16) against its
+// keys, on mma.sync tiles of 16 rows instead of wgmma's 64.
+//
+// A decoding call reads each KV head's K and V once and does little tensor work a byte. On the
+// wgmma tiles a folded decoding tile is 64 rows of which 4-16 are real, and the softmax of all 64
+// is paid a key block (docs/perf-notes.md, "d64 decoding on wider key blocks"). Here one m16n8k16
+// tile holds the rows, so a thread's softmax is 4 scores a 16-key slice.
+//
+// Grid (batch x heads_kv, splits): CTA (pair, s) takes keys [s chunk, (s + 1) chunk) of its entry's
+// (FwdParams::seqused_k, else seqlen_k; contiguous or on a paged cache's pages), cut to what its rows may see (causal or window bounds,
+// bottom-right). Four warps; each key block of kBlockN keys is a stage of a cp.async ring (K and V
+// rows, the 16-byte pieces of a row swizzled by the row's low three bits so ldmatrix reads are
+// conflict-free; keys past the entry's read as zeros, never from memory), and warp w takes keys
+// [16 w, 16 w + 16) of it: S = Q K^T by two m16n8k16 products a 16-column slice of the head dim,
+// an online softmax of its rows, O += P V with P from registers and V by ldmatrix.trans. The four
+// warps' (max, sum, O) meet in shared memory at the end. One split: O and the LSE written; more:
+// each CTA's O (normalised) and LSE (log2) go to scratch, and decode_combine_kernel merges a pair's
+// splits.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "ptx/ldmatrix.h"
+#include "ptx/sync.h"
+#include "sm90/decode_plan.h"
+
+namespace fa4::sm90::decode {
+
+constexpr int kRows = kDecodeRows;      // a KV head's query rows, one m16 tile (rows past the call's: zeros)
+constexpr int kBlockN = kDecodeBlockKeys;  // keys a stage, 16 a warp
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+// Stages of the ring: d64 4 x 16 KB (three CTAs a multiprocessor), d128 3 x 32 KB (two).
+template <int kD>
+constexpr int kStages = kD == 64 ? 4 : 3;
+template <int kD>
+constexpr int kCtasPerSm = decode_ctas_per_sm(kD);
+template <int kD>
+constexpr int kStageBytes = 2 * kBlockN * kD * 2;  // K and V
+template <int kD>
+constexpr int kSmemBytes = kStages<kD> * kStageBytes<kD>;
+static_assert(kSmemBytes<64> >= kWarps * kRows * (64 + 2) * 4 && kSmemBytes<128> >= kWarps * kRows * (128 + 2) * 4,
+              "the warps' partial rows fit where the ring was");
+static_assert(kCtasPerSm<64> * kSmemBytes<64> <= 227 * 1024 && kCtasPerSm<128> * kSmemBytes<128> <= 227 * 1024,
+              "the CTAs a multiprocessor fit its shared memory");
+
+struct DecodeParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // may be null; [batch, heads_q, seqlen_q], natural log
+  int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];  // elements: [batch, seq, head]
+  const int* seqused_k;  // entry b's keys: the first seqused_k[b] (clamped to [0, seqlen_k]); null: all
+  // A paged cache (FwdParams::block_table): entry b's key j on page block_table[b table_stride + j >>
+  // page_shift], row j & (2^page_shift - 1); k_stride[0] and v_stride[0] step pages. Null: batched.
+  const int* block_table;
+  int table_stride, page_shift;
+  int seqlen_q, seqlen_k, heads_q, heads_kv, group;  // group = heads_q / heads_kv
+  int window_left, window_right;                     // -1: unbounded; causal is right = 0
+  float scale_log2;
+  int splits, chunk;  // keys a split: a multiple of kBlockN
+  float* part_o;      // splits > 1: [pair][split][kRows][kD], each CTA's O normalised
+  float* part_lse;    // splits > 1: [pair][split][kRows], log2 units; -inf where a row saw no key
+};
+
+// Query row r of a KV head's rows: query r / group of query head hk * group + r % group.
+struct RowAt {
+  int q, h;
+};
+__host__ __device__ __forceinline__ RowAt row_at(const DecodeParams& p, int hk, int r) {
+  return {r / p.group, hk * p.group + r % p.group};
+}
+
+// The keys query q may see among an entry's `keys`: [lo, hi], bottom-right aligned.
+struct KeyRange {
+  int lo, hi;
+};
+__host__ __device__ __forceinline__ KeyRange key_range(const DecodeParams& p, int keys, int q) {
+  const int shift = keys - p.seqlen_q;
+  const int lo = p.window_left >= 0 ? q + shift - p.window_left : 0;
+  const int hi = p.window_right >= 0 ? q + shift + p.window_right : keys - 1;
+  return {lo < 0 ? 0 : lo, hi < keys - 1 ? hi : keys - 1};
+}
+
+template <bool kBF16>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  if constexpr (kBF16) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+template <bool kBF16>
+__device__ __forceinline__ float2 unpack2(uint32_t x) {
+  if constexpr (kBF16) return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+  else return __half22float2(*reinterpret_cast<const __half2*>(&x));
+}
+
+// c += a b: m16n8k16, 16-bit inputs, fp32 accumulators (PTX ISA 9.7.14.5.14).
+template <bool kBF16>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kBF16)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 bytes from global to shared, or zeros where `bytes` is 0 (cp.async, PTX ISA 9.7.9.25).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Byte offset of 16-byte piece c of row `row` in a tile of kD-column rows (the swizzle).
+template <int kD>
+__device__ __forceinline__ uint32_t tile_offset(int row, int c) {
+  return uint32_t(row * kD * 2 + ((c ^ (row & 7)) << 4));
+}
+
+// Natural-log LSE of a row from its max and sum in log2 units; -inf for a row without keys.
+__device__ __forceinline__ float natural_lse(float m, float l) {
+  return (l == 0.0f || m == -INFINITY) ? -INFINITY : (m + __log2f(l)) * 0.693147180559945309f;
+}
+
+template <int kD, bool kBF16>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<kD>) decode_kernel(const DecodeParams p) {
+  constexpr int kChunks = kD / 8;  // 16-byte pieces a row
+  extern __shared__ __align__(128) uint8_t smem[];
+  cudaTriggerProgrammaticLaunchCompletion();  // the merge's CTAs may start; they wait for this grid
+  const int pair = blockIdx.x, split = blockIdx.y;
+  const int b = pair / p.heads_kv, hk = pair % p.heads_kv;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int rows = p.seqlen_q * p.group;
+  const int keys = p.seqused_k == nullptr ? p.seqlen_k : min(max(__ldg(p.seqused_k + b), 0), p.seqlen_k);
+  // The CTA's keys: its split's, cut to what its first row may see from below and its last from
+  // above (a row's range only moves right with its query).
+  const KeyRange first = key_range(p, keys, 0), last = key_range(p, keys, p.seqlen_q - 1);
+  const int k_begin = max(split * p.chunk, first.lo), k_end = min((split + 1) * p.chunk, last.hi + 1);
+  const int blocks = k_end > k_begin ? (k_end - (k_begin / kBlockN) * kBlockN + kBlockN - 1) / kBlockN : 0;
+  const int j_first = (k_begin / kBlockN) * kBlockN;
+
+  const uint16_t* kbase = static_cast<const uint16_t*>(p.k) + hk * p.k_stride[2];
+  const uint16_t* vbase = static_cast<const uint16_t*>(p.v) + hk * p.v_stride[2];
+  const int* table = p.block_table != nullptr ? p.block_table + int64_t(b) * p.table_stride : nullptr;
+  const uint32_t s_base = ptx::smem_addr(smem);
+  // Block i's K and V rows into stage i % kStages; rows at or past k_end as zeros (never read: a
+  // cache's rows past an entry's keys may hold anything).
+  auto load = [&](int i) {
+    const uint32_t st = s_base + uint32_t((i % kStages<kD>) * kStageBytes<kD>);
+    const int j0 = j_first + i * kBlockN;
+#pragma unroll
+    for (int x = tid; x < kBlockN * kChunks; x += kThreads) {
+      const int row = x / kChunks, c = x % kChunks, j = j0 + row;
+      const bool in = j < k_end;
+      int64_t at = 0, vat = 0;  // the row's first element in K and in V
+      if (in) {
+        if (table != nullptr) {
+          const int64_t page = __ldg(table + (j >> p.page_shift)), r = j & ((1 << p.page_shift) - 1);
+          at = page * p.k_stride[0] + r * p.k_stride[1];
+          vat = page * p.v_stride[0] + r * p.v_stride[1];
+        } else {
+          at = b * p.k_stride[0] + int64_t(j) * p.k_stride[1];
+          vat = b * p.v_stride[0] + int64_t(j) * p.v_stride[1];
+        }
+      }
+      cp_async_16(st + tile_offset<kD>(row, c), kbase + at + c * 8, in ? 16 : 0);
+      cp_async_16(st + kBlockN * kD * 2 + tile_offset<kD>(row, c), vbase + vat + c * 8, in ? 16 : 0);
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < kStages<kD> - 1; ++i) {
+    if (i < blocks) load(i);
+    cp_async_commit();
+  }
+
+  // Q's A fragments, rows g and g + 8, every 16-column slice; rows past the call's are zeros.
+  uint32_t qa[kD / 16][4];
+  {
+    const uint16_t* qrow[2];
+    bool real[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = g + 8 * h;
+      real[h] = r < rows;
+      const RowAt at = row_at(p, hk, real[h] ? r : 0);
+      qrow[h] = static_cast<const uint16_t*>(p.q) + b * p.q_stride[0] + at.q * p.q_stride[1] + at.h * p.q_stride[2];
+    }
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {  // a0: row g, cols 2t; a1: row g + 8; a2, a3: cols 2t + 8
+        const int h = x & 1, col = kk * 16 + 2 * t + (x >> 1) * 8;
+        qa[kk][x] = real[h] ? __ldg(reinterpret_cast<const uint32_t*>(qrow[h] + col)) : 0u;
+      }
+  }
+  // The thread's rows' key ranges (rows past the call's take row 0's: finite, never written).
+  KeyRange range[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = g + 8 * h;
+    range[h] = key_range(p, keys, row_at(p, hk, r < rows ? r : 0).q);
+    range[h].lo = max(range[h].lo, k_begin);
+    range[h].hi = min(range[h].hi, k_end - 1);
+  }
+
+  float o[kD / 8][4];
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  for (int i = 0; i < blocks; ++i) {
+    cp_async_wait<kStages<kD> - 2>();
+    __syncthreads();  // block i landed for every thread; every warp is past block i - 1
+    if (i + kStages<kD> - 1 < blocks) load(i + kStages<kD> - 1);
+    cp_async_commit();
+    const uint32_t ks = s_base + uint32_t((i % kStages<kD>) * kStageBytes<kD>), vs = ks + kBlockN * kD * 2;
+    const int kw = warp * 16;  // the warp's first key in the block
+    float s[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      uint32_t kb[4];  // keys 0-7: pieces 2kk, 2kk + 1; keys 8-15: the same
+      ptx::ldmatrix_x4(kb, ks + tile_offset<kD>(kw + (lane / 16) * 8 + lane % 8, 2 * kk + (lane / 8) % 2));
+      mma16816<kBF16>(s[0], qa[kk], kb[0], kb[1]);
+      mma16816<kBF16>(s[1], qa[kk], kb[2], kb[3]);
+    }
+    // Scores in log2 units, masked outside each row's keys; the rows' new maxima.
+    const int j0 = j_first + i * kBlockN + kw;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1, j = j0 + 8 * n + 2 * t + (e & 1);
+        const float v = (j >= range[h].lo && j <= range[h].hi) ? s[n][e] * p.scale_log2 : -INFINITY;
+        s[n][e] = v;
+        mx[h] = fmaxf(mx[h], v);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      const float m_new = fmaxf(m[h], mx[h]);
+      const float base = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[h] = exp2f(m[h] - base);  // (0 while the row had no key)
+      m[h] = m_new;
+      l[h] *= alpha[h];
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pe = exp2f(s[n][2 * h + e] - base);
+          s[n][2 * h + e] = pe;
+          l[h] += pe;
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    // P as the A fragment of the warp's 16 keys: keys 0-7 from s[0], 8-15 from s[1].
+    const uint32_t pa[4] = {pack2<kBF16>(s[0][0], s[0][1]), pack2<kBF16>(s[0][2], s[0][3]),
+                            pack2<kBF16>(s[1][0], s[1][1]), pack2<kBF16>(s[1][2], s[1][3])};
+#pragma unroll
+    for (int n = 0; n < kD / 8; n += 2) {
+      uint32_t vb[4];  // pieces n, n + 1 of keys 0-7 and 8-15, transposed
+      ptx::ldmatrix_x4_trans(vb, vs + tile_offset<kD>(kw + (lane / 8) % 2 * 8 + lane % 8, n + lane / 16));
+      mma16816<kBF16>(o[n], pa, vb[0], vb[1]);
+      mma16816<kBF16>(o[n + 1], pa, vb[2], vb[3]);
+    }
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+  __syncthreads();  // every warp is done with the ring
+
+  // The warps' rows meet: [warp][row] max and sum, [warp][row][kD] O.
+  float* sm = reinterpret_cast<float*>(smem);
+  float* sl = sm + kWarps * kRows;
+  float* so = sl + kWarps * kRows;
+  if (t == 0)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sm[warp * kRows + g + 8 * h] = m[h];
+      sl[warp * kRows + g + 8 * h] = l[h];
+    }
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<float2*>(so + (warp * kRows + g + 8 * h) * kD + 8 * n + 2 * t) =
+          make_float2(o[n][2 * h], o[n][2 * h + 1]);
+  __syncthreads();
+
+  // Thread (row tid / 8, columns (tid % 8) x kD / 8 ...): the CTA's row, normalised.
+  constexpr int kCols = kD / 8;
+  const int r = tid / 8, c0 = (tid % 8) * kCols;
+  if (r >= rows) return;
+  float mw[kWarps], mm = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, mw[w] = sm[w * kRows + r]);
+  const float base = mm == -INFINITY ? 0.0f : mm;
+  float lsum = 0.0f, wt[kWarps];
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) lsum += sl[w * kRows + r] * (wt[w] = exp2f(mw[w] - base));
+  const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+  float out[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) acc += so[(w * kRows + r) * kD + c0 + c] * wt[w];
+    out[c] = acc * inv;
+  }
+  if (p.splits > 1) {
+    const int64_t at = (int64_t(pair) * p.splits + split) * kRows + r;
+    float4* dst = reinterpret_cast<float4*>(p.part_o + at * kD + c0);
+#pragma unroll
+    for (int c = 0; c < kCols; c += 4) dst[c / 4] = make_float4(out[c], out[c + 1], out[c + 2], out[c + 3]);
+    if (tid % 8 == 0) p.part_lse[at] = lsum > 0.0f && mm != -INFINITY ? mm + __log2f(lsum) : -INFINITY;
+    return;
+  }
+  const RowAt at = row_at(p, hk, r);
+  uint16_t* orow = static_cast<uint16_t*>(p.o) + b * p.o_stride[0] + at.q * p.o_stride[1] + at.h * p.o_stride[2] + c0;
+#pragma unroll
+  for (int c = 0; c < kCols; c += 8)
+    *reinterpret_cast<uint4*>(orow + c) =
+        make_uint4(pack2<kBF16>(out[c], out[c + 1]), pack2<kBF16>(out[c + 2], out[c + 3]),
+                   pack2<kBF16>(out[c + 4], out[c + 5]), pack2<kBF16>(out[c + 6], out[c + 7]));
+  if (p.lse != nullptr && tid % 8 == 0)
+    p.lse[(int64_t(b) * p.heads_q + at.h) * p.seqlen_q + at.q] = natural_lse(mm, lsum);
+}
+
+// A pair's splits merged (grid: batch x heads_kv, the pair's rows; thread: a column): O = the
+// splits' O weighted by 2^(lse_s - lse), lse = log2 of the sum of 2^lse_s; splits whose row saw no
+// key (lse_s -inf) left out. A CTA a row, so that a launch of few pairs still reads its partials
+// from many multiprocessors. Launched as decode_kernel's programmatic dependent.
+template <int kD, bool kBF16>
+__global__ void __launch_bounds__(kD) decode_combine_kernel(const DecodeParams p) {
+  cudaGridDependencySynchronize();
+  const int pair = blockIdx.x, r = blockIdx.y, c = threadIdx.x;
+  const int b = pair / p.heads_kv, hk = pair % p.heads_kv;
+  const float* lse = p.part_lse + int64_t(pair) * p.splits * kRows + r;
+  const float* po = p.part_o + (int64_t(pair) * p.splits * kRows + r) * kD + c;
+  float mm = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) mm = fmaxf(mm, __ldg(lse + s * kRows));
+  float acc = 0.0f, total = 0.0f;
+  if (mm != -INFINITY) {
+#pragma unroll 4
+    for (int s = 0; s < p.splits; ++s) {
+      const float ls = __ldg(lse + s * kRows);
+      const float w = ls == -INFINITY ? 0.0f : exp2f(ls - mm);
+      total += w;
+      if (w > 0.0f) acc += w * __ldg(po + int64_t(s) * kRows * kD);  // (a split without keys: its O unread)
+    }
+  }
+  const RowAt at = row_at(p, hk, r);
+  uint16_t* orow = static_cast<uint16_t*>(p.o) + b * p.o_stride[0] + at.q * p.o_stride[1] + at.h * p.o_stride[2];
+  const float out = total > 0.0f ? acc / total : 0.0f;
+  const float pair_out = __shfl_down_sync(0xffffffffu, out, 1);
+  if (c % 2 == 0) *reinterpret_cast<uint32_t*>(orow + c) = pack2<kBF16>(out, pair_out);
+  if (p.lse != nullptr && c == 0)
+    p.lse[(int64_t(b) * p.heads_q + at.h) * p.seqlen_q + at.q] = natural_lse(mm, total);
+}
+
+}  // namespace fa4::sm90::decode
