@@ -7,15 +7,15 @@
 // tile holds the rows, so a thread's softmax is 4 scores a 16-key slice.
 //
 // Grid (batch x heads_kv, splits): CTA (pair, s) takes keys [s chunk, (s + 1) chunk) of its entry's
-// (FwdParams::seqused_k, else seqlen_k; contiguous or on a paged cache's pages), cut to what its rows may see (causal or window bounds,
-// bottom-right). Four warps; each key block of kBlockN keys is a stage of a cp.async ring (K and V
+// (FwdParams::seqused_k, else seqlen_k; contiguous or on a paged cache's pages), cut to what its
+// rows may see (causal or window bounds, bottom-right). Four warps; each key block of kBlockN keys is a stage of a cp.async ring (K and V
 // rows, the 16-byte pieces of a row swizzled by the row's low three bits so ldmatrix reads are
 // conflict-free; keys past the entry's read as zeros, never from memory), and warp w takes keys
 // [16 w, 16 w + 16) of it: S = Q K^T by two m16n8k16 products a 16-column slice of the head dim,
 // an online softmax of its rows, O += P V with P from registers and V by ldmatrix.trans. The four
 // warps' (max, sum, O) meet in shared memory at the end. One split: O and the LSE written; more:
-// each CTA's O (normalised) and LSE (log2) go to scratch, and decode_combine_kernel merges a pair's
-// splits.
+// each CTA's O (normalised) and LSE (log2) go to scratch, and decode_combine_kernel (a CTA a row)
+// merges a pair's splits.
 #pragma once
 
 #include <cstdint>
