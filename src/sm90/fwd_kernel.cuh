@@ -279,10 +279,7 @@ struct FwdKernelParams {
 // softcap_in) before its mask and softmax (softmax.cuh, softcap_scores).
 template <class Cfg>
 constexpr bool softcapped() {
-  if constexpr (requires { Cfg::kSoftcap; })
-    return Cfg::kSoftcap;
-  else
-    return false;
+  return requires { requires Cfg::kSoftcap; };
 }
 
 // A paged KV cache's configuration (fwd_configs.cuh, PagedConfig): its kernels' loaders look each
@@ -290,17 +287,11 @@ constexpr bool softcapped() {
 // none of that code.
 template <class Cfg>
 constexpr bool paged_config() {
-  if constexpr (requires { Cfg::kPagedKV; })
-    return Cfg::kPagedKV;
-  else
-    return false;
+  return requires { requires Cfg::kPagedKV; };
 }
 template <class Cfg>
 constexpr bool page_lanes() {
-  if constexpr (requires { Cfg::kPageLanes; })
-    return Cfg::kPageLanes;
-  else
-    return false;
+  return requires { requires Cfg::kPageLanes; };
 }
 template <class Cfg>
 constexpr int paged_loads_offset() {
