@@ -26,6 +26,7 @@
 #include "lagged_kernels.h"
 #include "test_support.h"
 #include "reference.h"
+#include "sm90/fwd_launch.cuh"
 
 namespace {
 
@@ -353,9 +354,7 @@ TEST(ForwardGpu, DecodingQueryGroupsFolded) {
 // them: a launch it does not take fails the case instead of running elsewhere.
 fa4::Status decoding_kernel(const fa4::detail::FwdParams& f, cudaStream_t stream) {
   fa4::detail::FwdParams g = f;
-  g.seqlen_q >>= g.fold;  // (sm90::unfold_query_rows)
-  g.heads_q <<= g.fold;
-  g.fold = 0;
+  fa4::sm90::unfold_query_rows(&g);
   g.decode = 2;
   return fa4::detail::sm90_forward_decode(g, stream);
 }

@@ -23,6 +23,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "fa4/numerics/online_softmax.h"
 #include "ptx/ldmatrix.h"
 #include "ptx/sync.h"
 #include "sm90/decode_plan.h"
@@ -135,9 +136,10 @@ __device__ __forceinline__ uint32_t tile_offset(int row, int c) {
   return uint32_t(row * kD * 2 + ((c ^ (row & 7)) << 4));
 }
 
-// Natural-log LSE of a row from its max and sum in log2 units; -inf for a row without keys.
+// Natural-log LSE of a row from its max and sum in log2 units (numerics::row_lse, MUFU's log2);
+// -inf for a row without keys.
 __device__ __forceinline__ float natural_lse(float m, float l) {
-  return (l == 0.0f || m == -INFINITY) ? -INFINITY : (m + __log2f(l)) * 0.693147180559945309f;
+  return numerics::row_lse({m, l}, [](float x) { return __log2f(x); });
 }
 
 template <int kD, bool kBF16>
