@@ -2,7 +2,7 @@
 
     python3 bench/decode.py [--shapes "B,HQ,HKV,SK,D;..."] [--seqlen-q N] [--causal]
         [--providers fa4,fa4kv,fa4paged,cudnn,fa2] [--fill LO] [--page N] [--rounds 3]
-        [--dtype bf16|fp16] [--name WHAT] [--out DIR]
+        [--dtype bf16|fp16] [--flush write|read] [--kernels] [--name WHAT] [--out DIR]
 
 Each shape is [batch, seqlen_q, heads_q, d] queries (seqlen_q 1 unless --seqlen-q: speculative
 decoding's few rows) against [batch, seqlen_k, heads_kv, d] keys and values (GQA where heads_q >
@@ -21,7 +21,11 @@ against the GPU's DRAM. Providers:
   fa2    torch SDPA, flash backend  } backend refuses GQA, K and V expanded to heads_q beforehand
                                       (recorded as "kv_expanded": the bytes it reads grow)
 fa4's output is checked first against float64 (batch 0, first and last query head) by DESIGN.md
-§3's criterion. Times are medians of triton's do_bench (L2 cleared before every call) in rounds,
+§3's criterion. --flush read clears L2 before each call by reading a buffer instead of do_bench's
+writing one (L2 then holds clean lines, not dirty ones whose write-back shares DRAM with the call's
+reads: a decoding call moves 0.07-0.5 GB, L2 holds 0.05). With --kernels each record also holds its kernels' GPU times a call and the span of
+a call from its first kernel's start to its last's end (profiler, L2 cleared before each call), to
+tell the kernels' time from launch gaps. Times are medians of triton's do_bench (L2 cleared before every call) in rounds,
 the providers' order rotating by round. Writes bench/results/<date>-<what>.json (and a copy under
 $OUT when set) and prints a table.
 """
@@ -41,7 +45,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from rounds import summary, time_in_rounds  # noqa: E402
-from side_by_side import DTYPES, bench_ms, check_fa4, no_gpu, run_meta, short, write_records  # noqa: E402
+from side_by_side import DTYPES, bench_ms, bench_ms_clean_l2, call_spans, check_fa4, no_gpu, run_meta, short, write_records  # noqa: E402
 
 # (batch, heads_q, heads_kv, seqlen_k, head_dim): Llama-style GQA 32/8 and 64/8, MQA, and each head dim.
 DEFAULT_SHAPES = [
@@ -96,6 +100,8 @@ def main(argv=None) -> int:
     ap.add_argument("--page", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    ap.add_argument("--flush", choices=("write", "read"), default="write")
+    ap.add_argument("--kernels", action="store_true")
     ap.add_argument("--name", default="decode")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     a = ap.parse_args(argv)
@@ -122,7 +128,7 @@ def main(argv=None) -> int:
             torch.full((b,), sk, device="cuda", dtype=torch.int32)
         fns, recs = {}, {}
         for p in providers:
-            rec = {"op": "fwd", "provider": p, "dtype": a.dtype, "batch": b, "heads_q": hq, "heads_kv": hkv,
+            rec = {"op": "fwd", "provider": p, "flush": a.flush, "dtype": a.dtype, "batch": b, "heads_q": hq, "heads_kv": hkv,
                    "seqlen_q": sq, "seqlen_k": sk, "head_dim": d, "causal": a.causal, "ms": None, **meta}
             recs[p] = rec
             try:
@@ -168,11 +174,15 @@ def main(argv=None) -> int:
 
         def time_one(p, fn):
             with torch.no_grad():
-                return bench_ms(fn, 25, 100), None, None
+                return (bench_ms(fn, 25, 100) if a.flush == "write" else bench_ms_clean_l2(fn)), None, None
 
         timed, errors = time_in_rounds(fns, a.rounds, time_one)
         for p, e in errors.items():
             recs[p]["error"] = short(e)
+        if a.kernels:
+            for p, fn in fns.items():
+                if "error" not in recs[p]:
+                    recs[p]["kernels_us"], recs[p]["span_us"] = call_spans(fn)
         for p, rec in recs.items():
             if "error" not in rec and timed.get(p):
                 rec.update(summary(timed[p], a.rounds > 1))
@@ -202,6 +212,12 @@ def main(argv=None) -> int:
         chk = row.get("fa4", {}).get("check")
         print(" ".join(f"{x:>3}" if i != 3 else f"{x:>6}" for i, x in enumerate(key)) + "  " + "  ".join(cells) +
               "  " + "  ".join(ratios) + "  " + ("-" if not chk else ("PASS" if chk["pass"] else "FAIL")))
+    if a.kernels:
+        for r in records:
+            if r.get("kernels_us"):
+                ks = ", ".join(f"{name[:48]} {us:.1f}" for name, us in list(r["kernels_us"].items())[:4])
+                print(f"{r['provider']:>8} {r['batch']}x{r['heads_q']}/{r['heads_kv']}x{r['seqlen_k']} d{r['head_dim']}: "
+                      f"span {r['span_us']:.1f} us; {ks}")
     print("(* K and V expanded to heads_q: the backend refused GQA; ~ the peer ran without the causal mask, "
           "which it refused; ratios are the peer's time over fa4's)")
     return 1 if failed else 0

@@ -211,6 +211,42 @@ def kernel_times(fn, calls=10):
     return dict(sorted(times.items(), key=lambda kv: -kv[1]))
 
 
+def call_spans(fn, calls=20, flush_mb=256):
+    """fn's kernels with L2 cleared before every call (as do_bench does): per kernel its mean GPU
+    time a call, and the median span of a call from its first kernel's start to its last kernel's
+    end (launch gaps and waits between the kernels included), in microseconds."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cache = torch.empty(flush_mb << 20, dtype=torch.int8, device="cuda")
+
+    def cuda_events(prof):
+        return sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
+                      key=lambda e: e.time_range.start)
+
+    with torch.no_grad():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            cache.zero_()
+            torch.cuda.synchronize()
+        flush_names = {e.name for e in cuda_events(prof)}
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                cache.zero_()
+                fn()
+            torch.cuda.synchronize()
+    groups, times = [], {}
+    for e in cuda_events(prof):
+        if e.name in flush_names:
+            groups.append([])
+        elif groups:
+            groups[-1].append(e)
+            times[e.name] = times.get(e.name, 0.0) + e.time_range.elapsed_us() / calls
+    spans = sorted(max(e.time_range.end for e in g) - min(e.time_range.start for e in g) for g in groups if g)
+    return dict(sorted(times.items(), key=lambda kv: -kv[1])), (spans[len(spans) // 2] if spans else None)
+
+
 def write_records(records, out_dir: str, name: str) -> None:
     """records as <out_dir>/<date>-<name>.json, and a copy under $OUT when it is set."""
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H%M")
@@ -242,6 +278,25 @@ def tflops(b, h, s, d, causal, op, ms, sq=None):
 
 def bench_ms(fn, warmup, rep) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def bench_ms_clean_l2(fn, warmup=10, reps=100, flush_mb=256) -> float:
+    """Median ms of fn with L2 cleared before every call by reading a buffer twice L2's size, so
+    that L2 holds clean lines when fn starts. (do_bench clears it by writing zeros: fn then starts
+    with L2 full of dirty lines, whose write-back shares DRAM with fn's reads.)"""
+    cache = torch.ones(flush_mb << 18, dtype=torch.int32, device="cuda")
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for _ in range(warmup):
+        fn()
+    for i in range(reps):
+        cache.sum(dtype=torch.int64)
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return float(times[len(times) // 2])
 
 
 def short(e: BaseException) -> str:

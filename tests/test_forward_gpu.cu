@@ -1112,9 +1112,18 @@ TEST(ForwardGpu, CapturedInACudaGraphMatchesADirectCall) {
     SharedKvCase cc = counter_case();
     expect_graph_replays_match_a_direct_call(cc, 11);
   }
-  SCOPED_TRACE("stream-K pieces");
-  SharedKvCase cc = tail_case();
-  expect_graph_replays_match_a_direct_call(cc, 14);
+  {
+    SCOPED_TRACE("stream-K pieces");
+    SharedKvCase cc = tail_case();
+    expect_graph_replays_match_a_direct_call(cc, 14);
+  }
+  // The decoding kernel's splits: merged by each pair's last CTA on the stream's counters in the
+  // direct call, by decode_combine_kernel in the graph (no counters there), to the same bits.
+  for (int64_t d : {64, 128}) {
+    SCOPED_TRACE("decoding splits, d " + std::to_string(d));
+    SharedKvCase cc{2, 1, 9000, 16, 4, d, false};
+    expect_graph_replays_match_a_direct_call(cc, 15);
+  }
 }
 
 }  // namespace

@@ -357,35 +357,89 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kD>) decode_kernel(const 
     p.lse[(int64_t(b) * p.heads_q + at.h) * p.seqlen_q + at.q] = natural_lse(mm, lsum);
 }
 
-// A pair's splits merged (grid: batch x heads_kv, the pair's rows; thread: a column): O = the
-// splits' O weighted by 2^(lse_s - lse), lse = log2 of the sum of 2^lse_s; splits whose row saw no
-// key (lse_s -inf) left out. A CTA a row, so that a launch of few pairs still reads its partials
-// from many multiprocessors. Launched as decode_kernel's programmatic dependent.
+// A pair's splits merged (grid: batch x heads_kv, the pair's rows; a CTA a row): O = the splits' O
+// weighted by 2^(lse_s - lse), lse = log2 of the sum of 2^lse_s; splits whose row saw no key (lse_s
+// -inf, O zero) weigh nothing. Launched as decode_kernel's programmatic dependent. Every split's
+// loads are in flight at once: the threads first share the weights (one load a split), then each
+// takes a float4 of columns over every kCombineThreads / (kD / 4)-th split (L2 loads, kAhead at a
+// time), and the subsets are summed in
+// a fixed order (deterministic). A loop over the splits in one thread a column cost 0.2 us a split
+// after the decoding kernel's end (docs/perf-notes.md, "The splits' merge, split-parallel").
+constexpr int kCombineThreads = 256;
+constexpr int kCombineWarps = kCombineThreads / 32;
 template <int kD, bool kBF16>
-__global__ void __launch_bounds__(kD) decode_combine_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kCombineThreads, 1) decode_combine_kernel(const DecodeParams p) {
+  constexpr int kGroups = kD / 4;                       // float4 columns
+  constexpr int kSubsets = kCombineThreads / kGroups;  // splits each column's threads share out
+  static_assert(kDecodeMaxSplits % kCombineThreads == 0 && kCombineThreads % kGroups == 0);
+  __shared__ float w[kDecodeMaxSplits];
+  __shared__ float4 part[kSubsets][kGroups];
+  __shared__ float red[2][kCombineWarps];
   cudaGridDependencySynchronize();
-  const int pair = blockIdx.x, r = blockIdx.y, c = threadIdx.x;
+  const int pair = blockIdx.x, r = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int b = pair / p.heads_kv, hk = pair % p.heads_kv;
   const float* lse = p.part_lse + int64_t(pair) * p.splits * kRows + r;
-  const float* po = p.part_o + (int64_t(pair) * p.splits * kRows + r) * kD + c;
-  float mm = -INFINITY;
-  for (int s = 0; s < p.splits; ++s) mm = fmaxf(mm, __ldg(lse + s * kRows));
-  float acc = 0.0f, total = 0.0f;
-  if (mm != -INFINITY) {
-#pragma unroll 4
-    for (int s = 0; s < p.splits; ++s) {
-      const float ls = __ldg(lse + s * kRows);
-      const float w = ls == -INFINITY ? 0.0f : exp2f(ls - mm);
-      total += w;
-      if (w > 0.0f) acc += w * __ldg(po + int64_t(s) * kRows * kD);  // (a split without keys: its O unread)
+  // The row's max over the splits, then each split's weight and their sum.
+  float ls[kDecodeMaxSplits / kCombineThreads], mm = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kDecodeMaxSplits / kCombineThreads; ++i) {
+    const int sp = tid + i * kCombineThreads;
+    ls[i] = sp < p.splits ? __ldcg(lse + sp * kRows) : -INFINITY;
+    mm = fmaxf(mm, ls[i]);
+  }
+#pragma unroll
+  for (int x = 16; x > 0; x /= 2) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, x));
+  if (lane == 0) red[0][warp] = mm;
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < kCombineWarps; ++k) mm = fmaxf(mm, red[0][k]);
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kDecodeMaxSplits / kCombineThreads; ++i) {
+    const int sp = tid + i * kCombineThreads;
+    const float wi = ls[i] == -INFINITY ? 0.0f : exp2f(ls[i] - mm);
+    if (sp < p.splits) w[sp] = wi;
+    total += wi;
+  }
+#pragma unroll
+  for (int x = 16; x > 0; x /= 2) total += __shfl_xor_sync(0xffffffffu, total, x);
+  if (lane == 0) red[1][warp] = total;
+  __syncthreads();  // the weights and the warps' sums are in
+  total = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kCombineWarps; ++k) total += red[1][k];
+  // Column group cg over splits j, j + kSubsets, ...
+  const int cg = tid % kGroups, j = tid / kGroups;
+  const float* po = p.part_o + (int64_t(pair) * p.splits * kRows + r) * kD + 4 * cg;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  constexpr int kAhead = 4;  // (32 splits at d128 and 64 at d64 in one round of loads)
+  for (int s0 = j; s0 < p.splits; s0 += kAhead * kSubsets) {
+    float4 x[kAhead];  // (past the last split: the last split's again, weighed 0; no predicates)
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u)
+      x[u] = __ldcg(reinterpret_cast<const float4*>(po + int64_t(min(s0 + u * kSubsets, p.splits - 1)) * kRows * kD));
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      const int sp = s0 + u * kSubsets;
+      const float ws = sp < p.splits ? w[sp] : 0.0f;
+      acc.x += ws * x[u].x, acc.y += ws * x[u].y, acc.z += ws * x[u].z, acc.w += ws * x[u].w;
     }
   }
+  part[j][cg] = acc;
+  __syncthreads();
+  if (tid >= kGroups) return;
+  float4 sum = part[0][cg];
+#pragma unroll
+  for (int k = 1; k < kSubsets; ++k) {
+    const float4 x = part[k][cg];
+    sum.x += x.x, sum.y += x.y, sum.z += x.z, sum.w += x.w;
+  }
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
   const RowAt at = row_at(p, hk, r);
   uint16_t* orow = static_cast<uint16_t*>(p.o) + b * p.o_stride[0] + at.q * p.o_stride[1] + at.h * p.o_stride[2];
-  const float out = total > 0.0f ? acc / total : 0.0f;
-  const float pair_out = __shfl_down_sync(0xffffffffu, out, 1);
-  if (c % 2 == 0) *reinterpret_cast<uint32_t*>(orow + c) = pack2<kBF16>(out, pair_out);
-  if (p.lse != nullptr && c == 0)
+  *reinterpret_cast<uint2*>(orow + 4 * cg) =
+      make_uint2(pack2<kBF16>(sum.x * inv, sum.y * inv), pack2<kBF16>(sum.z * inv, sum.w * inv));
+  if (p.lse != nullptr && tid == 0)
     p.lse[(int64_t(b) * p.heads_q + at.h) * p.seqlen_q + at.q] = natural_lse(mm, total);
 }
 

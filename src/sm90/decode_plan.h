@@ -14,7 +14,7 @@ namespace fa4::sm90 {
 inline constexpr int kDecodeRows = 16;
 inline constexpr int kDecodeBlockKeys = 64;
 inline constexpr int decode_ctas_per_sm(int head_dim) { return head_dim == 64 ? 3 : 2; }
-inline constexpr int kDecodeMaxSplits = 256;
+inline constexpr int kDecodeMaxSplits = 256;  // (a multiple of the merge kernel's 256 threads)
 // Below this many keys the call stays on the tile kernels (the rule's; FwdParams::decode 2 takes
 // any).
 inline constexpr int kDecodeMinKeys = 256;

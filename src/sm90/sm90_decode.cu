@@ -61,7 +61,7 @@ Status launch_decode(const FwdParams& a, cudaStream_t stream) {
                            kSmemBytes<kD>, stream, p);
   if (e == cudaSuccess && p.splits > 1)
     e = launch_kernel<true>(decode_combine_kernel<kD, kBF16>, dim3(unsigned(pairs), unsigned(a.seqlen_q * p.group)),
-                            dim3(kD), 0, stream, p);
+                            dim3(kCombineThreads), 0, stream, p);
   if (scratch != nullptr) cudaFreeAsync(scratch, stream);  // (after the kernels, in stream order)
   if (e != cudaSuccess) return decode_failure("launch", e);
   return Status::Ok();
