@@ -182,7 +182,7 @@ def main(argv=None) -> int:
         if a.kernels:
             for p, fn in fns.items():
                 if "error" not in recs[p]:
-                    recs[p]["kernels_us"], recs[p]["span_us"] = call_spans(fn)
+                    recs[p]["kernels_us"], recs[p]["span_us"], recs[p]["launches"] = call_spans(fn)
         for p, rec in recs.items():
             if "error" not in rec and timed.get(p):
                 rec.update(summary(timed[p], a.rounds > 1))

@@ -213,8 +213,9 @@ def kernel_times(fn, calls=10):
 
 def call_spans(fn, calls=20, flush_mb=256):
     """fn's kernels with L2 cleared before every call (as do_bench does): per kernel its mean GPU
-    time a call, and the median span of a call from its first kernel's start to its last kernel's
-    end (launch gaps and waits between the kernels included), in microseconds."""
+    time a call, the median span of a call from its first kernel's start to its last kernel's end
+    (launch gaps and waits between the kernels included), in microseconds, and each kernel's launch
+    (grid, block, registers a thread, shared memory) as the profiler's trace gives it."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -244,7 +245,20 @@ def call_spans(fn, calls=20, flush_mb=256):
             groups[-1].append(e)
             times[e.name] = times.get(e.name, 0.0) + e.time_range.elapsed_us() / calls
     spans = sorted(max(e.time_range.end for e in g) - min(e.time_range.start for e in g) for g in groups if g)
-    return dict(sorted(times.items(), key=lambda kv: -kv[1])), (spans[len(spans) // 2] if spans else None)
+    launches = {}
+    try:
+        import tempfile
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            prof.export_chrome_trace(f.name)
+            for ev in json.load(open(f.name)).get("traceEvents", []):
+                args = ev.get("args", {})
+                if ev.get("cat") == "kernel" and ev.get("name") in times and ev["name"] not in launches:
+                    launches[ev["name"]] = {k: args.get(k) for k in ("grid", "block", "registers per thread",
+                                                                      "shared memory", "est. achieved occupancy %")}
+    except Exception as e:  # the trace is extra: keep the times without it
+        launches = {"error": short(e)}
+    return (dict(sorted(times.items(), key=lambda kv: -kv[1])), (spans[len(spans) // 2] if spans else None),
+            launches)
 
 
 def write_records(records, out_dir: str, name: str) -> None:

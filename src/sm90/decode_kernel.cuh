@@ -34,9 +34,12 @@ constexpr int kRows = kDecodeRows;      // a KV head's query rows, one m16 tile 
 constexpr int kBlockN = kDecodeBlockKeys;  // keys a stage, 16 a warp
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-// Stages of the ring: d64 4 x 16 KB (three CTAs a multiprocessor), d128 3 x 32 KB (two).
+// Stages of the ring: d64 6 x 16 KB, d128 3 x 32 KB (two CTAs a multiprocessor each). d64 on 4 x 16 KB
+// at three CTAs measured 7 % slower where a launch has fewer CTAs than its slots (32 x 4k: each
+// CTA's in-flight bytes count), and no faster elsewhere (docs/perf-notes.md, "The decoding kernel's
+// stages and loads").
 template <int kD>
-constexpr int kStages = kD == 64 ? 4 : 3;
+constexpr int kStages = kD == 64 ? 6 : 3;
 template <int kD>
 constexpr int kCtasPerSm = decode_ctas_per_sm(kD);
 template <int kD>
@@ -164,27 +167,43 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kD>) decode_kernel(const 
   const int* table = p.block_table != nullptr ? p.block_table + int64_t(b) * p.table_stride : nullptr;
   const uint32_t s_base = ptx::smem_addr(smem);
   // Block i's K and V rows into stage i % kStages; rows at or past k_end as zeros (never read: a
-  // cache's rows past an entry's keys may hold anything).
+  // cache's rows past an entry's keys may hold anything). A thread copies one 16-byte piece c of
+  // rows r0, r0 + kRowStep, ... of each block; on a batched cache its rows' addresses advance by a
+  // block's rows a call (the blocks are loaded in order), so the copy's address math is a few adds:
+  // with each row's offset computed afresh the loads took 310 of the loop's 574 instructions (d128).
+  constexpr int kRowStep = kThreads / kChunks, kPieces = kBlockN / kRowStep;  // rows a thread, a block
+  const int c = tid % kChunks, r0 = tid / kChunks;
+  const uint32_t s_piece = uint32_t(r0 * kD * 2 + ((c ^ (r0 & 7)) << 4));  // (row & 7 is r0 & 7)
+  const uint16_t* k_row = kbase + b * p.k_stride[0] + int64_t(j_first + r0) * p.k_stride[1] + c * 8;
+  const uint16_t* v_row = vbase + b * p.v_stride[0] + int64_t(j_first + r0) * p.v_stride[1] + c * 8;
+  const int64_t k_step = int64_t(kRowStep) * p.k_stride[1], v_step = int64_t(kRowStep) * p.v_stride[1];
   auto load = [&](int i) {
-    const uint32_t st = s_base + uint32_t((i % kStages<kD>) * kStageBytes<kD>);
-    const int j0 = j_first + i * kBlockN;
+    const uint32_t st = s_base + uint32_t((i % kStages<kD>) * kStageBytes<kD>) + s_piece;
+    const int j0 = j_first + i * kBlockN + r0;  // the thread's first row's key
+    if (table == nullptr) {
 #pragma unroll
-    for (int x = tid; x < kBlockN * kChunks; x += kThreads) {
-      const int row = x / kChunks, c = x % kChunks, j = j0 + row;
+      for (int x = 0; x < kPieces; ++x) {
+        const bool in = j0 + x * kRowStep < k_end;
+        const uint32_t at = st + uint32_t(x * kRowStep * kD * 2);
+        cp_async_16(at, in ? k_row + x * k_step : kbase, in ? 16 : 0);
+        cp_async_16(at + kBlockN * kD * 2, in ? v_row + x * v_step : vbase, in ? 16 : 0);
+      }
+      k_row += kPieces * k_step, v_row += kPieces * v_step;
+      return;
+    }
+#pragma unroll
+    for (int x = 0; x < kPieces; ++x) {
+      const int j = j0 + x * kRowStep;
       const bool in = j < k_end;
       int64_t at = 0, vat = 0;  // the row's first element in K and in V
       if (in) {
-        if (table != nullptr) {
-          const int64_t page = __ldg(table + (j >> p.page_shift)), r = j & ((1 << p.page_shift) - 1);
-          at = page * p.k_stride[0] + r * p.k_stride[1];
-          vat = page * p.v_stride[0] + r * p.v_stride[1];
-        } else {
-          at = b * p.k_stride[0] + int64_t(j) * p.k_stride[1];
-          vat = b * p.v_stride[0] + int64_t(j) * p.v_stride[1];
-        }
+        const int64_t page = __ldg(table + (j >> p.page_shift)), r = j & ((1 << p.page_shift) - 1);
+        at = page * p.k_stride[0] + r * p.k_stride[1];
+        vat = page * p.v_stride[0] + r * p.v_stride[1];
       }
-      cp_async_16(st + tile_offset<kD>(row, c), kbase + at + c * 8, in ? 16 : 0);
-      cp_async_16(st + kBlockN * kD * 2 + tile_offset<kD>(row, c), vbase + vat + c * 8, in ? 16 : 0);
+      const uint32_t to = st + uint32_t(x * kRowStep * kD * 2);
+      cp_async_16(to, kbase + at + c * 8, in ? 16 : 0);
+      cp_async_16(to + kBlockN * kD * 2, vbase + vat + c * 8, in ? 16 : 0);
     }
   };
 #pragma unroll

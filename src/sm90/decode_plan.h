@@ -9,11 +9,11 @@
 
 namespace fa4::sm90 {
 
-// The kernel's shape: rows a KV head (one m16 tile), keys a stage, CTAs a multiprocessor (d64 three,
-// d128 two: decode_kernel.cuh's kCtasPerSm).
+// The kernel's shape: rows a KV head (one m16 tile), keys a stage, CTAs a multiprocessor (two at
+// each head dim: decode_kernel.cuh's kCtasPerSm and kStages).
 inline constexpr int kDecodeRows = 16;
 inline constexpr int kDecodeBlockKeys = 64;
-inline constexpr int decode_ctas_per_sm(int head_dim) { return head_dim == 64 ? 3 : 2; }
+inline constexpr int decode_ctas_per_sm(int) { return 2; }
 inline constexpr int kDecodeMaxSplits = 256;  // (a multiple of the merge kernel's 256 threads)
 // Below this many keys the call stays on the tile kernels (the rule's; FwdParams::decode 2 takes
 // any).
