@@ -1117,8 +1117,8 @@ TEST(ForwardGpu, CapturedInACudaGraphMatchesADirectCall) {
     SharedKvCase cc = tail_case();
     expect_graph_replays_match_a_direct_call(cc, 14);
   }
-  // The decoding kernel's splits: merged by each pair's last CTA on the stream's counters in the
-  // direct call, by decode_combine_kernel in the graph (no counters there), to the same bits.
+  // The decoding kernel's splits: their partials in scratch allocated inside the graph, their merge
+  // (decode_combine_kernel) a programmatic dependent launch in it.
   for (int64_t d : {64, 128}) {
     SCOPED_TRACE("decoding splits, d " + std::to_string(d));
     SharedKvCase cc{2, 1, 9000, 16, 4, d, false};

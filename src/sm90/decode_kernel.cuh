@@ -381,9 +381,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kD>) decode_kernel(const 
 // -inf, O zero) weigh nothing. Launched as decode_kernel's programmatic dependent. Every split's
 // loads are in flight at once: the threads first share the weights (one load a split), then each
 // takes a float4 of columns over every kCombineThreads / (kD / 4)-th split (L2 loads, kAhead at a
-// time), and the subsets are summed in
-// a fixed order (deterministic). A loop over the splits in one thread a column cost 0.2 us a split
-// after the decoding kernel's end (docs/perf-notes.md, "The splits' merge, split-parallel").
+// time), and the subsets are summed in a fixed order (deterministic). A loop over the splits in one
+// thread a column cost 0.2 us a split after the decoding kernel's end (docs/perf-notes.md, "The
+// splits' merge, split-parallel").
 constexpr int kCombineThreads = 256;
 constexpr int kCombineWarps = kCombineThreads / 32;
 template <int kD, bool kBF16>
