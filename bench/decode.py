@@ -21,12 +21,13 @@ against the GPU's DRAM. Providers:
   fa2    torch SDPA, flash backend  } backend refuses GQA, K and V expanded to heads_q beforehand
                                       (recorded as "kv_expanded": the bytes it reads grow)
 fa4's output is checked first against float64 (batch 0, first and last query head) by DESIGN.md
-§3's criterion. --flush read clears L2 before each call by reading a buffer instead of do_bench's
-writing one (L2 then holds clean lines, not dirty ones whose write-back shares DRAM with the call's
-reads: a decoding call moves 0.07-0.5 GB, L2 holds 0.05). With --kernels each record also holds its kernels' GPU times a call and the span of
-a call from its first kernel's start to its last's end (profiler, L2 cleared before each call), to
-tell the kernels' time from launch gaps. Times are medians of triton's do_bench (L2 cleared before every call) in rounds,
-the providers' order rotating by round. Writes bench/results/<date>-<what>.json (and a copy under
+§3's criterion. Times are medians of triton's do_bench (L2 cleared before every call) in rounds,
+the providers' order rotating by round. --flush read clears L2 before each call by reading a buffer
+instead of do_bench's writing one (L2 then holds clean lines, not dirty ones whose write-back shares
+DRAM with the call's reads: a decoding call moves 0.07-0.5 GB, L2 holds 0.05). With --kernels each
+record also holds its kernels' GPU times a call, their launches, and the span of a call from its
+first kernel's start to its last's end (profiler, L2 cleared before each call), to tell the
+kernels' time from launch gaps. Writes bench/results/<date>-<what>.json (and a copy under
 $OUT when set) and prints a table.
 """
 

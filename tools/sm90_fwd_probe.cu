@@ -777,7 +777,7 @@ int main(int argc, char** argv) {
       const FwdParams folded = make_params(sh, q, k, v, o, lse);
       int dev = 0;
       CK(cudaGetDevice(&dev));
-      const bool kept = fa4::sm90::fold_pays(folded, fa4::sm90::multiprocessors(dev));  // else the launch unfolds
+      const bool kept = fa4::sm90::fold_pays(folded, fa4::detail::multiprocessors(dev));  // else the launch unfolds
       FwdParams plain = folded;  // the fold undone: a tile a query head
       if (plain.fold > 0) fa4::sm90::unfold_query_rows(&plain);
       // The launch (its rule), the rows folded whatever the rule says, and unfolded.

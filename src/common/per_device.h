@@ -36,6 +36,19 @@ struct PerDevice {
   }
 };
 
+// The device's multiprocessor count, asked once a device; 0 where the query fails.
+inline int multiprocessors(int device) {
+  static PerDevice count;
+  return count.get(device, [device] {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  });
+}
+
 // Lets kKernel use `bytes` of dynamic shared memory on `device`. The attribute belongs to the
 // device's context, so it is set once a device, not once a process (a second GPU would otherwise
 // refuse the launch) and not once a call.

@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kD>) decode_kernel(const 
   // with each row's offset computed afresh the loads took 310 of the loop's 574 instructions (d128).
   constexpr int kRowStep = kThreads / kChunks, kPieces = kBlockN / kRowStep;  // rows a thread, a block
   const int c = tid % kChunks, r0 = tid / kChunks;
-  const uint32_t s_piece = uint32_t(r0 * kD * 2 + ((c ^ (r0 & 7)) << 4));  // (row & 7 is r0 & 7)
+  const uint32_t s_piece = tile_offset<kD>(r0, c);  // (its rows' swizzle is r0's: row & 7 is r0 & 7)
   const uint16_t* k_row = kbase + b * p.k_stride[0] + int64_t(j_first + r0) * p.k_stride[1] + c * 8;
   const uint16_t* v_row = vbase + b * p.v_stride[0] + int64_t(j_first + r0) * p.v_stride[1] + c * 8;
   const int64_t k_step = int64_t(kRowStep) * p.k_stride[1], v_step = int64_t(kRowStep) * p.v_stride[1];

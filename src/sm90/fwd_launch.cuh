@@ -533,17 +533,6 @@ inline void unfold_query_rows(detail::FwdParams* a) {
   a->heads_q <<= a->fold;
   a->fold = 0;
 }
-inline int multiprocessors(int device) {
-  static PerDevice count;
-  return count.get(device, [device] {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return n;
-  });
-}
 
 // The device's peak DRAM bandwidth in GB/s by its memory clock and bus width (double data rate);
 // 0 where the query fails (asked again next launch), at least 1 where it answers. Kept once a

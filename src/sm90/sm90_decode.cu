@@ -17,10 +17,11 @@ Status decode_failure(const char* what, cudaError_t e) {
 template <int kD, bool kBF16>
 Status launch_decode(const FwdParams& a, cudaStream_t stream) {
   using namespace sm90::decode;
-  int device = 0, sms = 0;
+  int device = 0;
   cudaError_t e = cudaGetDevice(&device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return decode_failure("device query", e);
+  const int sms = multiprocessors(device);  // (kept once a device, as sm90_forward's rule reads it)
+  if (sms == 0) return {StatusCode::kCudaError, "sm90 decoding: the device's multiprocessor count could not be read"};
   DecodeParams p{};
   p.q = a.q, p.k = a.k, p.v = a.v, p.o = a.o, p.lse = a.lse;
   for (int i = 0; i < 3; ++i) {

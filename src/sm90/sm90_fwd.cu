@@ -12,12 +12,12 @@ Status sm90_forward(const FwdParams& given, cudaStream_t stream) {
     if (rows.fold > 0) sm90::unfold_query_rows(&rows);
     int device = 0;
     if (sm90::decode_runs(rows) && cudaGetDevice(&device) == cudaSuccess &&
-        sm90::decode_taken(rows, sm90::multiprocessors(device)))
+        sm90::decode_taken(rows, multiprocessors(device)))
       return sm90_forward_decode(rows, stream);
   }
   if (a.fold > 0) {  // unfolded where the fold does not pay (sm90::fold_pays)
     int device = 0;
-    if (cudaGetDevice(&device) == cudaSuccess && !sm90::fold_pays(a, sm90::multiprocessors(device)))
+    if (cudaGetDevice(&device) == cudaSuccess && !sm90::fold_pays(a, multiprocessors(device)))
       sm90::unfold_query_rows(&a);
   }
   return sm90_forward_rows(a, stream);
