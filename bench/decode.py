@@ -1,7 +1,7 @@
 """Decoding: one query row a head (or a few) against a long K/V, fa4 next to its peers in one process.
 
     python3 bench/decode.py [--shapes "B,HQ,HKV,SK,D;..."] [--seqlen-q N] [--causal]
-        [--providers fa4,fa4kv,fa4paged,cudnn,fa2] [--fill LO] [--page N] [--rounds 3]
+        [--providers fa4,fa4kv,fa4paged,fa4append,torchappend,cudnn,fa2] [--fill LO] [--page N] [--rounds 3]
         [--dtype bf16|fp16] [--flush write|read] [--kernels] [--name WHAT] [--out DIR]
 
 Each shape is [batch, seqlen_q, heads_q, d] queries (seqlen_q 1 unless --seqlen-q: speculative
@@ -17,6 +17,11 @@ against the GPU's DRAM. Providers:
          a length drawn from [LO * seqlen_k, seqlen_k] (its GB/s then over the keys it reads)
   fa4paged  fa4kv's call on a paged cache (block_table): the same keys on pages of --page rows
          (default 256) at shuffled ids of a pool twice the pages' size
+  fa4append  fa4kv's call appending this step's keys and values (k=, v=: seqlen_q new rows an entry,
+         written at the lengths less seqlen_q, so the attention reads fa4kv's keys) with GPT-NeoX
+         rotary over the whole head on them and on q (rotary_cos / rotary_sin): one more kernel
+  torchappend  the same step in PyTorch ops (rotary in fp32, index_put into the caches) before
+         fa4kv's call: what a caller does without the append; its output checks fa4append's
   cudnn  torch SDPA, cuDNN backend  } BHSD tensors of the same values, enable_gqa=True; where the
   fa2    torch SDPA, flash backend  } backend refuses GQA, K and V expanded to heads_q beforehand
                                       (recorded as "kv_expanded": the bytes it reads grow)
@@ -91,6 +96,26 @@ def peer_fn(provider, q, k, v, group, causal=False):
     raise last
 
 
+def torch_append_step(fa4, q, kc, vc, kn, vn, cos, sin, start, causal):
+    """A decoding step's append in PyTorch ops: GPT-NeoX rotary (fp32) on the new keys at rows
+    start + i and on q (per row under causal, else at start), index_put into the caches, then
+    fa4's attention over start + seqlen_q keys."""
+    b, s_new = kn.shape[:2]
+    rows = start[:, None].long() + torch.arange(s_new, device=kn.device)
+
+    def turn(x, pos):  # x [b, s, h, d] at positions pos [b, s]
+        c, s_ = cos[pos].float()[:, :, None], sin[pos].float()[:, :, None]
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * c - x2 * s_, x1 * s_ + x2 * c), dim=-1).to(x.dtype)
+
+    bi = torch.arange(b, device=kn.device)[:, None]
+    kc[bi, rows] = turn(kn, rows)
+    vc[bi, rows] = vn
+    qpos = start[:, None].long() + (torch.arange(q.shape[1], device=q.device) if causal else 0) * 1
+    qpos = qpos.expand(b, q.shape[1])
+    return fa4.flash_attn_with_kvcache(turn(q, qpos), kc, vc, cache_seqlens=start + s_new, causal=causal)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", type=shape_list, default=DEFAULT_SHAPES)
@@ -127,7 +152,7 @@ def main(argv=None) -> int:
         lo = max(0, min(sk, int(a.fill * sk)))
         lens = torch.randint(lo, sk + 1, (b,), device="cuda", dtype=torch.int32, generator=g) if lo < sk else \
             torch.full((b,), sk, device="cuda", dtype=torch.int32)
-        fns, recs = {}, {}
+        fns, recs, appended = {}, {}, {}
         for p in providers:
             rec = {"op": "fwd", "provider": p, "flush": a.flush, "dtype": a.dtype, "batch": b, "heads_q": hq, "heads_kv": hkv,
                    "seqlen_q": sq, "seqlen_k": sk, "head_dim": d, "causal": a.causal, "ms": None, **meta}
@@ -157,6 +182,30 @@ def main(argv=None) -> int:
                     failed += not rec["check"]["pass"]
                     fns[p] = lambda q=q, kc=kc, vc=vc, lens=lens, table=table: fa4.flash_attn_with_kvcache(
                         q, kc, vc, cache_seqlens=lens, causal=a.causal, block_table=table)
+                elif p in ("fa4append", "torchappend"):
+                    start = (lens - sq).clamp(min=0)
+                    rec["cache_seqlens"] = start.tolist()
+                    kn = torch.randn(b, sq, hkv, d, device="cuda", dtype=dtype, generator=g)
+                    vn = torch.randn(b, sq, hkv, d, device="cuda", dtype=dtype, generator=g)
+                    if "rotary" not in appended:
+                        pos = torch.arange(sk, device="cuda", dtype=torch.float64)[:, None]
+                        ang = pos * 10000.0 ** (-torch.arange(0, d, 2, device="cuda", dtype=torch.float64) / d)
+                        appended["rotary"] = (torch.cos(ang).to(dtype), torch.sin(ang).to(dtype))
+                    cos, sin = appended["rotary"]
+                    kc, vc = k.clone(), v.clone()
+                    if p == "fa4append":
+                        fns[p] = lambda q=q, kc=kc, vc=vc, kn=kn, vn=vn, start=start: fa4.flash_attn_with_kvcache(
+                            q, kc, vc, k=kn, v=vn, rotary_cos=cos, rotary_sin=sin, cache_seqlens=start,
+                            causal=a.causal, rotary_interleaved=False)
+                    else:
+                        fns[p] = lambda q=q, kc=kc, vc=vc, kn=kn, vn=vn, start=start: torch_append_step(
+                            fa4, q, kc, vc, kn, vn, cos, sin, start, a.causal)
+                    with torch.no_grad():
+                        appended[p] = fns[p]()
+                    if p == "torchappend" and "fa4append" in appended:
+                        err = (appended["fa4append"].double() - appended[p].double()).abs().max().item()
+                        rec["check"] = {"pass": err <= 2e-2, "max_diff_from_fa4append": err}
+                        failed += not rec["check"]["pass"]
                 elif p == "fa4":
                     with torch.no_grad():
                         out = fa4.flash_attn_func(q, k, v, causal=a.causal)
@@ -188,7 +237,7 @@ def main(argv=None) -> int:
             if "error" not in rec and timed.get(p):
                 rec.update(summary(timed[p], a.rounds > 1))
                 rec["us"] = rec["ms"] * 1e3
-                keys = int(lens.sum()) if p in ("fa4kv", "fa4paged") else b * sk  # each entry's filled keys
+                keys = int(lens.sum()) if p in ("fa4kv", "fa4paged", "fa4append", "torchappend") else b * sk
                 rec["gbps"] = moved(keys) / (rec["ms"] * 1e-3) / 1e9
             records.append(rec)
         del q, k, v, fns

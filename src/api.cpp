@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 
+#include "common/append_kv.h"
 #include "common/fill.h"
 #include "common/fwd_params.h"
 #include "common/validate.h"
@@ -152,6 +153,15 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
   if (rows.k == 0) return zero("zeroing dq (no keys)", args.dq, rows.shape, rows.q, p.heads_q, stream);
   if (!(s = zero("zeroing dk (no queries)", args.dk, rows.shape, rows.k, p.heads_kv, stream)).ok()) return s;
   return zero("zeroing dv (no queries)", args.dv, rows.shape, rows.k, p.heads_kv, stream);
+}
+
+Status append_kv(const AppendArgs& args, cudaStream_t stream) {
+  Status s = validate(args);
+  if (!s.ok()) return s;
+  if (args.problem.batch == 0) return Status::Ok();
+  if (!(s = detail::check_current_device()).ok()) return s;
+  const cudaError_t e = detail::launch_append_kv(detail::make_append_params(args), stream);
+  return e == cudaSuccess ? Status::Ok() : cuda_failure("appending to the KV cache", e);
 }
 
 }  // namespace fa4
@@ -346,5 +356,30 @@ extern "C" int fa4_backward_varlen(const fa4_problem* problem, fa4_tensor q, fa4
         backward_args(p, q, k, v, o, dout, dq, dk, dv, lse, deterministic, workspace, workspace_bytes);
     a.varlen = {cu_seqlens_q, cu_seqlens_k, total_q, total_k};
     return fa4::backward(a, stream);
+  });
+}
+
+extern "C" int fa4_append_kv(const fa4_problem* problem, int64_t seqlen_new, fa4_tensor k_new, fa4_tensor v_new,
+                             fa4_tensor k_cache, fa4_tensor v_cache, const int32_t* block_table, int64_t table_stride,
+                             int64_t page_size, int64_t num_pages, const int32_t* cache_seqlens, int64_t cache_seqlen,
+                             int32_t* seqused_k, const fa4_rotary* rotary, fa4_tensor q, fa4_tensor q_rotated,
+                             cudaStream_t stream, char* message, size_t message_len) {
+  return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {
+    fa4::AppendArgs a;
+    a.problem = p;
+    a.seqlen_new = seqlen_new;
+    a.k_new = from_c(k_new);
+    a.v_new = from_c(v_new);
+    a.k_cache = from_c(k_cache);
+    a.v_cache = from_c(v_cache);
+    a.paged = {block_table, table_stride, page_size, num_pages};
+    a.cache_seqlens = cache_seqlens;
+    a.cache_seqlen = cache_seqlen;
+    a.seqused_k = seqused_k;
+    if (rotary != nullptr)
+      a.rotary = {rotary->cos, rotary->sin, rotary->seqlen_ro, rotary->rotary_dim, rotary->interleaved != 0};
+    a.q = from_c(q);
+    a.q_rotated = from_c(q_rotated);
+    return fa4::append_kv(a, stream);
   });
 }

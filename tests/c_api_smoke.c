@@ -74,8 +74,20 @@ int main(void) {
   printf("softcap -1: %d, %s\n", bad_cap, msg);
   const int cap_ok = bad_cap == 1 && strstr(msg, "softcap = -1") != NULL;
 
+  /* Appending to a KV cache: a rotary_dim that is not a multiple of 16 is refused, naming it. */
+  p.softcap = 0.0f;
+  fa4_rotary ro;
+  memset(&ro, 0, sizeof ro);
+  ro.cos = (const void*)(size_t)0x7f0050000000ull;
+  ro.sin = (const void*)(size_t)0x7f0060000000ull;
+  ro.seqlen_ro = 300, ro.rotary_dim = 24;
+  const int bad_rotary = fa4_append_kv(&p, 1, packed, packed, packed, packed, NULL, 0, 0, 0, cu_k, 0, NULL, &ro,
+                                       packed, packed, NULL, msg, sizeof msg);
+  printf("fa4_append_kv(rotary_dim 24): %d, %s\n", bad_rotary, msg);
+  const int rotary_ok = bad_rotary == 1 && strstr(msg, "rotary.rotary_dim = 24") != NULL;
+
   const int as_documented =
       ok == 0 && bytes == expect && bad == 1 && null_ok && varlen_ok && used_ok && entry_ok && paged_ok && packed_ok &&
-      cap_ok;
+      cap_ok && rotary_ok;
   return as_documented ? 0 : 1;
 }

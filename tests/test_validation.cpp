@@ -579,6 +579,119 @@ TEST(Validation, PagedCacheArguments) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Appending to a KV cache (AppendArgs): the new rows, the caches (contiguous or paged), the
+// lengths and the rotary embedding.
+
+constexpr int64_t kNew = 3, kRo = 512;
+
+fa4::AppendArgs valid_append() {
+  fa4::AppendArgs a;
+  a.problem = valid_problem();  // seqlen_k: the cache's rows an entry
+  a.problem.causal = true;
+  a.seqlen_new = kNew;
+  a.k_new = fa4::bshd(fake(10), kNew, kHkv, kD);
+  a.v_new = fa4::bhsd(fake(11), kNew, kHkv, kD);
+  a.k_cache = fa4::bshd(fake(1), kSk, kHkv, kD);
+  a.v_cache = fa4::bshd(fake(2), kSk, kHkv, kD);
+  a.cache_seqlens = static_cast<const int32_t*>(fake(12));
+  a.seqused_k = static_cast<int32_t*>(fake(13));
+  a.rotary = {fake(14), fake(15), kRo, 64, false};
+  a.q = fa4::bshd(fake(0), kSq, kHq, kD);
+  a.q_rotated = fa4::bshd(fake(3), kSq, kHq, kD);
+  return a;
+}
+
+TEST(Validation, AppendArguments) {
+  using fa4::AppendArgs;
+  ASSERT_TRUE(fa4::validate(valid_append()).ok()) << fa4::validate(valid_append()).message;
+  AppendArgs a = valid_append();
+  a.rotary = {};  // no rotary: q and q_rotated are not read
+  a.q = a.q_rotated = {};
+  EXPECT_TRUE(fa4::validate(a).ok()) << fa4::validate(a).message;
+  a.cache_seqlens = nullptr;  // one length for every entry, checked here: the new rows must fit
+  a.cache_seqlen = kSk - kNew;
+  EXPECT_TRUE(fa4::validate(a).ok()) << fa4::validate(a).message;
+  a.cache_seqlen = kSk - kNew + 1;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"cache_seqlen = " + std::to_string(kSk - kNew + 1), "seqlen_k = 384"}));
+  a.cache_seqlen = -1;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"cache_seqlen = -1"}));
+
+  a = valid_append();
+  a.seqlen_new = -2;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"seqlen_new = -2"}));
+  a = valid_append();
+  a.problem.head_dim = 96;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"head_dim = 96"}));
+  a = valid_append();
+  a.cache_seqlens = reinterpret_cast<const int32_t*>(offset_bytes(fake(12), 2));
+  EXPECT_TRUE(Refused(fa4::validate(a), {"cache_seqlens", "int32"}));
+  a = valid_append();
+  a.seqused_k = reinterpret_cast<int32_t*>(offset_bytes(fake(13), 1));
+  EXPECT_TRUE(Refused(fa4::validate(a), {"seqused_k", "int32"}));
+  a = valid_append();
+  a.seqused_k = const_cast<int32_t*>(a.cache_seqlens);
+  EXPECT_TRUE(Refused(fa4::validate(a), {"seqused_k", "must not be cache_seqlens"}));
+  a = valid_append();
+  a.k_new.data = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"k_new.data = null", "seqlen_new"}));
+  a = valid_append();
+  a.v_new.seq_stride += 4;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"v_new.seq_stride = " + std::to_string(a.v_new.seq_stride)}));
+  a = valid_append();
+  a.v_cache.data = offset_bytes(a.v_cache.data, 8);
+  EXPECT_TRUE(Refused(fa4::validate(a), {"v_cache.data", "16 bytes"}));
+  a = valid_append();
+  a.seqlen_new = 0;  // nothing new: the new tensors may be null
+  a.k_new = a.v_new = {};
+  EXPECT_TRUE(fa4::validate(a).ok()) << fa4::validate(a).message;
+
+  // Rotary: both tables, aligned; rotary_dim in 16s up to head_dim; a row for every cache position.
+  a = valid_append();
+  a.rotary.sin = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"rotary.sin = null", "both"}));
+  a = valid_append();
+  a.rotary.cos = offset_bytes(fake(14), 8);
+  EXPECT_TRUE(Refused(fa4::validate(a), {"rotary.cos", "16 bytes"}));
+  for (int64_t rd : {int64_t{0}, int64_t{8}, int64_t{24}, 2 * kD}) {
+    a = valid_append();
+    a.rotary.rotary_dim = rd;
+    EXPECT_TRUE(Refused(fa4::validate(a), {"rotary.rotary_dim = " + std::to_string(rd), "multiple of 16"})) << rd;
+  }
+  a = valid_append();
+  a.rotary.rotary_dim = kD;
+  a.rotary.interleaved = true;
+  EXPECT_TRUE(fa4::validate(a).ok()) << fa4::validate(a).message;
+  a.rotary.seqlen_ro = kSk - 1;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"rotary.seqlen_ro = " + std::to_string(kSk - 1), "seqlen_k = 384"}));
+  a = valid_append();
+  a.q_rotated.data = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"q_rotated.data = null"}));
+  a = valid_append();
+  a.q.head_stride = 3;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"q.head_stride = 3"}));
+
+  // A paged cache: the pools and table as the forward's.
+  a = valid_append();
+  a.k_cache = fa4::bshd(fake(1), kPage, kHkv, kD);
+  a.v_cache = fa4::bshd(fake(2), kPage, kHkv, kD);
+  a.paged = {static_cast<const int32_t*>(fake(5)), (kSk + kPage - 1) / kPage, kPage, kPages};
+  EXPECT_TRUE(fa4::validate(a).ok()) << fa4::validate(a).message;
+  a.paged.table_stride = 1;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"paged.table_stride = 1"}));
+  a.paged.table_stride = 2;
+  a.paged.page_size = 100;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"paged.page_size = 100"}));
+  a.paged.page_size = kPage;
+  a.k_cache.data = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"k_cache.data = null"}));
+
+  // The entry point validates first.
+  a = valid_append();
+  a.rotary.rotary_dim = 24;
+  EXPECT_TRUE(Refused(fa4::append_kv(a, nullptr), {"rotary.rotary_dim = 24"}));
+}
+
+// ---------------------------------------------------------------------------------------------
 // The same rules reach the entry points: forward()/backward() refuse before touching the GPU.
 
 TEST(Validation, EntryPointsValidateFirst) {

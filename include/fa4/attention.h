@@ -136,6 +136,46 @@ struct BackwardArgs {
   size_t workspace_bytes = 0;
 };
 
+// Rotary position embedding (RoPE), as flash-attn's apply_rotary_emb: a row at position pos has
+// each pair (x1, x2) of its first rotary_dim dims turned by the angle whose cosine and sine are
+// row pos, column j of cos and sin for pair j: x1' = x1 cos - x2 sin, x2' = x1 sin + x2 cos, in
+// fp32, rounded once. Pair j is dims (j, j + rotary_dim / 2) (GPT-NeoX), or with interleaved
+// (2j, 2j + 1) (GPT-J). cos and sin: [seqlen_ro, rotary_dim / 2] of the problem's dtype,
+// contiguous, on the device; positions past seqlen_ro - 1 are clamped to it on the device.
+struct Rotary {
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  int64_t seqlen_ro = 0;   // rows of cos and sin
+  int64_t rotary_dim = 0;  // a multiple of 16, at most head_dim
+  bool interleaved = false;
+  bool enabled() const { return cos != nullptr || sin != nullptr; }
+};
+
+// New keys and values appended to a KV cache in place before attending to it (flash-attn's
+// flash_attn_with_kvcache with k and v): entry b's new row i goes to cache row
+// cache_seqlens[b] + i (or cache_seqlen + i for every entry when cache_seqlens is null). With
+// rotary set, the new keys are rotated at those positions on the way in, and the queries into
+// q_rotated: query row i at position cache_seqlens[b] + i under causal or a window (the problem's),
+// else every row at cache_seqlens[b] (flash-attn's rule). v is copied as it is.
+// problem: dtype, batch, heads_q, heads_kv, head_dim as for the attention that follows; seqlen_k
+// is the cache's rows an entry (with pages, the table row's: at most table_stride * page_size);
+// seqlen_q the query rows (read with rotary only). Rows that would land at or past seqlen_k are
+// not written, and seqused_k (optional, int32 [batch] on the device) receives each entry's keys
+// after the append, min(max(cache_seqlens[b], 0) + seqlen_new, seqlen_k): the Varlen::seqused_k
+// of the forward that follows. k_new and v_new must not overlap the cache rows they go to.
+struct AppendArgs {
+  Problem problem;
+  int64_t seqlen_new = 0;
+  TensorRef k_new, v_new;      // [batch, seqlen_new, heads_kv, head_dim]
+  TensorRef k_cache, v_cache;  // [batch, seqlen_k, heads_kv, head_dim], or pools with paged
+  PagedKV paged;               // off unless block_table is set
+  const int32_t* cache_seqlens = nullptr;  // int32 [batch] on the device, or null
+  int64_t cache_seqlen = 0;                // every entry's, where cache_seqlens is null
+  int32_t* seqused_k = nullptr;            // optional out: int32 [batch] on the device
+  Rotary rotary;               // off unless cos or sin is set
+  TensorRef q, q_rotated;      // [batch, seqlen_q, heads_q, head_dim]; with rotary only
+};
+
 // Head dims with a kernel. The checks and the error text both read this list.
 inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
 // Strides and base pointers must be multiples of this many bytes (TMA).
@@ -162,6 +202,11 @@ float effective_scale(const Problem& p);
 // args.workspace / args.workspace_bytes (with varlen seqlen_q is the longest sequence's).
 Status forward_workspace_size(const ForwardArgs& args, size_t* bytes);
 Status backward_workspace_size(const BackwardArgs& args, size_t* bytes);
+
+// Checks AppendArgs as validate(ForwardArgs) does; append_kv launches one small kernel on `stream`
+// (none when there is nothing to write).
+Status validate(const AppendArgs& args);
+Status append_kv(const AppendArgs& args, cudaStream_t stream);
 
 // Runs attention on `stream`. Returns without launching when validation fails.
 Status forward(const ForwardArgs& args, cudaStream_t stream);

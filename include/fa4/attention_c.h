@@ -30,6 +30,14 @@ typedef struct fa4_problem {
   float softcap;  // 0 = off (fa4::Problem::softcap)
 } fa4_problem;
 
+// Rotary embedding (fa4::Rotary): cos, sin [seqlen_ro, rotary_dim / 2] of the problem's dtype.
+typedef struct fa4_rotary {
+  const void* cos;
+  const void* sin;
+  int64_t seqlen_ro, rotary_dim;
+  int interleaved;  // pairs (2j, 2j + 1); 0: (j, j + rotary_dim / 2)
+} fa4_rotary;
+
 // Returns a StatusCode; when `message` is non-null, the message (NUL-terminated, truncated to
 // message_len) is copied there.
 int fa4_forward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
@@ -76,6 +84,16 @@ int fa4_backward_varlen(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, 
                         const int32_t* cu_seqlens_k, int64_t total_q, int64_t total_k, const float* lse,
                         int deterministic, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                         char* message, size_t message_len);
+// New keys and values appended to a KV cache (fa4::append_kv, fa4::AppendArgs): entry b's new rows
+// go to cache rows cache_seqlens[b] + i (int32 device array), or cache_seqlen + i when it is null;
+// block_table (may be null: contiguous caches [batch, problem->seqlen_k]) as in fa4_forward_paged;
+// seqused_k (optional) receives each entry's keys after the append; rotary (may be null) turns the
+// new keys and q's rows into q_rotated (q and q_rotated are read only with rotary).
+int fa4_append_kv(const fa4_problem* problem, int64_t seqlen_new, fa4_tensor k_new, fa4_tensor v_new,
+                  fa4_tensor k_cache, fa4_tensor v_cache, const int32_t* block_table, int64_t table_stride,
+                  int64_t page_size, int64_t num_pages, const int32_t* cache_seqlens, int64_t cache_seqlen,
+                  int32_t* seqused_k, const fa4_rotary* rotary, fa4_tensor q, fa4_tensor q_rotated,
+                  cudaStream_t stream, char* message, size_t message_len);
 // The workspace fa4_backward needs for `problem`, in bytes, into *bytes
 // (fa4::backward_workspace_size); a StatusCode and message as above.
 int fa4_backward_workspace_size(const fa4_problem* problem, size_t* bytes, char* message, size_t message_len);

@@ -25,6 +25,11 @@
 //   fa4::bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
 //                   softmax_scale, causal, window_left, window_right, deterministic, softcap=0.0)
 //       -> (dq, dk, dv)
+//   fa4::append_kv(q, k_cache!, v_cache!, k, v, cache_seqlens, cache_seqlen, block_table, rotary_cos,
+//                  rotary_sin, rotary_interleaved, causal, window_left, window_right)
+//       -> (q_rotated, seqused_k)
+//       new keys and values into a KV cache in place (contiguous or paged), rotary embedding on k
+//       and into q_rotated (empty [0] without it); seqused_k int32 [batch]: the keys after it.
 //
 // Tensors are [batch, seqlen, heads, head_dim] views (BSHD, or BHSD transposed back) whose last
 // dim is contiguous; their element strides go to fa4 as they are. Outputs are new contiguous
@@ -535,6 +540,88 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_varlen_op(
                       varlen_of(q, k, cu_seqlens_q, cu_seqlens_k), op);
 }
 
+// New keys and values into a KV cache in place (fa4::append_kv): k_cache, v_cache [batch,
+// seqlen_cache, heads_kv, head_dim], or pools with block_table; k, v [batch, seqlen_new, heads_kv,
+// head_dim]; entry b's rows from cache_seqlens[b] (int32 [batch]) or cache_seqlen. With rotary_cos
+// and rotary_sin ([seqlen_ro, rotary_dim / 2], q's dtype) k is rotated on the way in and q into
+// q_rotated (a new tensor; empty [0] without rotary). Returns it and seqused_k, int32 [batch]: each
+// entry's keys after the append.
+std::tuple<at::Tensor, at::Tensor> append_kv_op(const at::Tensor& q, at::Tensor k_cache, at::Tensor v_cache,
+                                                const at::Tensor& k, const at::Tensor& v,
+                                                const std::optional<at::Tensor>& cache_seqlens, int64_t cache_seqlen,
+                                                const std::optional<at::Tensor>& block_table,
+                                                const std::optional<at::Tensor>& rotary_cos,
+                                                const std::optional<at::Tensor>& rotary_sin, bool rotary_interleaved,
+                                                bool causal, int64_t window_left, int64_t window_right) {
+  const char* op = "fa4::append_kv";
+  check_three(q, k_cache, v_cache, op, "k_cache", "v_cache");
+  check_tensor(k, op, "k", q.device());
+  check_tensor(v, op, "v", q.device());
+  check_same_dtype(k, q, op, "k");
+  check_same_dtype(v, q, op, "v");
+  check_shape(v, shape_of(k), op, "v", "k's shape: [batch, seqlen_new, heads_kv, head_dim]");
+  check_shape(v_cache, shape_of(k_cache), op, "v_cache", "k_cache's shape");
+  const int64_t batch = q.size(0);
+  FA4_CHECK_VALUE(k.size(0) == batch && k.size(3) == q.size(3) && k_cache.size(2) == k.size(2) &&
+                      k_cache.size(3) == k.size(3),
+                  op, ": k has shape ", shape_str(k), ", q ", shape_str(q), ", k_cache ", shape_str(k_cache),
+                  ": k's batch must be q's, its heads_kv and head_dim the cache's");
+  fa4::AppendArgs a;
+  fa4::Problem& p = a.problem;
+  p.dtype = dtype_of(q, op, "q");
+  p.batch = batch;
+  p.seqlen_q = q.size(1);
+  p.heads_q = q.size(2);
+  p.heads_kv = k.size(2);
+  p.head_dim = q.size(3);
+  set_options(p, std::nullopt, causal, window_left, window_right, op);
+  if (block_table.has_value()) {
+    a.paged = paged_of(*block_table, k_cache, batch, q.device(), op, "q");
+    p.seqlen_k = block_table->size(1) * k_cache.size(1);
+  } else {
+    FA4_CHECK_VALUE(k_cache.size(0) == batch, op, ": k_cache has shape ", shape_str(k_cache), ", q ", shape_str(q),
+                    ": batch (dim 0) must match");
+    p.seqlen_k = k_cache.size(1);
+  }
+  a.seqlen_new = k.size(1);
+  a.k_new = tensor_ref(k);
+  a.v_new = tensor_ref(v);
+  a.k_cache = tensor_ref(k_cache);
+  a.v_cache = tensor_ref(v_cache);
+  if (cache_seqlens.has_value()) {
+    const at::Tensor& lens = *cache_seqlens;
+    check_int32_on(lens, op, "cache_seqlens", q.device());
+    FA4_CHECK_VALUE(lens.dim() == 1 && lens.size(0) == batch && lens.is_contiguous(), op,
+                    ": cache_seqlens has shape ", shape_str(lens), " and strides ", strides_str(lens),
+                    ": must be contiguous [batch] (batch = ", batch, ", from q)");
+    a.cache_seqlens = lens.data_ptr<int32_t>();
+  }
+  a.cache_seqlen = cache_seqlen;
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor used = at::empty({batch}, q.options().dtype(at::kInt));
+  a.seqused_k = used.data_ptr<int32_t>();
+  at::Tensor q_rotated = at::empty({0}, q.options());
+  if (rotary_cos.has_value() || rotary_sin.has_value()) {
+    FA4_CHECK_VALUE(rotary_cos.has_value() && rotary_sin.has_value(), op,
+                    ": rotary_cos and rotary_sin: give both or neither");
+    const at::Tensor& cos = *rotary_cos;
+    const at::Tensor& sin = *rotary_sin;
+    for (const auto& [t, name] : {std::pair{&cos, "rotary_cos"}, std::pair{&sin, "rotary_sin"}}) {
+      FA4_CHECK_VALUE(t->is_cuda() && t->device() == q.device(), op, ": ", name, " must be a CUDA tensor on q's device");
+      check_same_dtype(*t, q, op, name);
+      FA4_CHECK_VALUE(t->dim() == 2 && t->is_contiguous(), op, ": ", name, " has shape ", shape_str(*t),
+                      " and strides ", strides_str(*t), ": must be contiguous [seqlen_ro, rotary_dim / 2]");
+    }
+    check_shape(sin, shape_of(cos), op, "rotary_sin", "rotary_cos's shape: [seqlen_ro, rotary_dim / 2]");
+    q_rotated = at::empty(q.sizes(), q.options());
+    a.rotary = {cos.data_ptr(), sin.data_ptr(), cos.size(0), 2 * cos.size(1), rotary_interleaved};
+    a.q = tensor_ref(q);
+    a.q_rotated = tensor_ref(q_rotated);
+  }
+  raise_if_error(fa4::append_kv(a, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), op);
+  return {q_rotated, used};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(fa4, m) {
@@ -566,6 +653,10 @@ TORCH_LIBRARY(fa4, m) {
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale, bool causal, "
       "int window_left, int window_right, bool deterministic, float softcap=0.0) -> (Tensor dq, Tensor dk, "
       "Tensor dv)");
+  m.def(
+      "append_kv(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor? cache_seqlens, "
+      "int cache_seqlen, Tensor? block_table, Tensor? rotary_cos, Tensor? rotary_sin, bool rotary_interleaved, "
+      "bool causal, int window_left, int window_right) -> (Tensor q_rotated, Tensor seqused_k)");
 }
 
 TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
@@ -575,6 +666,7 @@ TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
   m.impl("fwd_varlen", &fwd_varlen_op);
   m.impl("fwd_paged_varlen", &fwd_paged_varlen_op);
   m.impl("bwd_varlen", &bwd_varlen_op);
+  m.impl("append_kv", &append_kv_op);
 }
 
 // CPU tensors reach the same checks, which answer with a ValueError naming the tensor (instead of
@@ -586,4 +678,5 @@ TORCH_LIBRARY_IMPL(fa4, CPU, m) {
   m.impl("fwd_varlen", &fwd_varlen_op);
   m.impl("fwd_paged_varlen", &fwd_paged_varlen_op);
   m.impl("bwd_varlen", &bwd_varlen_op);
+  m.impl("append_kv", &append_kv_op);
 }

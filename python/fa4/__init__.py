@@ -135,6 +135,13 @@ def _bwd_varlen_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+@torch.library.register_fake("fa4::append_kv")
+def _append_kv_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlen, block_table, rotary_cos, rotary_sin,
+                    rotary_interleaved, causal, window_left, window_right):
+    q_rotated = q.new_empty(q.shape) if rotary_cos is not None else q.new_empty((0,))
+    return q_rotated, q.new_empty((q.shape[0],), dtype=torch.int32)
+
+
 # ---------------------------------------------------------------------------------------------
 # Autograd: forward saves what the backward operator reads.
 
@@ -333,6 +340,14 @@ def flash_attn_varlen_func(
     return (out, lse) if return_lse else out
 
 
+def _kvcache_lengths(name: str, cache_seqlens: torch.Tensor, b: int, device) -> torch.Tensor:
+    """cache_seqlens as the operators take it: int32 [batch] on q's device."""
+    if cache_seqlens.shape != (b,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name}: cache_seqlens has shape {tuple(cache_seqlens.shape)} and dtype "
+                         f"{cache_seqlens.dtype}: must be int32 [batch] (batch = {b})")
+    return cache_seqlens.to(device=device, dtype=torch.int32).contiguous()
+
+
 def flash_attn_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -368,19 +383,25 @@ def flash_attn_with_kvcache(
     then pools [num_pages, page_size, heads_kv, head_dim] with page_size a power of two of 16 rows
     or more; entry b's key j is row j % page_size of page block_table[b, j // page_size], its keys
     the first cache_seqlens[b] (None: max_pages * page_size). Page ids are clamped to the pool.
-    num_splits is accepted and not read (the launch picks its own split of the keys). Not
-    implemented: appending k, v to the cache, rotary embedding, cache_batch_idx, cache_leftpad,
-    alibi_slopes. With one length for every entry (an int, or None)
+    num_splits is accepted and not read (the launch picks its own split of the keys).
+    k, v: [batch, seqlen_new, heads_kv, head_dim], written into the caches in place at rows
+    cache_seqlens[b] ... cache_seqlens[b] + seqlen_new - 1 (flash-attn's append; cache_seqlens is
+    required then, and is not updated: the attention takes cache_seqlens + seqlen_new keys); rows
+    that would fall past the cache are not written and the entry's keys end at the cache's end.
+    rotary_cos, rotary_sin ([seqlen_ro, rotary_dim / 2], q's dtype, seqlen_ro covering the cache,
+    rotary_dim a multiple of 16; only with k and v) rotate the new keys at their positions and the
+    queries at cache_seqlens[b] + i under causal or a window, else all at cache_seqlens[b];
+    rotary_interleaved pairs dims (2j, 2j + 1), else (j, j + rotary_dim / 2) (GPT-NeoX). One
+    small kernel (fa4::append_kv) does both before the attention. Not implemented: cache_batch_idx,
+    cache_leftpad, alibi_slopes. With one length for every entry (an int, or None)
     it is flash_attn_func over the cache's first rows; with a tensor, the batched call with each
     entry's keys its own (torch.ops.fa4.fwd's seqused_k), which folds query groups and cuts the
     keys across the GPU as the batched decoding does.
     """
     name = "fa4.flash_attn_with_kvcache"
-    for arg, value in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
-                       ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+    for arg, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
         if value is not None:
-            raise NotImplementedError(f"{name}: {arg} is not implemented (must be None): append new keys to "
-                                      "the cache and apply rotary embedding beforehand")
+            raise NotImplementedError(f"{name}: {arg} is not implemented (must be None)")
     softmax_scale, window_left, window_right, softcap = _options(name, softmax_scale, window_size, softcap, 0.0,
                                                                  alibi_slopes)
     for arg, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -388,12 +409,35 @@ def flash_attn_with_kvcache(
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name}: {arg} has shape {shape}: must be 4-d [batch, seqlen, heads, head_dim]")
     b, sq, hq, d = q.shape
+    if (k is None) != (v is None):
+        raise ValueError(f"{name}: k is {'None' if k is None else 'given'}, v is {'None' if v is None else 'given'}: "
+                         "appending to the cache needs both")
+    if k is None and (rotary_cos is not None or rotary_sin is not None):
+        raise ValueError(f"{name}: rotary_cos and rotary_sin apply with k and v only (the new keys and q are "
+                         "rotated as they are appended)")
+    if k is not None:
+        # The new rows into the caches (rotating them and q), then attention over the longer caches.
+        if cache_seqlens is None:
+            raise ValueError(f"{name}: cache_seqlens = None with k and v: appending needs each entry's cache "
+                             "length (an int or int32 [batch])")
+        if isinstance(cache_seqlens, torch.Tensor):
+            lens, n = _kvcache_lengths(name, cache_seqlens, b, q.device), 0
+        elif isinstance(cache_seqlens, int):
+            lens, n = None, cache_seqlens
+        else:
+            raise ValueError(f"{name}: cache_seqlens = {cache_seqlens!r}: must be None, an int or an int32 tensor")
+        with torch.no_grad():
+            q_rotated, used = torch.ops.fa4.append_kv(q, k_cache, v_cache, k, v, lens, n, block_table, rotary_cos,
+                                                      rotary_sin, bool(rotary_interleaved), bool(causal),
+                                                      window_left, window_right)
+        if rotary_cos is not None:
+            q = q_rotated
+        # One length for all stays an int (the batched call over the cache's first rows); else the
+        # kernel's counts.
+        cache_seqlens = n + k.shape[1] if lens is None and block_table is None else used
 
     def lengths_tensor():  # cache_seqlens as the operators take it: int32 [batch] on q's device
-        if cache_seqlens.shape != (b,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"{name}: cache_seqlens has shape {tuple(cache_seqlens.shape)} and dtype "
-                             f"{cache_seqlens.dtype}: must be int32 [batch] (batch = {b})")
-        return cache_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
+        return _kvcache_lengths(name, cache_seqlens, b, q.device)
 
     def bad_lengths():
         return ValueError(f"{name}: cache_seqlens = {cache_seqlens!r}: must be None, an int or an int32 tensor")

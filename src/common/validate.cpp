@@ -11,12 +11,17 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
+
+#include "common/append_kv.h"
 
 namespace fa4 {
 namespace {
 
 constexpr DType kDTypes[] = {DType::kBF16, DType::kFP16};
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+// Rotary dims come in 16s (flash-attn's rule): each half of a GPT-NeoX row is whole 16-byte units.
+constexpr int64_t kRotaryDimStep = 16;
 
 Status invalid(std::string message) {
   return {StatusCode::kInvalidArgument, std::move(message)};
@@ -185,6 +190,36 @@ Status check_seqused_alone(const Varlen& v, bool backward) {
 // box a page and 64-column chunk, 8 a chunk at 16 rows.
 constexpr int64_t kMinPageSize = 16;
 
+// A paged cache's table and pools (PagedKV) for p: a power-of-two page size of 16 rows or more;
+// pages and table sizes that the kernels' int coordinates hold; each entry's table row covering
+// seqlen_k; k and v (named k_name, v_name) as pools [num_pages, page_size, heads_kv, head_dim].
+Status check_pools(const PagedKV& pg, const Problem& p, const TensorRef& k, const TensorRef& v, const char* k_name,
+                   const char* v_name) {
+  Status s;
+  if (pg.page_size < 1 || pg.page_size > (int64_t{1} << 30) || (pg.page_size & (pg.page_size - 1)) != 0)
+    return invalid("paged.page_size = " + str(pg.page_size) + ": must be a power of two in [16, 2^30]");
+  if (pg.page_size < kMinPageSize)
+    return {StatusCode::kNotSupported, "paged.page_size = " + str(pg.page_size) + ": pages of fewer than " +
+                                           str(kMinPageSize) +
+                                           " rows are not implemented (a power of two in [16, 2^30])"};
+  if (!(s = check_size("paged.num_pages", pg.num_pages, 1)).ok()) return s;
+  const int64_t pages = (p.seqlen_k + pg.page_size - 1) / pg.page_size;
+  if (pg.table_stride < pages || pg.table_stride > kInt32Max)
+    return invalid("paged.table_stride = " + str(pg.table_stride) + ": must be >= ceil(seqlen_k / page_size) = " +
+                   str(pages) + " (an entry's pages) and fit in int32");
+  if (p.batch > kInt32Max / pg.table_stride)
+    return invalid("paged.table_stride = " + str(pg.table_stride) + " with batch = " + str(p.batch) +
+                   ": the table's batch * table_stride entries must fit in int32");
+  Problem pool = p;  // the pools as [num_pages, page_size] tensors
+  pool.batch = pg.num_pages;
+  const Shape ks{"paged.page_size", pg.page_size, "heads_kv", p.heads_kv};
+  if (p.batch > 0 && p.seqlen_k > 0) {
+    if (!(s = check_tensor(k_name, k, ks, pool)).ok()) return s;
+    if (!(s = check_tensor(v_name, v, ks, pool)).ok()) return s;
+  }
+  return Status::Ok();
+}
+
 // A paged KV cache (PagedKV): a power-of-two page size of 16 rows or more; pages and table sizes
 // that the kernels' int coordinates hold; each entry's table row covering seqlen_k; k and v as pools
 // [num_pages, page_size, heads_kv, head_dim]; q and o batched, or packed over varlen.total_q rows
@@ -203,28 +238,8 @@ Status check_paged(const ForwardArgs& args) {
       if (Status s = check_int32_aligned("varlen.cu_seqlens_k", v.cu_seqlens_k); !s.ok()) return s;
     if (Status s = check_size("varlen.total_q", v.total_q, 0); !s.ok()) return s;
   }
-  if (pg.page_size < 1 || pg.page_size > (int64_t{1} << 30) || (pg.page_size & (pg.page_size - 1)) != 0)
-    return invalid("paged.page_size = " + str(pg.page_size) + ": must be a power of two in [16, 2^30]");
-  if (pg.page_size < kMinPageSize)
-    return {StatusCode::kNotSupported, "paged.page_size = " + str(pg.page_size) + ": pages of fewer than " +
-                                           str(kMinPageSize) +
-                                           " rows are not implemented (a power of two in [16, 2^30])"};
+  if (Status s = check_pools(pg, p, args.k, args.v, "k", "v"); !s.ok()) return s;
   Status s;
-  if (!(s = check_size("paged.num_pages", pg.num_pages, 1)).ok()) return s;
-  const int64_t pages = (p.seqlen_k + pg.page_size - 1) / pg.page_size;
-  if (pg.table_stride < pages || pg.table_stride > kInt32Max)
-    return invalid("paged.table_stride = " + str(pg.table_stride) + ": must be >= ceil(seqlen_k / page_size) = " +
-                   str(pages) + " (an entry's pages) and fit in int32");
-  if (p.batch > kInt32Max / pg.table_stride)
-    return invalid("paged.table_stride = " + str(pg.table_stride) + " with batch = " + str(p.batch) +
-                   ": the table's batch * table_stride entries must fit in int32");
-  Problem pool = p;  // the pools as [num_pages, page_size] tensors
-  pool.batch = pg.num_pages;
-  const Shape ks{"paged.page_size", pg.page_size, "heads_kv", p.heads_kv};
-  if (p.batch > 0 && p.seqlen_k > 0) {
-    if (!(s = check_tensor("k", args.k, ks, pool)).ok()) return s;
-    if (!(s = check_tensor("v", args.v, ks, pool)).ok()) return s;
-  }
   if (v.enabled()) {  // the packed rows as one batch (batch_stride is not read)
     if (p.batch == 0) return Status::Ok();
     Problem one = p;
@@ -353,6 +368,56 @@ Status validate(const BackwardArgs& args) {
   if (!(s = check_tensor("dk", args.dk, ks, p)).ok()) return s;
   if (!(s = check_tensor("dv", args.dv, ks, p)).ok()) return s;
   return check_workspace(args);
+}
+
+Status validate(const AppendArgs& args) {
+  const Problem& p = args.problem;
+  Status s;
+  if (!(s = detail::validate_problem(p)).ok()) return s;
+  if (!(s = check_size("seqlen_new", args.seqlen_new, 0)).ok()) return s;
+  if (args.cache_seqlens != nullptr) {
+    if (!(s = check_int32_aligned("cache_seqlens", args.cache_seqlens)).ok()) return s;
+  } else if (args.cache_seqlen < 0 || args.cache_seqlen > p.seqlen_k - args.seqlen_new) {
+    return invalid("cache_seqlen = " + str(args.cache_seqlen) + ": the new rows [cache_seqlen, cache_seqlen + " +
+                   "seqlen_new) must lie in the cache's seqlen_k = " + str(p.seqlen_k) + " rows (seqlen_new = " +
+                   str(args.seqlen_new) + ")");
+  }
+  if (args.seqused_k != nullptr) {
+    if (!(s = check_int32_aligned("seqused_k", args.seqused_k)).ok()) return s;
+    if (args.seqused_k == args.cache_seqlens)
+      return invalid("seqused_k = " + detail::format_pointer(args.seqused_k) +
+                     ": must not be cache_seqlens (the kernel reads every entry's first new row while it writes "
+                     "the counts): give it an array of its own");
+  }
+  const Shape ns{"seqlen_new", args.seqlen_new, "heads_kv", p.heads_kv};
+  if (!(s = check_tensor("k_new", args.k_new, ns, p)).ok()) return s;
+  if (!(s = check_tensor("v_new", args.v_new, ns, p)).ok()) return s;
+  if (args.paged.enabled()) {
+    if (!(s = check_int32_aligned("paged.block_table", args.paged.block_table)).ok()) return s;
+    if (!(s = check_pools(args.paged, p, args.k_cache, args.v_cache, "k_cache", "v_cache")).ok()) return s;
+  } else {
+    const Shape cs{"seqlen_k", p.seqlen_k, "heads_kv", p.heads_kv};
+    if (!(s = check_tensor("k_cache", args.k_cache, cs, p)).ok()) return s;
+    if (!(s = check_tensor("v_cache", args.v_cache, cs, p)).ok()) return s;
+  }
+  const Rotary& ro = args.rotary;
+  if (!ro.enabled()) return Status::Ok();
+  if (ro.cos == nullptr || ro.sin == nullptr)
+    return invalid("rotary.cos = " + detail::format_pointer(ro.cos) + ", rotary.sin = " +
+                   detail::format_pointer(ro.sin) + ": rotary embedding needs both (or neither)");
+  for (const auto& [name, ptr] : {std::pair{"rotary.cos", ro.cos}, std::pair{"rotary.sin", ro.sin}})
+    if (reinterpret_cast<uintptr_t>(ptr) % kAlignmentBytes != 0)
+      return invalid(std::string(name) + " = " + detail::format_pointer(ptr) + ": must be a multiple of " +
+                     str(int64_t{kAlignmentBytes}) + " bytes");
+  if (ro.rotary_dim < kRotaryDimStep || ro.rotary_dim > p.head_dim || ro.rotary_dim % kRotaryDimStep != 0)
+    return invalid("rotary.rotary_dim = " + str(ro.rotary_dim) + ": must be a multiple of " + str(kRotaryDimStep) +
+                   " in [" + str(kRotaryDimStep) + ", head_dim = " + str(p.head_dim) + "]");
+  if (ro.seqlen_ro < p.seqlen_k || ro.seqlen_ro > kInt32Max)
+    return invalid("rotary.seqlen_ro = " + str(ro.seqlen_ro) + ": cos and sin need a row for every cache position (" +
+                   "at least seqlen_k = " + str(p.seqlen_k) + ", and fit in int32)");
+  const Shape qs{"seqlen_q", p.seqlen_q, "heads_q", p.heads_q};
+  if (!(s = check_tensor("q", args.q, qs, p)).ok()) return s;
+  return check_tensor("q_rotated", args.q_rotated, qs, p);
 }
 
 namespace detail {
@@ -559,6 +624,44 @@ BwdParams make_bwd_params(const BackwardArgs& args) {
     b.total_k = static_cast<int>(args.varlen.total_k);
   }
   return b;
+}
+
+AppendParams make_append_params(const AppendArgs& args) {
+  const Problem& p = args.problem;
+  AppendParams a{};
+  a.dtype = p.dtype;
+  a.batch = static_cast<int>(p.batch);
+  a.seqlen_new = static_cast<int>(args.seqlen_new);
+  a.heads_kv = static_cast<int>(p.heads_kv);
+  a.head_dim = static_cast<int>(p.head_dim);
+  a.capacity = static_cast<int>(p.seqlen_k);
+  a.k_new = args.k_new.data, a.v_new = args.v_new.data, a.k_cache = args.k_cache.data, a.v_cache = args.v_cache.data;
+  set_strides(args.k_new, a.kn_stride);
+  set_strides(args.v_new, a.vn_stride);
+  set_strides(args.k_cache, a.kc_stride);
+  set_strides(args.v_cache, a.vc_stride);
+  if (args.paged.enabled()) {
+    a.block_table = args.paged.block_table;
+    a.table_stride = static_cast<int>(args.paged.table_stride);
+    a.page_size = static_cast<int>(args.paged.page_size);
+    a.num_pages = static_cast<int>(args.paged.num_pages);
+  }
+  a.cache_seqlens = args.cache_seqlens;
+  a.cache_seqlen = static_cast<int>(args.cache_seqlen);
+  a.seqused_k = args.seqused_k;
+  if (args.rotary.enabled()) {
+    a.cos = args.rotary.cos, a.sin = args.rotary.sin;
+    a.seqlen_ro = static_cast<int>(args.rotary.seqlen_ro);
+    a.rotary_dim = static_cast<int>(args.rotary.rotary_dim);
+    a.interleaved = args.rotary.interleaved;
+    a.q_per_row = p.causal || p.window_left >= 0 || p.window_right >= 0;
+    a.seqlen_q = static_cast<int>(p.seqlen_q);
+    a.heads_q = static_cast<int>(p.heads_q);
+    a.q = args.q.data, a.q_rotated = args.q_rotated.data;
+    set_strides(args.q, a.q_stride);
+    set_strides(args.q_rotated, a.qr_stride);
+  }
+  return a;
 }
 
 std::string format_pointer(const void* p) {

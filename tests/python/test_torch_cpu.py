@@ -267,8 +267,10 @@ def test_kvcache_traces_on_meta_and_refuses_what_it_does_not_implement():
         assert out.shape == (3, 4, 8, 128) and out.dtype == torch.bfloat16
         assert lse.shape == (3, 8, 4) and lse.dtype == torch.float32
     assert fa4.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=7).shape == (3, 4, 8, 128)
-    with pytest.raises(NotImplementedError, match=r"rotary_cos is not implemented"):
+    with pytest.raises(ValueError, match=r"rotary_cos and rotary_sin apply with k and v only"):
         fa4.flash_attn_with_kvcache(q, cache, cache, rotary_cos=meta(500, 64))
+    with pytest.raises(NotImplementedError, match=r"cache_batch_idx is not implemented"):
+        fa4.flash_attn_with_kvcache(q, cache, cache, cache_batch_idx=torch.empty(3, device="meta", dtype=torch.int32))
     with pytest.raises(NotImplementedError, match=r"alibi_slopes"):
         fa4.flash_attn_with_kvcache(q, cache, cache, alibi_slopes=meta(8, dtype=torch.float32))
     with pytest.raises(ValueError, match=r"cache_seqlens = 501: must be in \[0, 500\]"):
@@ -325,3 +327,50 @@ def test_kvcache_is_the_batched_call_with_one_length_or_many():
         assert fa4_ops == [op], (lens, seen.names)
         # A tensor of lengths reaches the op as its seqused_k; one length as a view of the cache.
         assert (seen.seqused is lens) if isinstance(lens, torch.Tensor) else seen.seqused is None
+
+
+def test_kvcache_append_and_rotary_trace_on_meta_and_check_their_arguments():
+    schema = str(torch.ops.fa4.append_kv.default._schema)
+    assert "Tensor(a!) k_cache" in schema and "Tensor(b!) v_cache" in schema and "Tensor? rotary_cos" in schema
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls.append((str(func), args))
+            return func(*args, **(kwargs or {}))
+
+    q, cache, new = meta(3, 2, 8, 128), meta(3, 500, 2, 128), meta(3, 2, 2, 128)
+    cos = meta(500, 32)
+    lens = torch.empty(3, device="meta", dtype=torch.int32)
+    for seqlens, rotary in ((lens, True), (7, True), (lens, False), (7, False)):
+        kw = dict(rotary_cos=cos, rotary_sin=cos) if rotary else {}
+        with Ops() as seen:
+            out = fa4.flash_attn_with_kvcache(q, cache, cache, k=new, v=new, cache_seqlens=seqlens, causal=True, **kw)
+        assert out.shape == (3, 2, 8, 128)
+        names = [n for n, _ in seen.calls if n.startswith("fa4.")]
+        assert names == ["fa4.append_kv.default", "fa4.fwd.default"], names
+        append_args, fwd_args = [a for n, a in seen.calls if n.startswith("fa4.")]
+        q_rotated, used = torch.ops.fa4.append_kv(*append_args)
+        assert q_rotated.shape == ((3, 2, 8, 128) if rotary else (0,)) and used.shape == (3,)
+        assert used.dtype == torch.int32
+        # The attention reads the rotated q, and with one length the cache's first 7 + 2 rows.
+        assert (fwd_args[0].shape == q.shape) and (fwd_args[1].shape[1] == (500 if seqlens is lens else 9))
+    pages = meta(10, 256, 2, 128)
+    table = torch.empty(3, 4, device="meta", dtype=torch.int32)
+    out = fa4.flash_attn_with_kvcache(q, pages, pages, k=new, v=new, cache_seqlens=7, block_table=table,
+                                      rotary_cos=cos, rotary_sin=cos, rotary_interleaved=False)
+    assert out.shape == (3, 2, 8, 128)
+    with pytest.raises(ValueError, match=r"k is given, v is None"):
+        fa4.flash_attn_with_kvcache(q, cache, cache, k=new)
+    with pytest.raises(ValueError, match=r"cache_seqlens = None with k and v"):
+        fa4.flash_attn_with_kvcache(q, cache, cache, k=new, v=new)
+    qc = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16)
+    kc = torch.randn(2, 50, 4, 64, dtype=torch.bfloat16)
+    nc = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"fa4::append_kv: q is on cpu: must be a CUDA tensor"):
+        fa4.flash_attn_with_kvcache(qc, kc, kc, k=nc, v=nc, cache_seqlens=3)
+

@@ -17,7 +17,9 @@
   modes), and equal lengths match the batched call; torch.compile traces it;
 - flash_attn_with_kvcache (and varlen's seqused_k): each batch entry against the reference over its
   cache's filled keys (a full, a one-key, an empty and a partial entry; causal aligned to them, a
-  window, GQA/MQA, BSHD, BHSD and sliced caches); what it does not implement raises.
+  window, GQA/MQA, BSHD, BHSD and sliced caches); with k and v appended into the cache (contiguous
+  or paged) and rotary embedding (GPT-NeoX and interleaved, over part of the head or all of it),
+  the cache's new rows and the attention against float64; what it does not implement raises.
 
 A test that needs a kernel fa4 does not have (the op raises NotImplementedError) is skipped with
 fa4's message; every other failure fails.
@@ -756,8 +758,105 @@ def test_kvcache_refuses_what_it_does_not_implement():
         fa4.flash_attn_with_kvcache(q, pages, pages, block_table=torch.zeros(2, 2, dtype=torch.int32, device=DEV))
     with pytest.raises(ValueError, match=r"block_table has shape \[3, 2\]"):
         fa4.flash_attn_with_kvcache(q, pages, pages, block_table=torch.zeros(3, 2, dtype=torch.int32, device=DEV))
-    with pytest.raises(NotImplementedError, match="k is not implemented"):
-        fa4.flash_attn_with_kvcache(q, k, k, k=k[:, :1], v=k[:, :1])
+    with pytest.raises(NotImplementedError, match="cache_batch_idx is not implemented"):
+        fa4.flash_attn_with_kvcache(q, k, k, cache_batch_idx=torch.arange(2, dtype=torch.int32, device=DEV))
+    # Appending: one length for every entry must leave room for the new rows; rotary_dim in 16s.
+    new = k[:, :3].clone()
+    with pytest.raises(ValueError, match=r"cache_seqlen = 98: the new rows"):
+        fa4.flash_attn_with_kvcache(q, k.clone(), k.clone(), k=new, v=new, cache_seqlens=98)
+    cos = torch.randn(100, 12, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"rotary.rotary_dim = 24: must be a multiple of 16"):
+        fa4.flash_attn_with_kvcache(q, k.clone(), k.clone(), k=new, v=new, cache_seqlens=5, rotary_cos=cos,
+                                    rotary_sin=cos)
+    with pytest.raises(ValueError, match=r"rotary.seqlen_ro = 50: cos and sin need a row for every cache position"):
+        fa4.flash_attn_with_kvcache(q, k.clone(), k.clone(), k=new, v=new, cache_seqlens=5, rotary_cos=cos[:50, :8],
+                                    rotary_sin=cos[:50, :8])
+
+
+def rotary_tables(seqlen_ro, rotary_dim, dtype):
+    """cos and sin [seqlen_ro, rotary_dim / 2] of pos * 10000^(-2j / rotary_dim), in dtype."""
+    pos = torch.arange(seqlen_ro, device=DEV, dtype=torch.float64)[:, None]
+    inv = 10000.0 ** (-torch.arange(0, rotary_dim, 2, device=DEV, dtype=torch.float64) / rotary_dim)
+    return torch.cos(pos * inv).to(dtype), torch.sin(pos * inv).to(dtype)
+
+
+def rotate_reference(x, cos, sin, pos, interleaved):
+    """x [s, h, d] turned at positions pos [s] in float64 (flash-attn's apply_rotary_emb), the
+    dims past the tables' as they are."""
+    x = x.double().clone()
+    c, s_ = cos.double()[pos][:, None, :], sin.double()[pos][:, None, :]
+    rd = 2 * cos.shape[1]
+    if interleaved:
+        x1, x2 = x[..., 0:rd:2].clone(), x[..., 1:rd:2].clone()
+        x[..., 0:rd:2], x[..., 1:rd:2] = x1 * c - x2 * s_, x1 * s_ + x2 * c
+    else:
+        x1, x2 = x[..., :rd // 2].clone(), x[..., rd // 2:rd].clone()
+        x[..., :rd // 2], x[..., rd // 2:rd] = x1 * c - x2 * s_, x1 * s_ + x2 * c
+    return x
+
+
+# (d, rotary_dim (0: none), interleaved, causal, lengths ("int": one for all), seqlen_new, page size (0: contiguous))
+APPEND_CASES = [
+    (128, 128, False, True, [0, 17, 400, 511], 1, 0),  # a decoding step, GPT-NeoX rotary
+    (64, 32, True, False, "int", 4, 0),  # interleaved over part of the head; q rows all at one position
+    (256, 0, False, True, [5, 300, 1, 250], 3, 0),  # no rotary
+    (128, 64, False, True, [100, 0, 449, 63], 2, 64),  # a paged cache, new rows across pages
+    (128, 128, True, False, "int", 1, 16),  # pages of 16, one length
+]
+
+
+@pytest.mark.parametrize("case", APPEND_CASES, ids=[f"append{i}" for i in range(len(APPEND_CASES))])
+def test_kvcache_appends_and_rotates_as_flash_attn(case):
+    """flash_attn_with_kvcache with k and v (and rotary_cos / rotary_sin): the new rows land in the
+    caches at each entry's length, the keys rotated at their positions (within one rounding of the
+    float64 rotation of the same inputs), v bit for bit, every other row untouched; and the
+    attention matches float64 over the cache's first length + seqlen_new keys, with q rotated at
+    cache_seqlens + i under causal (else all at cache_seqlens)."""
+    d, rd, interleaved, causal, lens_case, s_new, page = case
+    b, hq, hkv, sc, sq, dtype = 4, 8, 2, 512, None, torch.bfloat16
+    sq = s_new
+    gen = torch.Generator(device=DEV).manual_seed(1000 + d + rd)
+    lens = [123] * b if lens_case == "int" else lens_case
+    q = torch.randn(b, sq, hq, d, device=DEV, dtype=dtype, generator=gen)
+    kc = torch.randn(b, sc, hkv, d, device=DEV, dtype=dtype, generator=gen)
+    vc = torch.randn(b, sc, hkv, d, device=DEV, dtype=dtype, generator=gen)
+    kn = torch.randn(b, s_new, hkv, d, device=DEV, dtype=dtype, generator=gen)
+    vn = torch.randn(b, s_new, hkv, d, device=DEV, dtype=dtype, generator=gen)
+    cos, sin = rotary_tables(sc, rd, dtype) if rd else (None, None)
+    seqlens = 123 if lens_case == "int" else torch.tensor(lens, dtype=torch.int32, device=DEV)
+    if page:
+        kp, vp, table = paged_caches(kc, vc, page, 7)
+        table = table[:, :-1]
+        out = call_or_skip(fa4.flash_attn_with_kvcache, q, kp, vp, k=kn, v=vn, rotary_cos=cos, rotary_sin=sin,
+                           cache_seqlens=seqlens, block_table=table, causal=causal, rotary_interleaved=interleaved)
+        per = table.shape[1]
+        k_after = torch.stack([kp[table[i]].reshape(per * page, hkv, d)[:sc] for i in range(b)])
+        v_after = torch.stack([vp[table[i]].reshape(per * page, hkv, d)[:sc] for i in range(b)])
+    else:
+        k_after, v_after = kc.clone(), vc.clone()
+        out = call_or_skip(fa4.flash_attn_with_kvcache, q, k_after, v_after, k=kn, v=vn, rotary_cos=cos,
+                           rotary_sin=sin, cache_seqlens=seqlens, causal=causal, rotary_interleaved=interleaved)
+    assert out.shape == q.shape
+    if isinstance(seqlens, torch.Tensor):
+        assert seqlens.tolist() == lens, "cache_seqlens must not change"
+    eps = 2.0 ** -8
+    scale = 1.0 / math.sqrt(d)
+    for i, n in enumerate(lens):
+        pos = torch.arange(n, n + s_new, device=DEV)
+        k_ref = rotate_reference(kn[i], cos, sin, pos, interleaved) if rd else kn[i].double()
+        got = k_after[i, n:n + s_new].double()
+        assert ((got - k_ref).abs() <= eps * k_ref.abs() + 1e-5).all(), f"entry {i}: new keys"
+        assert torch.equal(v_after[i, n:n + s_new], vn[i]), f"entry {i}: new values"
+        assert torch.equal(k_after[i, :n], kc[i, :n]) and torch.equal(k_after[i, n + s_new:], kc[i, n + s_new:]), \
+            f"entry {i}: cache rows outside the new ones changed"
+        assert torch.equal(v_after[i, :n], vc[i, :n]), f"entry {i}: cache values before the new ones changed"
+        qpos = pos if causal else torch.full((sq,), n, device=DEV)
+        q_i = rotate_reference(q[i], cos, sin, qpos, interleaved).to(dtype) if rd else q[i]
+        keys = n + s_new
+        qs, ks, vs = q_i.unsqueeze(0), k_after[i:i + 1, :keys], v_after[i:i + 1, :keys]
+        ref, _ = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=False)
+        ref_lp, _ = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=True)
+        assert_close_by_criterion(out[i:i + 1], ref_lp, ref, f"d{d} rotary {rd} entry {i} ({keys} keys)")
     with pytest.raises(ValueError, match="cache_seqlens = 101"):
         fa4.flash_attn_with_kvcache(q, k, k, cache_seqlens=101)
     with pytest.raises(ValueError, match="cache_seqlens has shape"):
