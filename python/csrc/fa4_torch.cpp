@@ -30,6 +30,10 @@
 //       -> (q_rotated, seqused_k)
 //       new keys and values into a KV cache in place (contiguous or paged), rotary embedding on k
 //       and into q_rotated (empty [0] without it); seqused_k int32 [batch]: the keys after it.
+//   fa4::fwd_kvcache(q, k_cache!, v_cache!, k, v, cache_seqlens, cache_seqlen, block_table, rotary_cos,
+//                    rotary_sin, rotary_interleaved, softmax_scale, causal, window_left, window_right,
+//                    with_lse=True, softcap=0.0) -> (out, lse)
+//       append_kv, then the forward over each entry's keys after it, in one operator.
 //
 // Tensors are [batch, seqlen, heads, head_dim] views (BSHD, or BHSD transposed back) whose last
 // dim is contiguous; their element strides go to fa4 as they are. Outputs are new contiguous
@@ -546,14 +550,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_varlen_op(
 // and rotary_sin ([seqlen_ro, rotary_dim / 2], q's dtype) k is rotated on the way in and q into
 // q_rotated (a new tensor; empty [0] without rotary). Returns it and seqused_k, int32 [batch]: each
 // entry's keys after the append.
-std::tuple<at::Tensor, at::Tensor> append_kv_op(const at::Tensor& q, at::Tensor k_cache, at::Tensor v_cache,
-                                                const at::Tensor& k, const at::Tensor& v,
-                                                const std::optional<at::Tensor>& cache_seqlens, int64_t cache_seqlen,
-                                                const std::optional<at::Tensor>& block_table,
-                                                const std::optional<at::Tensor>& rotary_cos,
-                                                const std::optional<at::Tensor>& rotary_sin, bool rotary_interleaved,
-                                                bool causal, int64_t window_left, int64_t window_right) {
-  const char* op = "fa4::append_kv";
+// What append_kv and fwd_kvcache share: the checks, the append (fa4::append_kv) on q's current
+// stream, and what the attention after it needs: q_rotated (empty [0] without rotary), seqused_k
+// (int32 [batch], the keys after the append), the problem (seqlen_k the cache's rows an entry) and
+// the pages.
+struct Appended {
+  at::Tensor q_rotated, used;
+  fa4::Problem p;
+  fa4::PagedKV paged;
+};
+Appended append_into(const char* op, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& cache_seqlens,
+                     int64_t cache_seqlen, const std::optional<at::Tensor>& block_table,
+                     const std::optional<at::Tensor>& rotary_cos, const std::optional<at::Tensor>& rotary_sin,
+                     bool rotary_interleaved, bool causal, int64_t window_left, int64_t window_right) {
   check_three(q, k_cache, v_cache, op, "k_cache", "v_cache");
   check_tensor(k, op, "k", q.device());
   check_tensor(v, op, "v", q.device());
@@ -566,6 +576,7 @@ std::tuple<at::Tensor, at::Tensor> append_kv_op(const at::Tensor& q, at::Tensor 
                       k_cache.size(3) == k.size(3),
                   op, ": k has shape ", shape_str(k), ", q ", shape_str(q), ", k_cache ", shape_str(k_cache),
                   ": k's batch must be q's, its heads_kv and head_dim the cache's");
+  Appended r;
   fa4::AppendArgs a;
   fa4::Problem& p = a.problem;
   p.dtype = dtype_of(q, op, "q");
@@ -598,9 +609,9 @@ std::tuple<at::Tensor, at::Tensor> append_kv_op(const at::Tensor& q, at::Tensor 
   }
   a.cache_seqlen = cache_seqlen;
   const c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor used = at::empty({batch}, q.options().dtype(at::kInt));
-  a.seqused_k = used.data_ptr<int32_t>();
-  at::Tensor q_rotated = at::empty({0}, q.options());
+  r.used = at::empty({batch}, q.options().dtype(at::kInt));
+  a.seqused_k = r.used.data_ptr<int32_t>();
+  r.q_rotated = at::empty({0}, q.options());
   if (rotary_cos.has_value() || rotary_sin.has_value()) {
     FA4_CHECK_VALUE(rotary_cos.has_value() && rotary_sin.has_value(), op,
                     ": rotary_cos and rotary_sin: give both or neither");
@@ -613,13 +624,57 @@ std::tuple<at::Tensor, at::Tensor> append_kv_op(const at::Tensor& q, at::Tensor 
                       " and strides ", strides_str(*t), ": must be contiguous [seqlen_ro, rotary_dim / 2]");
     }
     check_shape(sin, shape_of(cos), op, "rotary_sin", "rotary_cos's shape: [seqlen_ro, rotary_dim / 2]");
-    q_rotated = at::empty(q.sizes(), q.options());
+    r.q_rotated = at::empty(q.sizes(), q.options());
     a.rotary = {cos.data_ptr(), sin.data_ptr(), cos.size(0), 2 * cos.size(1), rotary_interleaved};
     a.q = tensor_ref(q);
-    a.q_rotated = tensor_ref(q_rotated);
+    a.q_rotated = tensor_ref(r.q_rotated);
   }
   raise_if_error(fa4::append_kv(a, c10::cuda::getCurrentCUDAStream(q.device().index()).stream()), op);
-  return {q_rotated, used};
+  r.p = p;
+  r.paged = a.paged;
+  return r;
+}
+
+// New keys and values into a KV cache in place (fa4::append_kv): k_cache, v_cache [batch,
+// seqlen_cache, heads_kv, head_dim], or pools with block_table; k, v [batch, seqlen_new, heads_kv,
+// head_dim]; entry b's rows from cache_seqlens[b] (int32 [batch]) or cache_seqlen. With rotary_cos
+// and rotary_sin ([seqlen_ro, rotary_dim / 2], q's dtype) k is rotated on the way in and q into
+// q_rotated (a new tensor; empty [0] without rotary). Returns it and seqused_k, int32 [batch]: each
+// entry's keys after the append.
+std::tuple<at::Tensor, at::Tensor> append_kv_op(const at::Tensor& q, at::Tensor k_cache, at::Tensor v_cache,
+                                                const at::Tensor& k, const at::Tensor& v,
+                                                const std::optional<at::Tensor>& cache_seqlens, int64_t cache_seqlen,
+                                                const std::optional<at::Tensor>& block_table,
+                                                const std::optional<at::Tensor>& rotary_cos,
+                                                const std::optional<at::Tensor>& rotary_sin, bool rotary_interleaved,
+                                                bool causal, int64_t window_left, int64_t window_right) {
+  const Appended r = append_into("fa4::append_kv", q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlen, block_table,
+                                 rotary_cos, rotary_sin, rotary_interleaved, causal, window_left, window_right);
+  return {r.q_rotated, r.used};
+}
+
+// flash_attn_with_kvcache's call with k and v in one operator: append_kv, then the forward over
+// each entry's keys after it (the batched or paged kernels with seqused_k; with one length for
+// every entry and no pages, the cache's first cache_seqlen + seqlen_new rows) with q rotated where
+// rotary is given. No Python runs between the two launches.
+std::tuple<at::Tensor, at::Tensor> fwd_kvcache_op(
+    const at::Tensor& q, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& cache_seqlens, int64_t cache_seqlen, const std::optional<at::Tensor>& block_table,
+    const std::optional<at::Tensor>& rotary_cos, const std::optional<at::Tensor>& rotary_sin, bool rotary_interleaved,
+    std::optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right, bool with_lse,
+    double softcap) {
+  const char* op = "fa4::fwd_kvcache";
+  Appended r = append_into(op, q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlen, block_table, rotary_cos,
+                           rotary_sin, rotary_interleaved, causal, window_left, window_right);
+  fa4::Problem& p = r.p;
+  set_options(p, softmax_scale, causal, window_left, window_right, op);
+  p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
+  fa4::Varlen entries;
+  if (r.paged.enabled() || cache_seqlens.has_value())
+    entries.seqused_k = r.used.data_ptr<int32_t>();
+  else
+    p.seqlen_k = cache_seqlen + k.size(1);  // (append_kv checked that it fits)
+  return batched_forward(p, r.q_rotated.numel() ? r.q_rotated : q, k_cache, v_cache, with_lse, entries, op, r.paged);
 }
 
 }  // namespace
@@ -657,6 +712,11 @@ TORCH_LIBRARY(fa4, m) {
       "append_kv(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor? cache_seqlens, "
       "int cache_seqlen, Tensor? block_table, Tensor? rotary_cos, Tensor? rotary_sin, bool rotary_interleaved, "
       "bool causal, int window_left, int window_right) -> (Tensor q_rotated, Tensor seqused_k)");
+  m.def(
+      "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor? cache_seqlens, "
+      "int cache_seqlen, Tensor? block_table, Tensor? rotary_cos, Tensor? rotary_sin, bool rotary_interleaved, "
+      "float? softmax_scale, bool causal, int window_left, int window_right, bool with_lse=True, "
+      "float softcap=0.0) -> (Tensor out, Tensor lse)");
 }
 
 TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
@@ -667,6 +727,7 @@ TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
   m.impl("fwd_paged_varlen", &fwd_paged_varlen_op);
   m.impl("bwd_varlen", &bwd_varlen_op);
   m.impl("append_kv", &append_kv_op);
+  m.impl("fwd_kvcache", &fwd_kvcache_op);
 }
 
 // CPU tensors reach the same checks, which answer with a ValueError naming the tensor (instead of
@@ -679,4 +740,5 @@ TORCH_LIBRARY_IMPL(fa4, CPU, m) {
   m.impl("fwd_paged_varlen", &fwd_paged_varlen_op);
   m.impl("bwd_varlen", &bwd_varlen_op);
   m.impl("append_kv", &append_kv_op);
+  m.impl("fwd_kvcache", &fwd_kvcache_op);
 }

@@ -135,6 +135,18 @@ def _bwd_varlen_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+@torch.library.register_fake("fa4::fwd_kvcache")
+def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlen, block_table, rotary_cos, rotary_sin,
+                      rotary_interleaved, softmax_scale, causal, window_left, window_right, with_lse=True,
+                      softcap=0.0):
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"fa4::fwd_kvcache: {name} has shape {tuple(t.shape)}: must be 4-d")
+    b, sq, hq, d = q.shape
+    lse = q.new_empty((b, hq, sq) if with_lse else (0,), dtype=torch.float32)
+    return q.new_empty((b, sq, hq, d)), lse
+
+
 @torch.library.register_fake("fa4::append_kv")
 def _append_kv_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlen, block_table, rotary_cos, rotary_sin,
                     rotary_interleaved, causal, window_left, window_right):
@@ -392,7 +404,8 @@ def flash_attn_with_kvcache(
     rotary_dim a multiple of 16; only with k and v) rotate the new keys at their positions and the
     queries at cache_seqlens[b] + i under causal or a window, else all at cache_seqlens[b];
     rotary_interleaved pairs dims (2j, 2j + 1), else (j, j + rotary_dim / 2) (GPT-NeoX). One
-    small kernel (fa4::append_kv) does both before the attention. Not implemented: cache_batch_idx,
+    small kernel (fa4::append_kv) does both before the attention, in one operator with it
+    (torch.ops.fa4.fwd_kvcache). Not implemented: cache_batch_idx,
     cache_leftpad, alibi_slopes. With one length for every entry (an int, or None)
     it is flash_attn_func over the cache's first rows; with a tensor, the batched call with each
     entry's keys its own (torch.ops.fa4.fwd's seqused_k), which folds query groups and cuts the
@@ -426,15 +439,14 @@ def flash_attn_with_kvcache(
             lens, n = None, cache_seqlens
         else:
             raise ValueError(f"{name}: cache_seqlens = {cache_seqlens!r}: must be None, an int or an int32 tensor")
+        if block_table is not None and (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32):
+            raise ValueError(f"{name}: block_table must be an int32 tensor [batch, max_pages]")
+        # One operator: the append's kernel, then the attention's, with no Python between them.
         with torch.no_grad():
-            q_rotated, used = torch.ops.fa4.append_kv(q, k_cache, v_cache, k, v, lens, n, block_table, rotary_cos,
-                                                      rotary_sin, bool(rotary_interleaved), bool(causal),
-                                                      window_left, window_right)
-        if rotary_cos is not None:
-            q = q_rotated
-        # One length for all stays an int (the batched call over the cache's first rows); else the
-        # kernel's counts.
-        cache_seqlens = n + k.shape[1] if lens is None and block_table is None else used
+            out, lse = torch.ops.fa4.fwd_kvcache(q, k_cache, v_cache, k, v, lens, n, block_table, rotary_cos,
+                                                 rotary_sin, bool(rotary_interleaved), softmax_scale, bool(causal),
+                                                 window_left, window_right, bool(return_softmax_lse), softcap)
+        return (out, lse) if return_softmax_lse else out
 
     def lengths_tensor():  # cache_seqlens as the operators take it: int32 [batch] on q's device
         return _kvcache_lengths(name, cache_seqlens, b, q.device)

@@ -31,23 +31,21 @@ struct Bits<__half> {
   static __device__ T2 down(float2 x) { return __float22half2_rn(x); }
 };
 
-// 8 elements at p as 4 pairs of floats, and back.
+// 16 bytes as 4 pairs of floats, and back; 8 bytes as 2 pairs.
 template <class T>
-__device__ void load8(const T* p, float2 (&x)[4]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
+__device__ void unpack8(const uint4& u, float2 (&x)[4]) {
   const auto* h = reinterpret_cast<const typename Bits<T>::T2*>(&u);
 #pragma unroll
   for (int m = 0; m < 4; ++m) x[m] = Bits<T>::up(h[m]);
 }
 template <class T>
-__device__ void store8(T* p, const float2 (&x)[4]) {
+__device__ uint4 pack8(const float2 (&x)[4]) {
   uint4 u;
   auto* h = reinterpret_cast<typename Bits<T>::T2*>(&u);
 #pragma unroll
   for (int m = 0; m < 4; ++m) h[m] = Bits<T>::down(x[m]);
-  *reinterpret_cast<uint4*>(p) = u;
+  return u;
 }
-// 4 elements at p (8 bytes).
 template <class T>
 __device__ void load4(const T* p, float2 (&x)[2]) {
   const uint2 u = *reinterpret_cast<const uint2*>(p);
@@ -63,40 +61,60 @@ __device__ void turn(float& x1, float& x2, float c, float s) {
   x2 = a * s + b * c;
 }
 
-// Unit u of a row from src to dst, turned at position pos where it lies in the rotary dims
-// (half: the rotary dims' units a half, 0 for interleaved pairs or no rotary).
+// A unit of a row, read before its position is known, so the read overlaps the lengths' (and the
+// pages') loads: its first element c, its 8 elements, and with GPT-NeoX rotary its partner's.
+struct Unit {
+  int c;
+  bool pair;
+  uint4 x, y;
+};
+
+// Unit u of the row at src (half: the rotary dims' units a half, 0 for interleaved pairs, no
+// rotary, or a value row).
 template <class T>
-__device__ void move_unit(const AppendParams& p, const T* src, T* dst, int u, int half, int64_t pos) {
-  const int c = (u < half ? u : u + half) * kUnit;  // the unit's first element
-  float2 x[4];
-  load8(src + c, x);
-  if (c < p.rotary_dim) {
-    pos = min(pos, int64_t(p.seqlen_ro) - 1);
-    const int64_t row = pos * (p.rotary_dim / 2);
-    const T* cs = static_cast<const T*>(p.cos) + row;
-    const T* sn = static_cast<const T*>(p.sin) + row;
-    if (p.interleaved) {  // pairs (2j, 2j + 1): j from c / 2
-      float2 co[2], si[2];
-      load4(cs + c / 2, co);
-      load4(sn + c / 2, si);
-      const float cf[4] = {co[0].x, co[0].y, co[1].x, co[1].y}, sf[4] = {si[0].x, si[0].y, si[1].x, si[1].y};
-#pragma unroll
-      for (int m = 0; m < 4; ++m) turn(x[m].x, x[m].y, cf[m], sf[m]);
-    } else {  // pairs (j, j + rotary_dim / 2): this unit and the one half the rotary dims on
-      const int c2 = c + p.rotary_dim / 2;
-      float2 y[4], co[4], si[4];
-      load8(src + c2, y);
-      load8(cs + c, co);
-      load8(sn + c, si);
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        turn(x[m].x, y[m].x, co[m].x, si[m].x);
-        turn(x[m].y, y[m].y, co[m].y, si[m].y);
-      }
-      store8(dst + c2, y);
-    }
+__device__ Unit read_unit(const AppendParams& p, const T* src, int u, int half) {
+  Unit w;
+  w.c = (u < half ? u : u + half) * kUnit;
+  w.pair = u < half;
+  w.x = *reinterpret_cast<const uint4*>(src + w.c);
+  if (w.pair) w.y = *reinterpret_cast<const uint4*>(src + w.c + p.rotary_dim / 2);
+  return w;
+}
+
+// The unit into the row at dst, turned at position pos where it lies in the rotary dims (rotate:
+// a key or query row).
+template <class T>
+__device__ void write_unit(const AppendParams& p, const Unit& w, T* dst, int64_t pos, bool rotate) {
+  if (!rotate || w.c >= p.rotary_dim) {
+    *reinterpret_cast<uint4*>(dst + w.c) = w.x;
+    return;
   }
-  store8(dst + c, x);
+  pos = min(pos, int64_t(p.seqlen_ro) - 1);
+  const int64_t row = pos * (p.rotary_dim / 2);
+  const T* cs = static_cast<const T*>(p.cos) + row;
+  const T* sn = static_cast<const T*>(p.sin) + row;
+  float2 x[4];
+  unpack8<T>(w.x, x);
+  if (!w.pair) {  // interleaved pairs (2j, 2j + 1): j from c / 2
+    float2 co[2], si[2];
+    load4(cs + w.c / 2, co);
+    load4(sn + w.c / 2, si);
+    const float cf[4] = {co[0].x, co[0].y, co[1].x, co[1].y}, sf[4] = {si[0].x, si[0].y, si[1].x, si[1].y};
+#pragma unroll
+    for (int m = 0; m < 4; ++m) turn(x[m].x, x[m].y, cf[m], sf[m]);
+  } else {  // pairs (j, j + rotary_dim / 2): this unit and the one half the rotary dims on
+    float2 y[4], co[4], si[4];
+    unpack8<T>(w.y, y);
+    unpack8<T>(*reinterpret_cast<const uint4*>(cs + w.c), co);
+    unpack8<T>(*reinterpret_cast<const uint4*>(sn + w.c), si);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      turn(x[m].x, y[m].x, co[m].x, si[m].x);
+      turn(x[m].y, y[m].y, co[m].y, si[m].y);
+    }
+    *reinterpret_cast<uint4*>(dst + w.c + p.rotary_dim / 2) = pack8<T>(y);
+  }
+  *reinterpret_cast<uint4*>(dst + w.c) = pack8<T>(x);
 }
 
 __device__ int64_t first_new_row(const AppendParams& p, int64_t b) {
@@ -113,6 +131,8 @@ __device__ T* cache_row(const AppendParams& p, void* base, const int64_t (&st)[3
 }
 
 // Items [0, n_k): the new keys' units; [n_k, n_k + n_v): the values'; then the queries' (rotary).
+// Each item reads its unit first, then the entry's length (the two loads in flight together),
+// then the cos and sin rows and the page its position needs, then writes.
 template <class T>
 __global__ void __launch_bounds__(kThreads) append_kv_kernel(const AppendParams p, int64_t n_k, int64_t n_v,
                                                               int64_t n_all) {
@@ -133,16 +153,14 @@ __global__ void __launch_bounds__(kThreads) append_kv_kernel(const AppendParams 
       const int h = int(r % p.heads_kv);
       r /= p.heads_kv;
       const int64_t s = r % p.seqlen_new, b = r / p.seqlen_new;
+      const int64_t* ns = value ? p.vn_stride : p.kn_stride;
+      const T* src = static_cast<const T*>(value ? p.v_new : p.k_new) + b * ns[0] + s * ns[1] + h * ns[2];
+      const Unit w = read_unit<T>(p, src, u, value ? 0 : half);
       const int64_t pos = first_new_row(p, b) + s;
       if (pos >= p.capacity) continue;
-      if (value) {
-        const T* src = static_cast<const T*>(p.v_new) + b * p.vn_stride[0] + s * p.vn_stride[1] + h * p.vn_stride[2];
-        T* dst = cache_row<T>(p, p.v_cache, p.vc_stride, b, pos, h);
-        *reinterpret_cast<uint4*>(dst + u * kUnit) = *reinterpret_cast<const uint4*>(src + u * kUnit);
-      } else {
-        const T* src = static_cast<const T*>(p.k_new) + b * p.kn_stride[0] + s * p.kn_stride[1] + h * p.kn_stride[2];
-        move_unit<T>(p, src, cache_row<T>(p, p.k_cache, p.kc_stride, b, pos, h), u, half, pos);
-      }
+      T* dst = value ? cache_row<T>(p, p.v_cache, p.vc_stride, b, pos, h)
+                     : cache_row<T>(p, p.k_cache, p.kc_stride, b, pos, h);
+      write_unit<T>(p, w, dst, pos, !value);
     } else {
       int64_t r = i - n_k - n_v;
       const int u = int(r % units_turned);
@@ -151,8 +169,9 @@ __global__ void __launch_bounds__(kThreads) append_kv_kernel(const AppendParams 
       r /= p.heads_q;
       const int64_t s = r % p.seqlen_q, b = r / p.seqlen_q;
       const T* src = static_cast<const T*>(p.q) + b * p.q_stride[0] + s * p.q_stride[1] + h * p.q_stride[2];
+      const Unit w = read_unit<T>(p, src, u, half);
       T* dst = static_cast<T*>(p.q_rotated) + b * p.qr_stride[0] + s * p.qr_stride[1] + h * p.qr_stride[2];
-      move_unit<T>(p, src, dst, u, half, first_new_row(p, b) + (p.q_per_row ? s : 0));
+      write_unit<T>(p, w, dst, first_new_row(p, b) + (p.q_per_row ? s : 0), true);
     }
   }
 }

@@ -332,6 +332,7 @@ def test_kvcache_is_the_batched_call_with_one_length_or_many():
 def test_kvcache_append_and_rotary_trace_on_meta_and_check_their_arguments():
     schema = str(torch.ops.fa4.append_kv.default._schema)
     assert "Tensor(a!) k_cache" in schema and "Tensor(b!) v_cache" in schema and "Tensor? rotary_cos" in schema
+    assert "Tensor(a!) k_cache" in str(torch.ops.fa4.fwd_kvcache.default._schema)
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Ops(TorchDispatchMode):
@@ -349,16 +350,18 @@ def test_kvcache_append_and_rotary_trace_on_meta_and_check_their_arguments():
     for seqlens, rotary in ((lens, True), (7, True), (lens, False), (7, False)):
         kw = dict(rotary_cos=cos, rotary_sin=cos) if rotary else {}
         with Ops() as seen:
-            out = fa4.flash_attn_with_kvcache(q, cache, cache, k=new, v=new, cache_seqlens=seqlens, causal=True, **kw)
-        assert out.shape == (3, 2, 8, 128)
-        names = [n for n, _ in seen.calls if n.startswith("fa4.")]
-        assert names == ["fa4.append_kv.default", "fa4.fwd.default"], names
-        append_args, fwd_args = [a for n, a in seen.calls if n.startswith("fa4.")]
-        q_rotated, used = torch.ops.fa4.append_kv(*append_args)
+            out, lse = fa4.flash_attn_with_kvcache(q, cache, cache, k=new, v=new, cache_seqlens=seqlens, causal=True,
+                                                   return_softmax_lse=True, **kw)
+        assert out.shape == (3, 2, 8, 128) and lse.shape == (3, 8, 2)
+        # One operator: the append and the attention with no Python between their kernels.
+        calls = [(n, a) for n, a in seen.calls if n.startswith("fa4.")]
+        assert [n for n, _ in calls] == ["fa4.fwd_kvcache.default"], calls
+        args = calls[0][1]
+        assert (args[5] is lens) == (seqlens is lens) and args[6] == (0 if seqlens is lens else 7)
+        assert (args[8] is cos) == rotary
+        q_rotated, used = torch.ops.fa4.append_kv(*args[:11], True, -1, -1)
         assert q_rotated.shape == ((3, 2, 8, 128) if rotary else (0,)) and used.shape == (3,)
         assert used.dtype == torch.int32
-        # The attention reads the rotated q, and with one length the cache's first 7 + 2 rows.
-        assert (fwd_args[0].shape == q.shape) and (fwd_args[1].shape[1] == (500 if seqlens is lens else 9))
     pages = meta(10, 256, 2, 128)
     table = torch.empty(3, 4, device="meta", dtype=torch.int32)
     out = fa4.flash_attn_with_kvcache(q, pages, pages, k=new, v=new, cache_seqlens=7, block_table=table,
@@ -368,9 +371,13 @@ def test_kvcache_append_and_rotary_trace_on_meta_and_check_their_arguments():
         fa4.flash_attn_with_kvcache(q, cache, cache, k=new)
     with pytest.raises(ValueError, match=r"cache_seqlens = None with k and v"):
         fa4.flash_attn_with_kvcache(q, cache, cache, k=new, v=new)
+    with pytest.raises(ValueError, match=r"block_table must be an int32 tensor"):
+        fa4.flash_attn_with_kvcache(q, pages, pages, k=new, v=new, cache_seqlens=7, block_table=table.long())
     qc = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16)
     kc = torch.randn(2, 50, 4, 64, dtype=torch.bfloat16)
     nc = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"fa4::append_kv: q is on cpu: must be a CUDA tensor"):
-        fa4.flash_attn_with_kvcache(qc, kc, kc, k=nc, v=nc, cache_seqlens=3)
-
+    for op in (torch.ops.fa4.append_kv, torch.ops.fa4.fwd_kvcache):
+        name = str(op).split(".")[-1]
+        with pytest.raises(ValueError, match=rf"fa4::{name}: q is on cpu: must be a CUDA tensor"):
+            extra = (None, False, -1, -1) if name == "fwd_kvcache" else (False, -1, -1)
+            op(qc, kc, kc, nc, nc, None, 3, None, None, None, False, *extra)

@@ -769,8 +769,28 @@ def test_kvcache_refuses_what_it_does_not_implement():
         fa4.flash_attn_with_kvcache(q, k.clone(), k.clone(), k=new, v=new, cache_seqlens=5, rotary_cos=cos,
                                     rotary_sin=cos)
     with pytest.raises(ValueError, match=r"rotary.seqlen_ro = 50: cos and sin need a row for every cache position"):
-        fa4.flash_attn_with_kvcache(q, k.clone(), k.clone(), k=new, v=new, cache_seqlens=5, rotary_cos=cos[:50, :8],
-                                    rotary_sin=cos[:50, :8])
+        fa4.flash_attn_with_kvcache(q, k.clone(), k.clone(), k=new, v=new, cache_seqlens=5, rotary_cos=cos[:50, :8].contiguous(),
+                                    rotary_sin=cos[:50, :8].contiguous())
+    with pytest.raises(ValueError, match="cache_seqlens = 101"):
+        fa4.flash_attn_with_kvcache(q, k, k, cache_seqlens=101)
+    with pytest.raises(ValueError, match="cache_seqlens has shape"):
+        fa4.flash_attn_with_kvcache(q, k, k, cache_seqlens=torch.zeros(3, dtype=torch.int32, device=DEV))
+    # The batched operator's per-entry lengths: int32, contiguous [batch] on q's device.
+    for used, what in ((torch.zeros(2, dtype=torch.int64, device=DEV), r"fa4::fwd: seqused_k has dtype"),
+                       (torch.zeros(3, dtype=torch.int32, device=DEV), r"must be contiguous \[batch\] \(batch = 2"),
+                       (torch.zeros(4, dtype=torch.int32, device=DEV)[::2], r"seqused_k has shape \[2\] and strides"),
+                       (torch.zeros(2, dtype=torch.int32), r"seqused_k must be a CUDA tensor on q's device")):
+        with pytest.raises(ValueError, match=what):
+            torch.ops.fa4.fwd(q, k, k, None, False, -1, -1, True, 0.0, used)
+    with pytest.raises(ValueError, match="seqused_k has dtype"):
+        cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV)
+        fa4.flash_attn_varlen_func(q.reshape(2, 4, 64), k.reshape(200, 4, 64), k.reshape(200, 4, 64), cu,
+                                   cu * 100, 1, 100, seqused_k=torch.zeros(2, dtype=torch.int64, device=DEV))
+    qg = q.reshape(2, 4, 64).clone().requires_grad_()
+    with pytest.raises(NotImplementedError, match="forward only"):
+        cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV)
+        fa4.flash_attn_varlen_func(qg, k.reshape(200, 4, 64), k.reshape(200, 4, 64), cu, cu * 100, 1, 100,
+                                   seqused_k=torch.ones(2, dtype=torch.int32, device=DEV))
 
 
 def rotary_tables(seqlen_ro, rotary_dim, dtype):
@@ -857,28 +877,6 @@ def test_kvcache_appends_and_rotates_as_flash_attn(case):
         ref, _ = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=False)
         ref_lp, _ = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=True)
         assert_close_by_criterion(out[i:i + 1], ref_lp, ref, f"d{d} rotary {rd} entry {i} ({keys} keys)")
-    with pytest.raises(ValueError, match="cache_seqlens = 101"):
-        fa4.flash_attn_with_kvcache(q, k, k, cache_seqlens=101)
-    with pytest.raises(ValueError, match="cache_seqlens has shape"):
-        fa4.flash_attn_with_kvcache(q, k, k, cache_seqlens=torch.zeros(3, dtype=torch.int32, device=DEV))
-    # The batched operator's per-entry lengths: int32, contiguous [batch] on q's device.
-    for used, what in ((torch.zeros(2, dtype=torch.int64, device=DEV), r"fa4::fwd: seqused_k has dtype"),
-                       (torch.zeros(3, dtype=torch.int32, device=DEV), r"must be contiguous \[batch\] \(batch = 2"),
-                       (torch.zeros(4, dtype=torch.int32, device=DEV)[::2], r"seqused_k has shape \[2\] and strides"),
-                       (torch.zeros(2, dtype=torch.int32), r"seqused_k must be a CUDA tensor on q's device")):
-        with pytest.raises(ValueError, match=what):
-            torch.ops.fa4.fwd(q, k, k, None, False, -1, -1, True, 0.0, used)
-    with pytest.raises(ValueError, match="seqused_k has dtype"):
-        cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV)
-        fa4.flash_attn_varlen_func(q.reshape(2, 4, 64), k.reshape(200, 4, 64), k.reshape(200, 4, 64), cu,
-                                   cu * 100, 1, 100, seqused_k=torch.zeros(2, dtype=torch.int64, device=DEV))
-    qg = q.reshape(2, 4, 64).clone().requires_grad_()
-    with pytest.raises(NotImplementedError, match="forward only"):
-        cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV)
-        fa4.flash_attn_varlen_func(qg, k.reshape(200, 4, 64), k.reshape(200, 4, 64), cu, cu * 100, 1, 100,
-                                   seqused_k=torch.ones(2, dtype=torch.int32, device=DEV))
-
-
 def test_varlen_compiles_fullgraph():
     q = torch.randn(50, 4, 64, device=DEV, dtype=torch.bfloat16)
     cu = torch.tensor([0, 20, 50], dtype=torch.int32, device=DEV)
