@@ -1,7 +1,7 @@
 """Decoding: one query row a head (or a few) against a long K/V, fa4 next to its peers in one process.
 
     python3 bench/decode.py [--shapes "B,HQ,HKV,SK,D;..."] [--seqlen-q N] [--causal]
-        [--providers fa4,fa4kv,fa4paged,fa4append,torchappend,cudnn,fa2] [--fill LO] [--page N] [--rounds 3]
+        [--providers fa4,fa4kv,fa4paged,fa4idx,fa4append,torchappend,cudnn,fa2] [--fill LO] [--page N] [--rounds 3]
         [--dtype bf16|fp16] [--flush write|read] [--kernels] [--name WHAT] [--out DIR]
 
 Each shape is [batch, seqlen_q, heads_q, d] queries (seqlen_q 1 unless --seqlen-q: speculative
@@ -17,6 +17,8 @@ against the GPU's DRAM. Providers:
          a length drawn from [LO * seqlen_k, seqlen_k] (its GB/s then over the keys it reads)
   fa4paged  fa4kv's call on a paged cache (block_table): the same keys on pages of --page rows
          (default 256) at shuffled ids of a pool twice the pages' size
+  fa4idx fa4kv's call through cache_batch_idx (the entries in reverse order; the cache read as
+         pages of up to 256 rows over its own memory)
   fa4append  fa4kv's call appending this step's keys and values (k=, v=: seqlen_q new rows an entry,
          written at the lengths less seqlen_q, so the attention reads fa4kv's keys) with GPT-NeoX
          rotary over the whole head on them and on q (rotary_cos / rotary_sin): one more kernel
@@ -158,7 +160,22 @@ def main(argv=None) -> int:
                    "seqlen_q": sq, "seqlen_k": sk, "head_dim": d, "causal": a.causal, "ms": None, **meta}
             recs[p] = rec
             try:
-                if p in ("fa4kv", "fa4paged"):
+                if p == "fa4idx":
+                    rec["cache_seqlens"] = lens.tolist()
+                    rev = torch.arange(b - 1, -1, -1, device="cuda", dtype=torch.int32)
+                    kr, vr = k.flip(0).contiguous(), v.flip(0).contiguous()
+                    with torch.no_grad():
+                        out = fa4.flash_attn_with_kvcache(q, kr, vr, cache_seqlens=lens, causal=a.causal,
+                                                          cache_batch_idx=rev)
+                        i = int(torch.argmax(lens))
+                        n = int(lens[i])
+                        rec["check"] = check_fa4(q[i:i + 1], k[i:i + 1, :n].repeat_interleave(group, dim=2),
+                                                 v[i:i + 1, :n].repeat_interleave(group, dim=2), out[i:i + 1],
+                                                 a.causal)
+                    failed += not rec["check"]["pass"]
+                    fns[p] = lambda q=q, kr=kr, vr=vr, lens=lens, rev=rev: fa4.flash_attn_with_kvcache(
+                        q, kr, vr, cache_seqlens=lens, causal=a.causal, cache_batch_idx=rev)
+                elif p in ("fa4kv", "fa4paged"):
                     rec["cache_seqlens"] = lens.tolist()
                     kc, vc, table = k, v, None
                     if p == "fa4paged":  # entry b's page j at a shuffled id of a pool of 2 * b * per pages
@@ -237,7 +254,7 @@ def main(argv=None) -> int:
             if "error" not in rec and timed.get(p):
                 rec.update(summary(timed[p], a.rounds > 1))
                 rec["us"] = rec["ms"] * 1e3
-                keys = int(lens.sum()) if p in ("fa4kv", "fa4paged", "fa4append", "torchappend") else b * sk
+                keys = int(lens.sum()) if p in ("fa4kv", "fa4paged", "fa4idx", "fa4append", "torchappend") else b * sk
                 rec["gbps"] = moved(keys) / (rec["ms"] * 1e-3) / 1e9
             records.append(rec)
         del q, k, v, fns

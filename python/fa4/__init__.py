@@ -360,6 +360,40 @@ def _kvcache_lengths(name: str, cache_seqlens: torch.Tensor, b: int, device) -> 
     return cache_seqlens.to(device=device, dtype=torch.int32).contiguous()
 
 
+# Pages a cache entry's rows are read as under cache_batch_idx: the largest power of two that
+# divides seqlen_cache, at most this (the paged decoding's measured pages), at least 16.
+_BATCH_IDX_PAGE_MAX = 256
+
+
+def _batch_idx_as_pages(name: str, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_batch_idx, b: int, device):
+    """k_cache and v_cache [batch_cache, seqlen_cache, heads_kv, head_dim] as pools of pages over
+    their own memory, and the block table [b, pages an entry] that gives batch entry b the pages of
+    cache entry cache_batch_idx[b]."""
+    if not isinstance(cache_batch_idx, torch.Tensor) or cache_batch_idx.shape != (b,) or \
+            cache_batch_idx.dtype not in (torch.int32, torch.int64):
+        what = (f"shape {tuple(cache_batch_idx.shape)} and dtype {cache_batch_idx.dtype}"
+                if isinstance(cache_batch_idx, torch.Tensor) else type(cache_batch_idx).__name__)
+        raise ValueError(f"{name}: cache_batch_idx has {what}: must be int32 [batch] (batch = {b})")
+    pools = []
+    for arg, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name}: {arg} must be a 4-d tensor [batch_cache, seqlen_cache, heads_kv, head_dim]")
+        bc, s, h, dd = t.shape
+        page = min(s & -s, _BATCH_IDX_PAGE_MAX) if s > 0 else 0
+        if page < 16:
+            raise NotImplementedError(f"{name}: cache_batch_idx with seqlen_cache = {s}: needs seqlen_cache a "
+                                      "multiple of 16 (the cache is read as pages of 16 rows or more)")
+        if bc > 1 and t.stride(0) != s * t.stride(1):
+            raise NotImplementedError(f"{name}: cache_batch_idx with {arg} strides {tuple(t.stride())}: needs each "
+                                      "entry's rows one after another (batch stride = seqlen_cache x row stride, as "
+                                      "in a BSHD cache)")
+        pools.append(t.as_strided((bc * (s // page), page, h, dd), (page * t.stride(1), t.stride(1), t.stride(2), 1)))
+    per = k_cache.shape[1] // pools[0].shape[1]
+    idx = cache_batch_idx.to(device=device, dtype=torch.int64)
+    table = (idx[:, None] * per + torch.arange(per, device=device)).to(torch.int32)
+    return pools[0], pools[1], table
+
+
 def flash_attn_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -405,16 +439,20 @@ def flash_attn_with_kvcache(
     queries at cache_seqlens[b] + i under causal or a window, else all at cache_seqlens[b];
     rotary_interleaved pairs dims (2j, 2j + 1), else (j, j + rotary_dim / 2) (GPT-NeoX). One
     small kernel (fa4::append_kv) does both before the attention, in one operator with it
-    (torch.ops.fa4.fwd_kvcache). Not implemented: cache_batch_idx,
-    cache_leftpad, alibi_slopes. With one length for every entry (an int, or None)
+    (torch.ops.fa4.fwd_kvcache). cache_batch_idx (int32 [batch] on q's device; contiguous caches
+    only): batch entry b reads and appends to cache entry cache_batch_idx[b] of k_cache [batch_cache,
+    seqlen_cache, ...], with every option above; the caches are then read as pages of a power of
+    two of 16 to 256 rows over their own memory (each entry's rows one after another: batch stride
+    = seqlen_cache x row stride, seqlen_cache a multiple of 16), an index outside [0, batch_cache)
+    reads a wrong entry but never outside the caches, and duplicate indices with k and v leave
+    either's rows. Not implemented: cache_leftpad, alibi_slopes. With one length for every entry (an int, or None)
     it is flash_attn_func over the cache's first rows; with a tensor, the batched call with each
     entry's keys its own (torch.ops.fa4.fwd's seqused_k), which folds query groups and cuts the
     keys across the GPU as the batched decoding does.
     """
     name = "fa4.flash_attn_with_kvcache"
-    for arg, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
-        if value is not None:
-            raise NotImplementedError(f"{name}: {arg} is not implemented (must be None)")
+    if cache_leftpad is not None:
+        raise NotImplementedError(f"{name}: cache_leftpad is not implemented (must be None)")
     softmax_scale, window_left, window_right, softcap = _options(name, softmax_scale, window_size, softcap, 0.0,
                                                                  alibi_slopes)
     for arg, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -422,6 +460,11 @@ def flash_attn_with_kvcache(
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name}: {arg} has shape {shape}: must be 4-d [batch, seqlen, heads, head_dim]")
     b, sq, hq, d = q.shape
+    if cache_batch_idx is not None:
+        if block_table is not None:
+            raise ValueError(f"{name}: cache_batch_idx with block_table: a paged cache's table already picks each "
+                             "entry's pages (give one of them)")
+        k_cache, v_cache, block_table = _batch_idx_as_pages(name, k_cache, v_cache, cache_batch_idx, b, q.device)
     if (k is None) != (v is None):
         raise ValueError(f"{name}: k is {'None' if k is None else 'given'}, v is {'None' if v is None else 'given'}: "
                          "appending to the cache needs both")

@@ -269,8 +269,14 @@ def test_kvcache_traces_on_meta_and_refuses_what_it_does_not_implement():
     assert fa4.flash_attn_with_kvcache(q, cache, cache, cache_seqlens=7).shape == (3, 4, 8, 128)
     with pytest.raises(ValueError, match=r"rotary_cos and rotary_sin apply with k and v only"):
         fa4.flash_attn_with_kvcache(q, cache, cache, rotary_cos=meta(500, 64))
-    with pytest.raises(NotImplementedError, match=r"cache_batch_idx is not implemented"):
+    with pytest.raises(NotImplementedError, match=r"cache_batch_idx with seqlen_cache = 500: needs seqlen_cache a "
+                                                  r"multiple of 16"):
         fa4.flash_attn_with_kvcache(q, cache, cache, cache_batch_idx=torch.empty(3, device="meta", dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match=r"cache_batch_idx with k_cache strides"):
+        bhsd = meta(5, 2, 512, 128).transpose(1, 2)
+        fa4.flash_attn_with_kvcache(q, bhsd, bhsd, cache_batch_idx=torch.empty(3, device="meta", dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match=r"cache_leftpad is not implemented"):
+        fa4.flash_attn_with_kvcache(q, cache, cache, cache_leftpad=torch.empty(3, device="meta", dtype=torch.int32))
     with pytest.raises(NotImplementedError, match=r"alibi_slopes"):
         fa4.flash_attn_with_kvcache(q, cache, cache, alibi_slopes=meta(8, dtype=torch.float32))
     with pytest.raises(ValueError, match=r"cache_seqlens = 501: must be in \[0, 500\]"):
@@ -381,3 +387,36 @@ def test_kvcache_append_and_rotary_trace_on_meta_and_check_their_arguments():
         with pytest.raises(ValueError, match=rf"fa4::{name}: q is on cpu: must be a CUDA tensor"):
             extra = (None, False, -1, -1) if name == "fwd_kvcache" else (False, -1, -1)
             op(qc, kc, kc, nc, nc, None, 3, None, None, None, False, *extra)
+
+
+def test_kvcache_batch_idx_reads_the_cache_as_pages_of_its_own_memory():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls.append((str(func), args))
+            return func(*args, **(kwargs or {}))
+
+    q, cache = meta(3, 1, 8, 128), meta(5, 1536, 2, 128)  # 1536 = 3 x 512: pages of 256 (the cap)
+    idx = torch.empty(3, device="meta", dtype=torch.int32)
+    new = meta(3, 1, 2, 128)
+    for kw, op in (({}, "fa4.fwd_paged.default"), (dict(k=new, v=new, cache_seqlens=9), "fa4.fwd_kvcache.default")):
+        with Ops() as seen:
+            out = fa4.flash_attn_with_kvcache(q, cache, cache, cache_batch_idx=idx, **kw)
+        assert out.shape == (3, 1, 8, 128)
+        calls = [(n, a) for n, a in seen.calls if n.startswith("fa4.")]
+        assert [n for n, _ in calls] == [op], calls
+        pool = calls[0][1][1]
+        assert pool.shape == (30, 256, 2, 128) and pool.stride() == (256 * 256, 256, 128, 1)
+        table = calls[0][1][3] if op == "fa4.fwd_paged.default" else calls[0][1][7]
+        assert table.shape == (3, 6) and table.dtype == torch.int32
+    with pytest.raises(ValueError, match=r"cache_batch_idx with block_table"):
+        fa4.flash_attn_with_kvcache(q, cache, cache, cache_batch_idx=idx,
+                                    block_table=torch.empty(3, 4, device="meta", dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"cache_batch_idx has shape \(2,\)"):
+        fa4.flash_attn_with_kvcache(q, cache, cache, cache_batch_idx=idx[:2])
+

@@ -758,7 +758,7 @@ def test_kvcache_refuses_what_it_does_not_implement():
         fa4.flash_attn_with_kvcache(q, pages, pages, block_table=torch.zeros(2, 2, dtype=torch.int32, device=DEV))
     with pytest.raises(ValueError, match=r"block_table has shape \[3, 2\]"):
         fa4.flash_attn_with_kvcache(q, pages, pages, block_table=torch.zeros(3, 2, dtype=torch.int32, device=DEV))
-    with pytest.raises(NotImplementedError, match="cache_batch_idx is not implemented"):
+    with pytest.raises(NotImplementedError, match="cache_batch_idx with seqlen_cache = 100"):
         fa4.flash_attn_with_kvcache(q, k, k, cache_batch_idx=torch.arange(2, dtype=torch.int32, device=DEV))
     # Appending: one length for every entry must leave room for the new rows; rotary_dim in 16s.
     new = k[:, :3].clone()
@@ -925,3 +925,39 @@ def test_varlen_backward_matches_each_sequence_alone(case, deterministic, softca
         got = (sl(q.grad, q0, lq[b]), sl(k.grad, k0, lk[b]), sl(v.grad, k0, lk[b]))
         for name, g, e, p in zip(("dq", "dk", "dv"), got, exact, plain):
             assert_close_by_criterion(g, p, e, f"sequence {b} {name}")
+
+
+@pytest.mark.parametrize("append", [False, True])
+def test_kvcache_batch_idx_picks_each_entrys_cache(append):
+    """cache_batch_idx: batch entry b reads (and appends to) cache entry idx[b] of a larger cache,
+    decoding and a few causal rows, lengths given and one for all; the other cache entries stay as
+    they were."""
+    bc, b, sc, hq, hkv, d = 5, 3, 768, 8, 2, 128  # 768: pages of 256
+    gen = torch.Generator(device=DEV).manual_seed(95)
+    idx = torch.tensor([4, 0, 2], dtype=torch.int32, device=DEV)
+    for sq, causal, lens in ((1, False, [768, 100, 1]), (3, True, [300, 700, 5]), (2, True, 400)):
+        q = torch.randn(b, sq, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+        kc = torch.randn(bc, sc, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+        vc = torch.randn(bc, sc, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+        k0, v0 = kc.clone(), vc.clone()
+        per = lens if isinstance(lens, list) else [lens] * b
+        seqlens = torch.tensor(per, dtype=torch.int32, device=DEV) if isinstance(lens, list) else lens
+        kw = {}
+        if append:
+            s_new = sq
+            per = [min(n, sc - s_new) for n in per]
+            seqlens = torch.tensor(per, dtype=torch.int32, device=DEV) if isinstance(lens, list) else per[0]
+            kn = torch.randn(b, s_new, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+            vn = torch.randn(b, s_new, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+            kw = dict(k=kn, v=vn)
+        out = call_or_skip(fa4.flash_attn_with_kvcache, q, kc, vc, cache_seqlens=seqlens, cache_batch_idx=idx,
+                           causal=causal, **kw)
+        keys = [n + (sq if append else 0) for n in per]
+        for i, e in enumerate(idx.tolist()):
+            if append:
+                assert torch.equal(kc[e, per[i]:keys[i]], kn[i]) and torch.equal(vc[e, per[i]:keys[i]], vn[i])
+        untouched = [e for e in range(bc) if e not in idx.tolist()]
+        assert torch.equal(kc[untouched], k0[untouched]) and torch.equal(vc[untouched], v0[untouched])
+        expect_each_entry(q, kc[idx.long()], vc[idx.long()], keys, causal, {"cache_batch_idx": out},
+                          f"{sq} rows append={append}")
+
