@@ -363,6 +363,7 @@ def _kvcache_lengths(name: str, cache_seqlens: torch.Tensor, b: int, device) -> 
 # Pages a cache entry's rows are read as under cache_batch_idx: the largest power of two that
 # divides seqlen_cache, at most this (the paged decoding's measured pages), at least 16.
 _BATCH_IDX_PAGE_MAX = 256
+_PAGE_ROWS: dict = {}  # (device, pages an entry) -> int32 [0, 1, ..., pages - 1]
 
 
 def _batch_idx_as_pages(name: str, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_batch_idx, b: int, device):
@@ -389,9 +390,12 @@ def _batch_idx_as_pages(name: str, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                       "in a BSHD cache)")
         pools.append(t.as_strided((bc * (s // page), page, h, dd), (page * t.stride(1), t.stride(1), t.stride(2), 1)))
     per = k_cache.shape[1] // pools[0].shape[1]
-    idx = cache_batch_idx.to(device=device, dtype=torch.int64)
-    table = (idx[:, None] * per + torch.arange(per, device=device)).to(torch.int32)
-    return pools[0], pools[1], table
+    # One launch: table[b, j] = j + per * idx[b] (int32 throughout; the row of j kept a device).
+    first = _PAGE_ROWS.get((device, per))
+    if first is None:
+        first = _PAGE_ROWS[(device, per)] = torch.arange(per, device=device, dtype=torch.int32)
+    idx = cache_batch_idx if cache_batch_idx.dtype == torch.int32 else cache_batch_idx.to(torch.int32)
+    return pools[0], pools[1], torch.add(first, idx.to(device)[:, None], alpha=per)
 
 
 def flash_attn_with_kvcache(
