@@ -30,10 +30,11 @@
 //       -> (q_rotated, seqused_k)
 //       new keys and values into a KV cache in place (contiguous or paged), rotary embedding on k
 //       and into q_rotated (empty [0] without it); seqused_k int32 [batch]: the keys after it.
-//   fa4::fwd_kvcache(q, k_cache!, v_cache!, k, v, cache_seqlens, cache_seqlen, block_table, rotary_cos,
+//   fa4::fwd_kvcache(q, k_cache!, v_cache!, k?, v?, cache_seqlens, cache_seqlen, block_table, rotary_cos,
 //                    rotary_sin, rotary_interleaved, softmax_scale, causal, window_left, window_right,
-//                    with_lse=True, softcap=0.0) -> (out, lse)
-//       append_kv, then the forward over each entry's keys after it, in one operator.
+//                    with_lse=True, softcap=0.0, cache_batch_idx=None) -> (out, lse)
+//       append_kv where k and v are given, then the forward over each entry's keys, in one
+//       operator; cache_batch_idx reads (and appends to) cache entry idx[b] for batch entry b.
 //
 // Tensors are [batch, seqlen, heads, head_dim] views (BSHD, or BHSD transposed back) whose last
 // dim is contiguous; their element strides go to fa4 as they are. Outputs are new contiguous
@@ -44,9 +45,13 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -653,18 +658,97 @@ std::tuple<at::Tensor, at::Tensor> append_kv_op(const at::Tensor& q, at::Tensor 
   return {r.q_rotated, r.used};
 }
 
-// flash_attn_with_kvcache's call with k and v in one operator: append_kv, then the forward over
-// each entry's keys after it (the batched or paged kernels with seqused_k; with one length for
-// every entry and no pages, the cache's first cache_seqlen + seqlen_new rows) with q rotated where
-// rotary is given. No Python runs between the two launches.
+// Rows of a page a cache entry is read as under cache_batch_idx: the largest power of two dividing
+// seqlen_cache, at most kBatchIdxPageMax (the paged decoding's measured pages), at least 16.
+constexpr int64_t kBatchIdxPageMax = 256;
+
+// cache_batch_idx (int32 [batch] on q's device): the caches [batch_cache, seqlen_cache, heads_kv,
+// head_dim] as pools of pages over their own memory, and the block table that gives batch entry b
+// the pages of cache entry idx[b] (one launch: a kept row of page numbers plus per x idx).
+struct Pools {
+  at::Tensor k, v, table;
+};
+Pools pages_of_batch_idx(const char* op, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                         const at::Tensor& idx) {
+  check_int32_on(idx, op, "cache_batch_idx", q.device());
+  FA4_CHECK_VALUE(idx.dim() == 1 && idx.size(0) == q.size(0) && idx.is_contiguous(), op, ": cache_batch_idx has shape ",
+                  shape_str(idx), " and strides ", strides_str(idx), ": must be contiguous [batch] (batch = ",
+                  q.size(0), ", from q)");
+  check_tensor(k_cache, op, "k_cache", q.device());
+  check_tensor(v_cache, op, "v_cache", q.device());
+  check_shape(v_cache, shape_of(k_cache), op, "v_cache", "k_cache's shape");
+  const int64_t s = k_cache.size(1);
+  const int64_t page = std::min(s & -s, kBatchIdxPageMax);
+  TORCH_CHECK_NOT_IMPLEMENTED(page >= 16, cat(op, ": cache_batch_idx with seqlen_cache = ", s,
+                                              ": needs seqlen_cache a multiple of 16 (the cache is read as pages of 16 "
+                                              "rows or more)"));
+  Pools r;
+  for (const auto& [t, out, name] :
+       {std::tuple{&k_cache, &r.k, "k_cache"}, std::tuple{&v_cache, &r.v, "v_cache"}}) {
+    TORCH_CHECK_NOT_IMPLEMENTED(t->size(0) <= 1 || t->stride(0) == s * t->stride(1),
+                                cat(op, ": cache_batch_idx with ", name, " strides ", strides_str(*t),
+                                    ": needs each entry's rows one after another (batch stride = seqlen_cache x row "
+                                    "stride, as in a BSHD cache)"));
+    *out = t->as_strided({t->size(0) * (s / page), page, t->size(2), t->size(3)},
+                         {page * t->stride(1), t->stride(1), t->stride(2), 1});
+  }
+  const int64_t per = s / page;
+  static thread_local std::vector<std::pair<std::pair<c10::Device, int64_t>, at::Tensor>> rows;
+  at::Tensor first;
+  for (const auto& [key, row] : rows)
+    if (key.first == q.device() && key.second == per) first = row;
+  if (!first.defined()) {
+    first = at::arange(per, q.options().dtype(at::kInt));
+    rows.push_back({{q.device(), per}, first});
+  }
+  r.table = at::add(first, idx.view({-1, 1}), per);
+  return r;
+}
+
+// flash_attn_with_kvcache's call with k and v, or with cache_batch_idx, in one operator: append_kv
+// where k and v are given, then the forward over each entry's keys (the batched or paged kernels
+// with seqused_k; with one length for every entry, the first cache_seqlen keys, -1: all) with q
+// rotated where rotary is given. No Python runs between the launches.
 std::tuple<at::Tensor, at::Tensor> fwd_kvcache_op(
-    const at::Tensor& q, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k, const at::Tensor& v,
-    const std::optional<at::Tensor>& cache_seqlens, int64_t cache_seqlen, const std::optional<at::Tensor>& block_table,
-    const std::optional<at::Tensor>& rotary_cos, const std::optional<at::Tensor>& rotary_sin, bool rotary_interleaved,
-    std::optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right, bool with_lse,
-    double softcap) {
+    const at::Tensor& q, at::Tensor k_cache, at::Tensor v_cache, const std::optional<at::Tensor>& k,
+    const std::optional<at::Tensor>& v, const std::optional<at::Tensor>& cache_seqlens, int64_t cache_seqlen,
+    const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& rotary_cos,
+    const std::optional<at::Tensor>& rotary_sin, bool rotary_interleaved, std::optional<double> softmax_scale,
+    bool causal, int64_t window_left, int64_t window_right, bool with_lse, double softcap,
+    const std::optional<at::Tensor>& cache_batch_idx) {
   const char* op = "fa4::fwd_kvcache";
-  Appended r = append_into(op, q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlen, block_table, rotary_cos,
+  std::optional<at::Tensor> table = block_table;
+  if (cache_batch_idx.has_value()) {
+    FA4_CHECK_VALUE(!block_table.has_value(), op, ": cache_batch_idx with block_table: give one of them");
+    Pools pools = pages_of_batch_idx(op, q, k_cache, v_cache, *cache_batch_idx);
+    k_cache = pools.k, v_cache = pools.v, table = pools.table;
+  }
+  FA4_CHECK_VALUE(k.has_value() == v.has_value(), op, ": k and v: give both or neither");
+  if (!k.has_value()) {  // no append: the caches as they are
+    FA4_CHECK_VALUE(!rotary_cos.has_value() && !rotary_sin.has_value(), op,
+                    ": rotary_cos and rotary_sin apply with k and v only");
+    check_three(q, k_cache, v_cache, op, "k_cache", "v_cache");
+    check_shape(v_cache, shape_of(k_cache), op, "v_cache", "k_cache's shape");
+    fa4::Problem p = make_problem(q, k_cache, softmax_scale, causal, window_left, window_right, op);
+    p.softcap = static_cast<float>(softcap);
+    fa4::PagedKV paged;
+    if (table.has_value()) {
+      paged = paged_of(*table, k_cache, q.size(0), q.device(), op, "q");
+      p.seqlen_k = table->size(1) * k_cache.size(1);
+    } else {
+      FA4_CHECK_VALUE(k_cache.size(0) == q.size(0), op, ": k_cache has shape ", shape_str(k_cache), ", q ",
+                      shape_str(q), ": batch (dim 0) must match");
+    }
+    fa4::Varlen entries;
+    entries.seqused_k = seqused_of(cache_seqlens, p.batch, q.device(), op, "q");
+    if (!cache_seqlens.has_value() && cache_seqlen >= 0) {
+      FA4_CHECK_VALUE(cache_seqlen <= p.seqlen_k, op, ": cache_seqlens = ", cache_seqlen, ": must be in [0, ",
+                      p.seqlen_k, "] (the cache's rows an entry)");
+      p.seqlen_k = cache_seqlen;  // the first keys (the table's first pages)
+    }
+    return batched_forward(p, q, k_cache, v_cache, with_lse, entries, op, paged);
+  }
+  Appended r = append_into(op, q, k_cache, v_cache, *k, *v, cache_seqlens, cache_seqlen, table, rotary_cos,
                            rotary_sin, rotary_interleaved, causal, window_left, window_right);
   fa4::Problem& p = r.p;
   set_options(p, softmax_scale, causal, window_left, window_right, op);
@@ -673,7 +757,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache_op(
   if (r.paged.enabled() || cache_seqlens.has_value())
     entries.seqused_k = r.used.data_ptr<int32_t>();
   else
-    p.seqlen_k = cache_seqlen + k.size(1);  // (append_kv checked that it fits)
+    p.seqlen_k = cache_seqlen + k->size(1);  // (append_kv checked that it fits)
   return batched_forward(p, r.q_rotated.numel() ? r.q_rotated : q, k_cache, v_cache, with_lse, entries, op, r.paged);
 }
 
@@ -713,10 +797,10 @@ TORCH_LIBRARY(fa4, m) {
       "int cache_seqlen, Tensor? block_table, Tensor? rotary_cos, Tensor? rotary_sin, bool rotary_interleaved, "
       "bool causal, int window_left, int window_right) -> (Tensor q_rotated, Tensor seqused_k)");
   m.def(
-      "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor? cache_seqlens, "
+      "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
       "int cache_seqlen, Tensor? block_table, Tensor? rotary_cos, Tensor? rotary_sin, bool rotary_interleaved, "
       "float? softmax_scale, bool causal, int window_left, int window_right, bool with_lse=True, "
-      "float softcap=0.0) -> (Tensor out, Tensor lse)");
+      "float softcap=0.0, Tensor? cache_batch_idx=None) -> (Tensor out, Tensor lse)");
 }
 
 TORCH_LIBRARY_IMPL(fa4, CUDA, m) {

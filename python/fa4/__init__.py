@@ -138,9 +138,9 @@ def _bwd_varlen_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
 @torch.library.register_fake("fa4::fwd_kvcache")
 def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlen, block_table, rotary_cos, rotary_sin,
                       rotary_interleaved, softmax_scale, causal, window_left, window_right, with_lse=True,
-                      softcap=0.0):
+                      softcap=0.0, cache_batch_idx=None):
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
-        if t.dim() != 4:
+        if t is not None and t.dim() != 4:
             raise ValueError(f"fa4::fwd_kvcache: {name} has shape {tuple(t.shape)}: must be 4-d")
     b, sq, hq, d = q.shape
     lse = q.new_empty((b, hq, sq) if with_lse else (0,), dtype=torch.float32)
@@ -360,42 +360,30 @@ def _kvcache_lengths(name: str, cache_seqlens: torch.Tensor, b: int, device) -> 
     return cache_seqlens.to(device=device, dtype=torch.int32).contiguous()
 
 
-# Pages a cache entry's rows are read as under cache_batch_idx: the largest power of two that
-# divides seqlen_cache, at most this (the paged decoding's measured pages), at least 16.
+# Pages a cache entry's rows are read as under cache_batch_idx (the operator's kBatchIdxPageMax): the
+# largest power of two dividing seqlen_cache, at most 256, at least 16.
 _BATCH_IDX_PAGE_MAX = 256
-_PAGE_ROWS: dict = {}  # (device, pages an entry) -> int32 [0, 1, ..., pages - 1]
 
 
-def _batch_idx_as_pages(name: str, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_batch_idx, b: int, device):
-    """k_cache and v_cache [batch_cache, seqlen_cache, heads_kv, head_dim] as pools of pages over
-    their own memory, and the block table [b, pages an entry] that gives batch entry b the pages of
-    cache entry cache_batch_idx[b]."""
+def _check_batch_idx(name: str, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_batch_idx, b: int):
+    """cache_batch_idx's rules, checked here too so that meta tensors (torch.compile) meet them:
+    int32 [batch]; caches whose entries' rows lie one after another, seqlen_cache a multiple of 16.
+    Returns the indices as int32."""
     if not isinstance(cache_batch_idx, torch.Tensor) or cache_batch_idx.shape != (b,) or \
             cache_batch_idx.dtype not in (torch.int32, torch.int64):
         what = (f"shape {tuple(cache_batch_idx.shape)} and dtype {cache_batch_idx.dtype}"
                 if isinstance(cache_batch_idx, torch.Tensor) else type(cache_batch_idx).__name__)
         raise ValueError(f"{name}: cache_batch_idx has {what}: must be int32 [batch] (batch = {b})")
-    pools = []
     for arg, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name}: {arg} must be a 4-d tensor [batch_cache, seqlen_cache, heads_kv, head_dim]")
-        bc, s, h, dd = t.shape
-        page = min(s & -s, _BATCH_IDX_PAGE_MAX) if s > 0 else 0
-        if page < 16:
+        s = t.shape[1]
+        if s <= 0 or min(s & -s, _BATCH_IDX_PAGE_MAX) < 16:
             raise NotImplementedError(f"{name}: cache_batch_idx with seqlen_cache = {s}: needs seqlen_cache a "
                                       "multiple of 16 (the cache is read as pages of 16 rows or more)")
-        if bc > 1 and t.stride(0) != s * t.stride(1):
+        if t.shape[0] > 1 and t.stride(0) != s * t.stride(1):
             raise NotImplementedError(f"{name}: cache_batch_idx with {arg} strides {tuple(t.stride())}: needs each "
                                       "entry's rows one after another (batch stride = seqlen_cache x row stride, as "
                                       "in a BSHD cache)")
-        pools.append(t.as_strided((bc * (s // page), page, h, dd), (page * t.stride(1), t.stride(1), t.stride(2), 1)))
-    per = k_cache.shape[1] // pools[0].shape[1]
-    # One launch: table[b, j] = j + per * idx[b] (int32 throughout; the row of j kept a device).
-    first = _PAGE_ROWS.get((device, per))
-    if first is None:
-        first = _PAGE_ROWS[(device, per)] = torch.arange(per, device=device, dtype=torch.int32)
-    idx = cache_batch_idx if cache_batch_idx.dtype == torch.int32 else cache_batch_idx.to(torch.int32)
-    return pools[0], pools[1], torch.add(first, idx.to(device)[:, None], alpha=per)
+    return cache_batch_idx if cache_batch_idx.dtype == torch.int32 else cache_batch_idx.to(torch.int32)
 
 
 def flash_attn_with_kvcache(
@@ -468,13 +456,28 @@ def flash_attn_with_kvcache(
         if block_table is not None:
             raise ValueError(f"{name}: cache_batch_idx with block_table: a paged cache's table already picks each "
                              "entry's pages (give one of them)")
-        k_cache, v_cache, block_table = _batch_idx_as_pages(name, k_cache, v_cache, cache_batch_idx, b, q.device)
+        cache_batch_idx = _check_batch_idx(name, k_cache, v_cache, cache_batch_idx, b)
     if (k is None) != (v is None):
         raise ValueError(f"{name}: k is {'None' if k is None else 'given'}, v is {'None' if v is None else 'given'}: "
                          "appending to the cache needs both")
     if k is None and (rotary_cos is not None or rotary_sin is not None):
         raise ValueError(f"{name}: rotary_cos and rotary_sin apply with k and v only (the new keys and q are "
                          "rotated as they are appended)")
+    if k is None and cache_batch_idx is not None:
+        # One operator: the caches read as pages of their own memory, the table made from the indices.
+        if isinstance(cache_seqlens, torch.Tensor):
+            lens, n = _kvcache_lengths(name, cache_seqlens, b, q.device), -1
+        elif cache_seqlens is None or isinstance(cache_seqlens, int):
+            lens, n = None, -1 if cache_seqlens is None else cache_seqlens
+            if n < -1:
+                raise ValueError(f"{name}: cache_seqlens = {n}: must be >= 0")
+        else:
+            raise ValueError(f"{name}: cache_seqlens = {cache_seqlens!r}: must be None, an int or an int32 tensor")
+        with torch.no_grad():
+            out, lse = torch.ops.fa4.fwd_kvcache(q, k_cache, v_cache, None, None, lens, n, None, None, None, False,
+                                                 softmax_scale, bool(causal), window_left, window_right,
+                                                 bool(return_softmax_lse), softcap, cache_batch_idx)
+        return (out, lse) if return_softmax_lse else out
     if k is not None:
         # The new rows into the caches (rotating them and q), then attention over the longer caches.
         if cache_seqlens is None:
@@ -492,7 +495,8 @@ def flash_attn_with_kvcache(
         with torch.no_grad():
             out, lse = torch.ops.fa4.fwd_kvcache(q, k_cache, v_cache, k, v, lens, n, block_table, rotary_cos,
                                                  rotary_sin, bool(rotary_interleaved), softmax_scale, bool(causal),
-                                                 window_left, window_right, bool(return_softmax_lse), softcap)
+                                                 window_left, window_right, bool(return_softmax_lse), softcap,
+                                                 cache_batch_idx)
         return (out, lse) if return_softmax_lse else out
 
     def lengths_tensor():  # cache_seqlens as the operators take it: int32 [batch] on q's device

@@ -404,16 +404,17 @@ def test_kvcache_batch_idx_reads_the_cache_as_pages_of_its_own_memory():
     q, cache = meta(3, 1, 8, 128), meta(5, 1536, 2, 128)  # 1536 = 3 x 512: pages of 256 (the cap)
     idx = torch.empty(3, device="meta", dtype=torch.int32)
     new = meta(3, 1, 2, 128)
-    for kw, op in (({}, "fa4.fwd_paged.default"), (dict(k=new, v=new, cache_seqlens=9), "fa4.fwd_kvcache.default")):
+    lens = torch.empty(3, device="meta", dtype=torch.int32)
+    for kw in ({}, dict(cache_seqlens=9), dict(cache_seqlens=lens), dict(k=new, v=new, cache_seqlens=9)):
         with Ops() as seen:
             out = fa4.flash_attn_with_kvcache(q, cache, cache, cache_batch_idx=idx, **kw)
         assert out.shape == (3, 1, 8, 128)
+        # One operator, the indices its last argument (the pools and the table are made in it).
         calls = [(n, a) for n, a in seen.calls if n.startswith("fa4.")]
-        assert [n for n, _ in calls] == [op], calls
-        pool = calls[0][1][1]
-        assert pool.shape == (30, 256, 2, 128) and pool.stride() == (256 * 256, 256, 128, 1)
-        table = calls[0][1][3] if op == "fa4.fwd_paged.default" else calls[0][1][7]
-        assert table.shape == (3, 6) and table.dtype == torch.int32
+        assert [n for n, _ in calls] == ["fa4.fwd_kvcache.default"], calls
+        args = calls[0][1]
+        assert args[-1] is idx and args[1] is cache and (args[3] is new) == ("k" in kw)
+        assert args[6] == (9 if isinstance(kw.get("cache_seqlens"), int) else -1)
     with pytest.raises(ValueError, match=r"cache_batch_idx with block_table"):
         fa4.flash_attn_with_kvcache(q, cache, cache, cache_batch_idx=idx,
                                     block_table=torch.empty(3, 4, device="meta", dtype=torch.int32))
