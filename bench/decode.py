@@ -154,6 +154,12 @@ def main(argv=None) -> int:
         lo = max(0, min(sk, int(a.fill * sk)))
         lens = torch.randint(lo, sk + 1, (b,), device="cuda", dtype=torch.int32, generator=g) if lo < sk else \
             torch.full((b,), sk, device="cuda", dtype=torch.int32)
+        def check_longest(out):  # the longest entry of a kvcache call against its filled keys
+            i = int(torch.argmax(lens))
+            n = int(lens[i])
+            return check_fa4(q[i:i + 1], k[i:i + 1, :n].repeat_interleave(group, dim=2),
+                             v[i:i + 1, :n].repeat_interleave(group, dim=2), out[i:i + 1], a.causal)
+
         fns, recs, appended = {}, {}, {}
         for p in providers:
             rec = {"op": "fwd", "provider": p, "flush": a.flush, "dtype": a.dtype, "batch": b, "heads_q": hq, "heads_kv": hkv,
@@ -165,13 +171,8 @@ def main(argv=None) -> int:
                     rev = torch.arange(b - 1, -1, -1, device="cuda", dtype=torch.int32)
                     kr, vr = k.flip(0).contiguous(), v.flip(0).contiguous()
                     with torch.no_grad():
-                        out = fa4.flash_attn_with_kvcache(q, kr, vr, cache_seqlens=lens, causal=a.causal,
-                                                          cache_batch_idx=rev)
-                        i = int(torch.argmax(lens))
-                        n = int(lens[i])
-                        rec["check"] = check_fa4(q[i:i + 1], k[i:i + 1, :n].repeat_interleave(group, dim=2),
-                                                 v[i:i + 1, :n].repeat_interleave(group, dim=2), out[i:i + 1],
-                                                 a.causal)
+                        rec["check"] = check_longest(fa4.flash_attn_with_kvcache(
+                            q, kr, vr, cache_seqlens=lens, causal=a.causal, cache_batch_idx=rev))
                     failed += not rec["check"]["pass"]
                     fns[p] = lambda q=q, kr=kr, vr=vr, lens=lens, rev=rev: fa4.flash_attn_with_kvcache(
                         q, kr, vr, cache_seqlens=lens, causal=a.causal, cache_batch_idx=rev)
@@ -189,13 +190,8 @@ def main(argv=None) -> int:
                         vc[table.flatten().long()] = F.pad(v, (0, 0, 0, 0, 0, pad)).reshape(b * per, a.page, hkv, d)
                         rec["page_size"] = a.page
                     with torch.no_grad():
-                        out = fa4.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=a.causal,
-                                                          block_table=table)
-                        i = int(torch.argmax(lens))  # the longest entry against its filled keys
-                        n = int(lens[i])
-                        rec["check"] = check_fa4(q[i:i + 1], k[i:i + 1, :n].repeat_interleave(group, dim=2),
-                                                 v[i:i + 1, :n].repeat_interleave(group, dim=2), out[i:i + 1],
-                                                 a.causal)
+                        rec["check"] = check_longest(fa4.flash_attn_with_kvcache(
+                            q, kc, vc, cache_seqlens=lens, causal=a.causal, block_table=table))
                     failed += not rec["check"]["pass"]
                     fns[p] = lambda q=q, kc=kc, vc=vc, lens=lens, table=table: fa4.flash_attn_with_kvcache(
                         q, kc, vc, cache_seqlens=lens, causal=a.causal, block_table=table)

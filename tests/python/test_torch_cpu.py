@@ -33,6 +33,23 @@ def meta(*shape, dtype=torch.bfloat16, grad=False):
     return torch.empty(*shape, device="meta", dtype=dtype, requires_grad=grad)
 
 
+def fa4_calls(fn):
+    """fn's result, and the fa4 operators it reached with their arguments, in order."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls.append((str(func), args))
+            return func(*args, **(kwargs or {}))
+
+    Record.calls = []
+    with Record():
+        out = fn()
+    return out, [(n, a) for n, a in Record.calls if n.startswith("fa4.")]
+
+
 def test_operators_are_registered():
     assert hasattr(torch.ops.fa4, "fwd") and hasattr(torch.ops.fa4, "bwd")
     fwd = str(torch.ops.fa4.fwd.default._schema)
@@ -339,28 +356,15 @@ def test_kvcache_append_and_rotary_trace_on_meta_and_check_their_arguments():
     schema = str(torch.ops.fa4.append_kv.default._schema)
     assert "Tensor(a!) k_cache" in schema and "Tensor(b!) v_cache" in schema and "Tensor? rotary_cos" in schema
     assert "Tensor(a!) k_cache" in str(torch.ops.fa4.fwd_kvcache.default._schema)
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.calls = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.calls.append((str(func), args))
-            return func(*args, **(kwargs or {}))
-
     q, cache, new = meta(3, 2, 8, 128), meta(3, 500, 2, 128), meta(3, 2, 2, 128)
     cos = meta(500, 32)
     lens = torch.empty(3, device="meta", dtype=torch.int32)
     for seqlens, rotary in ((lens, True), (7, True), (lens, False), (7, False)):
         kw = dict(rotary_cos=cos, rotary_sin=cos) if rotary else {}
-        with Ops() as seen:
-            out, lse = fa4.flash_attn_with_kvcache(q, cache, cache, k=new, v=new, cache_seqlens=seqlens, causal=True,
-                                                   return_softmax_lse=True, **kw)
+        (out, lse), calls = fa4_calls(lambda: fa4.flash_attn_with_kvcache(
+            q, cache, cache, k=new, v=new, cache_seqlens=seqlens, causal=True, return_softmax_lse=True, **kw))
         assert out.shape == (3, 2, 8, 128) and lse.shape == (3, 8, 2)
         # One operator: the append and the attention with no Python between their kernels.
-        calls = [(n, a) for n, a in seen.calls if n.startswith("fa4.")]
         assert [n for n, _ in calls] == ["fa4.fwd_kvcache.default"], calls
         args = calls[0][1]
         assert (args[5] is lens) == (seqlens is lens) and args[6] == (0 if seqlens is lens else 7)
@@ -390,27 +394,14 @@ def test_kvcache_append_and_rotary_trace_on_meta_and_check_their_arguments():
 
 
 def test_kvcache_batch_idx_reads_the_cache_as_pages_of_its_own_memory():
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.calls = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.calls.append((str(func), args))
-            return func(*args, **(kwargs or {}))
-
     q, cache = meta(3, 1, 8, 128), meta(5, 1536, 2, 128)  # 1536 = 3 x 512: pages of 256 (the cap)
     idx = torch.empty(3, device="meta", dtype=torch.int32)
     new = meta(3, 1, 2, 128)
     lens = torch.empty(3, device="meta", dtype=torch.int32)
     for kw in ({}, dict(cache_seqlens=9), dict(cache_seqlens=lens), dict(k=new, v=new, cache_seqlens=9)):
-        with Ops() as seen:
-            out = fa4.flash_attn_with_kvcache(q, cache, cache, cache_batch_idx=idx, **kw)
+        out, calls = fa4_calls(lambda: fa4.flash_attn_with_kvcache(q, cache, cache, cache_batch_idx=idx, **kw))
         assert out.shape == (3, 1, 8, 128)
         # One operator, the indices its last argument (the pools and the table are made in it).
-        calls = [(n, a) for n, a in seen.calls if n.startswith("fa4.")]
         assert [n for n, _ in calls] == ["fa4.fwd_kvcache.default"], calls
         args = calls[0][1]
         assert args[-1] is idx and args[1] is cache and (args[3] is new) == ("k" in kw)
