@@ -53,6 +53,7 @@
 #include <ATen/ops/add.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -693,13 +694,16 @@ Pools pages_of_batch_idx(const char* op, const at::Tensor& q, const at::Tensor& 
                          {page * t->stride(1), t->stride(1), t->stride(2), 1});
   }
   const int64_t per = s / page;
+  // The row of page numbers is kept a device and length; under CUDA graph capture it is made in the
+  // graph instead (a row made there is filled only when the graph replays, so it cannot be kept).
   static thread_local std::vector<std::pair<std::pair<c10::Device, int64_t>, at::Tensor>> rows;
+  const bool capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
   at::Tensor first;
   for (const auto& [key, row] : rows)
-    if (key.first == q.device() && key.second == per) first = row;
+    if (!capturing && key.first == q.device() && key.second == per) first = row;
   if (!first.defined()) {
     first = at::arange(per, q.options().dtype(at::kInt));
-    rows.push_back({{q.device(), per}, first});
+    if (!capturing) rows.push_back({{q.device(), per}, first});
   }
   r.table = at::add(first, idx.view({-1, 1}), per);
   return r;
