@@ -1,7 +1,7 @@
 """Decoding: one query row a head (or a few) against a long K/V, fa4 next to its peers in one process.
 
     python3 bench/decode.py [--shapes "B,HQ,HKV,SK,D;..."] [--seqlen-q N] [--causal]
-        [--providers fa4,fa4kv,fa4paged,fa4idx,fa4append,torchappend,cudnn,fa2] [--fill LO] [--page N] [--rounds 3]
+        [--providers fa4,fa4kv,fa4paged,fa4idx,fa4pad,fa4append,torchappend,cudnn,fa2] [--fill LO] [--page N] [--rounds 3]
         [--dtype bf16|fp16] [--flush write|read] [--kernels] [--name WHAT] [--out DIR]
 
 Each shape is [batch, seqlen_q, heads_q, d] queries (seqlen_q 1 unless --seqlen-q: speculative
@@ -19,6 +19,9 @@ against the GPU's DRAM. Providers:
          (default 256) at shuffled ids of a pool twice the pages' size
   fa4idx fa4kv's call through cache_batch_idx (the entries in reverse order; the cache read as
          pages of up to 256 rows over its own memory)
+  fa4pad fa4kv's call with a left pad (cache_leftpad): each entry's same keys moved down its cache
+         by a pad drawn from [0, 256), the cache that many rows longer; the attention reads
+         fa4kv's keys, from an unaligned first row
   fa4append  fa4kv's call appending this step's keys and values (k=, v=: seqlen_q new rows an entry,
          written at the lengths less seqlen_q, so the attention reads fa4kv's keys) with GPT-NeoX
          rotary over the whole head on them and on q (rotary_cos / rotary_sin): one more kernel
@@ -195,6 +198,20 @@ def main(argv=None) -> int:
                     failed += not rec["check"]["pass"]
                     fns[p] = lambda q=q, kc=kc, vc=vc, lens=lens, table=table: fa4.flash_attn_with_kvcache(
                         q, kc, vc, cache_seqlens=lens, causal=a.causal, block_table=table)
+                elif p == "fa4pad":
+                    pads = torch.randint(0, 256, (b,), device="cuda", dtype=torch.int32, generator=g)
+                    rec["cache_seqlens"], rec["cache_leftpad"] = lens.tolist(), pads.tolist()
+                    kc = torch.zeros(b, sk + 256, hkv, d, device="cuda", dtype=dtype)
+                    vc = torch.zeros_like(kc)
+                    for i, p0 in enumerate(pads.tolist()):
+                        kc[i, p0:p0 + sk], vc[i, p0:p0 + sk] = k[i], v[i]
+                    ends = lens + pads
+                    with torch.no_grad():
+                        rec["check"] = check_longest(fa4.flash_attn_with_kvcache(
+                            q, kc, vc, cache_seqlens=ends, cache_leftpad=pads, causal=a.causal))
+                    failed += not rec["check"]["pass"]
+                    fns[p] = lambda q=q, kc=kc, vc=vc, ends=ends, pads=pads: fa4.flash_attn_with_kvcache(
+                        q, kc, vc, cache_seqlens=ends, cache_leftpad=pads, causal=a.causal)
                 elif p in ("fa4append", "torchappend"):
                     start = (lens - sq).clamp(min=0)
                     rec["cache_seqlens"] = start.tolist()
@@ -250,7 +267,8 @@ def main(argv=None) -> int:
             if "error" not in rec and timed.get(p):
                 rec.update(summary(timed[p], a.rounds > 1))
                 rec["us"] = rec["ms"] * 1e3
-                keys = int(lens.sum()) if p in ("fa4kv", "fa4paged", "fa4idx", "fa4append", "torchappend") else b * sk
+                keys = int(lens.sum()) if p in ("fa4kv", "fa4paged", "fa4idx", "fa4pad", "fa4append", "torchappend") \
+                    else b * sk
                 rec["gbps"] = moved(keys) / (rec["ms"] * 1e-3) / 1e9
             records.append(rec)
         del q, k, v, fns

@@ -299,6 +299,17 @@ extern "C" int fa4_forward_seqused(const fa4_problem* problem, fa4_tensor q, fa4
   });
 }
 
+extern "C" int fa4_forward_leftpad(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
+                                   fa4_tensor o, const int32_t* leftpad_k, const int32_t* seqused_k, float* lse,
+                                   cudaStream_t stream, char* message, size_t message_len) {
+  return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {
+    fa4::ForwardArgs a = forward_args(p, q, k, v, o, lse);
+    a.varlen.seqused_k = seqused_k;
+    a.varlen.leftpad_k = leftpad_k;
+    return fa4::forward(a, stream);
+  });
+}
+
 extern "C" int fa4_forward_paged(const fa4_problem* problem, fa4_tensor q, fa4_tensor k_pages, fa4_tensor v_pages,
                                  fa4_tensor o, const int32_t* block_table, int64_t table_stride, int64_t page_size,
                                  int64_t num_pages, const int32_t* seqused_k, float* lse, cudaStream_t stream,

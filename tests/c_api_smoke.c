@@ -55,6 +55,10 @@ int main(void) {
   const int bad_entry = fa4_forward_seqused(&p, packed, packed, packed, packed, used, NULL, NULL, msg, sizeof msg);
   printf("fa4_forward_seqused(misaligned seqused_k): %d, %s\n", bad_entry, msg);
   const int entry_ok = bad_entry == 1 && strstr(msg, "varlen.seqused_k = 0x7f0030000002") != NULL;
+  /* A misaligned left pad likewise. */
+  const int bad_pad = fa4_forward_leftpad(&p, packed, packed, packed, packed, used, NULL, NULL, NULL, msg, sizeof msg);
+  printf("fa4_forward_leftpad(misaligned leftpad_k): %d, %s\n", bad_pad, msg);
+  const int pad_ok = bad_pad == 1 && strstr(msg, "varlen.leftpad_k = 0x7f0030000002") != NULL;
 
   /* A paged cache's page size that is not a power of two is refused, naming it. */
   const int32_t* table = (const int32_t*)(size_t)0x7f0040000000ull;
@@ -87,7 +91,7 @@ int main(void) {
   const int rotary_ok = bad_rotary == 1 && strstr(msg, "rotary.rotary_dim = 24") != NULL;
 
   const int as_documented =
-      ok == 0 && bytes == expect && bad == 1 && null_ok && varlen_ok && used_ok && entry_ok && paged_ok && packed_ok &&
+      ok == 0 && bytes == expect && bad == 1 && null_ok && varlen_ok && used_ok && entry_ok && pad_ok && paged_ok && packed_ok &&
       cap_ok && rotary_ok;
   return as_documented ? 0 : 1;
 }

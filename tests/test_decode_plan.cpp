@@ -54,7 +54,7 @@ TEST(DecodePlan, WhichCallsTheDecodingKernelTakes) {
   EXPECT_FALSE(decode_runs(a));  // packed queries on a paged cache
 }
 
-// Entries with key counts of their own (seqused_k) stay on the tile kernels where the KV heads fill
+// Entries with key counts of their own (seqused_k, leftpad_k) stay on the tile kernels where the KV heads fill
 // the device with one CTA each; with fewer KV heads, or forced, the decoding kernel takes them.
 TEST(DecodePlan, EntriesKeysFillingTheDeviceStayOnTheTileKernels) {
   int used[1] = {0};
@@ -63,6 +63,12 @@ TEST(DecodePlan, EntriesKeysFillingTheDeviceStayOnTheTileKernels) {
   EXPECT_TRUE(decode_taken(a, 132));
   a.seqused_k = used;
   EXPECT_FALSE(decode_taken(a, 132));
+  a.seqused_k = nullptr;  // a left pad alone: counts of their own too
+  a.leftpad_k = used;
+  EXPECT_FALSE(decode_taken(a, 132));
+  a.leftpad_k = nullptr;
+  EXPECT_TRUE(decode_taken(a, 132));
+  a.seqused_k = used;
   a.decode = 2;
   EXPECT_TRUE(decode_taken(a, 132));
   a.decode = 0;

@@ -208,6 +208,47 @@ TEST(Varlen, SequsedKeysForwardOnly) {
             std::string::npos) << s.message;
 }
 
+// leftpad_k (each sequence's keys starting past a left pad): forward only, int32-aligned, not with
+// a paged cache; with cu_seqlens or batched it reaches the kernel's parameters.
+TEST(Varlen, LeftPadForwardOnlyNotPaged) {
+  ForwardArgs a = valid_varlen();
+  a.varlen.leftpad_k = static_cast<const int32_t*>(fake(16));
+  Status s = fa4::validate(a);
+  EXPECT_TRUE(s.ok()) << s.message;
+  EXPECT_EQ(fa4::detail::make_fwd_params(a).leftpad_k, a.varlen.leftpad_k);
+  a.varlen.leftpad_k = reinterpret_cast<const int32_t*>(static_cast<const char*>(fake(16)) + 2);
+  expect_refused(a, "varlen.leftpad_k = 0x7f0100000002: must be a multiple of 4 bytes (int32)");
+  ForwardArgs batched;
+  batched.problem = fa4::test::make_problem(2, 1, 60, 8, 2, 128);
+  batched.q = fa4::bshd(fake(1), 1, 8, 128);
+  batched.o = fa4::bshd(fake(2), 1, 8, 128);
+  batched.k = batched.v = fa4::bshd(fake(3), 60, 2, 128);
+  batched.varlen.leftpad_k = static_cast<const int32_t*>(fake(16));
+  s = fa4::validate(batched);
+  EXPECT_TRUE(s.ok()) << s.message;
+  const fa4::detail::FwdParams fb = fa4::detail::make_fwd_params(batched);
+  EXPECT_FALSE(fb.varlen());
+  EXPECT_EQ(fb.leftpad_k, batched.varlen.leftpad_k);
+  EXPECT_EQ(fb.seqlen_q, 4);  // the query group still folds into rows
+  ForwardArgs paged = batched;
+  paged.k = paged.v = fa4::bshd(fake(3), 64, 2, 128);
+  paged.paged = {static_cast<const int32_t*>(fake(5)), 1, 64, 4};
+  s = fa4::validate(paged);
+  EXPECT_EQ(s.code, StatusCode::kNotSupported) << s.message;
+  EXPECT_NE(s.message.find("varlen.leftpad_k = 0x7f0100000000: not with a paged cache"), std::string::npos)
+      << s.message;
+  paged.varlen.leftpad_k = nullptr;
+  EXPECT_TRUE(fa4::validate(paged).ok()) << fa4::validate(paged).message;
+  fa4::BackwardArgs b = valid_varlen_backward();
+  ASSERT_TRUE(fa4::backward_workspace_size(b, &b.workspace_bytes).ok());
+  b.workspace = fake(13);
+  b.varlen.leftpad_k = static_cast<const int32_t*>(fake(16));
+  s = fa4::validate(b);
+  EXPECT_EQ(s.code, StatusCode::kNotSupported) << s.message;
+  EXPECT_NE(s.message.find("varlen.leftpad_k = 0x7f0100000000: the backward takes each sequence's keys from row 0"),
+            std::string::npos) << s.message;
+}
+
 TEST(Varlen, BatchStrideIsNotRead) {
   ForwardArgs a = valid_varlen();
   a.q.batch_stride = 12345;  // misaligned, and never used
@@ -254,6 +295,9 @@ struct VarlenCase {
   // Varlen::seqused_k where not empty (forward only): sequence b's keys the first used[b] of its
   // span (clamped to [0, len_k[b]]), the span's rows after them NaN (a cache's unwritten rows).
   std::vector<int> used;
+  // Varlen::leftpad_k where not empty (forward only): sequence b's keys from row pad[b] of its span
+  // (clamped to [0, their end]), the rows before them NaN.
+  std::vector<int> pad;
   // Rows set to NaN in every input (q, k, v and dout): those of the sequences listed, whose own
   // outputs are then not checked, and with nan_spare the spare rows after the last sequence. The
   // other sequences' outputs must not see them.
@@ -274,6 +318,11 @@ struct VarlenCase {
     if (!used.empty()) {
       s += " used{";
       for (int x : used) s += std::to_string(x) + ",";
+      s += "}";
+    }
+    if (!pad.empty()) {
+      s += " pad{";
+      for (int x : pad) s += std::to_string(x) + ",";
       s += "}";
     }
     if (softcap > 0) s += " softcap " + std::to_string(softcap) + " keys x" + std::to_string(key_scale);
@@ -312,13 +361,18 @@ struct VarlenRun {
   int64_t batch = 0, total_q = 0, total_k = 0;
   Packed q, k, v, o, dout;
   std::vector<double> hq, hk, hv, hdo;
-  fa4_test::DeviceBuffer dcu_q, dcu_k, dlse, dused;
+  fa4_test::DeviceBuffer dcu_q, dcu_k, dlse, dused, dpad;
   ForwardArgs args;
-  // Sequence b's keys: len_k[b], or used[b] clamped to it.
-  static int keys_of(const VarlenCase& c, int64_t b) {
+  // Where sequence b's keys end in its span: len_k[b], or used[b] clamped to it; where they start:
+  // pad[b] clamped to [0, end] (0 without pad); their count.
+  static int end_of(const VarlenCase& c, int64_t b) {
     const int len = c.len_k[size_t(b)];
     return c.used.empty() ? len : std::clamp(c.used[size_t(b)], 0, len);
   }
+  static int first_of(const VarlenCase& c, int64_t b) {
+    return c.pad.empty() ? 0 : std::clamp(c.pad[size_t(b)], 0, end_of(c, b));
+  }
+  static int keys_of(const VarlenCase& c, int64_t b) { return end_of(c, b) - first_of(c, b); }
 
   void setup(const VarlenCase& c, uint32_t seed, bool with_dout) {
     batch = int64_t(c.len_q.size());
@@ -377,7 +431,15 @@ struct VarlenRun {
       CUDA_OK(cudaMemcpy(dused.ptr, c.used.data(), c.used.size() * 4, cudaMemcpyHostToDevice));
       args.varlen.seqused_k = static_cast<const int32_t*>(dused.ptr);
       for (int64_t b = 0; b < batch; ++b)  // the span's rows past the used keys
-        for (const Packed* t : {&k, &v}) t->nan_rows(cu_k[size_t(b)] + keys_of(c, b), c.len_k[size_t(b)] - keys_of(c, b));
+        for (const Packed* t : {&k, &v}) t->nan_rows(cu_k[size_t(b)] + end_of(c, b), c.len_k[size_t(b)] - end_of(c, b));
+    }
+    if (!c.pad.empty()) {
+      ASSERT_EQ(c.pad.size(), c.len_k.size());
+      CUDA_OK(cudaMalloc(&dpad.ptr, c.pad.size() * 4));
+      CUDA_OK(cudaMemcpy(dpad.ptr, c.pad.data(), c.pad.size() * 4, cudaMemcpyHostToDevice));
+      args.varlen.leftpad_k = static_cast<const int32_t*>(dpad.ptr);
+      for (int64_t b = 0; b < batch; ++b)  // the span's rows before the keys
+        for (const Packed* t : {&k, &v}) t->nan_rows(cu_k[size_t(b)], first_of(c, b));
     }
   }
   // Sequence b's problem alone (a batch of one), over its keys (keys_of).
@@ -495,7 +557,7 @@ void run_varlen(const VarlenCase& c, uint32_t seed) {
     if (sq == 0 || c.is_nan_seq(b)) continue;
     SCOPED_TRACE("sequence " + std::to_string(b) + " (" + std::to_string(sq) + " x " + std::to_string(sk) + ")");
     const fa4::Problem p = run.problem_of(c, b);
-    const int64_t q0 = run.cu_q[size_t(b)], k0 = run.cu_k[size_t(b)];
+    const int64_t q0 = run.cu_q[size_t(b)], k0 = run.cu_k[size_t(b)] + VarlenRun::first_of(c, b);
     const std::vector<double> sq_q = gather(run.q, run.hq, q0, sq), sk_k = gather(run.k, run.hk, k0, sk),
                               sk_v = gather(run.v, run.hv, k0, sk);
     const std::vector<double> ref_lse =
@@ -755,6 +817,26 @@ TEST(VarlenGpu, SequsedKeysWithNaNPastThem) {
     }
 }
 
+// leftpad_k on packed sequences: each sequence's keys from a row of its span on (the rows before it
+// NaN), with seqused_k or to the span's end; every head dim, causal and not, decoding rows and
+// longer ones, a pad that swallows every key (clamped to the end: no keys) and a negative one.
+TEST(VarlenGpu, LeftPaddedKeysWithNaNBeforeThem) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 1251;
+  for (int64_t d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      VarlenCase c{BF16, 8, 2, d, {1, 1, 1, 1}, {700, 333, 129, 64}};
+      c.causal = causal;
+      c.used = {517, 300, 200, 64};
+      c.pad = {100, 400, -5, 63};
+      run_varlen(c, seed++);
+      VarlenCase rows{FP16, 4, 4, d, {130, 7, 300}, {900, 500, 300}};
+      rows.causal = causal;
+      rows.pad = {129, 1, 0};
+      run_varlen(rows, seed++);
+    }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -783,6 +865,9 @@ struct EntryKeysCase {
   // also as cu_seqlens_k (its offsets, which the kernels do not read, those of the batched rows).
   std::vector<int> len_q;
   std::vector<int> cu_k;
+  // Varlen::leftpad_k where not empty (unpaged): entry b's keys from row pad[b] (clamped to [0, its
+  // end]) to its end; the rows before them NaN.
+  std::vector<int> pad;
 
   std::string name() const {
     std::string s = std::string(fa4::to_string(dtype)) + " h" + std::to_string(heads_q) + "/" +
@@ -801,6 +886,11 @@ struct EntryKeysCase {
       for (int x : len_q) s += std::to_string(x) + ",";
       s += "} cu_k{";
       for (int x : cu_k) s += std::to_string(x) + ",";
+      s += "}";
+    }
+    if (!pad.empty()) {
+      s += " pad{";
+      for (int x : pad) s += std::to_string(x) + ",";
       s += "}";
     }
     return s;
@@ -845,11 +935,14 @@ void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
   const bool packed = !c.len_q.empty();
   const int64_t batch = packed ? int64_t(c.len_q.size()) : c.page > 0 && c.used.empty() ? 3 : int64_t(c.used.size());
   const int64_t sq = c.seqlen_q, sk = c.seqlen_k, d = c.head_dim;
-  // Each entry's keys: used[b] clamped, or all seqlen_k without used; at most cu_k[b] with cu_k.
-  auto keys_of = [&](int64_t b) {
+  // Where each entry's keys end: used[b] clamped, or seqlen_k without used; at most cu_k[b] with
+  // cu_k. Where they start: pad[b] clamped to [0, end] (0 without pad). Their count.
+  auto end_of = [&](int64_t b) {
     int n = c.used.empty() ? int(sk) : std::clamp<int>(c.used[size_t(b)], 0, int(sk));
     return c.cu_k.empty() ? n : std::min(n, std::clamp<int>(c.cu_k[size_t(b)], 0, int(sk)));
   };
+  auto first_key = [&](int64_t b) { return c.pad.empty() ? 0 : std::clamp<int>(c.pad[size_t(b)], 0, end_of(b)); };
+  auto keys_of = [&](int64_t b) { return end_of(b) - first_key(b); };
   // Each entry's query rows and its first in q and o: batched, sq from row b * sq; packed, len_q[b]
   // from cu_seqlens_q[b].
   const std::vector<int32_t> cu_q = packed ? prefix(c.len_q) : std::vector<int32_t>{};
@@ -873,14 +966,15 @@ void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
   ASSERT_NO_FATAL_FAILURE(fill(q, hq));
   ASSERT_NO_FATAL_FAILURE(fill(k, hk));
   ASSERT_NO_FATAL_FAILURE(fill(v, hv));
-  // Rows past each entry's keys hold NaN, as a cache's never-written part may: none may reach O.
+  // Rows past each entry's keys hold NaN, as a cache's never-written part may, and so do the rows
+  // before them (a left pad): none may reach O.
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t len = keys_of(b);
-    for (const Packed* t : {&k, &v}) t->nan_rows(b * sk + len, sk - len);
+    const int64_t end = end_of(b), first = first_key(b);
+    for (const Packed* t : {&k, &v}) t->nan_rows(b * sk + end, sk - end), t->nan_rows(b * sk, first);
   }
   PagedPools pools;
   if (c.page > 0) ASSERT_NO_FATAL_FAILURE(pools.make(c, k, v, batch, rng));
-  fa4_test::DeviceBuffer dused, dlse, dcu_q, dcu_k;
+  fa4_test::DeviceBuffer dused, dlse, dcu_q, dcu_k, dpad;
   if (!c.used.empty()) {
     CUDA_OK(cudaMalloc(&dused.ptr, c.used.size() * 4));
     CUDA_OK(cudaMemcpy(dused.ptr, c.used.data(), c.used.size() * 4, cudaMemcpyHostToDevice));
@@ -890,6 +984,7 @@ void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
     CUDA_OK(cudaMemcpy(buf.ptr, vals.data(), vals.size() * 4, cudaMemcpyHostToDevice));
   };
   if (packed) ASSERT_NO_FATAL_FAILURE(upload(dcu_q, cu_q));
+  if (!c.pad.empty()) ASSERT_NO_FATAL_FAILURE(upload(dpad, std::vector<int32_t>(c.pad.begin(), c.pad.end())));
   if (!c.cu_k.empty()) ASSERT_NO_FATAL_FAILURE(upload(dcu_k, prefix(c.cu_k)));  // entry b's count: a difference
   const int64_t n_lse = c.heads_q * total_q;
   CUDA_OK(cudaMalloc(&dlse.ptr, n_lse * 4));
@@ -905,6 +1000,7 @@ void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
   a.q = batched(q, sq), a.k = batched(k, sk), a.v = batched(v, sk), a.o = batched(o, sq);
   a.lse = static_cast<float*>(dlse.ptr);
   a.varlen.seqused_k = static_cast<const int32_t*>(dused.ptr);
+  a.varlen.leftpad_k = static_cast<const int32_t*>(dpad.ptr);
   if (packed) {  // q and o as packed rows (batch_stride not read), the LSE [heads_q, total_q]
     a.q = q.ref, a.o = o.ref;
     a.varlen.cu_seqlens_q = static_cast<const int32_t*>(dcu_q.ptr);
@@ -931,8 +1027,8 @@ void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
     p.seqlen_k = len;
     const int64_t rows = rows_of(b), first = first_of(b);
     const std::vector<double> ref_lse =
-        expect_o_of(p, gather(q, hq, first, rows), gather(k, hk, b * sk, len), gather(v, hv, b * sk, len),
-                    gather_bits(o, out_bits, c.dtype, first, rows));
+        expect_o_of(p, gather(q, hq, first, rows), gather(k, hk, b * sk + first_key(b), len),
+                    gather(v, hv, b * sk + first_key(b), len), gather_bits(o, out_bits, c.dtype, first, rows));
     fa4::test::LseCompare lse_cmp;
     for (int64_t h = 0; h < c.heads_q; ++h)
       for (int64_t r = 0; r < rows; ++r)
@@ -980,6 +1076,37 @@ TEST(EntryKeysGpu, FewRowsLongRowsAndCausalRowsWithoutKeys) {
     tall.causal = false;
     run_entry_keys(tall, seed++);
   }
+}
+
+// Entries whose keys start past a left pad (Varlen::leftpad_k; flash-attn's cache_leftpad), the rows
+// before them NaN: decoding (the decoding kernel where the launch takes it, the tile kernels'
+// pieces and whole tiles), a few rows causal, longer rows, a window; with seqused_k and without;
+// pads clamped (negative, past the end); every head dim.
+TEST(EntryKeysGpu, LeftPaddedDecodingFewRowsLongRows) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 1701;
+  for (int64_t d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      EntryKeysCase c{BF16, 8, 2, d, 1, 1000, {1000, 700, 0, 517, 999}};
+      c.causal = causal;
+      c.pad = {3, 650, 0, 517, -2};
+      run_entry_keys(c, seed++);  // (the decoding kernel for d64 and d128)
+      c.split = 1;
+      run_entry_keys(c, seed++);
+      c.dtype = FP16, c.split = 2, c.max_ctas = 3;
+      c.used = {};  // to seqlen_k
+      c.pad = {1, 999, 1500, 128, 257};
+      run_entry_keys(c, seed++);
+      EntryKeysCase few{BF16, 8, 2, d, 4, 777, {300, 20, 777, 0, 45}, causal};
+      few.pad = {17, 19, 700, 0, 5};
+      run_entry_keys(few, seed++);
+      EntryKeysCase tall{FP16, 4, 1, d, 200, 900, {900, 150, 700, 613}, causal};
+      tall.pad = {100, 0, 699, 13};
+      run_entry_keys(tall, seed++);
+    }
+  EntryKeysCase w{BF16, 8, 2, 128, 16, 1000, {1000, 333, 0, 700}};
+  w.left = 64, w.right = 8, w.pad = {900, 30, 0, 1};
+  run_entry_keys(w, seed++);
 }
 
 // A paged cache (fa4::PagedKV): the same checks with the keys on shuffled pages of a pool whose

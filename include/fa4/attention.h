@@ -84,12 +84,19 @@ struct Problem {
 // entry's queries aligned bottom-right to them under causal and windows. Rows of an entry without
 // keys: O = 0, LSE = -inf. The rows past seqused_k (a cache's never-written rows) may hold
 // anything, NaN too: they never reach O.
+// leftpad_k (forward only; optional; not with a paged cache): int32 [problem.batch] in device
+// memory, sequence (batch entry) b's keys starting leftpad_k[b] rows into its span: its keys are
+// rows [leftpad_k[b], end) where end is what they would be without it (seqused_k[b], or the span's
+// or seqlen_k's end), so that seqused_k stays the cache's filled end (flash-attn's cache_leftpad
+// with cache_seqlens). Causal and windows align to those keys; the rows before them may hold
+// anything (NaN too). Entries are clamped to [0, end].
 struct Varlen {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   int64_t total_q = 0;
   int64_t total_k = 0;
   const int32_t* seqused_k = nullptr;
+  const int32_t* leftpad_k = nullptr;
   bool enabled() const { return cu_seqlens_q != nullptr || cu_seqlens_k != nullptr; }
 };
 

@@ -49,6 +49,12 @@ int fa4_forward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tens
 int fa4_forward_seqused(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
                         const int32_t* seqused_k, float* lse, cudaStream_t stream, char* message,
                         size_t message_len);
+// The same with each entry's keys starting past a left pad (fa4::Varlen::leftpad_k; flash-attn's
+// cache_leftpad): entry b's keys are rows [leftpad_k[b], end) of k and v, end = seqused_k[b] (may
+// be null: seqlen_k); both int32, device, problem->batch entries, clamped. Forward only.
+int fa4_forward_leftpad(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
+                        const int32_t* leftpad_k, const int32_t* seqused_k, float* lse, cudaStream_t stream,
+                        char* message, size_t message_len);
 // A paged KV cache (fa4::PagedKV): k_pages and v_pages are pools [num_pages, page_size, heads_kv,
 // head_dim] (batch_stride steps pages), entry b's key j on page block_table[b * table_stride +
 // j / page_size] (int32, device); page_size a power of two >= 16; seqused_k (optional, may be

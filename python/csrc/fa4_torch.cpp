@@ -32,9 +32,10 @@
 //       and into q_rotated (empty [0] without it); seqused_k int32 [batch]: the keys after it.
 //   fa4::fwd_kvcache(q, k_cache!, v_cache!, k?, v?, cache_seqlens, cache_seqlen, block_table, rotary_cos,
 //                    rotary_sin, rotary_interleaved, softmax_scale, causal, window_left, window_right,
-//                    with_lse=True, softcap=0.0, cache_batch_idx=None) -> (out, lse)
+//                    with_lse=True, softcap=0.0, cache_batch_idx=None, cache_leftpad=None) -> (out, lse)
 //       append_kv where k and v are given, then the forward over each entry's keys, in one
-//       operator; cache_batch_idx reads (and appends to) cache entry idx[b] for batch entry b.
+//       operator; cache_batch_idx reads (and appends to) cache entry idx[b] for batch entry b;
+//       cache_leftpad starts entry b's keys at its cache row cache_leftpad[b].
 //
 // Tensors are [batch, seqlen, heads, head_dim] views (BSHD, or BHSD transposed back) whose last
 // dim is contiguous; their element strides go to fa4 as they are. Outputs are new contiguous
@@ -298,11 +299,11 @@ void check_int32_on(const at::Tensor& t, const char* op, const char* name, const
 
 // seqused_k, where given: int32, contiguous [batch] on q's device (`from`: where batch comes from).
 const int32_t* seqused_of(const std::optional<at::Tensor>& seqused_k, int64_t batch, const at::Device& device,
-                          const char* op, const char* from) {
+                          const char* op, const char* from, const char* name = "seqused_k") {
   if (!seqused_k.has_value()) return nullptr;
   const at::Tensor& used = *seqused_k;
-  check_int32_on(used, op, "seqused_k", device);
-  FA4_CHECK_VALUE(used.dim() == 1 && used.size(0) == batch && used.is_contiguous(), op, ": seqused_k has shape ",
+  check_int32_on(used, op, name, device);
+  FA4_CHECK_VALUE(used.dim() == 1 && used.size(0) == batch && used.is_contiguous(), op, ": ", name, " has shape ",
                   shape_str(used), " and strides ", strides_str(used), ": must be contiguous [batch] (batch = ",
                   batch, ", from ", from, ")");
   return used.data_ptr<int32_t>();
@@ -709,19 +710,27 @@ Pools pages_of_batch_idx(const char* op, const at::Tensor& q, const at::Tensor& 
   return r;
 }
 
-// flash_attn_with_kvcache's call with k and v, or with cache_batch_idx, in one operator: append_kv
-// where k and v are given, then the forward over each entry's keys (the batched or paged kernels
-// with seqused_k; with one length for every entry, the first cache_seqlen keys, -1: all) with q
-// rotated where rotary is given. No Python runs between the launches.
+// flash_attn_with_kvcache's call with k and v, cache_batch_idx or cache_leftpad, in one operator:
+// append_kv where k and v are given, then the forward over each entry's keys (the batched or paged
+// kernels with seqused_k; with one length for every entry, the first cache_seqlen keys, -1: all)
+// with q rotated where rotary is given. No Python runs between the launches. cache_leftpad (int32
+// [batch], contiguous caches only): entry b's keys start at its cache row cache_leftpad[b]
+// (fa4::Varlen::leftpad_k); the append and the rotary positions are the cache rows as without it.
 std::tuple<at::Tensor, at::Tensor> fwd_kvcache_op(
     const at::Tensor& q, at::Tensor k_cache, at::Tensor v_cache, const std::optional<at::Tensor>& k,
     const std::optional<at::Tensor>& v, const std::optional<at::Tensor>& cache_seqlens, int64_t cache_seqlen,
     const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& rotary_cos,
     const std::optional<at::Tensor>& rotary_sin, bool rotary_interleaved, std::optional<double> softmax_scale,
     bool causal, int64_t window_left, int64_t window_right, bool with_lse, double softcap,
-    const std::optional<at::Tensor>& cache_batch_idx) {
+    const std::optional<at::Tensor>& cache_batch_idx, const std::optional<at::Tensor>& cache_leftpad) {
   const char* op = "fa4::fwd_kvcache";
   std::optional<at::Tensor> table = block_table;
+  if (cache_leftpad.has_value()) {
+    TORCH_CHECK_NOT_IMPLEMENTED(!block_table.has_value() && !cache_batch_idx.has_value(),
+                                cat(op, ": cache_leftpad with ", block_table.has_value() ? "block_table" : "cache_batch_idx",
+                                    ": not implemented (a left pad needs contiguous caches, each entry its own)"));
+  }
+  const int32_t* leftpad = seqused_of(cache_leftpad, q.size(0), q.device(), op, "q", "cache_leftpad");
   if (cache_batch_idx.has_value()) {
     FA4_CHECK_VALUE(!block_table.has_value(), op, ": cache_batch_idx with block_table: give one of them");
     Pools pools = pages_of_batch_idx(op, q, k_cache, v_cache, *cache_batch_idx);
@@ -745,6 +754,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache_op(
     }
     fa4::Varlen entries;
     entries.seqused_k = seqused_of(cache_seqlens, p.batch, q.device(), op, "q");
+    entries.leftpad_k = leftpad;
     if (!cache_seqlens.has_value() && cache_seqlen >= 0) {
       FA4_CHECK_VALUE(cache_seqlen <= p.seqlen_k, op, ": cache_seqlens = ", cache_seqlen, ": must be in [0, ",
                       p.seqlen_k, "] (the cache's rows an entry)");
@@ -758,6 +768,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache_op(
   set_options(p, softmax_scale, causal, window_left, window_right, op);
   p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
   fa4::Varlen entries;
+  entries.leftpad_k = leftpad;
   if (r.paged.enabled() || cache_seqlens.has_value())
     entries.seqused_k = r.used.data_ptr<int32_t>();
   else
@@ -804,7 +815,7 @@ TORCH_LIBRARY(fa4, m) {
       "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
       "int cache_seqlen, Tensor? block_table, Tensor? rotary_cos, Tensor? rotary_sin, bool rotary_interleaved, "
       "float? softmax_scale, bool causal, int window_left, int window_right, bool with_lse=True, "
-      "float softcap=0.0, Tensor? cache_batch_idx=None) -> (Tensor out, Tensor lse)");
+      "float softcap=0.0, Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None) -> (Tensor out, Tensor lse)");
 }
 
 TORCH_LIBRARY_IMPL(fa4, CUDA, m) {

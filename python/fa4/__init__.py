@@ -138,7 +138,7 @@ def _bwd_varlen_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
 @torch.library.register_fake("fa4::fwd_kvcache")
 def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlen, block_table, rotary_cos, rotary_sin,
                       rotary_interleaved, softmax_scale, causal, window_left, window_right, with_lse=True,
-                      softcap=0.0, cache_batch_idx=None):
+                      softcap=0.0, cache_batch_idx=None, cache_leftpad=None):
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
         if t is not None and t.dim() != 4:
             raise ValueError(f"fa4::fwd_kvcache: {name} has shape {tuple(t.shape)}: must be 4-d")
@@ -437,14 +437,17 @@ def flash_attn_with_kvcache(
     two of 16 to 256 rows over their own memory (each entry's rows one after another: batch stride
     = seqlen_cache x row stride, seqlen_cache a multiple of 16), an index outside [0, batch_cache)
     reads a wrong entry but never outside the caches, and duplicate indices with k and v leave
-    either's rows. Not implemented: cache_leftpad, alibi_slopes. With one length for every entry (an int, or None)
+    either's rows. cache_leftpad (int32 [batch] on q's device; contiguous caches, not with
+    block_table or cache_batch_idx): entry b's keys start at its cache row cache_leftpad[b] and end
+    where they would without it (cache_seqlens[b], + seqlen_new with k and v), causal and windows
+    aligning to them; the rows before them may hold anything; k and v are still appended at
+    cache_seqlens[b] and rotated at those rows (flash-attn's rule). Not implemented: alibi_slopes.
+    With one length for every entry (an int, or None)
     it is flash_attn_func over the cache's first rows; with a tensor, the batched call with each
     entry's keys its own (torch.ops.fa4.fwd's seqused_k), which folds query groups and cuts the
     keys across the GPU as the batched decoding does.
     """
     name = "fa4.flash_attn_with_kvcache"
-    if cache_leftpad is not None:
-        raise NotImplementedError(f"{name}: cache_leftpad is not implemented (must be None)")
     softmax_scale, window_left, window_right, softcap = _options(name, softmax_scale, window_size, softcap, 0.0,
                                                                  alibi_slopes)
     for arg, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -457,14 +460,26 @@ def flash_attn_with_kvcache(
             raise ValueError(f"{name}: cache_batch_idx with block_table: a paged cache's table already picks each "
                              "entry's pages (give one of them)")
         cache_batch_idx = _check_batch_idx(name, k_cache, v_cache, cache_batch_idx, b)
+    if cache_leftpad is not None:
+        if block_table is not None or cache_batch_idx is not None:
+            other = "block_table" if block_table is not None else "cache_batch_idx"
+            raise NotImplementedError(f"{name}: cache_leftpad with {other}: not implemented (a left pad needs "
+                                      "contiguous caches, each entry its own)")
+        if not isinstance(cache_leftpad, torch.Tensor) or cache_leftpad.shape != (b,) or \
+                cache_leftpad.dtype not in (torch.int32, torch.int64):
+            what = (f"shape {tuple(cache_leftpad.shape)} and dtype {cache_leftpad.dtype}"
+                    if isinstance(cache_leftpad, torch.Tensor) else type(cache_leftpad).__name__)
+            raise ValueError(f"{name}: cache_leftpad has {what}: must be int32 [batch] (batch = {b})")
+        cache_leftpad = cache_leftpad.to(device=q.device, dtype=torch.int32).contiguous()
     if (k is None) != (v is None):
         raise ValueError(f"{name}: k is {'None' if k is None else 'given'}, v is {'None' if v is None else 'given'}: "
                          "appending to the cache needs both")
     if k is None and (rotary_cos is not None or rotary_sin is not None):
         raise ValueError(f"{name}: rotary_cos and rotary_sin apply with k and v only (the new keys and q are "
                          "rotated as they are appended)")
-    if k is None and cache_batch_idx is not None:
-        # One operator: the caches read as pages of their own memory, the table made from the indices.
+    if k is None and (cache_batch_idx is not None or cache_leftpad is not None):
+        # One operator: the caches read as pages of their own memory, the table made from the indices;
+        # or each entry's keys from its left pad.
         if isinstance(cache_seqlens, torch.Tensor):
             lens, n = _kvcache_lengths(name, cache_seqlens, b, q.device), -1
         elif cache_seqlens is None or isinstance(cache_seqlens, int):
@@ -476,7 +491,7 @@ def flash_attn_with_kvcache(
         with torch.no_grad():
             out, lse = torch.ops.fa4.fwd_kvcache(q, k_cache, v_cache, None, None, lens, n, None, None, None, False,
                                                  softmax_scale, bool(causal), window_left, window_right,
-                                                 bool(return_softmax_lse), softcap, cache_batch_idx)
+                                                 bool(return_softmax_lse), softcap, cache_batch_idx, cache_leftpad)
         return (out, lse) if return_softmax_lse else out
     if k is not None:
         # The new rows into the caches (rotating them and q), then attention over the longer caches.
@@ -496,7 +511,7 @@ def flash_attn_with_kvcache(
             out, lse = torch.ops.fa4.fwd_kvcache(q, k_cache, v_cache, k, v, lens, n, block_table, rotary_cos,
                                                  rotary_sin, bool(rotary_interleaved), softmax_scale, bool(causal),
                                                  window_left, window_right, bool(return_softmax_lse), softcap,
-                                                 cache_batch_idx)
+                                                 cache_batch_idx, cache_leftpad)
         return (out, lse) if return_softmax_lse else out
 
     def lengths_tensor():  # cache_seqlens as the operators take it: int32 [batch] on q's device

@@ -186,6 +186,20 @@ Status check_seqused_alone(const Varlen& v, bool backward) {
   return check_int32_aligned("varlen.seqused_k", v.seqused_k);
 }
 
+// Varlen::leftpad_k: the forward's, int32-aligned, not with a paged cache (a key block would
+// straddle pages); the backward has none.
+Status check_leftpad(const Varlen& v, bool paged, bool backward) {
+  if (v.leftpad_k == nullptr) return Status::Ok();
+  const std::string at = "varlen.leftpad_k = " + detail::format_pointer(v.leftpad_k);
+  if (backward)
+    return {StatusCode::kNotSupported, at + ": the backward takes each sequence's keys from row 0 of its span "
+                                            "(null is allowed)"};
+  if (paged)
+    return {StatusCode::kNotSupported, at + ": not with a paged cache (paged.block_table): an entry's keys start "
+                                            "at row 0 of its first page (null is allowed)"};
+  return check_int32_aligned("varlen.leftpad_k", v.leftpad_k);
+}
+
 // Pages of fewer than 16 rows are not implemented: a key block (128 rows at most) loads as a TMA
 // box a page and 64-column chunk, 8 a chunk at 16 rows.
 constexpr int64_t kMinPageSize = 16;
@@ -343,6 +357,7 @@ Status validate(const ForwardArgs& args) {
   const Problem& p = args.problem;
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
+  if (!(s = check_leftpad(args.varlen, args.paged.enabled(), /*backward=*/false)).ok()) return s;
   if (args.varlen.enabled() && !args.paged.enabled()) return check_varlen(args);
   if (!(s = check_seqused_alone(args.varlen, /*backward=*/false)).ok()) return s;
   if (!(s = check_lse(args.lse, p, /*required=*/false)).ok()) return s;
@@ -354,6 +369,7 @@ Status validate(const BackwardArgs& args) {
   const Problem& p = args.problem;
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
+  if (!(s = check_leftpad(args.varlen, /*paged=*/false, /*backward=*/true)).ok()) return s;
   if (args.varlen.enabled()) {
     if (!(s = check_varlen(args)).ok()) return s;
     return check_workspace(args);
@@ -590,9 +606,11 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
     f.total_q = static_cast<int>(args.varlen.total_q);
     f.total_k = static_cast<int>(args.varlen.total_k);
     f.seqused_k = args.varlen.seqused_k;
+    f.leftpad_k = args.varlen.leftpad_k;
     return f;
   }
   f.seqused_k = args.varlen.seqused_k;  // batch entries' own keys (a query group folds as before)
+  f.leftpad_k = args.varlen.leftpad_k;
   if (!fold_query_groups(&f)) fold_query_rows(&f);
   return f;
 }

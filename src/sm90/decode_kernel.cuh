@@ -58,7 +58,9 @@ struct DecodeParams {
   void* o;
   float* lse;  // may be null; [batch, heads_q, seqlen_q], natural log
   int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];  // elements: [batch, seq, head]
-  const int* seqused_k;  // entry b's keys: the first seqused_k[b] (clamped to [0, seqlen_k]); null: all
+  const int* seqused_k;  // entry b's keys end at seqused_k[b] (clamped to [0, seqlen_k]); null: seqlen_k
+  // Batched caches: entry b's keys start at row leftpad_k[b] (clamped to [0, their end]); null: 0.
+  const int* leftpad_k;
   // A paged cache (FwdParams::block_table): entry b's key j on page block_table[b table_stride + j >>
   // page_shift], row j & (2^page_shift - 1); k_stride[0] and v_stride[0] step pages. Null: batched.
   const int* block_table;
@@ -154,7 +156,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kD>) decode_kernel(const 
   const int b = pair / p.heads_kv, hk = pair % p.heads_kv;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int rows = p.seqlen_q * p.group;
-  const int keys = p.seqused_k == nullptr ? p.seqlen_k : min(max(__ldg(p.seqused_k + b), 0), p.seqlen_k);
+  const int end = p.seqused_k == nullptr ? p.seqlen_k : min(max(__ldg(p.seqused_k + b), 0), p.seqlen_k);
+  const int pad = p.leftpad_k == nullptr ? 0 : min(max(__ldg(p.leftpad_k + b), 0), end);
+  const int keys = end - pad;  // the entry's, rows [pad, end)
   // The CTA's keys: its split's, cut to what its first row may see from below and its last from
   // above (a row's range only moves right with its query).
   const KeyRange first = key_range(p, keys, 0), last = key_range(p, keys, p.seqlen_q - 1);
@@ -174,8 +178,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kD>) decode_kernel(const 
   constexpr int kRowStep = kThreads / kChunks, kPieces = kBlockN / kRowStep;  // rows a thread, a block
   const int c = tid % kChunks, r0 = tid / kChunks;
   const uint32_t s_piece = tile_offset<kD>(r0, c);  // (its rows' swizzle is r0's: row & 7 is r0 & 7)
-  const uint16_t* k_row = kbase + b * p.k_stride[0] + int64_t(j_first + r0) * p.k_stride[1] + c * 8;
-  const uint16_t* v_row = vbase + b * p.v_stride[0] + int64_t(j_first + r0) * p.v_stride[1] + c * 8;
+  const uint16_t* k_row = kbase + b * p.k_stride[0] + int64_t(pad + j_first + r0) * p.k_stride[1] + c * 8;
+  const uint16_t* v_row = vbase + b * p.v_stride[0] + int64_t(pad + j_first + r0) * p.v_stride[1] + c * 8;
   const int64_t k_step = int64_t(kRowStep) * p.k_stride[1], v_step = int64_t(kRowStep) * p.v_stride[1];
   auto load = [&](int i) {
     const uint32_t st = s_base + uint32_t((i % kStages<kD>) * kStageBytes<kD>) + s_piece;

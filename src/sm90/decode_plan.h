@@ -56,13 +56,13 @@ inline DecodePlan decode_plan(int64_t pairs, int seqlen_k, int64_t slots) {
 }
 
 // Whether the launch's rule takes call `a` (decode_runs) to the decoding kernel on a device of `sms`
-// multiprocessors. Not where entries have key counts of their own (seqused_k) and the KV heads fill
+// multiprocessors. Not where entries have key counts of their own (seqused_k, leftpad_k) and the KV heads fill
 // the device with one CTA each (one split): there the tile kernels' dynamic order measured 5-6 %
 // faster with a cache filled to half, and within 1-3 % of it filled whole (docs/perf-notes.md, "A
 // decoding kernel on mma.sync tiles of 16 rows").
 inline bool decode_taken(const detail::FwdParams& a, int sms) {
   if (!decode_runs(a)) return false;
-  if (a.decode == 2 || a.seqused_k == nullptr) return true;
+  if (a.decode == 2 || (a.seqused_k == nullptr && a.leftpad_k == nullptr)) return true;
   return decode_plan(int64_t(a.batch) * a.heads_kv, a.seqlen_k, int64_t(sms) * decode_ctas_per_sm(a.head_dim)).splits > 1;
 }
 

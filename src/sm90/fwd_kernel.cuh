@@ -272,6 +272,10 @@ struct FwdKernelParams {
   // [0, num_pages). Null: K and V are batched tensors.
   const int* block_table;
   int table_stride, page_shift, num_pages;
+  // Varlen::leftpad_k (never with block_table): in the kVarlen kernels through seq_span, and in
+  // the kEntryKeys ones entry b's keys from row leftpad_k[b] (seq_span.cuh, entry_first). Null
+  // without. Last, for the offsets above.
+  const int* leftpad_k;
 };
 
 // Soft-capped scores (Problem::softcap): a config that derives from a shipped one and sets
@@ -1089,17 +1093,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         qw.advance();
         if constexpr (test_lags<Cfg>().tile > 0)  // (a test's config: the loaders held in turn too)
           if ((round + int(threadIdx.x) / 32 + rank) % 3 == 0) spin_cycles(test_lags<Cfg>().tile);
+        // (kEntryKeys) The entry's keys, rows [first, end) of its tensor (leftpad_k, seqused_k).
+        int entry_first_row = 0, entry_count = p.seqlen_k;
+        if constexpr (kEntryKeys) {
+          const int end = entry_end(p, tl.batch);
+          if constexpr (!kPaged) entry_first_row = entry_first(p, tl.batch, end);
+          entry_count = end - entry_first_row;
+        }
         BlockRange range =
             kVarlen ? key_block_range<kBlockM, kBlockN>(bound(), tl.m_block, sp.q_len, sp.k_len)
-                    : key_block_range<kBlockM, kBlockN>(bound(), tl.m_block, p.seqlen_q,
-                                                        kEntryKeys ? entry_keys(p, tl.batch) : p.seqlen_k);
+                    : key_block_range<kBlockM, kBlockN>(bound(), tl.m_block, p.seqlen_q, entry_count);
         if constexpr (kSplit) range = piece_range<kEntryKeys>(range, tl);
         // (kPaged with varlen: the query head, which the page lanes divide: the division's registers
         // in the loaders spilled 8 bytes there.)
         const int h_kv = kPaged && kVarlen ? tl.head : tl.head / p.head_ratio;
         // With varlen the sequence's first key row, batch 0 of the maps (paged: the sequence's
         // table row, from its key 0).
-        const int kv_row = kVarlen && !kPaged ? sp.k_off : 0, kv_batch = kVarlen && !kPaged ? 0 : tl.batch;
+        // Batched, the entry's first key row (leftpad_k).
+        const int kv_row = kVarlen && !kPaged ? sp.k_off : entry_first_row, kv_batch = kVarlen && !kPaged ? 0 : tl.batch;
         // (kZeroTail) The sequence's keys where rows after its last one, in the same block, lie
         // inside the tensor (else INT_MIN), and the tensor's rows. Kept in shared memory
         // (bar.v_tail_next), read at each V load, written by st.shared: held in registers, or
@@ -1108,10 +1119,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if (loads_v) {
             int keys = INT_MIN, end = 0;  // (INT_MIN / kBlockN is no block)
             if (tails_possible()) {
-              keys = kVarlen ? sp.k_len : entry_keys(p, tl.batch);
-              // The tensor's rows; paged, no end: a block lies on one page, whose rows past the
-              // entry's keys may hold anything.
-              end = kPaged ? INT_MAX : kVarlen ? p.total_k - sp.k_off : p.seqlen_k;
+              keys = kVarlen ? sp.k_len : entry_count;
+              // The tensor's rows from the first key's; paged, no end: a block lies on one page,
+              // whose rows past the entry's keys may hold anything.
+              end = kPaged ? INT_MAX : kVarlen ? p.total_k - sp.k_off : p.seqlen_k - entry_first_row;
               if (keys % kBlockN == 0 || keys >= end) keys = INT_MIN;
             }
             const uint32_t at = smem_addr(&bar.v_tail_next);  // (.w, the phase, kept)

@@ -147,8 +147,9 @@ TailScratchLayout tail_scratch_layout(const TileOrder& order) {
 // others keep none of it.
 // A paged KV cache (FwdParams::block_table) runs on the same kernels (its entries' keys seqlen_k
 // where seqused_k is null).
+// So do entries whose keys start past a left pad (FwdParams::leftpad_k).
 inline bool entry_keys(const detail::FwdParams& a) {
-  return (a.seqused_k != nullptr || a.block_table != nullptr) && !a.varlen();
+  return (a.seqused_k != nullptr || a.leftpad_k != nullptr || a.block_table != nullptr) && !a.varlen();
 }
 
 // Whether every query tile sees the same key blocks (no causal or window bound): only such tiles
@@ -668,8 +669,9 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
     k.total_q = a.total_q;
     k.total_k = a.total_k;
     k.seqused_k = a.seqused_k;
+    k.leftpad_k = a.leftpad_k;
   }
-  if (entry_keys(a)) k.seqused_k = a.seqused_k;  // (read by the kernels with a bound at run time)
+  if (entry_keys(a)) k.seqused_k = a.seqused_k, k.leftpad_k = a.leftpad_k;  // (the kernels with a bound at run time)
   if (paged) {  // (those kernels too)
     k.block_table = a.block_table;
     k.table_stride = a.table_stride;

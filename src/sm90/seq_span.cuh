@@ -37,16 +37,33 @@ __device__ __forceinline__ SeqSpan seq_span(const Params& p, int batch) {
     // The forward's Varlen::seqused_k: the first seqused_k[batch] keys of the span.
     if constexpr (requires { p.seqused_k; })
       if (p.seqused_k != nullptr) k_len = min(k_len, max(__ldg(p.seqused_k + batch), 0));
+    // Its leftpad_k (never with pages): the keys start that many rows into the span, same end.
+    if constexpr (!kPaged && requires { p.leftpad_k; })
+      if (p.leftpad_k != nullptr) {
+        const int pad = min(max(__ldg(p.leftpad_k + batch), 0), k_len);
+        k0 += pad, k_len -= pad;
+      }
     return {q0, min(q1 - q0, p.seqlen_q), k0, k_len};
   }
 }
 
-// Batched tensors (no varlen): entry `batch`'s keys, the launch's seqlen_k or, with the forward's
-// per-entry lengths (Varlen::seqused_k without cu_seqlens: a KV cache's filled part), the first
-// seqused_k[batch] of them, clamped to [0, seqlen_k].
+// Batched tensors (no varlen): where entry `batch`'s keys end, the launch's seqlen_k or, with the
+// forward's per-entry lengths (Varlen::seqused_k without cu_seqlens: a KV cache's filled part),
+// seqused_k[batch], clamped to [0, seqlen_k].
+template <class Params>
+__device__ __forceinline__ int entry_end(const Params& p, int batch) {
+  return p.seqused_k == nullptr ? p.seqlen_k : min(max(__ldg(p.seqused_k + batch), 0), p.seqlen_k);
+}
+// Its first key's row (Varlen::leftpad_k, clamped to [0, end]; 0 without).
+template <class Params>
+__device__ __forceinline__ int entry_first(const Params& p, int batch, int end) {
+  return p.leftpad_k == nullptr ? 0 : min(max(__ldg(p.leftpad_k + batch), 0), end);
+}
+// Its keys: rows [entry_first, entry_end).
 template <class Params>
 __device__ __forceinline__ int entry_keys(const Params& p, int batch) {
-  return p.seqused_k == nullptr ? p.seqlen_k : min(max(__ldg(p.seqused_k + batch), 0), p.seqlen_k);
+  const int end = entry_end(p, batch);
+  return end - entry_first(p, batch, end);
 }
 
 }  // namespace fa4::sm90

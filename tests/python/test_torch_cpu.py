@@ -292,8 +292,17 @@ def test_kvcache_traces_on_meta_and_refuses_what_it_does_not_implement():
     with pytest.raises(NotImplementedError, match=r"cache_batch_idx with k_cache strides"):
         bhsd = meta(5, 2, 512, 128).transpose(1, 2)
         fa4.flash_attn_with_kvcache(q, bhsd, bhsd, cache_batch_idx=torch.empty(3, device="meta", dtype=torch.int32))
-    with pytest.raises(NotImplementedError, match=r"cache_leftpad is not implemented"):
-        fa4.flash_attn_with_kvcache(q, cache, cache, cache_leftpad=torch.empty(3, device="meta", dtype=torch.int32))
+    pad = torch.empty(3, device="meta", dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match=r"cache_leftpad with block_table: not implemented"):
+        fa4.flash_attn_with_kvcache(q, cache, cache, cache_leftpad=pad,
+                                    block_table=torch.empty(3, 2, device="meta", dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match=r"cache_leftpad with cache_batch_idx: not implemented"):
+        fa4.flash_attn_with_kvcache(q, cache, cache, cache_leftpad=pad, cache_batch_idx=pad)
+    with pytest.raises(ValueError, match=r"cache_leftpad has shape \(2,\) and dtype torch.int32: must be int32 "
+                                         r"\[batch\] \(batch = 3\)"):
+        fa4.flash_attn_with_kvcache(q, cache, cache, cache_leftpad=pad[:2])
+    with pytest.raises(ValueError, match=r"cache_leftpad has float: must be int32"):
+        fa4.flash_attn_with_kvcache(q, cache, cache, cache_leftpad=1.0)
     with pytest.raises(NotImplementedError, match=r"alibi_slopes"):
         fa4.flash_attn_with_kvcache(q, cache, cache, alibi_slopes=meta(8, dtype=torch.float32))
     with pytest.raises(ValueError, match=r"cache_seqlens = 501: must be in \[0, 500\]"):
@@ -393,6 +402,26 @@ def test_kvcache_append_and_rotary_trace_on_meta_and_check_their_arguments():
             op(qc, kc, kc, nc, nc, None, 3, None, None, None, False, *extra)
 
 
+def test_kvcache_leftpad_goes_to_the_kvcache_operator():
+    assert "Tensor? cache_leftpad=None" in str(torch.ops.fa4.fwd_kvcache.default._schema)
+    q, cache, new = meta(3, 1, 8, 128), meta(3, 500, 2, 128), meta(3, 1, 2, 128)
+    pad = torch.empty(3, device="meta", dtype=torch.int32)
+    lens = torch.empty(3, device="meta", dtype=torch.int32)
+    for kw in ({}, dict(cache_seqlens=9), dict(cache_seqlens=lens), dict(k=new, v=new, cache_seqlens=lens),
+               dict(k=new, v=new, cache_seqlens=9, causal=True)):
+        (out, lse), calls = fa4_calls(lambda: fa4.flash_attn_with_kvcache(
+            q, cache, cache, cache_leftpad=pad, return_softmax_lse=True, **kw))
+        assert out.shape == (3, 1, 8, 128) and lse.shape == (3, 8, 1)
+        # One operator, the pads its last argument; the caches as given (no pages).
+        assert [n for n, _ in calls] == ["fa4.fwd_kvcache.default"], calls
+        args = calls[0][1]
+        assert args[-1] is pad and args[-2] is None and args[1] is cache and args[7] is None
+        assert (args[3] is new) == ("k" in kw) and (args[5] is lens) == (kw.get("cache_seqlens") is lens)
+    # int64 pads become int32 (on q's device) before the operator.
+    _, calls = fa4_calls(lambda: fa4.flash_attn_with_kvcache(q, cache, cache, cache_leftpad=pad.long()))
+    assert calls[0][1][-1].dtype == torch.int32
+
+
 def test_kvcache_batch_idx_reads_the_cache_as_pages_of_its_own_memory():
     q, cache = meta(3, 1, 8, 128), meta(5, 1536, 2, 128)  # 1536 = 3 x 512: pages of 256 (the cap)
     idx = torch.empty(3, device="meta", dtype=torch.int32)
@@ -404,7 +433,7 @@ def test_kvcache_batch_idx_reads_the_cache_as_pages_of_its_own_memory():
         # One operator, the indices its last argument (the pools and the table are made in it).
         assert [n for n, _ in calls] == ["fa4.fwd_kvcache.default"], calls
         args = calls[0][1]
-        assert args[-1] is idx and args[1] is cache and (args[3] is new) == ("k" in kw)
+        assert args[-2] is idx and args[-1] is None and args[1] is cache and (args[3] is new) == ("k" in kw)
         assert args[6] == (9 if isinstance(kw.get("cache_seqlens"), int) else -1)
     with pytest.raises(ValueError, match=r"cache_batch_idx with block_table"):
         fa4.flash_attn_with_kvcache(q, cache, cache, cache_batch_idx=idx,

@@ -649,12 +649,14 @@ def paged_caches(k, v, page, seed):
     return kp, vp, table
 
 
-def expect_each_entry(q, k, v, lens, causal, outs, what, lse=None):
+def expect_each_entry(q, k, v, lens, causal, outs, what, lse=None, starts=None):
     """Each output of `outs` (name: [b, sq, hq, d]) against entry i's reference over its first
-    lens[i] keys, and the LSE where given."""
+    lens[i] keys (from row starts[i] with starts: rows [starts[i], lens[i])), and the LSE where
+    given."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     for i, n in enumerate(lens):
-        qs, ks, vs = q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n]
+        s0 = starts[i] if starts is not None else 0
+        qs, ks, vs = q[i:i + 1], k[i:i + 1, s0:n], v[i:i + 1, s0:n]
         ref, lse_ref = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=False)
         ref_lp, lse_lp = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=True)
         for name, out in outs.items():
@@ -683,6 +685,54 @@ def test_kvcache_rows_past_the_lengths_may_hold_nan(d):
                                            seqused_k=used).reshape(b, sq, hq, d)
         expect_each_entry(q, k, v, lens, causal, {"kvcache": out, "varlen seqused_k": out_v},
                           f"d{d} {sq} rows causal={causal} (of {sc} keys, NaN past them)")
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_kvcache_leftpad_starts_each_entrys_keys_past_its_pad(d):
+    """cache_leftpad (flash-attn's): entry i's keys are cache rows [pad[i], cache_seqlens[i]), the
+    rows before and after them NaN; decoding and a few causal rows, lengths per entry and one for
+    all; then an append with rotary: the new rows land at cache_seqlens[i] and are rotated at those
+    cache rows, as q is (causal: cache_seqlens[i] + j), and the keys are [pad[i], cache_seqlens[i] +
+    seqlen_new)."""
+    b, sc, hq, hkv = 4, 640, 8, 2
+    gen = torch.Generator(device=DEV).manual_seed(211 + d)
+    pads, lens = [0, 100, 639, 37], [640, 300, 640, 37]  # entry 3: no keys (O = 0, LSE = -inf)
+    pad = torch.tensor(pads, dtype=torch.int32, device=DEV)
+    for sq, causal, one_length in ((1, False, False), (3, True, False), (2, True, True)):
+        ends = [sc] * b if one_length else lens
+        q = torch.randn(b, sq, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+        k, v = caches_nan_past(ends, b, sc, hkv, d, gen)
+        for i, p0 in enumerate(pads):
+            k[i, :p0] = float("nan")
+            v[i, :p0] = float("nan")
+        seqlens = None if one_length else torch.tensor(lens, dtype=torch.int32, device=DEV)
+        out, lse = call_or_skip(fa4.flash_attn_with_kvcache, q, k, v, cache_seqlens=seqlens, cache_leftpad=pad,
+                                causal=causal, return_softmax_lse=True)
+        expect_each_entry(q, k, v, ends, causal, {"leftpad": out}, f"d{d} {sq} rows causal={causal}", lse=lse,
+                          starts=pads)
+    # An append with rotary: keys [pad, len + s_new), NaN before the pad and past the new rows.
+    s_new, rd = 2, 64
+    lens = [500, 300, 601, 37]
+    cos, sin = rotary_tables(sc, rd, torch.bfloat16)
+    q = torch.randn(b, s_new, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    kc, vc = caches_nan_past(lens, b, sc, hkv, d, gen)
+    for i, p0 in enumerate(pads):
+        kc[i, :p0] = float("nan")
+        vc[i, :p0] = float("nan")
+    kn = torch.randn(b, s_new, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    vn = torch.randn(b, s_new, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    out = fa4.flash_attn_with_kvcache(q, kc, vc, k=kn, v=vn, rotary_cos=cos, rotary_sin=sin,
+                                      cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=DEV),
+                                      cache_leftpad=pad, causal=True)
+    q_rot = torch.stack([rotate_reference(q[i], cos, sin, torch.arange(n, n + s_new, device=DEV), False)
+                         for i, n in enumerate(lens)]).to(torch.bfloat16)
+    for i, n in enumerate(lens):
+        k_ref = rotate_reference(kn[i], cos, sin, torch.arange(n, n + s_new, device=DEV), False)
+        assert ((kc[i, n:n + s_new].double() - k_ref).abs() <= 2.0 ** -8 * k_ref.abs() + 1e-5).all(), \
+            f"entry {i}: the new keys rotated at cache rows {n}.."
+        assert torch.equal(vc[i, n:n + s_new], vn[i])
+    expect_each_entry(q_rot, kc, vc, [n + s_new for n in lens], True, {"leftpad append": out},
+                      f"d{d} append with rotary", starts=pads)
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
@@ -760,6 +810,17 @@ def test_kvcache_refuses_what_it_does_not_implement():
         fa4.flash_attn_with_kvcache(q, pages, pages, block_table=torch.zeros(3, 2, dtype=torch.int32, device=DEV))
     with pytest.raises(NotImplementedError, match="cache_batch_idx with seqlen_cache = 100"):
         fa4.flash_attn_with_kvcache(q, k, k, cache_batch_idx=torch.arange(2, dtype=torch.int32, device=DEV))
+    # A left pad: int32 [batch] on q's device; not with a paged cache (the operator says so too).
+    pad = torch.zeros(2, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match=r"fa4::fwd_kvcache: cache_leftpad has shape \[3\]"):
+        torch.ops.fa4.fwd_kvcache(q, k, k, None, None, None, -1, None, None, None, False, None, False, -1, -1, True,
+                                  0.0, None, torch.zeros(3, dtype=torch.int32, device=DEV))
+    with pytest.raises(ValueError, match=r"cache_leftpad must be a CUDA tensor on q's device"):
+        torch.ops.fa4.fwd_kvcache(q, k, k, None, None, None, -1, None, None, None, False, None, False, -1, -1, True,
+                                  0.0, None, pad.cpu())
+    with pytest.raises(NotImplementedError, match=r"cache_leftpad with block_table: not implemented"):
+        torch.ops.fa4.fwd_kvcache(q, pages, pages, None, None, None, -1, torch.zeros(2, 2, dtype=torch.int32,
+                                  device=DEV), None, None, False, None, False, -1, -1, True, 0.0, None, pad)
     # Appending: one length for every entry must leave room for the new rows; rotary_dim in 16s.
     new = k[:, :3].clone()
     with pytest.raises(ValueError, match=r"cache_seqlen = 98: the new rows"):
