@@ -933,7 +933,12 @@ struct PagedPools {
 void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
   SCOPED_TRACE(c.name());
   const bool packed = !c.len_q.empty();
-  const int64_t batch = packed ? int64_t(c.len_q.size()) : c.page > 0 && c.used.empty() ? 3 : int64_t(c.used.size());
+  const int64_t batch = packed             ? int64_t(c.len_q.size())
+                        : !c.used.empty()  ? int64_t(c.used.size())
+                        : !c.pad.empty()   ? int64_t(c.pad.size())
+                        : c.page > 0       ? 3
+                                           : 0;
+  ASSERT_GT(batch, 0) << "a case needs entries: used, pad, len_q or pages";
   const int64_t sq = c.seqlen_q, sk = c.seqlen_k, d = c.head_dim;
   // Where each entry's keys end: used[b] clamped, or seqlen_k without used; at most cu_k[b] with
   // cu_k. Where they start: pad[b] clamped to [0, end] (0 without pad). Their count.

@@ -455,11 +455,6 @@ def flash_attn_with_kvcache(
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name}: {arg} has shape {shape}: must be 4-d [batch, seqlen, heads, head_dim]")
     b, sq, hq, d = q.shape
-    if cache_batch_idx is not None:
-        if block_table is not None:
-            raise ValueError(f"{name}: cache_batch_idx with block_table: a paged cache's table already picks each "
-                             "entry's pages (give one of them)")
-        cache_batch_idx = _check_batch_idx(name, k_cache, v_cache, cache_batch_idx, b)
     if cache_leftpad is not None:
         if block_table is not None or cache_batch_idx is not None:
             other = "block_table" if block_table is not None else "cache_batch_idx"
@@ -471,6 +466,11 @@ def flash_attn_with_kvcache(
                     if isinstance(cache_leftpad, torch.Tensor) else type(cache_leftpad).__name__)
             raise ValueError(f"{name}: cache_leftpad has {what}: must be int32 [batch] (batch = {b})")
         cache_leftpad = cache_leftpad.to(device=q.device, dtype=torch.int32).contiguous()
+    if cache_batch_idx is not None:
+        if block_table is not None:
+            raise ValueError(f"{name}: cache_batch_idx with block_table: a paged cache's table already picks each "
+                             "entry's pages (give one of them)")
+        cache_batch_idx = _check_batch_idx(name, k_cache, v_cache, cache_batch_idx, b)
     if (k is None) != (v is None):
         raise ValueError(f"{name}: k is {'None' if k is None else 'given'}, v is {'None' if v is None else 'given'}: "
                          "appending to the cache needs both")

@@ -723,7 +723,7 @@ def test_kvcache_leftpad_starts_each_entrys_keys_past_its_pad(d):
     vn = torch.randn(b, s_new, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
     out = fa4.flash_attn_with_kvcache(q, kc, vc, k=kn, v=vn, rotary_cos=cos, rotary_sin=sin,
                                       cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=DEV),
-                                      cache_leftpad=pad, causal=True)
+                                      cache_leftpad=pad, causal=True, rotary_interleaved=False)
     q_rot = torch.stack([rotate_reference(q[i], cos, sin, torch.arange(n, n + s_new, device=DEV), False)
                          for i, n in enumerate(lens)]).to(torch.bfloat16)
     for i, n in enumerate(lens):
