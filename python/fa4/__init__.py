@@ -353,11 +353,27 @@ def flash_attn_varlen_func(
 
 
 def _kvcache_lengths(name: str, cache_seqlens: torch.Tensor, b: int, device) -> torch.Tensor:
-    """cache_seqlens as the operators take it: int32 [batch] on q's device."""
-    if cache_seqlens.shape != (b,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
+    """cache_seqlens as the operators take it: int32 [batch] on q's device (the tensor itself where
+    it is one already: no conversion's dispatch on a decoding step's path)."""
+    dtype = cache_seqlens.dtype
+    if cache_seqlens.shape != (b,) or (dtype is not torch.int32 and dtype is not torch.int64):
         raise ValueError(f"{name}: cache_seqlens has shape {tuple(cache_seqlens.shape)} and dtype "
                          f"{cache_seqlens.dtype}: must be int32 [batch] (batch = {b})")
+    if dtype is torch.int32 and cache_seqlens.device == device and cache_seqlens.is_contiguous():
+        return cache_seqlens
     return cache_seqlens.to(device=device, dtype=torch.int32).contiguous()
+
+
+def _forward_only(op, tensors, *args):
+    """op(*args) for the KV-cache calls, whose operators have no backward: under torch.no_grad()
+    only where autograd would record it (grad mode on and an input that requires grad), so that a
+    decoding step pays no grad-mode switch."""
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                with torch.no_grad():
+                    return op(*args)
+    return op(*args)
 
 
 # Pages a cache entry's rows are read as under cache_batch_idx (the operator's kBatchIdxPageMax): the
@@ -488,10 +504,10 @@ def flash_attn_with_kvcache(
                 raise ValueError(f"{name}: cache_seqlens = {n}: must be >= 0")
         else:
             raise ValueError(f"{name}: cache_seqlens = {cache_seqlens!r}: must be None, an int or an int32 tensor")
-        with torch.no_grad():
-            out, lse = torch.ops.fa4.fwd_kvcache(q, k_cache, v_cache, None, None, lens, n, None, None, None, False,
-                                                 softmax_scale, bool(causal), window_left, window_right,
-                                                 bool(return_softmax_lse), softcap, cache_batch_idx, cache_leftpad)
+        out, lse = _forward_only(torch.ops.fa4.fwd_kvcache.default, (q, k_cache, v_cache), q, k_cache, v_cache,
+                                 None, None, lens, n, None, None, None, False, softmax_scale, bool(causal),
+                                 window_left, window_right, bool(return_softmax_lse), softcap, cache_batch_idx,
+                                 cache_leftpad)
         return (out, lse) if return_softmax_lse else out
     if k is not None:
         # The new rows into the caches (rotating them and q), then attention over the longer caches.
@@ -507,11 +523,10 @@ def flash_attn_with_kvcache(
         if block_table is not None and (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32):
             raise ValueError(f"{name}: block_table must be an int32 tensor [batch, max_pages]")
         # One operator: the append's kernel, then the attention's, with no Python between them.
-        with torch.no_grad():
-            out, lse = torch.ops.fa4.fwd_kvcache(q, k_cache, v_cache, k, v, lens, n, block_table, rotary_cos,
-                                                 rotary_sin, bool(rotary_interleaved), softmax_scale, bool(causal),
-                                                 window_left, window_right, bool(return_softmax_lse), softcap,
-                                                 cache_batch_idx, cache_leftpad)
+        out, lse = _forward_only(torch.ops.fa4.fwd_kvcache.default, (q, k_cache, v_cache, k, v), q, k_cache,
+                                 v_cache, k, v, lens, n, block_table, rotary_cos, rotary_sin,
+                                 bool(rotary_interleaved), softmax_scale, bool(causal), window_left, window_right,
+                                 bool(return_softmax_lse), softcap, cache_batch_idx, cache_leftpad)
         return (out, lse) if return_softmax_lse else out
 
     def lengths_tensor():  # cache_seqlens as the operators take it: int32 [batch] on q's device
@@ -530,9 +545,9 @@ def flash_attn_with_kvcache(
             raise bad_lengths()
         if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
             raise ValueError(f"{name}: block_table must be an int32 tensor [batch, max_pages]")
-        with torch.no_grad():
-            out, lse = torch.ops.fa4.fwd_paged(q, k_cache, v_cache, block_table, softmax_scale, bool(causal),
-                                               window_left, window_right, bool(return_softmax_lse), softcap, used)
+        out, lse = _forward_only(torch.ops.fa4.fwd_paged.default, (q, k_cache, v_cache), q, k_cache, v_cache,
+                                 block_table, softmax_scale, bool(causal), window_left, window_right,
+                                 bool(return_softmax_lse), softcap, used)
         return (out, lse) if return_softmax_lse else out
     if k_cache.shape[0] != b or v_cache.shape != k_cache.shape:
         raise ValueError(f"{name}: k_cache has shape {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}, q "
@@ -544,15 +559,14 @@ def flash_attn_with_kvcache(
         n = s_cache if cache_seqlens is None else cache_seqlens
         if not 0 <= n <= s_cache:
             raise ValueError(f"{name}: cache_seqlens = {n}: must be in [0, {s_cache}] (seqlen_cache)")
-        with torch.no_grad():
-            return flash_attn_func(q, k_cache[:, :n], v_cache[:, :n], softmax_scale, bool(causal),
-                                   (window_left, window_right), softcap, return_lse=bool(return_softmax_lse))
+        return _forward_only(flash_attn_func, (q, k_cache, v_cache), q, k_cache[:, :n], v_cache[:, :n],
+                             softmax_scale, bool(causal), (window_left, window_right), softcap, False,
+                             bool(return_softmax_lse))
     if not isinstance(cache_seqlens, torch.Tensor):
         raise bad_lengths()
     used = lengths_tensor()
-    with torch.no_grad():
-        out, lse = torch.ops.fa4.fwd(q, k_cache, v_cache, softmax_scale, bool(causal), window_left, window_right,
-                                     bool(return_softmax_lse), softcap, used)
+    out, lse = _forward_only(torch.ops.fa4.fwd.default, (q, k_cache, v_cache), q, k_cache, v_cache, softmax_scale,
+                             bool(causal), window_left, window_right, bool(return_softmax_lse), softcap, used)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -136,6 +136,9 @@ __device__ T* cache_row(const AppendParams& p, void* base, const int64_t (&st)[3
 template <class T>
 __global__ void __launch_bounds__(kThreads) append_kv_kernel(const AppendParams p, int64_t n_k, int64_t n_v,
                                                               int64_t n_all) {
+  // The attention after it may launch now (the decoding kernel, its programmatic dependent, waits
+  // for this grid to end before it reads anything: sm90/decode_kernel.cuh).
+  cudaTriggerProgrammaticLaunchCompletion();
   const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (p.seqused_k != nullptr)
     for (int64_t b = first; b < p.batch; b += int64_t{gridDim.x} * blockDim.x)

@@ -152,6 +152,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kD>) decode_kernel(const 
   constexpr int kChunks = kD / 8;  // 16-byte pieces a row
   extern __shared__ __align__(128) uint8_t smem[];
   cudaTriggerProgrammaticLaunchCompletion();  // the merge's CTAs may start; they wait for this grid
+  // Launched as the programmatic dependent of the kernel before it in the stream (an append's,
+  // which writes the keys, values, rotated queries and counts read here): nothing is read before
+  // that grid has ended and its writes are visible. (A no-op where it was launched plainly.)
+  cudaGridDependencySynchronize();
   const int pair = blockIdx.x, split = blockIdx.y;
   const int b = pair / p.heads_kv, hk = pair % p.heads_kv;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;

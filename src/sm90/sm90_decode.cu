@@ -59,7 +59,9 @@ Status launch_decode(const FwdParams& a, cudaStream_t stream) {
   }
   if ((e = allow_dynamic_smem<decode_kernel<kD, kBF16>>(device, kSmemBytes<kD>)) != cudaSuccess)
     return decode_failure("setting the kernel's shared memory", e);
-  e = launch_kernel<false>(decode_kernel<kD, kBF16>, dim3(unsigned(pairs), unsigned(p.splits)), dim3(kThreads),
+  // As the kernel before it's programmatic dependent: its CTAs start while that one ends (the
+  // append's, fa4::append_kv, triggers at its start) and wait for it before their first read.
+  e = launch_kernel<true>(decode_kernel<kD, kBF16>, dim3(unsigned(pairs), unsigned(p.splits)), dim3(kThreads),
                            kSmemBytes<kD>, stream, p);
   if (e == cudaSuccess && p.splits > 1)
     e = launch_kernel<true>(decode_combine_kernel<kD, kBF16>, dim3(unsigned(pairs), unsigned(a.seqlen_q * p.group)),

@@ -402,6 +402,19 @@ def test_kvcache_append_and_rotary_trace_on_meta_and_check_their_arguments():
             op(qc, kc, kc, nc, nc, None, 3, None, None, None, False, *extra)
 
 
+def test_kvcache_calls_record_no_autograd_even_on_inputs_that_require_grad():
+    """The KV-cache calls are inference: with grad mode on and q requiring grad, each still runs
+    (its operator has no backward) and returns an output that does not require grad."""
+    q, cache = meta(2, 1, 8, 64).requires_grad_(), meta(2, 100, 2, 64)
+    lens = torch.empty(2, device="meta", dtype=torch.int32)
+    pad = torch.empty(2, device="meta", dtype=torch.int32)
+    for kw in (dict(cache_seqlens=lens), dict(cache_seqlens=7), dict(cache_seqlens=lens, cache_leftpad=pad),
+               dict(cache_seqlens=lens, block_table=torch.empty(2, 1, device="meta", dtype=torch.int32))):
+        kc = meta(4, 128, 2, 64) if "block_table" in kw else cache
+        out = fa4.flash_attn_with_kvcache(q, kc, kc, **kw)
+        assert out.shape == (2, 1, 8, 64) and not out.requires_grad, kw
+
+
 def test_kvcache_leftpad_goes_to_the_kvcache_operator():
     assert "Tensor? cache_leftpad=None" in str(torch.ops.fa4.fwd_kvcache.default._schema)
     q, cache, new = meta(3, 1, 8, 128), meta(3, 500, 2, 128), meta(3, 1, 2, 128)
