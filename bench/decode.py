@@ -1,7 +1,7 @@
 """Decoding: one query row a head (or a few) against a long K/V, fa4 next to its peers in one process.
 
     python3 bench/decode.py [--shapes "B,HQ,HKV,SK,D;..."] [--seqlen-q N] [--causal]
-        [--providers fa4,fa4kv,fa4paged,fa4idx,fa4pad,fa4append,torchappend,cudnn,fa2] [--fill LO] [--page N] [--rounds 3]
+        [--providers fa4,fa4kv,fa4paged,fa4idx,fa4pad,fa4sink,fa4append,torchappend,cudnn,fa2] [--fill LO] [--page N] [--rounds 3]
         [--dtype bf16|fp16] [--flush write|read] [--kernels] [--name WHAT] [--out DIR]
 
 Each shape is [batch, seqlen_q, heads_q, d] queries (seqlen_q 1 unless --seqlen-q: speculative
@@ -22,6 +22,8 @@ against the GPU's DRAM. Providers:
   fa4pad fa4kv's call with a left pad (cache_leftpad): each entry's same keys moved down its cache
          by a pad drawn from [0, 256), the cache that many rows longer; the attention reads
          fa4kv's keys, from an unaligned first row
+  fa4sink fa4kv's call with attention sinks (learnable_sink: each query head's from N(0, 1)); its
+         check is against the reference with the sinks
   fa4append  fa4kv's call appending this step's keys and values (k=, v=: seqlen_q new rows an entry,
          written at the lengths less seqlen_q, so the attention reads fa4kv's keys) with GPT-NeoX
          rotary over the whole head on them and on q (rotary_cos / rotary_sin): one more kernel
@@ -157,11 +159,11 @@ def main(argv=None) -> int:
         lo = max(0, min(sk, int(a.fill * sk)))
         lens = torch.randint(lo, sk + 1, (b,), device="cuda", dtype=torch.int32, generator=g) if lo < sk else \
             torch.full((b,), sk, device="cuda", dtype=torch.int32)
-        def check_longest(out):  # the longest entry of a kvcache call against its filled keys
+        def check_longest(out, sink=None):  # the longest entry of a kvcache call against its filled keys
             i = int(torch.argmax(lens))
             n = int(lens[i])
             return check_fa4(q[i:i + 1], k[i:i + 1, :n].repeat_interleave(group, dim=2),
-                             v[i:i + 1, :n].repeat_interleave(group, dim=2), out[i:i + 1], a.causal)
+                             v[i:i + 1, :n].repeat_interleave(group, dim=2), out[i:i + 1], a.causal, sink=sink)
 
         fns, recs, appended = {}, {}, {}
         for p in providers:
@@ -198,6 +200,15 @@ def main(argv=None) -> int:
                     failed += not rec["check"]["pass"]
                     fns[p] = lambda q=q, kc=kc, vc=vc, lens=lens, table=table: fa4.flash_attn_with_kvcache(
                         q, kc, vc, cache_seqlens=lens, causal=a.causal, block_table=table)
+                elif p == "fa4sink":
+                    rec["cache_seqlens"] = lens.tolist()
+                    sink = torch.randn(hq, device="cuda", dtype=torch.float32, generator=g)
+                    with torch.no_grad():
+                        rec["check"] = check_longest(fa4.flash_attn_with_kvcache(
+                            q, k, v, cache_seqlens=lens, causal=a.causal, learnable_sink=sink), sink)
+                    failed += not rec["check"]["pass"]
+                    fns[p] = lambda q=q, k=k, v=v, lens=lens, sink=sink: fa4.flash_attn_with_kvcache(
+                        q, k, v, cache_seqlens=lens, causal=a.causal, learnable_sink=sink)
                 elif p == "fa4pad":
                     pads = torch.randint(0, 256, (b,), device="cuda", dtype=torch.int32, generator=g)
                     rec["cache_seqlens"], rec["cache_leftpad"] = lens.tolist(), pads.tolist()
@@ -267,7 +278,8 @@ def main(argv=None) -> int:
             if "error" not in rec and timed.get(p):
                 rec.update(summary(timed[p], a.rounds > 1))
                 rec["us"] = rec["ms"] * 1e3
-                keys = int(lens.sum()) if p in ("fa4kv", "fa4paged", "fa4idx", "fa4pad", "fa4append", "torchappend") \
+                keys = int(lens.sum()) if p in ("fa4kv", "fa4paged", "fa4idx", "fa4pad", "fa4sink", "fa4append",
+                                                "torchappend") \
                     else b * sk
                 rec["gbps"] = moved(keys) / (rec["ms"] * 1e-3) / 1e9
             records.append(rec)

@@ -322,9 +322,10 @@ def short(e: BaseException) -> str:
 # fa4's check: batch 0, heads 0 and h-1, against float64 (rows in chunks to bound memory)
 
 
-def check_fa4(q, k, v, out, causal, softcap=0.0):
+def check_fa4(q, k, v, out, causal, softcap=0.0, sink=None):
     """q, k, v, out: [b, s, h, d]; softcap > 0: scores soft-capped, softcap * tanh(score / softcap)
-    (in each precision's own arithmetic). Returns a dict with the criterion's numbers and 'pass'."""
+    (in each precision's own arithmetic); sink ([h], fp32): each head's sink score, a column of S
+    with no value (learnable_sink). Returns a dict with the criterion's numbers and 'pass'."""
     s, h, d = q.shape[1], q.shape[2], q.shape[3]
     sk = k.shape[1]
     scale = 1.0 / math.sqrt(d)
@@ -346,14 +347,18 @@ def check_fa4(q, k, v, out, causal, softcap=0.0):
                 s64 = softcap * torch.tanh(s64 / softcap)
             if masked is not None:
                 s64 = s64.masked_fill(masked, float("-inf"))
-            ref = torch.softmax(s64, dim=-1) @ v64
+            if sink is not None:
+                s64 = torch.cat([s64, sink[hh].double().expand(i1 - i0, 1)], dim=-1)
+            ref = torch.softmax(s64, dim=-1)[:, :sk] @ v64
             # plain 16-bit: fp32 S and softmax, P and O rounded to the dtype
             s32 = (q[0, i0:i1, hh].float() @ k32.T) * scale
             if softcap > 0:
                 s32 = softcap * torch.tanh(s32 / softcap)
             if masked is not None:
                 s32 = s32.masked_fill(masked, float("-inf"))
-            p = torch.softmax(s32, dim=-1).to(q.dtype).float()
+            if sink is not None:
+                s32 = torch.cat([s32, sink[hh].float().expand(i1 - i0, 1)], dim=-1)
+            p = torch.softmax(s32, dim=-1)[:, :sk].to(q.dtype).float()
             lp = (p @ v32).to(q.dtype).double()
             o = out[0, i0:i1, hh].double()
             finite = finite and bool(torch.isfinite(o).all())

@@ -23,10 +23,12 @@ int64_t lse_index(const Problem& p, int64_t b, int64_t h, int64_t i) {
   return (b * p.heads_q + h) * p.seqlen_q + i;
 }
 
-// One query row's softmax over the keys: P (0 where a key is invisible) and the natural-log LSE.
-// Returns false, with P all 0 and LSE -inf, when the row sees no key.
+// One query row's softmax over the keys (and head h's sink logit, where sink is not empty): P (0
+// where a key is invisible) and the natural-log LSE. Returns false, with P all 0 and LSE -inf, when
+// the row sees no key and has no sink (with a sink alone: P all 0, LSE the sink).
 bool softmax_row64(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
-                   int64_t b, int64_t h, int64_t i, std::vector<double>& prob, double& lse) {
+                   int64_t b, int64_t h, int64_t i, std::vector<double>& prob, double& lse,
+                   const std::vector<double>& sink) {
   const double scale = softmax_scale(p);
   const int64_t hk = kv_head(p, h);
   const double* qi = &q[q_index(p, b, i, h)];
@@ -41,11 +43,12 @@ bool softmax_row64(const Problem& p, const std::vector<double>& q, const std::ve
     s[j] = capped_score(p, scale * dot);
     m = std::max(m, s[j]);
   }
+  if (!sink.empty()) m = std::max(m, sink[size_t(h)]);
   if (m == -kInf) {
     lse = -kInf;
     return false;
   }
-  double l = 0.0;
+  double l = sink.empty() ? 0.0 : std::exp(sink[size_t(h)] - m);
   for (int64_t j = 0; j < p.seqlen_k; ++j)
     if (s[j] != -kInf) l += std::exp(s[j] - m);
   for (int64_t j = 0; j < p.seqlen_k; ++j)
@@ -71,7 +74,7 @@ bool visible(const Problem& p, int64_t i, int64_t j) {
 }
 
 Forward64 forward(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
-                  const std::vector<double>& v) {
+                  const std::vector<double>& v, const std::vector<double>& sink) {
   Forward64 out;
   out.o.assign(q_elems(p), 0.0);
   out.lse.assign(lse_elems(p), -kInf);
@@ -80,7 +83,7 @@ Forward64 forward(const Problem& p, const std::vector<double>& q, const std::vec
     for (int64_t h = 0; h < p.heads_q; ++h)
       for (int64_t i = 0; i < p.seqlen_q; ++i) {
         double lse;
-        if (!softmax_row64(p, q, k, b, h, i, prob, lse)) continue;  // O row stays 0
+        if (!softmax_row64(p, q, k, b, h, i, prob, lse, sink)) continue;  // O row stays 0
         out.lse[lse_index(p, b, h, i)] = lse;
         double* oi = &out.o[q_index(p, b, i, h)];
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
@@ -93,19 +96,21 @@ Forward64 forward(const Problem& p, const std::vector<double>& q, const std::vec
 }
 
 Backward64 backward(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
-                    const std::vector<double>& v, const std::vector<double>& dout) {
+                    const std::vector<double>& v, const std::vector<double>& dout,
+                    const std::vector<double>& sink) {
   const double scale = softmax_scale(p);
   const int64_t dim = p.head_dim;
   Backward64 g;
   g.dq.assign(q_elems(p), 0.0);
   g.dk.assign(kv_elems(p), 0.0);
   g.dv.assign(kv_elems(p), 0.0);
+  if (!sink.empty()) g.dsink.assign(size_t(p.heads_q), 0.0);
   std::vector<double> prob, o(dim), dp(p.seqlen_k);
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads_q; ++h)
       for (int64_t i = 0; i < p.seqlen_q; ++i) {
         double lse;
-        if (!softmax_row64(p, q, k, b, h, i, prob, lse)) continue;  // no key: no gradient
+        if (!softmax_row64(p, q, k, b, h, i, prob, lse, sink)) continue;  // no key: no gradient
         const int64_t hk = kv_head(p, h);
         const double* qi = &q[q_index(p, b, i, h)];
         const double* doi = &dout[q_index(p, b, i, h)];
@@ -117,6 +122,8 @@ Backward64 backward(const Problem& p, const std::vector<double>& q, const std::v
         }
         double D = 0.0;
         for (int64_t d = 0; d < dim; ++d) D += doi[d] * o[d];
+        // The sink's score: dS_sink = P_sink (0 - D), its value being 0.
+        if (!sink.empty()) g.dsink[size_t(h)] -= std::exp(sink[size_t(h)] - lse) * D;
         double* dqi = &g.dq[q_index(p, b, i, h)];
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
           if (!visible(p, i, j)) continue;
@@ -140,7 +147,8 @@ namespace {
 // One row of the low-precision plain implementation: P rounded to the dtype (0 where invisible),
 // the fp32 LSE. Inputs are already rounded. Returns false when the row sees no key.
 bool softmax_row_lowp(const Problem& p, const std::vector<float>& q, const std::vector<float>& k,
-                      int64_t b, int64_t h, int64_t i, std::vector<float>& prob, float& lse) {
+                      int64_t b, int64_t h, int64_t i, std::vector<float>& prob, float& lse,
+                      const std::vector<double>& sink) {
   const float scale = static_cast<float>(softmax_scale(p));
   const int64_t hk = kv_head(p, h);
   const float* qi = &q[q_index(p, b, i, h)];
@@ -155,11 +163,13 @@ bool softmax_row_lowp(const Problem& p, const std::vector<float>& q, const std::
     s[j] = capped_score(p, dot * scale);
     m = std::max(m, s[j]);
   }
+  const float sk = sink.empty() ? -INFINITY : static_cast<float>(sink[size_t(h)]);
+  m = std::max(m, sk);
   if (m == -INFINITY) {
     lse = -INFINITY;
     return false;
   }
-  float l = 0.0f;
+  float l = sink.empty() ? 0.0f : std::exp(sk - m);
   for (int64_t j = 0; j < p.seqlen_k; ++j)
     if (s[j] != -INFINITY) l += std::exp(s[j] - m);
   for (int64_t j = 0; j < p.seqlen_k; ++j)
@@ -177,7 +187,8 @@ std::vector<float> rounded_f32(DType t, const std::vector<double>& x) {
 }  // namespace
 
 Forward64 forward_lowp(const Problem& p, const std::vector<double>& q64,
-                       const std::vector<double>& k64, const std::vector<double>& v64) {
+                       const std::vector<double>& k64, const std::vector<double>& v64,
+                       const std::vector<double>& sink) {
   const std::vector<float> q = rounded_f32(p.dtype, q64), k = rounded_f32(p.dtype, k64),
                            v = rounded_f32(p.dtype, v64);
   Forward64 out;
@@ -188,7 +199,7 @@ Forward64 forward_lowp(const Problem& p, const std::vector<double>& q64,
     for (int64_t h = 0; h < p.heads_q; ++h)
       for (int64_t i = 0; i < p.seqlen_q; ++i) {
         float lse;
-        if (!softmax_row_lowp(p, q, k, b, h, i, prob, lse)) continue;
+        if (!softmax_row_lowp(p, q, k, b, h, i, prob, lse, sink)) continue;
         out.lse[lse_index(p, b, h, i)] = lse;
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
@@ -204,23 +215,25 @@ Forward64 forward_lowp(const Problem& p, const std::vector<double>& q64,
 
 Backward64 backward_lowp(const Problem& p, const std::vector<double>& q64,
                          const std::vector<double>& k64, const std::vector<double>& v64,
-                         const std::vector<double>& dout64) {
+                         const std::vector<double>& dout64, const std::vector<double>& sink) {
   const DType t = p.dtype;
   const std::vector<float> q = rounded_f32(t, q64), k = rounded_f32(t, k64),
                            v = rounded_f32(t, v64), dout = rounded_f32(t, dout64);
-  const std::vector<float> o = rounded_f32(t, forward_lowp(p, q64, k64, v64).o);
+  const std::vector<float> o = rounded_f32(t, forward_lowp(p, q64, k64, v64, sink).o);
   const float scale = static_cast<float>(softmax_scale(p));
   const int64_t dim = p.head_dim;
   std::vector<float> dq(q.size(), 0.0f), dk(k.size(), 0.0f), dv(v.size(), 0.0f), prob;
+  std::vector<float> dsink(sink.size(), 0.0f);
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads_q; ++h)
       for (int64_t i = 0; i < p.seqlen_q; ++i) {
         float lse;
-        if (!softmax_row_lowp(p, q, k, b, h, i, prob, lse)) continue;
+        if (!softmax_row_lowp(p, q, k, b, h, i, prob, lse, sink)) continue;
         const int64_t hk = kv_head(p, h);
         const int64_t qo = q_index(p, b, i, h);
         float D = 0.0f;
         for (int64_t d = 0; d < dim; ++d) D += dout[qo + d] * o[qo + d];
+        if (!sink.empty()) dsink[size_t(h)] -= std::exp(static_cast<float>(sink[size_t(h)]) - lse) * D;
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
           if (!visible(p, i, j)) continue;
           const int64_t kvo = kv_index(p, b, j, hk);
@@ -243,6 +256,7 @@ Backward64 backward_lowp(const Problem& p, const std::vector<double>& q64,
   g.dq = finish(dq);
   g.dk = finish(dk);
   g.dv = finish(dv);
+  g.dsink.assign(dsink.begin(), dsink.end());
   return g;
 }
 

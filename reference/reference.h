@@ -20,6 +20,7 @@ struct Forward64 {
 
 struct Backward64 {
   std::vector<double> dq, dk, dv;  // shaped like q, k, v
+  std::vector<double> dsink;       // [heads_q] with a sink, else empty
 };
 
 // The scale applied to q·k: problem.softmax_scale, or 1/sqrt(head_dim) when that is 0.
@@ -52,8 +53,10 @@ inline int64_t q_elems(const Problem& p) { return p.batch * p.seqlen_q * p.heads
 inline int64_t kv_elems(const Problem& p) { return p.batch * p.seqlen_k * p.heads_kv * p.head_dim; }
 inline int64_t lse_elems(const Problem& p) { return p.batch * p.heads_q * p.seqlen_q; }
 
+// sink (optional: empty, or [heads_q]): each query head's sink logit (ForwardArgs::sink), a
+// score every row of the head has beside its keys with no value (its P adds to the sum, not to O).
 Forward64 forward(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
-                  const std::vector<double>& v);
+                  const std::vector<double>& v, const std::vector<double>& sink = {});
 
 // One query row of forward() for problems too large to take whole (checks of sampled rows):
 // float64 attention of query i of batch b, head h, under p's rules, from element readers
@@ -86,15 +89,17 @@ double forward_row(const Problem& p, const Q& q, const K& k, const V& v, int64_t
   return m + std::log(sum);
 }
 
-// dout is shaped like o. The LSE is recomputed, not taken from a caller.
+// dout is shaped like o. The LSE is recomputed, not taken from a caller. With a sink, dsink[h] =
+// -sum over the head's rows (every batch entry) of P_sink * D, D = rowsum(dO ∘ O).
 Backward64 backward(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
-                    const std::vector<double>& v, const std::vector<double>& dout);
+                    const std::vector<double>& v, const std::vector<double>& dout,
+                    const std::vector<double>& sink = {});
 
 // The plain low-precision implementation (p.dtype): q, k, v rounded to the dtype; S = q·k summed
 // in fp32 and scaled in fp32; softmax in fp32; P normalised and rounded to the dtype; O = P·V
 // accumulated in fp32 and rounded to the dtype. LSE stays fp32. Values are returned as double.
 Forward64 forward_lowp(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
-                       const std::vector<double>& v);
+                       const std::vector<double>& v, const std::vector<double>& sink = {});
 
 // The same for the backward: inputs and dout rounded to the dtype, P as in forward_lowp (fp32,
 // then rounded), O from forward_lowp; dV = Pᵀ·dO and dP = dO·Vᵀ in fp32; D = rowsum(dO∘O) in fp32;
@@ -102,7 +107,7 @@ Forward64 forward_lowp(const Problem& p, const std::vector<double>& q, const std
 // rounded to the dtype.
 Backward64 backward_lowp(const Problem& p, const std::vector<double>& q,
                          const std::vector<double>& k, const std::vector<double>& v,
-                         const std::vector<double>& dout);
+                         const std::vector<double>& dout, const std::vector<double>& sink = {});
 
 // How far `out` is from `ref` (same size): max |out - ref| and ||out - ref|| / ||ref||. Entries
 // where both are the same infinity count as equal; a NaN anywhere makes both NaN.

@@ -289,6 +289,30 @@ extern "C" int fa4_backward(const fa4_problem* problem, fa4_tensor q, fa4_tensor
   });
 }
 
+extern "C" int fa4_backward_sink(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
+                                 fa4_tensor o, fa4_tensor dout, fa4_tensor dq, fa4_tensor dk, fa4_tensor dv,
+                                 const float* lse, const float* sink, float* dsink, int deterministic,
+                                 void* workspace, size_t workspace_bytes, cudaStream_t stream, char* message,
+                                 size_t message_len) {
+  return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {
+    fa4::BackwardArgs a =
+        backward_args(p, q, k, v, o, dout, dq, dk, dv, lse, deterministic, workspace, workspace_bytes);
+    a.sink = sink;
+    a.dsink = dsink;
+    return fa4::backward(a, stream);
+  });
+}
+
+extern "C" int fa4_forward_sink(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
+                                fa4_tensor o, const float* sink, float* lse, cudaStream_t stream, char* message,
+                                size_t message_len) {
+  return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {
+    fa4::ForwardArgs a = forward_args(p, q, k, v, o, lse);
+    a.sink = sink;
+    return fa4::forward(a, stream);
+  });
+}
+
 extern "C" int fa4_forward_seqused(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
                                    fa4_tensor o, const int32_t* seqused_k, float* lse, cudaStream_t stream,
                                    char* message, size_t message_len) {

@@ -60,6 +60,18 @@ int main(void) {
   printf("fa4_forward_leftpad(misaligned leftpad_k): %d, %s\n", bad_pad, msg);
   const int pad_ok = bad_pad == 1 && strstr(msg, "varlen.leftpad_k = 0x7f0030000002") != NULL;
 
+  /* Misaligned sinks, and a sinks' gradient without the sinks, are refused, naming them. */
+  const float* sink = (const float*)(size_t)0x7f0070000001ull;
+  const int bad_sink = fa4_forward_sink(&p, packed, packed, packed, packed, sink, NULL, NULL, msg, sizeof msg);
+  printf("fa4_forward_sink(misaligned sink): %d, %s\n", bad_sink, msg);
+  const int sink_ok = bad_sink == 1 && strstr(msg, "sink = 0x7f0070000001") != NULL;
+  float* dsink = (float*)(size_t)0x7f0080000000ull;
+  const int bad_dsink = fa4_backward_sink(&p, packed, packed, packed, packed, packed, packed, packed, packed,
+                                          (const float*)(size_t)0x7f0090000000ull, NULL, dsink, 0, NULL, 0, NULL, msg,
+                                          sizeof msg);
+  printf("fa4_backward_sink(dsink without sink): %d, %s\n", bad_dsink, msg);
+  const int dsink_ok = bad_dsink == 1 && strstr(msg, "dsink = 0x7f0080000000") != NULL;
+
   /* A paged cache's page size that is not a power of two is refused, naming it. */
   const int32_t* table = (const int32_t*)(size_t)0x7f0040000000ull;
   const int bad_page = fa4_forward_paged(&p, packed, packed, packed, packed, table, 4, 300, 10, NULL, NULL, NULL, msg,
@@ -92,6 +104,6 @@ int main(void) {
 
   const int as_documented =
       ok == 0 && bytes == expect && bad == 1 && null_ok && varlen_ok && used_ok && entry_ok && pad_ok && paged_ok && packed_ok &&
-      cap_ok && rotary_ok;
+      cap_ok && rotary_ok && sink_ok && dsink_ok;
   return as_documented ? 0 : 1;
 }

@@ -55,6 +55,9 @@ struct Case {
   // cap's bend.
   float softcap = 0.0f;
   double key_scale = 1.0;
+  // Attention sinks (BackwardArgs::sink, dsink): each query head's drawn from N(0, 1), -inf for head
+  // 1 where heads_q > 1 (no sink: its gradient 0).
+  bool sink = false;
 
   fa4::Problem problem() const {
     fa4::Problem p = fa4::test::make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype);
@@ -72,7 +75,8 @@ struct Case {
            " d" + std::to_string(head_dim) + (causal ? " causal" : "") + " win(" + std::to_string(left) + "," +
            std::to_string(right) + ") " + kLayouts[int(layout)] +
            (scale != 0.0f ? " scale " + std::to_string(scale) : "") + (deterministic ? " deterministic" : "") +
-           (softcap > 0 ? " softcap " + std::to_string(softcap) + " keys x" + std::to_string(key_scale) : "");
+           (softcap > 0 ? " softcap " + std::to_string(softcap) + " keys x" + std::to_string(key_scale) : "") +
+           (sink ? " sink" : "");
   }
 };
 
@@ -81,6 +85,7 @@ struct Reference {
   fa4::Problem p;
   std::vector<double> q, k, v, o, dout;  // values of the dtype; o from the float64 forward, rounded
   std::vector<float> lse;                // the float64 forward's, as float (-inf: no visible key)
+  std::vector<double> sink;              // [heads_q] (Case::sink), else empty
   fa4::ref::Backward64 exact, plain;     // float64, and the plain 16-bit backward
 };
 
@@ -99,16 +104,19 @@ Reference make_reference(const Case& c, uint32_t seed) {
   for (double& e : r.k) e = fa4::ref::round_to(c.dtype, float(e * c.key_scale));
   r.v = random(fa4::ref::kv_elems(r.p));
   r.dout = random(fa4::ref::q_elems(r.p));
-  const fa4::ref::Forward64 f = fa4::ref::forward(r.p, r.q, r.k, r.v);
+  if (c.sink)
+    for (int64_t h = 0; h < c.heads_q; ++h) r.sink.push_back(h == 1 ? -INFINITY : double(float(normal(rng))));
+  const fa4::ref::Forward64 f = fa4::ref::forward(r.p, r.q, r.k, r.v, r.sink);
   r.o = fa4::ref::rounded(c.dtype, f.o);
   r.lse.assign(f.lse.begin(), f.lse.end());
-  r.exact = fa4::ref::backward(r.p, r.q, r.k, r.v, r.dout);
-  r.plain = fa4::ref::backward_lowp(r.p, r.q, r.k, r.v, r.dout);
+  r.exact = fa4::ref::backward(r.p, r.q, r.k, r.v, r.dout, r.sink);
+  r.plain = fa4::ref::backward_lowp(r.p, r.q, r.k, r.v, r.dout, r.sink);
   return r;
 }
 
 struct Gradients {
   std::vector<double> dq, dk, dv;  // contiguous BSHD
+  std::vector<double> dsink;       // [heads_q] with Case::sink
 };
 
 // Runs the backward of case c on r's inputs once, gradients and workspace poisoned first. Fails
@@ -128,9 +136,20 @@ void run_backward(const Case& c, const Reference& r, Gradients* g) {
   CUDA_OK(cudaMalloc(&lse.ptr, std::max<size_t>(r.lse.size(), 1) * 4));
   CUDA_OK(cudaMemcpy(lse.ptr, r.lse.data(), r.lse.size() * 4, cudaMemcpyHostToDevice));
 
+  DeviceBuffer sink, dsink;  // (dsink poisoned: NaN)
+  if (!r.sink.empty()) {
+    const std::vector<float> s32(r.sink.begin(), r.sink.end());
+    CUDA_OK(cudaMalloc(&sink.ptr, s32.size() * 4));
+    CUDA_OK(cudaMemcpy(sink.ptr, s32.data(), s32.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc(&dsink.ptr, s32.size() * 4));
+    CUDA_OK(cudaMemset(dsink.ptr, 0xFF, s32.size() * 4));
+  }
+
   fa4::BackwardArgs a;
   a.problem = p;
   a.q = q.ref, a.k = k.ref, a.v = v.ref, a.o = o.ref, a.dout = dout.ref;
+  a.sink = static_cast<const float*>(sink.ptr);
+  a.dsink = static_cast<float*>(dsink.ptr);
   a.dq = dq.ref, a.dk = dk.ref, a.dv = dv.ref;
   a.lse = static_cast<const float*>(lse.ptr);
   a.deterministic = c.deterministic;
@@ -182,6 +201,11 @@ void run_backward(const Case& c, const Reference& r, Gradients* g) {
   EXPECT_EQ(written, 0) << "dk: padding slots written";
   ASSERT_NO_FATAL_FAILURE(dv.download(p.dtype, &g->dv, &written));
   EXPECT_EQ(written, 0) << "dv: padding slots written";
+  if (!r.sink.empty()) {
+    std::vector<float> d32(r.sink.size());
+    CUDA_OK(cudaMemcpy(d32.data(), dsink.ptr, d32.size() * 4, cudaMemcpyDeviceToHost));
+    g->dsink.assign(d32.begin(), d32.end());
+  }
 }
 
 // The criterion for one gradient. One that is 0 in exact arithmetic (seqlen_k = 1: a softmax over
@@ -202,6 +226,7 @@ void check(const Reference& r, const Gradients& g) {
   check_gradient("dq", g.dq, r.exact.dq, r.plain.dq);
   check_gradient("dk", g.dk, r.exact.dk, r.plain.dk);
   check_gradient("dv", g.dv, r.exact.dv, r.plain.dv);
+  if (!r.sink.empty()) check_gradient("dsink", g.dsink, r.exact.dsink, r.plain.dsink);
 
   const fa4::Problem& p = r.p;
   std::vector<char> row_sees(p.seqlen_q, 0), key_seen(p.seqlen_k, 0);
@@ -256,6 +281,41 @@ TEST(BackwardGpu, OddSizesEveryHeadDim) {
     for (auto [sq, sk] : lengths)
       for (bool causal : {false, true}) cases.push_back({BF16, 2, sq, sk, 2, 2, d, causal});
   run_cases(cases, 1);
+}
+
+// Attention sinks: dq, dk and dv through the forward's LSE with the sinks, and dsink (the sinks'
+// own kernel, from D's workspace: unpaired and paired statistics, as each head dim's configuration
+// keeps them) against float64; every head dim, causal rows without keys (seqlen_q > seqlen_k),
+// GQA, fp16, BHSD, windows, deterministic mode, soft-capped scores, a CUDA graph.
+TEST(BackwardGpu, Sinks) {
+  FA4_REQUIRE_GPU();
+  std::vector<Case> cases;
+  for (int64_t d : {64, 128, 256}) {
+    cases.push_back({BF16, 2, 300, 300, 4, 2, d, false});
+    cases.push_back({FP16, 1, 257, 700, 6, 3, d, true, -1, -1, Layout::kBHSD});
+    cases.push_back({BF16, 1, 100, 33, 4, 4, d, true});  // rows without keys
+    Case det{BF16, 2, 200, 500, 4, 1, d, false, 100, 0};
+    det.deterministic = true;
+    cases.push_back(det);
+    Case capped{BF16, 1, 300, 400, 4, 2, d, true};
+    capped.softcap = 20.0f;
+    cases.push_back(capped);
+  }
+  Case graph{BF16, 2, 200, 300, 4, 2, 128, true};
+  graph.captured = true;
+  cases.push_back(graph);
+  for (Case& c : cases) c.sink = true;
+  run_cases(cases, 4100);
+}
+
+// A small shape a head dim with sinks, for the sanitizers (bench/results: the sinks' kernel reads
+// D's workspace, unpaired or paired, and reduces through shared memory).
+TEST(BackwardGpu, SinksSmall) {
+  FA4_REQUIRE_GPU();
+  std::vector<Case> cases;
+  for (int64_t d : {64, 128, 256}) cases.push_back({BF16, 1, 130, 200, 4, 2, d, true});
+  for (Case& c : cases) c.sink = true;
+  run_cases(cases, 4200);
 }
 
 TEST(BackwardGpu, Fp16) {

@@ -26,6 +26,7 @@
 #include "lagged_kernels.h"
 #include "test_support.h"
 #include "reference.h"
+#include "sm90/decode_plan.h"
 #include "sm90/fwd_launch.cuh"
 
 namespace {
@@ -63,6 +64,9 @@ struct Case {
   // Set: the launch in its place (through FwdParams, with cluster, split, max_ctas and
   // diagonal_last applied).
   fa4::Status (*launch)(const fa4::detail::FwdParams&, cudaStream_t) = nullptr;
+  // Attention sinks (ForwardArgs::sink): with sink_scale > 0 each query head's sink is drawn from
+  // N(sink_shift, sink_scale) (the scores' units), with -inf for head 1 (no sink) where heads_q > 1.
+  double sink_scale = 0.0, sink_shift = 0.0;
 
   std::string name() const {
     static const char* kLayouts[] = {"bshd", "bhsd", "padded"};
@@ -76,7 +80,8 @@ struct Case {
            (split > 0 ? " split " + std::to_string(split) : "") + (max_ctas > 0 ? " ctas " + std::to_string(max_ctas) : "") +
            (diagonal_last > 0 ? " diagonal_last " + std::to_string(diagonal_last) : "") +
            (softcap > 0 ? " softcap " + std::to_string(softcap) : "") +
-           (decode > 0 ? " decode " + std::to_string(decode) : "");
+           (decode > 0 ? " decode " + std::to_string(decode) : "") +
+           (sink_scale > 0 ? " sink N(" + std::to_string(sink_shift) + ", " + std::to_string(sink_scale) + ")" : "");
   }
 };
 
@@ -126,6 +131,17 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
   ASSERT_NO_FATAL_FAILURE(dk.upload(c.dtype, k));
   ASSERT_NO_FATAL_FAILURE(dv.upload(c.dtype, v));
   ASSERT_NO_FATAL_FAILURE(dout.poison());  // NaN in both 16-bit types
+  std::vector<double> sink;
+  float* d_sink = nullptr;
+  if (c.sink_scale > 0) {
+    std::vector<float> s32(size_t(c.heads_q));
+    for (int64_t h = 0; h < c.heads_q; ++h) {
+      s32[size_t(h)] = h == 1 ? -INFINITY : float(c.sink_shift + c.sink_scale * normal(rng));
+      sink.push_back(s32[size_t(h)]);
+    }
+    CUDA_OK(cudaMalloc(&d_sink, s32.size() * 4));
+    CUDA_OK(cudaMemcpy(d_sink, s32.data(), s32.size() * 4, cudaMemcpyHostToDevice));
+  }
   float* lse = nullptr;
   const int64_t n_lse = fa4::ref::lse_elems(p);
   CUDA_OK(cudaMalloc(&lse, n_lse * 4));
@@ -138,6 +154,7 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
   args.v = dv.ref;
   args.o = dout.ref;
   args.lse = lse;
+  args.sink = d_sink;
   fa4::Status st;
   if (c.cluster == 0 && c.split == 0 && c.max_ctas == 0 && c.diagonal_last == 0 && c.decode == 0 && c.launch == nullptr) {
     st = fa4::forward(args, nullptr);
@@ -162,8 +179,9 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
   std::vector<float> lse_f(n_lse);
   CUDA_OK(cudaMemcpy(lse_f.data(), lse, n_lse * 4, cudaMemcpyDeviceToHost));
   cudaFree(lse);
+  cudaFree(d_sink);
 
-  const fa4::ref::Forward64 ref = fa4::test::expect_forward_matches(p, q, k, v, out);
+  const fa4::ref::Forward64 ref = fa4::test::expect_forward_matches(p, q, k, v, out, sink);
 
   fa4::test::LseCompare lse_cmp;
   for (int64_t i = 0; i < n_lse; ++i) lse_cmp.add(ref.lse[i], lse_f[i]);
@@ -439,6 +457,70 @@ TEST(ForwardGpu, QueryRowsOfAGroupFolded) {
     Case whole = {BF16, 1, 4, 3000, 32, 8, d, true};
     whole.split = 1;
     ASSERT_NO_FATAL_FAILURE(run_case(whole, seed++));
+  }
+}
+
+// Attention sinks (ForwardArgs::sink) on the tile kernels: whole tiles of every head dim, causal
+// and not, GQA, fp16, BHSD; rows without keys (causal seqlen_q > seqlen_k: O 0, LSE the sink); a
+// sink far above every score (O near 0; and in fp16, P taken against the sink partly subnormal) and
+// far below (O as without); soft-capped scores; a
+// few query rows a head; stream-K pieces merged (split 2 on a small grid); a head with no sink
+// (-inf) beside the others. LSE against float64 too (run_case).
+TEST(ForwardGpu, SinksOnTheTileKernels) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 2600;
+  for (int64_t d : {64, 128, 256}) {
+    std::vector<Case> cases = {
+        {BF16, 2, 333, 333, 4, 2, d, false},
+        {FP16, 1, 300, 1000, 6, 3, d, true, -1, -1, Layout::kBHSD},
+        {BF16, 1, 40, 17, 4, 4, d, true},            // seqlen_q > seqlen_k: rows without keys
+        {BF16, 2, 4, 1000, 32, 8, d, true},          // few rows a head (not folded with sinks)
+        {BF16, 1, 1, 3000, 16, 2, d, false},         // decoding (at d256 on the tile kernels)
+    };
+    cases[3].max_ctas = 4;
+    Case high{BF16, 1, 200, 300, 4, 2, d, false};
+    high.sink_shift = 30.0;  // above every score: O near 0, LSE the sink's
+    cases.push_back(high);
+    Case fp16_high{FP16, 1, 200, 300, 4, 2, d, false};
+    fp16_high.sink_shift = 12.0;  // fp16 P against the sink: small, some subnormal
+    cases.push_back(fp16_high);
+    Case low{BF16, 1, 200, 300, 4, 2, d, false};
+    low.sink_shift = -30.0;
+    cases.push_back(low);
+    Case capped{BF16, 2, 129, 500, 4, 2, d, true};
+    capped.softcap = 10.0f;
+    cases.push_back(capped);
+    Case cut{BF16, 2, 500, 900, 6, 3, d, false};  // every tile of the last round cut into pieces
+    cut.split = 2, cut.max_ctas = 5;
+    cases.push_back(cut);
+    for (Case c : cases) {
+      c.sink_scale = 1.0;
+      ASSERT_NO_FATAL_FAILURE(run_case(c, seed++));
+    }
+  }
+}
+
+// The same on the decoding kernel: one CTA a row (512 KV heads, one split each), the sink folded
+// in by that CTA; splits merged, the sink folded in by the merge; rows without keys.
+TEST(ForwardGpu, SinksOnTheDecodingKernel) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 2700;
+  for (int64_t d : {64, 128}) {
+    Case one{BF16, 64, 1, 300, 16, 8, d, false};
+    one.sink_scale = 1.0;
+    one.launch = decoding_kernel;
+    ASSERT_EQ(fa4::sm90::decode_plan(64 * 8, 300, 132 * 2).splits, 1);
+    ASSERT_NO_FATAL_FAILURE(run_case(one, seed++));
+    for (int64_t sk : {300, 20000}) {
+      Case c{BF16, 2, 1, sk, 8, 2, d, false};
+      c.sink_scale = 1.0, c.sink_shift = 2.0;
+      c.launch = decoding_kernel;
+      ASSERT_NO_FATAL_FAILURE(run_case(c, seed++));
+      Case rows{FP16, 1, 8, 5, 4, 2, d, true};  // rows without keys
+      rows.sink_scale = 1.0;
+      rows.launch = decoding_kernel;
+      ASSERT_NO_FATAL_FAILURE(run_case(rows, seed++));
+    }
   }
 }
 

@@ -253,6 +253,36 @@ TEST(OnlineSoftmax, RescaleStepRules) {
             rescale_step(0.0f, 8.5f, 8.0f).correction);
 }
 
+// fold_sink against double arithmetic: rows whose max lies above the sink, below it, far below
+// (the row's terms vanish), a row without keys (O factor 0, LSE the sink), and -inf (no change).
+TEST(OnlineSoftmax, FoldSink) {
+  struct C {
+    float max, sum, sink;
+  };
+  for (C c : {C{3.0f, 5.5f, 1.0f}, C{-2.0f, 1.25f, 4.0f}, C{-60.0f, 7.0f, 10.0f}, C{0.5f, 1.0f, 0.5f}}) {
+    nx::RowState s{c.max, c.sum};
+    const float f = nx::fold_sink(s, c.sink);
+    const double m = std::max<double>(c.max, c.sink);
+    const double sum = double(c.sum) * std::exp2(double(c.max) - m) + std::exp2(double(c.sink) - m);
+    EXPECT_EQ(s.max, float(m));
+    EXPECT_NEAR(s.sum, sum, 1e-6 * sum);
+    EXPECT_NEAR(f, std::exp2(double(c.max) - m), 1e-6 * std::exp2(double(c.max) - m) + 1e-30);
+    // The LSE with the sink: log2(2^max sum + 2^sink), in natural log.
+    const double lse = (m + std::log2(sum)) * std::log(2.0);
+    EXPECT_NEAR(nx::row_lse(s), lse, 1e-5);
+  }
+  nx::RowState none = nx::row_state_init();
+  EXPECT_EQ(nx::fold_sink(none, 2.5f), 0.0f);
+  EXPECT_EQ(none.max, 2.5f);
+  EXPECT_EQ(none.sum, 1.0f);
+  EXPECT_NEAR(nx::row_lse(none), 2.5 * std::log(2.0), 1e-6);
+  nx::RowState row{1.5f, 3.0f};
+  EXPECT_EQ(nx::fold_sink(row, -INFINITY), 1.0f);
+  EXPECT_EQ(row.max, 1.5f);
+  EXPECT_EQ(row.sum, 3.0f);
+  EXPECT_NEAR(nx::kLog2e, 1.0 / std::log(2.0), 1e-7);
+}
+
 TEST(OnlineSoftmax, ExpOffsetAndRowLse) {
   EXPECT_EQ(nx::exp_offset(-kInfF), 0.0f);
   EXPECT_EQ(nx::exp_offset(2.5f), 2.5f);

@@ -372,6 +372,86 @@ INSTANTIATE_TEST_SUITE_P(Cases, ReferenceGradient, ::testing::ValuesIn(grad_case
                            return std::string(info.param.name);
                          });
 
+// ---- attention sinks ---------------------------------------------------------------------------
+
+// A sink is a score of sink[h] whose value row is 0: with it a row's LSE is logaddexp(its LSE
+// without, sink[h]) and its O the one without times exp(LSE without - LSE); rows without keys then
+// have O = 0 and LSE = sink; -inf is no sink.
+TEST(ReferenceSink, ReweighsTheRowWithoutIt) {
+  Problem p = make_problem(2, 5, 4, 4, 2, 3);
+  p.causal = true;
+  p.seqlen_q = 6;  // rows 0 and 1 see no key
+  const auto q = random_values(ref::q_elems(p), 11), k = random_values(ref::kv_elems(p), 12),
+             v = random_values(ref::kv_elems(p), 13);
+  const std::vector<double> sink = {0.7, -kInf, -1.3, 2.5};
+  const auto got = ref::forward(p, q, k, v, sink);
+  const auto none = ref::forward(p, q, k, v);
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t i = 0; i < p.seqlen_q; ++i) {
+        const int64_t at = (b * p.heads_q + h) * p.seqlen_q + i;
+        // The extra key's weight against the keys': logaddexp of the LSE without and the sink.
+        const double l0 = none.lse[at], s = sink[size_t(h)];
+        const double lse = l0 == -kInf ? s : s == -kInf ? l0 : std::max(l0, s) + std::log1p(std::exp(-std::fabs(l0 - s)));
+        if (lse == -kInf) {
+          EXPECT_EQ(got.lse[at], -kInf);
+        } else {
+          EXPECT_NEAR(got.lse[at], lse, 1e-13) << b << " " << h << " " << i;
+        }
+        const double w = lse == -kInf || l0 == -kInf ? 0.0 : std::exp(l0 - lse);
+        for (int64_t d = 0; d < p.head_dim; ++d) {
+          const int64_t n = ((b * p.seqlen_q + i) * p.heads_q + h) * p.head_dim + d;
+          EXPECT_NEAR(got.o[n], none.o[n] * w, 1e-13);
+        }
+      }
+  // The low-precision one keeps the same semantics within its rounding.
+  const auto low = ref::forward_lowp(p, q, k, v, sink);
+  EXPECT_LE(ref::error_stats(low.o, got.o).max_abs, 1e-2);
+  EXPECT_LE(ref::error_stats(low.lse, got.lse).max_abs, 1e-2);  // (q and k rounded to bf16 there)
+}
+
+// dsink against central differences of the loss sum(O * dout), and dq, dk, dv with sinks as the
+// other gradients are checked (every case of grad_cases with sinks).
+TEST(ReferenceSink, GradientsMatchFiniteDifferences) {
+  for (Problem p : {make_problem(2, 3, 4, 2, 2, 3), make_problem(1, 5, 3, 4, 2, 3)}) {
+    p.causal = p.seqlen_q > p.seqlen_k;  // (the second: rows without keys)
+    auto q = random_values(ref::q_elems(p), 21);
+    auto k = random_values(ref::kv_elems(p), 22);
+    auto v = random_values(ref::kv_elems(p), 23);
+    const auto dout = random_values(ref::q_elems(p), 24);
+    std::vector<double> sink = random_values(p.heads_q, 25);
+    auto loss_of = [&] {
+      const auto out = ref::forward(p, q, k, v, sink);
+      double s = 0;
+      for (size_t n = 0; n < dout.size(); ++n) s += out.o[n] * dout[n];
+      return s;
+    };
+    const auto g = ref::backward(p, q, k, v, dout, sink);
+    ASSERT_EQ(g.dsink.size(), sink.size());
+    const double h = 1e-5;
+    auto expect_fd = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
+      ASSERT_EQ(grad.size(), x.size());
+      for (size_t n = 0; n < x.size(); ++n) {
+        const double x0 = x[n];
+        x[n] = x0 + h;
+        const double up = loss_of();
+        x[n] = x0 - h;
+        const double down = loss_of();
+        x[n] = x0;
+        const double fd = (up - down) / (2 * h);
+        EXPECT_NEAR(grad[n], fd, 1e-7 * std::fabs(fd) + 1e-9) << name << "[" << n << "]";
+      }
+    };
+    expect_fd(sink, g.dsink, "dsink");
+    expect_fd(q, g.dq, "dq");
+    expect_fd(k, g.dk, "dk");
+    expect_fd(v, g.dv, "dv");
+    // The plain low-precision backward's dsink within its rounding of the exact one.
+    const auto plain = ref::backward_lowp(p, q, k, v, dout, sink);
+    EXPECT_LE(ref::error_stats(plain.dsink, g.dsink).max_abs, 1e-2);
+  }
+}
+
 // ---- the low-precision plain implementation ------------------------------------------------
 
 TEST(ReferenceLowp, StaysWithinItsDtypesRoundingAndKeepsTheSemantics) {

@@ -18,9 +18,10 @@ namespace fa4::test {
 // relative Frobenius error at most 1e-2. Returns the reference (its LSE for the caller's rows).
 inline fa4::ref::Forward64 expect_forward_matches(const Problem& p, const std::vector<double>& q,
                                                   const std::vector<double>& k, const std::vector<double>& v,
-                                                  const std::vector<double>& got) {
-  fa4::ref::Forward64 ref = fa4::ref::forward(p, q, k, v);
-  const fa4::ref::Forward64 low = fa4::ref::forward_lowp(p, q, k, v);
+                                                  const std::vector<double>& got,
+                                                  const std::vector<double>& sink = {}) {
+  fa4::ref::Forward64 ref = fa4::ref::forward(p, q, k, v, sink);
+  const fa4::ref::Forward64 low = fa4::ref::forward_lowp(p, q, k, v, sink);
   const fa4::ref::ErrorStats e = fa4::ref::error_stats(got, ref.o);
   const fa4::ref::ErrorStats e_low = fa4::ref::error_stats(low.o, ref.o);
   EXPECT_FALSE(std::isnan(e.max_abs)) << "NaN in O: an element was not written or the math broke";

@@ -429,6 +429,50 @@ TEST(Validation, LseMisaligned) {
   EXPECT_TRUE(Refused(fa4::validate(b), {"lse = " + fa4::detail::format_pointer(b.lse)}));
 }
 
+// Attention sinks: fp32-aligned, forward and backward; dsink only with the sinks it is the
+// gradient of; both reach the kernels' parameters.
+TEST(Validation, SinkArguments) {
+  ForwardArgs f = valid_forward();
+  f.sink = static_cast<const float*>(fake(20));
+  Status s = fa4::validate(f);
+  EXPECT_TRUE(s.ok()) << s.message;
+  EXPECT_EQ(fa4::detail::make_fwd_params(f).sink, f.sink);
+  // A decoding call's query groups fold into rows without sinks, not with them (the tile kernels
+  // take a tile's sink from its head).
+  ForwardArgs one = valid_forward();
+  one.problem.seqlen_q = 1;
+  EXPECT_EQ(fa4::detail::make_fwd_params(one).heads_q, kHkv);  // (a KV head's group as its rows)
+  one.sink = f.sink;
+  EXPECT_EQ(fa4::detail::make_fwd_params(one).heads_q, kHq);
+  EXPECT_EQ(fa4::detail::make_fwd_params(one).seqlen_q, 1);
+  one.problem.seqlen_q = 4;  // a few rows a head: folded by fold_query_rows without sinks
+  EXPECT_EQ(fa4::detail::make_fwd_params(one).fold, 0);
+  one.sink = nullptr;
+  EXPECT_GT(fa4::detail::make_fwd_params(one).fold, 0);
+  f.sink = reinterpret_cast<const float*>(offset_bytes(fake(20), 2));
+  EXPECT_TRUE(Refused(fa4::validate(f), {"sink = " + fa4::detail::format_pointer(f.sink), "4 bytes", "fp32"}));
+
+  BackwardArgs b = valid_backward();
+  b.sink = static_cast<const float*>(fake(20));
+  b.dsink = static_cast<float*>(fake(21));
+  s = fa4::validate(b);
+  EXPECT_TRUE(s.ok()) << s.message;
+  EXPECT_EQ(fa4::detail::make_bwd_params(b).dsink, b.dsink);
+  EXPECT_EQ(fa4::detail::make_bwd_params(b).sink, b.sink);
+  b.dsink = reinterpret_cast<float*>(offset_bytes(fake(21), 1));
+  EXPECT_TRUE(Refused(fa4::validate(b), {"dsink = " + fa4::detail::format_pointer(b.dsink), "4 bytes"}));
+  b.dsink = static_cast<float*>(fake(21));
+  b.sink = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(b), {"dsink = " + fa4::detail::format_pointer(b.dsink), "sink is null"}));
+  // Sinks without dsink: the gradients of q, k and v alone (the LSE carries the sinks); the
+  // kernels are handed neither.
+  b.sink = static_cast<const float*>(fake(20));
+  b.dsink = nullptr;
+  s = fa4::validate(b);
+  EXPECT_TRUE(s.ok()) << s.message;
+  EXPECT_EQ(fa4::detail::make_bwd_params(b).sink, nullptr);
+}
+
 TEST(Validation, LseByteCountOverflowsInt64) {
   // The q/o tensors use zero strides so that only the lse extent overflows.
   ForwardArgs a = valid_forward();

@@ -124,6 +124,12 @@ struct ForwardArgs {
   // Optional fp32, natural log, contiguous: [batch, heads_q, seqlen_q], or with varlen
   // [heads_q, total_q] (flash-attn's layout), row r of head h at h * total_q + r.
   float* lse = nullptr;
+  // Optional attention sinks (gpt-oss; FlashAttention-4's learnable_sink): fp32 [heads_q] on the
+  // device, 4-byte aligned. Query head h's every row takes sink[h] as one more score beside its
+  // keys' (in the units of the scaled, soft-capped scores), with no value: it adds exp(sink[h] - m)
+  // to the softmax's sum and nothing to O. A row then has LSE = log(sum over its keys of exp(s) +
+  // exp(sink[h])), and a row without keys O = 0 and LSE = sink[h]. -inf is no sink.
+  const float* sink = nullptr;
   Varlen varlen;  // off unless its pointers are set
   PagedKV paged;  // off unless block_table is set
   void* workspace = nullptr;
@@ -135,6 +141,13 @@ struct BackwardArgs {
   TensorRef q, k, v, o, dout;
   TensorRef dq, dk, dv;
   const float* lse = nullptr;  // from the forward pass, required (with varlen [heads_q, total_q])
+  // The forward's sinks (ForwardArgs::sink; optional) and their gradient: dsink (fp32 [heads_q] on
+  // the device, overwritten; null: not computed, and then sink is not read) gets, for each query
+  // head h, -sum over its rows (every sequence) of exp(sink[h] - LSE) * rowsum(dO ∘ O). The lse
+  // given must be the forward's with the same sinks: dq, dk and dv take the sinks through it.
+  // Deterministic in either mode.
+  const float* sink = nullptr;
+  float* dsink = nullptr;
   bool deterministic = false;
   // A variable-length batch, as the forward's (Varlen): dout and dq are packed as q, dk and dv as
   // k; rows outside every sequence get gradients of 0.

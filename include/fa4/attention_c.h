@@ -55,6 +55,10 @@ int fa4_forward_seqused(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, 
 int fa4_forward_leftpad(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
                         const int32_t* leftpad_k, const int32_t* seqused_k, float* lse, cudaStream_t stream,
                         char* message, size_t message_len);
+// Attention sinks (fa4::ForwardArgs::sink): sink, fp32 [heads_q] on the device, each query head's
+// sink logit. Batched tensors; needs no workspace.
+int fa4_forward_sink(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
+                     const float* sink, float* lse, cudaStream_t stream, char* message, size_t message_len);
 // A paged KV cache (fa4::PagedKV): k_pages and v_pages are pools [num_pages, page_size, heads_kv,
 // head_dim] (batch_stride steps pages), entry b's key j on page block_table[b * table_stride +
 // j / page_size] (int32, device); page_size a power of two >= 16; seqused_k (optional, may be
@@ -107,6 +111,12 @@ int fa4_backward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_ten
                  fa4_tensor o, fa4_tensor dout, fa4_tensor dq, fa4_tensor dk, fa4_tensor dv,
                  const float* lse, int deterministic, void* workspace, size_t workspace_bytes,
                  cudaStream_t stream, char* message, size_t message_len);
+// The same with the forward's sinks (fa4_forward_sink) and their gradient into dsink (fp32
+// [heads_q], device, overwritten; fa4::BackwardArgs::dsink); lse is the forward's with the sinks.
+int fa4_backward_sink(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
+                      fa4_tensor o, fa4_tensor dout, fa4_tensor dq, fa4_tensor dk, fa4_tensor dv,
+                      const float* lse, const float* sink, float* dsink, int deterministic, void* workspace,
+                      size_t workspace_bytes, cudaStream_t stream, char* message, size_t message_len);
 
 #ifdef __cplusplus
 }

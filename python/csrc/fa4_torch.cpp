@@ -1,9 +1,10 @@
 // PyTorch operators over fa4, registered with TORCH_LIBRARY so torch.compile sees them as ops:
 //
 //   fa4::fwd(q, k, v, softmax_scale, causal, window_left, window_right, with_lse=True, softcap=0.0,
-//            seqused_k=None) -> (out, lse)      (with_lse false: no LSE written, lse empty [0];
-//       softcap > 0: scores soft-capped; seqused_k int32 [batch]: entry b's keys are the first
-//       seqused_k[b] of k and v, a KV cache's filled part)
+//            seqused_k=None, sink=None) -> (out, lse)      (with_lse false: no LSE written, lse empty
+//       [0]; softcap > 0: scores soft-capped; seqused_k int32 [batch]: entry b's keys are the first
+//       seqused_k[b] of k and v, a KV cache's filled part; sink fp32 [heads_q]: attention sinks,
+//       fa4::ForwardArgs::sink)
 //   fa4::fwd_paged(q, k_cache, v_cache, block_table, softmax_scale, causal, window_left, window_right,
 //                  with_lse=True, softcap=0.0, seqused_k=None) -> (out, lse)
 //       a paged KV cache: k_cache, v_cache [num_pages, page_size, heads_kv, head_dim], block_table
@@ -15,16 +16,17 @@
 //       [batch + 1]; sequence b's keys the first of its table row's max_pages * page_size, at most
 //       cu_seqlens_k[b + 1] - cu_seqlens_k[b] and seqused_k[b] where given; lse [heads_q, total_q].
 //   fa4::bwd(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
-//            deterministic, softcap=0.0) -> (dq, dk, dv)     (softcap: the forward's)
+//            deterministic, softcap=0.0, sink=None, dsink!=None) -> (dq, dk, dv)     (softcap and
+//       sink: the forward's; dsink fp32 [heads_q], written where given: the sinks' gradient)
 //   fa4::fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
 //                   softmax_scale, causal, window_left, window_right, with_lse=True, softcap=0.0,
-//                   seqused_k=None) -> (out, lse)
+//                   seqused_k=None, sink=None) -> (out, lse)
 //       packed sequences: q [total_q, heads_q, head_dim], k and v [total_k, heads_kv, head_dim],
 //       cu_seqlens int32 [batch + 1] on q's device; out like q, lse fp32 [heads_q, total_q];
 //       seqused_k int32 [batch]: sequence b's keys are the first seqused_k[b] of its span.
 //   fa4::bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-//                   softmax_scale, causal, window_left, window_right, deterministic, softcap=0.0)
-//       -> (dq, dk, dv)
+//                   softmax_scale, causal, window_left, window_right, deterministic, softcap=0.0,
+//                   sink=None, dsink!=None) -> (dq, dk, dv)
 //   fa4::append_kv(q, k_cache!, v_cache!, k, v, cache_seqlens, cache_seqlen, block_table, rotary_cos,
 //                  rotary_sin, rotary_interleaved, causal, window_left, window_right)
 //       -> (q_rotated, seqused_k)
@@ -32,7 +34,8 @@
 //       and into q_rotated (empty [0] without it); seqused_k int32 [batch]: the keys after it.
 //   fa4::fwd_kvcache(q, k_cache!, v_cache!, k?, v?, cache_seqlens, cache_seqlen, block_table, rotary_cos,
 //                    rotary_sin, rotary_interleaved, softmax_scale, causal, window_left, window_right,
-//                    with_lse=True, softcap=0.0, cache_batch_idx=None, cache_leftpad=None) -> (out, lse)
+//                    with_lse=True, softcap=0.0, cache_batch_idx=None, cache_leftpad=None, sink=None)
+//                    -> (out, lse)
 //       append_kv where k and v are given, then the forward over each entry's keys, in one
 //       operator; cache_batch_idx reads (and appends to) cache entry idx[b] for batch entry b;
 //       cache_leftpad starts entry b's keys at its cache row cache_leftpad[b].
@@ -254,9 +257,10 @@ template <class Ref>
 std::tuple<at::Tensor, at::Tensor> run_forward(const fa4::Problem& p, Ref ref, const at::Tensor& q,
                                                const at::Tensor& k, const at::Tensor& v, at::Tensor out,
                                                at::Tensor lse, const fa4::Varlen& varlen, const char* op,
-                                               const fa4::PagedKV& paged = {}) {
+                                               const fa4::PagedKV& paged = {}, const float* sink = nullptr) {
   auto args = common_args<fa4::ForwardArgs>(p, ref, q, k, v, out, lse, varlen);
   args.paged = paged;
+  args.sink = sink;
   size_t bytes = 0;
   raise_if_error(fa4::forward_workspace_size(args, &bytes), op);
   const at::Tensor ws = attach_workspace(args, bytes, q);
@@ -272,7 +276,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(const fa4::Problem& 
                                                             const at::Tensor& q, const at::Tensor& k,
                                                             const at::Tensor& v, const at::Tensor& out,
                                                             const at::Tensor& lse, bool deterministic,
-                                                            const fa4::Varlen& varlen, const char* op) {
+                                                            const fa4::Varlen& varlen, const char* op,
+                                                            const float* sink = nullptr, float* dsink = nullptr) {
   at::Tensor dq = at::empty(q.sizes(), q.options());
   at::Tensor dk = at::empty(k.sizes(), k.options());
   at::Tensor dv = at::empty(v.sizes(), v.options());
@@ -282,6 +287,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_backward(const fa4::Problem& 
   args.dk = ref(dk);
   args.dv = ref(dv);
   args.deterministic = deterministic;
+  args.sink = sink;
+  args.dsink = dsink;
   size_t bytes = 0;
   raise_if_error(fa4::backward_workspace_size(args, &bytes), op);
   const at::Tensor ws = attach_workspace(args, bytes, q);
@@ -309,16 +316,33 @@ const int32_t* seqused_of(const std::optional<at::Tensor>& seqused_k, int64_t ba
   return used.data_ptr<int32_t>();
 }
 
+// sink or dsink, where given: fp32, contiguous [heads_q] on q's device (the attention sinks,
+// fa4::ForwardArgs::sink, and their gradient).
+float* sink_of(const std::optional<at::Tensor>& sink, int64_t heads_q, const at::Device& device, const char* op,
+               const char* name) {
+  if (!sink.has_value()) return nullptr;
+  const at::Tensor& t = *sink;
+  FA4_CHECK_VALUE(t.defined() && t.is_cuda() && t.device() == device, op, ": ", name,
+                  " must be a CUDA tensor on q's device");
+  FA4_CHECK_VALUE(t.scalar_type() == at::kFloat, op, ": ", name, " has dtype ", t.scalar_type(),
+                  ": must be torch.float32");
+  FA4_CHECK_VALUE(t.dim() == 1 && t.size(0) == heads_q && t.is_contiguous(), op, ": ", name, " has shape ",
+                  shape_str(t), " and strides ", strides_str(t), ": must be contiguous [heads_q] (heads_q = ",
+                  heads_q, ")");
+  return t.data_ptr<float>();
+}
+
 // run_forward on batched q (out like q, lse [batch, heads_q, seqlen_q]) on q's device.
 std::tuple<at::Tensor, at::Tensor> batched_forward(const fa4::Problem& p, const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& v, bool with_lse, const fa4::Varlen& entries,
-                                                   const char* op, const fa4::PagedKV& paged = {}) {
+                                                   const char* op, const fa4::PagedKV& paged = {},
+                                                   const float* sink = nullptr) {
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty({p.batch, p.seqlen_q, p.heads_q, p.head_dim}, q.options());
   // Without with_lse (an inference call) the kernels write no LSE: lse comes back empty, [0].
   const auto f32 = q.options().dtype(at::kFloat);
   at::Tensor lse = with_lse ? at::empty({p.batch, p.heads_q, p.seqlen_q}, f32) : at::empty({0}, f32);
-  return run_forward(p, tensor_ref, q, k, v, out, lse, entries, op, paged);
+  return run_forward(p, tensor_ref, q, k, v, out, lse, entries, op, paged, sink);
 }
 
 std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor& k,
@@ -326,13 +350,14 @@ std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor&
                                             std::optional<double> softmax_scale, bool causal,
                                             int64_t window_left, int64_t window_right,
                                             bool with_lse, double softcap,
-                                            const std::optional<at::Tensor>& seqused_k) {
+                                            const std::optional<at::Tensor>& seqused_k,
+                                            const std::optional<at::Tensor>& sink) {
   const char* op = "fa4::fwd";
   fa4::Problem p = check_qkv(q, k, v, softmax_scale, causal, window_left, window_right, op);
   p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
   fa4::Varlen entries;  // batch entries' own key lengths, where given (no cu_seqlens)
   entries.seqused_k = seqused_of(seqused_k, p.batch, q.device(), op, "q");
-  return batched_forward(p, q, k, v, with_lse, entries, op);
+  return batched_forward(p, q, k, v, with_lse, entries, op, {}, sink_of(sink, p.heads_q, q.device(), op, "sink"));
 }
 
 // block_table checked (int32 [batch, max_pages] on `device`, its rows contiguous; batch as taken
@@ -374,7 +399,8 @@ std::tuple<at::Tensor, at::Tensor> fwd_paged_op(const at::Tensor& q, const at::T
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_op(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, std::optional<double> softmax_scale, bool causal,
-    int64_t window_left, int64_t window_right, bool deterministic, double softcap) {
+    int64_t window_left, int64_t window_right, bool deterministic, double softcap,
+    const std::optional<at::Tensor>& sink, const std::optional<at::Tensor>& dsink) {
   const char* op = "fa4::bwd";
   fa4::Problem p = check_qkv(q, k, v, softmax_scale, causal, window_left, window_right, op);
   p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
@@ -387,7 +413,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_op(
   check_lse(lse, q, {p.batch, p.heads_q, p.seqlen_q}, "[batch, heads_q, seqlen_q]", op);
 
   const c10::cuda::CUDAGuard guard(q.device());
-  return run_backward(p, tensor_ref, dout, q, k, v, out, lse, deterministic, {}, op);
+  return run_backward(p, tensor_ref, dout, q, k, v, out, lse, deterministic, {}, op,
+                      sink_of(sink, p.heads_q, q.device(), op, "sink"),
+                      sink_of(dsink, p.heads_q, q.device(), op, "dsink"));
 }
 
 // A 3-d packed tensor [total, heads, head_dim] on `device`, its last dim contiguous.
@@ -463,7 +491,8 @@ std::tuple<at::Tensor, at::Tensor> fwd_varlen_op(const at::Tensor& q, const at::
                                                  int64_t max_seqlen_q, int64_t max_seqlen_k,
                                                  std::optional<double> softmax_scale, bool causal,
                                                  int64_t window_left, int64_t window_right, bool with_lse,
-                                                 double softcap, const std::optional<at::Tensor>& seqused_k) {
+                                                 double softcap, const std::optional<at::Tensor>& seqused_k,
+                                                 const std::optional<at::Tensor>& sink) {
   const char* op = "fa4::fwd_varlen";
   fa4::Problem p = check_varlen_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     softmax_scale, causal, window_left, window_right, op);
@@ -474,7 +503,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_varlen_op(const at::Tensor& q, const at::
   at::Tensor out = at::empty(q.sizes(), q.options());
   const auto f32 = q.options().dtype(at::kFloat);
   at::Tensor lse = with_lse ? at::empty({p.heads_q, q.size(0)}, f32) : at::empty({0}, f32);
-  return run_forward(p, packed_ref, q, k, v, out, lse, varlen, op);
+  return run_forward(p, packed_ref, q, k, v, out, lse, varlen, op, {}, sink_of(sink, p.heads_q, q.device(), op, "sink"));
 }
 
 // A paged cache with packed queries (vLLM's prefill and mixed batches): q [total_q, heads_q,
@@ -533,7 +562,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_varlen_op(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
     int64_t max_seqlen_k, std::optional<double> softmax_scale, bool causal, int64_t window_left,
-    int64_t window_right, bool deterministic, double softcap) {
+    int64_t window_right, bool deterministic, double softcap, const std::optional<at::Tensor>& sink,
+    const std::optional<at::Tensor>& dsink) {
   const char* op = "fa4::bwd_varlen";
   fa4::Problem p = check_varlen_qkv(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     softmax_scale, causal, window_left, window_right, op);
@@ -548,7 +578,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_varlen_op(
 
   const c10::cuda::CUDAGuard guard(q.device());
   return run_backward(p, packed_ref, dout, q, k, v, out, lse, deterministic,
-                      varlen_of(q, k, cu_seqlens_q, cu_seqlens_k), op);
+                      varlen_of(q, k, cu_seqlens_q, cu_seqlens_k), op, sink_of(sink, p.heads_q, q.device(), op, "sink"),
+                      sink_of(dsink, p.heads_q, q.device(), op, "dsink"));
 }
 
 // New keys and values into a KV cache in place (fa4::append_kv): k_cache, v_cache [batch,
@@ -722,8 +753,10 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache_op(
     const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& rotary_cos,
     const std::optional<at::Tensor>& rotary_sin, bool rotary_interleaved, std::optional<double> softmax_scale,
     bool causal, int64_t window_left, int64_t window_right, bool with_lse, double softcap,
-    const std::optional<at::Tensor>& cache_batch_idx, const std::optional<at::Tensor>& cache_leftpad) {
+    const std::optional<at::Tensor>& cache_batch_idx, const std::optional<at::Tensor>& cache_leftpad,
+    const std::optional<at::Tensor>& sink) {
   const char* op = "fa4::fwd_kvcache";
+  const float* sinks = sink_of(sink, q.size(2), q.device(), op, "sink");
   std::optional<at::Tensor> table = block_table;
   if (cache_leftpad.has_value()) {
     TORCH_CHECK_NOT_IMPLEMENTED(!block_table.has_value() && !cache_batch_idx.has_value(),
@@ -760,7 +793,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache_op(
                       p.seqlen_k, "] (the cache's rows an entry)");
       p.seqlen_k = cache_seqlen;  // the first keys (the table's first pages)
     }
-    return batched_forward(p, q, k_cache, v_cache, with_lse, entries, op, paged);
+    return batched_forward(p, q, k_cache, v_cache, with_lse, entries, op, paged, sinks);
   }
   Appended r = append_into(op, q, k_cache, v_cache, *k, *v, cache_seqlens, cache_seqlen, table, rotary_cos,
                            rotary_sin, rotary_interleaved, causal, window_left, window_right);
@@ -773,7 +806,8 @@ std::tuple<at::Tensor, at::Tensor> fwd_kvcache_op(
     entries.seqused_k = r.used.data_ptr<int32_t>();
   else
     p.seqlen_k = cache_seqlen + k->size(1);  // (append_kv checked that it fits)
-  return batched_forward(p, r.q_rotated.numel() ? r.q_rotated : q, k_cache, v_cache, with_lse, entries, op, r.paged);
+  return batched_forward(p, r.q_rotated.numel() ? r.q_rotated : q, k_cache, v_cache, with_lse, entries, op, r.paged,
+                         sinks);
 }
 
 }  // namespace
@@ -783,8 +817,8 @@ TORCH_LIBRARY(fa4, m) {
   m.set_python_module("fa4");
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal, int window_left, "
-      "int window_right, bool with_lse=True, float softcap=0.0, Tensor? seqused_k=None) -> (Tensor out, "
-      "Tensor lse)");
+      "int window_right, bool with_lse=True, float softcap=0.0, Tensor? seqused_k=None, Tensor? sink=None) -> "
+      "(Tensor out, Tensor lse)");
   m.def(
       "fwd_paged(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, float? softmax_scale, bool causal, "
       "int window_left, int window_right, bool with_lse=True, float softcap=0.0, Tensor? seqused_k=None) -> "
@@ -792,11 +826,12 @@ TORCH_LIBRARY(fa4, m) {
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "float? softmax_scale, bool causal, int window_left, int window_right, bool deterministic, "
-      "float softcap=0.0) -> (Tensor dq, Tensor dk, Tensor dv)");
+      "float softcap=0.0, Tensor? sink=None, Tensor(a!)? dsink=None) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, float? softmax_scale, bool causal, int window_left, int window_right, "
-      "bool with_lse=True, float softcap=0.0, Tensor? seqused_k=None) -> (Tensor out, Tensor lse)");
+      "bool with_lse=True, float softcap=0.0, Tensor? seqused_k=None, Tensor? sink=None) -> (Tensor out, "
+      "Tensor lse)");
   m.def(
       "fwd_paged_varlen(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor cu_seqlens_q, "
       "int max_seqlen_q, float? softmax_scale, bool causal, int window_left, int window_right, "
@@ -805,8 +840,8 @@ TORCH_LIBRARY(fa4, m) {
   m.def(
       "bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale, bool causal, "
-      "int window_left, int window_right, bool deterministic, float softcap=0.0) -> (Tensor dq, Tensor dk, "
-      "Tensor dv)");
+      "int window_left, int window_right, bool deterministic, float softcap=0.0, Tensor? sink=None, "
+      "Tensor(a!)? dsink=None) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "append_kv(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor? cache_seqlens, "
       "int cache_seqlen, Tensor? block_table, Tensor? rotary_cos, Tensor? rotary_sin, bool rotary_interleaved, "
@@ -815,7 +850,8 @@ TORCH_LIBRARY(fa4, m) {
       "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
       "int cache_seqlen, Tensor? block_table, Tensor? rotary_cos, Tensor? rotary_sin, bool rotary_interleaved, "
       "float? softmax_scale, bool causal, int window_left, int window_right, bool with_lse=True, "
-      "float softcap=0.0, Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None) -> (Tensor out, Tensor lse)");
+      "float softcap=0.0, Tensor? cache_batch_idx=None, Tensor? cache_leftpad=None, Tensor? sink=None) -> "
+      "(Tensor out, Tensor lse)");
 }
 
 TORCH_LIBRARY_IMPL(fa4, CUDA, m) {

@@ -76,7 +76,7 @@ def _check_fake_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, op: str) 
 
 @torch.library.register_fake("fa4::fwd")
 def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, with_lse=True, softcap=0.0,
-              seqused_k=None):
+              seqused_k=None, sink=None):
     _check_fake_qkv(q, k, v, "fa4::fwd")
     b, sq, hq, d = q.shape
     out = q.new_empty((b, sq, hq, d))
@@ -97,14 +97,14 @@ def _fwd_paged_fake(q, k_cache, v_cache, block_table, softmax_scale, causal, win
 
 @torch.library.register_fake("fa4::bwd")
 def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
-              deterministic, softcap=0.0):
+              deterministic, softcap=0.0, sink=None, dsink=None):
     _check_fake_qkv(q, k, v, "fa4::bwd")
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 @torch.library.register_fake("fa4::fwd_varlen")
 def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, window_left, window_right, with_lse=True, softcap=0.0, seqused_k=None):
+                     causal, window_left, window_right, with_lse=True, softcap=0.0, seqused_k=None, sink=None):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"fa4::fwd_varlen: {name} has shape {tuple(t.shape)}: must be 3-d "
@@ -131,14 +131,15 @@ def _fwd_paged_varlen_fake(q, k_cache, v_cache, block_table, cu_seqlens_q, max_s
 
 @torch.library.register_fake("fa4::bwd_varlen")
 def _bwd_varlen_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                     softmax_scale, causal, window_left, window_right, deterministic, softcap=0.0):
+                     softmax_scale, causal, window_left, window_right, deterministic, softcap=0.0, sink=None,
+                     dsink=None):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 @torch.library.register_fake("fa4::fwd_kvcache")
 def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlen, block_table, rotary_cos, rotary_sin,
                       rotary_interleaved, softmax_scale, causal, window_left, window_right, with_lse=True,
-                      softcap=0.0, cache_batch_idx=None, cache_leftpad=None):
+                      softcap=0.0, cache_batch_idx=None, cache_leftpad=None, sink=None):
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
         if t is not None and t.dim() != 4:
             raise ValueError(f"fa4::fwd_kvcache: {name} has shape {tuple(t.shape)}: must be 4-d")
@@ -158,11 +159,18 @@ def _append_kv_fake(q, k_cache, v_cache, k, v, cache_seqlens, cache_seqlen, bloc
 # Autograd: forward saves what the backward operator reads.
 
 
+def _sink_grad(ctx, sink, index):
+    """The fp32 buffer the backward operator writes the sinks' gradient into, where sink (input
+    `index` of the autograd Function) needs one; else None."""
+    return torch.empty_like(sink) if sink is not None and ctx.needs_input_grad[index] else None
+
+
 class _FlashAttnFunc(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, window_left, window_right, deterministic, softcap):
-        out, lse = torch.ops.fa4.fwd(q, k, v, softmax_scale, causal, window_left, window_right, True, softcap)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, softmax_scale, causal, window_left, window_right, deterministic, softcap, sink=None):
+        out, lse = torch.ops.fa4.fwd(q, k, v, softmax_scale, causal, window_left, window_right, True, softcap,
+                                     None, sink)
+        ctx.save_for_backward(q, k, v, out, lse, sink)
         ctx.softcap = softcap
         ctx.softmax_scale = softmax_scale
         ctx.causal = causal
@@ -174,24 +182,26 @@ class _FlashAttnFunc(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sink = ctx.saved_tensors
         # Autograd may hand a broadcast or strided gradient (e.g. of out.sum()); fa4 needs a
         # contiguous head_dim and aligned strides.
         dout = dout.contiguous()
+        dsink = _sink_grad(ctx, sink, 9)
         dq, dk, dv = torch.ops.fa4.bwd(
             dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.window_left,
-            ctx.window_right, ctx.deterministic, ctx.softcap,
+            ctx.window_right, ctx.deterministic, ctx.softcap, sink, dsink,
         )
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, dsink
 
 
 class _FlashAttnVarlenFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                window_left, window_right, deterministic, softcap):
+                window_left, window_right, deterministic, softcap, sink=None):
         out, lse = torch.ops.fa4.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                            softmax_scale, causal, window_left, window_right, True, softcap)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+                                            softmax_scale, causal, window_left, window_right, True, softcap, None,
+                                            sink)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sink)
         ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, deterministic,
                     softcap)
         ctx.mark_non_differentiable(lse)
@@ -199,13 +209,14 @@ class _FlashAttnVarlenFunc(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sink = ctx.saved_tensors
         max_q, max_k, scale, causal, left, right, deterministic, softcap = ctx.args
+        dsink = _sink_grad(ctx, sink, 13)
         dq, dk, dv = torch.ops.fa4.bwd_varlen(
             dout.contiguous(), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_q, max_k, scale, causal,
-            left, right, deterministic, softcap,
+            left, right, deterministic, softcap, sink, dsink,
         )
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, dsink
 
 
 def _options(name: str, softmax_scale, window_size, softcap, dropout_p, alibi_slopes):
@@ -227,6 +238,21 @@ def _options(name: str, softmax_scale, window_size, softcap, dropout_p, alibi_sl
     return (None if softmax_scale is None else float(softmax_scale)), left, right, softcap
 
 
+def _sink(name: str, learnable_sink, heads_q: int, device):
+    """learnable_sink as the operators take it: fp32, contiguous [heads_q] on q's device (the tensor
+    itself where it is one already; else a differentiable conversion, so that the gradient reaches the
+    caller's tensor in its own dtype); None stays None."""
+    if learnable_sink is None:
+        return None
+    if not isinstance(learnable_sink, torch.Tensor) or tuple(learnable_sink.shape) != (heads_q,) or \
+            not learnable_sink.is_floating_point():
+        what = (f"shape {tuple(learnable_sink.shape)} and dtype {learnable_sink.dtype}"
+                if isinstance(learnable_sink, torch.Tensor) else type(learnable_sink).__name__)
+        raise ValueError(f"{name}: learnable_sink has {what}: must be a floating-point tensor [heads_q] "
+                         f"(heads_q = {heads_q})")
+    return learnable_sink.to(device=device, dtype=torch.float32).contiguous()
+
+
 def flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -241,6 +267,7 @@ def flash_attn_func(
     dropout_p: float = 0.0,
     alibi_slopes: Optional[torch.Tensor] = None,
     return_attn_probs: bool = False,
+    learnable_sink: Optional[torch.Tensor] = None,
 ):
     """Attention over BSHD tensors, flash-attn style.
 
@@ -257,20 +284,27 @@ def flash_attn_func(
     Keyword arguments of flash-attn's other versions, for code written against them:
     dropout_p must be 0.0 and alibi_slopes None (neither is implemented); return_attn_probs is
     return_lse, as in FlashAttention-3 (out, lse).
+    learnable_sink (attention sinks, gpt-oss; FlashAttention-4's argument): a floating-point tensor
+    [heads_q], each query head's sink logit: every row of head h takes learnable_sink[h] as one more
+    score beside its keys' (in the units of the scaled, soft-capped scores), with no value, so its
+    weight exp(sink - lse) leaves the row's output. The LSE then includes it. Differentiable: its
+    gradient is -sum over the head's rows of exp(sink - lse) * rowsum(dout * out).
     """
     softmax_scale, window_left, window_right, softcap = _options(
         "fa4.flash_attn_func", softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
     return_lse = bool(return_lse or return_attn_probs)
     causal = bool(causal)
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    sink = _sink("fa4.flash_attn_func", learnable_sink, q.shape[2], q.device)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                                              (sink is not None and sink.requires_grad))
     if needs_grad:
         out, lse = _FlashAttnFunc.apply(
-            q, k, v, softmax_scale, causal, window_left, window_right, bool(deterministic), softcap
+            q, k, v, softmax_scale, causal, window_left, window_right, bool(deterministic), softcap, sink
         )
     else:
         # Inference: the kernels write an LSE only when the caller asks for it.
         out, lse = torch.ops.fa4.fwd(q, k, v, softmax_scale, causal, window_left, window_right,
-                                     return_lse, softcap)
+                                     return_lse, softcap, None, sink)
     return (out, lse) if return_lse else out
 
 
@@ -294,6 +328,7 @@ def flash_attn_varlen_func(
     dropout_p: float = 0.0,
     alibi_slopes: Optional[torch.Tensor] = None,
     return_attn_probs: bool = False,
+    learnable_sink: Optional[torch.Tensor] = None,
 ):
     """Attention over packed sequences of different lengths, flash-attn's varlen API.
 
@@ -316,12 +351,18 @@ def flash_attn_varlen_func(
     block_table[b, j // page_size]; its keys are the first of max_pages * page_size, at most
     cu_seqlens_k[b + 1] - cu_seqlens_k[b] where cu_seqlens_k is given (it may be None; its offsets
     are not read) and seqused_k[b] where that is; max_seqlen_k is not read
-    (torch.ops.fa4.fwd_paged_varlen).
+    (torch.ops.fa4.fwd_paged_varlen). learnable_sink: as flash_attn_func's (not with block_table).
     """
+    name = "fa4.flash_attn_varlen_func"
     softmax_scale, window_left, window_right, softcap = _options(
-        "fa4.flash_attn_varlen_func", softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
+        name, softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
     return_lse = bool(return_lse or return_attn_probs)
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    sink = _sink(name, learnable_sink, q.shape[1], q.device)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                                        (sink is not None and sink.requires_grad))
+    if block_table is not None and sink is not None:
+        raise NotImplementedError(f"{name}: learnable_sink with block_table: not implemented (flash_attn_with_kvcache "
+                                  "takes both)")
     if block_table is not None:
         if grad:
             raise NotImplementedError("fa4.flash_attn_varlen_func: block_table is forward only; call it under "
@@ -337,17 +378,17 @@ def flash_attn_varlen_func(
                                       "torch.no_grad() or on tensors that do not require grad")
         out, lse = torch.ops.fa4.fwd_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
-            bool(causal), window_left, window_right, return_lse, softcap, seqused_k,
+            bool(causal), window_left, window_right, return_lse, softcap, seqused_k, sink,
         )
     elif grad:
         out, lse = _FlashAttnVarlenFunc.apply(
             q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
-            bool(causal), window_left, window_right, bool(deterministic), softcap,
+            bool(causal), window_left, window_right, bool(deterministic), softcap, sink,
         )
     else:
         out, lse = torch.ops.fa4.fwd_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
-            bool(causal), window_left, window_right, return_lse, softcap,
+            bool(causal), window_left, window_right, return_lse, softcap, None, sink,
         )
     return (out, lse) if return_lse else out
 
@@ -422,6 +463,7 @@ def flash_attn_with_kvcache(
     alibi_slopes: Optional[torch.Tensor] = None,
     num_splits: int = 0,
     return_softmax_lse: bool = False,
+    learnable_sink: Optional[torch.Tensor] = None,
 ):
     """Attention of new queries against a KV cache, flash-attn's flash_attn_with_kvcache (inference).
 
@@ -458,6 +500,7 @@ def flash_attn_with_kvcache(
     where they would without it (cache_seqlens[b], + seqlen_new with k and v), causal and windows
     aligning to them; the rows before them may hold anything; k and v are still appended at
     cache_seqlens[b] and rotated at those rows (flash-attn's rule). Not implemented: alibi_slopes.
+    learnable_sink: as flash_attn_func's (forward only here), with every option above.
     With one length for every entry (an int, or None)
     it is flash_attn_func over the cache's first rows; with a tensor, the batched call with each
     entry's keys its own (torch.ops.fa4.fwd's seqused_k), which folds query groups and cuts the
@@ -471,6 +514,7 @@ def flash_attn_with_kvcache(
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name}: {arg} has shape {shape}: must be 4-d [batch, seqlen, heads, head_dim]")
     b, sq, hq, d = q.shape
+    sink = _sink(name, learnable_sink, hq, q.device)
     if cache_leftpad is not None:
         if block_table is not None or cache_batch_idx is not None:
             other = "block_table" if block_table is not None else "cache_batch_idx"
@@ -493,9 +537,9 @@ def flash_attn_with_kvcache(
     if k is None and (rotary_cos is not None or rotary_sin is not None):
         raise ValueError(f"{name}: rotary_cos and rotary_sin apply with k and v only (the new keys and q are "
                          "rotated as they are appended)")
-    if k is None and (cache_batch_idx is not None or cache_leftpad is not None):
+    if k is None and (cache_batch_idx is not None or cache_leftpad is not None or sink is not None):
         # One operator: the caches read as pages of their own memory, the table made from the indices;
-        # or each entry's keys from its left pad.
+        # or each entry's keys from its left pad; or with sinks, the caches as they are.
         if isinstance(cache_seqlens, torch.Tensor):
             lens, n = _kvcache_lengths(name, cache_seqlens, b, q.device), -1
         elif cache_seqlens is None or isinstance(cache_seqlens, int):
@@ -504,10 +548,12 @@ def flash_attn_with_kvcache(
                 raise ValueError(f"{name}: cache_seqlens = {n}: must be >= 0")
         else:
             raise ValueError(f"{name}: cache_seqlens = {cache_seqlens!r}: must be None, an int or an int32 tensor")
-        out, lse = _forward_only(torch.ops.fa4.fwd_kvcache.default, (q, k_cache, v_cache), q, k_cache, v_cache,
-                                 None, None, lens, n, None, None, None, False, softmax_scale, bool(causal),
-                                 window_left, window_right, bool(return_softmax_lse), softcap, cache_batch_idx,
-                                 cache_leftpad)
+        if block_table is not None and (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32):
+            raise ValueError(f"{name}: block_table must be an int32 tensor [batch, max_pages]")
+        out, lse = _forward_only(torch.ops.fa4.fwd_kvcache.default, (q, k_cache, v_cache, sink), q, k_cache,
+                                 v_cache, None, None, lens, n, block_table, None, None, False, softmax_scale,
+                                 bool(causal), window_left, window_right, bool(return_softmax_lse), softcap,
+                                 cache_batch_idx, cache_leftpad, sink)
         return (out, lse) if return_softmax_lse else out
     if k is not None:
         # The new rows into the caches (rotating them and q), then attention over the longer caches.
@@ -523,10 +569,10 @@ def flash_attn_with_kvcache(
         if block_table is not None and (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32):
             raise ValueError(f"{name}: block_table must be an int32 tensor [batch, max_pages]")
         # One operator: the append's kernel, then the attention's, with no Python between them.
-        out, lse = _forward_only(torch.ops.fa4.fwd_kvcache.default, (q, k_cache, v_cache, k, v), q, k_cache,
+        out, lse = _forward_only(torch.ops.fa4.fwd_kvcache.default, (q, k_cache, v_cache, k, v, sink), q, k_cache,
                                  v_cache, k, v, lens, n, block_table, rotary_cos, rotary_sin,
                                  bool(rotary_interleaved), softmax_scale, bool(causal), window_left, window_right,
-                                 bool(return_softmax_lse), softcap, cache_batch_idx, cache_leftpad)
+                                 bool(return_softmax_lse), softcap, cache_batch_idx, cache_leftpad, sink)
         return (out, lse) if return_softmax_lse else out
 
     def lengths_tensor():  # cache_seqlens as the operators take it: int32 [batch] on q's device

@@ -46,6 +46,10 @@ struct BwdParams {
   // Soft-capping (Problem::softcap): S -> softcap * tanh(S * softcap_in), softcap_in = scale /
   // softcap, and scale_log2 then log2(e) alone; softcap 0 = off. Last, as in FwdParams.
   float softcap = 0.0f, softcap_in = 0.0f;
+  // BackwardArgs::sink and dsink (fp32 [heads_q]; null: no sink gradient). The kernels before the
+  // sinks' own (sm90/bwd_kernel.cuh, bwd_sink_kernel) read neither: the LSE carries the sinks.
+  const float* sink = nullptr;
+  float* dsink = nullptr;
 };
 
 // Launches the sm90 backward; kNotSupported for configurations it does not cover.

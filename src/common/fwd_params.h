@@ -60,6 +60,8 @@ struct FwdParams {
   // Varlen::leftpad_k: sequence (entry) b's keys start leftpad_k[b] rows into its span, ending where
   // they would without it (null: at row 0). Not with block_table.
   const int32_t* leftpad_k = nullptr;
+  // ForwardArgs::sink: fp32 [heads_q] (null: none). Calls with sinks are not folded (fold 0).
+  const float* sink = nullptr;
   // A paged KV cache (fa4::PagedKV; batched only): k and v are pools of num_pages pages of
   // page_size rows (k_stride[0] and v_stride[0] step pages), entry b's key j on page
   // block_table[b * table_stride + j / page_size]. Null: k and v are [batch, seqlen_k] tensors.

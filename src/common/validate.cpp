@@ -186,6 +186,19 @@ Status check_seqused_alone(const Varlen& v, bool backward) {
   return check_int32_aligned("varlen.seqused_k", v.seqused_k);
 }
 
+// ForwardArgs::sink, BackwardArgs::sink and dsink: fp32 arrays, 4-byte aligned; dsink needs the
+// sinks it is the gradient of.
+Status check_sink(const float* sink, float* dsink = nullptr) {
+  for (auto [name, ptr] : {std::pair<const char*, const void*>{"sink", sink}, {"dsink", dsink}})
+    if (reinterpret_cast<uintptr_t>(ptr) % alignof(float) != 0)
+      return invalid(std::string(name) + " = " + detail::format_pointer(ptr) + ": must be a multiple of " +
+                     str(int64_t{alignof(float)}) + " bytes (fp32)");
+  if (dsink != nullptr && sink == nullptr)
+    return invalid("dsink = " + detail::format_pointer(dsink) +
+                   ": the sinks' gradient needs the sinks (sink is null; null dsink is allowed)");
+  return Status::Ok();
+}
+
 // Varlen::leftpad_k: the forward's, int32-aligned, not with a paged cache (a key block would
 // straddle pages); the backward has none.
 Status check_leftpad(const Varlen& v, bool paged, bool backward) {
@@ -358,6 +371,7 @@ Status validate(const ForwardArgs& args) {
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
   if (!(s = check_leftpad(args.varlen, args.paged.enabled(), /*backward=*/false)).ok()) return s;
+  if (!(s = check_sink(args.sink)).ok()) return s;
   if (args.varlen.enabled() && !args.paged.enabled()) return check_varlen(args);
   if (!(s = check_seqused_alone(args.varlen, /*backward=*/false)).ok()) return s;
   if (!(s = check_lse(args.lse, p, /*required=*/false)).ok()) return s;
@@ -370,6 +384,7 @@ Status validate(const BackwardArgs& args) {
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
   if (!(s = check_leftpad(args.varlen, /*paged=*/false, /*backward=*/true)).ok()) return s;
+  if (!(s = check_sink(args.sink, args.dsink)).ok()) return s;
   if (args.varlen.enabled()) {
     if (!(s = check_varlen(args)).ok()) return s;
     return check_workspace(args);
@@ -590,6 +605,7 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   set_problem(args.problem, &f);
   f.q = args.q.data, f.k = args.k.data, f.v = args.v.data, f.o = args.o.data;
   f.lse = args.lse;
+  f.sink = args.sink;
   set_strides(args.q, f.q_stride);
   set_strides(args.k, f.k_stride);
   set_strides(args.v, f.v_stride);
@@ -611,7 +627,9 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   }
   f.seqused_k = args.varlen.seqused_k;  // batch entries' own keys (a query group folds as before)
   f.leftpad_k = args.varlen.leftpad_k;
-  if (!fold_query_groups(&f)) fold_query_rows(&f);
+  // (Not with sinks: the tile kernels take a tile's sink from its head, sm90/epilogue.cuh's
+  // start_rows; a decoding call's rows go to the decoding kernel unfolded anyway.)
+  if (f.sink == nullptr && !fold_query_groups(&f)) fold_query_rows(&f);
   return f;
 }
 
@@ -631,6 +649,7 @@ BwdParams make_bwd_params(const BackwardArgs& args) {
   set_strides(args.dk, b.dk_stride);
   set_strides(args.dv, b.dv_stride);
   b.deterministic = args.deterministic;
+  if (args.dsink != nullptr) b.sink = args.sink, b.dsink = args.dsink;
   b.rows = (p.seqlen_q + kDqAccumRowAlign - 1) / kDqAccumRowAlign * kDqAccumRowAlign;
   b.dq_accum = static_cast<float*>(args.workspace);
   b.delta = b.dq_accum + p.batch * p.heads_q * b.rows * p.head_dim;

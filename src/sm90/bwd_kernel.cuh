@@ -490,6 +490,43 @@ __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdPa
   }
 }
 
+// ---- The sinks' gradient (BwdParams::dsink) ---------------------------------------------------------
+// A CTA a query head h, over its rows of every sequence: dsink[h] = -sum of 2^(sink[h] log2(e) -
+// LSE_log2) * D, read from D's kernel's workspace (kPaired: {LSE_log2, D} pairs). Each thread sums
+// its rows in a fixed order, the warps and then the CTA in a fixed tree: the same bits every run.
+inline constexpr int kSinkThreads = 1024;
+template <bool kPaired, bool kVarlen>
+__global__ void __launch_bounds__(kSinkThreads) bwd_sink_kernel(const detail::BwdParams p) {
+  __shared__ float red[kSinkThreads / 32];
+  const int h = blockIdx.x;
+  const float sink = __ldg(p.sink + h) * 1.4426950408889634f;
+  float acc = 0.0f;
+  for (int b = 0; b < p.batch; ++b) {
+    [[maybe_unused]] const SeqSpan seq = seq_span<kVarlen>(p, b);
+    const int len = kVarlen ? seq.q_len : p.seqlen_q;  // (the workspace's rows: [batch, heads_q, rows])
+    const int64_t at = (int64_t(b) * p.heads_q + h) * p.rows;
+    for (int i = threadIdx.x; i < len; i += kSinkThreads) {
+      float lse, d;
+      if constexpr (kPaired) {
+        const float2 x = reinterpret_cast<const float2*>(p.delta)[at + i];
+        lse = x.x, d = x.y;
+      } else {
+        lse = p.lse_log2[at + i], d = p.delta[at + i];
+      }
+      acc -= exp2f(sink - lse) * d;  // (a row without keys or sink: LSE_log2 +inf, a term of 0)
+    }
+  }
+#pragma unroll
+  for (int x = 16; x > 0; x /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, x);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  acc = red[threadIdx.x];
+#pragma unroll
+  for (int x = 16; x > 0; x /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, x);
+  if (threadIdx.x == 0) p.dsink[h] = acc;
+}
+
 // ---- dQ from the fp32 accumulator ------------------------------------------------------------------
 // One CTA a piece (blockIdx.x: 64-row block x column block); each thread writes two chunks of 8
 // columns of a row, eight threads a row's 64 columns, from four float2 of the piece.

@@ -46,6 +46,16 @@ inline Status bwd_map_tensor(CUtensorMap* map, const char* name, const void* dat
                                          " (driver error " + std::to_string(r) + ")"};
 }
 
+// The sinks' gradient (p.dsink; nothing without), after the kernels that fill D's workspace: a CTA
+// a query head (sm90/bwd_kernel.cuh, bwd_sink_kernel).
+template <bool kPaired, bool kVarlen>
+Status launch_sink_grad(const BwdParams& p, cudaStream_t stream) {
+  if (p.dsink == nullptr) return Status::Ok();
+  sm90::bwd::bwd_sink_kernel<kPaired, kVarlen><<<dim3(unsigned(p.heads_q)), dim3(sm90::bwd::kSinkThreads), 0, stream>>>(p);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? Status::Ok() : bwd_cuda_failure("launching the sinks' gradient", e);
+}
+
 // The backward of configuration Cfg (sm90::bwd::BwdConfig): the dK/dV kernel is Cfg's; D's kernel,
 // the conversion and the deterministic dQ kernel are those of Cfg's head dim and dtype.
 // Cfg::kVarlen: a variable-length batch (p.varlen()); the maps run over the packed rows, the
@@ -115,7 +125,7 @@ Status launch_backward(const BwdParams& a, cudaStream_t stream) {
     const unsigned pieces = unsigned((p.seqlen_q + 63) / 64) * (kD / 64);
     bwd_dq_convert_kernel<kD, kBF16, kVarlen><<<dim3(pieces, p.heads_q, p.batch), block, 0, stream>>>(p);
     if ((e = cudaGetLastError()) != cudaSuccess) return bwd_cuda_failure("launching the dQ conversion", e);
-    return Status::Ok();
+    return launch_sink_grad<Cfg::kPairedStats, kVarlen>(p, stream);
   }
   // Deterministic dQ: on wgmma, 128 query rows a CTA (bwd_dq_wgmma.cuh).
   constexpr int kSmem = DqWgSmem<kD>::kBytes;
@@ -138,7 +148,7 @@ Status launch_backward(const BwdParams& a, cudaStream_t stream) {
                                      dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream, p, tm_q, tm_do, tm_k,
                                      tm_v);
   if (e != cudaSuccess) return bwd_cuda_failure("launching the dQ kernel", e);
-  return Status::Ok();
+  return launch_sink_grad<Cfg::kPairedStats, kVarlen>(p, stream);
 }
 
 // The shipped configuration of p's head dim in dtype kBF16, for a variable-length batch or not,

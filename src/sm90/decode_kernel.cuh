@@ -71,6 +71,7 @@ struct DecodeParams {
   int splits, chunk;  // keys a split: a multiple of kBlockN
   float* part_o;      // splits > 1: [pair][split][kRows][kD], each CTA's O normalised
   float* part_lse;    // splits > 1: [pair][split][kRows], log2 units; -inf where a row saw no key
+  const float* sink;  // FwdParams::sink: [heads_q], folded in by the CTA that writes O (null: none)
 };
 
 // Query row r of a KV head's rows: query r / group of query head hk * group + r % group.
@@ -356,7 +357,14 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kD>) decode_kernel(const 
   float lsum = 0.0f, wt[kWarps];
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) lsum += sl[w * kRows + r] * (wt[w] = exp2f(mw[w] - base));
-  const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+  // One CTA a row (splits 1) folds its query head's sink in here; with splits the merge does.
+  float sink_c = 1.0f;
+  if (p.sink != nullptr && p.splits == 1) {
+    numerics::RowState st{mm, lsum};
+    sink_c = numerics::fold_sink(st, __ldg(p.sink + row_at(p, hk, r).h) * numerics::kLog2e);
+    mm = st.max, lsum = st.sum;
+  }
+  const float inv = lsum > 0.0f ? sink_c / lsum : 0.0f;
   float out[kCols];
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
@@ -420,6 +428,9 @@ __global__ void __launch_bounds__(kCombineThreads, 1) decode_combine_kernel(cons
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < kCombineWarps; ++k) mm = fmaxf(mm, red[0][k]);
+  // The query head's sink (p.sink): one more split's LSE whose O is zero.
+  const float sink = p.sink == nullptr ? -INFINITY : __ldg(p.sink + row_at(p, hk, r).h) * numerics::kLog2e;
+  mm = fmaxf(mm, sink);
   float total = 0.0f;
 #pragma unroll
   for (int i = 0; i < kDecodeMaxSplits / kCombineThreads; ++i) {
@@ -435,6 +446,7 @@ __global__ void __launch_bounds__(kCombineThreads, 1) decode_combine_kernel(cons
   total = 0.0f;
 #pragma unroll
   for (int k = 0; k < kCombineWarps; ++k) total += red[1][k];
+  if (sink != -INFINITY) total += exp2f(sink - mm);
   // Column group cg over splits j, j + kSubsets, ...
   const int cg = tid % kGroups, j = tid / kGroups;
   const float* po = p.part_o + (int64_t(pair) * p.splits * kRows + r) * kD + 4 * cg;

@@ -115,6 +115,23 @@ __device__ __forceinline__ Elem* o_packed_row(const Params& p, const Tile& tl, i
   return static_cast<Elem*>(p.o) + int64_t(q) * p.o_stride[1] + tl.head * p.o_stride[2];
 }
 
+// A consumer's rows at a tile's start: empty, or with the query head's sink
+// (FwdKernelParams::sink) as a first score of no value, {sink, 1} in log2 units, which the online
+// softmax then carries as any key's (rescaled, merged across stream-K pieces, taken into the LSE).
+// `with_sink` false (a stream-K piece past its tile's first): empty. The sink is folded in here,
+// where O is not yet live, and not in the epilogue, whose register peak holds O (d256's
+// serial-step kernel serialized its wgmma with it there); and from the tile's head alone (calls
+// with sinks do not fold query groups into rows: make_fwd_params), one load a tile (a row's own
+// head spilled 8 bytes in d256's soft-capped kernels).
+template <class Params>
+__device__ __forceinline__ void start_rows(const Params& p, const Tile& tl, bool with_sink,
+                                           numerics::RowState (&rows)[2]) {
+  rows[0] = rows[1] = numerics::row_state_init();
+  if (p.sink == nullptr || !with_sink) return;
+  const float s = __ldg(p.sink + tl.head) * numerics::kLog2e;
+  if (s != -INFINITY) rows[0] = rows[1] = {s, 1.0f};
+}
+
 // A consumer's rows finished: each row's whole sum (from the quad's partials unless
 // kTensorRowSum), its LSE written for rows inside the sequence, and 1 / sum in inv (0 for a row
 // without keys). first: the tile's first row; row0: this thread's first row in the tile. The LSE

@@ -276,6 +276,8 @@ struct FwdKernelParams {
   // the kEntryKeys ones entry b's keys from row leftpad_k[b] (seq_span.cuh, entry_first). Null
   // without. Last, for the offsets above.
   const int* leftpad_k;
+  // FwdParams::sink (null: none): each row's first score (epilogue.cuh, start_rows).
+  const float* sink;
 };
 
 // Soft-capped scores (Problem::softcap): a config that derives from a shipped one and sets
@@ -1526,7 +1528,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) lsum[i] = 0.0f;
-    rows[0] = rows[1] = numerics::row_state_init();
+    // (with the query heads' sinks, where given, in a tile's first piece)
+    start_rows(p, tl, !kSplit || (place & 1023u) == 0, rows);
     q_desc = wgmma::desc_sw128(
         smem_addr(sQ + q_stage() * Cfg::kQBytes) + consumer * (Cfg::kFoldedQO ? Cfg::kQBytes / 2 : 64 * 128), 16, 1024);
     // A consumer whose 64 rows all lie outside the sequence (a partial last tile's padding, or a

@@ -661,6 +661,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
                                            std::to_string(rq ? rq : rk ? rk : rv ? rv : ro) + ")"};
   k.o = a.o;
   k.lse = a.lse;
+  k.sink = a.sink;
   for (int i = 0; i < 3; ++i) k.o_stride[i] = a.o_stride[i];
   if constexpr (kVarlen) {  // rows from each sequence's first (seq_span), batch 0 of the maps
     k.o_stride[0] = 0;

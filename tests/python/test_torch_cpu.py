@@ -455,3 +455,65 @@ def test_kvcache_batch_idx_reads_the_cache_as_pages_of_its_own_memory():
     with pytest.raises(ValueError, match=r"cache_batch_idx has shape \(2,\)"):
         fa4.flash_attn_with_kvcache(q, cache, cache, cache_batch_idx=idx[:2])
 
+
+
+def test_sinks_reach_the_operators_and_their_gradient_the_callers_tensor():
+    for op, arg in (("fwd", "Tensor? sink=None"), ("fwd_varlen", "Tensor? sink=None"),
+                    ("fwd_kvcache", "Tensor? sink=None"), ("bwd", "Tensor(a!)? dsink=None"),
+                    ("bwd_varlen", "Tensor(a!)? dsink=None")):
+        assert arg in str(getattr(torch.ops.fa4, op).default._schema), op
+    q, k = meta(2, 100, 8, 64, grad=True), meta(2, 120, 4, 64, grad=True)
+    # A bf16 parameter: the operators take it as fp32, its gradient comes back in bf16.
+    sink = meta(8, grad=True)
+    (out, lse), calls = fa4_calls(lambda: fa4.flash_attn_func(q, k, k, causal=True, return_lse=True,
+                                                              learnable_sink=sink))
+    assert [n for n, _ in calls] == ["fa4.fwd.default"]
+    fwd_sink = calls[0][1][-1]
+    assert fwd_sink.dtype == torch.float32 and fwd_sink.shape == (8,)
+    _, calls = fa4_calls(lambda: out.sum().backward())
+    assert [n for n, _ in calls] == ["fa4.bwd.default"]
+    bwd_sink, dsink = calls[0][1][-2:]
+    assert bwd_sink.shape == dsink.shape == (8,) and bwd_sink.dtype == dsink.dtype == torch.float32
+    assert sink.grad is not None and sink.grad.dtype == torch.bfloat16 and sink.grad.shape == (8,)
+    assert q.grad.shape == q.shape
+    # Without a gradient for the sinks none is asked for (no dsink).
+    q.grad = None
+    out = fa4.flash_attn_func(q, k, k, learnable_sink=sink.detach())
+    _, calls = fa4_calls(lambda: out.sum().backward())
+    assert len(calls[0][1]) < 14 or calls[0][1][13] is None
+    # Inference: the forward operator alone, with the sinks.
+    with torch.no_grad():
+        _, calls = fa4_calls(lambda: fa4.flash_attn_func(q, k, k, learnable_sink=sink))
+    assert [n for n, _ in calls] == ["fa4.fwd.default"] and calls[0][1][-1].shape == (8,)
+    for bad, what in ((meta(4), r"shape \(4,\)"), (torch.empty(8, device="meta", dtype=torch.int32), "int32"),
+                      (1.5, "float")):
+        with pytest.raises(ValueError, match=rf"learnable_sink has .*{what}.*heads_q = 8"):
+            fa4.flash_attn_func(q, k, k, learnable_sink=bad)
+
+
+def test_sinks_on_the_varlen_and_kvcache_calls():
+    q, k = meta(10, 4, 64, grad=True), meta(12, 2, 64, grad=True)
+    cu = torch.empty(3, device="meta", dtype=torch.int32)
+    sink = meta(4, dtype=torch.float32, grad=True)
+    out = fa4.flash_attn_varlen_func(q, k, k, cu, cu, 6, 7, causal=True, learnable_sink=sink)
+    _, calls = fa4_calls(lambda: out.sum().backward())
+    assert [n for n, _ in calls] == ["fa4.bwd_varlen.default"]
+    assert sink.grad.shape == (4,) and q.grad.shape == q.shape
+    table = torch.empty(2, 3, device="meta", dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="learnable_sink with block_table"):
+        fa4.flash_attn_varlen_func(q.detach(), k.detach(), k.detach(), cu, cu, 6, 7, block_table=table,
+                                   learnable_sink=sink)
+    # flash_attn_with_kvcache: one operator, the sinks its last argument, with every kind of cache.
+    qd, cache, new = meta(3, 1, 8, 128), meta(3, 512, 2, 128), meta(3, 1, 2, 128)
+    pages, tab = meta(6, 256, 2, 128), torch.empty(3, 2, device="meta", dtype=torch.int32)
+    lens = torch.empty(3, device="meta", dtype=torch.int32)
+    s8 = meta(8)
+    for caches, kw in (((cache, cache), {}), ((cache, cache), dict(cache_seqlens=lens)),
+                       ((cache, cache), dict(k=new, v=new, cache_seqlens=lens)),
+                       ((pages, pages), dict(block_table=tab, cache_seqlens=lens))):
+        (o, lse), calls = fa4_calls(lambda: fa4.flash_attn_with_kvcache(
+            qd, *caches, learnable_sink=s8, return_softmax_lse=True, **kw))
+        assert o.shape == (3, 1, 8, 128) and lse.shape == (3, 8, 1)
+        assert [n for n, _ in calls] == ["fa4.fwd_kvcache.default"], (kw, calls)
+        assert calls[0][1][-1].dtype == torch.float32 and calls[0][1][-1].shape == (8,)
+        assert (calls[0][1][7] is tab) == ("block_table" in kw)

@@ -73,12 +73,13 @@ def visible_mask(sq, sk, causal, window, device):
     return m
 
 
-def reference(q, k, v, scale, causal, window, lowp, softcap=0.0):
+def reference(q, k, v, scale, causal, window, lowp, softcap=0.0, sink=None):
     """(out, lse) of attention over BSHD tensors.
 
     lowp=False: float64 throughout. lowp=True: the plain implementation in q's dtype, as
     fa4::ref::forward_lowp: S and softmax in fp32, P rounded to the dtype, O = P V accumulated in
-    fp32 and rounded to the dtype.
+    fp32 and rounded to the dtype. sink ([heads_q]): each head's sink score, a column of S with no
+    value.
     """
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
@@ -91,8 +92,13 @@ def reference(q, k, v, scale, causal, window, lowp, softcap=0.0):
         s = softcap * torch.tanh(s / softcap)
     mask = visible_mask(sq, sk, causal, window, q.device)
     s = s.masked_fill(~mask, float("-inf"))
+    if sink is not None:
+        col = sink.to(work)[None, :, None, None].expand(b, hq, sq, 1)
+        s = torch.cat([s, col], dim=-1)
     lse = torch.logsumexp(s, dim=-1)  # -inf for a row with no visible key
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # all-masked rows: NaN -> 0
+    if sink is not None:
+        p = p[..., :-1]
     if lowp:
         p = p.to(q.dtype).to(work)
     out = torch.einsum("bhij,bjhd->bihd", p, vv.to(work))
@@ -1063,3 +1069,154 @@ def test_kvcache_calls_replay_in_a_cuda_graph():
                 eager = step()
                 diff = (out.float() - eager.float()).abs().max().item()  # (NaN if the replay left a row unwritten)
                 assert diff <= 1e-2, f"{name}: the replay differs from the eager call by {diff} (indices {new_idx})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention sinks (learnable_sink)
+
+
+def sink_of(hq, seed, shift=0.0, none=True):
+    """Each query head's sink score from N(shift, 1); with `none`, head 1 -inf (no sink) where there are
+    two or more (not beside rows without keys, whose float64 gradient is NaN there: softmax of all -inf)."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    s = torch.randn(hq, device=DEV, dtype=torch.float32, generator=gen) + shift
+    if none and hq > 1:
+        s[1] = float("-inf")
+    return s
+
+
+def reference_sink_grads(q, k, v, sink, dout, scale, causal, window, lowp):
+    """dq, dk, dv, dsink of attention with sinks: float64 autograd of reference(), or (lowp) the
+    plain 16-bit form of reference_grads with the sink column in its fp32 softmax."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, sink)]
+    if not lowp:
+        out, _ = reference(*(t.double() for t in leaves[:3]), scale, causal, window, lowp=False,
+                           sink=leaves[3].double())
+        return torch.autograd.grad(out, leaves, dout.double())
+    lq, lk, lv, ls = leaves
+    b, sq, hq, _ = q.shape
+    g = hq // k.shape[2]
+    kk, vv = lk.repeat_interleave(g, dim=2), lv.repeat_interleave(g, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", lq, kk) * scale
+    mask = visible_mask(sq, k.shape[1], causal, window, q.device)
+    s = s.float().masked_fill(~mask, float("-inf"))
+    s = torch.cat([s, ls[None, :, None, None].expand(b, hq, sq, 1)], dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)[..., :-1].to(q.dtype)
+    out = torch.einsum("bhij,bjhd->bihd", p, vv)
+    return torch.autograd.grad(out, leaves, dout.to(q.dtype))
+
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, sink shift)
+SINK_CASES = [
+    (2, 200, 333, 4, 2, 64, False, 0.0),
+    (1, 257, 700, 6, 3, 128, True, 2.0),
+    (2, 128, 512, 4, 1, 256, True, -1.0),
+    (1, 300, 97, 4, 4, 128, True, 0.0),    # seqlen_q > seqlen_k: rows without keys (O 0, LSE the sink)
+    (4, 1, 3000, 32, 8, 128, False, 3.0),  # decoding (query groups folded)
+    (2, 4, 1000, 16, 4, 64, True, 0.0),    # a few query rows a head
+    (2, 100, 150, 4, 2, 128, False, 30.0),  # the sink above every score: O near 0
+]
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("case", SINK_CASES, ids=[f"sink{i}" for i in range(len(SINK_CASES))])
+def test_sinks_forward_and_backward_match_the_reference(case, deterministic):
+    b, sq, sk, hq, hkv, d, causal, shift = case
+    q, k, v = make_inputs(b, sq, sk, hq, hkv, d, torch.bfloat16, seed=sq + sk, requires_grad=True)
+    sink = sink_of(hq, seed=hq + d, shift=shift, none=sq <= sk).requires_grad_(True)
+    scale = 1.0 / math.sqrt(d)
+    out, lse = call_or_skip(fa4.flash_attn_func, q, k, v, causal=causal, return_lse=True, learnable_sink=sink,
+                            deterministic=deterministic)
+    ref, lse_ref = reference(q.detach(), k.detach(), v.detach(), scale, causal, (-1, -1), lowp=False,
+                             sink=sink.detach())
+    ref_lp, lse_lp = reference(q.detach(), k.detach(), v.detach(), scale, causal, (-1, -1), lowp=True,
+                               sink=sink.detach())
+    assert_close_by_criterion(out.detach(), ref_lp, ref, "out")
+    assert_lse(lse, lse_lp, lse_ref)
+    # Inference (no LSE written) gives the same bits.
+    with torch.no_grad():
+        assert torch.equal(fa4.flash_attn_func(q, k, v, causal=causal, learnable_sink=sink), out.detach())
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v, sink), dout)
+    exact = reference_sink_grads(q, k, v, sink, dout, scale, causal, (-1, -1), lowp=False)
+    plain = reference_sink_grads(q, k, v, sink, dout, scale, causal, (-1, -1), lowp=True)
+    for name, g, r, l in zip(("dq", "dk", "dv", "dsink"), grads, exact, plain):
+        assert g.shape == r.shape and g.dtype == l.dtype
+        assert_close_by_criterion(g, l, r, name)
+    if sq <= sk:
+        assert grads[3][1].item() == 0.0, "a head without a sink has no sink gradient"
+    if deterministic:
+        again = torch.autograd.grad(fa4.flash_attn_func(q, k, v, causal=causal, learnable_sink=sink,
+                                                        deterministic=True), (q, k, v, sink), dout)
+        for name, g, h in zip(("dq", "dk", "dv", "dsink"), grads, again):
+            assert torch.equal(g, h), f"{name}: deterministic backward gave different bits"
+
+
+def test_sinks_in_bf16_take_their_gradient_in_bf16_and_change_the_output():
+    q, k, v = make_inputs(2, 64, 200, 4, 2, 128, torch.bfloat16, seed=5, requires_grad=True)
+    sink = sink_of(4, seed=6).to(torch.bfloat16).requires_grad_(True)
+    out = fa4.flash_attn_func(q, k, v, learnable_sink=sink)
+    out.sum().backward()
+    assert sink.grad.dtype == torch.bfloat16 and torch.isfinite(sink.grad).all()
+    plain = fa4.flash_attn_func(q, k, v)
+    assert (plain - out).abs().max().item() > 1e-2, "the sinks changed nothing"
+
+
+def test_sinks_on_packed_sequences_match_each_sequence_alone():
+    lq, lk, hq, hkv, d = [17, 239, 1, 300], [17, 239, 3000, 5], 4, 2, 128
+    gen = torch.Generator(device=DEV).manual_seed(77)
+    tq, tk = sum(lq), sum(lk)
+    q = torch.randn(tq, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen).requires_grad_(True)
+    k = torch.randn(tk, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen).requires_grad_(True)
+    v = torch.randn(tk, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen).requires_grad_(True)
+    sink = sink_of(hq, seed=78, shift=1.0).requires_grad_(True)
+    cu_q = torch.tensor([0] + list(torch.tensor(lq).cumsum(0)), dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor([0] + list(torch.tensor(lk).cumsum(0)), dtype=torch.int32, device=DEV)
+    out, lse = fa4.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=True, return_lse=True,
+                                          learnable_sink=sink)
+    dout = torch.randn_like(out)
+    dsink = torch.autograd.grad(out, sink, dout)[0]
+    scale = 1.0 / math.sqrt(d)
+    dsink_ref = torch.zeros(hq, dtype=torch.float64, device=DEV)
+    dsink_lp = torch.zeros(hq, dtype=torch.float32, device=DEV)
+    for b in range(len(lq)):
+        q0, k0 = int(cu_q[b]), int(cu_k[b])
+        qs = q.detach()[q0:q0 + lq[b]].unsqueeze(0)
+        ks, vs = k.detach()[k0:k0 + lk[b]].unsqueeze(0), v.detach()[k0:k0 + lk[b]].unsqueeze(0)
+        ref, lse_ref = reference(qs, ks, vs, scale, True, (-1, -1), lowp=False, sink=sink.detach())
+        ref_lp, lse_lp = reference(qs, ks, vs, scale, True, (-1, -1), lowp=True, sink=sink.detach())
+        assert_close_by_criterion(out.detach()[q0:q0 + lq[b]].unsqueeze(0), ref_lp, ref, f"sequence {b}")
+        assert_lse(lse.detach()[:, q0:q0 + lq[b]].unsqueeze(0), lse_lp, lse_ref)
+        ds = dout[q0:q0 + lq[b]].unsqueeze(0)
+        dsink_ref += reference_sink_grads(qs, ks, vs, sink, ds, scale, True, (-1, -1), lowp=False)[3]
+        dsink_lp += reference_sink_grads(qs, ks, vs, sink, ds, scale, True, (-1, -1), lowp=True)[3]
+    assert_close_by_criterion(dsink, dsink_lp, dsink_ref, "dsink")
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_kvcache_sinks_on_the_decoding_kernel_and_pages(d):
+    b, sc, hq, hkv = 3, 4096, 16, 4
+    gen = torch.Generator(device=DEV).manual_seed(99)
+    q = torch.randn(b, 1, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(b, sc, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(b, sc, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    lens = [sc, 1000, 0]
+    used = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    sink = sink_of(hq, seed=d, shift=2.0)
+    out, lse = fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=used, learnable_sink=sink, return_softmax_lse=True)
+    whole = fa4.flash_attn_with_kvcache(q, k, v, learnable_sink=sink)  # every key: one length
+    page = 256
+    k_pages, v_pages, table = paged_caches(k, v, page, seed=d)
+    paged = fa4.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=used, block_table=table,
+                                        learnable_sink=sink)
+    scale = 1.0 / math.sqrt(d)
+    for i, n in enumerate(lens):
+        qs, ks, vs = q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n]
+        ref, lse_ref = reference(qs, ks, vs, scale, False, (-1, -1), lowp=False, sink=sink)
+        ref_lp, lse_lp = reference(qs, ks, vs, scale, False, (-1, -1), lowp=True, sink=sink)
+        assert_close_by_criterion(out[i:i + 1], ref_lp, ref, f"entry {i} ({n} keys)")
+        assert_lse(lse[i:i + 1], lse_lp, lse_ref)
+        assert_close_by_criterion(paged[i:i + 1], ref_lp, ref, f"paged entry {i} ({n} keys)")
+    ref, _ = reference(q, k, v, scale, False, (-1, -1), lowp=False, sink=sink)
+    ref_lp, _ = reference(q, k, v, scale, False, (-1, -1), lowp=True, sink=sink)
+    assert_close_by_criterion(whole, ref_lp, ref, "every key")

@@ -56,6 +56,21 @@ struct Log2Std {
   FA4_HD float operator()(float x) const { return log2f(x); }
 };
 
+inline constexpr float kLog2e = 1.44269504088896341f;
+
+// A sink logit (ForwardArgs::sink, in log2 units: times kLog2e) folded into a finished row: one more term of its
+// sum, 2^(sink - max), with no value. The row's max becomes max(max, sink); returns the factor its
+// O (taken against the old max) needs beside 1 / sum. A sink of -inf leaves the row as it is.
+template <class Exp2Fn = Exp2Mufu>
+FA4_HD float fold_sink(RowState& s, float sink_log2, Exp2Fn exp2_fn = {}) {
+  if (sink_log2 == -INFINITY) return 1.0f;
+  const float m = fmaxf(s.max, sink_log2);
+  const float c = s.max == -INFINITY ? 0.0f : exp2_fn(s.max - m);
+  s.sum = s.sum * c + exp2_fn(sink_log2 - m);
+  s.max = m;
+  return c;
+}
+
 // Natural-log LSE of a finished row; -inf for a row that saw no key. `log2_fn` takes the log2 of
 // the row's sum (log2f by default; the sm90 epilogue passes MUFU's).
 template <class Log2Fn = Log2Std>

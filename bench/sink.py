@@ -1,0 +1,190 @@
+"""Attention sinks (ForwardArgs::sink, learnable_sink): what they cost fa4, forward or backward, in
+one process.
+
+    python3 bench/sink.py [--op fwd|bwd] [--hdims 64,128,256] [--seqlens 1024,4096] [--rounds 3]
+        [--name WHAT] [--out DIR]
+
+FA3's shapes (16k tokens a batch, hidden 2048), causal and not, bf16. Providers: fa4 without sinks,
+fa4 with them (fa4-sink: each head's sink from N(0, 1)), and cuDNN through torch SDPA without them
+(the plain problem's reference point: no peer in torch takes sinks). fa4-sink is checked first
+against float64 by DESIGN.md §3's criterion: the forward's output on batch 0, first and last head
+(side_by_side.check_fa4 with the sinks); the backward's dQ, dK and dV of batch 0, head 0 and head
+0's dsink over every batch entry. TFLOP/s count the plain problem's FLOPs (x 2.5 for the backward).
+Times are medians of triton's do_bench in rounds, the providers' order rotating by round; the
+backward's are of the gradient call alone (autograd.grad of a kept graph), fa4-sink's with the
+sinks' gradient. Writes bench/results/<date>-<what>.json (and a copy under $OUT when set) and prints
+a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from rounds import summary, time_in_rounds  # noqa: E402
+from side_by_side import ATOL, REL_FROBENIUS, bench_ms, check_fa4, no_gpu, run_meta, short, write_records  # noqa: E402
+
+
+def sink_attention(q, k, v, sink, causal, lowp):
+    """out of one head's [s, d] q, k, v with a sink score (a column of S with no value): float64
+    throughout (lowp False), or the plain 16-bit form (S by a 16-bit matmul, softmax in fp32 with the
+    sink, P rounded back, O by a 16-bit matmul), whose every intermediate gradient is rounded too."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    s = (q @ k.T) * scale
+    if lowp:
+        s = s.float()
+    if causal:
+        n, m = q.shape[0], k.shape[0]
+        s = s.masked_fill(torch.ones(n, m, dtype=torch.bool, device=q.device).triu(m - n + 1), float("-inf"))
+    s = torch.cat([s, sink.to(s.dtype).expand(s.shape[0], 1)], dim=-1)
+    p = torch.softmax(s, dim=-1)[:, :-1].to(q.dtype)
+    return p @ v
+
+
+def check_grads(q, k, v, dout, sink, grads, causal):
+    """fa4's dq, dk, dv (batch 0, head 0) and dsink[0] (head 0 over every batch entry) against float64
+    autograd, bounded by the plain 16-bit backward's error (DESIGN.md §3)."""
+    res = {"pass": True, "batch": 0, "head": 0}
+    ref_ds = lp_ds = 0.0
+    for b in range(q.shape[0]):
+        x = [t[b, :, 0].detach() for t in (q, k, v)] + [sink[0:1].detach()]
+        do = dout[b, :, 0]
+        out = {}
+        for name, lowp in (("ref", False), ("lp", True)):
+            leaves = [(t.double() if not lowp else t.clone()).requires_grad_(True) for t in x]
+            o = sink_attention(*leaves, causal, lowp)
+            out[name] = torch.autograd.grad(o, leaves, do.double() if not lowp else do)
+        ref_ds += out["ref"][3].item()
+        lp_ds += out["lp"][3].item()
+        if b:
+            continue
+        for i, name in enumerate(("dq", "dk", "dv")):
+            g, r, lp = grads[i][0, :, 0].double(), out["ref"][i], out["lp"][i].double()
+            err, err_lp = (g - r).abs().max().item(), (lp - r).abs().max().item()
+            rel = ((g - r).norm() / r.norm()).item() if r.norm() > 0 else 0.0
+            ok = bool(torch.isfinite(g).all()) and err <= 2 * err_lp + ATOL and rel <= REL_FROBENIUS
+            res[name] = {"max_err": err, "bound": 2 * err_lp + ATOL, "lowprec_err": err_lp, "rel_frobenius": rel,
+                         "pass": ok}
+            res["pass"] = res["pass"] and ok
+    got = grads[3][0].item()
+    err, err_lp = abs(got - ref_ds), abs(lp_ds - ref_ds)
+    ok = math.isfinite(got) and err <= 2 * err_lp + ATOL and err <= REL_FROBENIUS * abs(ref_ds) + ATOL
+    res["dsink"] = {"got": got, "ref": ref_ds, "max_err": err, "bound": 2 * err_lp + ATOL, "lowprec_err": err_lp,
+                    "pass": ok}
+    res["pass"] = res["pass"] and ok
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--op", choices=("fwd", "bwd"), default="fwd")
+    ap.add_argument("--hdims", default="64,128,256")
+    ap.add_argument("--seqlens", default="1024,4096")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--name", default=None, help="default: sink (fwd), sink-bwd (bwd)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    a = ap.parse_args(argv)
+    if no_gpu("sink"):
+        return 2
+    import fa4
+
+    bwd = a.op == "bwd"
+    meta = run_meta("sink.py", argv)
+    records, failed = [], 0
+    for d in (int(x) for x in a.hdims.split(",")):
+        for s in (int(x) for x in a.seqlens.split(",")):
+            for causal in (False, True):
+                b, h = max(1, 16384 // s), 2048 // d
+                g = torch.Generator(device="cuda").manual_seed(d * 100003 + s * 2 + causal)
+                q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                                 for _ in range(4))
+                sink = torch.randn(h, device="cuda", dtype=torch.float32, generator=g)
+                if bwd:
+                    q, k, v, sink = (x.requires_grad_() for x in (q, k, v, sink))
+                flops = 4.0 * b * h * s * s * d / (2 if causal else 1) * (2.5 if bwd else 1.0)
+                qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(bwd) for x in (q, k, v))
+
+                def cudnn():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+                fwds = {"fa4": lambda: fa4.flash_attn_func(q, k, v, causal=causal),
+                        "fa4-sink": lambda: fa4.flash_attn_func(q, k, v, causal=causal, learnable_sink=sink),
+                        "cudnn": cudnn}
+                recs = {p: {"op": a.op, "provider": p, "head_dim": d, "seqlen": s, "batch": b, "heads": h,
+                            "causal": causal, "ms": None, **meta} for p in fwds}
+                fns, errors0 = {}, {}
+                if not bwd:
+                    with torch.no_grad():
+                        for p, fwd in fwds.items():
+                            try:
+                                fwd()
+                                fns[p] = fwd
+                            except Exception as e:  # recorded below
+                                errors0[p] = e
+                        chk = check_fa4(q, k, v, fns["fa4-sink"](), causal, sink=sink)
+                else:
+                    for p, fwd in fwds.items():
+                        try:
+                            out = fwd()
+                            ins = (q, k, v, sink) if p == "fa4-sink" else (q, k, v) if p == "fa4" else (qt, kt, vt)
+                            do = dout if p.startswith("fa4") else dout.transpose(1, 2).contiguous()
+                            fns[p] = (lambda out, ins, do: lambda: torch.autograd.grad(out, ins, do, retain_graph=True))(
+                                out, ins, do)
+                            fns[p]()
+                        except Exception as e:  # recorded below
+                            errors0[p] = e
+                            fns.pop(p, None)
+                    chk = check_grads(q, k, v, dout, sink, fns["fa4-sink"](), causal)
+                recs["fa4-sink"]["check"] = chk
+                failed += not chk["pass"]
+
+                def time_one(p, fn):
+                    if bwd:
+                        return bench_ms(fn, 25, 100), None, None
+                    with torch.no_grad():
+                        return bench_ms(fn, 25, 100), None, None
+
+                timed, errors = time_in_rounds(fns, a.rounds, time_one)
+                errors.update(errors0)
+                for p, rec in recs.items():
+                    if p in errors:
+                        rec["error"] = short(errors[p])
+                    elif timed.get(p):
+                        rec.update(summary(timed[p], a.rounds > 1))
+                        rec["tflops"] = flops / (rec["ms"] * 1e-3) / 1e12
+                    records.append(rec)
+                del q, k, v, qt, kt, vt, fns, fwds
+                torch.cuda.empty_cache()
+
+    write_records(records, a.out, a.name or ("sink-bwd" if bwd else "sink"))
+    cols = ("fa4", "fa4-sink", "cudnn")
+    print(f"{a.op}: TFLOP/s")
+    print(f"{'d':>4} {'seqlen':>6} {'causal':>6} {'fa4':>8} {'sink':>8} {'cudnn':>8} {'sink/plain':>10} "
+          f"{'sink/cudnn':>10}  check")
+    by = {}
+    for r in records:
+        by.setdefault((r["head_dim"], r["seqlen"], r["causal"]), {})[r["provider"]] = r
+    for (d, s, causal), row in by.items():
+        t = {p: row[p].get("tflops") for p in row}
+        cells = " ".join(f"{t[p]:8.1f}" if t.get(p) else f"{'-':>8}" for p in cols)
+        ratios = ""
+        for peer in ("fa4", "cudnn"):
+            ratios += f" {t['fa4-sink'] / t[peer]:10.3f}" if t.get(peer) and t.get("fa4-sink") else f" {'-':>10}"
+        chk = row["fa4-sink"].get("check", {}).get("pass")
+        print(f"{d:>4} {s:>6} {str(causal):>6} {cells}{ratios}  {'PASS' if chk else 'FAIL'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
