@@ -123,13 +123,15 @@ __device__ __forceinline__ Elem* o_packed_row(const Params& p, const Tile& tl, i
 // serial-step kernel serialized its wgmma with it there); and from the tile's head alone (calls
 // with sinks do not fold query groups into rows: make_fwd_params), one load a tile (a row's own
 // head spilled 8 bytes in d256's soft-capped kernels).
-template <class Params>
-__device__ __forceinline__ void start_rows(const Params& p, const Tile& tl, bool with_sink,
+// A row's sum is held as partials across its quad of threads (finish_rows adds them; each holds
+// the whole with kTensorRowSum): the sink's term goes to one of them, lane % 4 == 0.
+template <class Cfg, class Params>
+__device__ __forceinline__ void start_rows(const Params& p, const Tile& tl, bool with_sink, int lane,
                                            numerics::RowState (&rows)[2]) {
   rows[0] = rows[1] = numerics::row_state_init();
   if (p.sink == nullptr || !with_sink) return;
   const float s = __ldg(p.sink + tl.head) * numerics::kLog2e;
-  if (s != -INFINITY) rows[0] = rows[1] = {s, 1.0f};
+  if (s != -INFINITY) rows[0] = rows[1] = {s, Cfg::kTensorRowSum || lane % 4 == 0 ? 1.0f : 0.0f};
 }
 
 // A consumer's rows finished: each row's whole sum (from the quad's partials unless

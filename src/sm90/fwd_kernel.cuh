@@ -1529,7 +1529,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 4; ++i) lsum[i] = 0.0f;
     // (with the query heads' sinks, where given, in a tile's first piece)
-    start_rows(p, tl, !kSplit || (place & 1023u) == 0, rows);
+    start_rows<Cfg>(p, tl, !kSplit || (place & 1023u) == 0, lane, rows);
     q_desc = wgmma::desc_sw128(
         smem_addr(sQ + q_stage() * Cfg::kQBytes) + consumer * (Cfg::kFoldedQO ? Cfg::kQBytes / 2 : 64 * 128), 16, 1024);
     // A consumer whose 64 rows all lie outside the sequence (a partial last tile's padding, or a
