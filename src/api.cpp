@@ -108,13 +108,14 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
   if (p.batch == 0 || rows.q == 0) return Status::Ok();
   if (!(s = detail::check_current_device()).ok()) return s;
 
-  if (rows.k == 0) {  // every row sees no key: O = 0, LSE = -inf (with varlen rows outside every
-                      // sequence too, where with keys they are left as they are)
+  if (rows.k == 0) {  // every row sees no key: O = 0, LSE = -inf, or with sinks its head's sink
+                      // (with varlen rows outside every sequence too, where with keys they are left
+                      // as they are)
     if (!(s = zero("zeroing o (no keys)", args.o, rows.shape, rows.q, p.heads_q, stream)).ok()) return s;
     if (args.lse != nullptr) {
-      const cudaError_t e = detail::fill_floats(args.lse, rows.shape.batch * p.heads_q * rows.q,
-                                                -std::numeric_limits<float>::infinity(), stream);
-      if (e != cudaSuccess) return cuda_failure("filling lse with -inf (no keys)", e);
+      const cudaError_t e =
+          detail::fill_lse_by_head(args.lse, rows.shape.batch, p.heads_q, rows.q, args.sink, stream);
+      if (e != cudaSuccess) return cuda_failure("filling lse (no keys)", e);
     }
     return Status::Ok();
   }
@@ -126,6 +127,13 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
   if (!s.ok()) return s;
   const Problem& p = args.problem;
   const Rows rows = rows_of(p, args.varlen);
+  // The sinks' gradient where no attention kernel runs: 0 (no rows, or rows without keys: O = 0).
+  const bool empty = p.batch == 0 || rows.q == 0 || rows.k == 0;
+  if (empty && args.dsink != nullptr) {
+    if (!(s = detail::check_current_device()).ok()) return s;
+    const cudaError_t e = cudaMemsetAsync(args.dsink, 0, size_t(p.heads_q) * sizeof(float), stream);
+    if (e != cudaSuccess) return cuda_failure("zeroing dsink (no attention)", e);
+  }
   if (p.batch == 0 || (rows.q == 0 && rows.k == 0)) return Status::Ok();
   if (!(s = detail::check_current_device()).ok()) return s;
   if (rows.q > 0 && rows.k > 0) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -655,6 +656,56 @@ TEST(ApiGpu, NoKeysGiveZeroOutputAndMinusInfLse) {
       ASSERT_TRUE(std::isinf(l[i]) && l[i] < 0) << "lse[" << i << "] = " << l[i];
     for (size_t i = size_t(b * hq * sq); i < l.size(); ++i)
       ASSERT_TRUE(std::isnan(l[i])) << "lse tail overwritten at " << i;
+  }
+}
+
+// With sinks a row without keys has LSE = its head's sink (O = 0 still), and the sinks' gradient
+// where no attention runs (no keys, no queries, an empty batch) is 0.
+TEST(ApiGpu, NoKeysWithSinksGiveTheSinksAsLseAndNoSinkGradient) {
+  FA4_REQUIRE_GPU();
+  const int64_t b = 2, sq = 37, hq = 4, hkv = 2, d = 64;
+  const float sinks[hq] = {0.5f, -INFINITY, -2.25f, 7.0f};
+  DeviceBuffer sink(sizeof sinks), o(size_t(b * sq * hq * d) * 2), lse(size_t(b * hq * sq) * sizeof(float));
+  ASSERT_EQ(cudaMemcpy(sink.ptr, sinks, sizeof sinks, cudaMemcpyHostToDevice), cudaSuccess);
+  ForwardArgs a;
+  a.problem = make_problem(b, sq, 0, hq, hkv, d);
+  a.o = a.q = fa4::bshd(o.ptr, sq, hq, d);
+  a.lse = static_cast<float*>(lse.ptr);
+  a.sink = static_cast<const float*>(sink.ptr);
+  Status s = fa4::forward(a, nullptr);
+  ASSERT_TRUE(s.ok()) << s.message;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_zero_inside_poison_outside(o.halves(), a.o, b, sq, hq, d);
+  std::vector<float> l(size_t(b * hq * sq));
+  ASSERT_EQ(cudaMemcpy(l.data(), lse.ptr, l.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int64_t i = 0; i < b * hq * sq; ++i)
+    ASSERT_EQ(l[size_t(i)], sinks[(i / sq) % hq]) << "lse[" << i << "]";
+
+  const std::tuple<int64_t, int64_t, int64_t> empties[] = {{45, 0, 2}, {0, 45, 2}, {45, 45, 0}};  // sq, sk, batch
+  for (const auto& [sq_b, sk_b, batch] : empties) {
+    DeviceBuffer dsink(sizeof sinks), qs(size_t(2 * 45 * hq * d) * 2), grads(size_t(2 * 45 * hq * d) * 2),
+        lse_b(size_t(2 * hq * 45) * sizeof(float));
+    BackwardArgs g;
+    g.problem = make_problem(batch, sq_b, sk_b, hq, hkv, d);
+    g.q = g.o = g.dout = fa4::bshd(qs.ptr, sq_b, hq, d);
+    g.k = g.v = fa4::bshd(qs.ptr, sk_b, hkv, d);
+    g.dq = fa4::bshd(grads.ptr, sq_b, hq, d);
+    g.dk = g.dv = fa4::bshd(grads.ptr, sk_b, hkv, d);
+    g.lse = static_cast<const float*>(lse_b.ptr);
+    g.sink = static_cast<const float*>(sink.ptr);
+    g.dsink = static_cast<float*>(dsink.ptr);
+    size_t ws = 0;
+    ASSERT_TRUE(fa4::backward_workspace_size(g, &ws).ok());
+    DeviceBuffer workspace(std::max<size_t>(ws, 16));
+    g.workspace = workspace.ptr;
+    g.workspace_bytes = ws;
+    s = fa4::backward(g, nullptr);
+    ASSERT_TRUE(s.ok()) << s.message;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    float got[hq];
+    ASSERT_EQ(cudaMemcpy(got, dsink.ptr, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int64_t h = 0; h < hq; ++h)
+      EXPECT_EQ(got[h], 0.0f) << "dsink[" << h << "], batch " << batch << ", seqlen_q " << sq_b << ", seqlen_k " << sk_b;
   }
 }
 

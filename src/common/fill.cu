@@ -48,6 +48,13 @@ __global__ void set_floats(float* data, int64_t n, float value) {
     data[i] = value;
 }
 
+// Element (o, h, i) of [outer, heads, inner] floats: per_head[h] (-inf where per_head is null).
+__global__ void set_floats_by_head(float* data, int64_t outer, int64_t heads, int64_t inner, const float* per_head) {
+  const int64_t n = outer * heads * inner;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    data[i] = per_head == nullptr ? -INFINITY : per_head[(i / inner) % heads];
+}
+
 unsigned blocks_for(int64_t work) {
   return static_cast<unsigned>(std::min((work + kThreads - 1) / kThreads, kMaxBlocks));
 }
@@ -92,6 +99,15 @@ cudaError_t fill_floats(float* data, int64_t n, float value, cudaStream_t stream
   if (n <= 0) return cudaSuccess;
   if (data == nullptr) return cudaErrorInvalidValue;
   set_floats<<<blocks_for(n), kThreads, 0, stream>>>(data, n, value);
+  return cudaGetLastError();
+}
+
+cudaError_t fill_lse_by_head(float* lse, int64_t outer, int64_t heads, int64_t inner, const float* per_head,
+                             cudaStream_t stream) {
+  const int64_t n = outer * heads * inner;
+  if (n <= 0) return cudaSuccess;
+  if (lse == nullptr) return cudaErrorInvalidValue;
+  set_floats_by_head<<<blocks_for(n), kThreads, 0, stream>>>(lse, outer, heads, inner, per_head);
   return cudaGetLastError();
 }
 

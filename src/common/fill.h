@@ -1,5 +1,5 @@
 // Small fills for the cases no attention kernel runs for: a row that sees no key (seqlen_k = 0)
-// has O = 0 and LSE = -inf; a gradient of nothing is 0.
+// has O = 0 and LSE = -inf (its head's sink with sinks); a gradient of nothing is 0.
 #pragma once
 
 #include <cstdint>
@@ -24,5 +24,10 @@ cudaError_t zero_rows_outside(void* data, int elem_size, const int64_t stride[3]
 
 // Sets n contiguous floats to `value`.
 cudaError_t fill_floats(float* data, int64_t n, float value, cudaStream_t stream);
+
+// The LSE of rows that see no key, [outer, heads, inner] floats: each head's sink (per_head, fp32
+// [heads] on the device: ForwardArgs::sink), or -inf where per_head is null.
+cudaError_t fill_lse_by_head(float* lse, int64_t outer, int64_t heads, int64_t inner, const float* per_head,
+                             cudaStream_t stream);
 
 }  // namespace fa4::detail
