@@ -38,6 +38,30 @@ def time_in_rounds(fns, rounds, time_one):
     return timed, errors
 
 
+def short(e: BaseException) -> str:
+    """An exception in one line, for a record's "error"."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def fill_records(recs, fns, rounds, time_one, errors0=None, flops=None):
+    """Times fns in rounds (time_in_rounds) and fills each provider's record recs[p]: its error (from
+    errors0, raised before timing, or raised while timed) or its summary, and "tflops" where flops
+    (the problem's FLOPs) is given. Returns the records in recs' order."""
+    timed, errors = time_in_rounds(fns, rounds, time_one)
+    errors.update(errors0 or {})
+    out = []
+    for p, rec in recs.items():
+        if p in errors:
+            rec["error"] = short(errors[p])
+        elif timed.get(p):
+            rec.update(summary(timed[p], rounds > 1))
+            if flops is not None:
+                rec["tflops"] = flops / (rec["ms"] * 1e-3) / 1e12
+        out.append(rec)
+    return out
+
+
 def summary(timings, keep_rounds):
     """A provider's rounds as a record's fields: the median time, SM clock and power (None where
     unknown), and with keep_rounds the time, SM clock and power of each round in the order they ran."""

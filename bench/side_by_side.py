@@ -54,7 +54,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from gpu_sampler import GpuSampler  # noqa: E402
 from memory import memory_of  # noqa: E402
-from rounds import summary, time_in_rounds  # noqa: E402
+from rounds import fill_records, short, summary, time_in_rounds  # noqa: E402
 
 TOKENS, HIDDEN = 16384, 2048
 ALL_HDIMS = (64, 128, 256)
@@ -294,6 +294,39 @@ def bench_ms(fn, warmup, rep) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def provider_calls(fwds, bwd, grad_args):
+    """What to time for each provider of fwds ({name: forward call}): the call itself, or with bwd
+    autograd.grad of its output (kept) over grad_args(name) = (inputs, dout). Each is run once first
+    (a compile, a warm-up); one that raises is left out, its exception in the second dict."""
+    fns, errors = {}, {}
+    for p, fwd in fwds.items():
+        try:
+            if bwd:
+                out = fwd()
+                ins, do = grad_args(p)
+                fns[p] = (lambda out, ins, do: lambda: torch.autograd.grad(out, ins, do, retain_graph=True))(
+                    out, ins, do)
+                fns[p]()
+            else:
+                with torch.no_grad():
+                    fwd()
+                fns[p] = fwd
+        except Exception as e:  # recorded by the caller
+            errors[p] = e
+    return fns, errors
+
+
+def time_records(recs, fns, rounds, bwd, errors0, flops):
+    """fns timed in rounds (do_bench medians; forwards under no_grad) into their records (fill_records)."""
+    def time_one(p, fn):
+        if bwd:
+            return bench_ms(fn, 25, 100), None, None
+        with torch.no_grad():
+            return bench_ms(fn, 25, 100), None, None
+
+    return fill_records(recs, fns, rounds, time_one, errors0, flops)
+
+
 def bench_ms_clean_l2(fn, warmup=10, reps=100, flush_mb=256) -> float:
     """Median ms of fn with L2 cleared before every call by reading a buffer twice L2's size, so
     that L2 holds clean lines when fn starts. (do_bench clears it by writing zeros: fn then starts
@@ -313,13 +346,18 @@ def bench_ms_clean_l2(fn, warmup=10, reps=100, flush_mb=256) -> float:
     return float(times[len(times) // 2])
 
 
-def short(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
-
-
 # ---------------------------------------------------------------------------------------------
 # fa4's check: batch 0, heads 0 and h-1, against float64 (rows in chunks to bound memory)
+
+
+def criterion(got, ref, lowp):
+    """DESIGN.md §3's criterion for one tensor (got, and the plain 16-bit lowp, against float64 ref):
+    a dict of the numbers and 'pass'."""
+    g, lp = got.double(), lowp.double()
+    err, err_lp = (g - ref).abs().max().item(), (lp - ref).abs().max().item()
+    rel = ((g - ref).norm() / ref.norm()).item() if ref.norm() > 0 else 0.0
+    ok = bool(torch.isfinite(g).all()) and err <= 2 * err_lp + ATOL and rel <= REL_FROBENIUS
+    return {"max_err": err, "bound": 2 * err_lp + ATOL, "lowprec_err": err_lp, "rel_frobenius": rel, "pass": ok}
 
 
 def check_fa4(q, k, v, out, causal, softcap=0.0, sink=None):

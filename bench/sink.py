@@ -31,8 +31,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from rounds import summary, time_in_rounds  # noqa: E402
-from side_by_side import ATOL, REL_FROBENIUS, bench_ms, check_fa4, no_gpu, run_meta, short, write_records  # noqa: E402
+from side_by_side import (ATOL, REL_FROBENIUS, check_fa4, criterion, no_gpu, provider_calls,  # noqa: E402
+                          run_meta, time_records, write_records)
 
 
 def sink_attention(q, k, v, sink, causal, lowp):
@@ -69,13 +69,8 @@ def check_grads(q, k, v, dout, sink, grads, causal):
         if b:
             continue
         for i, name in enumerate(("dq", "dk", "dv")):
-            g, r, lp = grads[i][0, :, 0].double(), out["ref"][i], out["lp"][i].double()
-            err, err_lp = (g - r).abs().max().item(), (lp - r).abs().max().item()
-            rel = ((g - r).norm() / r.norm()).item() if r.norm() > 0 else 0.0
-            ok = bool(torch.isfinite(g).all()) and err <= 2 * err_lp + ATOL and rel <= REL_FROBENIUS
-            res[name] = {"max_err": err, "bound": 2 * err_lp + ATOL, "lowprec_err": err_lp, "rel_frobenius": rel,
-                         "pass": ok}
-            res["pass"] = res["pass"] and ok
+            res[name] = criterion(grads[i][0, :, 0], out["ref"][i], out["lp"][i])
+            res["pass"] = res["pass"] and res[name]["pass"]
     got = grads[3][0].item()
     err, err_lp = abs(got - ref_ds), abs(lp_ds - ref_ds)
     ok = math.isfinite(got) and err <= 2 * err_lp + ATOL and err <= REL_FROBENIUS * abs(ref_ds) + ATOL
@@ -123,47 +118,17 @@ def main(argv=None) -> int:
                         "cudnn": cudnn}
                 recs = {p: {"op": a.op, "provider": p, "head_dim": d, "seqlen": s, "batch": b, "heads": h,
                             "causal": causal, "ms": None, **meta} for p in fwds}
-                fns, errors0 = {}, {}
-                if not bwd:
-                    with torch.no_grad():
-                        for p, fwd in fwds.items():
-                            try:
-                                fwd()
-                                fns[p] = fwd
-                            except Exception as e:  # recorded below
-                                errors0[p] = e
-                        chk = check_fa4(q, k, v, fns["fa4-sink"](), causal, sink=sink)
-                else:
-                    for p, fwd in fwds.items():
-                        try:
-                            out = fwd()
-                            ins = (q, k, v, sink) if p == "fa4-sink" else (q, k, v) if p == "fa4" else (qt, kt, vt)
-                            do = dout if p.startswith("fa4") else dout.transpose(1, 2).contiguous()
-                            fns[p] = (lambda out, ins, do: lambda: torch.autograd.grad(out, ins, do, retain_graph=True))(
-                                out, ins, do)
-                            fns[p]()
-                        except Exception as e:  # recorded below
-                            errors0[p] = e
-                            fns.pop(p, None)
+                fns, errors0 = provider_calls(fwds, bwd, lambda p: (
+                    ((q, k, v, sink) if p == "fa4-sink" else (q, k, v), dout) if p.startswith("fa4")
+                    else ((qt, kt, vt), dout.transpose(1, 2).contiguous())))
+                if bwd:
                     chk = check_grads(q, k, v, dout, sink, fns["fa4-sink"](), causal)
+                else:
+                    with torch.no_grad():
+                        chk = check_fa4(q, k, v, fns["fa4-sink"](), causal, sink=sink)
                 recs["fa4-sink"]["check"] = chk
                 failed += not chk["pass"]
-
-                def time_one(p, fn):
-                    if bwd:
-                        return bench_ms(fn, 25, 100), None, None
-                    with torch.no_grad():
-                        return bench_ms(fn, 25, 100), None, None
-
-                timed, errors = time_in_rounds(fns, a.rounds, time_one)
-                errors.update(errors0)
-                for p, rec in recs.items():
-                    if p in errors:
-                        rec["error"] = short(errors[p])
-                    elif timed.get(p):
-                        rec.update(summary(timed[p], a.rounds > 1))
-                        rec["tflops"] = flops / (rec["ms"] * 1e-3) / 1e12
-                    records.append(rec)
+                records += time_records(recs, fns, a.rounds, bwd, errors0, flops)
                 del q, k, v, qt, kt, vt, fns, fwds
                 torch.cuda.empty_cache()
 

@@ -31,9 +31,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from rounds import summary, time_in_rounds  # noqa: E402
-from side_by_side import (ATOL, REL_FROBENIUS, bench_ms, causal_mod, check_fa4, flex_attention,  # noqa: E402
-                          no_gpu, run_meta, short, write_records)
+from side_by_side import (causal_mod, check_fa4, criterion, flex_attention, no_gpu, provider_calls,  # noqa: E402
+                          run_meta, time_records, write_records)
 
 
 def capped_attention(q, k, v, causal, softcap, lowp):
@@ -63,13 +62,8 @@ def check_grads(q, k, v, dout, grads, causal, softcap):
         out[name] = torch.autograd.grad(o, leaves, do.double() if not lowp else do)
     res = {"pass": True, "batch": 0, "head": 0}
     for i, name in enumerate(("dq", "dk", "dv")):
-        g, r, lp = grads[i][0, :, 0].double(), out["ref"][i], out["lp"][i].double()
-        err, err_lp = (g - r).abs().max().item(), (lp - r).abs().max().item()
-        rel = ((g - r).norm() / r.norm()).item() if r.norm() > 0 else 0.0
-        ok = bool(torch.isfinite(g).all()) and err <= 2 * err_lp + ATOL and rel <= REL_FROBENIUS
-        res[name] = {"max_err": err, "bound": 2 * err_lp + ATOL, "lowprec_err": err_lp, "rel_frobenius": rel,
-                     "pass": ok}
-        res["pass"] = res["pass"] and ok
+        res[name] = criterion(grads[i][0, :, 0], out["ref"][i], out["lp"][i])
+        res["pass"] = res["pass"] and res[name]["pass"]
     return res
 
 
@@ -125,47 +119,16 @@ def main(argv=None) -> int:
                 recs = {p: {"op": a.op, "provider": p, "head_dim": d, "seqlen": s, "batch": b, "heads": h,
                             "causal": causal, "softcap": cap if p.endswith("softcap") else 0.0, "ms": None, **meta}
                         for p in fwds}
-                fns, errors0 = {}, {}
-                if not bwd:
-                    with torch.no_grad():
-                        for p, fwd in fwds.items():
-                            try:
-                                fwd()  # (flex: compiles here)
-                                fns[p] = fwd
-                            except Exception as e:  # recorded below
-                                errors0[p] = e
-                        chk = check_fa4(q, k, v, fns["fa4-softcap"](), causal, softcap=cap)
-                else:
-                    for p, fwd in fwds.items():
-                        try:
-                            out = fwd()
-                            ins = (q, k, v) if p.startswith("fa4") else (qt, kt, vt)
-                            do = dout if p.startswith("fa4") else dout.transpose(1, 2).contiguous()
-                            fns[p] = (lambda out, ins, do: lambda: torch.autograd.grad(out, ins, do, retain_graph=True))(
-                                out, ins, do)
-                            fns[p]()  # (flex: compiles its backward here)
-                        except Exception as e:  # recorded below
-                            errors0[p] = e
-                            fns.pop(p, None)
+                fns, errors0 = provider_calls(fwds, bwd, lambda p: (
+                    ((q, k, v), dout) if p.startswith("fa4") else ((qt, kt, vt), dout.transpose(1, 2).contiguous())))
+                if bwd:
                     chk = check_grads(q, k, v, dout, fns["fa4-softcap"](), causal, cap)
+                else:
+                    with torch.no_grad():
+                        chk = check_fa4(q, k, v, fns["fa4-softcap"](), causal, softcap=cap)
                 recs["fa4-softcap"]["check"] = chk
                 failed += not chk["pass"]
-
-                def time_one(p, fn):
-                    if bwd:
-                        return bench_ms(fn, 25, 100), None, None
-                    with torch.no_grad():
-                        return bench_ms(fn, 25, 100), None, None
-
-                timed, errors = time_in_rounds(fns, a.rounds, time_one)
-                errors.update(errors0)
-                for p, rec in recs.items():
-                    if p in errors:
-                        rec["error"] = short(errors[p])
-                    elif timed.get(p):
-                        rec.update(summary(timed[p], a.rounds > 1))
-                        rec["tflops"] = flops / (rec["ms"] * 1e-3) / 1e12
-                    records.append(rec)
+                records += time_records(recs, fns, a.rounds, bwd, errors0, flops)
                 del q, k, v, qt, kt, vt, fns, fwds
                 torch.cuda.empty_cache()
 
