@@ -517,3 +517,17 @@ def test_sinks_on_the_varlen_and_kvcache_calls():
         assert [n for n, _ in calls] == ["fa4.fwd_kvcache.default"], (kw, calls)
         assert calls[0][1][-1].dtype == torch.float32 and calls[0][1][-1].shape == (8,)
         assert (calls[0][1][7] is tab) == ("block_table" in kw)
+
+
+def test_compile_fullgraph_with_sinks_traces_forward_and_backward():
+    # aot_eager functionalizes the backward operator's dsink (a mutable optional argument).
+    def f(q, k, v, sink):
+        return fa4.flash_attn_func(q, k, v, causal=True, learnable_sink=sink) * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    q, k = meta(2, 64, 8, 128, grad=True), meta(2, 64, 2, 128, grad=True)
+    sink = meta(8, dtype=torch.float32, grad=True)
+    out = compiled(q, k, k, sink)
+    out.sum().backward()
+    assert out.shape == q.shape and sink.grad.shape == (8,) and q.grad.shape == q.shape
