@@ -283,6 +283,97 @@ TEST(OnlineSoftmax, FoldSink) {
   EXPECT_NEAR(nx::kLog2e, 1.0 / std::log(2.0), 1e-7);
 }
 
+// The tile kernels' sink (sm90/epilogue.cuh, start_rows) on the host: a row starts as {sink, 1},
+// the 1 in one of the four partial sums a quad of threads keeps (each thread its columns j % 8 / 2
+// of a block), then takes 128-key blocks by conditional rescaling (threshold 8) in fp32; the quad's
+// partials are added at the end. Also cut in two stream-K pieces, the first alone starting with
+// the sink, merged as merge_pieces does. O (one value column) and the LSE against double
+// arithmetic: sinks above every score, among them, far below, and far above (O near 0); rows whose
+// keys are all masked (O 0, LSE the sink).
+TEST(OnlineSoftmax, SinkAsARowsFirstScoreMatchesDoubleArithmetic) {
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  constexpr float kLog2e = nx::kLog2e;
+  struct Part {
+    nx::RowState st[4];
+    double o = 0.0;
+  };
+  // Keys [lo, hi) of scores x (log2 units) and values v into `part`, which starts as given.
+  auto walk = [](Part& part, const std::vector<float>& x, const std::vector<float>& v, int lo, int hi) {
+    for (int j0 = lo; j0 < hi; j0 += 128) {
+      const int j1 = std::min(hi, j0 + 128);
+      float bmax = -INFINITY;
+      for (int j = j0; j < j1; ++j) bmax = std::max(bmax, x[size_t(j)]);
+      // The quad shares one max: the step is the row's, its correction every partial's.
+      const nx::RescaleStep step = nx::rescale_step(part.st[0].max, bmax, nx::kRescaleThresholdLog2);
+      if (step.rescaled) {
+        part.o *= step.correction;
+        for (auto& t : part.st) t.sum *= step.correction, t.max = step.max;
+      }
+      const float off = nx::exp_offset(part.st[0].max);
+      for (int j = j0; j < j1; ++j) {
+        const float e = x[size_t(j)] == -INFINITY ? 0.0f : std::exp2(x[size_t(j)] - off);
+        part.st[(j % 8) / 2].sum += e;
+        part.o += double(e) * v[size_t(j)];
+      }
+    }
+  };
+  for (float sink_shift : {0.0f, 5.0f, -40.0f, 40.0f})
+    for (bool masked : {false, true}) {
+      const int n = 1000;
+      std::vector<float> s(n), x(n), v(n);
+      for (int j = 0; j < n; ++j) {
+        s[size_t(j)] = masked ? -INFINITY : normal(gen);
+        x[size_t(j)] = s[size_t(j)] * kLog2e;
+        v[size_t(j)] = normal(gen);
+      }
+      const float sink = sink_shift + normal(gen);
+      // double: the sink a score of value 0
+      double m = sink;
+      for (float t : s) m = std::max(m, double(t));
+      double l = std::exp(double(sink) - m), o = 0.0;
+      for (int j = 0; j < n; ++j)
+        if (s[size_t(j)] != -INFINITY) l += std::exp(double(s[size_t(j)]) - m), o += std::exp(double(s[size_t(j)]) - m) * v[size_t(j)];
+      const double want_o = o / l, want_lse = m + std::log(l);
+      auto start = [&](Part& part, bool with_sink) {
+        for (int t = 0; t < 4; ++t)
+          part.st[t] = with_sink ? nx::RowState{sink * kLog2e, t == 0 ? 1.0f : 0.0f} : nx::row_state_init();
+      };
+      auto finish = [](const Part& part, double* o_out) {
+        nx::RowState r{part.st[0].max, 0.0f};
+        for (const auto& t : part.st) r.sum += t.sum;
+        *o_out = r.sum > 0.0f ? part.o / r.sum : 0.0;
+        return r;
+      };
+      const double tol_o = 1e-5 * (1.0 + std::fabs(want_o)), tol_lse = 1e-5 * (1.0 + std::fabs(want_lse));
+      {  // one piece
+        Part whole;
+        start(whole, true);
+        walk(whole, x, v, 0, n);
+        double got_o;
+        const nx::RowState r = finish(whole, &got_o);
+        EXPECT_NEAR(got_o, want_o, tol_o) << "sink " << sink << (masked ? " masked" : "");
+        EXPECT_NEAR(nx::row_lse(r), want_lse, tol_lse) << "sink " << sink << (masked ? " masked" : "");
+      }
+      {  // two pieces, merged: max over the pieces, each weighed 2^(max_i - max)
+        Part a, b;
+        start(a, true);
+        start(b, false);
+        walk(a, x, v, 0, 384);
+        walk(b, x, v, 384, n);
+        double oa, ob;
+        const nx::RowState ra = finish(a, &oa), rb = finish(b, &ob);
+        const float mx = std::max(ra.max, rb.max);
+        const float wa = ra.max == -INFINITY ? 0.0f : std::exp2(ra.max - mx);
+        const float wb = rb.max == -INFINITY ? 0.0f : std::exp2(rb.max - mx);
+        const nx::RowState r{mx, wa * ra.sum + wb * rb.sum};
+        const double got_o = r.sum > 0.0f ? (wa * oa * ra.sum + wb * ob * rb.sum) / r.sum : 0.0;
+        EXPECT_NEAR(got_o, want_o, tol_o) << "pieces, sink " << sink << (masked ? " masked" : "");
+        EXPECT_NEAR(nx::row_lse(r), want_lse, tol_lse) << "pieces, sink " << sink << (masked ? " masked" : "");
+      }
+    }
+}
+
 TEST(OnlineSoftmax, ExpOffsetAndRowLse) {
   EXPECT_EQ(nx::exp_offset(-kInfF), 0.0f);
   EXPECT_EQ(nx::exp_offset(2.5f), 2.5f);
