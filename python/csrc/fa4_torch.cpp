@@ -11,7 +11,7 @@
 //       int32 [batch, max_pages]; entry b's key j on page block_table[b, j / page_size].
 //   fa4::fwd_paged_varlen(q, k_cache, v_cache, block_table, cu_seqlens_q, max_seqlen_q, softmax_scale,
 //                         causal, window_left, window_right, with_lse=True, softcap=0.0,
-//                         seqused_k=None, cu_seqlens_k=None) -> (out, lse)
+//                         seqused_k=None, cu_seqlens_k=None, sink=None) -> (out, lse)
 //       the same with packed queries: q [total_q, heads_q, head_dim], cu_seqlens_q int32
 //       [batch + 1]; sequence b's keys the first of its table row's max_pages * page_size, at most
 //       cu_seqlens_k[b + 1] - cu_seqlens_k[b] and seqused_k[b] where given; lse [heads_q, total_q].
@@ -514,7 +514,8 @@ std::tuple<at::Tensor, at::Tensor> fwd_paged_varlen_op(
     const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, const at::Tensor& block_table,
     const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q, std::optional<double> softmax_scale, bool causal,
     int64_t window_left, int64_t window_right, bool with_lse, double softcap,
-    const std::optional<at::Tensor>& seqused_k, const std::optional<at::Tensor>& cu_seqlens_k) {
+    const std::optional<at::Tensor>& seqused_k, const std::optional<at::Tensor>& cu_seqlens_k,
+    const std::optional<at::Tensor>& sink) {
   const char* op = "fa4::fwd_paged_varlen";
   check_packed(q, op, "q", q.device());
   const fa4::DType dtype = dtype_of(q, op, "q");
@@ -555,7 +556,8 @@ std::tuple<at::Tensor, at::Tensor> fwd_paged_varlen_op(
   at::Tensor lse = with_lse ? at::empty({p.heads_q, q.size(0)}, f32) : at::empty({0}, f32);
   // q and out packed, the pools 4-d.
   auto ref = [](const at::Tensor& t) { return t.dim() == 3 ? packed_ref(t) : tensor_ref(t); };
-  return run_forward(p, ref, q, k_pages, v_pages, out, lse, varlen, op, paged);
+  return run_forward(p, ref, q, k_pages, v_pages, out, lse, varlen, op, paged,
+                     sink_of(sink, p.heads_q, q.device(), op, "sink"));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_varlen_op(
@@ -835,8 +837,8 @@ TORCH_LIBRARY(fa4, m) {
   m.def(
       "fwd_paged_varlen(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor cu_seqlens_q, "
       "int max_seqlen_q, float? softmax_scale, bool causal, int window_left, int window_right, "
-      "bool with_lse=True, float softcap=0.0, Tensor? seqused_k=None, Tensor? cu_seqlens_k=None) -> "
-      "(Tensor out, Tensor lse)");
+      "bool with_lse=True, float softcap=0.0, Tensor? seqused_k=None, Tensor? cu_seqlens_k=None, "
+      "Tensor? sink=None) -> (Tensor out, Tensor lse)");
   m.def(
       "bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale, bool causal, "

@@ -117,7 +117,7 @@ def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 @torch.library.register_fake("fa4::fwd_paged_varlen")
 def _fwd_paged_varlen_fake(q, k_cache, v_cache, block_table, cu_seqlens_q, max_seqlen_q, softmax_scale, causal,
                            window_left, window_right, with_lse=True, softcap=0.0, seqused_k=None,
-                           cu_seqlens_k=None):
+                           cu_seqlens_k=None, sink=None):
     if q.dim() != 3:
         raise ValueError(f"fa4::fwd_paged_varlen: q has shape {tuple(q.shape)}: must be 3-d "
                          "[total_q, heads_q, head_dim] (packed sequences)")
@@ -351,7 +351,8 @@ def flash_attn_varlen_func(
     block_table[b, j // page_size]; its keys are the first of max_pages * page_size, at most
     cu_seqlens_k[b + 1] - cu_seqlens_k[b] where cu_seqlens_k is given (it may be None; its offsets
     are not read) and seqused_k[b] where that is; max_seqlen_k is not read
-    (torch.ops.fa4.fwd_paged_varlen). learnable_sink: as flash_attn_func's (not with block_table).
+    (torch.ops.fa4.fwd_paged_varlen). learnable_sink: as flash_attn_func's (with block_table too,
+    forward only there).
     """
     name = "fa4.flash_attn_varlen_func"
     softmax_scale, window_left, window_right, softcap = _options(
@@ -360,16 +361,13 @@ def flash_attn_varlen_func(
     sink = _sink(name, learnable_sink, q.shape[1], q.device)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
                                         (sink is not None and sink.requires_grad))
-    if block_table is not None and sink is not None:
-        raise NotImplementedError(f"{name}: learnable_sink with block_table: not implemented (flash_attn_with_kvcache "
-                                  "takes both)")
     if block_table is not None:
         if grad:
             raise NotImplementedError("fa4.flash_attn_varlen_func: block_table is forward only; call it under "
                                       "torch.no_grad() or on tensors that do not require grad")
         out, lse = torch.ops.fa4.fwd_paged_varlen(
             q, k, v, block_table, cu_seqlens_q, int(max_seqlen_q), softmax_scale, bool(causal), window_left,
-            window_right, return_lse, softcap, seqused_k, cu_seqlens_k,
+            window_right, return_lse, softcap, seqused_k, cu_seqlens_k, sink,
         )
     elif seqused_k is not None:
         if grad:

@@ -499,10 +499,14 @@ def test_sinks_on_the_varlen_and_kvcache_calls():
     _, calls = fa4_calls(lambda: out.sum().backward())
     assert [n for n, _ in calls] == ["fa4.bwd_varlen.default"]
     assert sink.grad.shape == (4,) and q.grad.shape == q.shape
+    # Packed queries on a paged cache (forward only): the sinks the paged operator's last argument.
     table = torch.empty(2, 3, device="meta", dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="learnable_sink with block_table"):
-        fa4.flash_attn_varlen_func(q.detach(), k.detach(), k.detach(), cu, cu, 6, 7, block_table=table,
-                                   learnable_sink=sink)
+    pages = meta(6, 16, 2, 64)
+    with torch.no_grad():
+        out, calls = fa4_calls(lambda: fa4.flash_attn_varlen_func(q, pages, pages, cu, None, 6, 0, block_table=table,
+                                                                  learnable_sink=sink))
+    assert out.shape == (10, 4, 64) and [n for n, _ in calls] == ["fa4.fwd_paged_varlen.default"]
+    assert calls[0][1][-1].shape == (4,) and calls[0][1][-1].dtype == torch.float32
     # flash_attn_with_kvcache: one operator, the sinks its last argument, with every kind of cache.
     qd, cache, new = meta(3, 1, 8, 128), meta(3, 512, 2, 128), meta(3, 1, 2, 128)
     pages, tab = meta(6, 256, 2, 128), torch.empty(3, 2, device="meta", dtype=torch.int32)

@@ -1203,6 +1203,7 @@ def test_sinks_on_packed_sequences_match_each_sequence_alone():
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_kvcache_sinks_on_the_decoding_kernel_and_pages(d):
+    # (and packed queries on the same pages: flash_attn_varlen_func's block_table)
     b, sc, hq, hkv = 3, 4096, 16, 4
     gen = torch.Generator(device=DEV).manual_seed(99)
     q = torch.randn(b, 1, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
@@ -1217,6 +1218,9 @@ def test_kvcache_sinks_on_the_decoding_kernel_and_pages(d):
     k_pages, v_pages, table = paged_caches(k, v, page, seed=d)
     paged = fa4.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=used, block_table=table,
                                         learnable_sink=sink)
+    cu_q = torch.arange(0, b + 1, dtype=torch.int32, device=DEV)  # packed queries, one a sequence
+    packed = fa4.flash_attn_varlen_func(q.reshape(b, hq, d), k_pages, v_pages, cu_q, None, 1, 0, seqused_k=used,
+                                        block_table=table, learnable_sink=sink).reshape(b, 1, hq, d)
     scale = 1.0 / math.sqrt(d)
     for i, n in enumerate(lens):
         qs, ks, vs = q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n]
@@ -1225,6 +1229,7 @@ def test_kvcache_sinks_on_the_decoding_kernel_and_pages(d):
         assert_close_by_criterion(out[i:i + 1], ref_lp, ref, f"entry {i} ({n} keys)")
         assert_lse(lse[i:i + 1], lse_lp, lse_ref)
         assert_close_by_criterion(paged[i:i + 1], ref_lp, ref, f"paged entry {i} ({n} keys)")
+        assert_close_by_criterion(packed[i:i + 1], ref_lp, ref, f"packed paged entry {i} ({n} keys)")
     ref, _ = reference(q, k, v, scale, False, (-1, -1), lowp=False, sink=sink)
     ref_lp, _ = reference(q, k, v, scale, False, (-1, -1), lowp=True, sink=sink)
     assert_close_by_criterion(whole, ref_lp, ref, "every key")
