@@ -464,7 +464,8 @@ TEST(ForwardGpu, QueryRowsOfAGroupFolded) {
 // and not, GQA, fp16, BHSD; rows without keys (causal seqlen_q > seqlen_k: O 0, LSE the sink); a
 // sink far above every score (O near 0; and in fp16, P taken against the sink partly subnormal) and
 // far below (O as without); soft-capped scores; a
-// few query rows a head; stream-K pieces merged (split 2 on a small grid); a head with no sink
+// few query rows a head and decoding calls, their query groups folded into rows (each row its own
+// head's sink); stream-K pieces merged (split 2 on a small grid); a head with no sink
 // (-inf) beside the others. LSE against float64 too (run_case).
 TEST(ForwardGpu, SinksOnTheTileKernels) {
   FA4_REQUIRE_GPU();
@@ -474,10 +475,13 @@ TEST(ForwardGpu, SinksOnTheTileKernels) {
         {BF16, 2, 333, 333, 4, 2, d, false},
         {FP16, 1, 300, 1000, 6, 3, d, true, -1, -1, Layout::kBHSD},
         {BF16, 1, 40, 17, 4, 4, d, true},            // seqlen_q > seqlen_k: rows without keys
-        {BF16, 2, 4, 1000, 32, 8, d, true},          // few rows a head (not folded with sinks)
+        {BF16, 2, 4, 1000, 32, 8, d, true},          // few rows a head (folded: fold_query_rows)
         {BF16, 1, 1, 3000, 16, 2, d, false},         // decoding (at d256 on the tile kernels)
+        {BF16, 2, 1, 700, 12, 2, d, false},          // a group of 6 folded (fold_query_groups)
+        {BF16, 1, 3, 500, 16, 1, d, true},           // 16 heads folded: a thread's two rows' heads differ
     };
     cases[3].max_ctas = 4;
+    cases[5].decode = 1;  // (on the tile kernels at every head dim)
     Case high{BF16, 1, 200, 300, 4, 2, d, false};
     high.sink_shift = 30.0;  // above every score: O near 0, LSE the sink's
     cases.push_back(high);
@@ -521,6 +525,10 @@ TEST(ForwardGpu, SinksOnTheDecodingKernel) {
       rows.launch = decoding_kernel;
       ASSERT_NO_FATAL_FAILURE(run_case(rows, seed++));
     }
+    Case six{BF16, 3, 1, 900, 12, 2, d, false};  // a group of 6 folded by strides: row g, head 6 hk + g
+    six.sink_scale = 1.0, six.sink_shift = 1.0;
+    six.launch = decoding_kernel;
+    ASSERT_NO_FATAL_FAILURE(run_case(six, seed++));
   }
 }
 

@@ -437,18 +437,39 @@ TEST(Validation, SinkArguments) {
   Status s = fa4::validate(f);
   EXPECT_TRUE(s.ok()) << s.message;
   EXPECT_EQ(fa4::detail::make_fwd_params(f).sink, f.sink);
-  // A decoding call's query groups fold into rows without sinks, not with them (the tile kernels
-  // take a tile's sink from its head).
+  // A decoding call's query groups fold into rows with sinks as without, each row taking its own
+  // query head's sink (sink_index): row g of KV head hk is query head hk * group + g, where the
+  // folded strides put it.
   ForwardArgs one = valid_forward();
   one.problem.seqlen_q = 1;
-  EXPECT_EQ(fa4::detail::make_fwd_params(one).heads_q, kHkv);  // (a KV head's group as its rows)
   one.sink = f.sink;
-  EXPECT_EQ(fa4::detail::make_fwd_params(one).heads_q, kHq);
-  EXPECT_EQ(fa4::detail::make_fwd_params(one).seqlen_q, 1);
-  one.problem.seqlen_q = 4;  // a few rows a head: folded by fold_query_rows without sinks
-  EXPECT_EQ(fa4::detail::make_fwd_params(one).fold, 0);
-  one.sink = nullptr;
-  EXPECT_GT(fa4::detail::make_fwd_params(one).fold, 0);
+  const fa4::detail::FwdParams g1 = fa4::detail::make_fwd_params(one);
+  constexpr int kGroup = kHq / kHkv;
+  EXPECT_EQ(g1.heads_q, kHkv);  // (a KV head's group as its rows)
+  EXPECT_EQ(g1.seqlen_q, kGroup);
+  EXPECT_EQ(g1.sink_group, kGroup);
+  const int64_t head_stride = one.q.head_stride;
+  for (int hk = 0; hk < kHkv; ++hk)
+    for (int g = 0; g < kGroup; ++g)
+      EXPECT_EQ(fa4::detail::sink_index(hk, g, g1.sink_group, g1.sink_mask),
+                (hk * g1.q_stride[2] + g * g1.q_stride[1]) / head_stride);
+  // A few rows a head: fold_query_rows, row r of KV head hk query head (hk << fold) + (r & (2^fold - 1)).
+  one.problem.seqlen_q = 4;
+  const fa4::detail::FwdParams r4 = fa4::detail::make_fwd_params(one);
+  ASSERT_GT(r4.fold, 0);
+  EXPECT_EQ(r4.sink_group, 1 << r4.fold);
+  for (int hk = 0; hk < kHkv; ++hk)
+    for (int r = 0; r < r4.seqlen_q; ++r)
+      EXPECT_EQ(fa4::detail::sink_index(hk, r, r4.sink_group, r4.sink_mask), (hk << r4.fold) + (r & ((1 << r4.fold) - 1)));
+  // Unfolded rows take their head's; a padding row of a folded group (past its rows, or before row
+  // 0) the group's last head's: in bounds.
+  EXPECT_EQ(fa4::detail::make_fwd_params(f).sink_group, 1);
+  EXPECT_EQ(fa4::detail::sink_index(5, 77, 1, 0), 5);
+  EXPECT_EQ(fa4::detail::sink_index(3, 5, 6, ~0u), 23);
+  EXPECT_EQ(fa4::detail::sink_index(3, 6, 6, ~0u), 23);
+  EXPECT_EQ(fa4::detail::sink_index(3, 127, 6, ~0u), 23);
+  EXPECT_EQ(fa4::detail::sink_index(3, -1, 6, ~0u), 23);
+  EXPECT_EQ(fa4::detail::sink_index(2, 7, 4, 3u), 11);
   f.sink = reinterpret_cast<const float*>(offset_bytes(fake(20), 2));
   EXPECT_TRUE(Refused(fa4::validate(f), {"sink = " + fa4::detail::format_pointer(f.sink), "4 bytes", "fp32"}));
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "fa4/attention.h"
+#include "fa4/numerics/exp2.h"  // (FA4_HD)
 
 namespace fa4::detail {
 
@@ -60,8 +61,13 @@ struct FwdParams {
   // Varlen::leftpad_k: sequence (entry) b's keys start leftpad_k[b] rows into its span, ending where
   // they would without it (null: at row 0). Not with block_table.
   const int32_t* leftpad_k = nullptr;
-  // ForwardArgs::sink: fp32 [heads_q] (null: none). Calls with sinks are not folded (fold 0).
+  // ForwardArgs::sink: fp32 [heads_q] (null: none). Row q of head h takes
+  // sink[sink_index(h, q, sink_group, sink_mask)]: its head's own where rows are not folded
+  // (group 1), the group's query head where they are (fold_query_groups: group heads_q / heads_kv,
+  // mask ~0; fold_query_rows: group 2^fold, mask 2^fold - 1).
   const float* sink = nullptr;
+  int sink_group = 1;
+  uint32_t sink_mask = 0;
   // A paged KV cache (fa4::PagedKV; batched only): k and v are pools of num_pages pages of
   // page_size rows (k_stride[0] and v_stride[0] step pages), entry b's key j on page
   // block_table[b * table_stride + j / page_size]. Null: k and v are [batch, seqlen_k] tensors.
@@ -77,6 +83,15 @@ struct FwdParams {
   int decode = 0;
   bool varlen() const { return cu_seqlens_q != nullptr; }
 };
+
+// The query head whose sink row q of head `head` takes (FwdParams::sink_group, sink_mask): head
+// where group is 1; with a folded group, head * group + the row's place in it, q & mask clamped to
+// group - 1 (a padding row past the group's, or before row 0 as unsigned, takes the last head's:
+// in bounds, and its result is not stored).
+FA4_HD int sink_index(int head, int q, int group, uint32_t mask) {
+  const uint32_t m = uint32_t(q) & mask, last = uint32_t(group - 1);
+  return head * group + int(m < last ? m : last);
+}
 
 // Launches the sm90 forward kernel; kNotSupported for configurations it does not cover. A folded
 // query group (p.fold) may be unfolded first (sm90::fold_pays).

@@ -584,6 +584,7 @@ bool fold_query_groups(FwdParams* f) {
   f->seqlen_q = group;
   f->heads_q = f->heads_kv;
   f->window_left = f->window_right = -1;
+  f->sink_group = group, f->sink_mask = ~0u;  // (row g: query head hk * group + g)
   return true;
 }
 
@@ -597,6 +598,7 @@ bool fold_query_rows(FwdParams* f) {
   f->seqlen_q *= group;
   f->heads_q = f->heads_kv;
   f->fold = fold;
+  f->sink_group = group, f->sink_mask = uint32_t(group - 1);
   return true;
 }
 
@@ -627,9 +629,10 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   }
   f.seqused_k = args.varlen.seqused_k;  // batch entries' own keys (a query group folds as before)
   f.leftpad_k = args.varlen.leftpad_k;
-  // (Not with sinks: the tile kernels take a tile's sink from its head, sm90/epilogue.cuh's
-  // start_rows; a decoding call's rows go to the decoding kernel unfolded anyway.)
-  if (f.sink == nullptr && !fold_query_groups(&f)) fold_query_rows(&f);
+  // (With sinks at d256 the rows stay unfolded: its tile kernels take a tile's sink from its head,
+  // sm90/epilogue.cuh's start_rows.)
+  if (f.sink != nullptr && f.head_dim > 128) return f;
+  if (!fold_query_groups(&f)) fold_query_rows(&f);
   return f;
 }
 

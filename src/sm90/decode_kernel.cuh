@@ -72,6 +72,8 @@ struct DecodeParams {
   float* part_o;      // splits > 1: [pair][split][kRows][kD], each CTA's O normalised
   float* part_lse;    // splits > 1: [pair][split][kRows], log2 units; -inf where a row saw no key
   const float* sink;  // FwdParams::sink: [heads_q], folded in by the CTA that writes O (null: none)
+  int sink_group;     // FwdParams::sink_group, sink_mask: a folded query group's heads (sink_of)
+  uint32_t sink_mask;
 };
 
 // Query row r of a KV head's rows: query r / group of query head hk * group + r % group.
@@ -80,6 +82,13 @@ struct RowAt {
 };
 __host__ __device__ __forceinline__ RowAt row_at(const DecodeParams& p, int hk, int r) {
   return {r / p.group, hk * p.group + r % p.group};
+}
+
+// Row r's sink (p.sink not null), in log2 units: its query head's (a query group folded into rows
+// by fold_query_groups comes as one head of group rows, row r taking head hk * group + r).
+__device__ __forceinline__ float sink_of(const DecodeParams& p, int hk, int r) {
+  const RowAt at = row_at(p, hk, r);
+  return __ldg(p.sink + detail::sink_index(at.h, at.q, p.sink_group, p.sink_mask)) * numerics::kLog2e;
 }
 
 // The keys query q may see among an entry's `keys`: [lo, hi], bottom-right aligned.
@@ -361,7 +370,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kD>) decode_kernel(const 
   float sink_c = 1.0f;
   if (p.sink != nullptr && p.splits == 1) {
     numerics::RowState st{mm, lsum};
-    sink_c = numerics::fold_sink(st, __ldg(p.sink + row_at(p, hk, r).h) * numerics::kLog2e);
+    sink_c = numerics::fold_sink(st, sink_of(p, hk, r));
     mm = st.max, lsum = st.sum;
   }
   const float inv = lsum > 0.0f ? sink_c / lsum : 0.0f;
@@ -429,7 +438,7 @@ __global__ void __launch_bounds__(kCombineThreads, 1) decode_combine_kernel(cons
 #pragma unroll
   for (int k = 0; k < kCombineWarps; ++k) mm = fmaxf(mm, red[0][k]);
   // The query head's sink (p.sink): one more split's LSE whose O is zero.
-  const float sink = p.sink == nullptr ? -INFINITY : __ldg(p.sink + row_at(p, hk, r).h) * numerics::kLog2e;
+  const float sink = p.sink == nullptr ? -INFINITY : sink_of(p, hk, r);
   mm = fmaxf(mm, sink);
   float total = 0.0f;
 #pragma unroll

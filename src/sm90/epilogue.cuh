@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common/fwd_params.h"
 #include "fa4/numerics/online_softmax.h"
 #include "ptx/sync.h"
 #include "ptx/tma.h"
@@ -120,18 +121,28 @@ __device__ __forceinline__ Elem* o_packed_row(const Params& p, const Tile& tl, i
 // softmax then carries as any key's (rescaled, merged across stream-K pieces, taken into the LSE).
 // `with_sink` false (a stream-K piece past its tile's first): empty. The sink is folded in here,
 // where O is not yet live, and not in the epilogue, whose register peak holds O (d256's
-// serial-step kernel serialized its wgmma with it there); and from the tile's head alone (calls
-// with sinks do not fold query groups into rows: make_fwd_params), one load a tile (a row's own
-// head spilled 8 bytes in d256's soft-capped kernels).
+// serial-step kernel serialized its wgmma with it there). q: this thread's first row in the
+// tile's (folded) rows, q + 8 its second; each takes its own query head's sink (sink_index). At
+// d256 the tile's head's: each row's head spilled 8 bytes in the soft-capped kernels and serialized
+// the serial-step kernel's wgmma (C7511), so calls with sinks do not fold there.
 // A row's sum is held as partials across its quad of threads (finish_rows adds them; each holds
 // the whole with kTensorRowSum): the sink's term goes to one of them, lane % 4 == 0.
 template <class Cfg, class Params>
-__device__ __forceinline__ void start_rows(const Params& p, const Tile& tl, bool with_sink, int lane,
+__device__ __forceinline__ void start_rows(const Params& p, const Tile& tl, bool with_sink, int q, int lane,
                                            numerics::RowState (&rows)[2]) {
   rows[0] = rows[1] = numerics::row_state_init();
   if (p.sink == nullptr || !with_sink) return;
-  const float s = __ldg(p.sink + tl.head) * numerics::kLog2e;
-  if (s != -INFINITY) rows[0] = rows[1] = {s, Cfg::kTensorRowSum || lane % 4 == 0 ? 1.0f : 0.0f};
+  const float one = Cfg::kTensorRowSum || lane % 4 == 0 ? 1.0f : 0.0f;
+  if constexpr (Cfg::kHeadDim <= 128) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float s = __ldg(p.sink + detail::sink_index(tl.head, q + 8 * i, p.sink_group, p.sink_mask)) * numerics::kLog2e;
+      if (s != -INFINITY) rows[i] = {s, one};
+    }
+  } else {  // (d256: calls with sinks are not folded, make_fwd_params)
+    const float s = __ldg(p.sink + tl.head) * numerics::kLog2e;
+    if (s != -INFINITY) rows[0] = rows[1] = {s, one};
+  }
 }
 
 // A consumer's rows finished: each row's whole sum (from the quad's partials unless

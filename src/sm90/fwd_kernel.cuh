@@ -276,8 +276,11 @@ struct FwdKernelParams {
   // the kEntryKeys ones entry b's keys from row leftpad_k[b] (seq_span.cuh, entry_first). Null
   // without. Last, for the offsets above.
   const int* leftpad_k;
-  // FwdParams::sink (null: none): each row's first score (epilogue.cuh, start_rows).
+  // FwdParams::sink (null: none): each row's first score (epilogue.cuh, start_rows), row q of
+  // head h taking sink[sink_index(h, q, sink_group, sink_mask)] (folded query groups).
   const float* sink;
+  int sink_group;
+  uint32_t sink_mask;
 };
 
 // Soft-capped scores (Problem::softcap): a config that derives from a shipped one and sets
@@ -1529,7 +1532,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 4; ++i) lsum[i] = 0.0f;
     // (with the query heads' sinks, where given, in a tile's first piece)
-    start_rows<Cfg>(p, tl, !kSplit || (place & 1023u) == 0, lane, rows);
+    start_rows<Cfg>(p, tl, !kSplit || (place & 1023u) == 0, first_row + row0, lane, rows);
     q_desc = wgmma::desc_sw128(
         smem_addr(sQ + q_stage() * Cfg::kQBytes) + consumer * (Cfg::kFoldedQO ? Cfg::kQBytes / 2 : 64 * 128), 16, 1024);
     // A consumer whose 64 rows all lie outside the sequence (a partial last tile's padding, or a

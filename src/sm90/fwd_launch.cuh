@@ -530,9 +530,11 @@ inline bool fold_pays(const detail::FwdParams& a, int sms) {
   return pieces || int64_t(a.batch) * (int64_t(a.heads_q) << a.fold) > grid;
 }
 inline void unfold_query_rows(detail::FwdParams* a) {
+  if (a->fold == 0) return;  // (rows not folded, or a query group folded by strides: kept)
   a->seqlen_q >>= a->fold;
   a->heads_q <<= a->fold;
   a->fold = 0;
+  a->sink_group = 1, a->sink_mask = 0;
 }
 
 // The device's peak DRAM bandwidth in GB/s by its memory clock and bus width (double data rate);
@@ -662,6 +664,8 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   k.o = a.o;
   k.lse = a.lse;
   k.sink = a.sink;
+  k.sink_group = a.sink_group;
+  k.sink_mask = a.sink_mask;
   for (int i = 0; i < 3; ++i) k.o_stride[i] = a.o_stride[i];
   if constexpr (kVarlen) {  // rows from each sequence's first (seq_span), batch 0 of the maps
     k.o_stride[0] = 0;

@@ -30,7 +30,7 @@ Status launch_decode(const FwdParams& a, cudaStream_t stream) {
   }
   p.seqused_k = a.seqused_k;
   p.leftpad_k = a.leftpad_k;  // (never with block_table: validate)
-  p.sink = a.sink;
+  p.sink = a.sink, p.sink_group = a.sink_group, p.sink_mask = a.sink_mask;
   p.block_table = a.block_table, p.table_stride = a.table_stride;
   while (a.block_table != nullptr && (1 << p.page_shift) < a.page_size) ++p.page_shift;
   p.seqlen_q = a.seqlen_q, p.seqlen_k = a.seqlen_k, p.heads_q = a.heads_q, p.heads_kv = a.heads_kv;
