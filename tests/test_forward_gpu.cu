@@ -463,7 +463,7 @@ TEST(ForwardGpu, QueryRowsOfAGroupFolded) {
 // Attention sinks (ForwardArgs::sink) on the tile kernels: whole tiles of every head dim, causal
 // and not, GQA, fp16, BHSD; rows without keys (causal seqlen_q > seqlen_k: O 0, LSE the sink); a
 // sink far above every score (O near 0; and in fp16, P taken against the sink partly subnormal) and
-// far below (O as without); soft-capped scores; a
+// far below (O as without); soft-capped scores; a sliding window; a
 // few query rows a head and decoding calls, their query groups folded into rows (each row its own
 // head's sink); stream-K pieces merged (split 2 on a small grid); a head with no sink
 // (-inf) beside the others. LSE against float64 too (run_case).
@@ -494,6 +494,7 @@ TEST(ForwardGpu, SinksOnTheTileKernels) {
     Case capped{BF16, 2, 129, 500, 4, 2, d, true};
     capped.softcap = 10.0f;
     cases.push_back(capped);
+    cases.push_back({BF16, 2, 300, 300, 16, 2, d, true, 127, 0});  // a sliding window (gpt-oss's local layers)
     Case cut{BF16, 2, 500, 900, 6, 3, d, false};  // every tile of the last round cut into pieces
     cut.split = 2, cut.max_ctas = 5;
     cases.push_back(cut);
@@ -525,6 +526,10 @@ TEST(ForwardGpu, SinksOnTheDecodingKernel) {
       rows.launch = decoding_kernel;
       ASSERT_NO_FATAL_FAILURE(run_case(rows, seed++));
     }
+    Case slide{BF16, 4, 1, 2000, 16, 2, d, true, 127, 0};  // a sliding window: rows left unfolded
+    slide.sink_scale = 1.0;
+    slide.launch = decoding_kernel;
+    ASSERT_NO_FATAL_FAILURE(run_case(slide, seed++));
     Case six{BF16, 3, 1, 900, 12, 2, d, false};  // a group of 6 folded by strides: row g, head 6 hk + g
     six.sink_scale = 1.0, six.sink_shift = 1.0;
     six.launch = decoding_kernel;

@@ -1258,3 +1258,39 @@ def test_kvcache_sinks_on_the_decoding_kernel_and_pages(d):
     ref, _ = reference(q, k, v, scale, False, (-1, -1), lowp=False, sink=sink)
     ref_lp, _ = reference(q, k, v, scale, False, (-1, -1), lowp=True, sink=sink)
     assert_close_by_criterion(whole, ref_lp, ref, "every key")
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_sinks_with_a_sliding_window_as_gpt_oss_has_them(deterministic):
+    # gpt-oss's local layers: head dim 64, 8 query heads a KV head, a sliding window of 128 keys
+    # (window_size (127, 0), causal) and a sink a head. A prefill's forward and backward, then
+    # decoding steps against the cache (one query row and four a head, each entry its own length),
+    # which fold the query groups into rows: each row takes its own head's sink.
+    b, s, hq, hkv, d, window = 2, 700, 16, 2, 64, (127, 0)
+    q, k, v = make_inputs(b, s, s, hq, hkv, d, torch.bfloat16, seed=2025, requires_grad=True)
+    sink = sink_of(hq, seed=2026, shift=1.0, none=False).requires_grad_(True)
+    scale = 1.0 / math.sqrt(d)
+    out, lse = call_or_skip(fa4.flash_attn_func, q, k, v, causal=True, window_size=window, return_lse=True,
+                            learnable_sink=sink, deterministic=deterministic)
+    ref, lse_ref = reference(q.detach(), k.detach(), v.detach(), scale, True, window, lowp=False, sink=sink.detach())
+    ref_lp, lse_lp = reference(q.detach(), k.detach(), v.detach(), scale, True, window, lowp=True, sink=sink.detach())
+    assert_close_by_criterion(out.detach(), ref_lp, ref, "out")
+    assert_lse(lse, lse_lp, lse_ref)
+    gen = torch.Generator(device=DEV).manual_seed(2027)
+    dout = torch.randn(out.shape, device=DEV, dtype=out.dtype, generator=gen)
+    grads = torch.autograd.grad(out, (q, k, v, sink), dout)
+    exact = reference_sink_grads(q, k, v, sink, dout, scale, True, window, lowp=False, o=out)
+    plain = reference_sink_grads(q, k, v, sink, dout, scale, True, window, lowp=True, o=out)
+    for name, g, r, l in zip(("dq", "dk", "dv", "dsink"), grads, exact, plain):
+        assert_close_by_criterion(g, l, r, name)
+    lens = [s, 333]
+    used = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    kc, vc, sk_ = k.detach(), v.detach(), sink.detach()
+    for rows in (1, 4):
+        qd = q.detach()[:, -rows:]
+        dec = fa4.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=used, causal=True, window_size=window,
+                                          learnable_sink=sk_)
+        for i, n in enumerate(lens):
+            r64, _ = reference(qd[i:i + 1], kc[i:i + 1, :n], vc[i:i + 1, :n], scale, True, window, lowp=False, sink=sk_)
+            rlp, _ = reference(qd[i:i + 1], kc[i:i + 1, :n], vc[i:i + 1, :n], scale, True, window, lowp=True, sink=sk_)
+            assert_close_by_criterion(dec[i:i + 1], rlp, r64, f"decoding {rows} rows, entry {i} ({n} keys)")
