@@ -495,6 +495,11 @@ TEST(ForwardGpu, SinksOnTheTileKernels) {
     capped.softcap = 10.0f;
     cases.push_back(capped);
     cases.push_back({BF16, 2, 300, 300, 16, 2, d, true, 127, 0});  // a sliding window (gpt-oss's local layers)
+    cases.push_back({BF16, 2, 1, 200, 16, 2, d, false});  // decoding over short keys (d256: not the serial step)
+    cases.back().decode = 1;
+    Case capped_decoding{BF16, 1, 1, 700, 16, 2, d, false};  // folded at d64/d128 only
+    capped_decoding.softcap = 10.0f;
+    cases.push_back(capped_decoding);
     Case cut{BF16, 2, 500, 900, 6, 3, d, false};  // every tile of the last round cut into pieces
     cut.split = 2, cut.max_ctas = 5;
     cases.push_back(cut);

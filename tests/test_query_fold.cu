@@ -15,6 +15,7 @@
 #include "mask_rule.h"
 #include "reference.h"
 #include "sm90/epilogue.cuh"
+#include "sm90/fwd_configs.cuh"
 #include "sm90/fwd_launch.cuh"
 #include "sm90/mask.cuh"
 #include "test_support.h"
@@ -223,6 +224,33 @@ TEST(QueryFold, FoldedLaunchesTakeTheKernelWithTheBoundAtRunTime) {
     EXPECT_EQ(fa4::sm90::tiles_of_one_length(g), !causal);
     EXPECT_EQ(fa4::sm90::causal_bound(g), causal);
   }
+}
+
+// With sinks a decoding call's query group folds at d256 too, each row reading its own head's sink,
+// which d256's serial-step kernel does not: its short keys take the 80-key blocks instead, and the
+// launch refuses the serial configuration for such rows. Soft-capped d256 calls with sinks stay
+// unfolded (that kernel takes a tile's sink from its head).
+TEST(QueryFold, SinksAtD256FoldButNotIntoTheSerialStepOrTheSoftCappedKernels) {
+  static const float sinks[32] = {};
+  fa4::ForwardArgs a = args_for(2, 1, 300, 16, 2, 256);  // short keys of one tile length
+  const fa4::detail::FwdParams plain = fa4::detail::make_fwd_params(a);
+  EXPECT_EQ(plain.sink_group, 8);  // (folded by strides without sinks too)
+  EXPECT_EQ(fa4::sm90::d256_block_keys(plain), 128);
+  a.sink = sinks;
+  const fa4::detail::FwdParams f = fa4::detail::make_fwd_params(a);
+  EXPECT_EQ(f.heads_q, 2);
+  EXPECT_EQ(f.sink_group, 8);
+  EXPECT_EQ(fa4::sm90::d256_block_keys(f), 80);
+  EXPECT_FALSE(fa4::sm90::per_row_sinks<fa4::sm90::D256SerialConfig<true>>());
+  EXPECT_FALSE((fa4::sm90::per_row_sinks<fa4::sm90::SoftcapConfig<fa4::sm90::D256Config<80, true>>>()));
+  EXPECT_TRUE((fa4::sm90::per_row_sinks<fa4::sm90::D256Config<80, true>>()));
+  EXPECT_TRUE(fa4::sm90::per_row_sinks<fa4::sm90::SoftcapConfig<fa4::sm90::D128Config<true>>>());
+  a.problem.softcap = 10.0f;
+  const fa4::detail::FwdParams capped = fa4::detail::make_fwd_params(a);
+  EXPECT_EQ(capped.heads_q, 16);
+  EXPECT_EQ(capped.sink_group, 1);
+  a.problem.head_dim = 128;  // (soft-capped d128 folds with sinks)
+  EXPECT_EQ(fa4::detail::make_fwd_params(a).sink_group, 8);
 }
 
 }  // namespace

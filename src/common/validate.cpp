@@ -629,9 +629,9 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   }
   f.seqused_k = args.varlen.seqused_k;  // batch entries' own keys (a query group folds as before)
   f.leftpad_k = args.varlen.leftpad_k;
-  // (With sinks at d256 the rows stay unfolded: its tile kernels take a tile's sink from its head,
-  // sm90/epilogue.cuh's start_rows.)
-  if (f.sink != nullptr && f.head_dim > 128) return f;
+  // (Soft-capped d256 calls with sinks stay unfolded: those kernels take a tile's sink from its
+  // head, sm90/epilogue.cuh's per_row_sinks.)
+  if (f.sink != nullptr && f.head_dim > 128 && f.softcap > 0.0f) return f;
   if (!fold_query_groups(&f)) fold_query_rows(&f);
   return f;
 }

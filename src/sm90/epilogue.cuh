@@ -122,24 +122,30 @@ __device__ __forceinline__ Elem* o_packed_row(const Params& p, const Tile& tl, i
 // `with_sink` false (a stream-K piece past its tile's first): empty. The sink is folded in here,
 // where O is not yet live, and not in the epilogue, whose register peak holds O (d256's
 // serial-step kernel serialized its wgmma with it there). q: this thread's first row in the
-// tile's (folded) rows, q + 8 its second; each takes its own query head's sink (sink_index). At
-// d256 the tile's head's: each row's head spilled 8 bytes in the soft-capped kernels and serialized
-// the serial-step kernel's wgmma (C7511), so calls with sinks do not fold there.
+// tile's (folded) rows, q + 8 its second; each takes its own query head's sink (sink_index). But in
+// d256's soft-capped and serial-step kernels (per_row_sinks false), which take the tile's head's:
+// each row's head spilled 8 bytes in the first and serialized the second's wgmma (C7511), so folded
+// launches with sinks do not reach them (soft-capped d256 calls with sinks stay unfolded; the
+// serial step is not taken for folded ones).
 // A row's sum is held as partials across its quad of threads (finish_rows adds them; each holds
 // the whole with kTensorRowSum): the sink's term goes to one of them, lane % 4 == 0.
+template <class Cfg>
+constexpr bool per_row_sinks() {
+  return Cfg::kHeadDim <= 128 || !(Cfg::kSerialStep || requires { requires Cfg::kSoftcap; });
+}
 template <class Cfg, class Params>
 __device__ __forceinline__ void start_rows(const Params& p, const Tile& tl, bool with_sink, int q, int lane,
                                            numerics::RowState (&rows)[2]) {
   rows[0] = rows[1] = numerics::row_state_init();
   if (p.sink == nullptr || !with_sink) return;
   const float one = Cfg::kTensorRowSum || lane % 4 == 0 ? 1.0f : 0.0f;
-  if constexpr (Cfg::kHeadDim <= 128) {
+  if constexpr (per_row_sinks<Cfg>()) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float s = __ldg(p.sink + detail::sink_index(tl.head, q + 8 * i, p.sink_group, p.sink_mask)) * numerics::kLog2e;
       if (s != -INFINITY) rows[i] = {s, one};
     }
-  } else {  // (d256: calls with sinks are not folded, make_fwd_params)
+  } else {  // (folded launches with sinks never come here: make_fwd_params, d256_block_keys, launch_forward)
     const float s = __ldg(p.sink + tl.head) * numerics::kLog2e;
     if (s != -INFINITY) rows[0] = rows[1] = {s, one};
   }

@@ -414,13 +414,15 @@ inline constexpr int kD256SerialMaxKeys = 512;
 // serial step's causal conditions hold too.
 inline int d256_block_keys(const detail::FwdParams& a) {
   if (a.block_table != nullptr) return 64;  // a paged cache: a block on one page or on whole pages
-  if (tiles_of_one_length(a) && a.seqlen_k <= kD256SerialMaxKeys) return 128;
+  // (Folded rows with sinks: not the serial step, whose kernel takes a tile's sink from its head.)
+  const bool serial_ok = a.sink == nullptr || a.sink_group == 1;
+  if (tiles_of_one_length(a) && a.seqlen_k <= kD256SerialMaxKeys) return serial_ok ? 128 : 80;
   if (!d256_narrow_blocks(a)) return 80;
   if (!causal_bound(a)) return 64;
   const int64_t m_blocks = (int64_t(a.seqlen_q) + 127) / 128;
   const bool serial = use_paired_tiles<128, 128>(a, tile_window<128>(a), m_blocks, 1) &&
                       computed_scores<128, 128>(a) / (128.0 * 128.0) <= kD256SerialMaxBlocks * double(m_blocks);
-  return serial ? 128 : 64;
+  return serial && serial_ok ? 128 : 64;
 }
 inline bool d256_serial_step(const detail::FwdParams& a) { return d256_block_keys(a) == 128; }
 
@@ -585,6 +587,9 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   if ((a.block_table != nullptr) != paged_config<Cfg>())
     return {StatusCode::kNotSupported, a.block_table != nullptr ? "a paged cache needs a paged configuration"
                                                                 : "a paged configuration needs a paged cache"};
+  if (a.sink != nullptr && a.sink_group > 1 && !per_row_sinks<Cfg>())
+    return {StatusCode::kNotSupported, "folded rows with sinks need a configuration that reads each row's sink "
+                                       "(not d256's soft-capped or serial-step ones)"};
   // With a causal or window bound the whole-tile kernel that carries it (fwd_kernel's kBounded),
   // the causal one with that bound at compile time (kCausal).
   const bool uniform = tiles_of_one_length(a);
