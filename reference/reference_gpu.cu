@@ -34,6 +34,7 @@ struct OracleParams {
   float scale;
   float softcap;  // 0 = off
   int64_t window_left, window_right;  // -1 = unbounded; causal already folded into the right
+  const float* sink;                  // ForwardArgs::sink: [heads_q], a score of no value (null: none)
 };
 
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -92,9 +93,12 @@ __global__ void __launch_bounds__(kThreads) oracle_forward(OracleParams p) {
     __syncthreads();
     m = warp_max[0];
     for (int w = 1; w < kWarps; ++w) m = fmaxf(m, warp_max[w]);
+    // The head's sink: into the max, and the sum's first term (its value is 0).
+    const float sk = p.sink != nullptr ? p.sink[h] : -INFINITY;
+    m = fmaxf(m, sk);
 
     // Pass 2: probabilities a chunk at a time, their sum, and P·V.
-    float l = 0.0f;
+    float l = sk == -INFINITY ? 0.0f : expf(sk - m);
     for (int64_t c = lo; c <= hi; c += kChunk) {
       const int n = static_cast<int>(min(int64_t{kChunk}, hi + 1 - c));
       for (int jj = warp; jj < n; jj += kWarps) {
@@ -112,7 +116,7 @@ __global__ void __launch_bounds__(kThreads) oracle_forward(OracleParams p) {
       __syncthreads();  // prob is rewritten by the next chunk
     }
 
-    const bool empty = lo > hi;
+    const bool empty = l == 0.0f;  // no visible key and no sink
     for (int64_t d = tid; d < p.head_dim; d += kThreads) o[d] = empty ? 0.0f : acc[d] / l;
     if (tid == 0 && p.lse != nullptr) p.lse[row] = empty ? -INFINITY : m + logf(l);
     __syncthreads();  // q_row, acc and warp_max are reused by the next row
@@ -153,6 +157,7 @@ Status gpu_forward(const ForwardArgs& args, float* o32, float* lse32, cudaStream
   }
   p.o = o32;
   p.lse = lse32;
+  p.sink = args.sink;
   p.batch = pr.batch;
   p.seqlen_q = pr.seqlen_q;
   p.seqlen_k = pr.seqlen_k;

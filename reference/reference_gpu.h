@@ -11,7 +11,8 @@ namespace fa4::ref {
 
 // Reads args.q, args.k, args.v (args.problem.dtype, TensorRef strides in elements) and follows
 // args.problem's semantics exactly as the CPU reference does (scale, bottom-right causal, window,
-// GQA; a row with no visible key gives O = 0 and LSE = -inf). args.o, args.lse and the workspace
+// GQA; args.sink's scores of no value where given; a row with no visible key gives O = 0 and LSE =
+// -inf, or its head's sink with one). args.o, args.lse and the workspace
 // are ignored. Writes o32 as contiguous fp32 [batch][seqlen_q][heads_q][head_dim] and, when
 // lse32 is not null, fp32 [batch][heads_q][seqlen_q] in natural log. Asynchronous on `stream`;
 // checks only what it needs to run (positive sizes, head divisibility, non-null pointers).

@@ -95,6 +95,8 @@ struct Options {
   int64_t window_left = -1, window_right = -1;
   float scale = 0.0f;
   float softcap = 0.0f;
+  bool sink = false;       // --sink M: each query head's sink from N(M, 1)
+  float sink_mean = 0.0f;
   DType dtype = DType::kBF16;
   Layout layout = Layout::kBSHD;
   bool bwd = false, deterministic = false, check = false;
@@ -120,6 +122,8 @@ const char kUsage[] =
     "  --window L,R     sliding window, -1 = unbounded on that side\n"
     "  --scale F        softmax scale (default 1/sqrt(d))\n"
     "  --softcap F      soft-capped scores, F * tanh(score / F) (default 0: off)\n"
+    "  --sink M         attention sinks (learnable_sink): each query head's drawn from N(M, 1),\n"
+    "                   fp32; the backward writes their gradient too (checked with --check)\n"
     "  --dtype T        bf16 | fp16 (default bf16)\n"
     "  --layout L       bshd | bhsd (default bshd)\n"
     "  --bwd            backward instead of forward\n"
@@ -218,6 +222,12 @@ Options parse_flags(int argc, char** argv) {
       if (v.empty() || *end != '\0' || !std::isfinite(f) || f < 0.0f)
         bad_flag(arg, v, "a finite number >= 0 (0 turns it off)");
       o.softcap = f;
+    } else if (arg == "--sink") {
+      std::string v = next();
+      char* end = nullptr;
+      float f = std::strtof(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !std::isfinite(f)) bad_flag(arg, v, "a finite number (the sinks' mean)");
+      o.sink = true, o.sink_mean = f;
     } else if (arg == "--dtype") {
       std::string v = next();
       if (v == "bf16") o.dtype = DType::kBF16;
@@ -296,6 +306,15 @@ std::vector<uint16_t> random_normal(DType t, size_t n, uint64_t seed) {
   return out;
 }
 
+// Each query head's sink from N(mean, 1), rounded to fp32 (what the kernels read), or none.
+std::vector<double> draw_sinks(const Options& o, int64_t heads) {
+  std::vector<double> out;
+  if (!o.sink) return out;
+  const std::vector<uint16_t> z = random_normal(DType::kBF16, size_t(heads), o.seed * 4 + 5);  // (bf16: exact in fp32)
+  for (uint16_t x : z) out.push_back(double(o.sink_mean + from_bits(DType::kBF16, x)));
+  return out;
+}
+
 // ------------------------------------------------------------------------------------------
 // Problem geometry.
 
@@ -362,7 +381,7 @@ double gemm_macs(const Problem& p) {
 
 float scale_of(const Problem& p) { return static_cast<float>(fa4::ref::softmax_scale(p)); }
 
-std::string describe(const Problem& p, bool bwd, Layout l) {
+std::string describe(const Problem& p, bool bwd, Layout l, const Options& o) {
   char buf[320];
   std::snprintf(buf, sizeof buf,
                 "%s %s b=%" PRId64 " h=%" PRId64 " hkv=%" PRId64 " sq=%" PRId64 " sk=%" PRId64
@@ -372,6 +391,7 @@ std::string describe(const Problem& p, bool bwd, Layout l) {
                 layout_name(l), double(scale_of(p)));
   std::string out = buf;
   if (p.softcap > 0.0f) out += " softcap=" + std::to_string(p.softcap);
+  if (o.sink) out += " sink~N(" + std::to_string(o.sink_mean) + ",1)";
   return out;
 }
 
@@ -388,11 +408,21 @@ struct RowInputs {
   const Problem* p;
   HostView q, k, v;
   float scale;
+  const std::vector<double>* sink = nullptr;  // [heads_q] (null or empty: none)
+  // Head h's sink, -inf without.
+  double sink_of(int64_t h) const { return sink && !sink->empty() ? (*sink)[size_t(h)] : -INFINITY; }
 };
 
 double row_f64(const RowInputs& in, int64_t b, int64_t h, int64_t i, double* o) {
   auto reader = [](const HostView& x) { return [&x](int64_t b, int64_t s, int64_t h, int64_t d) { return x.at(b, s, h, d); }; };
-  return fa4::ref::forward_row(*in.p, reader(in.q), reader(in.k), reader(in.v), b, h, i, o);
+  const double lse = fa4::ref::forward_row(*in.p, reader(in.q), reader(in.k), reader(in.v), b, h, i, o);
+  const double sk = in.sink_of(h);
+  if (sk == -INFINITY) return lse;
+  // The sink as one more score of no value: the LSE takes it in, O scales by the keys' share.
+  const double m = std::max(lse, sk), with = m + std::log(std::exp(lse - m) + std::exp(sk - m));
+  const double share = std::exp(lse - with);
+  for (int64_t d = 0; d < in.p->head_dim; ++d) o[d] *= share;
+  return with;
 }
 
 float row_lowprec(const RowInputs& in, int64_t b, int64_t h, int64_t i, float* o) {
@@ -409,11 +439,15 @@ float row_lowprec(const RowInputs& in, int64_t b, int64_t h, int64_t i, float* o
     m = std::max(m, s[size_t(j)]);
   }
   std::vector<float> acc(size_t(D), 0.0f);
+  // (The sink as fa4::ref::forward_lowp takes it: into the max, the sum's first term.)
+  const bool sinks = in.sink && !in.sink->empty();
+  const float sk = static_cast<float>(in.sink_of(h));
+  m = std::max(m, sk);
   if (m == -INFINITY) {
     std::fill(o, o + D, 0.0f);
     return -INFINITY;
   }
-  float sum = 0;
+  float sum = sinks ? std::exp(sk - m) : 0.0f;
   for (int64_t j = 0; j < p.seqlen_k; ++j)
     if (s[size_t(j)] != -INFINITY) sum += std::exp(s[size_t(j)] - m);
   for (int64_t j = 0; j < p.seqlen_k; ++j) {
@@ -433,6 +467,8 @@ float row_emulated(const RowInputs& in, int64_t b, int64_t h, int64_t i, float* 
   const int64_t hk = h / (p.heads_q / p.heads_kv), D = p.head_dim;
   const float scale_log2 = in.scale * kLog2e;
   nm::RowState st = nm::row_state_init();
+  // A sink starts the row as the kernels start it: {sink log2(e), 1} (sm90/epilogue.cuh, start_rows).
+  if (const double sk = in.sink_of(h); sk != -INFINITY) st = {static_cast<float>(sk) * kLog2e, 1.0f};
   std::vector<float> acc(size_t(D), 0.0f), x(static_cast<size_t>(kBlockN));
   for (int64_t j0 = 0; j0 < p.seqlen_k; j0 += kBlockN) {
     const int64_t n = std::min(kBlockN, p.seqlen_k - j0);
@@ -596,6 +632,7 @@ struct Inputs {
   uint64_t seed = 0;
   std::vector<uint16_t> q, k, v, dout;
   DeviceBuffer dq_in, dk_in, dv_in, ddout_in;  // device copies of q, k, v, dout
+  DeviceBuffer sink_in;                        // fp32 [heads_q] with --sink
 
   void ensure(DType t, uint64_t s, size_t nq, size_t nkv, bool need_dout) {
     auto fill = [&](std::vector<uint16_t>& host, DeviceBuffer& dev, size_t n, uint64_t stream) {
@@ -615,7 +652,7 @@ struct Inputs {
 };
 
 struct Outputs {
-  DeviceBuffer o, lse, dq, dk, dv, workspace;
+  DeviceBuffer o, lse, dq, dk, dv, dsink, workspace;
 };
 
 struct Gpu {
@@ -685,6 +722,7 @@ struct Case {
   fa4::ForwardArgs fwd;
   fa4::BackwardArgs bwd_args;
   size_t nq, nkv, nlse;  // elements
+  std::vector<double> sink;  // [heads_q] with --sink (fp32 values), else empty
 };
 
 Case make_case(const Options& o, const Problem& p, Inputs& in, Outputs& out) {
@@ -707,6 +745,13 @@ Case make_case(const Options& o, const Problem& p, Inputs& in, Outputs& out) {
   c.fwd.v = tensor_ref(in.dv_in.ptr, skv);
   c.fwd.o = tensor_ref(out.o.ptr, sq);
   c.fwd.lse = static_cast<float*>(out.lse.ptr);
+  c.sink = draw_sinks(o, p.heads_q);
+  if (!c.sink.empty()) {
+    const std::vector<float> s32(c.sink.begin(), c.sink.end());
+    in.sink_in.reserve(s32.size() * 4);
+    CUDA_OK(cudaMemcpy(in.sink_in.ptr, s32.data(), s32.size() * 4, cudaMemcpyHostToDevice));
+    c.fwd.sink = static_cast<const float*>(in.sink_in.ptr);
+  }
   if (o.bwd) {
     out.dq.reserve(c.nq * 2);
     out.dk.reserve(c.nkv * 2);
@@ -720,6 +765,11 @@ Case make_case(const Options& o, const Problem& p, Inputs& in, Outputs& out) {
     a.dv = tensor_ref(out.dv.ptr, skv);
     a.lse = c.fwd.lse;
     a.deterministic = o.deterministic;
+    if (!c.sink.empty()) {
+      out.dsink.reserve(c.sink.size() * 4);
+      a.sink = c.fwd.sink;
+      a.dsink = static_cast<float*>(out.dsink.ptr);
+    }
   }
   return c;
 }
@@ -746,6 +796,7 @@ void poison(const Case& c, const Outputs& out, cudaStream_t st) {
     CUDA_OK(cudaMemsetAsync(out.dq.ptr, 0xFF, c.nq * 2, st));
     CUDA_OK(cudaMemsetAsync(out.dk.ptr, 0xFF, c.nkv * 2, st));
     CUDA_OK(cudaMemsetAsync(out.dv.ptr, 0xFF, c.nkv * 2, st));
+    if (c.bwd_args.dsink) CUDA_OK(cudaMemsetAsync(out.dsink.ptr, 0xFF, c.sink.size() * 4, st));
   }
 }
 
@@ -906,7 +957,7 @@ CheckResult check_forward(const Case& c, const Inputs& in, const Outputs& out, i
   const Strides sq = strides_of(c.layout, p.seqlen_q, p.heads_q, p.head_dim);
   const Strides skv = strides_of(c.layout, p.seqlen_k, p.heads_kv, p.head_dim);
   RowInputs ri{&p, {in.q.data(), sq, p.dtype}, {in.k.data(), skv, p.dtype},
-               {in.v.data(), skv, p.dtype}, scale_of(p)};
+               {in.v.data(), skv, p.dtype}, scale_of(p), &c.sink};
   const std::vector<uint16_t> o16 = download16(out.o.ptr, c.nq);
   std::vector<float> lse(c.nlse);
   CUDA_OK(cudaMemcpy(lse.data(), out.lse.ptr, c.nlse * 4, cudaMemcpyDeviceToHost));
@@ -922,8 +973,8 @@ CheckResult check_forward(const Case& c, const Inputs& in, const Outputs& out, i
     const auto q64 = to_bshd_f64(ri.q, p.batch, p.seqlen_q, p.heads_q, p.head_dim);
     const auto k64 = to_bshd_f64(ri.k, p.batch, p.seqlen_k, p.heads_kv, p.head_dim);
     const auto v64 = to_bshd_f64(ri.v, p.batch, p.seqlen_k, p.heads_kv, p.head_dim);
-    full = fa4::ref::forward(p, q64, k64, v64);
-    full_lp = fa4::ref::forward_lowp(p, q64, k64, v64);
+    full = fa4::ref::forward(p, q64, k64, v64, c.sink);
+    full_lp = fa4::ref::forward_lowp(p, q64, k64, v64, c.sink);
   }
   const int64_t D = p.head_dim;
   ErrStats eo;
@@ -998,8 +1049,10 @@ CheckResult check_backward(const Case& c, const Inputs& in, const Outputs& out, 
   CheckResult res;
   const std::vector<uint16_t> dq = download16(out.dq.ptr, c.nq), dk = download16(out.dk.ptr, c.nkv),
                               dv = download16(out.dv.ptr, c.nkv);
-  const int64_t unwritten =
-      count_nan16(dq, p.dtype) + count_nan16(dk, p.dtype) + count_nan16(dv, p.dtype);
+  int64_t unwritten = count_nan16(dq, p.dtype) + count_nan16(dk, p.dtype) + count_nan16(dv, p.dtype);
+  std::vector<float> ds(c.sink.size());  // the sinks' gradient (--sink)
+  if (!ds.empty()) CUDA_OK(cudaMemcpy(ds.data(), out.dsink.ptr, ds.size() * 4, cudaMemcpyDeviceToHost));
+  for (float x : ds) unwritten += std::isnan(x);
   if (gemm_macs(p) > kFullCheckMacs) {
     res.ran = true;
     res.pass = unwritten == 0;
@@ -1007,7 +1060,7 @@ CheckResult check_backward(const Case& c, const Inputs& in, const Outputs& out, 
     if (verbose)
       std::printf("check: backward too large for the CPU reference (above %.0e MACs): only the NaN"
                   " scan ran, %" PRId64 " of %zu gradient elements unwritten: %s\n",
-                  kFullCheckMacs, unwritten, 2 * c.nkv + c.nq, res.pass ? "PASS" : "FAIL");
+                  kFullCheckMacs, unwritten, 2 * c.nkv + c.nq + ds.size(), res.pass ? "PASS" : "FAIL");
     return res;
   }
   const Strides sq = strides_of(c.layout, p.seqlen_q, p.heads_q, p.head_dim);
@@ -1018,8 +1071,8 @@ CheckResult check_backward(const Case& c, const Inputs& in, const Outputs& out, 
   const auto k64 = to_bshd_f64(k, p.batch, p.seqlen_k, p.heads_kv, p.head_dim);
   const auto v64 = to_bshd_f64(v, p.batch, p.seqlen_k, p.heads_kv, p.head_dim);
   const auto do64 = to_bshd_f64(dout, p.batch, p.seqlen_q, p.heads_q, p.head_dim);
-  const fa4::ref::Backward64 ref = fa4::ref::backward(p, q64, k64, v64, do64);
-  const fa4::ref::Backward64 lp = fa4::ref::backward_lowp(p, q64, k64, v64, do64);
+  const fa4::ref::Backward64 ref = fa4::ref::backward(p, q64, k64, v64, do64, c.sink);
+  const fa4::ref::Backward64 lp = fa4::ref::backward_lowp(p, q64, k64, v64, do64, c.sink);
   auto stats = [&](const std::vector<uint16_t>& dev, Strides st, int64_t seq, int64_t heads,
                    const std::vector<double>& low, const std::vector<double>& r64) {
     ErrStats e;
@@ -1034,8 +1087,10 @@ CheckResult check_backward(const Case& c, const Inputs& in, const Outputs& out, 
   const ErrStats eq = stats(dq, sq, p.seqlen_q, p.heads_q, lp.dq, ref.dq);
   const ErrStats ek = stats(dk, skv, p.seqlen_k, p.heads_kv, lp.dk, ref.dk);
   const ErrStats ev = stats(dv, skv, p.seqlen_k, p.heads_kv, lp.dv, ref.dv);
+  ErrStats es;
+  for (size_t h = 0; h < ds.size(); ++h) es.add(ds[h], lp.dsink[h], ref.dsink[h]);
   res.ran = true;
-  res.pass = eq.pass() && ek.pass() && ev.pass() && unwritten == 0;
+  res.pass = eq.pass() && ek.pass() && ev.pass() && es.pass() && unwritten == 0;
   char buf[256];
   std::snprintf(buf, sizeof buf, "%s dq %.1e dk %.1e dv %.1e", res.pass ? "PASS" : "FAIL",
                 eq.max_err, ek.max_err, ev.max_err);
@@ -1045,8 +1100,9 @@ CheckResult check_backward(const Case& c, const Inputs& in, const Outputs& out, 
     eq.print("dq");
     ek.print("dk");
     ev.print("dv");
+    if (!c.sink.empty()) es.print("dsnk");
     std::printf("  written: NaN poison left %" PRId64 " of %zu gradient elements\n", unwritten,
-                2 * c.nkv + c.nq);
+                2 * c.nkv + c.nq + c.sink.size());
     std::printf("check: %s\n", res.pass ? "PASS" : "FAIL");
   }
   return res;
@@ -1063,7 +1119,7 @@ Status prepare_backward_inputs(const Case& c, const Inputs& in, const Outputs& o
     const fa4::ref::Forward64 f = fa4::ref::forward(
         p, to_bshd_f64({in.q.data(), sq, p.dtype}, p.batch, p.seqlen_q, p.heads_q, p.head_dim),
         to_bshd_f64({in.k.data(), skv, p.dtype}, p.batch, p.seqlen_k, p.heads_kv, p.head_dim),
-        to_bshd_f64({in.v.data(), skv, p.dtype}, p.batch, p.seqlen_k, p.heads_kv, p.head_dim));
+        to_bshd_f64({in.v.data(), skv, p.dtype}, p.batch, p.seqlen_k, p.heads_kv, p.head_dim), c.sink);
     std::vector<uint16_t> o(c.nq);
     size_t n = 0;
     for (int64_t b = 0; b < p.batch; ++b)
@@ -1120,6 +1176,7 @@ std::string json_escape(const std::string& s) {
 struct Record {
   Problem p;
   bool bwd;
+  std::optional<float> sink_mean;  // --sink
   double ms, tflops;
   std::string error, check;
 };
@@ -1144,6 +1201,7 @@ void write_json(const std::string& path, const std::vector<Record>& recs, const 
                  r.p.heads_kv, r.p.seqlen_q, r.p.seqlen_k, r.p.head_dim,
                  r.p.causal ? "true" : "false", r.p.window_left, r.p.window_right);
     if (r.p.softcap > 0.0f) std::fprintf(f, "\"softcap\": %.6g, ", double(r.p.softcap));
+    if (r.sink_mean) std::fprintf(f, "\"sink\": \"N(%.6g, 1)\", ", double(*r.sink_mean));
     if (std::isfinite(r.ms))
       std::fprintf(f, "\"ms\": %.6f, \"tflops\": %.2f, ", r.ms, r.tflops);
     else
@@ -1188,6 +1246,7 @@ int run_case(const Options& o, Case& c, Inputs& in, Outputs& out, cudaStream_t s
              Record* rec) {
   rec->p = c.p;
   rec->bwd = c.bwd;
+  if (o.sink) rec->sink_mean = o.sink_mean;
   rec->ms = rec->tflops = NAN;
   Status s = prepare_workspace(c, out);  // sizes it from the problem alone; validate() checks it
   if (s.ok()) s = c.bwd ? fa4::validate(c.bwd_args) : fa4::validate(c.fwd);
@@ -1254,7 +1313,7 @@ void print_gpu(const Gpu& g) {
 int run_single(const Options& o, const Gpu& gpu, const std::string& command) {
   print_gpu(gpu);
   const Problem p = problem_from(o);
-  std::printf("problem: %s\n", describe(p, o.bwd, o.layout).c_str());
+  std::printf("problem: %s\n", describe(p, o.bwd, o.layout, o).c_str());
   cudaStream_t st;
   CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   Inputs in;
@@ -1291,7 +1350,7 @@ int run_sweep(const Options& o, const Gpu& gpu, const std::string& command) {
         p.seqlen_q = p.seqlen_k = s;
         p.head_dim = d;
         p.causal = causal;
-        std::fprintf(stderr, "[%2d/%d] %s\n", ++n, total, describe(p, o.bwd, o.layout).c_str());
+        std::fprintf(stderr, "[%2d/%d] %s\n", ++n, total, describe(p, o.bwd, o.layout, o).c_str());
         Case c = make_case(o, p, in, out);
         Record rec;
         int r = run_case(o, c, in, out, st, false, &rec);
@@ -1327,7 +1386,7 @@ int run_cpu_only(Options o, const std::string& why) {
   }
   if (!o.shape_given) o.b = 1, o.h = 2, o.hkv = 2, o.sq = 64, o.sk = 64, o.d = 64;
   const Problem p = problem_from(o);
-  std::printf("problem: %s\n", describe(p, o.bwd, o.layout).c_str());
+  std::printf("problem: %s\n", describe(p, o.bwd, o.layout, o).c_str());
   {
     // Arguments as fa4 would see them (placeholder aligned pointers; validate reads none).
     alignas(16) static char dummy[16];
@@ -1353,19 +1412,21 @@ int run_cpu_only(Options o, const std::string& why) {
   const auto q64 = to_bshd_f64(hq, p.batch, p.seqlen_q, p.heads_q, p.head_dim);
   const auto k64 = to_bshd_f64(hk, p.batch, p.seqlen_k, p.heads_kv, p.head_dim);
   const auto v64 = to_bshd_f64(hv, p.batch, p.seqlen_k, p.heads_kv, p.head_dim);
+  const std::vector<double> sink = draw_sinks(o, p.heads_q);
 
   if (o.bwd) {
     const std::vector<uint16_t> dout = random_normal(p.dtype, nq, o.seed * 4 + 3);
     const HostView hd{dout.data(), sq, p.dtype};
     const auto do64 = to_bshd_f64(hd, p.batch, p.seqlen_q, p.heads_q, p.head_dim);
-    const fa4::ref::Backward64 ref = fa4::ref::backward(p, q64, k64, v64, do64);
-    const fa4::ref::Backward64 lp = fa4::ref::backward_lowp(p, q64, k64, v64, do64);
+    const fa4::ref::Backward64 ref = fa4::ref::backward(p, q64, k64, v64, do64, sink);
+    const fa4::ref::Backward64 lp = fa4::ref::backward_lowp(p, q64, k64, v64, do64, sink);
     std::printf("check: plain %s backward (fa4::ref::backward_lowp) vs float64"
                 " (fa4::ref::backward); on a GPU the kernel's gradients take its place\n",
                 dtype_name(p.dtype));
     bool pass = true;
     for (auto [name, low, r64] : {std::tuple{"dq", &lp.dq, &ref.dq}, std::tuple{"dk", &lp.dk, &ref.dk},
-                                  std::tuple{"dv", &lp.dv, &ref.dv}}) {
+                                  std::tuple{"dv", &lp.dv, &ref.dv}, std::tuple{"dsnk", &lp.dsink, &ref.dsink}}) {
+      if (low->empty() && r64->empty()) continue;  // (dsink without --sink)
       ErrStats e;
       for (size_t i = 0; i < low->size(); ++i) e.add((*low)[i], (*low)[i], (*r64)[i]);
       e.print(name);
@@ -1375,9 +1436,9 @@ int run_cpu_only(Options o, const std::string& why) {
     return pass ? kExitOk : kExitCheckFailed;
   }
 
-  const fa4::ref::Forward64 ref = fa4::ref::forward(p, q64, k64, v64);
-  const fa4::ref::Forward64 low = fa4::ref::forward_lowp(p, q64, k64, v64);
-  RowInputs ri{&p, hq, hk, hv, scale_of(p)};
+  const fa4::ref::Forward64 ref = fa4::ref::forward(p, q64, k64, v64, sink);
+  const fa4::ref::Forward64 low = fa4::ref::forward_lowp(p, q64, k64, v64, sink);
+  RowInputs ri{&p, hq, hk, hv, scale_of(p), &sink};
   ErrStats eo;
   LseStats el;
   // The sampled-row references of large GPU checks must agree with fa4::ref; checked here too.
