@@ -1294,3 +1294,38 @@ def test_sinks_with_a_sliding_window_as_gpt_oss_has_them(deterministic):
             r64, _ = reference(qd[i:i + 1], kc[i:i + 1, :n], vc[i:i + 1, :n], scale, True, window, lowp=False, sink=sk_)
             rlp, _ = reference(qd[i:i + 1], kc[i:i + 1, :n], vc[i:i + 1, :n], scale, True, window, lowp=True, sink=sk_)
             assert_close_by_criterion(dec[i:i + 1], rlp, r64, f"decoding {rows} rows, entry {i} ({n} keys)")
+
+
+def test_sinks_with_a_sliding_window_on_packed_sequences():
+    # gpt-oss's local layers on a packed batch (flash_attn_varlen_func): d64, 8 query heads a KV head,
+    # window (127, 0) causal, a sink a head; sequences shorter than the window, longer, and one row.
+    lens, hq, hkv, d, window = [300, 90, 1, 517], 16, 2, 64, (127, 0)
+    gen = torch.Generator(device=DEV).manual_seed(2028)
+    total = sum(lens)
+    q = torch.randn(total, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen).requires_grad_(True)
+    k = torch.randn(total, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen).requires_grad_(True)
+    v = torch.randn(total, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen).requires_grad_(True)
+    sink = sink_of(hq, seed=2029, shift=0.5, none=False).requires_grad_(True)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=DEV)
+    out, lse = call_or_skip(fa4.flash_attn_varlen_func, q, k, v, cu, cu, max(lens), max(lens), causal=True,
+                            window_size=window, return_lse=True, learnable_sink=sink)
+    dout = torch.randn(out.shape, device=DEV, dtype=out.dtype, generator=gen)
+    grads = torch.autograd.grad(out, (q, k, v, sink), dout)
+    scale = 1.0 / math.sqrt(d)
+    dsink_ref = torch.zeros(hq, dtype=torch.float64, device=DEV)
+    dsink_lp = torch.zeros(hq, dtype=torch.float32, device=DEV)
+    for b, n in enumerate(lens):
+        r = slice(int(cu[b]), int(cu[b]) + n)
+        qs, ks, vs = (t.detach()[r].unsqueeze(0) for t in (q, k, v))
+        os_, ds = out.detach()[r].unsqueeze(0), dout[r].unsqueeze(0)
+        ref, lse_ref = reference(qs, ks, vs, scale, True, window, lowp=False, sink=sink.detach())
+        ref_lp, lse_lp = reference(qs, ks, vs, scale, True, window, lowp=True, sink=sink.detach())
+        assert_close_by_criterion(os_, ref_lp, ref, f"sequence {b} ({n} rows)")
+        assert_lse(lse.detach()[:, r].unsqueeze(0), lse_lp, lse_ref)
+        exact = reference_sink_grads(qs, ks, vs, sink, ds, scale, True, window, lowp=False, o=os_)
+        plain = reference_sink_grads(qs, ks, vs, sink, ds, scale, True, window, lowp=True, o=os_)
+        for name, g, e, l in zip(("dq", "dk", "dv"), grads[:3], exact[:3], plain[:3]):
+            assert_close_by_criterion(g[r].unsqueeze(0), l, e, f"{name} of sequence {b}")
+        dsink_ref += exact[3]
+        dsink_lp += plain[3]
+    assert_close_by_criterion(grads[3], dsink_lp, dsink_ref, "dsink")
