@@ -42,12 +42,6 @@ __global__ void zero_rows_outside_kernel(char* base, int64_t row_stride, int64_t
   }
 }
 
-__global__ void set_floats(float* data, int64_t n, float value) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    data[i] = value;
-}
-
 // Element (o, h, i) of [outer, heads, inner] floats: per_head[h] (-inf where per_head is null).
 __global__ void set_floats_by_head(float* data, int64_t outer, int64_t heads, int64_t inner, const float* per_head) {
   const int64_t n = outer * heads * inner;
@@ -92,13 +86,6 @@ cudaError_t zero_rows_outside(void* data, int elem_size, const int64_t stride[3]
   // Usually no row is outside: a few blocks find that out; a grid-stride loop does the rest.
   zero_rows_outside_kernel<<<std::min(blocks_for(work), 264u), kThreads, 0, stream>>>(
       static_cast<char*>(data), ss, hs, cu_seqlens, batch, total, heads, row_bytes / 16);
-  return cudaGetLastError();
-}
-
-cudaError_t fill_floats(float* data, int64_t n, float value, cudaStream_t stream) {
-  if (n <= 0) return cudaSuccess;
-  if (data == nullptr) return cudaErrorInvalidValue;
-  set_floats<<<blocks_for(n), kThreads, 0, stream>>>(data, n, value);
   return cudaGetLastError();
 }
 

@@ -22,9 +22,6 @@ cudaError_t zero_tensor(void* data, int elem_size, const int64_t stride[3], int6
 cudaError_t zero_rows_outside(void* data, int elem_size, const int64_t stride[3], const int* cu_seqlens, int64_t batch,
                               int64_t total, int64_t heads, int64_t dim, cudaStream_t stream);
 
-// Sets n contiguous floats to `value`.
-cudaError_t fill_floats(float* data, int64_t n, float value, cudaStream_t stream);
-
 // The LSE of rows that see no key, [outer, heads, inner] floats: each head's sink (per_head, fp32
 // [heads] on the device: ForwardArgs::sink), or -inf where per_head is null.
 cudaError_t fill_lse_by_head(float* lse, int64_t outer, int64_t heads, int64_t inner, const float* per_head,

@@ -27,6 +27,7 @@
 
 #include "common/bwd_params.h"
 #include "fa4/numerics/exp2.h"
+#include "fa4/numerics/online_softmax.h"  // (kLog2e)
 #include "ptx/sync.h"
 #include "sm90/seq_span.cuh"
 #include "sm90/softmax.cuh"  // pack2
@@ -499,7 +500,7 @@ template <bool kPaired, bool kVarlen>
 __global__ void __launch_bounds__(kSinkThreads) bwd_sink_kernel(const detail::BwdParams p) {
   __shared__ float red[kSinkThreads / 32];
   const int h = blockIdx.x;
-  const float sink = __ldg(p.sink + h) * 1.4426950408889634f;
+  const float sink = __ldg(p.sink + h) * numerics::kLog2e;
   float acc = 0.0f;
   for (int b = 0; b < p.batch; ++b) {
     [[maybe_unused]] const SeqSpan seq = seq_span<kVarlen>(p, b);
