@@ -42,6 +42,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
@@ -314,6 +315,56 @@ def provider_calls(fwds, bwd, grad_args):
         except Exception as e:  # recorded by the caller
             errors[p] = e
     return fns, errors
+
+
+def fa3_cases(hdims, seqlens, bwd):
+    """FA3's shapes (shape(): 16k tokens a batch, hidden 2048) at each head dim and seqlen, causal and
+    not, bf16 on the GPU, for the side-by-side scripts of one feature (sink.py, softcap.py): a
+    namespace a case with d, s, causal, b, h, its generator g (seeded by the shape; a script draws
+    more from it after q, k, v and dout), q, k, v, dout [b, s, h, d] (q, k and v requiring grad with
+    bwd), their contiguous [b, h, s, d] copies qt, kt, vt, cudnn (SDPA's cuDNN backend on those) and
+    flops (the problem's, x 2.5 for the backward)."""
+    for d in hdims:
+        for s in seqlens:
+            for causal in (False, True):
+                b, h = shape(s, d)
+                g = torch.Generator(device="cuda").manual_seed(d * 100003 + s * 2 + causal)
+                q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                                 for _ in range(4))
+                if bwd:
+                    q, k, v = (x.requires_grad_() for x in (q, k, v))
+                qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(bwd) for x in (q, k, v))
+
+                def cudnn(qt=qt, kt=kt, vt=vt, causal=causal):
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+                flops = 4.0 * b * h * s * s * d / (2 if causal else 1) * (2.5 if bwd else 1.0)
+                yield SimpleNamespace(d=d, s=s, causal=causal, b=b, h=h, g=g, q=q, k=k, v=v, dout=dout, qt=qt,
+                                      kt=kt, vt=vt, cudnn=cudnn, flops=flops)
+                del q, k, v, dout, qt, kt, vt, cudnn
+                torch.cuda.empty_cache()
+
+
+def print_ratio_table(op, records, subject, cols, names, peers, ratio_names, ratio_fmt):
+    """The TFLOP/s of each (head dim, seqlen, causal) of records, a column a provider of cols (headed
+    names), then subject's over each of peers (headed ratio_names, ratio_fmt such as "10.3f") and
+    subject's check."""
+    width = int(ratio_fmt.split(".")[0])
+    print(f"{op}: TFLOP/s")
+    print(f"{'d':>4} {'seqlen':>6} {'causal':>6} " + " ".join(f"{n:>8}" for n in names)
+          + "".join(f" {n:>{width}}" for n in ratio_names) + "  check")
+    by = {}
+    for r in records:
+        by.setdefault((r["head_dim"], r["seqlen"], r["causal"]), {})[r["provider"]] = r
+    for (d, s, causal), row in by.items():
+        t = {p: row[p].get("tflops") for p in row}
+        cells = " ".join(f"{t[p]:8.1f}" if t.get(p) else f"{'-':>8}" for p in cols)
+        ratios = ""
+        for peer in peers:
+            ratios += f" {t[subject] / t[peer]:{ratio_fmt}}" if t.get(peer) and t.get(subject) else f" {'-':>{width}}"
+        chk = row[subject].get("check", {}).get("pass")
+        print(f"{d:>4} {s:>6} {str(causal):>6} {cells}{ratios}  {'PASS' if chk else 'FAIL'}")
 
 
 def time_records(recs, fns, rounds, bwd, errors0, flops):

@@ -28,11 +28,9 @@ sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from side_by_side import (ATOL, REL_FROBENIUS, check_fa4, criterion, no_gpu, provider_calls,  # noqa: E402
-                          run_meta, time_records, write_records)
+from side_by_side import (ATOL, REL_FROBENIUS, check_fa4, criterion, fa3_cases, no_gpu,  # noqa: E402
+                          print_ratio_table, provider_calls, run_meta, time_records, write_records)
 
 
 def flash_grads(q, k, v, sink, do, o, causal, lowp):
@@ -103,61 +101,33 @@ def main(argv=None) -> int:
     bwd = a.op == "bwd"
     meta = run_meta("sink.py", argv)
     records, failed = [], 0
-    for d in (int(x) for x in a.hdims.split(",")):
-        for s in (int(x) for x in a.seqlens.split(",")):
-            for causal in (False, True):
-                b, h = max(1, 16384 // s), 2048 // d
-                g = torch.Generator(device="cuda").manual_seed(d * 100003 + s * 2 + causal)
-                q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
-                                 for _ in range(4))
-                sink = torch.randn(h, device="cuda", dtype=torch.float32, generator=g)
-                if bwd:
-                    q, k, v, sink = (x.requires_grad_() for x in (q, k, v, sink))
-                flops = 4.0 * b * h * s * s * d / (2 if causal else 1) * (2.5 if bwd else 1.0)
-                qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(bwd) for x in (q, k, v))
-
-                def cudnn():
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-
-                fwds = {"fa4": lambda: fa4.flash_attn_func(q, k, v, causal=causal),
-                        "fa4-sink": lambda: fa4.flash_attn_func(q, k, v, causal=causal, learnable_sink=sink),
-                        "cudnn": cudnn}
-                recs = {p: {"op": a.op, "provider": p, "head_dim": d, "seqlen": s, "batch": b, "heads": h,
-                            "causal": causal, "ms": None, **meta} for p in fwds}
-                fns, errors0 = provider_calls(fwds, bwd, lambda p: (
-                    ((q, k, v, sink) if p == "fa4-sink" else (q, k, v), dout) if p.startswith("fa4")
-                    else ((qt, kt, vt), dout.transpose(1, 2).contiguous())))
-                if bwd:
-                    with torch.no_grad():  # (the same bits as the training call's output)
-                        out = fa4.flash_attn_func(q, k, v, causal=causal, learnable_sink=sink)
-                    chk = check_grads(q, k, v, dout, sink, out, fns["fa4-sink"](), causal)
-                    del out
-                else:
-                    with torch.no_grad():
-                        chk = check_fa4(q, k, v, fns["fa4-sink"](), causal, sink=sink)
-                recs["fa4-sink"]["check"] = chk
-                failed += not chk["pass"]
-                records += time_records(recs, fns, a.rounds, bwd, errors0, flops)
-                del q, k, v, qt, kt, vt, fns, fwds
-                torch.cuda.empty_cache()
+    for c in fa3_cases((int(x) for x in a.hdims.split(",")), [int(x) for x in a.seqlens.split(",")], bwd):
+        q, k, v, dout, causal = c.q, c.k, c.v, c.dout, c.causal
+        sink = torch.randn(c.h, device="cuda", dtype=torch.float32, generator=c.g).requires_grad_(bwd)
+        fwds = {"fa4": lambda: fa4.flash_attn_func(q, k, v, causal=causal),
+                "fa4-sink": lambda: fa4.flash_attn_func(q, k, v, causal=causal, learnable_sink=sink),
+                "cudnn": c.cudnn}
+        recs = {p: {"op": a.op, "provider": p, "head_dim": c.d, "seqlen": c.s, "batch": c.b, "heads": c.h,
+                    "causal": causal, "ms": None, **meta} for p in fwds}
+        fns, errors0 = provider_calls(fwds, bwd, lambda p: (
+            ((q, k, v, sink) if p == "fa4-sink" else (q, k, v), dout) if p.startswith("fa4")
+            else ((c.qt, c.kt, c.vt), dout.transpose(1, 2).contiguous())))
+        if bwd:
+            with torch.no_grad():  # (the same bits as the training call's output)
+                out = fa4.flash_attn_func(q, k, v, causal=causal, learnable_sink=sink)
+            chk = check_grads(q, k, v, dout, sink, out, fns["fa4-sink"](), causal)
+            del out
+        else:
+            with torch.no_grad():
+                chk = check_fa4(q, k, v, fns["fa4-sink"](), causal, sink=sink)
+        recs["fa4-sink"]["check"] = chk
+        failed += not chk["pass"]
+        records += time_records(recs, fns, a.rounds, bwd, errors0, c.flops)
+        del q, k, v, dout, sink, fns, fwds, c
 
     write_records(records, a.out, a.name or ("sink-bwd" if bwd else "sink"))
-    cols = ("fa4", "fa4-sink", "cudnn")
-    print(f"{a.op}: TFLOP/s")
-    print(f"{'d':>4} {'seqlen':>6} {'causal':>6} {'fa4':>8} {'sink':>8} {'cudnn':>8} {'sink/plain':>10} "
-          f"{'sink/cudnn':>10}  check")
-    by = {}
-    for r in records:
-        by.setdefault((r["head_dim"], r["seqlen"], r["causal"]), {})[r["provider"]] = r
-    for (d, s, causal), row in by.items():
-        t = {p: row[p].get("tflops") for p in row}
-        cells = " ".join(f"{t[p]:8.1f}" if t.get(p) else f"{'-':>8}" for p in cols)
-        ratios = ""
-        for peer in ("fa4", "cudnn"):
-            ratios += f" {t['fa4-sink'] / t[peer]:10.3f}" if t.get(peer) and t.get("fa4-sink") else f" {'-':>10}"
-        chk = row["fa4-sink"].get("check", {}).get("pass")
-        print(f"{d:>4} {s:>6} {str(causal):>6} {cells}{ratios}  {'PASS' if chk else 'FAIL'}")
+    print_ratio_table(a.op, records, "fa4-sink", ("fa4", "fa4-sink", "cudnn"), ("fa4", "sink", "cudnn"),
+                      ("fa4", "cudnn"), ("sink/plain", "sink/cudnn"), "10.3f")
     return 1 if failed else 0
 
 

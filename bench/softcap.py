@@ -28,11 +28,9 @@ sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from side_by_side import (causal_mod, check_fa4, criterion, flex_attention, no_gpu, provider_calls,  # noqa: E402
-                          run_meta, time_records, write_records)
+from side_by_side import (causal_mod, check_fa4, criterion, fa3_cases, flex_attention, no_gpu,  # noqa: E402
+                          print_ratio_table, provider_calls, run_meta, time_records, write_records)
 
 
 def capped_attention(q, k, v, causal, softcap, lowp):
@@ -87,67 +85,41 @@ def main(argv=None) -> int:
     flex_seqlens = {int(x) for x in a.flex_seqlens.split(",") if x}
     meta = run_meta("softcap.py", argv)
     records, failed = [], 0
-    for d in (int(x) for x in a.hdims.split(",")):
-        for s in (int(x) for x in a.seqlens.split(",")):
-            for causal in (False, True):
-                b, h = max(1, 16384 // s), 2048 // d
-                g = torch.Generator(device="cuda").manual_seed(d * 100003 + s * 2 + causal)
-                q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
-                                 for _ in range(4))
-                if bwd:
-                    q, k, v = (x.requires_grad_() for x in (q, k, v))
-                flops = 4.0 * b * h * s * s * d / (2 if causal else 1) * (2.5 if bwd else 1.0)
-                qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(bwd) for x in (q, k, v))
+    for c in fa3_cases((int(x) for x in a.hdims.split(",")), [int(x) for x in a.seqlens.split(",")], bwd):
+        q, k, v, dout, causal, s = c.q, c.k, c.v, c.dout, c.causal, c.s
 
-                def cudnn():
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        def flex_softcap():
+            def mod(score, b_, h_, q_idx, kv_idx):
+                return cap * torch.tanh(score / cap)
 
-                def flex_softcap():
-                    def mod(score, b_, h_, q_idx, kv_idx):
-                        return cap * torch.tanh(score / cap)
+            from torch.nn.attention.flex_attention import create_block_mask
+            bm = create_block_mask(causal_mod, 1, 1, s, s, device="cuda") if causal else None
+            return flex_attention()(c.qt, c.kt, c.vt, score_mod=mod, block_mask=bm)
 
-                    from torch.nn.attention.flex_attention import create_block_mask
-                    bm = create_block_mask(causal_mod, 1, 1, s, s, device="cuda") if causal else None
-                    return flex_attention()(qt, kt, vt, score_mod=mod, block_mask=bm)
-
-                fwds = {"fa4": lambda: fa4.flash_attn_func(q, k, v, causal=causal),
-                        "fa4-softcap": lambda: fa4.flash_attn_func(q, k, v, causal=causal, softcap=cap),
-                        "cudnn": cudnn}
-                if s in flex_seqlens:
-                    fwds["flex-softcap"] = flex_softcap
-                recs = {p: {"op": a.op, "provider": p, "head_dim": d, "seqlen": s, "batch": b, "heads": h,
-                            "causal": causal, "softcap": cap if p.endswith("softcap") else 0.0, "ms": None, **meta}
-                        for p in fwds}
-                fns, errors0 = provider_calls(fwds, bwd, lambda p: (
-                    ((q, k, v), dout) if p.startswith("fa4") else ((qt, kt, vt), dout.transpose(1, 2).contiguous())))
-                if bwd:
-                    chk = check_grads(q, k, v, dout, fns["fa4-softcap"](), causal, cap)
-                else:
-                    with torch.no_grad():
-                        chk = check_fa4(q, k, v, fns["fa4-softcap"](), causal, softcap=cap)
-                recs["fa4-softcap"]["check"] = chk
-                failed += not chk["pass"]
-                records += time_records(recs, fns, a.rounds, bwd, errors0, flops)
-                del q, k, v, qt, kt, vt, fns, fwds
-                torch.cuda.empty_cache()
+        fwds = {"fa4": lambda: fa4.flash_attn_func(q, k, v, causal=causal),
+                "fa4-softcap": lambda: fa4.flash_attn_func(q, k, v, causal=causal, softcap=cap),
+                "cudnn": c.cudnn}
+        if s in flex_seqlens:
+            fwds["flex-softcap"] = flex_softcap
+        recs = {p: {"op": a.op, "provider": p, "head_dim": c.d, "seqlen": s, "batch": c.b, "heads": c.h,
+                    "causal": causal, "softcap": cap if p.endswith("softcap") else 0.0, "ms": None, **meta}
+                for p in fwds}
+        fns, errors0 = provider_calls(fwds, bwd, lambda p: (
+            ((q, k, v), dout) if p.startswith("fa4") else ((c.qt, c.kt, c.vt), dout.transpose(1, 2).contiguous())))
+        if bwd:
+            chk = check_grads(q, k, v, dout, fns["fa4-softcap"](), causal, cap)
+        else:
+            with torch.no_grad():
+                chk = check_fa4(q, k, v, fns["fa4-softcap"](), causal, softcap=cap)
+        recs["fa4-softcap"]["check"] = chk
+        failed += not chk["pass"]
+        records += time_records(recs, fns, a.rounds, bwd, errors0, c.flops)
+        del q, k, v, dout, fns, fwds, flex_softcap, c
 
     write_records(records, a.out, a.name or ("softcap-bwd" if bwd else "softcap"))
-    cols = ("fa4", "fa4-softcap", "cudnn", "flex-softcap")
-    print(f"{a.op}: TFLOP/s")
-    print(f"{'d':>4} {'seqlen':>6} {'causal':>6} {'fa4':>8} {'softcap':>8} {'cudnn':>8} {'flex-cap':>8}"
-          f" {'cap/plain':>9} {'cap/cudnn':>9} {'cap/flex':>9}  check")
-    by = {}
-    for r in records:
-        by.setdefault((r["head_dim"], r["seqlen"], r["causal"]), {})[r["provider"]] = r
-    for (d, s, causal), row in by.items():
-        t = {p: row[p].get("tflops") for p in row}
-        cells = " ".join(f"{t[p]:8.1f}" if t.get(p) else f"{'-':>8}" for p in cols)
-        ratios = ""
-        for peer in ("fa4", "cudnn", "flex-softcap"):
-            ratios += f" {t['fa4-softcap'] / t[peer]:9.2f}" if t.get(peer) and t.get("fa4-softcap") else f" {'-':>9}"
-        chk = row["fa4-softcap"].get("check", {}).get("pass")
-        print(f"{d:>4} {s:>6} {str(causal):>6} {cells}{ratios}  {'PASS' if chk else 'FAIL'}")
+    print_ratio_table(a.op, records, "fa4-softcap", ("fa4", "fa4-softcap", "cudnn", "flex-softcap"),
+                      ("fa4", "softcap", "cudnn", "flex-cap"), ("fa4", "cudnn", "flex-softcap"),
+                      ("cap/plain", "cap/cudnn", "cap/flex"), "9.2f")
     return 1 if failed else 0
 
 
