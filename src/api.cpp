@@ -59,6 +59,7 @@ const char* to_string(DType dtype) {
   switch (dtype) {
     case DType::kBF16: return "bf16";
     case DType::kFP16: return "fp16";
+    case DType::kE4M3: return "e4m3";
   }
   return "unknown dtype";
 }
@@ -111,7 +112,9 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
   if (rows.k == 0) {  // every row sees no key: O = 0, LSE = -inf, or with sinks its head's sink
                       // (with varlen rows outside every sequence too, where with keys they are left
                       // as they are)
-    if (!(s = zero("zeroing o (no keys)", args.o, rows.shape, rows.q, p.heads_q, stream)).ok()) return s;
+    Problem o_shape = rows.shape;  // (fp8's o is bf16)
+    if (o_shape.dtype == DType::kE4M3) o_shape.dtype = DType::kBF16;
+    if (!(s = zero("zeroing o (no keys)", args.o, o_shape, rows.q, p.heads_q, stream)).ok()) return s;
     if (args.lse != nullptr) {
       const cudaError_t e =
           detail::fill_lse_by_head(args.lse, rows.shape.batch, p.heads_q, rows.q, args.sink, stream);
@@ -119,6 +122,7 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
     }
     return Status::Ok();
   }
+  if (p.dtype == DType::kE4M3) return detail::sm90_forward_fp8(detail::make_fwd_params(args), stream);
   return detail::sm90_forward(detail::make_fwd_params(args), stream);
 }
 

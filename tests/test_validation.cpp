@@ -771,3 +771,86 @@ TEST(Validation, EntryPointsValidateFirst) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// fp8 (DType::kE4M3): forward only, on what its kernel runs; o is bf16; descales with fp8 only.
+
+ForwardArgs valid_fp8_forward() {
+  ForwardArgs a = valid_forward();
+  a.problem.dtype = DType::kE4M3;
+  a.q_descale = static_cast<const float*>(fake(10));
+  a.k_descale = static_cast<const float*>(fake(11));
+  a.v_descale = static_cast<const float*>(fake(12));
+  return a;
+}
+
+TEST(Validation, Fp8ForwardBaselineAndHeadDims) {
+  const Status base = fa4::validate(valid_fp8_forward());
+  EXPECT_TRUE(base.ok()) << base.message;
+  ForwardArgs causal = valid_fp8_forward();
+  causal.problem.causal = true, causal.problem.window_left = 100;
+  EXPECT_TRUE(fa4::validate(causal).ok());
+  for (int d : {64, 256}) {
+    ForwardArgs a = valid_fp8_forward();
+    a.problem.head_dim = d;
+    a.q = fa4::bshd(fake(0), kSq, kHq, d);
+    a.k = fa4::bshd(fake(1), kSk, kHkv, d);
+    a.v = fa4::bshd(fake(2), kSk, kHkv, d);
+    a.o = fa4::bshd(fake(3), kSq, kHq, d);
+    const Status s = fa4::validate(a);
+    if (d == 64)
+      EXPECT_TRUE(s.ok()) << s.message;
+    else
+      EXPECT_TRUE(NotSupported(s, {"head_dim = 256", "64 or 128"}));
+  }
+}
+
+TEST(Validation, Fp8StridesInBytesOfEachTensor) {
+  // q, k, v are 1-byte elements: a seq stride of 16 elements is 16 bytes (allowed), 8 is not; o is
+  // bf16: 8 elements are 16 bytes.
+  ForwardArgs a = valid_fp8_forward();
+  a.q.seq_stride = 16 * kHq, a.q.head_stride = 16;  // (rows overlap; validate reads no data)
+  EXPECT_TRUE(fa4::validate(a).ok());
+  a = valid_fp8_forward();
+  a.k.seq_stride = kHkv * kD + 8;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"k.seq_stride", "multiple of 16 elements", "e4m3"}));
+  a = valid_fp8_forward();
+  a.o.seq_stride = kHq * kD + 8;
+  EXPECT_TRUE(fa4::validate(a).ok()) << "o is bf16: 8 elements are 16 bytes";
+  a.o.seq_stride = kHq * kD + 4;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"o.seq_stride", "multiple of 8 elements", "bf16"}));
+}
+
+TEST(Validation, Fp8DescalesOnlyWithFp8) {
+  ForwardArgs a = valid_forward();
+  a.k_descale = static_cast<const float*>(fake(11));
+  EXPECT_TRUE(Refused(fa4::validate(a), {"k_descale", "dtype = 2 (e4m3)", "dtype = 0 (bf16)"}));
+  a = valid_fp8_forward();
+  a.v_descale = static_cast<const float*>(offset_bytes(fake(12), 2));
+  EXPECT_TRUE(Refused(fa4::validate(a), {"v_descale", "multiple of 4 bytes"}));
+  a = valid_fp8_forward();
+  a.q_descale = a.k_descale = a.v_descale = nullptr;  // null: 1
+  EXPECT_TRUE(fa4::validate(a).ok());
+}
+
+TEST(Validation, Fp8RefusesWhatItsKernelDoesNotRun) {
+  ForwardArgs a = valid_fp8_forward();
+  a.problem.softcap = 30.0f;
+  EXPECT_TRUE(NotSupported(fa4::validate(a), {"softcap = 30", "fp8 forward"}));
+  a = valid_fp8_forward();
+  a.sink = static_cast<const float*>(fake(13));
+  EXPECT_TRUE(NotSupported(fa4::validate(a), {"sink = ", "sinks"}));
+  a = valid_fp8_forward();
+  a.varlen.seqused_k = static_cast<const int32_t*>(fake(14));
+  EXPECT_TRUE(NotSupported(fa4::validate(a), {"varlen.seqused_k"}));
+  a = valid_fp8_forward();
+  a.varlen.cu_seqlens_q = static_cast<const int32_t*>(fake(14));
+  a.varlen.cu_seqlens_k = static_cast<const int32_t*>(fake(15));
+  EXPECT_TRUE(NotSupported(fa4::validate(a), {"varlen.cu_seqlens_q"}));
+  a = valid_fp8_forward();
+  a.paged.block_table = static_cast<const int32_t*>(fake(14));
+  EXPECT_TRUE(NotSupported(fa4::validate(a), {"paged.block_table"}));
+  BackwardArgs b = valid_backward();
+  b.problem.dtype = DType::kE4M3;
+  EXPECT_TRUE(NotSupported(fa4::validate(b), {"dtype = 2 (e4m3)", "the backward", "forward only"}));
+}

@@ -13,7 +13,9 @@
 
 namespace fa4 {
 
-enum class DType : int { kBF16 = 0, kFP16 = 1 };
+// kE4M3: fp8 (e4m3, OCP's float8_e4m3fn) q, k and v, forward only, with o in bf16
+// (FlashAttention-3's fp8 forward); ForwardArgs' descales scale them.
+enum class DType : int { kBF16 = 0, kFP16 = 1, kE4M3 = 2 };
 
 enum class StatusCode : int {
   kOk = 0,
@@ -134,6 +136,16 @@ struct ForwardArgs {
   PagedKV paged;  // off unless block_table is set
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // fp8 (problem.dtype = kE4M3) only: each fp32 [batch, heads_kv] on the device, contiguous, 4-byte
+  // aligned (FlashAttention-3's q_descale, k_descale, v_descale): the values q, k and v stand for
+  // are their e4m3 numbers times batch entry b's, KV head hk's entry (query head h reads hk =
+  // h / (heads_q / heads_kv)). Null: 1. Entries must be finite and > 0. The fp8 forward runs
+  // head_dim 64 and 128, batched (no varlen, paged cache, soft cap or sinks), causal and windows
+  // included; o is bf16 (its strides in bf16 elements) and the LSE, when asked for, is of the
+  // scaled scores as for 16-bit inputs.
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
 };
 
 struct BackwardArgs {

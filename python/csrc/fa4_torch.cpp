@@ -100,8 +100,9 @@ void raise_if_error(const fa4::Status& s, const char* op) {
 fa4::DType dtype_of(const at::Tensor& t, const char* op, const char* name) {
   if (t.scalar_type() == at::kBFloat16) return fa4::DType::kBF16;
   if (t.scalar_type() == at::kHalf) return fa4::DType::kFP16;
+  if (t.scalar_type() == at::kFloat8_e4m3fn) return fa4::DType::kE4M3;  // (forward only: fa4 says so elsewhere)
   TORCH_CHECK_VALUE(false, cat(op, ": ", name, " has dtype ", t.scalar_type(),
-                              ": must be torch.bfloat16 or torch.float16"));
+                              ": must be torch.bfloat16, torch.float16 or torch.float8_e4m3fn"));
 }
 
 // "[2, 128, 8, 64]". Shapes and strides are formatted here rather than by streaming IntArrayRef
@@ -257,10 +258,12 @@ template <class Ref>
 std::tuple<at::Tensor, at::Tensor> run_forward(const fa4::Problem& p, Ref ref, const at::Tensor& q,
                                                const at::Tensor& k, const at::Tensor& v, at::Tensor out,
                                                at::Tensor lse, const fa4::Varlen& varlen, const char* op,
-                                               const fa4::PagedKV& paged = {}, const float* sink = nullptr) {
+                                               const fa4::PagedKV& paged = {}, const float* sink = nullptr,
+                                               const float* const* descales = nullptr) {
   auto args = common_args<fa4::ForwardArgs>(p, ref, q, k, v, out, lse, varlen);
   args.paged = paged;
   args.sink = sink;
+  if (descales != nullptr) args.q_descale = descales[0], args.k_descale = descales[1], args.v_descale = descales[2];
   size_t bytes = 0;
   raise_if_error(fa4::forward_workspace_size(args, &bytes), op);
   const at::Tensor ws = attach_workspace(args, bytes, q);
@@ -336,13 +339,16 @@ float* sink_of(const std::optional<at::Tensor>& sink, int64_t heads_q, const at:
 std::tuple<at::Tensor, at::Tensor> batched_forward(const fa4::Problem& p, const at::Tensor& q, const at::Tensor& k,
                                                    const at::Tensor& v, bool with_lse, const fa4::Varlen& entries,
                                                    const char* op, const fa4::PagedKV& paged = {},
-                                                   const float* sink = nullptr) {
+                                                   const float* sink = nullptr,
+                                                   const float* const* descales = nullptr) {
   const c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor out = at::empty({p.batch, p.seqlen_q, p.heads_q, p.head_dim}, q.options());
+  // (fp8's out is bf16)
+  const auto out_options = q.scalar_type() == at::kFloat8_e4m3fn ? q.options().dtype(at::kBFloat16) : q.options();
+  at::Tensor out = at::empty({p.batch, p.seqlen_q, p.heads_q, p.head_dim}, out_options);
   // Without with_lse (an inference call) the kernels write no LSE: lse comes back empty, [0].
   const auto f32 = q.options().dtype(at::kFloat);
   at::Tensor lse = with_lse ? at::empty({p.batch, p.heads_q, p.seqlen_q}, f32) : at::empty({0}, f32);
-  return run_forward(p, tensor_ref, q, k, v, out, lse, entries, op, paged, sink);
+  return run_forward(p, tensor_ref, q, k, v, out, lse, entries, op, paged, sink, descales);
 }
 
 std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor& k,
@@ -358,6 +364,38 @@ std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor&
   fa4::Varlen entries;  // batch entries' own key lengths, where given (no cu_seqlens)
   entries.seqused_k = seqused_of(seqused_k, p.batch, q.device(), op, "q");
   return batched_forward(p, q, k, v, with_lse, entries, op, {}, sink_of(sink, p.heads_q, q.device(), op, "sink"));
+}
+
+// A descale of the fp8 forward, where given: fp32, contiguous [batch, heads_kv] on q's device.
+const float* descale_of(const std::optional<at::Tensor>& d, const fa4::Problem& p, const at::Device& device,
+                        const char* op, const char* name) {
+  if (!d.has_value()) return nullptr;
+  const at::Tensor& t = *d;
+  FA4_CHECK_VALUE(t.defined() && t.is_cuda() && t.device() == device, op, ": ", name,
+                  " must be a CUDA tensor on q's device");
+  FA4_CHECK_VALUE(t.scalar_type() == at::kFloat, op, ": ", name, " has dtype ", t.scalar_type(),
+                  ": must be torch.float32");
+  FA4_CHECK_VALUE(t.dim() == 2 && t.size(0) == p.batch && t.size(1) == p.heads_kv && t.is_contiguous(), op, ": ",
+                  name, " has shape ", shape_str(t), " and strides ", strides_str(t),
+                  ": must be contiguous [batch, heads_kv] (batch = ", p.batch, ", heads_kv = ", p.heads_kv, ")");
+  return t.data_ptr<float>();
+}
+
+// The fp8 forward (q, k, v torch.float8_e4m3fn; out bf16) with FlashAttention-3's descales.
+std::tuple<at::Tensor, at::Tensor> fwd_fp8_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                              std::optional<double> softmax_scale, bool causal, int64_t window_left,
+                                              int64_t window_right, bool with_lse,
+                                              const std::optional<at::Tensor>& q_descale,
+                                              const std::optional<at::Tensor>& k_descale,
+                                              const std::optional<at::Tensor>& v_descale) {
+  const char* op = "fa4::fwd_fp8";
+  fa4::Problem p = check_qkv(q, k, v, softmax_scale, causal, window_left, window_right, op);
+  FA4_CHECK_VALUE(p.dtype == fa4::DType::kE4M3, op, ": q has dtype ", q.scalar_type(),
+                  ": must be torch.float8_e4m3fn (16-bit inputs go to fa4::fwd)");
+  const float* descales[3] = {descale_of(q_descale, p, q.device(), op, "q_descale"),
+                              descale_of(k_descale, p, q.device(), op, "k_descale"),
+                              descale_of(v_descale, p, q.device(), op, "v_descale")};
+  return batched_forward(p, q, k, v, with_lse, {}, op, {}, nullptr, descales);
 }
 
 // block_table checked (int32 [batch, max_pages] on `device`, its rows contiguous; batch as taken
@@ -822,6 +860,10 @@ TORCH_LIBRARY(fa4, m) {
       "int window_right, bool with_lse=True, float softcap=0.0, Tensor? seqused_k=None, Tensor? sink=None) -> "
       "(Tensor out, Tensor lse)");
   m.def(
+      "fwd_fp8(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal, int window_left, "
+      "int window_right, bool with_lse=True, Tensor? q_descale=None, Tensor? k_descale=None, "
+      "Tensor? v_descale=None) -> (Tensor out, Tensor lse)");
+  m.def(
       "fwd_paged(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, float? softmax_scale, bool causal, "
       "int window_left, int window_right, bool with_lse=True, float softcap=0.0, Tensor? seqused_k=None) -> "
       "(Tensor out, Tensor lse)");
@@ -858,6 +900,7 @@ TORCH_LIBRARY(fa4, m) {
 
 TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
   m.impl("fwd", &fwd_op);
+  m.impl("fwd_fp8", &fwd_fp8_op);
   m.impl("fwd_paged", &fwd_paged_op);
   m.impl("bwd", &bwd_op);
   m.impl("fwd_varlen", &fwd_varlen_op);
@@ -871,6 +914,7 @@ TORCH_LIBRARY_IMPL(fa4, CUDA, m) {
 // the dispatcher's "no kernel for CPU").
 TORCH_LIBRARY_IMPL(fa4, CPU, m) {
   m.impl("fwd", &fwd_op);
+  m.impl("fwd_fp8", &fwd_fp8_op);
   m.impl("fwd_paged", &fwd_paged_op);
   m.impl("bwd", &bwd_op);
   m.impl("fwd_varlen", &fwd_varlen_op);

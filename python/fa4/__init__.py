@@ -79,9 +79,25 @@ def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, with_ls
               seqused_k=None, sink=None):
     _check_fake_qkv(q, k, v, "fa4::fwd")
     b, sq, hq, d = q.shape
-    out = q.new_empty((b, sq, hq, d))
+    out = q.new_empty((b, sq, hq, d), dtype=_out_dtype(q))
     lse = q.new_empty((b, hq, sq) if with_lse else (0,), dtype=torch.float32)
     return out, lse
+
+
+def _out_dtype(q: torch.Tensor) -> torch.dtype:
+    """The output's dtype for inputs like q: q's, but bf16 for fp8 (e4m3) inputs."""
+    return torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+
+
+@torch.library.register_fake("fa4::fwd_fp8")
+def _fwd_fp8_fake(q, k, v, softmax_scale, causal, window_left, window_right, with_lse=True, q_descale=None,
+                  k_descale=None, v_descale=None):
+    _check_fake_qkv(q, k, v, "fa4::fwd_fp8")
+    if q.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"fa4::fwd_fp8: q has dtype {q.dtype}: must be torch.float8_e4m3fn")
+    b, sq, hq, d = q.shape
+    lse = q.new_empty((b, hq, sq) if with_lse else (0,), dtype=torch.float32)
+    return q.new_empty((b, sq, hq, d), dtype=torch.bfloat16), lse
 
 
 @torch.library.register_fake("fa4::fwd_paged")
@@ -268,6 +284,9 @@ def flash_attn_func(
     alibi_slopes: Optional[torch.Tensor] = None,
     return_attn_probs: bool = False,
     learnable_sink: Optional[torch.Tensor] = None,
+    q_descale: Optional[torch.Tensor] = None,
+    k_descale: Optional[torch.Tensor] = None,
+    v_descale: Optional[torch.Tensor] = None,
 ):
     """Attention over BSHD tensors, flash-attn style.
 
@@ -289,11 +308,22 @@ def flash_attn_func(
     score beside its keys' (in the units of the scaled, soft-capped scores), with no value, so its
     weight exp(sink - lse) leaves the row's output. The LSE then includes it. Differentiable: its
     gradient is -sum over the head's rows of exp(sink - lse) * rowsum(dout * out).
+    fp8 (FlashAttention-3's fp8 forward): q, k, v torch.float8_e4m3fn, head_dim 64 or 128, forward
+    only (no gradient), out bf16; q_descale, k_descale, v_descale (optional, fp32 [batch, heads_kv],
+    contiguous, positive) are what each (batch entry, KV head)'s e4m3 values are multiplied by. No
+    softcap or learnable_sink with fp8.
     """
     softmax_scale, window_left, window_right, softcap = _options(
         "fa4.flash_attn_func", softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
     return_lse = bool(return_lse or return_attn_probs)
     causal = bool(causal)
+    if q.dtype == torch.float8_e4m3fn or any(d is not None for d in (q_descale, k_descale, v_descale)):
+        if softcap != 0.0 or learnable_sink is not None:
+            raise NotImplementedError("fa4.flash_attn_func: softcap and learnable_sink are not supported with fp8 "
+                                      "inputs (the fp8 forward runs plain, causal and windowed attention)")
+        out, lse = torch.ops.fa4.fwd_fp8(q, k, v, softmax_scale, causal, window_left, window_right, return_lse,
+                                         q_descale, k_descale, v_descale)
+        return (out, lse) if return_lse else out
     sink = _sink("fa4.flash_attn_func", learnable_sink, q.shape[2], q.device)
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
                                               (sink is not None and sink.requires_grad))

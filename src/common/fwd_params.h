@@ -81,6 +81,13 @@ struct FwdParams {
   // most 16, on mma.sync tiles): 0 = where the launch's rule takes it (sm90/decode_plan.h), 1 =
   // never, 2 = wherever it can run. For tests and measurements.
   int decode = 0;
+  // fp8 (DType::kE4M3): ForwardArgs' descales, fp32 [batch, heads_kv] each (null: 1), and the
+  // software exp2's share in the fp8 kernel (every n-th 8-key chunk on the FMA pipe; -1: the
+  // shipped share; for measurements).
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  int exp2_poly_every = -1;
   bool varlen() const { return cu_seqlens_q != nullptr; }
 };
 
@@ -103,6 +110,9 @@ Status sm90_forward_varlen(const FwdParams& p, cudaStream_t stream);
 Status sm90_forward_softcap(const FwdParams& p, cudaStream_t stream);
 // A paged KV cache (p.block_table), soft-capped or not, on kernels of its own (sm90_fwd_paged.cu).
 Status sm90_forward_paged(const FwdParams& p, cudaStream_t stream);
+// fp8 inputs (DType::kE4M3; batched, no soft cap, sinks or pages: validate) on the fp8 kernel
+// (sm90/sm90_fp8_fwd.cu); O is bf16.
+Status sm90_forward_fp8(const FwdParams& p, cudaStream_t stream);
 // A decoding call (sm90::decode_runs: unfolded rows, at most 16 a KV head) on the decoding kernel.
 Status sm90_forward_decode(const FwdParams& p, cudaStream_t stream);
 

@@ -18,7 +18,7 @@
 namespace fa4 {
 namespace {
 
-constexpr DType kDTypes[] = {DType::kBF16, DType::kFP16};
+constexpr DType kDTypes[] = {DType::kBF16, DType::kFP16, DType::kE4M3};
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 // Rotary dims come in 16s (flash-attn's rule): each half of a GPT-NeoX row is whole 16-byte units.
 constexpr int64_t kRotaryDimStep = 16;
@@ -166,7 +166,51 @@ Status check_shared(const Problem& p, const TensorRef& q, const TensorRef& k, co
   if (!(s = check_tensor("q", q, qs, p)).ok()) return s;
   if (!(s = check_tensor("k", k, ks, p)).ok()) return s;
   if (!(s = check_tensor("v", v, ks, p)).ok()) return s;
-  return check_tensor("o", o, qs, p);
+  Problem po = p;  // fp8's o is bf16
+  if (po.dtype == DType::kE4M3) po.dtype = DType::kBF16;
+  return check_tensor("o", o, qs, po);
+}
+
+// fp8 (DType::kE4M3): what its kernel runs, and the descales (ForwardArgs) with it only.
+Status check_fp8(const ForwardArgs& args) {
+  const Problem& p = args.problem;
+  const struct {
+    const char* name;
+    const float* ptr;
+  } descales[] = {{"q_descale", args.q_descale}, {"k_descale", args.k_descale}, {"v_descale", args.v_descale}};
+  const std::string e4m3 = str(int64_t{static_cast<int>(DType::kE4M3)}) + " (e4m3)";
+  if (p.dtype != DType::kE4M3) {
+    for (const auto& d : descales)
+      if (d.ptr != nullptr)
+        return invalid(std::string(d.name) + " = " + detail::format_pointer(d.ptr) + ": descales go with dtype = " +
+                       e4m3 + "; dtype = " + str(int64_t{static_cast<int>(p.dtype)}) + " (" + to_string(p.dtype) +
+                       ") takes none (null)");
+    return Status::Ok();
+  }
+  for (const auto& d : descales)
+    if (reinterpret_cast<uintptr_t>(d.ptr) % alignof(float) != 0)
+      return invalid(std::string(d.name) + " = " + detail::format_pointer(d.ptr) + ": must be a multiple of " +
+                     str(int64_t{alignof(float)}) + " bytes (fp32)");
+  const auto unsupported = [&](const std::string& what) {
+    return Status{StatusCode::kNotSupported, what + ": the fp8 forward (dtype = " + e4m3 +
+                                                 ") runs batched tensors of head_dim 64 or 128, without varlen, a "
+                                                 "paged cache, a soft cap or sinks"};
+  };
+  if (p.head_dim != 64 && p.head_dim != 128) return unsupported("head_dim = " + str(p.head_dim));
+  if (args.varlen.enabled()) return unsupported("varlen.cu_seqlens_q = " + detail::format_pointer(args.varlen.cu_seqlens_q));
+  if (args.varlen.seqused_k != nullptr) return unsupported("varlen.seqused_k = " + detail::format_pointer(args.varlen.seqused_k));
+  if (args.varlen.leftpad_k != nullptr) return unsupported("varlen.leftpad_k = " + detail::format_pointer(args.varlen.leftpad_k));
+  if (args.paged.enabled()) return unsupported("paged.block_table = " + detail::format_pointer(args.paged.block_table));
+  if (p.softcap > 0.0f) return unsupported("softcap = " + str(p.softcap));
+  if (args.sink != nullptr) return unsupported("sink = " + detail::format_pointer(args.sink));
+  return Status::Ok();
+}
+
+// The 16-bit types' paths (backward, append): fp8 is forward only.
+Status check_not_fp8(const Problem& p, const char* path) {
+  if (p.dtype != DType::kE4M3) return Status::Ok();
+  return {StatusCode::kNotSupported, "dtype = " + str(int64_t{static_cast<int>(p.dtype)}) + " (e4m3): " + path +
+                                         " takes bf16 or fp16 (fp8 runs the forward only)"};
 }
 
 // A device array of int32 (Varlen's): aligned to its element.
@@ -370,6 +414,7 @@ Status validate(const ForwardArgs& args) {
   const Problem& p = args.problem;
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
+  if (!(s = check_fp8(args)).ok()) return s;
   if (!(s = check_leftpad(args.varlen, args.paged.enabled(), /*backward=*/false)).ok()) return s;
   if (!(s = check_sink(args.sink)).ok()) return s;
   if (args.varlen.enabled() && !args.paged.enabled()) return check_varlen(args);
@@ -383,6 +428,7 @@ Status validate(const BackwardArgs& args) {
   const Problem& p = args.problem;
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
+  if (!(s = check_not_fp8(p, "the backward")).ok()) return s;
   if (!(s = check_leftpad(args.varlen, /*paged=*/false, /*backward=*/true)).ok()) return s;
   if (!(s = check_sink(args.sink, args.dsink)).ok()) return s;
   if (args.varlen.enabled()) {
@@ -405,6 +451,7 @@ Status validate(const AppendArgs& args) {
   const Problem& p = args.problem;
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
+  if (!(s = check_not_fp8(p, "append_kv")).ok()) return s;
   if (!(s = check_size("seqlen_new", args.seqlen_new, 0)).ok()) return s;
   if (args.cache_seqlens != nullptr) {
     if (!(s = check_int32_aligned("cache_seqlens", args.cache_seqlens)).ok()) return s;
@@ -458,6 +505,8 @@ int element_size(DType dtype) {
     case DType::kBF16:
     case DType::kFP16:
       return 2;
+    case DType::kE4M3:
+      return 1;
   }
   return 0;
 }
@@ -608,6 +657,7 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   f.q = args.q.data, f.k = args.k.data, f.v = args.v.data, f.o = args.o.data;
   f.lse = args.lse;
   f.sink = args.sink;
+  f.q_descale = args.q_descale, f.k_descale = args.k_descale, f.v_descale = args.v_descale;
   set_strides(args.q, f.q_stride);
   set_strides(args.k, f.k_stride);
   set_strides(args.v, f.v_stride);
@@ -627,6 +677,7 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
     f.leftpad_k = args.varlen.leftpad_k;
     return f;
   }
+  if (f.dtype == DType::kE4M3) return f;  // (the fp8 kernel takes rows as they are)
   f.seqused_k = args.varlen.seqused_k;  // batch entries' own keys (a query group folds as before)
   f.leftpad_k = args.varlen.leftpad_k;
   // (Soft-capped d256 calls with sinks stay unfolded: those kernels take a tile's sink from its

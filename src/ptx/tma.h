@@ -19,6 +19,10 @@ namespace fa4::ptx {
 int make_tensor_map_16bit_sw128(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
                                 const uint64_t* strides_bytes, const uint32_t* box);
 
+// The same for 8-bit elements (fp8) with a swizzle of 64 or 128 bytes (the box's inner extent at
+// most that many bytes).
+int make_tensor_map_8bit(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
+                         const uint64_t* strides_bytes, const uint32_t* box, int swizzle_bytes);
 // A tiled map's geometry, before encoding: dims (innermost first), the byte strides of dims
 // 1..rank-1 (dim 0's elements are 2 bytes apart), and the box. Kept apart from the encoding so
 // that tests can check on the CPU which bytes a box covers.

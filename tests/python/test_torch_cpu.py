@@ -535,3 +535,20 @@ def test_compile_fullgraph_with_sinks_traces_forward_and_backward():
     out = compiled(q, k, k, sink)
     out.sum().backward()
     assert out.shape == q.shape and sink.grad.shape == (8,) and q.grad.shape == q.shape
+
+
+def test_fp8_fake_kernels_give_bf16_out():
+    q8 = meta(2, 100, 8, 128, dtype=torch.float8_e4m3fn)
+    k8 = meta(2, 300, 2, 128, dtype=torch.float8_e4m3fn)
+    d = torch.empty(2, 2, device="meta")
+    out, lse = torch.ops.fa4.fwd_fp8(q8, k8, k8, None, True, -1, -1, True, d, d, d)
+    assert out.shape == (2, 100, 8, 128) and out.dtype == torch.bfloat16
+    assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32
+    out2 = fa4.flash_attn_func(q8, k8, k8, causal=True, q_descale=d)
+    assert out2.dtype == torch.bfloat16 and out2.shape == (2, 100, 8, 128)
+    out3, _ = torch.ops.fa4.fwd(q8, k8, k8, None, False, -1, -1)  # fa4::fwd takes fp8 too (no descales)
+    assert out3.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="must be torch.float8_e4m3fn"):
+        torch.ops.fa4.fwd_fp8(meta(1, 8, 2, 64), meta(1, 8, 2, 64), meta(1, 8, 2, 64), None, False, -1, -1)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        fa4.flash_attn_func(q8, k8, k8, softcap=5.0)

@@ -1329,3 +1329,104 @@ def test_sinks_with_a_sliding_window_on_packed_sequences():
         dsink_ref += exact[3]
         dsink_lp += plain[3]
     assert_close_by_criterion(grads[3], dsink_lp, dsink_ref, "dsink")
+
+
+# ---------------------------------------------------------------------------------------------
+# fp8 (torch.float8_e4m3fn q, k, v; bf16 out), FlashAttention-3's descales
+
+
+def fp8_reference_lowp(q8, k8, v8, qd, kd, vd, scale, causal, window):
+    """The plain fp8 attention fa4's fp8 forward is judged against: scores in fp32 from the e4m3
+    values, P = 2^(x - m + 8) rounded to e4m3 (unnormalised), P V in fp32 divided by the fp32 row
+    sum, times v's descale, rounded to bf16."""
+    b, sq, hq, d = q8.shape
+    sk, hkv = k8.shape[1], k8.shape[2]
+    g = hq // hkv
+    f32 = torch.float32
+    kk = k8.to(f32).repeat_interleave(g, dim=2)
+    vv = v8.to(f32).repeat_interleave(g, dim=2)
+    qs = (qd * kd).repeat_interleave(g, dim=1)[:, :, None, None]  # [b, hq, 1, 1]
+    x = torch.einsum("bihd,bjhd->bhij", q8.to(f32), kk) * (scale * math.log2(math.e)) * qs
+    x = x.masked_fill(~visible_mask(sq, sk, causal, window, q8.device), float("-inf"))
+    m = x.amax(dim=-1, keepdim=True)
+    e = torch.exp2(x - torch.where(torch.isinf(m), torch.zeros_like(m), m) + 8.0)
+    l = e.sum(dim=-1, keepdim=True)
+    pe = e.to(torch.float8_e4m3fn).to(f32)
+    o = torch.einsum("bhij,bjhd->bihd", pe / torch.where(l > 0, l, torch.ones_like(l)), vv)
+    o = o * vd.repeat_interleave(g, dim=1)[:, None, :, None]
+    return o.to(torch.bfloat16)
+
+
+FP8_CASES = [
+    # b, sq, sk, hq, hkv, d, causal, window, layout
+    (2, 239, 1000, 4, 1, 128, False, (-1, -1), "bshd"),
+    (1, 1000, 239, 4, 2, 128, True, (-1, -1), "bhsd"),
+    (2, 17, 17, 2, 2, 64, True, (-1, -1), "bshd"),
+    (1, 1, 4097, 8, 1, 128, False, (-1, -1), "bshd"),
+    (1, 777, 777, 2, 1, 64, False, (64, 16), "bhsd"),
+]
+
+
+@pytest.mark.parametrize("case", FP8_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_fp8_forward_matches_reference(case):
+    b, sq, sk, hq, hkv, d, causal, window, layout = case
+    g = torch.Generator(device=DEV).manual_seed(sq * 31 + sk)
+    f8 = torch.float8_e4m3fn
+
+    def draw(s, h):
+        x = torch.randn(b, s, h, d, device=DEV, generator=g).to(f8)
+        return x.transpose(1, 2).contiguous().transpose(1, 2) if layout == "bhsd" else x
+
+    q8, k8, v8 = draw(sq, hq), draw(sk, hkv), draw(sk, hkv)
+    qd, kd, vd = (torch.rand(b, hkv, device=DEV, generator=g) + 0.5 for _ in range(3))
+    out, lse = call_or_skip(fa4.flash_attn_func, q8, k8, v8, causal=causal, window_size=window, return_lse=True,
+                            q_descale=qd, k_descale=kd, v_descale=vd)
+    assert out.dtype == torch.bfloat16 and out.shape == (b, sq, hq, d)
+    scale = 1.0 / math.sqrt(d)
+    grp = hq // hkv
+    rq = q8.double() * qd.double().repeat_interleave(grp, dim=1)[:, None, :, None]
+    rk, rv = (t.double() * s.double()[:, None, :, None] for t, s in ((k8, kd), (v8, vd)))
+    ref, lse_ref = reference(rq, rk, rv, scale, causal, window, lowp=False)
+    lowp = fp8_reference_lowp(q8, k8, v8, qd, kd, vd, scale, causal, window)
+    assert torch.isfinite(out).all()
+    err = (out.double() - ref).abs().max().item()
+    err_lp = (lowp.double() - ref).abs().max().item()
+    assert err <= 2 * err_lp + 2e-3, f"max|err| {err:.3e} > 2 x plain fp8's {err_lp:.3e} + 2e-3"
+    rel = ((out.double() - ref).norm() / ref.norm()).item()
+    assert rel <= 3e-2, f"relative Frobenius error {rel:.3e}"
+    fin = ~torch.isinf(lse_ref)
+    assert torch.equal(torch.isinf(lse), ~fin)
+    assert (lse.double()[fin] - lse_ref[fin]).abs().max().item() <= 5e-3
+    # Without descales: the e4m3 values as they are; and with_lse off gives the same out.
+    out1 = fa4.flash_attn_func(q8, k8, v8, causal=causal, window_size=window)
+    ref1, _ = reference(q8.double(), k8.double(), v8.double(), scale, causal, window, lowp=False)
+    assert ((out1.double() - ref1).norm() / ref1.norm()).item() <= 3e-2
+
+
+def test_fp8_refusals():
+    q8 = torch.randn(1, 64, 2, 128, device=DEV).to(torch.float8_e4m3fn)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        fa4.flash_attn_func(q8, q8, q8, softcap=30.0)
+    with pytest.raises(ValueError, match=r"q_descale has shape \[2\]"):
+        fa4.flash_attn_func(q8, q8, q8, q_descale=torch.ones(2, device=DEV))
+    with pytest.raises(ValueError, match="must be torch.float8_e4m3fn"):
+        qb = torch.randn(1, 64, 2, 128, device=DEV, dtype=torch.bfloat16)
+        fa4.flash_attn_func(qb, qb, qb, q_descale=torch.ones(1, 2, device=DEV))
+    q256 = torch.randn(1, 64, 2, 256, device=DEV).to(torch.float8_e4m3fn)
+    with pytest.raises(NotImplementedError, match="head_dim = 256"):
+        fa4.flash_attn_func(q256, q256, q256)
+    lse = torch.zeros(1, 2, 64, device=DEV)
+    with pytest.raises(NotImplementedError, match="forward only"):
+        torch.ops.fa4.bwd(q8, q8, q8, q8, q8, lse, None, False, -1, -1, False)
+
+
+def test_fp8_opcheck_and_compile():
+    q8 = torch.randn(1, 200, 4, 64, device=DEV).to(torch.float8_e4m3fn)
+    k8 = torch.randn(1, 300, 2, 64, device=DEV).to(torch.float8_e4m3fn)
+    d = torch.rand(1, 2, device=DEV) + 0.5
+    torch.library.opcheck(torch.ops.fa4.fwd_fp8.default, (q8, k8, k8, None, True, -1, -1, True, d, d, d))
+    eager = fa4.flash_attn_func(q8, k8, k8, causal=True, q_descale=d, k_descale=d, v_descale=d)
+    f = lambda a, b, c: fa4.flash_attn_func(a, b, b, causal=True, q_descale=c, k_descale=c, v_descale=c)
+    torch._dynamo.reset()
+    out = torch.compile(f, fullgraph=True)(q8, k8, d)
+    torch.testing.assert_close(out, eager, atol=0, rtol=0)

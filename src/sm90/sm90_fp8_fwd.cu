@@ -1,0 +1,123 @@
+// sm90 fp8 forward: V transposed into stream-ordered scratch, then the fp8 kernel on a persistent
+// grid (sm90/fp8_fwd_kernel.cuh).
+#include <string>
+
+#include "common/fwd_params.h"
+#include "common/launch.cuh"
+#include "common/per_device.h"
+#include "sm90/fp8_fwd_kernel.cuh"
+
+namespace fa4::detail {
+namespace {
+
+using namespace sm90::fp8;
+
+Status fp8_failure(const char* what, int code, const char* name) {
+  return {StatusCode::kCudaError, std::string("sm90 fp8 forward: ") + what + ": " + name + " (" +
+                                      std::to_string(code) + ")"};
+}
+Status fp8_failure(const char* what, cudaError_t e) { return fp8_failure(what, int(e), cudaGetErrorString(e)); }
+
+// The configuration of each head dim: K/V ring depth in the shared memory left beside Q; the
+// software exp2's share (every kPolyEvery-th 8-key chunk), chosen by FwdParams::exp2_poly_every
+// among the built ones (-1: the shipped, kShippedPoly).
+template <int kD>
+inline constexpr int kFp8Stages = 4;
+template <int kD>
+inline constexpr int kShippedPoly = 0;
+
+template <int kD, int kPoly>
+Status launch_fp8(const FwdParams& a, cudaStream_t stream) {
+  using Cfg = Fp8Config<kD, kFp8Stages<kD>, kPoly>;
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return fp8_failure("device query", e);
+  const int sms = multiprocessors(device);
+  if (sms == 0) return {StatusCode::kCudaError, "sm90 fp8 forward: the device's multiprocessor count could not be read"};
+
+  // V^T: [batch, heads_kv, d, keys rounded up to the block].
+  const int keys = (a.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN * Cfg::kBlockN;
+  const size_t vt_bytes = size_t(a.batch) * a.heads_kv * kD * keys;
+  uint8_t* vt = nullptr;
+  if ((e = cudaMallocAsync(reinterpret_cast<void**>(&vt), vt_bytes, stream)) != cudaSuccess)
+    return fp8_failure("scratch for V transposed", e);
+  struct Free {
+    uint8_t* p;
+    cudaStream_t s;
+    ~Free() { cudaFreeAsync(p, s); }  // after the kernels, in stream order
+  } free_vt{vt, stream};
+
+  TransposeParams tp{};
+  tp.v = static_cast<const uint8_t*>(a.v);
+  for (int i = 0; i < 3; ++i) tp.v_stride[i] = a.v_stride[i];
+  tp.vt = vt, tp.seqlen_k = a.seqlen_k, tp.keys = keys, tp.head_dim = kD;
+  if ((e = launch_kernel<false>(fp8_transpose_v<kD>, dim3(unsigned(keys / 128), unsigned(a.heads_kv), unsigned(a.batch)),
+                                dim3(256), 0, stream, tp)) != cudaSuccess)
+    return fp8_failure("V transpose launch", e);
+
+  Fp8Params p{};
+  {
+    // Q [batch, seqlen_q, heads_q, d] and K as (d, seq, heads, batch) maps read in boxes of one
+    // swizzle atom's columns x 128 rows; V^T as (keys, d, heads_kv, batch) in boxes of 128 keys x d.
+    const uint64_t qd[4] = {uint64_t(kD), uint64_t(a.seqlen_q), uint64_t(a.heads_q), uint64_t(a.batch)};
+    const uint64_t qs[3] = {uint64_t(a.q_stride[1]), uint64_t(a.q_stride[2]), uint64_t(a.q_stride[0])};
+    const uint32_t qb[4] = {uint32_t(Cfg::kSwizzle), uint32_t(Cfg::kBlockM), 1, 1};
+    int r = ptx::make_tensor_map_8bit(&p.q_map, a.q, 4, qd, qs, qb, Cfg::kSwizzle);
+    if (r != 0) return fp8_failure("q's tensor map", r, "cuTensorMapEncodeTiled");
+    const uint64_t kdim[4] = {uint64_t(kD), uint64_t(a.seqlen_k), uint64_t(a.heads_kv), uint64_t(a.batch)};
+    const uint64_t ks[3] = {uint64_t(a.k_stride[1]), uint64_t(a.k_stride[2]), uint64_t(a.k_stride[0])};
+    const uint32_t kb[4] = {uint32_t(Cfg::kSwizzle), uint32_t(Cfg::kBlockN), 1, 1};
+    if ((r = ptx::make_tensor_map_8bit(&p.k_map, a.k, 4, kdim, ks, kb, Cfg::kSwizzle)) != 0)
+      return fp8_failure("k's tensor map", r, "cuTensorMapEncodeTiled");
+    const uint64_t vd[4] = {uint64_t(keys), uint64_t(kD), uint64_t(a.heads_kv), uint64_t(a.batch)};
+    const uint64_t vs[3] = {uint64_t(keys), uint64_t(keys) * kD, uint64_t(keys) * kD * a.heads_kv};
+    const uint32_t vb[4] = {uint32_t(Cfg::kBlockN), uint32_t(kD), 1, 1};
+    if ((r = ptx::make_tensor_map_8bit(&p.vt_map, vt, 4, vd, vs, vb, 128)) != 0)
+      return fp8_failure("V^T's tensor map", r, "cuTensorMapEncodeTiled");
+  }
+  p.o = static_cast<__nv_bfloat16*>(a.o);
+  for (int i = 0; i < 3; ++i) p.o_stride[i] = a.o_stride[i];
+  p.lse = a.lse;
+  p.q_descale = a.q_descale, p.k_descale = a.k_descale, p.v_descale = a.v_descale;
+  p.batch = a.batch, p.seqlen_q = a.seqlen_q, p.seqlen_k = a.seqlen_k;
+  p.heads_q = a.heads_q, p.heads_kv = a.heads_kv;
+  p.window_left = a.window_left, p.window_right = a.window_right;
+  p.scale_log2 = a.scale_log2;
+  p.m_blocks = (a.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int64_t tiles = int64_t(p.m_blocks) * a.heads_q * a.batch;
+  if (tiles > INT32_MAX)
+    return {StatusCode::kNotSupported, "sm90 fp8 forward: " + std::to_string(tiles) + " tiles: at most 2^31 - 1"};
+  p.tiles = int(tiles);
+  const int ctas = int(tiles < sms ? tiles : sms);
+  if ((e = allow_dynamic_smem<fp8_fwd_kernel<Cfg>>(device, Cfg::kSmemBytes)) != cudaSuccess)
+    return fp8_failure("setting the kernel's shared memory", e);
+  if ((e = launch_kernel<false>(fp8_fwd_kernel<Cfg>, dim3(unsigned(ctas)), dim3(Cfg::kThreads), Cfg::kSmemBytes,
+                                stream, p)) != cudaSuccess)
+    return fp8_failure("launch", e);
+  return Status::Ok();
+}
+
+template <int kD>
+Status launch_fp8_share(const FwdParams& a, cudaStream_t stream) {
+  const int every = a.exp2_poly_every < 0 ? kShippedPoly<kD> : a.exp2_poly_every;
+  switch (every) {
+    case 0: return launch_fp8<kD, 0>(a, stream);
+    case 2: return launch_fp8<kD, 2>(a, stream);
+    case 4: return launch_fp8<kD, 4>(a, stream);
+    default:
+      return {StatusCode::kNotSupported, "exp2_poly_every = " + std::to_string(every) + ": built for 0, 2 and 4"};
+  }
+}
+
+}  // namespace
+
+Status sm90_forward_fp8(const FwdParams& a, cudaStream_t stream) {
+  switch (a.head_dim) {
+    case 64: return launch_fp8_share<64>(a, stream);
+    case 128: return launch_fp8_share<128>(a, stream);
+    default:
+      return {StatusCode::kNotSupported, "head_dim = " + std::to_string(a.head_dim) + " has no sm90 fp8 kernel (64 or 128)"};
+  }
+}
+
+}  // namespace fa4::detail
