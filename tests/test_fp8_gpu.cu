@@ -105,8 +105,11 @@ void run_case(const Fp8Case& c) {
   p64.dtype = fa4::DType::kBF16;  // (the float64 reference reads no dtype)
   const fa4::ref::Forward64 ref = fa4::ref::forward(p64, qs, ks, vs);
 
-  // The plain fp8 implementation.
+  // The plain fp8 implementation; and a row's largest sum of |products| over its visible keys, in
+  // the scaled scores' units (what the tensor core's fp8 accumulation, about 2^-13 relative, is
+  // relative to).
   std::vector<double> plain(static_cast<size_t>(nq));
+  std::vector<double> abs_scores(size_t(c.batch * c.heads_q * c.seqlen_q), 0.0);
   {
     const double scale = fa4::ref::softmax_scale(p64) * 1.4426950408889634;
     std::vector<float> x(size_t(c.seqlen_k));
@@ -119,10 +122,16 @@ void run_case(const Fp8Case& c) {
             x[size_t(j)] = -INFINITY;
             if (!fa4::ref::visible(p64, i, j)) continue;
             float acc = 0.0f;
-            for (int64_t d = 0; d < D; ++d)
-              acc += float(q8[size_t(((b * c.seqlen_q + i) * c.heads_q + h) * D + d)]) *
-                     float(k8[size_t(((b * c.seqlen_k + j) * c.heads_kv + hk) * D + d)]);
+            double mag = 0.0;
+            for (int64_t d = 0; d < D; ++d) {
+              const double pr = q8[size_t(((b * c.seqlen_q + i) * c.heads_q + h) * D + d)] *
+                                k8[size_t(((b * c.seqlen_k + j) * c.heads_kv + hk) * D + d)];
+              acc += float(pr);
+              mag += std::abs(pr);
+            }
             x[size_t(j)] = acc * float(scale * qd[size_t(ds)] * kd[size_t(ds)]);
+            double& a = abs_scores[size_t((b * c.heads_q + h) * c.seqlen_q + i)];
+            a = std::max(a, mag * fa4::ref::softmax_scale(p64) * qd[size_t(ds)] * kd[size_t(ds)]);
             m = std::max(m, x[size_t(j)]);
           }
           double* o = &plain[size_t(((b * c.seqlen_q + i) * c.heads_q + h) * D)];
@@ -200,18 +209,23 @@ void run_case(const Fp8Case& c) {
 
   std::vector<float> lse(size_t(c.batch * c.heads_q * c.seqlen_q));
   FP8_CUDA_OK(cudaMemcpy(lse.data(), dlse.p, lse.size() * 4, cudaMemcpyDeviceToHost));
+  // P's rounding leaves the sum alone (it is taken in fp32); what moves the LSE is the scores'
+  // accumulation on the tensor core (fp8 products summed with about 2^-13 of the sum of their
+  // magnitudes: measured up to 0.079 here, at scores spread by tens of log2 units) and the
+  // exponentials' approximation: |lse - ref| <= 5e-3 + 2^-12 * the row's largest sum of |products|.
   double worst = 0.0;
+  size_t worst_at = 0;
   for (size_t i = 0; i < lse.size(); ++i) {
     const double r = ref.lse[i];
     if (std::isinf(r)) {
       EXPECT_TRUE(std::isinf(lse[i]) && lse[i] < 0) << "lse[" << i << "] = " << lse[i] << ", expected -inf";
       continue;
     }
-    worst = std::max(worst, std::abs(double(lse[i]) - r));
+    const double excess = std::abs(double(lse[i]) - r) - (5e-3 + std::ldexp(abs_scores[i], -12));
+    if (i == 0 || excess > worst) worst = excess, worst_at = i;
   }
-  // P's rounding leaves the sum alone (it is taken in fp32); the scores' fp32 products and the
-  // exponentials' approximations stay within ~1e-3 of the log-sum-exp's scale here.
-  EXPECT_LE(worst, 5e-3) << "LSE max error";
+  EXPECT_LE(worst, 0.0) << "LSE row " << worst_at << ": " << lse[worst_at] << " against " << ref.lse[worst_at]
+                        << " (sum of |products| " << abs_scores[worst_at] << ")";
 }
 
 TEST(Fp8Gpu, AgainstFloat64) {

@@ -1420,11 +1420,12 @@ def test_fp8_refusals():
         torch.ops.fa4.bwd(q8, q8, q8, q8, q8, lse, None, False, -1, -1, False)
 
 
-def test_fp8_opcheck_and_compile():
+def test_fp8_compile_matches_eager():
+    # (torch.library.opcheck's schema test multiplies its inputs, which torch has no kernel for in
+    # fp8: the fake kernel is checked by the compiled graph, which runs on its shapes and dtypes.)
     q8 = torch.randn(1, 200, 4, 64, device=DEV).to(torch.float8_e4m3fn)
     k8 = torch.randn(1, 300, 2, 64, device=DEV).to(torch.float8_e4m3fn)
     d = torch.rand(1, 2, device=DEV) + 0.5
-    torch.library.opcheck(torch.ops.fa4.fwd_fp8.default, (q8, k8, k8, None, True, -1, -1, True, d, d, d))
     eager = fa4.flash_attn_func(q8, k8, k8, causal=True, q_descale=d, k_descale=d, v_descale=d)
     f = lambda a, b, c: fa4.flash_attn_func(a, b, b, causal=True, q_descale=c, k_descale=c, v_descale=c)
     torch._dynamo.reset()
