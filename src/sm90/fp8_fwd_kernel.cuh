@@ -70,8 +70,9 @@ struct Fp8Config {
   static constexpr int kKOffset = kQOffset + kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKBytes;
   static constexpr int kBarOffset = kVOffset + kStages * kVBytes;
-  // Barriers: Q full, Q empty, K full/empty and V full/empty a stage.
-  static constexpr int kBarBytes = 8 * (2 + 4 * kStages);
+  // Barriers: Q full, Q empty, K full/empty and V full/empty a stage, tile full/empty of two slots;
+  // then the two slots' tile indices.
+  static constexpr int kBarBytes = 8 * (2 + 4 * kStages + 4) + 8;
   static constexpr int kSmemBytes = kBarOffset + kBarBytes + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm90 limit");
   static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0, "1024-byte aligned tiles");
@@ -83,6 +84,7 @@ struct Fp8Params {
   int64_t o_stride[3];  // elements: batch, seq, head
   float* lse;           // [batch, heads_q, seqlen_q] or null
   const float *q_descale, *k_descale, *v_descale;  // [batch, heads_kv] or null (1)
+  int* tile_counter;  // zero at the launch: the tiles handed out past the grid's first
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
   int window_left, window_right;  // -1 = unbounded
   float scale_log2;               // softmax_scale * log2(e)
@@ -111,7 +113,9 @@ __device__ __forceinline__ uint32_t pack_e4m3x2(float x, float y) {
 }
 
 // The tile a work index names: query block (longest first within a head) and head of a batch entry.
-// Heads outermost so that a round's CTAs share each head's K and V in L2.
+// Heads outermost so that the CTAs at work share each head's K and V in L2. Work indices are handed
+// out in order (the grid's first, then one at a time from a counter as CTAs finish), so the
+// shortest tiles (causal) come last, where they even out the CTAs' ends.
 struct Fp8Tile {
   int m_block, head, batch;
 };
@@ -216,6 +220,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
   uint64_t* k_empty = k_full + kS;
   uint64_t* v_full = k_empty + kS;
   uint64_t* v_empty = v_full + kS;
+  uint64_t* tile_full = v_empty + kS;  // [2]
+  uint64_t* tile_empty = tile_full + 2;  // [2]
+  int* tile_slot = reinterpret_cast<int*>(tile_empty + 2);  // [2]
 
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
@@ -227,6 +234,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
       ptx::mbar_init(&v_full[s], 1);
       ptx::mbar_init(&v_empty[s], Cfg::kConsumers);
     }
+    for (int s = 0; s < 2; ++s) {
+      ptx::mbar_init(&tile_full[s], 1);
+      ptx::mbar_init(&tile_empty[s], 128 * Cfg::kConsumers);
+    }
     ptx::fence_barrier_init();
   }
   __syncthreads();
@@ -237,9 +248,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
     ptx::prefetch_tensor_map(&p.q_map);
     ptx::prefetch_tensor_map(&p.k_map);
     ptx::prefetch_tensor_map(&p.vt_map);
-    int stage = 0, q_loads = 0;
-    uint32_t phase = 0;
-    for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+    int stage = 0, q_loads = 0, slot = 0;
+    uint32_t phase = 0, slot_phase = 0;
+    for (int t = blockIdx.x;; t = int(gridDim.x) + atomicAdd(p.tile_counter, 1)) {
+      // The tile to the consumers (-1: none left).
+      ptx::mbar_wait(&tile_empty[slot], slot_phase ^ 1);
+      tile_slot[slot] = t < p.tiles ? t : -1;
+      ptx::mbar_arrive(&tile_full[slot]);
+      if (++slot == 2) slot = 0, slot_phase ^= 1;
+      if (t >= p.tiles) break;
       const Fp8Tile tl = fp8_tile(p, t);
       const int m0 = tl.m_block * Cfg::kBlockM, hk = tl.head / (p.heads_q / p.heads_kv);
       int lo, hi;
@@ -285,9 +302,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
   const uint32_t k_base = ptx::smem_addr(smem + Cfg::kKOffset);
   const uint32_t v_base = ptx::smem_addr(smem + Cfg::kVOffset);
 
-  int stage = 0;
-  uint32_t phase = 0, q_phase = 0;
-  for (int t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+  int stage = 0, slot = 0;
+  uint32_t phase = 0, q_phase = 0, slot_phase = 0;
+  for (;;) {
+    ptx::mbar_wait(&tile_full[slot], slot_phase);
+    const int t = tile_slot[slot];
+    ptx::mbar_arrive(&tile_empty[slot]);
+    if (++slot == 2) slot = 0, slot_phase ^= 1;
+    if (t < 0) break;
     const Fp8Tile tl = fp8_tile(p, t);
     const int m0 = tl.m_block * Cfg::kBlockM, hk = tl.head / (p.heads_q / p.heads_kv);
     int lo, hi;

@@ -23,8 +23,11 @@ Status fp8_failure(const char* what, cudaError_t e) { return fp8_failure(what, i
 // among the built ones (-1: the shipped, kShippedPoly).
 template <int kD>
 inline constexpr int kFp8Stages = 4;
+// Every 4th chunk (a quarter of the exponentials) on the FMA pipe: +3 to +12 % over MUFU alone at
+// FA3's 1k-16k rows, d64 and d128, where half of them (every 2nd) lost at d128 (docs/perf-notes.md,
+// "The fp8 forward").
 template <int kD>
-inline constexpr int kShippedPoly = 0;
+inline constexpr int kShippedPoly = 4;
 
 template <int kD, int kPoly>
 Status launch_fp8(const FwdParams& a, cudaStream_t stream) {
@@ -37,9 +40,10 @@ Status launch_fp8(const FwdParams& a, cudaStream_t stream) {
 
   // V^T: [batch, heads_kv, d, keys rounded up to the block].
   const int keys = (a.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN * Cfg::kBlockN;
+  // (and after it the tile counter, zeroed)
   const size_t vt_bytes = size_t(a.batch) * a.heads_kv * kD * keys;
   uint8_t* vt = nullptr;
-  if ((e = cudaMallocAsync(reinterpret_cast<void**>(&vt), vt_bytes, stream)) != cudaSuccess)
+  if ((e = cudaMallocAsync(reinterpret_cast<void**>(&vt), vt_bytes + 16, stream)) != cudaSuccess)
     return fp8_failure("scratch for V transposed", e);
   struct Free {
     uint8_t* p;
@@ -75,6 +79,9 @@ Status launch_fp8(const FwdParams& a, cudaStream_t stream) {
     if ((r = ptx::make_tensor_map_8bit(&p.vt_map, vt, 4, vd, vs, vb, 128)) != 0)
       return fp8_failure("V^T's tensor map", r, "cuTensorMapEncodeTiled");
   }
+  p.tile_counter = reinterpret_cast<int*>(vt + vt_bytes);
+  if ((e = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream)) != cudaSuccess)
+    return fp8_failure("zeroing the tile counter", e);
   p.o = static_cast<__nv_bfloat16*>(a.o);
   for (int i = 0; i < 3; ++i) p.o_stride[i] = a.o_stride[i];
   p.lse = a.lse;
