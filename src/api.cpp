@@ -325,6 +325,16 @@ extern "C" int fa4_forward_sink(const fa4_problem* problem, fa4_tensor q, fa4_te
   });
 }
 
+extern "C" int fa4_forward_fp8(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
+                               const float* q_descale, const float* k_descale, const float* v_descale, float* lse,
+                               cudaStream_t stream, char* message, size_t message_len) {
+  return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {
+    fa4::ForwardArgs a = forward_args(p, q, k, v, o, lse);
+    a.q_descale = q_descale, a.k_descale = k_descale, a.v_descale = v_descale;
+    return fa4::forward(a, stream);
+  });
+}
+
 extern "C" int fa4_forward_seqused(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
                                    fa4_tensor o, const int32_t* seqused_k, float* lse, cudaStream_t stream,
                                    char* message, size_t message_len) {

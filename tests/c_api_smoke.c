@@ -65,6 +65,18 @@ int main(void) {
   const int bad_sink = fa4_forward_sink(&p, packed, packed, packed, packed, sink, NULL, NULL, msg, sizeof msg);
   printf("fa4_forward_sink(misaligned sink): %d, %s\n", bad_sink, msg);
   const int sink_ok = bad_sink == 1 && strstr(msg, "sink = 0x7f0070000001") != NULL;
+  /* fp8: a misaligned descale is refused, naming it; descales with bf16 too. */
+  fa4_problem p8 = p;
+  p8.dtype = 2;
+  const float* descale = (const float*)(size_t)0x7f00a0000002ull;
+  const int bad_descale = fa4_forward_fp8(&p8, packed, packed, packed, packed, NULL, descale, NULL, NULL, NULL, msg,
+                                          sizeof msg);
+  printf("fa4_forward_fp8(misaligned k_descale): %d, %s\n", bad_descale, msg);
+  const int fp8_ok = bad_descale == 1 && strstr(msg, "k_descale = 0x7f00a0000002") != NULL;
+  const int bf16_descale = fa4_forward_fp8(&p, packed, packed, packed, packed, descale, NULL, NULL, NULL, NULL, msg,
+                                           sizeof msg);
+  printf("fa4_forward_fp8(bf16 with q_descale): %d, %s\n", bf16_descale, msg);
+  const int fp8_bf16_ok = bf16_descale == 1 && strstr(msg, "dtype = 2 (e4m3)") != NULL;
   float* dsink = (float*)(size_t)0x7f0080000000ull;
   const int bad_dsink = fa4_backward_sink(&p, packed, packed, packed, packed, packed, packed, packed, packed,
                                           (const float*)(size_t)0x7f0090000000ull, NULL, dsink, 0, NULL, 0, NULL, msg,
@@ -104,6 +116,6 @@ int main(void) {
 
   const int as_documented =
       ok == 0 && bytes == expect && bad == 1 && null_ok && varlen_ok && used_ok && entry_ok && pad_ok && paged_ok && packed_ok &&
-      cap_ok && rotary_ok && sink_ok && dsink_ok;
+      cap_ok && rotary_ok && sink_ok && dsink_ok && fp8_ok && fp8_bf16_ok;
   return as_documented ? 0 : 1;
 }

@@ -22,7 +22,7 @@ typedef struct fa4_tensor {
 } fa4_tensor;
 
 typedef struct fa4_problem {
-  int dtype;  // 0 = bf16, 1 = fp16
+  int dtype;  // 0 = bf16, 1 = fp16, 2 = e4m3 (fp8, forward only: fa4_forward_fp8)
   int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
   float softmax_scale;
   int causal;
@@ -59,6 +59,12 @@ int fa4_forward_leftpad(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, 
 // sink logit. Batched tensors; needs no workspace.
 int fa4_forward_sink(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
                      const float* sink, float* lse, cudaStream_t stream, char* message, size_t message_len);
+// fp8 (problem->dtype = 2, e4m3 q, k, v; o bf16, its strides in bf16 elements) with
+// FlashAttention-3's descales (fa4::ForwardArgs::q_descale etc.): each fp32 [batch, heads_kv] on the
+// device, contiguous, or null (1). head_dim 64 or 128, batched; needs no workspace.
+int fa4_forward_fp8(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
+                    const float* q_descale, const float* k_descale, const float* v_descale, float* lse,
+                    cudaStream_t stream, char* message, size_t message_len);
 // A paged KV cache (fa4::PagedKV): k_pages and v_pages are pools [num_pages, page_size, heads_kv,
 // head_dim] (batch_stride steps pages), entry b's key j on page block_table[b * table_stride +
 // j / page_size] (int32, device); page_size a power of two >= 16; seqused_k (optional, may be
