@@ -1,7 +1,7 @@
 """The fp8 forward (torch.float8_e4m3fn q, k, v; bf16 out): what it gains over fa4's bf16 forward and
 cuDNN's, in one process.
 
-    python3 bench/fp8.py [--hdims 64,128] [--seqlens 512,1024,2048,4096,8192,16384] [--rounds 3]
+    python3 bench/fp8.py [--hdims 64,128,256] [--seqlens 512,1024,2048,4096,8192,16384] [--rounds 3]
         [--name WHAT] [--out DIR]
 
 FA3's shapes (16k tokens a batch, hidden 2048), causal and not. Providers: fa4-fp8 (q, k, v rounded
@@ -64,7 +64,7 @@ def check_fp8(q8, k8, v8, qd, kd, vd, out, causal, rows=1024):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hdims", default="64,128")
+    ap.add_argument("--hdims", default="64,128,256")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--name", default="fp8")

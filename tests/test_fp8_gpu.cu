@@ -241,6 +241,9 @@ TEST(Fp8Gpu, AgainstFloat64) {
       {1, 1000, 1000, 2, 1, 128, false, 100, 0},
       {1, 513, 700, 2, 2, 64, false, 30, 10, false, true, 3.0},
       {1, 640, 640, 2, 1, 128, true, -1, -1, false, true, 4.0},  // scores spread by tens of log2 units
+      {2, 300, 1000, 4, 2, 256, true},
+      {1, 1000, 239, 2, 1, 256, false, -1, -1, true},
+      {1, 513, 513, 2, 2, 256, false, 70, 5, false, true, 3.0},
   };
   for (const Fp8Case& c : cases) ASSERT_NO_FATAL_FAILURE(run_case(c));
 }
@@ -252,6 +255,7 @@ TEST(Fp8Gpu, SmallForSanitizers) {
   const Fp8Case cases[] = {
       {1, 130, 300, 2, 1, 64, true},
       {2, 257, 129, 2, 2, 128, false, 40, 3, true},
+      {1, 200, 330, 2, 1, 256, true},
   };
   for (const Fp8Case& c : cases) ASSERT_NO_FATAL_FAILURE(run_case(c));
 }

@@ -798,10 +798,7 @@ TEST(Validation, Fp8ForwardBaselineAndHeadDims) {
     a.v = fa4::bshd(fake(2), kSk, kHkv, d);
     a.o = fa4::bshd(fake(3), kSq, kHq, d);
     const Status s = fa4::validate(a);
-    if (d == 64)
-      EXPECT_TRUE(s.ok()) << s.message;
-    else
-      EXPECT_TRUE(NotSupported(s, {"head_dim = 256", "64 or 128"}));
+    EXPECT_TRUE(s.ok()) << "d" << d << ": " << s.message;
   }
 }
 

@@ -35,7 +35,7 @@ TYPES = {"bf16": "bf16", "f16": "f16"}
 # transposed (N = head_dim): sm90/fp8_fwd_kernel.cuh.
 FP8_OPS = [
     ("mma_ss", False, "D(64x{n}, f32) (+)= A(64x32 e4m3, smem desc) * B({n}x32 e4m3, smem desc)^T, both K-major.",
-     [128]),
+     [64, 128]),
     ("mma_rs_kb", True, "D(64x{n}, f32) (+)= A(64x32 e4m3, registers) * B({n}x32 e4m3, smem desc, K-major).",
      [64, 128, 256]),
 ]

@@ -1,8 +1,9 @@
-// The fp8 forward's software exp2 share, measured: FA3's shapes (16k tokens a batch, hidden 2048),
-// head dims 64 and 128, causal and not, each built share (FwdParams::exp2_poly_every: 0 = every
-// exponential on MUFU, n = every n-th 8-key chunk of a thread's S on the FMA pipe) timed in
-// alternating rounds in one process (CUDA events, median of each variant's rounds), and each
-// variant's output compared with the MUFU-only one's.
+// The fp8 forward's variants, measured: FA3's shapes (16k tokens a batch, hidden 2048), head dims
+// 64, 128 and 256, causal and not; each built software exp2 share (FwdParams::exp2_poly_every: 0 =
+// every exponential on MUFU, n = every n-th 8-key chunk of a thread's S on the FMA pipe), and the
+// shipped share with the tiles walked statically instead of handed out by a counter
+// (FwdParams::fp8_static_tiles), timed in alternating rounds in one process (CUDA events, median of
+// each variant's rounds), each variant's output compared with the first's (MUFU only).
 //
 //   sm90_fp8_probe [seqlens, default 1024,4096,16384] [rounds, default 5]
 #include <algorithm>
@@ -45,9 +46,12 @@ int main(int argc, char** argv) {
     }
   }
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 5;
-  const int shares[] = {0, 2, 4};
-  std::printf("d,seqlen,causal,share,ms,tflops,max_diff_vs_mufu\n");
-  for (int d : {64, 128})
+  struct Variant {
+    int share;
+    bool static_tiles;
+  };
+  std::printf("d,seqlen,causal,share,static_tiles,ms,tflops,max_diff_vs_mufu\n");
+  for (int d : {64, 128, 256})
     for (int s : seqlens)
       for (bool causal : {false, true}) {
         const int b = std::max(1, 16384 / s), h = 2048 / d;
@@ -73,13 +77,16 @@ int main(int argc, char** argv) {
           return 1;
         }
         fa4::detail::FwdParams p = fa4::detail::make_fwd_params(a);
+        std::vector<Variant> shares = {{0, false}, {4, false}, {4, true}};
+        if (d != 256) shares.push_back({8, false});
+        auto set = [&](const Variant& x) { p.exp2_poly_every = x.share, p.fp8_static_tiles = x.static_tiles; };
         std::vector<std::vector<__nv_bfloat16>> outs;
-        for (int every : shares) {
-          p.exp2_poly_every = every;
+        for (const Variant& every : shares) {
+          set(every);
           CK(cudaMemset(o, 0xFF, n * 2));
           const fa4::Status r = fa4::detail::sm90_forward_fp8(p, nullptr);
           if (!r.ok()) {
-            std::printf("share %d: %s\n", every, r.message.c_str());
+            std::printf("share %d: %s\n", every.share, r.message.c_str());
             return 1;
           }
           CK(cudaDeviceSynchronize());
@@ -92,7 +99,7 @@ int main(int argc, char** argv) {
         CK(cudaEventCreate(&e1));
         for (int r = 0; r < rounds; ++r)
           for (size_t i = 0; i < std::size(shares); ++i) {
-            p.exp2_poly_every = shares[(i + r) % std::size(shares)];
+            set(shares[(i + r) % std::size(shares)]);
             for (int w = 0; w < 3; ++w) fa4::detail::sm90_forward_fp8(p, nullptr);
             const int reps = 10;
             CK(cudaEventRecord(e0));
@@ -107,7 +114,8 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < std::size(shares); ++i) {
           std::sort(ms[i].begin(), ms[i].end());
           const double med = ms[i][ms[i].size() / 2];
-          std::printf("%d,%d,%d,%d,%.4f,%.1f,%.3g\n", d, s, int(causal), shares[i], med, flops / (med * 1e-3) / 1e12,
+          std::printf("%d,%d,%d,%d,%d,%.4f,%.1f,%.3g\n", d, s, int(causal), shares[i].share, int(shares[i].static_tiles),
+                      med, flops / (med * 1e-3) / 1e12,
                       max_diff(outs[i], outs[0]));
         }
         std::fflush(stdout);

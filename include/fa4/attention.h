@@ -140,7 +140,7 @@ struct ForwardArgs {
   // aligned (FlashAttention-3's q_descale, k_descale, v_descale): the values q, k and v stand for
   // are their e4m3 numbers times batch entry b's, KV head hk's entry (query head h reads hk =
   // h / (heads_q / heads_kv)). Null: 1. Entries must be finite and > 0. The fp8 forward runs
-  // head_dim 64 and 128, batched (no varlen, paged cache, soft cap or sinks), causal and windows
+  // head_dim 64, 128 and 256, batched (no varlen, paged cache, soft cap or sinks), causal and windows
   // included; o is bf16 (its strides in bf16 elements) and the LSE, when asked for, is of the
   // scaled scores as for 16-bit inputs.
   const float* q_descale = nullptr;

@@ -308,7 +308,7 @@ def flash_attn_func(
     score beside its keys' (in the units of the scaled, soft-capped scores), with no value, so its
     weight exp(sink - lse) leaves the row's output. The LSE then includes it. Differentiable: its
     gradient is -sum over the head's rows of exp(sink - lse) * rowsum(dout * out).
-    fp8 (FlashAttention-3's fp8 forward): q, k, v torch.float8_e4m3fn, head_dim 64 or 128, forward
+    fp8 (FlashAttention-3's fp8 forward): q, k, v torch.float8_e4m3fn, head_dim 64, 128 or 256, forward
     only (no gradient), out bf16; q_descale, k_descale, v_descale (optional, fp32 [batch, heads_kv],
     contiguous, positive) are what each (batch entry, KV head)'s e4m3 values are multiplied by. No
     softcap or learnable_sink with fp8.

@@ -88,6 +88,9 @@ struct FwdParams {
   const float* k_descale = nullptr;
   const float* v_descale = nullptr;
   int exp2_poly_every = -1;
+  // The fp8 kernel's tiles walked statically (CTA c takes c, c + grid, ...) instead of handed out
+  // by a counter (for measurements).
+  bool fp8_static_tiles = false;
   bool varlen() const { return cu_seqlens_q != nullptr; }
 };
 

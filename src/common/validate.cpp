@@ -193,10 +193,9 @@ Status check_fp8(const ForwardArgs& args) {
                      str(int64_t{alignof(float)}) + " bytes (fp32)");
   const auto unsupported = [&](const std::string& what) {
     return Status{StatusCode::kNotSupported, what + ": the fp8 forward (dtype = " + e4m3 +
-                                                 ") runs batched tensors of head_dim 64 or 128, without varlen, a "
+                                                 ") runs batched tensors without varlen, a "
                                                  "paged cache, a soft cap or sinks"};
   };
-  if (p.head_dim != 64 && p.head_dim != 128) return unsupported("head_dim = " + str(p.head_dim));
   if (args.varlen.enabled()) return unsupported("varlen.cu_seqlens_q = " + detail::format_pointer(args.varlen.cu_seqlens_q));
   if (args.varlen.seqused_k != nullptr) return unsupported("varlen.seqused_k = " + detail::format_pointer(args.varlen.seqused_k));
   if (args.varlen.leftpad_k != nullptr) return unsupported("varlen.leftpad_k = " + detail::format_pointer(args.varlen.leftpad_k));

@@ -50,14 +50,20 @@ __host__ __device__ constexpr int key_perm(int k) {
 inline constexpr int kKeyGroup = 32;  // keys of one k32 step
 inline constexpr float kPOffset = 8.0f;
 
-template <int kHeadDim_, int kStages_, int kPolyEvery_>
+template <int kHeadDim_, int kStages_, int kPolyEvery_, int kBlockN_ = 128, int kConsumers_ = 2>
 struct Fp8Config {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = 128;  // two consumers of 64 rows
-  static constexpr int kBlockN = 128;  // keys a block: one 128-byte swizzle row of V^T
+  static constexpr int kConsumers = kConsumers_;  // of 64 rows each
+  static constexpr int kBlockM = 64 * kConsumers;
+  // Keys a block: one swizzle row of V^T (128 bytes; 64 at d256, where O's 128 registers a thread
+  // leave room for S of 64 keys only).
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kVSwizzle = kBlockN;
+  static_assert(kBlockN == 64 || kBlockN == 128, "V^T rows of one 64- or 128-byte swizzle row");
   static constexpr int kStages = kStages_;
-  static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (kConsumers + 1);
+  // Registers a consumer thread: the 16-bit kernels' split (the producer keeps 24).
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
   // Every kPolyEvery-th 8-key chunk of a thread's S on the FMA pipe (numerics/exp2.h); 0 = none.
   static constexpr int kPolyEvery = kPolyEvery_;
   // Q and K rows: d bytes, in swizzle atoms of 64 (d64) or 128 bytes.
@@ -84,7 +90,7 @@ struct Fp8Params {
   int64_t o_stride[3];  // elements: batch, seq, head
   float* lse;           // [batch, heads_q, seqlen_q] or null
   const float *q_descale, *k_descale, *v_descale;  // [batch, heads_kv] or null (1)
-  int* tile_counter;  // zero at the launch: the tiles handed out past the grid's first
+  int* tile_counter;  // zero at the launch: the tiles handed out past the grid's first (null: static)
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
   int window_left, window_right;  // -1 = unbounded
   float scale_log2;               // softmax_scale * log2(e)
@@ -250,7 +256,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
     ptx::prefetch_tensor_map(&p.vt_map);
     int stage = 0, q_loads = 0, slot = 0;
     uint32_t phase = 0, slot_phase = 0;
-    for (int t = blockIdx.x;; t = int(gridDim.x) + atomicAdd(p.tile_counter, 1)) {
+    int handed = 0;  // (the static walk's count)
+    for (int t = blockIdx.x;;
+         t = p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1) : int(blockIdx.x) + handed * int(gridDim.x)) {
+      ++handed;
       // The tile to the consumers (-1: none left).
       ptx::mbar_wait(&tile_empty[slot], slot_phase ^ 1);
       tile_slot[slot] = t < p.tiles ? t : -1;
@@ -288,15 +297,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
   }
 
   // ---------------------------------------------------------------------------------- consumers
-  ptx::regs_increase<240>();
+  ptx::regs_increase<Cfg::kConsumerRegs>();
   const int consumer = warpgroup - 1;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int row_in_tile = consumer * 64 + warp * 16 + lane / 4;  // and + 8
   const int quad = lane % 4;
-  constexpr uint32_t kTurnBar = 1;  // named barriers 1, 2: consumer c's turn
+  constexpr uint32_t kTurnBar = 1;  // named barriers 1..kConsumers: consumer c's turn, passed round
   auto turn_wait = [&] { ptx::named_bar_sync(kTurnBar + consumer, 256); };
-  auto turn_pass = [&] { ptx::named_bar_arrive(kTurnBar + (consumer ^ 1), 256); };
-  if (consumer == 1) turn_pass();  // consumer 0 goes first
+  auto turn_pass = [&] { ptx::named_bar_arrive(kTurnBar + (consumer + 1) % Cfg::kConsumers, 256); };
+  if (consumer == Cfg::kConsumers - 1) turn_pass();  // consumer 0 goes first
 
   const uint32_t q_base = ptx::smem_addr(smem + Cfg::kQOffset) + consumer * 64 * Cfg::kSwizzle;
   const uint32_t k_base = ptx::smem_addr(smem + Cfg::kKOffset);
@@ -338,7 +347,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
         const uint32_t vb = v_base + st * Cfg::kVBytes;
 #pragma unroll
         for (int kk = 0; kk < kN / 32; ++kk)
-          wg::mma_rs_kb<kD, wg::Type::kE4M3>(o, pr[kk], desc_kmajor<128>(vb + kk * 32), accumulate || kk > 0);
+          wg::mma_rs_kb<kD, wg::Type::kE4M3>(o, pr[kk], desc_kmajor<Cfg::kVSwizzle>(vb + kk * 32),
+                                             accumulate || kk > 0);
       };
 
       // The first block: S alone.
@@ -448,7 +458,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
       }
     }
   }
-  if (consumer == 0) ptx::named_bar_sync(kTurnBar, 256);  // consumer 1's last pass
+  if (consumer == 0) ptx::named_bar_sync(kTurnBar, 256);  // the last consumer's last pass
 }
 
 // V [batch, seqlen_k, heads_kv, d] (byte strides) into V^T [batch, heads_kv, d, keys] with keys

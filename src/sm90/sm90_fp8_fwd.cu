@@ -18,20 +18,21 @@ Status fp8_failure(const char* what, int code, const char* name) {
 }
 Status fp8_failure(const char* what, cudaError_t e) { return fp8_failure(what, int(e), cudaGetErrorString(e)); }
 
-// The configuration of each head dim: K/V ring depth in the shared memory left beside Q; the
-// software exp2's share (every kPolyEvery-th 8-key chunk), chosen by FwdParams::exp2_poly_every
-// among the built ones (-1: the shipped, kShippedPoly).
+// The configurations: K/V ring depth in the shared memory left beside Q (d256: 64-key blocks, so S
+// fits beside O's 128 registers); the software exp2's share (every kPolyEvery-th 8-key chunk on the
+// FMA pipe), FwdParams::exp2_poly_every choosing among the built ones (-1: the shipped).
 template <int kD>
 inline constexpr int kFp8Stages = 4;
+template <int kD>
+inline constexpr int kFp8BlockN = kD == 256 ? 64 : 128;
 // Every 4th chunk (a quarter of the exponentials) on the FMA pipe: +3 to +12 % over MUFU alone at
 // FA3's 1k-16k rows, d64 and d128, where half of them (every 2nd) lost at d128 (docs/perf-notes.md,
 // "The fp8 forward").
-template <int kD>
 inline constexpr int kShippedPoly = 4;
 
-template <int kD, int kPoly>
+template <int kD, int kPoly, int kConsumers = 2>
 Status launch_fp8(const FwdParams& a, cudaStream_t stream) {
-  using Cfg = Fp8Config<kD, kFp8Stages<kD>, kPoly>;
+  using Cfg = Fp8Config<kD, kFp8Stages<kD>, kPoly, kFp8BlockN<kD>, kConsumers>;
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return fp8_failure("device query", e);
@@ -76,11 +77,11 @@ Status launch_fp8(const FwdParams& a, cudaStream_t stream) {
     const uint64_t vd[4] = {uint64_t(keys), uint64_t(kD), uint64_t(a.heads_kv), uint64_t(a.batch)};
     const uint64_t vs[3] = {uint64_t(keys), uint64_t(keys) * kD, uint64_t(keys) * kD * a.heads_kv};
     const uint32_t vb[4] = {uint32_t(Cfg::kBlockN), uint32_t(kD), 1, 1};
-    if ((r = ptx::make_tensor_map_8bit(&p.vt_map, vt, 4, vd, vs, vb, 128)) != 0)
+    if ((r = ptx::make_tensor_map_8bit(&p.vt_map, vt, 4, vd, vs, vb, Cfg::kVSwizzle)) != 0)
       return fp8_failure("V^T's tensor map", r, "cuTensorMapEncodeTiled");
   }
-  p.tile_counter = reinterpret_cast<int*>(vt + vt_bytes);
-  if ((e = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream)) != cudaSuccess)
+  p.tile_counter = a.fp8_static_tiles ? nullptr : reinterpret_cast<int*>(vt + vt_bytes);
+  if (p.tile_counter != nullptr && (e = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream)) != cudaSuccess)
     return fp8_failure("zeroing the tile counter", e);
   p.o = static_cast<__nv_bfloat16*>(a.o);
   for (int i = 0; i < 3; ++i) p.o_stride[i] = a.o_stride[i];
@@ -106,13 +107,17 @@ Status launch_fp8(const FwdParams& a, cudaStream_t stream) {
 
 template <int kD>
 Status launch_fp8_share(const FwdParams& a, cudaStream_t stream) {
-  const int every = a.exp2_poly_every < 0 ? kShippedPoly<kD> : a.exp2_poly_every;
+  const int every = a.exp2_poly_every < 0 ? kShippedPoly : a.exp2_poly_every;
+  // (Three consumers at d64, 192-row tiles, spilled 60 bytes under the 128 registers a thread the
+  // launch gives 512 threads, with two P buffers: not built; Fp8Config takes kConsumers.)
   switch (every) {
     case 0: return launch_fp8<kD, 0>(a, stream);
-    case 2: return launch_fp8<kD, 2>(a, stream);
     case 4: return launch_fp8<kD, 4>(a, stream);
+    case 8:
+      if constexpr (kD != 256) return launch_fp8<kD, 8>(a, stream);
+      [[fallthrough]];
     default:
-      return {StatusCode::kNotSupported, "exp2_poly_every = " + std::to_string(every) + ": built for 0, 2 and 4"};
+      return {StatusCode::kNotSupported, "exp2_poly_every = " + std::to_string(every) + ": built for 0, 4 and 8 (d256: 0, 4)"};
   }
 }
 
@@ -122,8 +127,9 @@ Status sm90_forward_fp8(const FwdParams& a, cudaStream_t stream) {
   switch (a.head_dim) {
     case 64: return launch_fp8_share<64>(a, stream);
     case 128: return launch_fp8_share<128>(a, stream);
+    case 256: return launch_fp8_share<256>(a, stream);
     default:
-      return {StatusCode::kNotSupported, "head_dim = " + std::to_string(a.head_dim) + " has no sm90 fp8 kernel (64 or 128)"};
+      return {StatusCode::kNotSupported, "head_dim = " + std::to_string(a.head_dim) + " has no sm90 fp8 kernel (64, 128 or 256)"};
   }
 }
 

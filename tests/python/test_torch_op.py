@@ -1364,6 +1364,7 @@ FP8_CASES = [
     (2, 17, 17, 2, 2, 64, True, (-1, -1), "bshd"),
     (1, 1, 4097, 8, 1, 128, False, (-1, -1), "bshd"),
     (1, 777, 777, 2, 1, 64, False, (64, 16), "bhsd"),
+    (2, 300, 700, 4, 2, 256, True, (-1, -1), "bshd"),
 ]
 
 
@@ -1412,9 +1413,9 @@ def test_fp8_refusals():
     with pytest.raises(ValueError, match="must be torch.float8_e4m3fn"):
         qb = torch.randn(1, 64, 2, 128, device=DEV, dtype=torch.bfloat16)
         fa4.flash_attn_func(qb, qb, qb, q_descale=torch.ones(1, 2, device=DEV))
-    q256 = torch.randn(1, 64, 2, 256, device=DEV).to(torch.float8_e4m3fn)
-    with pytest.raises(NotImplementedError, match="head_dim = 256"):
-        fa4.flash_attn_func(q256, q256, q256)
+    q64 = torch.randn(1, 64, 2, 64, device=DEV).to(torch.float8_e4m3fn)
+    with pytest.raises(NotImplementedError, match="learnable_sink"):
+        fa4.flash_attn_func(q64, q64, q64, learnable_sink=torch.zeros(2, device=DEV))
     lse = torch.zeros(1, 2, 64, device=DEV)
     with pytest.raises(NotImplementedError, match="forward only"):
         torch.ops.fa4.bwd(q8, q8, q8, q8, q8, lse, None, False, -1, -1, False)
