@@ -242,6 +242,7 @@ TEST(Fp8Gpu, AgainstFloat64) {
       {1, 513, 700, 2, 2, 64, false, 30, 10, false, true, 3.0},
       {1, 640, 640, 2, 1, 128, true, -1, -1, false, true, 4.0},  // scores spread by tens of log2 units
       {2, 300, 1000, 4, 2, 256, true},
+      {2, 300, 700, 4, 2, 256, true},
       {1, 1000, 239, 2, 1, 256, false, -1, -1, true},
       {1, 513, 513, 2, 2, 256, false, 70, 5, false, true, 3.0},
   };
