@@ -27,7 +27,8 @@ template <int kD>
 inline constexpr int kFp8BlockN = kD == 256 ? 64 : 128;
 // Every 4th chunk (a quarter of the exponentials) on the FMA pipe: +3 to +12 % over MUFU alone at
 // FA3's 1k-16k rows, d64 and d128, where half of them (every 2nd) lost at d128 (docs/perf-notes.md,
-// "The fp8 forward").
+// "The fp8 forward"); every 8th gained less. At d256 (64-key blocks) MUFU alone measured 1 % ahead
+// of a quarter, so none there.
 inline constexpr int kShippedPoly = 4;
 
 template <int kD, int kPoly, int kConsumers = 2>
@@ -39,8 +40,11 @@ Status launch_fp8(const FwdParams& a, cudaStream_t stream) {
   const int sms = multiprocessors(device);
   if (sms == 0) return {StatusCode::kCudaError, "sm90 fp8 forward: the device's multiprocessor count could not be read"};
 
-  // V^T: [batch, heads_kv, d, keys rounded up to the block].
-  const int keys = (a.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN * Cfg::kBlockN;
+  // V^T: [batch, heads_kv, d, keys rounded up to 128], the transpose's blocks (and so the kernel's:
+  // 64 or 128 keys). (Rounded to d256's 64-key blocks, the transpose's last block went unwritten.)
+  constexpr int kTransposeKeys = 128;
+  static_assert(kTransposeKeys % Cfg::kBlockN == 0, "key blocks inside the transpose's");
+  const int keys = (a.seqlen_k + kTransposeKeys - 1) / kTransposeKeys * kTransposeKeys;
   // (and after it the tile counter, zeroed)
   const size_t vt_bytes = size_t(a.batch) * a.heads_kv * kD * keys;
   uint8_t* vt = nullptr;
@@ -107,7 +111,7 @@ Status launch_fp8(const FwdParams& a, cudaStream_t stream) {
 
 template <int kD>
 Status launch_fp8_share(const FwdParams& a, cudaStream_t stream) {
-  const int every = a.exp2_poly_every < 0 ? kShippedPoly : a.exp2_poly_every;
+  const int every = a.exp2_poly_every < 0 ? (kD == 256 ? 0 : kShippedPoly) : a.exp2_poly_every;
   // (Three consumers at d64, 192-row tiles, spilled 60 bytes under the 128 registers a thread the
   // launch gives 512 threads, with two P buffers: not built; Fp8Config takes kConsumers.)
   switch (every) {
