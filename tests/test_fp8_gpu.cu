@@ -243,6 +243,12 @@ TEST(Fp8Gpu, AgainstFloat64) {
       {1, 640, 640, 2, 1, 128, true, -1, -1, false, true, 4.0},  // scores spread by tens of log2 units
       {2, 300, 1000, 4, 2, 256, true},
       {2, 300, 700, 4, 2, 256, true},
+      // A window of (0, 0): each row sees its own key alone, so O is that key's V exactly (P = 1),
+      // and a key V^T lacks shows whole. Keys past 128 but not past 192: d256's 64-key blocks end
+      // before the transpose's 128-key block does.
+      {1, 150, 150, 2, 1, 256, false, 0, 0},
+      {1, 150, 150, 2, 1, 128, false, 0, 0},
+      {1, 150, 150, 2, 1, 64, false, 0, 0},
       {1, 1000, 239, 2, 1, 256, false, -1, -1, true},
       {1, 513, 513, 2, 2, 256, false, 70, 5, false, true, 3.0},
   };
