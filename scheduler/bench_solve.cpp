@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   const std::string dir = FA4_SCHED_DIR;
   const char* graphs[] = {"graphs/sm100_fwd.graph", "graphs/sm100_fwd_slots.graph", "graphs/sm100_bwd.graph",
                           "graphs/sm90_fwd.graph", "graphs/sm90_fwd_d256.graph", "graphs/sm90_fwd_d256_serial.graph",
+                          "graphs/sm90_fwd_fp8.graph",
                           "graphs/sm90_bwd_d64.graph", "graphs/sm90_bwd_d128.graph", "graphs/sm90_bwd_d256.graph"};
   std::printf("%-30s %4s %8s %7s %6s %6s %12s %12s\n", "graph", "ops", "II", "stages", "IIs",
               "checks", "min II ms", "total ms");

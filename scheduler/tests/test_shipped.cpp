@@ -149,6 +149,32 @@ TEST(Sm90Forward, TensorBoundWithSBeforeOwnPV) {
   EXPECT_EQ(busy_on(g, "tc"), s.ii);
 }
 
+// The fp8 forward at d128 (sm90_fwd_fp8.graph): the four GEMMs take half of bf16's cycles (1024),
+// and a warpgroup's softmax chain (S, max, three quarters of the exponentials on MUFU, the rest and
+// the packing) recurs at 954, just under; the solver interleaves the two warpgroups at 1068 on a
+// ring of two K/V slots. At 757 TFLOP/s the kernel's block takes ~2.5 x that (docs/perf-notes.md,
+// "The fp8 forward's graph").
+TEST(Sm90ForwardFp8, TensorCoreAndSoftmaxChainNearlyTie) {
+  const Graph g = shipped("sm90_fwd_fp8");
+  const Solution sol = solve(g);
+  EXPECT_EQ(sol.bounds.res_mii, 4 * 256);
+  EXPECT_EQ(g.units[sol.bounds.res_unit].name, "tc");
+  EXPECT_EQ(sol.bounds.rec_mii, 310 + 100 + 384 + 160);
+  EXPECT_EQ(sol.schedule.ii, 1068);
+  EXPECT_EQ(sol.schedule.slots[g.find_buffer("KV")], 2);
+  EXPECT_TRUE(check_schedule(g, sol.schedule).empty());
+  // Without the quarter on the FMA pipe (every exponential on MUFU, the pack alone on the FMA
+  // pipe) the chain recurs above the tensor core's bound.
+  Graph mufu = g;
+  for (const char* e : {"Exp0", "Exp1"}) {
+    const int op = mufu.find_op(e);
+    mufu.ops[op].lat = mufu.ops[op].occ = 512;
+    for (Edge& edge : mufu.edges)
+      if (edge.src == op) edge.lat = 512;  // (edges carry their producer's latency from the file)
+  }
+  EXPECT_GT(lower_bounds(mufu).rec_mii, sol.bounds.res_mii);
+}
+
 // The d256 forward (80-key blocks): K and V in 64-column boxes, eight a block, hold the TMA engine
 // 2744 cycles at the calibrated 343 a box, above the four GEMMs' 2560; the ring the solver needs
 // is the kernel's two stages, which is all that 227 KB holds beside Q. With each tensor one folded
