@@ -13,11 +13,11 @@
 //
 // What fp8 changes:
 // - wgmma on 8-bit types takes both operands K-major (no transpose), so O += P V needs V with the
-//   keys contiguous: a pre-pass (transpose_v) writes V^T [batch, heads_kv, head_dim, keys rounded up
-//   to the block], zero past the keys.
+//   keys contiguous: a pre-pass (fp8_transpose_v) writes V^T [batch, heads_kv, head_dim, keys
+//   rounded up to 128], zero past the keys.
 // - P from registers: the S accumulator gives a thread keys {2c, 2c+1, 2c+8, 2c+9} (+16) of each 32,
 //   the A operand of an m64nNk32 e4m3 wgmma wants {4c .. 4c+3} (+16) (c = lane % 4). Rather than
-//   move bytes between lanes, each 32-key group of V^T is stored in that order (kPermuted): A's key
+//   move bytes between lanes, each 32-key group of V^T is stored in that order (key_perm): A's key
 //   k holds S's key perm(k), and V^T's column k holds V's key perm(k), so P V sums the same products.
 // - P = 2^(x - m + kPOffset) with kPOffset = 8: P in (0, 256] uses e4m3's range (448 at most) and
 //   keeps small weights above its smallest subnormal (2^-9) down to x - m = -17. The rescaling
@@ -462,13 +462,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
 }
 
 // V [batch, seqlen_k, heads_kv, d] (byte strides) into V^T [batch, heads_kv, d, keys] with keys
-// rounded up to kBlockN (zeros past seqlen_k), each 32-key group in key_perm's order. One CTA a
+// rounded up to 128 (zeros past seqlen_k), each 32-key group in key_perm's order. One CTA a
 // 128-key block of one head.
 struct TransposeParams {
   const uint8_t* v;
   int64_t v_stride[3];  // bytes: batch, seq, head
   uint8_t* vt;
-  int seqlen_k, keys, head_dim;  // keys: seqlen_k rounded up
+  int seqlen_k, keys;  // keys: seqlen_k rounded up to 128
 };
 
 template <int kD>

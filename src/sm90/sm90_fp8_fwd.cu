@@ -59,7 +59,7 @@ Status launch_fp8(const FwdParams& a, cudaStream_t stream) {
   TransposeParams tp{};
   tp.v = static_cast<const uint8_t*>(a.v);
   for (int i = 0; i < 3; ++i) tp.v_stride[i] = a.v_stride[i];
-  tp.vt = vt, tp.seqlen_k = a.seqlen_k, tp.keys = keys, tp.head_dim = kD;
+  tp.vt = vt, tp.seqlen_k = a.seqlen_k, tp.keys = keys;
   if ((e = launch_kernel<false>(fp8_transpose_v<kD>, dim3(unsigned(keys / 128), unsigned(a.heads_kv), unsigned(a.batch)),
                                 dim3(256), 0, stream, tp)) != cudaSuccess)
     return fp8_failure("V transpose launch", e);
