@@ -321,6 +321,9 @@ def flash_attn_func(
         if softcap != 0.0 or learnable_sink is not None:
             raise NotImplementedError("fa4.flash_attn_func: softcap and learnable_sink are not supported with fp8 "
                                       "inputs (the fp8 forward runs plain, causal and windowed attention)")
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise NotImplementedError("fa4.flash_attn_func: fp8 inputs that require grad: the fp8 path is forward "
+                                      "only (no backward); detach them, or run under torch.no_grad()")
         out, lse = torch.ops.fa4.fwd_fp8(q, k, v, softmax_scale, causal, window_left, window_right, return_lse,
                                          q_descale, k_descale, v_descale)
         return (out, lse) if return_lse else out

@@ -552,3 +552,7 @@ def test_fp8_fake_kernels_give_bf16_out():
         torch.ops.fa4.fwd_fp8(meta(1, 8, 2, 64), meta(1, 8, 2, 64), meta(1, 8, 2, 64), None, False, -1, -1)
     with pytest.raises(NotImplementedError, match="softcap"):
         fa4.flash_attn_func(q8, k8, k8, softcap=5.0)
+    with pytest.raises(NotImplementedError, match="forward only"):
+        fa4.flash_attn_func(q8.clone().requires_grad_(True), k8, k8)
+    with torch.no_grad():
+        assert fa4.flash_attn_func(q8.clone().requires_grad_(True), k8, k8).dtype == torch.bfloat16
