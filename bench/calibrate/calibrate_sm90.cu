@@ -17,12 +17,15 @@
 //     forward kernel's: row max, rescale decision, 2^x on MUFU, row sums, P packed to bf16);
 //   hand-off latency between two warps: mbarrier arrive -> try_wait, and named barrier
 //     bar.arrive -> bar.sync;
-//   the SM clock under sustained tensor-core load (to turn a kernel's time into cycles).
+//   the SM clock under sustained tensor-core load (to turn a kernel's time into cycles);
+//   with `fp8`: e4m3 wgmma m64nNk32 (S's SS form at N = 64 and 128, P V's RS form with A from
+//     registers at N = 64, 128, 256) beside bf16's m64n128k16 SS and RS in the same run, for
+//     scheduler/graphs/sm90_fwd_fp8.graph (whose GEMM figures are assumed until this runs).
 // Prints one JSON object on stdout.
 //
 // Build: nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Isrc \
 //          bench/calibrate/calibrate_sm90.cu -o calibrate_sm90
-// Run:   ./calibrate_sm90 > bench/results/calibrate_sm90_<gpu>.json   (`./calibrate_sm90 exp2` or `bwd`: that section only)
+// Run:   ./calibrate_sm90 > bench/results/calibrate_sm90_<gpu>.json   (`./calibrate_sm90 exp2`, `bwd` or `fp8`: that section only)
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes through the runtime
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -812,6 +815,125 @@ void bench_wgmma(Json& j) {
   CHECK(cudaFree(d_sink));
 }
 
+// ------------------------------------------------------------------------------------------------
+// wgmma by operand form and type (the fp8 forward's GEMMs beside bf16's)
+// ------------------------------------------------------------------------------------------------
+
+// One wgmma of each form: S's (A and B from shared memory, K-major) and P V's (A from registers,
+// B K-major for e4m3, MN-major for bf16 as the 16-bit kernels' V). kFlop: its multiply-adds x 2.
+template <int N, bool kRs, bool kE4M3>
+struct WgmmaForm {
+  static constexpr int kN = N;
+  static constexpr double kFlop = 2.0 * 64 * N * (kE4M3 ? 32 : 16);
+  __device__ static void issue(float (&d)[N / 2], uint64_t a, const uint32_t (&ar)[4], uint64_t b) {
+    if constexpr (kE4M3) {
+      if constexpr (kRs) wg::mma_rs_kb<N, wg::Type::kE4M3>(d, ar, b, 1);
+      else wg::mma_ss<N, wg::Type::kE4M3>(d, a, b, 1);
+    } else {
+      if constexpr (kRs) wg::mma_rs<N, wg::Type::kBF16>(d, ar, b, 1);
+      else wg::mma_ss<N, wg::Type::kBF16>(d, a, b, 1);
+    }
+  }
+};
+
+// out[0]: cycles of `iters` wgmmas each waited for; out[1]: `iters` chained into one accumulator.
+template <class F>
+__global__ void __launch_bounds__(128, 1) form_latency(long long* out, float* sink, int iters) {
+  unsigned char* base = smem_base();
+  fill_operands(base, 8192 + 256 * 128);
+  const uint64_t a = smem_desc(base), b = smem_desc(base + 8192);
+  const uint32_t ar[4] = {0x3C3C3C3Cu ^ threadIdx.x, 0x3C3C3C3Cu, 0x3B3C3B3Cu, 0x3C3B3C3Bu};
+  float d[F::kN / 2];
+#pragma unroll
+  for (int i = 0; i < F::kN / 2; ++i) d[i] = 0.f;
+  wg::fence();
+  for (int i = 0; i < 8; ++i) F::issue(d, a, ar, b), wg::commit_group(), wg::wait_group<0>();
+  const long long t0 = clock64();
+  for (int i = 0; i < iters; ++i) F::issue(d, a, ar, b), wg::commit_group(), wg::wait_group<0>();
+  const long long t1 = clock64();
+  for (int i = 0; i < iters; ++i) F::issue(d, a, ar, b);
+  wg::commit_group();
+  wg::wait_group<0>();
+  const long long t2 = clock64();
+  if (threadIdx.x == 0) out[0] = t1 - t0, out[1] = t2 - t1;
+  sink[threadIdx.x] = acc_sum<F::kN>(d);
+}
+
+// Two warpgroups a CTA, one CTA an SM, chaining in groups of 16 (at most two in flight).
+template <class F>
+__global__ void __launch_bounds__(256, 1) form_throughput(long long* out, long long* ns, float* sink, int iters) {
+  unsigned char* base = smem_base();
+  fill_operands(base, 8192 + 256 * 128);
+  const uint64_t a = smem_desc(base), b = smem_desc(base + 8192);
+  const uint32_t ar[4] = {0x3C3C3C3Cu ^ threadIdx.x, 0x3C3C3C3Cu, 0x3B3C3B3Cu, 0x3C3B3C3Bu};
+  float d[F::kN / 2];
+#pragma unroll
+  for (int i = 0; i < F::kN / 2; ++i) d[i] = 0.f;
+  wg::fence();
+  __syncthreads();
+  const long long n0 = globaltimer_ns();
+  const long long t0 = clock64();
+  for (int i = 0; i < iters; i += 16) {
+#pragma unroll
+    for (int k = 0; k < 16; ++k) F::issue(d, a, ar, b);
+    wg::commit_group();
+    wg::wait_group<1>();
+  }
+  wg::wait_group<0>();
+  __syncthreads();
+  const long long t1 = clock64();
+  const long long n1 = globaltimer_ns();
+  if (threadIdx.x == 0) out[blockIdx.x] = t1 - t0, ns[blockIdx.x] = n1 - n0;
+  sink[blockIdx.x * blockDim.x + threadIdx.x] = acc_sum<F::kN>(d);
+}
+
+template <class F>
+void bench_form(Json& j, const char* name) {
+  const int lat_iters = 256, thr_iters = 4096;
+  long long *d_out, *d_ns;
+  float* d_sink;
+  CHECK(cudaMalloc(&d_out, sizeof(long long) * std::max(g_sms, 2)));
+  CHECK(cudaMalloc(&d_ns, sizeof(long long) * g_sms));
+  CHECK(cudaMalloc(&d_sink, sizeof(float) * g_sms * 256));
+  CHECK(cudaFuncSetAttribute(form_latency<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgmmaSmem));
+  CHECK(cudaFuncSetAttribute(form_throughput<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgmmaSmem));
+  long long lat[2];
+  form_latency<F><<<1, 128, kWgmmaSmem>>>(d_out, d_sink, lat_iters);
+  CHECK(cudaGetLastError());
+  CHECK(cudaMemcpy(lat, d_out, sizeof lat, cudaMemcpyDeviceToHost));
+  double cycles = 0, mhz = 0;
+  for (int rep = 0; rep < 2; ++rep) {  // the first a warm-up
+    form_throughput<F><<<g_sms, 256, kWgmmaSmem>>>(d_out, d_ns, d_sink, thr_iters);
+    CHECK(cudaGetLastError());
+    std::vector<long long> cyc(g_sms), ns(g_sms);
+    CHECK(cudaMemcpy(cyc.data(), d_out, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(ns.data(), d_ns, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
+    cycles = median(cyc), mhz = 1e3 * median(cyc) / median(ns);
+  }
+  j.open(name);
+  j.num("latency_cycles", static_cast<double>(lat[0]) / lat_iters);
+  j.num("chained_issue_cycles_1wg", static_cast<double>(lat[1]) / lat_iters);
+  j.num("cycles_per_wgmma_2wg_all_sms", cycles / (2.0 * thr_iters));
+  j.num("flop_per_clk_per_sm_2wg", F::kFlop * 2.0 * thr_iters / cycles);
+  j.num("sm_clock_mhz_2wg", mhz);
+  j.close();
+  CHECK(cudaFree(d_ns));
+  CHECK(cudaFree(d_out));
+  CHECK(cudaFree(d_sink));
+}
+
+void bench_fp8(Json& j) {
+  j.open("wgmma_forms");
+  bench_form<WgmmaForm<128, false, false>>(j, "bf16_ss_m64n128k16");
+  bench_form<WgmmaForm<128, true, false>>(j, "bf16_rs_m64n128k16");
+  bench_form<WgmmaForm<64, false, true>>(j, "e4m3_ss_m64n64k32");
+  bench_form<WgmmaForm<128, false, true>>(j, "e4m3_ss_m64n128k32");
+  bench_form<WgmmaForm<64, true, true>>(j, "e4m3_rs_m64n64k32");
+  bench_form<WgmmaForm<128, true, true>>(j, "e4m3_rs_m64n128k32");
+  bench_form<WgmmaForm<256, true, true>>(j, "e4m3_rs_m64n256k32");
+  j.close();
+}
+
 PFN_cuTensorMapEncodeTiled_v12000 get_encoder() {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult q{};
@@ -1211,6 +1333,7 @@ int main(int argc, char** argv) {
   // `calibrate_sm90 exp2`: the exponential section only.
   const bool only_exp2 = argc > 1 && std::strcmp(argv[1], "exp2") == 0;
   const bool only_bwd = argc > 1 && std::strcmp(argv[1], "bwd") == 0;
+  const bool only_fp8 = argc > 1 && std::strcmp(argv[1], "fp8") == 0;
   int dev = 0, clock_khz = 0;
   CHECK(cudaGetDevice(&dev));
   cudaDeviceProp prop;
@@ -1227,6 +1350,12 @@ int main(int argc, char** argv) {
   j.num("sms", g_sms);
   j.num("max_clock_khz", clock_khz);
   j.str("unit", "SM clock cycles (clock64)");
+  if (only_fp8) {
+    bench_fp8(j);
+    j.close();
+    std::printf("%s\n", j.s.c_str());
+    return 0;
+  }
   if (only_exp2 || only_bwd) {
     if (only_exp2) bench_exp2(j);
     if (only_bwd) {
