@@ -34,9 +34,9 @@ TYPES = {"bf16": "bf16", "f16": "f16"}
 # S = Q K^T from shared memory (N = the key block), O += P V^T with P from registers and V stored
 # transposed (N = head_dim): sm90/fp8_fwd_kernel.cuh.
 FP8_OPS = [
-    ("mma_ss", False, "D(64x{n}, f32) (+)= A(64x32 e4m3, smem desc) * B({n}x32 e4m3, smem desc)^T, both K-major.",
+    ("mma_ss", False, False, "D(64x{n}, f32) (+)= A(64x32 e4m3, smem desc) * B({n}x32 e4m3, smem desc)^T, both K-major.",
      [64, 128]),
-    ("mma_rs_kb", True, "D(64x{n}, f32) (+)= A(64x32 e4m3, registers) * B({n}x32 e4m3, smem desc, K-major).",
+    ("mma_rs_kb", True, False, "D(64x{n}, f32) (+)= A(64x32 e4m3, registers) * B({n}x32 e4m3, smem desc, K-major).",
      [64, 128, 256]),
 ]
 
@@ -55,6 +55,7 @@ def a_param(a_regs):
 
 def wrapper(name, a_regs, tnsp_b, comment, n, t, tnsp_a=False):
     k = n // 2
+    e4m3 = t == "e4m3"  # k32 a step, and no transpose flags (8-bit operands are K-major only)
     if a_regs:  # A: four registers; operands after D: a[0..3], b, accumulate
         a_operand = f"{{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}, %{k + 4}"
         pred, inputs = k + 5, '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate)'
@@ -63,34 +64,14 @@ def wrapper(name, a_regs, tnsp_b, comment, n, t, tnsp_a=False):
         a_operand = f"%{k}, %{k + 1}"
         pred, inputs = k + 2, '"l"(a), "l"(b), "r"(accumulate)'
         tnsp = ("1, " if tnsp_a else "0, ") + ("1" if tnsp_b else "0")
+    shape, tail = (f"m64n{n}k32", "") if e4m3 else (f"m64n{n}k16", f", {tnsp}")
     return f'''
 // {comment.format(n=n)}
 template <>
 __device__ __forceinline__ void {name}<{n}, Type::k{t.upper()}>(float (&d)[{k}], {a_param(a_regs)}, uint64_t b, int accumulate) {{
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{pred}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{acc_list(n)}}}, {a_operand}, p, 1, 1, {tnsp};\\n}}\\n"
-      : {constraints(n)}
-      : {inputs});
-}}
-'''
-
-
-def wrapper_fp8(name, a_regs, comment, n):
-    k = n // 2
-    if a_regs:
-        a_operand = f"{{%{k}, %{k + 1}, %{k + 2}, %{k + 3}}}, %{k + 4}"
-        pred, inputs = k + 5, '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate)'
-    else:
-        a_operand = f"%{k}, %{k + 1}"
-        pred, inputs = k + 2, '"l"(a), "l"(b), "r"(accumulate)'
-    return f'''
-// {comment.format(n=n)}
-template <>
-__device__ __forceinline__ void {name}<{n}, Type::kE4M3>(float (&d)[{k}], {a_param(a_regs)}, uint64_t b, int accumulate) {{
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{pred}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{acc_list(n)}}}, {a_operand}, p, 1, 1;\\n}}\\n"
+      "wgmma.mma_async.sync.aligned.{shape}.f32.{t}.{t} {{{acc_list(n)}}}, {a_operand}, p, 1, 1{tail};\\n}}\\n"
       : {constraints(n)}
       : {inputs});
 }}
@@ -115,8 +96,8 @@ def main():
     for t in TYPES:
         for name, a_regs, tnsp_b, comment, shapes, *tnsp_a in OPS:
             out += [wrapper(name, a_regs, tnsp_b, comment, n, t, *tnsp_a) for n in shapes]
-    for name, a_regs, comment, shapes in FP8_OPS:
-        out += [wrapper_fp8(name, a_regs, comment, n) for n in shapes]
+    for name, a_regs, tnsp_b, comment, shapes in FP8_OPS:
+        out += [wrapper(name, a_regs, tnsp_b, comment, n, "e4m3") for n in shapes]
     out.append("}  // namespace fa4::ptx::wgmma\n")
     path = pathlib.Path(__file__).resolve().parent.parent / "src" / "ptx" / "wgmma_ops.h"
     path.write_text("\n".join(out))

@@ -72,14 +72,9 @@ __device__ __forceinline__ unsigned char* smem_base() {
   return dyn_smem + ((1024 - (a & 1023)) & 1023);
 }
 
-// The kernel's wgmma wrappers (src/ptx/wgmma.h): a K-major, 128B-swizzled operand descriptor and
-// m64nNk16 bf16 with both operands in shared memory, accumulating.
+// The kernel's wgmma wrappers (src/ptx/wgmma.h): a K-major, 128B-swizzled operand descriptor.
 __device__ __forceinline__ uint64_t smem_desc(const void* p) {
   return wg::desc_sw128(fptx::smem_addr(p), 16, 1024);
-}
-template <int N>
-__device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t a, uint64_t b) {
-  wg::mma_ss<N, wg::Type::kBF16>(d, a, b, 1);
 }
 
 // PTX ISA, "Special Registers: %globaltimer": nanoseconds, to turn cycles into a clock rate.
@@ -111,30 +106,55 @@ __device__ float acc_sum(const float (&d)[N / 2]) {
   return s;
 }
 
+// One wgmma of each form, accumulating: S's (A and B from shared memory, K-major; bf16 m64nNk16,
+// the default) and P V's (A from registers, B K-major for e4m3, MN-major for bf16 as the 16-bit
+// kernels' V), bf16 or e4m3 (m64nNk32). kFlop: its multiply-adds x 2.
+template <int N, bool kRs = false, bool kE4M3 = false>
+struct WgmmaForm {
+  static constexpr int kN = N;
+  static constexpr double kFlop = 2.0 * 64 * N * (kE4M3 ? 32 : 16);
+  __device__ static void issue(float (&d)[N / 2], uint64_t a, const uint32_t (&ar)[4], uint64_t b) {
+    if constexpr (kE4M3) {
+      if constexpr (kRs) wg::mma_rs_kb<N, wg::Type::kE4M3>(d, ar, b, 1);
+      else wg::mma_ss<N, wg::Type::kE4M3>(d, a, b, 1);
+    } else {
+      if constexpr (kRs) wg::mma_rs<N, wg::Type::kBF16>(d, ar, b, 1);
+      else wg::mma_ss<N, wg::Type::kBF16>(d, a, b, 1);
+    }
+  }
+};
+
+// The A registers of the forms from registers: finite in both types.
+__device__ __forceinline__ void fill_a_regs(uint32_t (&ar)[4]) {
+  ar[0] = 0x3C3C3C3Cu ^ threadIdx.x, ar[1] = 0x3C3C3C3Cu, ar[2] = 0x3B3C3B3Cu, ar[3] = 0x3C3B3C3Bu;
+}
+
 // One warpgroup. out[0]: cycles of `iters` wgmmas each waited for (latency);
 // out[1]: cycles of `iters` wgmmas chained into one accumulator, one wait at the end (issue rate).
-template <int N>
+template <class F>
 __global__ void __launch_bounds__(128, 1) wgmma_latency(long long* out, float* sink, int iters) {
   unsigned char* base = smem_base();
-  fill_operands(base, 8192 + N * 128);
+  fill_operands(base, 8192 + F::kN * 128);
   const uint64_t a = smem_desc(base), b = smem_desc(base + 8192);
-  float d[N / 2];
+  uint32_t ar[4];
+  fill_a_regs(ar);
+  float d[F::kN / 2];
 #pragma unroll
-  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+  for (int i = 0; i < F::kN / 2; ++i) d[i] = 0.f;
   wg::fence();
   for (int i = 0; i < 8; ++i) {  // warm-up
-    wgmma_bf16<N>(d, a, b);
+    F::issue(d, a, ar, b);
     wg::commit_group();
     wg::wait_group<0>();
   }
   const long long t0 = clock64();
   for (int i = 0; i < iters; ++i) {
-    wgmma_bf16<N>(d, a, b);
+    F::issue(d, a, ar, b);
     wg::commit_group();
     wg::wait_group<0>();
   }
   const long long t1 = clock64();
-  for (int i = 0; i < iters; ++i) wgmma_bf16<N>(d, a, b);
+  for (int i = 0; i < iters; ++i) F::issue(d, a, ar, b);
   wg::commit_group();
   wg::wait_group<0>();
   const long long t2 = clock64();
@@ -142,28 +162,30 @@ __global__ void __launch_bounds__(128, 1) wgmma_latency(long long* out, float* s
     out[0] = t1 - t0;
     out[1] = t2 - t1;
   }
-  sink[threadIdx.x] = acc_sum<N>(d);
+  sink[threadIdx.x] = acc_sum<F::kN>(d);
 }
 
 // kWarpgroups warpgroups per CTA, one CTA per SM, each chaining `iters` wgmmas in groups of 16
 // with at most two groups in flight. out[block]: cycles from the first issue to the last result;
 // ns[block]: the same interval in nanoseconds (the SM clock under tensor load = cycles / ns).
-template <int N, int kWarpgroups>
+template <class F, int kWarpgroups>
 __global__ void __launch_bounds__(128 * kWarpgroups, 1)
     wgmma_throughput(long long* out, long long* ns, float* sink, int iters) {
   unsigned char* base = smem_base();
-  fill_operands(base, 8192 + N * 128);
+  fill_operands(base, 8192 + F::kN * 128);
   const uint64_t a = smem_desc(base), b = smem_desc(base + 8192);
-  float d[N / 2];
+  uint32_t ar[4];
+  fill_a_regs(ar);
+  float d[F::kN / 2];
 #pragma unroll
-  for (int i = 0; i < N / 2; ++i) d[i] = 0.f;
+  for (int i = 0; i < F::kN / 2; ++i) d[i] = 0.f;
   wg::fence();
   __syncthreads();
   const long long n0 = globaltimer_ns();
   const long long t0 = clock64();
   for (int i = 0; i < iters; i += 16) {
 #pragma unroll
-    for (int k = 0; k < 16; ++k) wgmma_bf16<N>(d, a, b);
+    for (int k = 0; k < 16; ++k) F::issue(d, a, ar, b);
     wg::commit_group();
     wg::wait_group<1>();
   }
@@ -175,7 +197,7 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1)
     out[blockIdx.x] = t1 - t0;
     ns[blockIdx.x] = n1 - n0;
   }
-  sink[blockIdx.x * blockDim.x + threadIdx.x] = acc_sum<N>(d);
+  sink[blockIdx.x * blockDim.x + threadIdx.x] = acc_sum<F::kN>(d);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -777,8 +799,8 @@ int g_sms = 0;
 
 double g_clock_mhz_tensor_load = 0;
 
-template <int N>
-void bench_wgmma(Json& j) {
+template <class F>
+void bench_wgmma(Json& j, const std::string& name) {
   const int lat_iters = 256, thr_iters = 4096;
   long long *d_out, *d_ns;
   float* d_sink;
@@ -786,7 +808,7 @@ void bench_wgmma(Json& j) {
   CHECK(cudaMalloc(&d_ns, sizeof(long long) * g_sms));
   CHECK(cudaMalloc(&d_sink, sizeof(float) * g_sms * 256));
   long long lat[2];
-  wgmma_latency<N><<<1, 128, kWgmmaSmem>>>(d_out, d_sink, lat_iters);
+  wgmma_latency<F><<<1, 128, kWgmmaSmem>>>(d_out, d_sink, lat_iters);
   CHECK(cudaGetLastError());
   CHECK(cudaMemcpy(lat, d_out, sizeof lat, cudaMemcpyDeviceToHost));
   auto run = [&](auto kernel, int threads) {
@@ -798,11 +820,11 @@ void bench_wgmma(Json& j) {
     g_clock_mhz_tensor_load = 1e3 * median(cyc) / median(ns);
     return median(cyc);
   };
-  run(wgmma_throughput<N, 2>, 256);  // warm-up
-  const double one_wg = run(wgmma_throughput<N, 1>, 128);
-  const double two_wg = run(wgmma_throughput<N, 2>, 256);
-  const double flop = 2.0 * 64 * N * 16;
-  j.open("m64n" + std::to_string(N) + "k16");
+  run(wgmma_throughput<F, 2>, 256);  // warm-up
+  const double one_wg = run(wgmma_throughput<F, 1>, 128);
+  const double two_wg = run(wgmma_throughput<F, 2>, 256);
+  const double flop = F::kFlop;
+  j.open(name);
   j.num("latency_cycles", static_cast<double>(lat[0]) / lat_iters);
   j.num("chained_issue_cycles_1wg", static_cast<double>(lat[1]) / lat_iters);
   j.num("cycles_per_wgmma_1wg_all_sms", one_wg / thr_iters);
@@ -819,118 +841,15 @@ void bench_wgmma(Json& j) {
 // wgmma by operand form and type (the fp8 forward's GEMMs beside bf16's)
 // ------------------------------------------------------------------------------------------------
 
-// One wgmma of each form: S's (A and B from shared memory, K-major) and P V's (A from registers,
-// B K-major for e4m3, MN-major for bf16 as the 16-bit kernels' V). kFlop: its multiply-adds x 2.
-template <int N, bool kRs, bool kE4M3>
-struct WgmmaForm {
-  static constexpr int kN = N;
-  static constexpr double kFlop = 2.0 * 64 * N * (kE4M3 ? 32 : 16);
-  __device__ static void issue(float (&d)[N / 2], uint64_t a, const uint32_t (&ar)[4], uint64_t b) {
-    if constexpr (kE4M3) {
-      if constexpr (kRs) wg::mma_rs_kb<N, wg::Type::kE4M3>(d, ar, b, 1);
-      else wg::mma_ss<N, wg::Type::kE4M3>(d, a, b, 1);
-    } else {
-      if constexpr (kRs) wg::mma_rs<N, wg::Type::kBF16>(d, ar, b, 1);
-      else wg::mma_ss<N, wg::Type::kBF16>(d, a, b, 1);
-    }
-  }
-};
-
-// out[0]: cycles of `iters` wgmmas each waited for; out[1]: `iters` chained into one accumulator.
-template <class F>
-__global__ void __launch_bounds__(128, 1) form_latency(long long* out, float* sink, int iters) {
-  unsigned char* base = smem_base();
-  fill_operands(base, 8192 + 256 * 128);
-  const uint64_t a = smem_desc(base), b = smem_desc(base + 8192);
-  const uint32_t ar[4] = {0x3C3C3C3Cu ^ threadIdx.x, 0x3C3C3C3Cu, 0x3B3C3B3Cu, 0x3C3B3C3Bu};
-  float d[F::kN / 2];
-#pragma unroll
-  for (int i = 0; i < F::kN / 2; ++i) d[i] = 0.f;
-  wg::fence();
-  for (int i = 0; i < 8; ++i) F::issue(d, a, ar, b), wg::commit_group(), wg::wait_group<0>();
-  const long long t0 = clock64();
-  for (int i = 0; i < iters; ++i) F::issue(d, a, ar, b), wg::commit_group(), wg::wait_group<0>();
-  const long long t1 = clock64();
-  for (int i = 0; i < iters; ++i) F::issue(d, a, ar, b);
-  wg::commit_group();
-  wg::wait_group<0>();
-  const long long t2 = clock64();
-  if (threadIdx.x == 0) out[0] = t1 - t0, out[1] = t2 - t1;
-  sink[threadIdx.x] = acc_sum<F::kN>(d);
-}
-
-// Two warpgroups a CTA, one CTA an SM, chaining in groups of 16 (at most two in flight).
-template <class F>
-__global__ void __launch_bounds__(256, 1) form_throughput(long long* out, long long* ns, float* sink, int iters) {
-  unsigned char* base = smem_base();
-  fill_operands(base, 8192 + 256 * 128);
-  const uint64_t a = smem_desc(base), b = smem_desc(base + 8192);
-  const uint32_t ar[4] = {0x3C3C3C3Cu ^ threadIdx.x, 0x3C3C3C3Cu, 0x3B3C3B3Cu, 0x3C3B3C3Bu};
-  float d[F::kN / 2];
-#pragma unroll
-  for (int i = 0; i < F::kN / 2; ++i) d[i] = 0.f;
-  wg::fence();
-  __syncthreads();
-  const long long n0 = globaltimer_ns();
-  const long long t0 = clock64();
-  for (int i = 0; i < iters; i += 16) {
-#pragma unroll
-    for (int k = 0; k < 16; ++k) F::issue(d, a, ar, b);
-    wg::commit_group();
-    wg::wait_group<1>();
-  }
-  wg::wait_group<0>();
-  __syncthreads();
-  const long long t1 = clock64();
-  const long long n1 = globaltimer_ns();
-  if (threadIdx.x == 0) out[blockIdx.x] = t1 - t0, ns[blockIdx.x] = n1 - n0;
-  sink[blockIdx.x * blockDim.x + threadIdx.x] = acc_sum<F::kN>(d);
-}
-
-template <class F>
-void bench_form(Json& j, const char* name) {
-  const int lat_iters = 256, thr_iters = 4096;
-  long long *d_out, *d_ns;
-  float* d_sink;
-  CHECK(cudaMalloc(&d_out, sizeof(long long) * std::max(g_sms, 2)));
-  CHECK(cudaMalloc(&d_ns, sizeof(long long) * g_sms));
-  CHECK(cudaMalloc(&d_sink, sizeof(float) * g_sms * 256));
-  CHECK(cudaFuncSetAttribute(form_latency<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgmmaSmem));
-  CHECK(cudaFuncSetAttribute(form_throughput<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWgmmaSmem));
-  long long lat[2];
-  form_latency<F><<<1, 128, kWgmmaSmem>>>(d_out, d_sink, lat_iters);
-  CHECK(cudaGetLastError());
-  CHECK(cudaMemcpy(lat, d_out, sizeof lat, cudaMemcpyDeviceToHost));
-  double cycles = 0, mhz = 0;
-  for (int rep = 0; rep < 2; ++rep) {  // the first a warm-up
-    form_throughput<F><<<g_sms, 256, kWgmmaSmem>>>(d_out, d_ns, d_sink, thr_iters);
-    CHECK(cudaGetLastError());
-    std::vector<long long> cyc(g_sms), ns(g_sms);
-    CHECK(cudaMemcpy(cyc.data(), d_out, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(ns.data(), d_ns, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
-    cycles = median(cyc), mhz = 1e3 * median(cyc) / median(ns);
-  }
-  j.open(name);
-  j.num("latency_cycles", static_cast<double>(lat[0]) / lat_iters);
-  j.num("chained_issue_cycles_1wg", static_cast<double>(lat[1]) / lat_iters);
-  j.num("cycles_per_wgmma_2wg_all_sms", cycles / (2.0 * thr_iters));
-  j.num("flop_per_clk_per_sm_2wg", F::kFlop * 2.0 * thr_iters / cycles);
-  j.num("sm_clock_mhz_2wg", mhz);
-  j.close();
-  CHECK(cudaFree(d_ns));
-  CHECK(cudaFree(d_out));
-  CHECK(cudaFree(d_sink));
-}
-
 void bench_fp8(Json& j) {
   j.open("wgmma_forms");
-  bench_form<WgmmaForm<128, false, false>>(j, "bf16_ss_m64n128k16");
-  bench_form<WgmmaForm<128, true, false>>(j, "bf16_rs_m64n128k16");
-  bench_form<WgmmaForm<64, false, true>>(j, "e4m3_ss_m64n64k32");
-  bench_form<WgmmaForm<128, false, true>>(j, "e4m3_ss_m64n128k32");
-  bench_form<WgmmaForm<64, true, true>>(j, "e4m3_rs_m64n64k32");
-  bench_form<WgmmaForm<128, true, true>>(j, "e4m3_rs_m64n128k32");
-  bench_form<WgmmaForm<256, true, true>>(j, "e4m3_rs_m64n256k32");
+  bench_wgmma<WgmmaForm<128>>(j, "bf16_ss_m64n128k16");
+  bench_wgmma<WgmmaForm<128, true>>(j, "bf16_rs_m64n128k16");
+  bench_wgmma<WgmmaForm<64, false, true>>(j, "e4m3_ss_m64n64k32");
+  bench_wgmma<WgmmaForm<128, false, true>>(j, "e4m3_ss_m64n128k32");
+  bench_wgmma<WgmmaForm<64, true, true>>(j, "e4m3_rs_m64n64k32");
+  bench_wgmma<WgmmaForm<128, true, true>>(j, "e4m3_rs_m64n128k32");
+  bench_wgmma<WgmmaForm<256, true, true>>(j, "e4m3_rs_m64n256k32");
   j.close();
 }
 
@@ -1294,7 +1213,7 @@ void bench_sustained_clock(Json& j) {
   const int iters = 3 << 20;
   std::vector<long long> cyc(g_sms), ns(g_sms);
   for (int rep = 0; rep < 2; ++rep) {  // the first run warms the GPU up
-    wgmma_throughput<128, 2><<<g_sms, 256, kWgmmaSmem>>>(d_out, d_ns, d_sink, iters);
+    wgmma_throughput<WgmmaForm<128>, 2><<<g_sms, 256, kWgmmaSmem>>>(d_out, d_ns, d_sink, iters);
     CHECK(cudaGetLastError());
     CHECK(cudaMemcpy(cyc.data(), d_out, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(ns.data(), d_ns, sizeof(long long) * g_sms, cudaMemcpyDeviceToHost));
@@ -1368,9 +1287,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   j.open("wgmma_bf16");
-  bench_wgmma<64>(j);
-  bench_wgmma<128>(j);
-  bench_wgmma<256>(j);
+  bench_wgmma<WgmmaForm<64>>(j, "m64n64k16");
+  bench_wgmma<WgmmaForm<128>>(j, "m64n128k16");
+  bench_wgmma<WgmmaForm<256>>(j, "m64n256k16");
   j.close();
   // 256 MB of bf16 rows (several times the L2) for the DRAM latency.
   const uint64_t rows = (256ull << 20) / 128;
