@@ -96,7 +96,7 @@ TEST(Validation, BaselinesPass) {
 }
 
 TEST(Validation, EverySupportedHeadDimAndDTypePasses) {
-  for (DType t : {DType::kBF16, DType::kFP16}) {
+  for (DType t : {DType::kBF16, DType::kFP16, DType::kE4M3}) {
     for (int d : fa4::kSupportedHeadDims) {
       ForwardArgs a = valid_forward();
       a.problem.dtype = t;
@@ -784,22 +784,13 @@ ForwardArgs valid_fp8_forward() {
   return a;
 }
 
-TEST(Validation, Fp8ForwardBaselineAndHeadDims) {
+// (Every head dim passes in EverySupportedHeadDimAndDTypePasses.)
+TEST(Validation, Fp8ForwardBaselineWithDescalesAndBounds) {
   const Status base = fa4::validate(valid_fp8_forward());
   EXPECT_TRUE(base.ok()) << base.message;
   ForwardArgs causal = valid_fp8_forward();
   causal.problem.causal = true, causal.problem.window_left = 100;
   EXPECT_TRUE(fa4::validate(causal).ok());
-  for (int d : {64, 256}) {
-    ForwardArgs a = valid_fp8_forward();
-    a.problem.head_dim = d;
-    a.q = fa4::bshd(fake(0), kSq, kHq, d);
-    a.k = fa4::bshd(fake(1), kSk, kHkv, d);
-    a.v = fa4::bshd(fake(2), kSk, kHkv, d);
-    a.o = fa4::bshd(fake(3), kSq, kHq, d);
-    const Status s = fa4::validate(a);
-    EXPECT_TRUE(s.ok()) << "d" << d << ": " << s.message;
-  }
 }
 
 TEST(Validation, Fp8StridesInBytesOfEachTensor) {

@@ -47,6 +47,7 @@
 // kInvalidArgument -> ValueError, kNotSupported -> NotImplementedError, others -> RuntimeError.
 // The fake (meta) kernels and autograd live in python/fa4/__init__.py.
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -319,20 +320,35 @@ const int32_t* seqused_of(const std::optional<at::Tensor>& seqused_k, int64_t ba
   return used.data_ptr<int32_t>();
 }
 
-// sink or dsink, where given: fp32, contiguous [heads_q] on q's device (the attention sinks,
-// fa4::ForwardArgs::sink, and their gradient).
-float* sink_of(const std::optional<at::Tensor>& sink, int64_t heads_q, const at::Device& device, const char* op,
-               const char* name) {
-  if (!sink.has_value()) return nullptr;
-  const at::Tensor& t = *sink;
+// "[batch, heads_kv] (batch = 2, heads_kv = 4)": dims named `names`, of sizes `shape`.
+std::string dims_str(std::initializer_list<const char*> names, std::initializer_list<int64_t> shape) {
+  std::string list = "[", sizes = " (";
+  for (size_t i = 0; i < names.size(); ++i) {
+    list += cat(i ? ", " : "", names.begin()[i]);
+    sizes += cat(i ? ", " : "", names.begin()[i], " = ", shape.begin()[i]);
+  }
+  return list + "]" + sizes + ")";
+}
+
+// An fp32 tensor, where given: contiguous, of `shape` (its dims named `names`), on q's device.
+float* fp32_of(const std::optional<at::Tensor>& given, std::initializer_list<int64_t> shape,
+               std::initializer_list<const char*> names, const at::Device& device, const char* op, const char* name) {
+  if (!given.has_value()) return nullptr;
+  const at::Tensor& t = *given;
   FA4_CHECK_VALUE(t.defined() && t.is_cuda() && t.device() == device, op, ": ", name,
                   " must be a CUDA tensor on q's device");
   FA4_CHECK_VALUE(t.scalar_type() == at::kFloat, op, ": ", name, " has dtype ", t.scalar_type(),
                   ": must be torch.float32");
-  FA4_CHECK_VALUE(t.dim() == 1 && t.size(0) == heads_q && t.is_contiguous(), op, ": ", name, " has shape ",
-                  shape_str(t), " and strides ", strides_str(t), ": must be contiguous [heads_q] (heads_q = ",
-                  heads_q, ")");
+  FA4_CHECK_VALUE(t.sizes().equals(shape) && t.is_contiguous(), op, ": ", name, " has shape ", shape_str(t),
+                  " and strides ", strides_str(t), ": must be contiguous ", dims_str(names, shape));
   return t.data_ptr<float>();
+}
+
+// sink or dsink, where given: fp32, contiguous [heads_q] on q's device (the attention sinks,
+// fa4::ForwardArgs::sink, and their gradient).
+float* sink_of(const std::optional<at::Tensor>& sink, int64_t heads_q, const at::Device& device, const char* op,
+               const char* name) {
+  return fp32_of(sink, {heads_q}, {"heads_q"}, device, op, name);
 }
 
 // run_forward on batched q (out like q, lse [batch, heads_q, seqlen_q]) on q's device.
@@ -369,16 +385,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_op(const at::Tensor& q, const at::Tensor&
 // A descale of the fp8 forward, where given: fp32, contiguous [batch, heads_kv] on q's device.
 const float* descale_of(const std::optional<at::Tensor>& d, const fa4::Problem& p, const at::Device& device,
                         const char* op, const char* name) {
-  if (!d.has_value()) return nullptr;
-  const at::Tensor& t = *d;
-  FA4_CHECK_VALUE(t.defined() && t.is_cuda() && t.device() == device, op, ": ", name,
-                  " must be a CUDA tensor on q's device");
-  FA4_CHECK_VALUE(t.scalar_type() == at::kFloat, op, ": ", name, " has dtype ", t.scalar_type(),
-                  ": must be torch.float32");
-  FA4_CHECK_VALUE(t.dim() == 2 && t.size(0) == p.batch && t.size(1) == p.heads_kv && t.is_contiguous(), op, ": ",
-                  name, " has shape ", shape_str(t), " and strides ", strides_str(t),
-                  ": must be contiguous [batch, heads_kv] (batch = ", p.batch, ", heads_kv = ", p.heads_kv, ")");
-  return t.data_ptr<float>();
+  return fp32_of(d, {p.batch, p.heads_kv}, {"batch", "heads_kv"}, device, op, name);
 }
 
 // The fp8 forward (q, k, v torch.float8_e4m3fn; out bf16) with FlashAttention-3's descales.

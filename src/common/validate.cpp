@@ -166,9 +166,16 @@ Status check_shared(const Problem& p, const TensorRef& q, const TensorRef& k, co
   if (!(s = check_tensor("q", q, qs, p)).ok()) return s;
   if (!(s = check_tensor("k", k, ks, p)).ok()) return s;
   if (!(s = check_tensor("v", v, ks, p)).ok()) return s;
-  Problem po = p;  // fp8's o is bf16
-  if (po.dtype == DType::kE4M3) po.dtype = DType::kBF16;
+  Problem po = p;
+  po.dtype = detail::output_dtype(p.dtype);
   return check_tensor("o", o, qs, po);
+}
+
+// A device array of fp32 (the sinks, their gradient, fp8's descales): aligned to its element.
+Status check_fp32_aligned(const char* name, const void* ptr) {
+  if (reinterpret_cast<uintptr_t>(ptr) % alignof(float) == 0) return Status::Ok();
+  return invalid(std::string(name) + " = " + detail::format_pointer(ptr) + ": must be a multiple of " +
+                 str(int64_t{alignof(float)}) + " bytes (fp32)");
 }
 
 // fp8 (DType::kE4M3): what its kernel runs, and the descales (ForwardArgs) with it only.
@@ -187,10 +194,9 @@ Status check_fp8(const ForwardArgs& args) {
                        ") takes none (null)");
     return Status::Ok();
   }
+  Status s;
   for (const auto& d : descales)
-    if (reinterpret_cast<uintptr_t>(d.ptr) % alignof(float) != 0)
-      return invalid(std::string(d.name) + " = " + detail::format_pointer(d.ptr) + ": must be a multiple of " +
-                     str(int64_t{alignof(float)}) + " bytes (fp32)");
+    if (!(s = check_fp32_aligned(d.name, d.ptr)).ok()) return s;
   const auto unsupported = [&](const std::string& what) {
     return Status{StatusCode::kNotSupported, what + ": the fp8 forward (dtype = " + e4m3 +
                                                  ") runs batched tensors without varlen, a "
@@ -232,10 +238,9 @@ Status check_seqused_alone(const Varlen& v, bool backward) {
 // ForwardArgs::sink, BackwardArgs::sink and dsink: fp32 arrays, 4-byte aligned; dsink needs the
 // sinks it is the gradient of.
 Status check_sink(const float* sink, float* dsink = nullptr) {
+  Status s;
   for (auto [name, ptr] : {std::pair<const char*, const void*>{"sink", sink}, {"dsink", dsink}})
-    if (reinterpret_cast<uintptr_t>(ptr) % alignof(float) != 0)
-      return invalid(std::string(name) + " = " + detail::format_pointer(ptr) + ": must be a multiple of " +
-                     str(int64_t{alignof(float)}) + " bytes (fp32)");
+    if (!(s = check_fp32_aligned(name, ptr)).ok()) return s;
   if (dsink != nullptr && sink == nullptr)
     return invalid("dsink = " + detail::format_pointer(dsink) +
                    ": the sinks' gradient needs the sinks (sink is null; null dsink is allowed)");
