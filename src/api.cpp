@@ -112,8 +112,8 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
   if (rows.k == 0) {  // every row sees no key: O = 0, LSE = -inf, or with sinks its head's sink
                       // (with varlen rows outside every sequence too, where with keys they are left
                       // as they are)
-    Problem o_shape = rows.shape;  // (fp8's o is bf16)
-    if (o_shape.dtype == DType::kE4M3) o_shape.dtype = DType::kBF16;
+    Problem o_shape = rows.shape;
+    o_shape.dtype = detail::output_dtype(o_shape.dtype);
     if (!(s = zero("zeroing o (no keys)", args.o, o_shape, rows.q, p.heads_q, stream)).ok()) return s;
     if (args.lse != nullptr) {
       const cudaError_t e =

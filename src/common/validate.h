@@ -16,6 +16,8 @@ namespace fa4::detail {
 
 // Bytes per element of `dtype` (0 for a value outside the enum).
 int element_size(DType dtype);
+// The dtype of o for inputs of `dtype`: the same, but bf16 for fp8 (e4m3).
+inline DType output_dtype(DType dtype) { return dtype == DType::kE4M3 ? DType::kBF16 : dtype; }
 
 // kOk when a device of compute capability major.minor can run fa4's kernels, else kNoDevice:
 // below kMinComputeCapability "compute capability X.Y found, fa4 needs 9.0 (Hopper, sm_90a)";

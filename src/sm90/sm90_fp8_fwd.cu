@@ -21,7 +21,6 @@ Status fp8_failure(const char* what, cudaError_t e) { return fp8_failure(what, i
 // The configurations: K/V ring depth in the shared memory left beside Q (d256: 64-key blocks, so S
 // fits beside O's 128 registers); the software exp2's share (every kPolyEvery-th 8-key chunk on the
 // FMA pipe), FwdParams::exp2_poly_every choosing among the built ones (-1: the shipped).
-template <int kD>
 inline constexpr int kFp8Stages = 4;
 template <int kD>
 inline constexpr int kFp8BlockN = kD == 256 ? 64 : 128;
@@ -29,11 +28,12 @@ inline constexpr int kFp8BlockN = kD == 256 ? 64 : 128;
 // FA3's 1k-16k rows, d64 and d128, where half of them (every 2nd) lost at d128 (docs/perf-notes.md,
 // "The fp8 forward"); every 8th gained less. At d256 (64-key blocks) MUFU alone measured 1 % ahead
 // of a quarter, so none there.
-inline constexpr int kShippedPoly = 4;
+template <int kD>
+inline constexpr int kShippedPoly = kD == 256 ? 0 : 4;
 
 template <int kD, int kPoly, int kConsumers = 2>
 Status launch_fp8(const FwdParams& a, cudaStream_t stream) {
-  using Cfg = Fp8Config<kD, kFp8Stages<kD>, kPoly, kFp8BlockN<kD>, kConsumers>;
+  using Cfg = Fp8Config<kD, kFp8Stages, kPoly, kFp8BlockN<kD>, kConsumers>;
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return fp8_failure("device query", e);
@@ -111,7 +111,7 @@ Status launch_fp8(const FwdParams& a, cudaStream_t stream) {
 
 template <int kD>
 Status launch_fp8_share(const FwdParams& a, cudaStream_t stream) {
-  const int every = a.exp2_poly_every < 0 ? (kD == 256 ? 0 : kShippedPoly) : a.exp2_poly_every;
+  const int every = a.exp2_poly_every < 0 ? kShippedPoly<kD> : a.exp2_poly_every;
   // (Three consumers at d64, 192-row tiles, spilled 60 bytes under the 128 registers a thread the
   // launch gives 512 threads, with two P buffers: not built; Fp8Config takes kConsumers.)
   switch (every) {
