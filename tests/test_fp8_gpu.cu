@@ -255,6 +255,19 @@ TEST(Fp8Gpu, AgainstFloat64) {
   for (const Fp8Case& c : cases) ASSERT_NO_FATAL_FAILURE(run_case(c));
 }
 
+// More tiles than a grid has CTAs, twice in a row on one stream: the tiles past the grid's first
+// come from the stream's counter, which each launch's last CTA must leave at zero for the next
+// (a counter left standing hands the second launch no tiles past its grid's, and its O stays NaN).
+TEST(Fp8Gpu, TileCounterAcrossLaunches) {
+  FA4_REQUIRE_GPU();
+  const Fp8Case cases[] = {
+      {3, 1100, 300, 8, 2, 64, true},       // 9 x 8 x 3 = 216 tiles of 128 rows
+      {3, 1100, 300, 8, 2, 64, true},
+      {2, 1000, 260, 16, 4, 128, false},   // 256 tiles
+  };
+  for (const Fp8Case& c : cases) ASSERT_NO_FATAL_FAILURE(run_case(c));
+}
+
 // Small and tail-heavy, for compute-sanitizer (memcheck, racecheck, synccheck): several tiles a
 // CTA's walk would not reach on a full grid are still few here, so these also take the ring around.
 TEST(Fp8Gpu, SmallForSanitizers) {

@@ -90,7 +90,9 @@ struct Fp8Params {
   int64_t o_stride[3];  // elements: batch, seq, head
   float* lse;           // [batch, heads_q, seqlen_q] or null
   const float *q_descale, *k_descale, *v_descale;  // [batch, heads_kv] or null (1)
-  int* tile_counter;  // zero at the launch: the tiles handed out past the grid's first (null: static)
+  // Zero at the launch, and again at its end (the last CTA): the tiles handed out past the grid's
+  // first, then the CTAs finished (null: the static walk).
+  int* tile_counter;
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv;
   int window_left, window_right;  // -1 = unbounded
   float scale_log2;               // softmax_scale * log2(e)
@@ -265,7 +267,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
       tile_slot[slot] = t < p.tiles ? t : -1;
       ptx::mbar_arrive(&tile_full[slot]);
       if (++slot == 2) slot = 0, slot_phase ^= 1;
-      if (t >= p.tiles) break;
+      if (t >= p.tiles) {
+        // This CTA's last claim is made: the one that finds every other CTA finished zeroes the
+        // counter for the stream's next launch (detail::stream_counters).
+        if (p.tile_counter != nullptr) {
+          __threadfence();
+          if (atomicAdd(p.tile_counter + 1, 1) == int(gridDim.x) - 1) {
+            atomicExch(p.tile_counter, 0);
+            atomicExch(p.tile_counter + 1, 0);
+          }
+        }
+        break;
+      }
       const Fp8Tile tl = fp8_tile(p, t);
       const int m0 = tl.m_block * Cfg::kBlockM, hk = tl.head / (p.heads_q / p.heads_kv);
       int lo, hi;

@@ -5,6 +5,7 @@
 #include "common/fwd_params.h"
 #include "common/launch.cuh"
 #include "common/per_device.h"
+#include "common/stream_counters.h"
 #include "sm90/fp8_fwd_kernel.cuh"
 
 namespace fa4::detail {
@@ -45,7 +46,7 @@ Status launch_fp8(const FwdParams& a, cudaStream_t stream) {
   constexpr int kTransposeKeys = 128;
   static_assert(kTransposeKeys % Cfg::kBlockN == 0, "key blocks inside the transpose's");
   const int keys = (a.seqlen_k + kTransposeKeys - 1) / kTransposeKeys * kTransposeKeys;
-  // (and after it the tile counter, zeroed)
+  // (and after it, where the stream has no counters of its own, the tile counter, zeroed)
   const size_t vt_bytes = size_t(a.batch) * a.heads_kv * kD * keys;
   uint8_t* vt = nullptr;
   if ((e = cudaMallocAsync(reinterpret_cast<void**>(&vt), vt_bytes + 16, stream)) != cudaSuccess)
@@ -84,9 +85,17 @@ Status launch_fp8(const FwdParams& a, cudaStream_t stream) {
     if ((r = ptx::make_tensor_map_8bit(&p.vt_map, vt, 4, vd, vs, vb, Cfg::kVSwizzle)) != 0)
       return fp8_failure("V^T's tensor map", r, "cuTensorMapEncodeTiled");
   }
-  p.tile_counter = a.fp8_static_tiles ? nullptr : reinterpret_cast<int*>(vt + vt_bytes);
-  if (p.tile_counter != nullptr && (e = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream)) != cudaSuccess)
-    return fp8_failure("zeroing the tile counter", e);
+  // The tile counter and its finish count: the stream's own, zero from its last launch and zeroed
+  // again by this launch's last CTA (as the 16-bit forward's, with which it is shared); else the
+  // scratch's last bytes, zeroed for this launch.
+  if (!a.fp8_static_tiles) {
+    p.tile_counter = detail::stream_counters(device, stream);
+    if (p.tile_counter == nullptr) {
+      p.tile_counter = reinterpret_cast<int*>(vt + vt_bytes);
+      if ((e = cudaMemsetAsync(p.tile_counter, 0, detail::kStreamTileCounterInts * sizeof(int), stream)) != cudaSuccess)
+        return fp8_failure("zeroing the tile counter", e);
+    }
+  }
   p.o = static_cast<__nv_bfloat16*>(a.o);
   for (int i = 0; i < 3; ++i) p.o_stride[i] = a.o_stride[i];
   p.lse = a.lse;
