@@ -91,6 +91,9 @@ struct FwdParams {
   // The fp8 kernel's tiles walked statically (CTA c takes c, c + grid, ...) instead of handed out
   // by a counter (for measurements).
   bool fp8_static_tiles = false;
+  // Every key block of the fp8 kernel through the exact step (the block's row max), none through
+  // the step without it (for measurements; the shipped exp2 share only).
+  bool fp8_exact_steps = false;
   bool varlen() const { return cu_seqlens_q != nullptr; }
 };
 

@@ -9,7 +9,8 @@
 // Per key block j, a consumer: S_j = Q K_j^T and O += P_{j-1} V_{j-1} in its turn -> wait S_j, free
 // K_j -> softmax(S_j) into P_j (fp8, registers) while P V runs -> wait P V, free V_{j-1} -> rescale O
 // where a row's max moved. Blocks walk from the last down, so the masked ones (the causal diagonal,
-// the keys' tail) come first.
+// the keys' tail) come first. Unmasked blocks after a tile's first take the softmax without the
+// block's row max (fp8_softmax_no_max) wherever it holds.
 //
 // What fp8 changes:
 // - wgmma on 8-bit types takes both operands K-major (no transpose), so O += P V needs V with the
@@ -50,7 +51,7 @@ __host__ __device__ constexpr int key_perm(int k) {
 inline constexpr int kKeyGroup = 32;  // keys of one k32 step
 inline constexpr float kPOffset = 8.0f;
 
-template <int kHeadDim_, int kStages_, int kPolyEvery_, int kBlockN_ = 128, int kConsumers_ = 2>
+template <int kHeadDim_, int kStages_, int kPolyEvery_, int kBlockN_ = 128, int kConsumers_ = 2, bool kNoMax_ = true>
 struct Fp8Config {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;  // of 64 rows each
@@ -66,6 +67,8 @@ struct Fp8Config {
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
   // Every kPolyEvery-th 8-key chunk of a thread's S on the FMA pipe (numerics/exp2.h); 0 = none.
   static constexpr int kPolyEvery = kPolyEvery_;
+  // Unmasked key blocks after a tile's first through fp8_softmax_no_max (no block row max).
+  static constexpr bool kNoMax = kNoMax_;
   // Q and K rows: d bytes, in swizzle atoms of 64 (d64) or 128 bytes.
   static constexpr int kSwizzle = kHeadDim >= 128 ? 128 : 64;
   static constexpr int kAtoms = kHeadDim / kSwizzle;
@@ -143,45 +146,24 @@ __device__ __forceinline__ void fp8_block_range(const Fp8Params& p, int m0, int&
   hi = khi <= klo ? lo : (khi + Cfg::kBlockN - 1) / Cfg::kBlockN;
 }
 
-// One block's softmax: masks S (keys past seqlen_k, the window's bounds) where the block is cut,
-// takes the rows' new max (the running max and row_sum move to it; alpha is the factor O takes),
-// and packs P = 2^(x - m + kPOffset) as fp8 into the A operand's registers of the four k32 steps.
+// Whether some key of the block [k0, k0 + kBlockN) is hidden from some row of the tile at m0: keys
+// past seqlen_k, or outside the window of a row.
 template <class Cfg>
-__device__ __forceinline__ void fp8_softmax(const Fp8Params& p, float (&s)[Cfg::kBlockN / 2], int k0, int m0, int row0,
-                                            int quad, int off, float qk_scale, float (&row_max)[2],
-                                            float (&row_sum)[2], float (&alpha)[2],
-                                            uint32_t (&pk)[Cfg::kBlockN / 32][4]) {
+__device__ __forceinline__ bool fp8_block_masked(const Fp8Params& p, int k0, int m0, int off) {
   constexpr int kN = Cfg::kBlockN;
   const bool tail = k0 + kN > p.seqlen_k;
   const bool right = p.window_right >= 0 && k0 + kN - 1 > m0 + off + p.window_right;
   const bool left = p.window_left >= 0 && k0 < m0 + Cfg::kBlockM - 1 + off - p.window_left;
-  if (tail || right || left) {
-#pragma unroll
-    for (int i = 0; i < kN / 8; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + 8 * i + 2 * quad + (e & 1);
-        const int q = row0 + 8 * (e >> 1);
-        const bool out = key >= p.seqlen_k || (p.window_right >= 0 && key > q + off + p.window_right) ||
-                         (p.window_left >= 0 && key < q + off - p.window_left);
-        if (out) s[4 * i + e] = -INFINITY;
-      }
-  }
-  // Row max over the block (a row lives in the four lanes of a quad), in log2 units.
-  float new_max[2] = {row_max[0], row_max[1]};
-#pragma unroll
-  for (int i = 0; i < kN / 8; ++i) {
-    new_max[0] = fmaxf(new_max[0], fmaxf(s[4 * i], s[4 * i + 1]) * qk_scale);
-    new_max[1] = fmaxf(new_max[1], fmaxf(s[4 * i + 2], s[4 * i + 3]) * qk_scale);
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    new_max[r] = fmaxf(new_max[r], __shfl_xor_sync(0xffffffffu, new_max[r], 1));
-    new_max[r] = fmaxf(new_max[r], __shfl_xor_sync(0xffffffffu, new_max[r], 2));
-  }
-  const float base[2] = {(new_max[0] == -INFINITY ? 0.0f : new_max[0]) - kPOffset,
-                         (new_max[1] == -INFINITY ? 0.0f : new_max[1]) - kPOffset};
-  float sum[2] = {0.0f, 0.0f};
+  return tail || right || left;
+}
+
+// P = 2^(s * qk_scale - base) of each element as fp8 into the A operand's registers of the k32
+// steps; the sums of each row's exponentials (fp32, before rounding) into sum.
+template <class Cfg>
+__device__ __forceinline__ void fp8_exp_pack(const float (&s)[Cfg::kBlockN / 2], float qk_scale, const float (&base)[2],
+                                             float (&sum)[2], uint32_t (&pk)[Cfg::kBlockN / 32][4]) {
+  constexpr int kN = Cfg::kBlockN;
+  sum[0] = sum[1] = 0.0f;
 #pragma unroll
   for (int i = 0; i < kN / 8; ++i) {
     float e[4];
@@ -208,6 +190,74 @@ __device__ __forceinline__ void fp8_softmax(const Fp8Params& p, float (&s)[Cfg::
       pk[kk][(g / 2) * 2 + 1] |= hi_row << 16;
     }
   }
+}
+
+// How far past the running max (log2 units) a score may lie in the step without the row max: P =
+// 2^(x - m + kPOffset) then stays at most 2^8.8 = 445.7, inside e4m3's largest finite 448.
+inline constexpr float kNoMaxSlack = 0.8f;
+
+// The step without the block's row max (the 16-bit kernels' softmax_step_no_max, in fp8's terms):
+// exponentials against the running max as it stands, so the exp unit starts as S lands, with no
+// compare tree, shuffles or rescale in front of it. It holds where every score of the thread's rows
+// is at most kNoMaxSlack past its row's max (the largest raw score a row, taken beside the
+// exponentials, times qk_scale > 0): then the values are exact against the max as it stands (O / l
+// divides by sums taken against the same max) and no P saturates. Returns false otherwise (a score
+// that far past the max, a row still at -inf, a NaN): the caller then takes fp8_softmax on the same
+// S. sum gets the rows' sums, for the caller to add once its warp agrees.
+template <class Cfg>
+__device__ __forceinline__ bool fp8_softmax_no_max(const float (&s)[Cfg::kBlockN / 2], float qk_scale,
+                                                   const float (&row_max)[2], float (&sum)[2],
+                                                   uint32_t (&pk)[Cfg::kBlockN / 32][4]) {
+  constexpr int kN = Cfg::kBlockN;
+  const float base[2] = {row_max[0] - kPOffset, row_max[1] - kPOffset};
+  fp8_exp_pack<Cfg>(s, qk_scale, base, sum, pk);
+  // Each row's largest raw score, in two interleaved chains.
+  float mx[2][2] = {{s[0], s[4]}, {s[2], s[6]}};
+#pragma unroll
+  for (int i = 0; i < kN / 8; ++i)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) mx[r][i % 2] = fmaxf(mx[r][i % 2], fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+  return fmaxf(mx[0][0], mx[0][1]) * qk_scale <= row_max[0] + kNoMaxSlack &&
+         fmaxf(mx[1][0], mx[1][1]) * qk_scale <= row_max[1] + kNoMaxSlack;
+}
+
+// One block's softmax: masks S (keys past seqlen_k, the window's bounds) where the block is cut,
+// takes the rows' new max (the running max and row_sum move to it; alpha is the factor O takes),
+// and packs P = 2^(x - m + kPOffset) as fp8 into the A operand's registers of the four k32 steps.
+template <class Cfg>
+__device__ __forceinline__ void fp8_softmax(const Fp8Params& p, float (&s)[Cfg::kBlockN / 2], int k0, int m0, int row0,
+                                            int quad, int off, float qk_scale, float (&row_max)[2],
+                                            float (&row_sum)[2], float (&alpha)[2],
+                                            uint32_t (&pk)[Cfg::kBlockN / 32][4]) {
+  constexpr int kN = Cfg::kBlockN;
+  if (fp8_block_masked<Cfg>(p, k0, m0, off)) {
+#pragma unroll
+    for (int i = 0; i < kN / 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = k0 + 8 * i + 2 * quad + (e & 1);
+        const int q = row0 + 8 * (e >> 1);
+        const bool out = key >= p.seqlen_k || (p.window_right >= 0 && key > q + off + p.window_right) ||
+                         (p.window_left >= 0 && key < q + off - p.window_left);
+        if (out) s[4 * i + e] = -INFINITY;
+      }
+  }
+  // Row max over the block (a row lives in the four lanes of a quad), in log2 units.
+  float new_max[2] = {row_max[0], row_max[1]};
+#pragma unroll
+  for (int i = 0; i < kN / 8; ++i) {
+    new_max[0] = fmaxf(new_max[0], fmaxf(s[4 * i], s[4 * i + 1]) * qk_scale);
+    new_max[1] = fmaxf(new_max[1], fmaxf(s[4 * i + 2], s[4 * i + 3]) * qk_scale);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    new_max[r] = fmaxf(new_max[r], __shfl_xor_sync(0xffffffffu, new_max[r], 1));
+    new_max[r] = fmaxf(new_max[r], __shfl_xor_sync(0xffffffffu, new_max[r], 2));
+  }
+  const float base[2] = {(new_max[0] == -INFINITY ? 0.0f : new_max[0]) - kPOffset,
+                         (new_max[1] == -INFINITY ? 0.0f : new_max[1]) - kPOffset};
+  float sum[2];
+  fp8_exp_pack<Cfg>(s, qk_scale, base, sum, pk);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     alpha[r] = new_max[r] == row_max[r] ? 1.0f : numerics::exp2_mufu(row_max[r] - new_max[r]);
@@ -340,6 +390,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
     const int dsc = tl.batch * p.heads_kv + hk;
     const float qk_scale = p.scale_log2 * (p.q_descale ? p.q_descale[dsc] : 1.0f) *
                            (p.k_descale ? p.k_descale[dsc] : 1.0f);
+    // The step without the row max bounds scores by their raw max, which takes qk_scale > 0.
+    const bool no_max = Cfg::kNoMax && qk_scale > 0.0f;
     float o[kD / 2];
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     if (hi > lo) {
@@ -401,8 +453,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
         wg::pin(sc);
         if (lane == 0 && warp == 0) ptx::mbar_arrive(&k_empty[stage]);
         if (jj == lo && lane == 0 && warp == 0) ptx::mbar_arrive(q_empty);  // Q's last read
-        float alpha[2];
-        fp8_softmax<Cfg>(p, sc, jj * kN, m0, row0, quad, off, qk_scale, row_max, row_sum, alpha, pw);
+        float alpha[2] = {1.0f, 1.0f};
+        // Unmasked blocks without the row max where the scale's sign allows; the warp goes back to
+        // the exact step together where any of its rows did not hold (the shuffles need it whole).
+        bool exact = !no_max || fp8_block_masked<Cfg>(p, jj * kN, m0, off);
+        if (!exact) {
+          float sum[2];
+          exact = __any_sync(0xffffffffu, !fp8_softmax_no_max<Cfg>(sc, qk_scale, row_max, sum, pw));
+          if (!exact) row_sum[0] += sum[0], row_sum[1] += sum[1];
+        }
+        if (exact) fp8_softmax<Cfg>(p, sc, jj * kN, m0, row0, quad, off, qk_scale, row_max, row_sum, alpha, pw);
         wg::wait_group<0>();
         wg::pin(o);
 #pragma unroll
