@@ -91,10 +91,10 @@ struct FwdParams {
   // The fp8 kernel's tiles walked statically (CTA c takes c, c + grid, ...) instead of handed out
   // by a counter (for measurements).
   bool fp8_static_tiles = false;
-  // The fp8 kernel's softmax step (for measurements; 1 and 2 at the shipped exp2 share only): 0 =
-  // the shipped; 1 = every key block through the exact step (the block's row max, P offset 8);
-  // 2 = as 1 with the row max taken over the scaled scores (the first form).
-  int fp8_step = 0;
+  // The fp8 kernel's row max over the raw scores, scaled once (1), or over the scaled ones (0);
+  // -1: the shipped form for the head dim (for measurements; the other form at the shipped exp2
+  // share only).
+  int fp8_raw_max = -1;
   bool varlen() const { return cu_seqlens_q != nullptr; }
 };
 

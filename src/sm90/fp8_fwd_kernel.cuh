@@ -9,8 +9,7 @@
 // Per key block j, a consumer: S_j = Q K_j^T and O += P_{j-1} V_{j-1} in its turn -> wait S_j, free
 // K_j -> softmax(S_j) into P_j (fp8, registers) while P V runs -> wait P V, free V_{j-1} -> rescale O
 // where a row's max moved. Blocks walk from the last down, so the masked ones (the causal diagonal,
-// the keys' tail) come first. Unmasked blocks after a tile's first take the softmax without the
-// block's row max (fp8_softmax_no_max) wherever it holds.
+// the keys' tail) come first.
 //
 // What fp8 changes:
 // - wgmma on 8-bit types takes both operands K-major (no transpose), so O += P V needs V with the
@@ -20,10 +19,11 @@
 //   the A operand of an m64nNk32 e4m3 wgmma wants {4c .. 4c+3} (+16) (c = lane % 4). Rather than
 //   move bytes between lanes, each 32-key group of V^T is stored in that order (key_perm): A's key
 //   k holds S's key perm(k), and V^T's column k holds V's key perm(k), so P V sums the same products.
-// - P = 2^(x - m + kPOffset), inside e4m3's range (448 at most): with the exact step alone
-//   kPOffset = 8 (P in (0, 256], small weights above e4m3's smallest subnormal 2^-9 down to x - m
-//   = -17; rescaling threshold 0, DESIGN.md §3); with the step without the row max kPOffset = 6, so
-//   a score may lie kNoMaxSlack = 2.8 past the running max before P would pass 448.
+// - P = 2^(x - m + kPOffset) with kPOffset = 8: P in (0, 256] uses e4m3's range (448 at most) and
+//   keeps small weights above its smallest subnormal (2^-9) down to x - m = -17. The rescaling
+//   threshold is then 0 (DESIGN.md §3: P may not grow past 2^8), and every block takes its row max
+//   (the 16-bit kernels' step without it needs room above the max that e4m3 does not have:
+//   docs/perf-notes.md, "The fp8 step without the row max").
 // - Scores carry the descales: x = s * softmax_scale * q_descale * k_descale * log2(e); O leaves
 //   multiplied by v_descale / l.
 #pragma once
@@ -50,9 +50,9 @@ __host__ __device__ constexpr int key_perm(int k) {
 }
 
 inline constexpr int kKeyGroup = 32;  // keys of one k32 step
+inline constexpr float kPOffset = 8.0f;
 
-template <int kHeadDim_, int kStages_, int kPolyEvery_, int kBlockN_ = 128, int kConsumers_ = 2, bool kNoMax_ = true,
-          bool kRawMax_ = true>
+template <int kHeadDim_, int kStages_, int kPolyEvery_, int kBlockN_ = 128, int kConsumers_ = 2, bool kRawMax_ = true>
 struct Fp8Config {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;  // of 64 rows each
@@ -68,15 +68,8 @@ struct Fp8Config {
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
   // Every kPolyEvery-th 8-key chunk of a thread's S on the FMA pipe (numerics/exp2.h); 0 = none.
   static constexpr int kPolyEvery = kPolyEvery_;
-  // Unmasked key blocks after a tile's first through fp8_softmax_no_max (no block row max), and
-  // the P offset that leaves it room (header).
-  static constexpr bool kNoMax = kNoMax_;
-  static constexpr float kPOffset = kNoMax ? 6.0f : 8.0f;
-  // How far past the running max (log2 units) a score may lie in that step: P = 2^(x - m +
-  // kPOffset) then stays at most 2^(log2(448) - 0.0074) = 445.7, inside e4m3's largest finite 448.
-  static constexpr float kNoMaxSlack = 8.8f - kPOffset;
-  // The exact step's row max over the raw scores, scaled once (where qk_scale > 0), rather than
-  // over the scaled ones (the first form, kept for the A/B).
+  // The row max over the raw scores in two chains a row, scaled once (where qk_scale > 0), rather
+  // than over the scaled scores in one.
   static constexpr bool kRawMax = kRawMax_;
   // Q and K rows: d bytes, in swizzle atoms of 64 (d64) or 128 bytes.
   static constexpr int kSwizzle = kHeadDim >= 128 ? 128 : 64;
@@ -201,34 +194,9 @@ __device__ __forceinline__ void fp8_exp_pack(const float (&s)[Cfg::kBlockN / 2],
   }
 }
 
-// The step without the block's row max (the 16-bit kernels' softmax_step_no_max, in fp8's terms):
-// exponentials against the running max as it stands, so the exp unit starts as S lands, with no
-// compare tree, shuffles or rescale in front of it. It holds where every score of the thread's rows
-// is at most Cfg::kNoMaxSlack past its row's max (the largest raw score a row, taken beside the
-// exponentials, times qk_scale > 0): then the values are exact against the max as it stands (O / l
-// divides by sums taken against the same max) and no P saturates. Returns false otherwise (a score
-// that far past the max, a row still at -inf, a NaN): the caller then takes fp8_softmax on the same
-// S. sum gets the rows' sums, for the caller to add once its warp agrees.
-template <class Cfg>
-__device__ __forceinline__ bool fp8_softmax_no_max(const float (&s)[Cfg::kBlockN / 2], float qk_scale,
-                                                   const float (&row_max)[2], float (&sum)[2],
-                                                   uint32_t (&pk)[Cfg::kBlockN / 32][4]) {
-  constexpr int kN = Cfg::kBlockN;
-  const float base[2] = {row_max[0] - Cfg::kPOffset, row_max[1] - Cfg::kPOffset};
-  fp8_exp_pack<Cfg>(s, qk_scale, base, sum, pk);
-  // Each row's largest raw score, in two interleaved chains.
-  float mx[2][2] = {{s[0], s[4]}, {s[2], s[6]}};
-#pragma unroll
-  for (int i = 0; i < kN / 8; ++i)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) mx[r][i % 2] = fmaxf(mx[r][i % 2], fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
-  return fmaxf(mx[0][0], mx[0][1]) * qk_scale <= row_max[0] + Cfg::kNoMaxSlack &&
-         fmaxf(mx[1][0], mx[1][1]) * qk_scale <= row_max[1] + Cfg::kNoMaxSlack;
-}
-
 // One block's softmax: masks S (keys past seqlen_k, the window's bounds) where the block is cut,
 // takes the rows' new max (the running max and row_sum move to it; alpha is the factor O takes),
-// and packs P = 2^(x - m + Cfg::kPOffset) as fp8 into the A operand's registers of the k32 steps.
+// and packs P = 2^(x - m + kPOffset) as fp8 into the A operand's registers of the k32 steps.
 template <class Cfg>
 __device__ __forceinline__ void fp8_softmax(const Fp8Params& p, float (&s)[Cfg::kBlockN / 2], int k0, int m0, int row0,
                                             int quad, int off, float qk_scale, float (&row_max)[2],
@@ -271,8 +239,8 @@ __device__ __forceinline__ void fp8_softmax(const Fp8Params& p, float (&s)[Cfg::
     new_max[r] = fmaxf(new_max[r], __shfl_xor_sync(0xffffffffu, new_max[r], 1));
     new_max[r] = fmaxf(new_max[r], __shfl_xor_sync(0xffffffffu, new_max[r], 2));
   }
-  const float base[2] = {(new_max[0] == -INFINITY ? 0.0f : new_max[0]) - Cfg::kPOffset,
-                         (new_max[1] == -INFINITY ? 0.0f : new_max[1]) - Cfg::kPOffset};
+  const float base[2] = {(new_max[0] == -INFINITY ? 0.0f : new_max[0]) - kPOffset,
+                         (new_max[1] == -INFINITY ? 0.0f : new_max[1]) - kPOffset};
   float sum[2];
   fp8_exp_pack<Cfg>(s, qk_scale, base, sum, pk);
 #pragma unroll
@@ -407,8 +375,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
     const int dsc = tl.batch * p.heads_kv + hk;
     const float qk_scale = p.scale_log2 * (p.q_descale ? p.q_descale[dsc] : 1.0f) *
                            (p.k_descale ? p.k_descale[dsc] : 1.0f);
-    // The step without the row max bounds scores by their raw max, which takes qk_scale > 0.
-    const bool no_max = Cfg::kNoMax && qk_scale > 0.0f;
     float o[kD / 2];
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
     if (hi > lo) {
@@ -470,16 +436,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
         wg::pin(sc);
         if (lane == 0 && warp == 0) ptx::mbar_arrive(&k_empty[stage]);
         if (jj == lo && lane == 0 && warp == 0) ptx::mbar_arrive(q_empty);  // Q's last read
-        float alpha[2] = {1.0f, 1.0f};
-        // Unmasked blocks without the row max where the scale's sign allows; the warp goes back to
-        // the exact step together where any of its rows did not hold (the shuffles need it whole).
-        bool exact = !no_max || fp8_block_masked<Cfg>(p, jj * kN, m0, off);
-        if (!exact) {
-          float sum[2];
-          exact = __any_sync(0xffffffffu, !fp8_softmax_no_max<Cfg>(sc, qk_scale, row_max, sum, pw));
-          if (!exact) row_sum[0] += sum[0], row_sum[1] += sum[1];
-        }
-        if (exact) fp8_softmax<Cfg>(p, sc, jj * kN, m0, row0, quad, off, qk_scale, row_max, row_sum, alpha, pw);
+        float alpha[2];
+        fp8_softmax<Cfg>(p, sc, jj * kN, m0, row0, quad, off, qk_scale, row_max, row_sum, alpha, pw);
         wg::wait_group<0>();
         wg::pin(o);
 #pragma unroll
@@ -544,7 +502,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
         // sum of 2^x over the row = 2^(m - kPOffset) * l, in natural log.
         const float m = row_max[r] == -INFINITY ? 0.0f : row_max[r];
         p.lse[(int64_t(tl.batch) * p.heads_q + tl.head) * p.seqlen_q + q] =
-            l > 0.0f ? (__log2f(l) + m - Cfg::kPOffset) * 0.69314718055994531f : -INFINITY;
+            l > 0.0f ? (__log2f(l) + m - kPOffset) * 0.69314718055994531f : -INFINITY;
       }
     }
   }

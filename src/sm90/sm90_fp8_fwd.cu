@@ -31,10 +31,15 @@ inline constexpr int kFp8BlockN = kD == 256 ? 64 : 128;
 // of a quarter, so none there.
 template <int kD>
 inline constexpr int kShippedPoly = kD == 256 ? 0 : 4;
+// The row max over the raw scores, scaled once (Fp8Config::kRawMax), at d128 only: in one process
+// against the max over the scaled scores +2 to +5 % at d128 (1k-16k), -1 % at d64 and -1 to -4 %
+// at d256 (docs/perf-notes.md, "The fp8 step without the row max").
+template <int kD>
+inline constexpr bool kShippedRawMax = kD == 128;
 
-template <int kD, int kPoly, bool kNoMax = true, bool kRawMax = true>
+template <int kD, int kPoly, bool kRawMax = kShippedRawMax<kD>>
 Status launch_fp8(const FwdParams& a, cudaStream_t stream) {
-  using Cfg = Fp8Config<kD, kFp8Stages, kPoly, kFp8BlockN<kD>, 2, kNoMax, kRawMax>;
+  using Cfg = Fp8Config<kD, kFp8Stages, kPoly, kFp8BlockN<kD>, 2, kRawMax>;
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return fp8_failure("device query", e);
@@ -123,10 +128,9 @@ Status launch_fp8_share(const FwdParams& a, cudaStream_t stream) {
   const int every = a.exp2_poly_every < 0 ? kShippedPoly<kD> : a.exp2_poly_every;
   // (Three consumers at d64, 192-row tiles, spilled 60 bytes under the 128 registers a thread the
   // launch gives 512 threads, with two P buffers: not built; Fp8Config takes kConsumers.)
-  if (a.fp8_step != 0) {  // (built for the shipped share only)
-    if (every == kShippedPoly<kD> && a.fp8_step == 1) return launch_fp8<kD, kShippedPoly<kD>, false>(a, stream);
-    if (every == kShippedPoly<kD> && a.fp8_step == 2) return launch_fp8<kD, kShippedPoly<kD>, false, false>(a, stream);
-    return {StatusCode::kNotSupported, "fp8_step = " + std::to_string(a.fp8_step) + ": 0, or 1 and 2 at the shipped exp2 share"};
+  if (a.fp8_raw_max >= 0 && bool(a.fp8_raw_max) != kShippedRawMax<kD>) {  // (the shipped share only)
+    if (every == kShippedPoly<kD>) return launch_fp8<kD, kShippedPoly<kD>, !kShippedRawMax<kD>>(a, stream);
+    return {StatusCode::kNotSupported, "fp8_raw_max: the other form is built for the shipped exp2 share only"};
   }
   switch (every) {
     case 0: return launch_fp8<kD, 0>(a, stream);
