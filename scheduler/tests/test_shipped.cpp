@@ -149,11 +149,12 @@ TEST(Sm90Forward, TensorBoundWithSBeforeOwnPV) {
   EXPECT_EQ(busy_on(g, "tc"), s.ii);
 }
 
-// The fp8 forward at d128 (sm90_fwd_fp8.graph): the four GEMMs take half of bf16's cycles (1024),
-// and a warpgroup's softmax chain (S, max, three quarters of the exponentials on MUFU, the rest and
-// the packing) recurs at 954, just under; the solver interleaves the two warpgroups at 1068 on a
-// ring of two K/V slots. At 757 TFLOP/s the kernel's block takes ~2.5 x that (docs/perf-notes.md,
-// "The fp8 forward's graph").
+// The fp8 forward at d128 (sm90_fwd_fp8.graph, e4m3 GEMMs as calibrated): the four GEMMs take half
+// of bf16's cycles (1024), and a warpgroup's softmax chain (S, max, three quarters of the
+// exponentials on MUFU, the rest and the packing) recurs at 954, just under; the solver interleaves
+// the two warpgroups at 1068 on a ring of two K/V slots (P V's calibrated 455-cycle chain moves
+// stages, not the II). At 757 TFLOP/s the kernel's block takes ~2.5 x that (docs/perf-notes.md,
+// "The fp8 forward's graph" and "The fp8 step without the row max").
 TEST(Sm90ForwardFp8, TensorCoreAndSoftmaxChainNearlyTie) {
   const Graph g = shipped("sm90_fwd_fp8");
   const Solution sol = solve(g);
