@@ -7,6 +7,14 @@
 // first's.
 //
 //   sm90_fp8_probe [seqlens, default 1024,4096,16384] [rounds, default 5]
+//   sm90_fp8_probe trace DIR
+//
+// `trace`: the shipped configuration of each head dim built with Fp8Config::kTrace (clock stamps of
+// each consumer's steady steps, sm90/fp8_fwd_kernel.cuh, Fp8Trace) at FA3's 16k non-causal and
+// d128 4k causal; prints per head dim the median cycles of each part of a step and of the period
+// over the first traced CTAs' consumers, and writes the records to DIR/fp8-trace-d<d>-s<s>-c<c>.csv.
+// The stamps move ptxas's schedule (d256's traced kernel takes a 24-byte stack frame the shipped one
+// does not): compare traced with traced, and decide by untraced A/Bs.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +27,7 @@
 #include "common/fwd_params.h"
 #include "common/validate.h"
 #include "probe_util.cuh"
+#include "sm90/fp8_fwd_launch.cuh"
 
 namespace {
 
@@ -34,9 +43,114 @@ double max_diff(const std::vector<__nv_bfloat16>& a, const std::vector<__nv_bflo
   return m;
 }
 
+// Inputs of FA3's shape (16k tokens a batch, hidden 2048) as e4m3, and their forward's arguments.
+struct Fp8Inputs {
+  int b, h, s, d;
+  size_t n;
+  __nv_fp8_e4m3 *q = nullptr, *k = nullptr, *v = nullptr;
+  __nv_bfloat16* o = nullptr;
+  Fp8Inputs(int d_, int s_) : b(std::max(1, 16384 / s_)), h(2048 / d_), s(s_), d(d_), n(size_t(b) * s * h * d) {
+    __nv_bfloat16* tmp;
+    CK(cudaMalloc(&tmp, n * 2));
+    CK(cudaMalloc(&q, n));
+    CK(cudaMalloc(&k, n));
+    CK(cudaMalloc(&v, n));
+    CK(cudaMalloc(&o, n * 2));
+    for (int i = 0; i < 3; ++i) {
+      fill_device(tmp, n, 17u + i + 3u * s + d);
+      to_e4m3<<<1024, 256>>>(tmp, i == 0 ? q : i == 1 ? k : v, n);
+      CK(cudaGetLastError());
+    }
+    CK(cudaFree(tmp));
+  }
+  ~Fp8Inputs() {
+    cudaFree(q);
+    cudaFree(k);
+    cudaFree(v);
+    cudaFree(o);
+  }
+};
+
+// One traced launch of head dim kD's shipped configuration; prints the medians (cycles) of each part
+// of a step and of the period (entry to the next step's entry within a tile) over the traced
+// consumers, and writes the records.
+template <int kD>
+int trace_shape(const char* dir, int s, bool causal) {
+  namespace f8 = fa4::detail::fp8;
+  using Cfg = f8::Fp8Cfg<kD, f8::kShippedPoly<kD>, f8::kShippedRawMax<kD>, true>;
+  using Trace = fa4::sm90::fp8::Fp8Trace;
+  Fp8Inputs in(kD, s);
+  fa4::ForwardArgs a = bshd_forward_args(in.b, in.h, s, kD, causal, in.q, in.k, in.v, in.o);
+  a.problem.dtype = fa4::DType::kE4M3;
+  if (const fa4::Status st = fa4::validate(a); !st.ok()) {
+    std::printf("invalid: %s\n", st.message.c_str());
+    return 1;
+  }
+  const fa4::detail::FwdParams p = fa4::detail::make_fwd_params(a);
+  const int64_t words = Trace::words(Cfg::kConsumers);
+  unsigned long long* dtrace;
+  CK(cudaMalloc(&dtrace, size_t(words) * 8));
+  for (int rep = 0; rep < 2; ++rep) {  // the first warms up
+    CK(cudaMemset(dtrace, 0, size_t(words) * 8));
+    const fa4::Status r = fa4::detail::fp8::launch_fp8_cfg<Cfg>(p, nullptr, dtrace);
+    if (!r.ok()) {
+      std::printf("traced launch: %s\n", r.message.c_str());
+      return 1;
+    }
+    CK(cudaDeviceSynchronize());
+  }
+  std::vector<unsigned long long> h(static_cast<size_t>(words));
+  CK(cudaMemcpy(h.data(), dtrace, size_t(words) * 8, cudaMemcpyDeviceToHost));
+  CK(cudaFree(dtrace));
+  char path[512];
+  std::snprintf(path, sizeof path, "%s/fp8-trace-d%d-s%d-c%d.csv", dir, kD, s, int(causal));
+  FILE* f = std::fopen(path, "w");
+  if (f == nullptr) {
+    std::printf("cannot write %s\n", path);
+    return 1;
+  }
+  std::fprintf(f, "cta,consumer,step,e0,e1,e2,e3,e4,e5,e6,e7\n");
+  constexpr int kE = Trace::kEvents;
+  std::vector<std::vector<double>> parts(kE);  // parts[e]: e_{e+1} - e_e for e < 7; parts[7]: the period
+  for (int c = 0; c < Trace::kCtas; ++c)
+    for (int w = 0; w < Cfg::kConsumers; ++w) {
+      const unsigned long long* r = h.data() + (int64_t(c) * Cfg::kConsumers + w) * Trace::kSteps * kE;
+      const unsigned long long t0 = r[0];
+      for (int n = 0; n < Trace::kSteps && r[n * kE] != 0; ++n) {
+        const unsigned long long* x = r + n * kE;
+        std::fprintf(f, "%d,%d,%d", c, w, n);
+        for (int e = 0; e < kE; ++e) std::fprintf(f, ",%lld", (long long)(x[e] - t0));
+        std::fprintf(f, "\n");
+        for (int e = 0; e + 1 < kE; ++e) parts[size_t(e)].push_back(double(x[e + 1] - x[e]));
+        // The period: to the next record's entry, where it follows in the same tile (a gap of more
+        // than three steps' span is a tile boundary, left out).
+        if (n + 1 < Trace::kSteps && x[kE] != 0 && x[kE] - x[0] < 3 * (x[7] - x[0])) parts[7].push_back(double(x[kE] - x[0]));
+      }
+    }
+  std::fclose(f);
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf("d%d s%d causal %d: %zu steps; median cycles: landed %.0f, turn %.0f, issue %.0f, S wait %.0f, softmax %.0f, "
+              "P V wait %.0f, rescale %.0f; period %.0f  (%s)\n",
+              kD, s, int(causal), parts[0].size(), median(parts[0]), median(parts[1]), median(parts[2]), median(parts[3]),
+              median(parts[4]), median(parts[5]), median(parts[6]), median(parts[7]), path);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "trace") {
+    const char* dir = argc > 2 ? argv[2] : ".";
+    int rc = trace_shape<64>(dir, 16384, false);
+    rc |= trace_shape<128>(dir, 16384, false);
+    rc |= trace_shape<256>(dir, 16384, false);
+    rc |= trace_shape<128>(dir, 4096, true);
+    return rc;
+  }
   std::vector<int> seqlens = {1024, 4096, 16384};
   if (argc > 1) {
     seqlens.clear();

@@ -52,7 +52,8 @@ __host__ __device__ constexpr int key_perm(int k) {
 inline constexpr int kKeyGroup = 32;  // keys of one k32 step
 inline constexpr float kPOffset = 8.0f;
 
-template <int kHeadDim_, int kStages_, int kPolyEvery_, int kBlockN_ = 128, int kConsumers_ = 2, bool kRawMax_ = true>
+template <int kHeadDim_, int kStages_, int kPolyEvery_, int kBlockN_ = 128, int kConsumers_ = 2, bool kRawMax_ = true,
+          bool kTrace_ = false>
 struct Fp8Config {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;  // of 64 rows each
@@ -71,6 +72,9 @@ struct Fp8Config {
   // The row max over the raw scores in two chains a row, scaled once (where qk_scale > 0), rather
   // than over the scaled scores in one.
   static constexpr bool kRawMax = kRawMax_;
+  // Clock stamps of each consumer's steps into Fp8Params::trace (Fp8Trace; tools/sm90_fp8_probe
+  // trace). Never in the library's kernels.
+  static constexpr bool kTrace = kTrace_;
   // Q and K rows: d bytes, in swizzle atoms of 64 (d64) or 128 bytes.
   static constexpr int kSwizzle = kHeadDim >= 128 ? 128 : 64;
   static constexpr int kAtoms = kHeadDim / kSwizzle;
@@ -102,6 +106,29 @@ struct Fp8Params {
   int window_left, window_right;  // -1 = unbounded
   float scale_log2;               // softmax_scale * log2(e)
   int m_blocks, tiles;
+  unsigned long long* trace;  // Cfg::kTrace: Fp8Trace's records (else unused)
+};
+
+// The traced kernels' stamps: thread 0 of each consumer of the first kCtas CTAs writes clock64() at
+// kEvents points of each of its first kSteps steady steps (the step lambda's, key blocks after a
+// tile's first), record [cta][consumer][step][event]:
+//   0 entry   1 K_j and V_{j-1} landed   2 the turn had   3 S_j and P V issued, the turn passed
+//   4 S_j landed   5 softmax done   6 P V done   7 O rescaled (the step's end)
+// The stamps are clock reads in the code ptxas schedules, so a traced step is a neighbour of the
+// shipped one, not the same: compare traced with traced.
+struct Fp8Trace {
+  static constexpr int kCtas = 4, kSteps = 1024, kEvents = 8;
+  static constexpr int64_t words(int consumers) { return int64_t(kCtas) * consumers * kSteps * kEvents; }
+  unsigned long long* rec = nullptr;
+  int n = 0;
+  __device__ void open(unsigned long long* base, int consumers, int consumer, bool writer) {
+    if (base != nullptr && writer && blockIdx.x < kCtas)
+      rec = base + (int64_t(blockIdx.x) * consumers + consumer) * kSteps * kEvents;
+  }
+  __device__ void stamp(int e) {
+    if (rec != nullptr && n < kSteps) rec[n * kEvents + e] = clock64();
+  }
+  __device__ void next() { ++n; }
 };
 
 // Swizzle mode field of a descriptor (PTX ISA 9.7.15.5.1): 1 = 128-byte, 2 = 64-byte.
@@ -355,6 +382,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
   auto turn_pass = [&] { ptx::named_bar_arrive(kTurnBar + (consumer + 1) % Cfg::kConsumers, 256); };
   if (consumer == Cfg::kConsumers - 1) turn_pass();  // consumer 0 goes first
 
+  [[maybe_unused]] Fp8Trace tr;
+  if constexpr (Cfg::kTrace) tr.open(p.trace, Cfg::kConsumers, consumer, tid == 0);
+  auto stamp = [&](int e) {
+    if constexpr (Cfg::kTrace) tr.stamp(e);
+  };
+
   const uint32_t q_base = ptx::smem_addr(smem + Cfg::kQOffset) + consumer * 64 * Cfg::kSwizzle;
   const uint32_t k_base = ptx::smem_addr(smem + Cfg::kKOffset);
   const uint32_t v_base = ptx::smem_addr(smem + Cfg::kVOffset);
@@ -423,25 +456,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
       // Block j: S_j and P_{j+1} V_{j+1} (P in pr) in one turn, then the softmax of S_j into pw.
       auto step = [&](int jj, uint32_t (&pr)[kN / 32][4], uint32_t (&pw)[kN / 32][4]) {
         float sc[kN / 2];
+        stamp(0);
         ptx::mbar_wait(&k_full[stage], phase);
         ptx::mbar_wait(&v_full[prev_stage], prev_phase);
+        stamp(1);
         turn_wait();
+        stamp(2);
         wg::fence();
         issue_s(sc, stage);
         wg::commit_group();
         issue_pv(prev_stage, pr, o_started);
         wg::commit_group();
         turn_pass();
+        stamp(3);
         wg::wait_group<1>();
         wg::pin(sc);
+        stamp(4);
         if (lane == 0 && warp == 0) ptx::mbar_arrive(&k_empty[stage]);
         if (jj == lo && lane == 0 && warp == 0) ptx::mbar_arrive(q_empty);  // Q's last read
         float alpha[2];
         fp8_softmax<Cfg>(p, sc, jj * kN, m0, row0, quad, off, qk_scale, row_max, row_sum, alpha, pw);
+        stamp(5);
         wg::wait_group<0>();
         wg::pin(o);
 #pragma unroll
         for (int kk = 0; kk < kN / 32; ++kk) wg::pin(pr[kk]);
+        stamp(6);
         if (lane == 0 && warp == 0) ptx::mbar_arrive(&v_empty[prev_stage]);
         o_started = true;
         // Rescale O where a row's max moved (threshold 0).
@@ -452,6 +492,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
             for (int i = 0; i < kD / 8; ++i) o[4 * i + 2 * r] *= alpha[r], o[4 * i + 2 * r + 1] *= alpha[r];
           }
         }
+        stamp(7);
+        if constexpr (Cfg::kTrace) tr.next();
         prev_stage = stage, prev_phase = phase;
         if (++stage == kS) stage = 0, phase ^= 1;
       };
