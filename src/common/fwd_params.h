@@ -95,6 +95,9 @@ struct FwdParams {
   // -1: the shipped form for the head dim (for measurements; the other form at the shipped exp2
   // share only).
   int fp8_raw_max = -1;
+  // The fp8 kernel's consumer warpgroups: 0 = the shipped (two); 3 = three, with one P buffer
+  // (Fp8Config::kOneP; d64 and the shipped exp2 share only; for measurements).
+  int fp8_consumers = 0;
   bool varlen() const { return cu_seqlens_q != nullptr; }
 };
 

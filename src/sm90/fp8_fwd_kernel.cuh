@@ -53,7 +53,7 @@ inline constexpr int kKeyGroup = 32;  // keys of one k32 step
 inline constexpr float kPOffset = 8.0f;
 
 template <int kHeadDim_, int kStages_, int kPolyEvery_, int kBlockN_ = 128, int kConsumers_ = 2, bool kRawMax_ = true,
-          bool kTrace_ = false>
+          bool kTrace_ = false, bool kOneP_ = false>
 struct Fp8Config {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;  // of 64 rows each
@@ -75,6 +75,11 @@ struct Fp8Config {
   // Clock stamps of each consumer's steps into Fp8Params::trace (Fp8Trace; tools/sm90_fp8_probe
   // trace). Never in the library's kernels.
   static constexpr bool kTrace = kTrace_;
+  // One P register buffer: a step waits for P_{j-1} V (and S_j) before its softmax writes P_j over
+  // P_{j-1}, instead of running the softmax under P V with a second buffer. 16 registers a thread
+  // fewer at 128-key blocks: what three consumers at d64 need to fit the 128 a thread of a
+  // 512-thread launch (ptxas allocates for the whole kernel, whatever setmaxnreg gives).
+  static constexpr bool kOneP = kOneP_;
   // Q and K rows: d bytes, in swizzle atoms of 64 (d64) or 128 bytes.
   static constexpr int kSwizzle = kHeadDim >= 128 ? 128 : 64;
   static constexpr int kAtoms = kHeadDim / kSwizzle;
@@ -415,7 +420,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
       q_phase ^= 1;
       // P in two register buffers, alternated by the loop (register arrays need constant indices):
       // a step packs P_j into the one P V of block j + 1 is not reading.
-      uint32_t pa[kN / 32][4], pb[kN / 32][4];
+      // (With one P buffer pa and pb are the same registers.)
+      uint32_t pbuf[Cfg::kOneP ? 1 : 2][kN / 32][4];
+      auto& pa = pbuf[0];
+      auto& pb = pbuf[Cfg::kOneP ? 0 : 1];
       const int off = p.seqlen_k - p.seqlen_q;
       auto issue_s = [&](float (&sc)[kN / 2], int st) {
         const uint32_t kb = k_base + st * Cfg::kKBytes;
@@ -469,20 +477,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
         wg::commit_group();
         turn_pass();
         stamp(3);
-        wg::wait_group<1>();
-        wg::pin(sc);
-        stamp(4);
-        if (lane == 0 && warp == 0) ptx::mbar_arrive(&k_empty[stage]);
-        if (jj == lo && lane == 0 && warp == 0) ptx::mbar_arrive(q_empty);  // Q's last read
         float alpha[2];
-        fp8_softmax<Cfg>(p, sc, jj * kN, m0, row0, quad, off, qk_scale, row_max, row_sum, alpha, pw);
-        stamp(5);
-        wg::wait_group<0>();
-        wg::pin(o);
+        if constexpr (Cfg::kOneP) {  // P V done before the softmax writes over its P
+          wg::wait_group<0>();
+          wg::pin(sc);
+          wg::pin(o);
 #pragma unroll
-        for (int kk = 0; kk < kN / 32; ++kk) wg::pin(pr[kk]);
-        stamp(6);
-        if (lane == 0 && warp == 0) ptx::mbar_arrive(&v_empty[prev_stage]);
+          for (int kk = 0; kk < kN / 32; ++kk) wg::pin(pr[kk]);
+          stamp(4);
+          if (lane == 0 && warp == 0) ptx::mbar_arrive(&k_empty[stage]);
+          if (jj == lo && lane == 0 && warp == 0) ptx::mbar_arrive(q_empty);  // Q's last read
+          if (lane == 0 && warp == 0) ptx::mbar_arrive(&v_empty[prev_stage]);
+          fp8_softmax<Cfg>(p, sc, jj * kN, m0, row0, quad, off, qk_scale, row_max, row_sum, alpha, pw);
+          stamp(5);
+          stamp(6);
+        } else {
+          wg::wait_group<1>();
+          wg::pin(sc);
+          stamp(4);
+          if (lane == 0 && warp == 0) ptx::mbar_arrive(&k_empty[stage]);
+          if (jj == lo && lane == 0 && warp == 0) ptx::mbar_arrive(q_empty);  // Q's last read
+          fp8_softmax<Cfg>(p, sc, jj * kN, m0, row0, quad, off, qk_scale, row_max, row_sum, alpha, pw);
+          stamp(5);
+          wg::wait_group<0>();
+          wg::pin(o);
+#pragma unroll
+          for (int kk = 0; kk < kN / 32; ++kk) wg::pin(pr[kk]);
+          stamp(6);
+          if (lane == 0 && warp == 0) ptx::mbar_arrive(&v_empty[prev_stage]);
+        }
         o_started = true;
         // Rescale O where a row's max moved (threshold 0).
 #pragma unroll

@@ -12,8 +12,17 @@ using namespace fp8;
 template <int kD>
 Status launch_fp8_share(const FwdParams& a, cudaStream_t stream) {
   const int every = a.exp2_poly_every < 0 ? kShippedPoly<kD> : a.exp2_poly_every;
-  // (Three consumers at d64, 192-row tiles, spilled 60 bytes under the 128 registers a thread the
-  // launch gives 512 threads, with two P buffers: not built; Fp8Config takes kConsumers.)
+  // Three consumers at d64 (192-row tiles) with one P buffer, for measurements (FwdParams::
+  // fp8_consumers; with two P buffers they spilled 64 bytes under the 128 registers a thread of a
+  // 512-thread launch).
+  if (a.fp8_consumers == 3) {
+    if constexpr (kD == 64)
+      if (every == kShippedPoly<kD> && a.fp8_raw_max < 0)
+        return launch_fp8_cfg<Fp8Cfg<kD, kShippedPoly<kD>, kShippedRawMax<kD>, false, 3, true>>(a, stream);
+    return {StatusCode::kNotSupported, "fp8_consumers = 3: built at d64 with the shipped exp2 share and row max only"};
+  }
+  if (a.fp8_consumers != 0 && a.fp8_consumers != 2)
+    return {StatusCode::kNotSupported, "fp8_consumers = " + std::to_string(a.fp8_consumers) + ": 0 (the shipped), 2 or 3"};
   if (a.fp8_raw_max >= 0 && bool(a.fp8_raw_max) != kShippedRawMax<kD>) {  // (the shipped share only)
     if (every == kShippedPoly<kD>) return launch_fp8_cfg<Fp8Cfg<kD, kShippedPoly<kD>, !kShippedRawMax<kD>>>(a, stream);
     return {StatusCode::kNotSupported, "fp8_raw_max: the other form is built for the shipped exp2 share only"};
