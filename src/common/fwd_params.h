@@ -98,6 +98,9 @@ struct FwdParams {
   // The fp8 kernel's consumer warpgroups: 0 = the shipped (two); 3 = three, with one P buffer
   // (Fp8Config::kOneP; d64 and the shipped exp2 share only; for measurements).
   int fp8_consumers = 0;
+  // The fp8 kernel's wait for P V at the next step's start (Fp8Config::kDeferPv; the shipped exp2
+  // share, row max and consumers only; for measurements).
+  bool fp8_defer_pv = false;
   bool varlen() const { return cu_seqlens_q != nullptr; }
 };
 

@@ -53,7 +53,7 @@ inline constexpr int kKeyGroup = 32;  // keys of one k32 step
 inline constexpr float kPOffset = 8.0f;
 
 template <int kHeadDim_, int kStages_, int kPolyEvery_, int kBlockN_ = 128, int kConsumers_ = 2, bool kRawMax_ = true,
-          bool kTrace_ = false, bool kOneP_ = false>
+          bool kTrace_ = false, bool kOneP_ = false, bool kDeferPv_ = false>
 struct Fp8Config {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kConsumers = kConsumers_;  // of 64 rows each
@@ -80,6 +80,12 @@ struct Fp8Config {
   // fewer at 128-key blocks: what three consumers at d64 need to fit the 128 a thread of a
   // 512-thread launch (ptxas allocates for the whole kernel, whatever setmaxnreg gives).
   static constexpr bool kOneP = kOneP_;
+  // P V's wait (and V's release and O's rescale) at the start of the next step instead of after
+  // the softmax: ptxas otherwise hoists that wait above the exponentials (every MUFU of the shipped
+  // step issues after it, cuobjdump), so the softmax never runs under the warpgroup's own P V.
+  // In the next step, behind the loop's branch, the wait stays below them.
+  static constexpr bool kDeferPv = kDeferPv_;
+  static_assert(!(kDeferPv && kOneP), "one P buffer waits for P V before its softmax");
   // Q and K rows: d bytes, in swizzle atoms of 64 (d64) or 128 bytes.
   static constexpr int kSwizzle = kHeadDim >= 128 ? 128 : 64;
   static constexpr int kAtoms = kHeadDim / kSwizzle;
@@ -119,6 +125,7 @@ struct Fp8Params {
 // tile's first), record [cta][consumer][step][event]:
 //   0 entry   1 K_j and V_{j-1} landed   2 the turn had   3 S_j and P V issued, the turn passed
 //   4 S_j landed   5 softmax done   6 P V done   7 O rescaled (the step's end)
+// (With kDeferPv, 0 -> 1 also holds the wait for the last step's P V, and 5 = 6.)
 // The stamps are clock reads in the code ptxas schedules, so a traced step is a neighbour of the
 // shipped one, not the same: compare traced with traced.
 struct Fp8Trace {
@@ -461,10 +468,34 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
       uint32_t prev_phase = phase;
       if (++stage == kS) stage = 0, phase ^= 1;
       bool o_started = false;
+      // Rows' max moves O still owes its rescale (kDeferPv), and the V stage of the P V in flight.
+      [[maybe_unused]] float owed[2] = {1.0f, 1.0f};
+      [[maybe_unused]] int pending_v = -1;
+      auto rescale_o = [&](const float (&alpha)[2]) {  // where a row's max moved (threshold 0)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if (alpha[r] != 1.0f) {
+#pragma unroll
+            for (int i = 0; i < kD / 8; ++i) o[4 * i + 2 * r] *= alpha[r], o[4 * i + 2 * r + 1] *= alpha[r];
+          }
+        }
+      };
+      // kDeferPv: the P V in flight (its P in pbuf) done, its V released, O rescaled.
+      auto settle = [&](uint32_t (&pbuf)[kN / 32][4]) {
+        wg::wait_group<0>();
+        wg::pin(o);
+#pragma unroll
+        for (int kk = 0; kk < kN / 32; ++kk) wg::pin(pbuf[kk]);
+        if (pending_v >= 0 && lane == 0 && warp == 0) ptx::mbar_arrive(&v_empty[pending_v]);
+        pending_v = -1;
+        rescale_o(owed);
+        owed[0] = owed[1] = 1.0f;
+      };
       // Block j: S_j and P_{j+1} V_{j+1} (P in pr) in one turn, then the softmax of S_j into pw.
       auto step = [&](int jj, uint32_t (&pr)[kN / 32][4], uint32_t (&pw)[kN / 32][4]) {
         float sc[kN / 2];
         stamp(0);
+        if constexpr (Cfg::kDeferPv) settle(pw);  // the last step's P V read pw
         ptx::mbar_wait(&k_full[stage], phase);
         ptx::mbar_wait(&v_full[prev_stage], prev_phase);
         stamp(1);
@@ -478,7 +509,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
         turn_pass();
         stamp(3);
         float alpha[2];
-        if constexpr (Cfg::kOneP) {  // P V done before the softmax writes over its P
+        if constexpr (Cfg::kDeferPv) {
+          wg::wait_group<1>();
+          wg::pin(sc);
+          stamp(4);
+          if (lane == 0 && warp == 0) ptx::mbar_arrive(&k_empty[stage]);
+          if (jj == lo && lane == 0 && warp == 0) ptx::mbar_arrive(q_empty);  // Q's last read
+          fp8_softmax<Cfg>(p, sc, jj * kN, m0, row0, quad, off, qk_scale, row_max, row_sum, alpha, pw);
+          stamp(5);
+          stamp(6);
+          owed[0] = alpha[0], owed[1] = alpha[1];
+          pending_v = prev_stage;
+        } else if constexpr (Cfg::kOneP) {  // P V done before the softmax writes over its P
           wg::wait_group<0>();
           wg::pin(sc);
           wg::pin(o);
@@ -507,14 +549,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
           if (lane == 0 && warp == 0) ptx::mbar_arrive(&v_empty[prev_stage]);
         }
         o_started = true;
-        // Rescale O where a row's max moved (threshold 0).
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          if (alpha[r] != 1.0f) {
-#pragma unroll
-            for (int i = 0; i < kD / 8; ++i) o[4 * i + 2 * r] *= alpha[r], o[4 * i + 2 * r + 1] *= alpha[r];
-          }
-        }
+        if constexpr (!Cfg::kDeferPv) rescale_o(alpha);
         stamp(7);
         if constexpr (Cfg::kTrace) tr.next();
         prev_stage = stage, prev_phase = phase;
@@ -529,6 +564,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
         last_in_b = false;
       }
       // The last block's P V, in one more turn.
+      if constexpr (Cfg::kDeferPv) {
+        if (last_in_b) settle(pa);
+        else settle(pb);
+      }
       ptx::mbar_wait(&v_full[prev_stage], prev_phase);
       turn_wait();
       wg::fence();

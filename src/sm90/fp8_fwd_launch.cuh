@@ -42,8 +42,8 @@ inline constexpr bool kShippedRawMax = kD == 128;
 // The configuration of head dim kD with exp2 share kPoly (kTrace: with the probe's stamps;
 // kConsumers and kOneP: Fp8Config's).
 template <int kD, int kPoly, bool kRawMax = kShippedRawMax<kD>, bool kTrace = false, int kConsumers = 2,
-          bool kOneP = false>
-using Fp8Cfg = Fp8Config<kD, kFp8Stages, kPoly, kFp8BlockN<kD>, kConsumers, kRawMax, kTrace, kOneP>;
+          bool kOneP = false, bool kDeferPv = false>
+using Fp8Cfg = Fp8Config<kD, kFp8Stages, kPoly, kFp8BlockN<kD>, kConsumers, kRawMax, kTrace, kOneP, kDeferPv>;
 
 // V^T into stream-ordered scratch, then Cfg's kernel. `trace`: Fp8Params::trace (Cfg::kTrace only).
 template <class Cfg>

@@ -21,6 +21,12 @@ Status launch_fp8_share(const FwdParams& a, cudaStream_t stream) {
         return launch_fp8_cfg<Fp8Cfg<kD, kShippedPoly<kD>, kShippedRawMax<kD>, false, 3, true>>(a, stream);
     return {StatusCode::kNotSupported, "fp8_consumers = 3: built at d64 with the shipped exp2 share and row max only"};
   }
+  // P V's wait deferred to the next step (Fp8Config::kDeferPv), for measurements.
+  if (a.fp8_defer_pv) {
+    if (every == kShippedPoly<kD> && a.fp8_raw_max < 0 && a.fp8_consumers == 0)
+      return launch_fp8_cfg<Fp8Cfg<kD, kShippedPoly<kD>, kShippedRawMax<kD>, false, 2, false, true>>(a, stream);
+    return {StatusCode::kNotSupported, "fp8_defer_pv: built with the shipped exp2 share, row max and consumers only"};
+  }
   if (a.fp8_consumers != 0 && a.fp8_consumers != 2)
     return {StatusCode::kNotSupported, "fp8_consumers = " + std::to_string(a.fp8_consumers) + ": 0 (the shipped), 2 or 3"};
   if (a.fp8_raw_max >= 0 && bool(a.fp8_raw_max) != kShippedRawMax<kD>) {  // (the shipped share only)
