@@ -34,13 +34,13 @@ inline constexpr int kFp8BlockN = kD == 256 ? 64 : 128;
 template <int kD>
 inline constexpr int kShippedPoly = kD == 256 ? 0 : 4;
 // The row max over the raw scores, scaled once (Fp8Config::kRawMax), at d128 only: in one process
-// against the max over the scaled scores +2 to +5 % at d128 (1k-16k), -1 % at d64 and -1 to -4 %
-// at d256 (docs/perf-notes.md, "The fp8 step without the row max").
+// against the max over the scaled scores +0.7 to +5.5 % at d128 (1k-16k), 0 to -1.5 % at d64 and 0
+// to -3.4 % at d256 (docs/perf-notes.md, "The fp8 step without the row max").
 template <int kD>
 inline constexpr bool kShippedRawMax = kD == 128;
 
 // The configuration of head dim kD with exp2 share kPoly (kTrace: with the probe's stamps;
-// kConsumers and kOneP: Fp8Config's).
+// kConsumers, kOneP and kDeferPv: Fp8Config's, for measurements).
 template <int kD, int kPoly, bool kRawMax = kShippedRawMax<kD>, bool kTrace = false, int kConsumers = 2,
           bool kOneP = false, bool kDeferPv = false>
 using Fp8Cfg = Fp8Config<kD, kFp8Stages, kPoly, kFp8BlockN<kD>, kConsumers, kRawMax, kTrace, kOneP, kDeferPv>;
