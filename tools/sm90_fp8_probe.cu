@@ -12,7 +12,7 @@
 //
 // `trace`: the shipped configuration of each head dim built with Fp8Config::kTrace (clock stamps of
 // each consumer's steady steps, sm90/fp8_fwd_kernel.cuh, Fp8Trace) at FA3's 16k non-causal and
-// d128 4k causal; prints per head dim the median cycles of each part of a step and of the period
+// d128 4k causal, and at d64 and d128 16k the same with P V's wait deferred (Fp8Config::kDeferPv); prints per head dim the median cycles of each part of a step and of the period
 // over the first traced CTAs' consumers, and writes the records to DIR/fp8-trace-d<d>-s<s>-c<c>.csv.
 // The stamps move ptxas's schedule (d256's traced kernel takes a 24-byte stack frame the shipped one
 // does not): compare traced with traced, and decide by untraced A/Bs.
@@ -75,10 +75,10 @@ struct Fp8Inputs {
 // One traced launch of head dim kD's shipped configuration; prints the medians (cycles) of each part
 // of a step and of the period (entry to the next step's entry within a tile) over the traced
 // consumers, and writes the records.
-template <int kD>
+template <int kD, bool kDeferPv = false>
 int trace_shape(const char* dir, int s, bool causal) {
   namespace f8 = fa4::detail::fp8;
-  using Cfg = f8::Fp8Cfg<kD, f8::kShippedPoly<kD>, f8::kShippedRawMax<kD>, true>;
+  using Cfg = f8::Fp8Cfg<kD, f8::kShippedPoly<kD>, f8::kShippedRawMax<kD>, true, 2, false, kDeferPv>;
   using Trace = fa4::sm90::fp8::Fp8Trace;
   Fp8Inputs in(kD, s);
   fa4::ForwardArgs a = bshd_forward_args(in.b, in.h, s, kD, causal, in.q, in.k, in.v, in.o);
@@ -104,7 +104,7 @@ int trace_shape(const char* dir, int s, bool causal) {
   CK(cudaMemcpy(h.data(), dtrace, size_t(words) * 8, cudaMemcpyDeviceToHost));
   CK(cudaFree(dtrace));
   char path[512];
-  std::snprintf(path, sizeof path, "%s/fp8-trace-d%d-s%d-c%d.csv", dir, kD, s, int(causal));
+  std::snprintf(path, sizeof path, "%s/fp8-trace-d%d-s%d-c%d%s.csv", dir, kD, s, int(causal), kDeferPv ? "-defer-pv" : "");
   FILE* f = std::fopen(path, "w");
   if (f == nullptr) {
     std::printf("cannot write %s\n", path);
@@ -134,9 +134,9 @@ int trace_shape(const char* dir, int s, bool causal) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  std::printf("d%d s%d causal %d: %zu steps; median cycles: landed %.0f, turn %.0f, issue %.0f, S wait %.0f, softmax %.0f, "
+  std::printf("d%d s%d causal %d%s: %zu steps; median cycles: landed %.0f, turn %.0f, issue %.0f, S wait %.0f, softmax %.0f, "
               "P V wait %.0f, rescale %.0f; period %.0f  (%s)\n",
-              kD, s, int(causal), parts[0].size(), median(parts[0]), median(parts[1]), median(parts[2]), median(parts[3]),
+              kD, s, int(causal), kDeferPv ? " defer_pv" : "", parts[0].size(), median(parts[0]), median(parts[1]), median(parts[2]), median(parts[3]),
               median(parts[4]), median(parts[5]), median(parts[6]), median(parts[7]), path);
   return 0;
 }
@@ -147,7 +147,9 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "trace") {
     const char* dir = argc > 2 ? argv[2] : ".";
     int rc = trace_shape<64>(dir, 16384, false);
+    rc |= trace_shape<64, true>(dir, 16384, false);
     rc |= trace_shape<128>(dir, 16384, false);
+    rc |= trace_shape<128, true>(dir, 16384, false);
     rc |= trace_shape<256>(dir, 16384, false);
     rc |= trace_shape<128>(dir, 4096, true);
     return rc;
