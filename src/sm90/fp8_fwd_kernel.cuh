@@ -243,10 +243,26 @@ __device__ __forceinline__ void fp8_softmax(const Fp8Params& p, float (&s)[Cfg::
                                             float (&row_sum)[2], float (&alpha)[2],
                                             uint32_t (&pk)[Cfg::kBlockN / 32][4]) {
   constexpr int kN = Cfg::kBlockN;
-  // (The 16-bit kernels' mask, whose S layout this is: one compare and a select an element on the
-  // causal diagonal, where the per-element test before compiled to a branch an element.)
-  if (fp8_block_masked<Cfg>(p, k0, m0, off))
-    apply_mask<kN>(s, Window{p.window_left, p.window_right}, row0, k0 + 2 * quad, p.seqlen_q, p.seqlen_k);
+  // The 16-bit kernels' mask, whose S layout this is: one compare and a select an element on the
+  // causal diagonal, where the per-element test below compiles to a branch an element. With three
+  // consumers (128 registers a thread) apply_mask spills, 16 bytes one-sided and 44 two-sided, so
+  // they keep the test.
+  if (fp8_block_masked<Cfg>(p, k0, m0, off)) {
+    if constexpr (Cfg::kConsumers < 3) {
+      apply_mask<kN>(s, Window{p.window_left, p.window_right}, row0, k0 + 2 * quad, p.seqlen_q, p.seqlen_k);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kN / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + 8 * i + 2 * quad + (e & 1);
+          const int q = row0 + 8 * (e >> 1);
+          const bool out = key >= p.seqlen_k || (p.window_right >= 0 && key > q + off + p.window_right) ||
+                           (p.window_left >= 0 && key < q + off - p.window_left);
+          if (out) s[4 * i + e] = -INFINITY;
+        }
+    }
+  }
   // Row max over the block (a row lives in the four lanes of a quad), in log2 units: over the raw
   // scores in two chains a row, scaled once, where qk_scale > 0 (a zero or negative descale would
   // turn the max into a min).
