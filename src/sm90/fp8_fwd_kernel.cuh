@@ -188,17 +188,6 @@ __device__ __forceinline__ void fp8_block_range(const Fp8Params& p, int m0, int&
   hi = khi <= klo ? lo : (khi + Cfg::kBlockN - 1) / Cfg::kBlockN;
 }
 
-// Whether some key of the block [k0, k0 + kBlockN) is hidden from some row of the tile at m0: keys
-// past seqlen_k, or outside the window of a row.
-template <class Cfg>
-__device__ __forceinline__ bool fp8_block_masked(const Fp8Params& p, int k0, int m0, int off) {
-  constexpr int kN = Cfg::kBlockN;
-  const bool tail = k0 + kN > p.seqlen_k;
-  const bool right = p.window_right >= 0 && k0 + kN - 1 > m0 + off + p.window_right;
-  const bool left = p.window_left >= 0 && k0 < m0 + Cfg::kBlockM - 1 + off - p.window_left;
-  return tail || right || left;
-}
-
 // P = 2^(s * qk_scale - base) of each element as fp8 into the A operand's registers of the k32
 // steps; the sums of each row's exponentials (fp32, before rounding) into sum.
 template <class Cfg>
@@ -232,6 +221,19 @@ __device__ __forceinline__ void fp8_exp_pack(const float (&s)[Cfg::kBlockN / 2],
       pk[kk][(g / 2) * 2 + 1] |= hi_row << 16;
     }
   }
+}
+
+// Whether some key of the block [k0, k0 + kBlockN) is hidden from some row of the tile at m0: keys
+// past seqlen_k, or outside the window of a row. (mask.cuh's block_needs_mask is the same rule; its
+// early returns and row_query fold compiled to three more branches and ~40 more instructions in
+// each kernel here, so the fp8 step keeps this one-expression form.)
+template <class Cfg>
+__device__ __forceinline__ bool fp8_block_masked(const Fp8Params& p, int k0, int m0, int off) {
+  constexpr int kN = Cfg::kBlockN;
+  const bool tail = k0 + kN > p.seqlen_k;
+  const bool right = p.window_right >= 0 && k0 + kN - 1 > m0 + off + p.window_right;
+  const bool left = p.window_left >= 0 && k0 < m0 + Cfg::kBlockM - 1 + off - p.window_left;
+  return tail || right || left;
 }
 
 // One block's softmax: masks S (keys past seqlen_k, the window's bounds) where the block is cut,
@@ -489,12 +491,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
           }
         }
       };
-      // kDeferPv: the P V in flight (its P in pbuf) done, its V released, O rescaled.
-      auto settle = [&](uint32_t (&pbuf)[kN / 32][4]) {
+      // The P V in flight (its P in pbuf) done: O and that P held in their registers until then.
+      auto pv_done = [&](uint32_t (&pbuf)[kN / 32][4]) {
         wg::wait_group<0>();
         wg::pin(o);
 #pragma unroll
         for (int kk = 0; kk < kN / 32; ++kk) wg::pin(pbuf[kk]);
+      };
+      // kDeferPv: the P V in flight done, its V released, O rescaled.
+      auto settle = [&](uint32_t (&pbuf)[kN / 32][4]) {
+        pv_done(pbuf);
         if (pending_v >= 0 && lane == 0 && warp == 0) ptx::mbar_arrive(&v_empty[pending_v]);
         pending_v = -1;
         rescale_o(owed);
@@ -517,46 +523,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fp8_fwd_kernel(const __grid_
         wg::commit_group();
         turn_pass();
         stamp(3);
+        // S_j landed (kOneP: and P V, before the softmax writes over its P); then the softmax; then,
+        // unless deferred (kDeferPv) or done, P V's wait.
+        if constexpr (Cfg::kOneP) pv_done(pr);
+        else wg::wait_group<1>();
+        wg::pin(sc);
+        stamp(4);
+        if (lane == 0 && warp == 0) ptx::mbar_arrive(&k_empty[stage]);
+        if (jj == lo && lane == 0 && warp == 0) ptx::mbar_arrive(q_empty);  // Q's last read
+        if (Cfg::kOneP && lane == 0 && warp == 0) ptx::mbar_arrive(&v_empty[prev_stage]);
         float alpha[2];
+        fp8_softmax<Cfg>(p, sc, jj * kN, m0, row0, quad, off, qk_scale, row_max, row_sum, alpha, pw);
+        stamp(5);
         if constexpr (Cfg::kDeferPv) {
-          wg::wait_group<1>();
-          wg::pin(sc);
-          stamp(4);
-          if (lane == 0 && warp == 0) ptx::mbar_arrive(&k_empty[stage]);
-          if (jj == lo && lane == 0 && warp == 0) ptx::mbar_arrive(q_empty);  // Q's last read
-          fp8_softmax<Cfg>(p, sc, jj * kN, m0, row0, quad, off, qk_scale, row_max, row_sum, alpha, pw);
-          stamp(5);
-          stamp(6);
           owed[0] = alpha[0], owed[1] = alpha[1];
           pending_v = prev_stage;
-        } else if constexpr (Cfg::kOneP) {  // P V done before the softmax writes over its P
-          wg::wait_group<0>();
-          wg::pin(sc);
-          wg::pin(o);
-#pragma unroll
-          for (int kk = 0; kk < kN / 32; ++kk) wg::pin(pr[kk]);
-          stamp(4);
-          if (lane == 0 && warp == 0) ptx::mbar_arrive(&k_empty[stage]);
-          if (jj == lo && lane == 0 && warp == 0) ptx::mbar_arrive(q_empty);  // Q's last read
-          if (lane == 0 && warp == 0) ptx::mbar_arrive(&v_empty[prev_stage]);
-          fp8_softmax<Cfg>(p, sc, jj * kN, m0, row0, quad, off, qk_scale, row_max, row_sum, alpha, pw);
-          stamp(5);
-          stamp(6);
-        } else {
-          wg::wait_group<1>();
-          wg::pin(sc);
-          stamp(4);
-          if (lane == 0 && warp == 0) ptx::mbar_arrive(&k_empty[stage]);
-          if (jj == lo && lane == 0 && warp == 0) ptx::mbar_arrive(q_empty);  // Q's last read
-          fp8_softmax<Cfg>(p, sc, jj * kN, m0, row0, quad, off, qk_scale, row_max, row_sum, alpha, pw);
-          stamp(5);
-          wg::wait_group<0>();
-          wg::pin(o);
-#pragma unroll
-          for (int kk = 0; kk < kN / 32; ++kk) wg::pin(pr[kk]);
-          stamp(6);
+        } else if constexpr (!Cfg::kOneP) {
+          pv_done(pr);
           if (lane == 0 && warp == 0) ptx::mbar_arrive(&v_empty[prev_stage]);
         }
+        stamp(6);
         o_started = true;
         if constexpr (!Cfg::kDeferPv) rescale_o(alpha);
         stamp(7);
