@@ -62,14 +62,9 @@ Status launch_fp8_cfg(const FwdParams& a, cudaStream_t stream, unsigned long lon
   const int keys = (a.seqlen_k + kTransposeKeys - 1) / kTransposeKeys * kTransposeKeys;
   // (and after it, where the stream has no counters of its own, the tile counter, zeroed)
   const size_t vt_bytes = size_t(a.batch) * a.heads_kv * kD * keys;
-  uint8_t* vt = nullptr;
-  if ((e = cudaMallocAsync(reinterpret_cast<void**>(&vt), vt_bytes + 16, stream)) != cudaSuccess)
-    return fp8_failure("scratch for V transposed", e);
-  struct Free {
-    uint8_t* p;
-    cudaStream_t s;
-    ~Free() { cudaFreeAsync(p, s); }  // after the kernels, in stream order
-  } free_vt{vt, stream};
+  LaunchScratch scratch;
+  if ((e = scratch.make(stream, vt_bytes + 16, 0)) != cudaSuccess) return fp8_failure("scratch for V transposed", e);
+  uint8_t* const vt = scratch.ptr;
 
   TransposeParams tp{};
   tp.v = static_cast<const uint8_t*>(a.v);

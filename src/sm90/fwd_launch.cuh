@@ -6,11 +6,14 @@
 #include <string>
 
 #include "common/fwd_params.h"
+#include "common/launch.cuh"
 #include "common/per_device.h"
 #include "common/stream_counters.h"
 #include "sm90/fwd_kernel.cuh"
 
 namespace fa4::sm90 {
+
+using detail::LaunchScratch;
 
 // K and V of this many bytes per section of heads are meant to stay in L2 (H100/H200: 50 MB).
 // Tiles of one length: 6 MB. With 24 MB (a round in flight over 12 heads at d128 4k) ncu counted
@@ -68,35 +71,6 @@ inline bool short_tail_split_pays(int tails, int blocks, int units, int head_dim
   const double cut = c.cut_us + double(tails) * blocks / units * c.piece_block_us;
   return cut < (1.0 - kTailSplitGain) * blocks * c.block_us;
 }
-
-// Launch-private device memory whose first `zeroed` bytes are zero at the kernel's start (the
-// stream-K tail's partials, and its counters where the stream has none of its own; the dynamic
-// grid's tile counter in graph capture, where no stream has: detail::stream_counters):
-// stream-ordered allocation, so concurrent launches on other streams and graph capture each get
-// their own.
-struct LaunchScratch {
-  uint8_t* ptr = nullptr;
-  cudaStream_t stream{};
-  cudaError_t make(cudaStream_t s, size_t bytes, size_t zeroed) {
-    stream = s;
-    cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&ptr), bytes, s);
-    if (e != cudaSuccess) {
-      ptr = nullptr;
-      return e;
-    }
-    return zeroed > 0 ? cudaMemsetAsync(ptr, 0, zeroed, s) : cudaSuccess;
-  }
-  // Whether make()'s error means only that no scratch can be had here (memory pools unsupported,
-  // or the pool full), so the launch goes on without it; clears the error when it does.
-  static bool unavailable(cudaError_t e) {
-    if (e != cudaErrorNotSupported && e != cudaErrorMemoryAllocation) return false;
-    cudaGetLastError();
-    return true;
-  }
-  ~LaunchScratch() {
-    if (ptr != nullptr) cudaFreeAsync(ptr, stream);  // after the kernel, in stream order
-  }
-};
 
 // The stream-K tail for `units` CTAs (or clusters) in static rounds over `order` (tiles of one
 // length, `blocks` key blocks each): whole rounds, then the last partial round's tiles cut into

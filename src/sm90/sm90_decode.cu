@@ -43,18 +43,16 @@ Status launch_decode(const FwdParams& a, cudaStream_t stream) {
   const sm90::DecodePlan plan = sm90::decode_plan(pairs, a.seqlen_k, int64_t(sms) * kCtasPerSm<kD>);
   p.splits = plan.splits, p.chunk = plan.chunk;
   // The splits' O and LSE (stream-ordered scratch); where none can be had, one split a pair.
-  void* scratch = nullptr;
+  LaunchScratch scratch;
   if (p.splits > 1) {
     const size_t rows = size_t(pairs) * p.splits * kRows;
-    e = cudaMallocAsync(&scratch, rows * (kD + 1) * sizeof(float), stream);
-    if (e == cudaErrorNotSupported || e == cudaErrorMemoryAllocation) {
-      cudaGetLastError();
-      scratch = nullptr;
+    e = scratch.make(stream, rows * (kD + 1) * sizeof(float), 0);
+    if (LaunchScratch::unavailable(e)) {
       p.splits = 1, p.chunk = (a.seqlen_k + kBlockN - 1) / kBlockN * kBlockN;
     } else if (e != cudaSuccess) {
       return decode_failure("scratch for the splits", e);
     } else {
-      p.part_o = static_cast<float*>(scratch);
+      p.part_o = reinterpret_cast<float*>(scratch.ptr);
       p.part_lse = p.part_o + rows * kD;
     }
   }
@@ -67,7 +65,6 @@ Status launch_decode(const FwdParams& a, cudaStream_t stream) {
   if (e == cudaSuccess && p.splits > 1)
     e = launch_kernel<true>(decode_combine_kernel<kD, kBF16>, dim3(unsigned(pairs), unsigned(a.seqlen_q * p.group)),
                             dim3(kCombineThreads), 0, stream, p);
-  if (scratch != nullptr) cudaFreeAsync(scratch, stream);  // (after the kernels, in stream order)
   if (e != cudaSuccess) return decode_failure("launch", e);
   return Status::Ok();
 }
