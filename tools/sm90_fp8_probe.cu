@@ -2,8 +2,9 @@
 // 64, 128 and 256, causal and not: the shipped kernel, the same with the row max's other form
 // (FwdParams::fp8_raw_max: over the raw scores scaled once, or over the scaled scores), at d64 three
 // consumers with one P buffer (FwdParams::fp8_consumers), P V's wait at the next step's start
-// (FwdParams::fp8_defer_pv), and each other built software exp2 share (FwdParams::exp2_poly_every: 0 = every exponential on MUFU, n =
-// every n-th 8-key chunk of a thread's S on the FMA pipe), timed in alternating rounds in one
+// (FwdParams::fp8_defer_pv), and each other built software exp2 share (FwdParams::exp2_poly_every:
+// 0 = every exponential on MUFU, n = every n-th 8-key chunk of a thread's S on the FMA pipe), timed
+// in alternating rounds in one
 // process (CUDA events, median of each variant's rounds), each variant's output compared with the
 // first's.
 //
@@ -12,8 +13,9 @@
 //
 // `trace`: the shipped configuration of each head dim built with Fp8Config::kTrace (clock stamps of
 // each consumer's steady steps, sm90/fp8_fwd_kernel.cuh, Fp8Trace) at FA3's 16k non-causal and
-// d128 4k causal, and at d64 and d128 16k the same with P V's wait deferred (Fp8Config::kDeferPv); prints per head dim the median cycles of each part of a step and of the period
-// over the first traced CTAs' consumers, and writes the records to DIR/fp8-trace-d<d>-s<s>-c<c>.csv.
+// d128 4k causal, and at d64 and d128 16k the same with P V's wait deferred (Fp8Config::kDeferPv);
+// prints per head dim the median cycles of each part of a step and of the period over the first
+// traced CTAs' consumers, and writes the records to DIR/fp8-trace-d<d>-s<s>-c<c>[-defer-pv].csv.
 // The stamps move ptxas's schedule (d256's traced kernel takes a 24-byte stack frame the shipped one
 // does not): compare traced with traced, and decide by untraced A/Bs.
 #include <algorithm>
@@ -70,7 +72,28 @@ struct Fp8Inputs {
     cudaFree(v);
     cudaFree(o);
   }
+  // The forward's parameters over them (validated); false, having said why, when invalid.
+  bool params(bool causal, fa4::detail::FwdParams& p) const {
+    fa4::ForwardArgs a = bshd_forward_args(b, h, s, d, causal, q, k, v, o);
+    a.problem.dtype = fa4::DType::kE4M3;
+    if (const fa4::Status st = fa4::validate(a); !st.ok()) {
+      std::printf("invalid: %s\n", st.message.c_str());
+      return false;
+    }
+    p = fa4::detail::make_fwd_params(a);
+    return true;
+  }
 };
+
+// The library's shipped exp2 share and row-max form of head dim d (sm90/fp8_fwd_launch.cuh).
+int shipped_poly(int d) {
+  namespace f8 = fa4::detail::fp8;
+  return d == 64 ? f8::kShippedPoly<64> : d == 128 ? f8::kShippedPoly<128> : f8::kShippedPoly<256>;
+}
+bool shipped_raw_max(int d) {
+  namespace f8 = fa4::detail::fp8;
+  return d == 64 ? f8::kShippedRawMax<64> : d == 128 ? f8::kShippedRawMax<128> : f8::kShippedRawMax<256>;
+}
 
 // One traced launch of head dim kD's shipped configuration; prints the medians (cycles) of each part
 // of a step and of the period (entry to the next step's entry within a tile) over the traced
@@ -80,14 +103,9 @@ int trace_shape(const char* dir, int s, bool causal) {
   namespace f8 = fa4::detail::fp8;
   using Cfg = f8::Fp8Cfg<kD, f8::kShippedPoly<kD>, f8::kShippedRawMax<kD>, true, 2, false, kDeferPv>;
   using Trace = fa4::sm90::fp8::Fp8Trace;
-  Fp8Inputs in(kD, s);
-  fa4::ForwardArgs a = bshd_forward_args(in.b, in.h, s, kD, causal, in.q, in.k, in.v, in.o);
-  a.problem.dtype = fa4::DType::kE4M3;
-  if (const fa4::Status st = fa4::validate(a); !st.ok()) {
-    std::printf("invalid: %s\n", st.message.c_str());
-    return 1;
-  }
-  const fa4::detail::FwdParams p = fa4::detail::make_fwd_params(a);
+  const Fp8Inputs in(kD, s);
+  fa4::detail::FwdParams p;
+  if (!in.params(causal, p)) return 1;
   const int64_t words = Trace::words(Cfg::kConsumers);
   unsigned long long* dtrace;
   CK(cudaMalloc(&dtrace, size_t(words) * 8));
@@ -175,33 +193,14 @@ int main(int argc, char** argv) {
   for (int d : {64, 128, 256})
     for (int s : seqlens)
       for (bool causal : {false, true}) {
-        const int b = std::max(1, 16384 / s), h = 2048 / d;
-        const size_t n = size_t(b) * s * h * d;
-        __nv_bfloat16* tmp;
-        __nv_fp8_e4m3 *q, *k, *v;
-        __nv_bfloat16* o;
-        CK(cudaMalloc(&tmp, n * 2));
-        CK(cudaMalloc(&q, n));
-        CK(cudaMalloc(&k, n));
-        CK(cudaMalloc(&v, n));
-        CK(cudaMalloc(&o, n * 2));
-        for (int i = 0; i < 3; ++i) {
-          fill_device(tmp, n, 17u + i + 3u * s + d);
-          to_e4m3<<<1024, 256>>>(tmp, i == 0 ? q : i == 1 ? k : v, n);
-          CK(cudaGetLastError());
-        }
-        fa4::ForwardArgs a = bshd_forward_args(b, h, s, d, causal, q, k, v, o);
-        a.problem.dtype = fa4::DType::kE4M3;
-        const fa4::Status st = fa4::validate(a);
-        if (!st.ok()) {
-          std::printf("invalid: %s\n", st.message.c_str());
-          return 1;
-        }
-        fa4::detail::FwdParams p = fa4::detail::make_fwd_params(a);
+        const Fp8Inputs in(d, s);
+        const size_t n = in.n;
+        fa4::detail::FwdParams p;
+        if (!in.params(causal, p)) return 1;
         // The shipped kernel first (the reference for max_diff), then the row max's other form,
         // then each other share.
-        const int shipped = d == 256 ? 0 : 4;
-        std::vector<Variant> shares = {{shipped, false, -1}, {shipped, false, d == 128 ? 0 : 1}};
+        const int shipped = shipped_poly(d);
+        std::vector<Variant> shares = {{shipped, false, -1}, {shipped, false, !shipped_raw_max(d)}};
         for (int every : {0, 4, 8})
           if (every != shipped && (every != 8 || d != 256)) shares.push_back({every, false});
         if (d == 64) shares.push_back({shipped, false, -1, 3});
@@ -213,7 +212,7 @@ int main(int argc, char** argv) {
         std::vector<std::vector<__nv_bfloat16>> outs;
         for (const Variant& every : shares) {
           set(every);
-          CK(cudaMemset(o, 0xFF, n * 2));
+          CK(cudaMemset(in.o, 0xFF, n * 2));
           const fa4::Status r = fa4::detail::sm90_forward_fp8(p, nullptr);
           if (!r.ok()) {
             std::printf("share %d: %s\n", every.share, r.message.c_str());
@@ -221,7 +220,7 @@ int main(int argc, char** argv) {
           }
           CK(cudaDeviceSynchronize());
           outs.emplace_back(n);
-          CK(cudaMemcpy(outs.back().data(), o, n * 2, cudaMemcpyDeviceToHost));
+          CK(cudaMemcpy(outs.back().data(), in.o, n * 2, cudaMemcpyDeviceToHost));
         }
         std::vector<std::vector<float>> ms(std::size(shares));
         cudaEvent_t e0, e1;
@@ -240,21 +239,18 @@ int main(int argc, char** argv) {
             CK(cudaEventElapsedTime(&t, e0, e1));
             ms[(i + r) % std::size(shares)].push_back(t / reps);
           }
-        const double flops = 4.0 * b * h * double(s) * s * d / (causal ? 2 : 1);
+        CK(cudaEventDestroy(e0));
+        CK(cudaEventDestroy(e1));
+        const double flops = 4.0 * in.b * in.h * double(s) * s * d / (causal ? 2 : 1);
         for (size_t i = 0; i < std::size(shares); ++i) {
           std::sort(ms[i].begin(), ms[i].end());
           const double med = ms[i][ms[i].size() / 2];
           std::printf("%d,%d,%d,%d,%d,%d,%d,%d,%.4f,%.1f,%.3g\n", d, s, int(causal), shares[i].share,
-                      int(shares[i].static_tiles), shares[i].raw_max < 0 ? int(d == 128) : shares[i].raw_max,
+                      int(shares[i].static_tiles), shares[i].raw_max < 0 ? int(shipped_raw_max(d)) : shares[i].raw_max,
                       shares[i].consumers == 0 ? 2 : shares[i].consumers, int(shares[i].defer_pv), med, flops / (med * 1e-3) / 1e12,
                       max_diff(outs[i], outs[0]));
         }
         std::fflush(stdout);
-        CK(cudaFree(tmp));
-        CK(cudaFree(q));
-        CK(cudaFree(k));
-        CK(cudaFree(v));
-        CK(cudaFree(o));
       }
   return 0;
 }
