@@ -9,6 +9,7 @@
 #include "common/append_kv.h"
 #include "common/fill.h"
 #include "common/fwd_params.h"
+#include "common/pad.h"
 #include "common/validate.h"
 #include "fa4/attention.h"
 
@@ -42,6 +43,16 @@ Rows rows_of(const Problem& p, const Varlen& vl, bool paged = false) {
   return {one, p.seqlen_q > 0 ? vl.total_q : 0, p.seqlen_k > 0 ? (paged ? p.seqlen_k : vl.total_k) : 0};
 }
 
+// The kernels of a validated forward call at a kernel head dim with rows and keys to attend.
+Status run_forward(const ForwardArgs& args, cudaStream_t stream) {
+  if (args.problem.dtype == DType::kE4M3) return detail::sm90_forward_fp8(detail::make_fwd_params(args), stream);
+  return detail::sm90_forward(detail::make_fwd_params(args), stream);
+}
+
+bool padded(const Problem& p) { return detail::kernel_head_dim(p.head_dim) != p.head_dim; }
+
+Status run_backward(const BackwardArgs& args, cudaStream_t stream);
+
 }  // namespace
 
 const char* to_string(StatusCode code) {
@@ -72,19 +83,22 @@ TensorRef bhsd(void* data, int64_t seqlen, int64_t heads, int64_t dim) {
   return {data, heads * seqlen * dim, dim, seqlen * dim};
 }
 
-// Forward needs no workspace. Only args.problem is read, so this may be asked before the tensors
-// exist.
+// Forward's kernels need no workspace; at a head dim without a kernel, the zero-padded copies.
 Status forward_workspace_size(const ForwardArgs& args, size_t* bytes) {
   if (bytes == nullptr) return {StatusCode::kInvalidArgument, "bytes = null: needs a size_t*"};
   Status s = detail::validate_problem(args.problem);
   if (!s.ok()) return s;
-  *bytes = 0;
+  const int64_t n = padded(args.problem) ? detail::pad_forward(args, nullptr).bytes : 0;
+  if (n < 0)
+    return {StatusCode::kInvalidArgument, "head_dim = " + std::to_string(args.problem.head_dim) +
+                                              ": the zero-padded copies' byte count must fit in int64"};
+  *bytes = static_cast<size_t>(n);
   return s;
 }
 
 // Backward accumulates dQ in fp32 and keeps D = rowsum(dO * O) and the LSE in log2 units a row:
-// batch * round_up(seqlen_q, 128) * heads_q * (head_dim + 2) * 4 bytes (detail::dq_accum_bytes). Only args.problem is read, so this may be asked before the tensors
-// exist.
+// batch * round_up(seqlen_q, 128) * heads_q * (kernel head dim + 2) * 4 bytes
+// (detail::dq_accum_bytes); at a head dim without a kernel the zero-padded copies follow.
 Status backward_workspace_size(const BackwardArgs& args, size_t* bytes) {
   if (bytes == nullptr) return {StatusCode::kInvalidArgument, "bytes = null: needs a size_t*"};
   const Problem& p = args.problem;
@@ -96,6 +110,12 @@ Status backward_workspace_size(const BackwardArgs& args, size_t* bytes) {
             "batch = " + std::to_string(p.batch) + ", seqlen_q = " + std::to_string(p.seqlen_q) +
                 ", heads_q = " + std::to_string(p.heads_q) +
                 ": the fp32 dQ accumulator's byte count must fit in int64"};
+  if (padded(p)) {
+    const int64_t offset = detail::backward_pad_offset(p), copies = detail::pad_backward(args, nullptr).bytes;
+    if (offset < 0 || copies < 0 || __builtin_add_overflow(offset, copies, &n))
+      return {StatusCode::kInvalidArgument, "head_dim = " + std::to_string(p.head_dim) +
+                                                ": the workspace with the zero-padded copies must fit in int64"};
+  }
   *bytes = static_cast<size_t>(n);
   return s;
 }
@@ -122,13 +142,27 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
     }
     return Status::Ok();
   }
-  if (p.dtype == DType::kE4M3) return detail::sm90_forward_fp8(detail::make_fwd_params(args), stream);
-  return detail::sm90_forward(detail::make_fwd_params(args), stream);
+  return padded(p) ? detail::forward_padded(args, stream, &run_forward) : run_forward(args, stream);
 }
 
 Status backward(const BackwardArgs& args, cudaStream_t stream) {
-  Status s = validate(args);
+  const Status s = validate(args);
   if (!s.ok()) return s;
+  const Problem& p = args.problem;
+  const Rows rows = rows_of(p, args.varlen);
+  if (padded(p) && p.batch > 0 && rows.q > 0 && rows.k > 0) {
+    if (Status d = detail::check_current_device(); !d.ok()) return d;
+    return detail::backward_padded(args, stream, &run_backward);
+  }
+  return run_backward(args, stream);
+}
+
+namespace {
+
+// A validated backward call at a kernel head dim, or any call with nothing to attend (its
+// gradients zeroed at the caller's head dim).
+Status run_backward(const BackwardArgs& args, cudaStream_t stream) {
+  Status s;
   const Problem& p = args.problem;
   const Rows rows = rows_of(p, args.varlen);
   // The sinks' gradient where no attention kernel runs: 0 (no rows, or rows without keys: O = 0).
@@ -166,6 +200,8 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
   if (!(s = zero("zeroing dk (no queries)", args.dk, rows.shape, rows.k, p.heads_kv, stream)).ok()) return s;
   return zero("zeroing dv (no queries)", args.dv, rows.shape, rows.k, p.heads_kv, stream);
 }
+
+}  // namespace
 
 Status append_kv(const AppendArgs& args, cudaStream_t stream) {
   Status s = validate(args);

@@ -113,7 +113,7 @@ TEST(Api, BhsdStrides) {
 }
 
 TEST(Api, EffectiveScale) {
-  for (int d : fa4::kSupportedHeadDims) {
+  for (int d : {8, 64, 96, 128, 192, 256}) {  // the caller's head dim, with a kernel of its own or not
     Problem p = make_problem(1, 1, 1, 1, 1, d);
     EXPECT_FLOAT_EQ(fa4::effective_scale(p), 1.0f / std::sqrt(float(d))) << "d" << d;
     p.softmax_scale = 0.3f;
@@ -146,10 +146,25 @@ TEST(Api, WorkspaceSizes) {
   ASSERT_TRUE(fa4::backward_workspace_size(b, &bytes).ok());
   EXPECT_EQ(bytes, 0u);
 
-  b.problem.head_dim = 80;
+  b.problem.head_dim = 100;
   s = fa4::backward_workspace_size(b, &bytes);
   EXPECT_EQ(s.code, StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message.find("head_dim = 80"), std::string::npos) << s.message;
+  EXPECT_NE(s.message.find("head_dim = 100"), std::string::npos) << s.message;
+
+  // A head dim without a kernel (80, on 128's): the zero-padded copies, each [rows, 128] bf16.
+  f.problem.head_dim = 80;
+  ASSERT_TRUE(fa4::forward_workspace_size(f, &bytes).ok());
+  const size_t q_rows = 2 * 200 * 8, kv_rows = 2 * 300 * 2, row = 128 * 2;
+  EXPECT_EQ(bytes, (2 * q_rows + 2 * kv_rows) * row);  // q, o; k, v
+  b.problem = f.problem;
+  ASSERT_TRUE(fa4::backward_workspace_size(b, &bytes).ok());
+  // The kernels' dQ accumulator at 128 columns, then q, o, dout, dq and k, v, dk, dv.
+  EXPECT_EQ(bytes, size_t{2} * 256 * 8 * (128 + 2) * 4 + (4 * q_rows + 4 * kv_rows) * row);
+  // Packed sequences: the copies of total_q and total_k rows (each rounded up to 256 bytes).
+  f.varlen.cu_seqlens_q = f.varlen.cu_seqlens_k = reinterpret_cast<const int32_t*>(uintptr_t{4096});
+  f.varlen.total_q = 333, f.varlen.total_k = 77;
+  ASSERT_TRUE(fa4::forward_workspace_size(f, &bytes).ok());
+  EXPECT_EQ(bytes, 2 * 333 * 8 * row + 2 * 77 * 2 * row);
   EXPECT_EQ(fa4::backward_workspace_size(b, nullptr).code, StatusCode::kInvalidArgument);
   EXPECT_EQ(fa4::forward_workspace_size(f, nullptr).code, StatusCode::kInvalidArgument);
 }
@@ -476,7 +491,7 @@ TEST(Api, ForwardChecksTheDevice) {
 // The C ABI carries the same codes and messages.
 
 TEST(CApi, ErrorsComeBackWithCodeAndMessage) {
-  ForwardArgs a = fake_forward(make_problem(2, 128, 128, 4, 2, 96));
+  ForwardArgs a = fake_forward(make_problem(2, 128, 128, 4, 2, 100));
   const Status expected = fa4::validate(a);
   ASSERT_EQ(expected.code, StatusCode::kInvalidArgument);
 
@@ -540,7 +555,7 @@ TEST(CApi, FieldsArriveIntact) {
       {[](fa4_problem& p) { p.seqlen_k = -4; }, "seqlen_k = -4"},
       {[](fa4_problem& p) { p.heads_q = 5; }, "heads_q = 5"},
       {[](fa4_problem& p) { p.heads_kv = 3; }, "heads_kv = 3"},
-      {[](fa4_problem& p) { p.head_dim = 32; }, "head_dim = 32"},
+      {[](fa4_problem& p) { p.head_dim = 36; }, "head_dim = 36"},
       {[](fa4_problem& p) { p.softmax_scale = -1.0f; }, "softmax_scale = -1"},
       {[](fa4_problem& p) { p.window_left = -7; }, "window_left = -7"},
       {[](fa4_problem& p) { p.window_right = -8; }, "window_right = -8"},
@@ -582,9 +597,9 @@ TEST(CApi, BackwardWorkspaceSizeAsTheCppOne) {
   EXPECT_EQ(fa4_backward_workspace_size(&p, nullptr, msg, sizeof msg), int(StatusCode::kInvalidArgument));
   EXPECT_NE(std::string(msg).find("bytes = null"), std::string::npos) << msg;
   fa4_problem bad = p;
-  bad.head_dim = 96;
+  bad.head_dim = 100;
   EXPECT_EQ(fa4_backward_workspace_size(&bad, &c, msg, sizeof msg), int(StatusCode::kInvalidArgument));
-  EXPECT_NE(std::string(msg).find("head_dim = 96"), std::string::npos) << msg;
+  EXPECT_NE(std::string(msg).find("head_dim = 100"), std::string::npos) << msg;
 }
 
 // ---------------------------------------------------------------------------------------------

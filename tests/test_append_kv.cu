@@ -256,6 +256,27 @@ TEST(AppendKvGpu, PagedRotaryPartOfTheHeadMoreQueriesThanNewRows) {
   run_case(c);
 }
 
+// Head dims that are not 64, 128 or 256 (fa4/attention.h's kMaxHeadDim rule): the append works on
+// 16-byte units of the caller's head dim, rotary pairs within it.
+TEST(AppendKvGpu, OtherHeadDims) {
+  FA4_REQUIRE_GPU();
+  Case c;
+  c.name = "bf16 d96, rotary 96 (GPT-NeoX), 3 new rows, lengths 0 / 40 / 298";
+  c.batch = 3, c.heads_q = 4, c.heads_kv = 2, c.d = 96, c.capacity = 300, c.seqlen_new = 3, c.seqlen_q = 3;
+  c.lengths = {0, 40, 298};
+  c.rotary_dim = 96;
+  c.causal = true;
+  run_case(c);
+  Case i;
+  i.name = "fp16 d40, rotary 32 interleaved, pages of 16, one new row";
+  i.dtype = DType::kFP16;
+  i.batch = 2, i.heads_q = 2, i.heads_kv = 2, i.d = 40, i.capacity = 100, i.page_size = 16;
+  i.lengths = {15, 64};
+  i.rotary_dim = 32;
+  i.interleaved = true;
+  run_case(i);
+}
+
 TEST(AppendKvGpu, NothingNewOnlyTheCounts) {
   FA4_REQUIRE_GPU();
   Case c;

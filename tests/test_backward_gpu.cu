@@ -24,6 +24,7 @@
 #include "convert.h"
 #include "device_tensor.h"
 #include "fa4/attention.h"
+#include "common/pad.h"
 #include "common/validate.h"
 #include "gpu_guard.h"
 #include "lagged_kernels.h"
@@ -58,6 +59,9 @@ struct Case {
   // Attention sinks (BackwardArgs::sink, dsink): each query head's drawn from N(0, 1), -inf for head
   // 1 where heads_q > 1 (no sink: its gradient 0).
   bool sink = false;
+  // The workspace only as large as the kernels need (detail::backward_pad_offset): at a head dim
+  // without a kernel the zero-padded copies then come from cudaMallocAsync, not the workspace.
+  bool copies_allocated = false;
 
   fa4::Problem problem() const {
     fa4::Problem p = fa4::test::make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype);
@@ -76,7 +80,7 @@ struct Case {
            std::to_string(right) + ") " + kLayouts[int(layout)] +
            (scale != 0.0f ? " scale " + std::to_string(scale) : "") + (deterministic ? " deterministic" : "") +
            (softcap > 0 ? " softcap " + std::to_string(softcap) + " keys x" + std::to_string(key_scale) : "") +
-           (sink ? " sink" : "");
+           (sink ? " sink" : "") + (captured ? " captured" : "") + (copies_allocated ? " copies allocated" : "");
   }
 };
 
@@ -156,6 +160,7 @@ void run_backward(const Case& c, const Reference& r, Gradients* g) {
   size_t bytes = 0;
   fa4::Status st = fa4::backward_workspace_size(a, &bytes);
   ASSERT_TRUE(st.ok()) << st.message;
+  if (c.copies_allocated) bytes = std::min<size_t>(bytes, size_t(fa4::detail::backward_pad_offset(p)));
   DeviceBuffer workspace;  // its contents on entry must not matter: it starts as NaN
   if (bytes > 0) {
     CUDA_OK(cudaMalloc(&workspace.ptr, bytes));
@@ -281,6 +286,45 @@ TEST(BackwardGpu, OddSizesEveryHeadDim) {
     for (auto [sq, sk] : lengths)
       for (bool causal : {false, true}) cases.push_back({BF16, 2, sq, sk, 2, 2, d, causal});
   run_cases(cases, 1);
+}
+
+// Head dims without a kernel of their own, on the next one's over zero-padded copies
+// (common/pad.h): each kernel head dim's range, tails both ways, causal rows without keys,
+// gradients between spare heads and rows (Layout::kPadded: the copies back write only head_dim
+// columns), GQA and MQA, fp16, BHSD, windows, the deterministic mode, sinks (dsink), a soft cap, a
+// CUDA graph; the copies in the workspace and from cudaMallocAsync (also under capture).
+TEST(BackwardGpu, PaddedHeadDims) {
+  FA4_REQUIRE_GPU();
+  std::vector<Case> cases;
+  for (int64_t d : {8, 40, 72, 96, 136, 192, 248})
+    for (bool causal : {false, true}) {
+      Case c{BF16, 2, 239, 128, 4, 2, d, causal};
+      c.layout = Layout::kPadded;
+      c.copies_allocated = causal;
+      cases.push_back(c);
+    }
+  cases.push_back({FP16, 1, 303, 17, 2, 1, 96, true});  // rows without keys
+  Case bhsd{FP16, 2, 130, 300, 8, 1, 80, false};
+  bhsd.layout = Layout::kBHSD;
+  cases.push_back(bhsd);
+  cases.push_back({BF16, 1, 300, 300, 2, 2, 160, false, 100, 0});
+  for (int64_t d : {96, 192}) {
+    Case det{BF16, 2, 200, 333, 4, 2, d, true};
+    det.deterministic = true;
+    cases.push_back(det);
+    Case sinks{BF16, 2, 150, 150, 4, 2, d, true};
+    sinks.sink = true;
+    cases.push_back(sinks);
+    Case capped{FP16, 1, 257, 257, 2, 2, d, false};
+    capped.softcap = 7.5f, capped.key_scale = 6.0;
+    cases.push_back(capped);
+    for (bool allocated : {false, true}) {
+      Case graph{BF16, 1, 129, 200, 2, 1, d, true};
+      graph.captured = true, graph.copies_allocated = allocated;
+      cases.push_back(graph);
+    }
+  }
+  run_cases(cases, 5000);
 }
 
 // Attention sinks: dq, dk and dv through the forward's LSE with the sinks, and dsink (the sinks'

@@ -67,6 +67,11 @@ struct Case {
   // Attention sinks (ForwardArgs::sink): with sink_scale > 0 each query head's sink is drawn from
   // N(sink_shift, sink_scale) (the scores' units), with -inf for head 1 (no sink) where heads_q > 1.
   double sink_scale = 0.0, sink_shift = 0.0;
+  // Through the public API with the workspace forward_workspace_size asks for (poisoned first):
+  // at a head dim without a kernel, the zero-padded copies there instead of from cudaMallocAsync.
+  bool workspace = false;
+  // Fail when a padding slot around O (Layout::kPadded) lost its poison.
+  bool check_padding = false;
 
   std::string name() const {
     static const char* kLayouts[] = {"bshd", "bhsd", "padded"};
@@ -81,7 +86,8 @@ struct Case {
            (diagonal_last > 0 ? " diagonal_last " + std::to_string(diagonal_last) : "") +
            (softcap > 0 ? " softcap " + std::to_string(softcap) : "") +
            (decode > 0 ? " decode " + std::to_string(decode) : "") +
-           (sink_scale > 0 ? " sink N(" + std::to_string(sink_shift) + ", " + std::to_string(sink_scale) + ")" : "");
+           (sink_scale > 0 ? " sink N(" + std::to_string(sink_shift) + ", " + std::to_string(sink_scale) + ")" : "") +
+           (workspace ? " workspace" : "");
   }
 };
 
@@ -156,6 +162,15 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
   args.lse = lse;
   args.sink = d_sink;
   fa4::Status st;
+  fa4_test::DeviceBuffer workspace;
+  if (c.workspace) {
+    ASSERT_TRUE((st = fa4::forward_workspace_size(args, &args.workspace_bytes)).ok()) << st.message;
+    if (args.workspace_bytes > 0) {
+      CUDA_OK(cudaMalloc(&workspace.ptr, args.workspace_bytes));
+      CUDA_OK(cudaMemset(workspace.ptr, 0xFF, args.workspace_bytes));
+    }
+    args.workspace = workspace.ptr;
+  }
   if (c.cluster == 0 && c.split == 0 && c.max_ctas == 0 && c.diagonal_last == 0 && c.decode == 0 && c.launch == nullptr) {
     st = fa4::forward(args, nullptr);
   } else {
@@ -174,8 +189,9 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
   CUDA_OK(cudaDeviceSynchronize());
 
   std::vector<double> out;
-  int64_t padding_written = 0;  // the forward tests do not check O's padding
+  int64_t padding_written = 0;  // checked where the case asks for it
   ASSERT_NO_FATAL_FAILURE(dout.download(c.dtype, &out, &padding_written));
+  if (c.check_padding) EXPECT_EQ(padding_written, 0) << "o: padding slots written";
   std::vector<float> lse_f(n_lse);
   CUDA_OK(cudaMemcpy(lse_f.data(), lse, n_lse * 4, cudaMemcpyDeviceToHost));
   cudaFree(lse);
@@ -200,6 +216,40 @@ TEST(ForwardGpu, OddSizesEveryHeadDim) {
   uint32_t seed = 1;
   for (int64_t d : {64, 128, 256})
     for (int64_t s : {1, 17, 128, 239, 1000}) run_case({BF16, 2, s, s, 2, 2, d, false}, seed++);
+}
+
+// Head dims without a kernel of their own, on the next one's over zero-padded copies
+// (common/pad.h): 8 and 40 on d64's kernels, 72 and 96 on d128's, 136 to 248 on d256's; tails,
+// causal both ways of a length mismatch, O between a spare head and spare rows (Layout::kPadded:
+// the copy back writes only the head_dim columns of each row), BHSD, fp16, GQA and MQA, windows,
+// decoding (folded query groups, the decoding kernel), sinks and a soft cap; the copies in the
+// workspace and from cudaMallocAsync. The scale is the caller's head dim's, 1/sqrt(head_dim): the
+// kernel head dim's would fail the float64 check.
+TEST(ForwardGpu, PaddedHeadDims) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 5000;
+  for (int64_t d : {8, 40, 72, 96, 136, 192, 248})
+    for (bool causal : {false, true}) {
+      Case c{BF16, 2, 239, 300, 4, 2, d, causal};
+      c.layout = Layout::kPadded, c.check_padding = true;
+      c.workspace = causal;
+      run_case(c, seed++);
+    }
+  run_case({FP16, 1, 300, 120, 2, 1, 96, true}, seed++);  // causal rows without keys
+  Case bhsd{FP16, 2, 128, 1000, 8, 1, 80, false};
+  bhsd.layout = Layout::kBHSD;
+  run_case(bhsd, seed++);
+  run_case({BF16, 1, 700, 700, 2, 2, 160, false, 100, 0}, seed++);
+  for (int64_t d : {96, 192}) {
+    run_case({BF16, 3, 1, 1000, 8, 2, d, false}, seed++);   // one query row: the group folded
+    run_case({BF16, 2, 4, 2000, 16, 2, d, true}, seed++);   // a few rows: the rows folded
+    Case sinks{BF16, 2, 200, 333, 4, 2, d, true};
+    sinks.sink_scale = 1.0;
+    run_case(sinks, seed++);
+    Case capped{FP16, 1, 257, 257, 2, 2, d, false};
+    capped.key_scale = 6.0, capped.softcap = 7.5f;
+    run_case(capped, seed++);
+  }
 }
 
 // Soft-capped scores (Problem::softcap) on every head dim, dtype and bound, keys scaled so that many

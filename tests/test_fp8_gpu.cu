@@ -255,6 +255,23 @@ TEST(Fp8Gpu, AgainstFloat64) {
   for (const Fp8Case& c : cases) ASSERT_NO_FATAL_FAILURE(run_case(c));
 }
 
+// Head dims without an fp8 kernel of their own (multiples of 16: e4m3 rows of whole 16-byte
+// units), on the next one's over zero-padded copies (common/pad.h; zero is an e4m3 number, and
+// the bf16 o copied back): 16 and 48 on d64's kernel, 80 and 112 on d128's, 160 and 240 on d256's;
+// causal, GQA, windows, descales and spread scores as above.
+TEST(Fp8Gpu, PaddedHeadDims) {
+  FA4_REQUIRE_GPU();
+  const Fp8Case cases[] = {
+      {2, 239, 300, 4, 2, 16, true},
+      {1, 300, 700, 2, 1, 48, false, -1, -1, true},
+      {2, 239, 1000, 4, 1, 80, false},
+      {1, 1000, 239, 4, 2, 112, true, -1, -1, true, false},
+      {1, 513, 700, 2, 2, 160, false, 30, 10, false, true, 3.0},
+      {2, 300, 300, 4, 2, 240, true},
+  };
+  for (const Fp8Case& c : cases) ASSERT_NO_FATAL_FAILURE(run_case(c));
+}
+
 // More tiles than a grid has CTAs, twice in a row on one stream: the tiles past the grid's first
 // come from the stream's counter, which each launch's last CTA must leave at zero for the next
 // (a counter left standing hands the second launch no tiles past its grid's, and its O stays NaN).

@@ -95,9 +95,10 @@ TEST(Validation, BaselinesPass) {
   EXPECT_TRUE(b.ok()) << b.message;
 }
 
-TEST(Validation, EverySupportedHeadDimAndDTypePasses) {
+TEST(Validation, EveryHeadDimOfWholeSixteenByteUnitsAndDTypePasses) {
   for (DType t : {DType::kBF16, DType::kFP16, DType::kE4M3}) {
-    for (int d : fa4::kSupportedHeadDims) {
+    const int step = t == DType::kE4M3 ? 16 : 8;
+    for (int d = step; d <= fa4::kMaxHeadDim; d += step) {
       ForwardArgs a = valid_forward();
       a.problem.dtype = t;
       a.problem.head_dim = d;
@@ -142,15 +143,24 @@ TEST(Validation, DTypeOutOfRange) {
   expect_problem_refused([](Problem& p) { p.dtype = static_cast<DType>(-1); }, {"dtype = -1"});
 }
 
-TEST(Validation, UnsupportedHeadDimListsTheSupportedOnes) {
-  std::string list;
-  for (int d : fa4::kSupportedHeadDims) list += (list.empty() ? "" : ", ") + std::to_string(d);
-  expect_problem_refused([](Problem& p) { p.head_dim = 96; },
-                         {"head_dim = 96: supported head dims are " + list});
-  expect_problem_refused([](Problem& p) { p.head_dim = 0; }, {"head_dim = 0", list});
-  expect_problem_refused([](Problem& p) { p.head_dim = -128; }, {"head_dim = -128", list});
-  expect_problem_refused([](Problem& p) { p.head_dim = 128 + (int64_t{1} << 32); },
-                         {"head_dim = 4294967424", list});
+TEST(Validation, HeadDimOutsideTheRuleSaysTheRule) {
+  const std::string kernels = "64, 128, 256 run kernels of their own";
+  expect_problem_refused([](Problem& p) { p.head_dim = 100; },
+                         {"head_dim = 100: must be a multiple of 8 in [8, 256] for bf16", "16-byte units", kernels});
+  expect_problem_refused([](Problem& p) { p.head_dim = 264; }, {"head_dim = 264", "[8, 256]"});
+  expect_problem_refused([](Problem& p) { p.head_dim = 4; }, {"head_dim = 4", "[8, 256]"});
+  expect_problem_refused([](Problem& p) { p.head_dim = 0; }, {"head_dim = 0", kernels});
+  expect_problem_refused([](Problem& p) { p.head_dim = -128; }, {"head_dim = -128", kernels});
+  expect_problem_refused([](Problem& p) { p.head_dim = 128 + (int64_t{1} << 32); }, {"head_dim = 4294967424"});
+  // e4m3's rows of whole 16-byte units: multiples of 16.
+  expect_problem_refused([](Problem& p) { p.dtype = DType::kE4M3; p.head_dim = 72; },
+                         {"head_dim = 72: must be a multiple of 16 in [16, 256] for e4m3"});
+}
+
+TEST(Validation, KernelHeadDimIsTheNextWithAKernel) {
+  const std::pair<int64_t, int64_t> cases[] = {{8, 64},    {56, 64},   {64, 64},   {72, 128}, {96, 128},
+                                               {128, 128}, {136, 256}, {192, 256}, {256, 256}, {264, 0}};
+  for (const auto& [d, k] : cases) EXPECT_EQ(fa4::detail::kernel_head_dim(d), k) << "head_dim " << d;
 }
 
 TEST(Validation, HeadsQMustBeAMultipleOfHeadsKv) {
@@ -685,8 +695,8 @@ TEST(Validation, AppendArguments) {
   a.seqlen_new = -2;
   EXPECT_TRUE(Refused(fa4::validate(a), {"seqlen_new = -2"}));
   a = valid_append();
-  a.problem.head_dim = 96;
-  EXPECT_TRUE(Refused(fa4::validate(a), {"head_dim = 96"}));
+  a.problem.head_dim = 100;
+  EXPECT_TRUE(Refused(fa4::validate(a), {"head_dim = 100"}));
   a = valid_append();
   a.cache_seqlens = reinterpret_cast<const int32_t*>(offset_bytes(fake(12), 2));
   EXPECT_TRUE(Refused(fa4::validate(a), {"cache_seqlens", "int32"}));
@@ -761,13 +771,13 @@ TEST(Validation, AppendArguments) {
 
 TEST(Validation, EntryPointsValidateFirst) {
   ForwardArgs f = valid_forward();
-  f.problem.head_dim = 96;
-  EXPECT_TRUE(Refused(fa4::forward(f, nullptr), {"head_dim = 96"}));
+  f.problem.head_dim = 100;
+  EXPECT_TRUE(Refused(fa4::forward(f, nullptr), {"head_dim = 100"}));
   BackwardArgs b = valid_backward();
   b.dv.data = nullptr;
   EXPECT_TRUE(Refused(fa4::backward(b, nullptr), {"dv.data = null"}));
   size_t bytes = 0;
-  EXPECT_TRUE(Refused(fa4::forward_workspace_size(f, &bytes), {"head_dim = 96"}));
+  EXPECT_TRUE(Refused(fa4::forward_workspace_size(f, &bytes), {"head_dim = 100"}));
 }
 
 }  // namespace

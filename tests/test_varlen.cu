@@ -104,8 +104,8 @@ TEST(Varlen, RefusalsNameTheArgumentAndTheRule) {
   expect_refused(a, "o.data = null");
   // The problem's own rules still come first.
   a = valid_varlen();
-  a.problem.head_dim = 96;
-  expect_refused(a, "head_dim = 96: supported head dims are 64, 128, 256");
+  a.problem.head_dim = 100;
+  expect_refused(a, "head_dim = 100: must be a multiple of 8 in [8, 256]");
   // Soft-capping runs with varlen too; a bad cap is still named.
   a = valid_varlen();
   a.problem.softcap = 20.0f;
@@ -1198,6 +1198,44 @@ TEST(PagedGpu, PackedQueriesEveryHeadDim) {
       c.left = 100, c.right = 0, c.softcap = page == 64 ? 30.0f : 0.0f;
       run_entry_keys(c, seed++);
     }
+}
+
+// Head dims without a kernel of their own (common/pad.h) on packed sequences and KV caches: the
+// copies of total rows (o copied in and back, so rows outside every sequence keep their poison, as
+// run_varlen checks), NaN in other sequences' and spare rows, strided views, the backward with
+// its zeroed rows; batched entries with keys of their own and a left pad; a paged cache's pools,
+// decoding and packed queries.
+TEST(VarlenGpu, PaddedHeadDims) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 1701;
+  for (int64_t d : {40, 96, 192}) {
+    VarlenCase c{BF16, 4, 2, d, {17, 239, 0, 300, 5}, {40, 239, 9, 300, 130}};
+    c.causal = d != 96;
+    c.spare_heads = 1;
+    run_varlen(c, seed++);
+    run_varlen_backward(c, seed++, d == 96);
+    VarlenCase nan{FP16, 4, 2, d, {70, 33, 200, 5}, {150, 40, 77, 3}};
+    nan.causal = true, nan.nan_seqs = {1}, nan.nan_spare = true;
+    run_varlen(nan, seed++);
+    run_varlen_backward(nan, seed++, false);
+    VarlenCase used{BF16, 8, 2, d, {1, 1, 130}, {700, 333, 300}};
+    used.used = {517, 0, 200};
+    run_varlen(used, seed++);
+    EntryKeysCase entries{BF16, 8, 2, d, 1, 1000, {1000, 1, 0, 517, 999}};
+    run_entry_keys(entries, seed++);
+    EntryKeysCase padded{FP16, 8, 2, d, 4, 777, {300, 20, 777, 0, 45}, true};
+    padded.pad = {17, 19, 700, 0, 5};
+    run_entry_keys(padded, seed++);
+    for (int64_t page : {16, 256}) {
+      EntryKeysCase paged{BF16, 8, 2, d, 1, 1000, {1000, 1, 0, 517, 999}};
+      paged.page = page;
+      run_entry_keys(paged, seed++);
+      EntryKeysCase packed{FP16, 8, 2, d, 300, 1000, {1000, 517, 0, 999, 40}};
+      packed.page = page, packed.len_q = {1, 300, 7, 129, 40};
+      packed.causal = true;
+      run_entry_keys(packed, seed++);
+    }
+  }
 }
 
 // Windows (whole tiles: an entry's range may start off the pieces' grid), and the soft cap.

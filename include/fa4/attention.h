@@ -208,10 +208,18 @@ struct AppendArgs {
   TensorRef q, q_rotated;      // [batch, seqlen_q, heads_q, head_dim]; with rotary only
 };
 
-// Head dims with a kernel. The checks and the error text both read this list.
-inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
 // Strides and base pointers must be multiples of this many bytes (TMA).
 inline constexpr int kAlignmentBytes = 16;
+// Head dims: any up to kMaxHeadDim whose row is a multiple of kAlignmentBytes (bf16 and fp16: a
+// multiple of 8; e4m3: of 16). Those of kKernelHeadDims run kernels of their own. Any other runs
+// on the next one's kernel, on copies of the tensors zero-padded to its head dim (zero columns add
+// nothing to q.k, and give columns of o, dq, dk and dv that are dropped): exact, at the work of the
+// larger head dim plus one pass over each tensor (the forward's q, k, v and o, the backward's also
+// dout, dq, dk and dv; a paged cache's pools whole). The copies come from the call's workspace
+// where it holds them (forward_workspace_size, backward_workspace_size), else from the
+// stream-ordered allocator (cudaMallocAsync) on the call's stream.
+inline constexpr int kMaxHeadDim = 256;
+inline constexpr int kKernelHeadDims[] = {64, 128, 256};
 // Minimal compute capability (major * 10 + minor).
 inline constexpr int kMinComputeCapability = 90;
 
@@ -222,16 +230,21 @@ Status validate(const BackwardArgs& args);
 // The softmax scale actually used (the default when problem.softmax_scale is 0).
 float effective_scale(const Problem& p);
 
-// Workspace bytes that forward / backward need for these arguments (0 if none). Only
-// args.problem is read, so they may be asked before the tensors exist. Forward needs none: its
+// Workspace bytes that forward / backward need for these arguments (0 if none). At the head dims
+// of kKernelHeadDims only args.problem is read, so they may be asked before the tensors exist; at
+// the others they add the zero-padded copies' bytes (each rounded up to 256), sized by
+// args.problem, args.varlen's totals (with cu_seqlens) and args.paged's pools (with a block
+// table); a workspace without them (smaller) is not an error: the copies then come from
+// cudaMallocAsync on the call's stream. Forward needs none at kKernelHeadDims: its
 // counters (the tile counter of causal tiles, the key-split pieces' counters where a last round
 // leaves SMs idle) are the stream's own, 4 KB a stream (and context) allocated at its first call
 // and kept, and the pieces' fp32 partials come from the stream-ordered allocator,
 // cudaMallocAsync, on the call's stream; under CUDA graph capture the counters come from that
 // allocator too;
 // backward needs an fp32 dQ accumulator and two fp32 a query row (rowsum(dO * O), and the LSE in
-// log2 units): batch * round_up(seqlen_q, 128) * heads_q * (head_dim + 2) * 4 bytes, 16-byte aligned, passed as
-// args.workspace / args.workspace_bytes (with varlen seqlen_q is the longest sequence's).
+// log2 units): batch * round_up(seqlen_q, 128) * heads_q * (kernel head dim + 2) * 4 bytes, 16-byte
+// aligned, passed as args.workspace / args.workspace_bytes (with varlen seqlen_q is the longest
+// sequence's; the kernel head dim is head_dim where it is one of kKernelHeadDims, else the next).
 Status forward_workspace_size(const ForwardArgs& args, size_t* bytes);
 Status backward_workspace_size(const BackwardArgs& args, size_t* bytes);
 

@@ -292,7 +292,8 @@ def flash_attn_func(
 
     q: [batch, seqlen_q, heads_q, head_dim]; k, v: [batch, seqlen_k, heads_kv, head_dim], bf16 or
     fp16 on one CUDA device, head_dim contiguous (other strides free: BHSD storage viewed as BSHD
-    works). heads_q must be a multiple of heads_kv (GQA/MQA).
+    works). heads_q must be a multiple of heads_kv (GQA/MQA). head_dim: any multiple of 8 up to 256
+    (64, 128 and 256 on kernels of their own, others on the next one's over zero-padded copies).
     softmax_scale: default 1/sqrt(head_dim). causal: bottom-right aligned (query i sees keys
     j <= i + seqlen_k - seqlen_q). window_size: (left, right), -1 = unbounded.
     softcap: > 0 soft-caps each score, softcap * tanh(score / softcap) (Gemma 2), forward and
@@ -308,7 +309,7 @@ def flash_attn_func(
     score beside its keys' (in the units of the scaled, soft-capped scores), with no value, so its
     weight exp(sink - lse) leaves the row's output. The LSE then includes it. Differentiable: its
     gradient is -sum over the head's rows of exp(sink - lse) * rowsum(dout * out).
-    fp8 (FlashAttention-3's fp8 forward): q, k, v torch.float8_e4m3fn, head_dim 64, 128 or 256, forward
+    fp8 (FlashAttention-3's fp8 forward): q, k, v torch.float8_e4m3fn, head_dim a multiple of 16 up to 256, forward
     only (no gradient), out bf16; q_descale, k_descale, v_descale (optional, fp32 [batch, heads_kv],
     contiguous, positive) are what each (batch entry, KV head)'s e4m3 values are multiplied by. No
     softcap or learnable_sink with fp8.

@@ -36,9 +36,9 @@ std::string str(float v) {
 }
 
 // "64, 128, 256"
-std::string supported_head_dims() {
+std::string kernel_head_dims() {
   std::string s;
-  for (int d : kSupportedHeadDims) {
+  for (int d : kKernelHeadDims) {
     if (!s.empty()) s += ", ";
     s += std::to_string(d);
   }
@@ -53,12 +53,6 @@ std::string supported_dtypes() {
     s += std::to_string(static_cast<int>(t)) + " (" + to_string(t) + ")";
   }
   return s;
-}
-
-bool is_supported_head_dim(int64_t d) {
-  for (int s : kSupportedHeadDims)
-    if (d == s) return true;
-  return false;
 }
 
 bool is_known_dtype(DType t) {
@@ -556,9 +550,12 @@ Status validate_problem(const Problem& p) {
   if (p.heads_q % p.heads_kv != 0)
     return invalid("heads_q = " + str(p.heads_q) + ": must be a multiple of heads_kv = " +
                    str(p.heads_kv));
-  if (!is_supported_head_dim(p.head_dim))
-    return invalid("head_dim = " + str(p.head_dim) + ": supported head dims are " +
-                   supported_head_dims());
+  const int64_t step = kAlignmentBytes / detail::element_size(p.dtype);  // a row of whole 16-byte units
+  if (p.head_dim < step || p.head_dim > kMaxHeadDim || p.head_dim % step != 0)
+    return invalid("head_dim = " + str(p.head_dim) + ": must be a multiple of " + str(step) + " in [" + str(step) +
+                   ", " + str(int64_t{kMaxHeadDim}) + "] for " + to_string(p.dtype) + " (a row of whole " +
+                   str(int64_t{kAlignmentBytes}) + "-byte units; " + kernel_head_dims() +
+                   " run kernels of their own, the others the next one's on zero-padded copies)");
   if (!std::isfinite(p.softmax_scale) || p.softmax_scale < 0.0f)
     return invalid("softmax_scale = " + str(p.softmax_scale) +
                    ": must be finite and >= 0 (0 selects 1/sqrt(head_dim))");
@@ -568,12 +565,18 @@ Status validate_problem(const Problem& p) {
   return check_window("window_right", p.window_right);
 }
 
+int64_t kernel_head_dim(int64_t head_dim) {
+  for (int d : kKernelHeadDims)
+    if (head_dim <= d) return d;
+  return 0;
+}
+
 bool dq_accum_bytes(const Problem& p, int64_t* bytes) {
   const int64_t rows = (p.seqlen_q + kDqAccumRowAlign - 1) / kDqAccumRowAlign * kDqAccumRowAlign;
   int64_t n = 0;
   return !(__builtin_mul_overflow(p.batch, rows, &n) ||
            __builtin_mul_overflow(n, p.heads_q, &n) ||
-           __builtin_mul_overflow(n, p.head_dim + 2, &n) ||
+           __builtin_mul_overflow(n, kernel_head_dim(p.head_dim) + 2, &n) ||
            __builtin_mul_overflow(n, int64_t{sizeof(float)}, bytes));
 }
 

@@ -31,9 +31,13 @@ Status check_current_device();
 // Checks args.problem alone (sizes, dtype, head_dim, scale, window); the tensors are not read.
 Status validate_problem(const Problem& p);
 
-// Bytes of workspace that backward needs: the fp32 dQ accumulator and two fp32 a row, for
+// The head dim whose kernel runs head_dim: the smallest of kKernelHeadDims at or above it (0 past
+// the largest). Other than head_dim, the tensors run as zero-padded copies (common/pad.h).
+int64_t kernel_head_dim(int64_t head_dim);
+
+// Bytes of workspace that backward's kernels need: the fp32 dQ accumulator and two fp32 a row, for
 // D = rowsum(dO * O) and the LSE in log2 units:
-// batch * round_up(seqlen_q, kDqAccumRowAlign) * heads_q * (head_dim + 2) * 4.
+// batch * round_up(seqlen_q, kDqAccumRowAlign) * heads_q * (kernel_head_dim(head_dim) + 2) * 4.
 // false when the product overflows int64. `p` must pass validate_problem.
 bool dq_accum_bytes(const Problem& p, int64_t* bytes);
 

@@ -258,12 +258,12 @@ def bf16(*shape):
          r"\bq\b.*CUDA"),
         (lambda: (bf16(1, 8, 2, 64), bf16(1, 8, 2, 64).cpu(), bf16(1, 8, 2, 64)), r"\bk\b.*cpu"),
         (lambda: (bf16(1, 8, 6, 64), bf16(1, 8, 4, 64), bf16(1, 8, 4, 64)), r"heads_q"),
-        (lambda: (bf16(1, 8, 2, 96), bf16(1, 8, 2, 96), bf16(1, 8, 2, 96)), r"head_dim"),
+        (lambda: (bf16(1, 8, 2, 100), bf16(1, 8, 2, 100), bf16(1, 8, 2, 100)), r"head_dim = 100"),
         (lambda: (bf16(1, 8, 2, 68)[..., :64], bf16(1, 8, 2, 64), bf16(1, 8, 2, 64)),  # 136-byte head stride
          r"\bq\b.*(stride|multiple)"),
     ],
     ids=["q-float32", "k-dtype", "k-head_dim", "v-shape", "q-3d", "q-last-stride", "cpu",
-         "k-device", "gqa-ratio", "head_dim-96", "q-misaligned-stride"],
+         "k-device", "gqa-ratio", "head_dim-100", "q-misaligned-stride"],
 )
 def test_invalid_tensors_raise_value_error(make, pattern):
     q, k, v = make()
@@ -514,6 +514,67 @@ def test_softcap_backward(d, deterministic):
         assert_close_by_criterion(g, l, r, name)
     plain = torch.autograd.grad(fa4.flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
     assert (plain[0].double() - dq.double()).abs().max().item() > 1e-2, "softcap changed nothing in dq"
+
+
+# ---------------------------------------------------------------------------------------------
+# Head dims without a kernel of their own: the next one's kernels over zero-padded copies, the
+# scale 1/sqrt(d) of the caller's d (the kernel head dim's would fail the float64 bound)
+
+
+@pytest.mark.parametrize("d", [8, 40, 80, 96, 160, 192])
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_head_dims_forward_and_backward(d, causal):
+    q, k, v = make_inputs(2, 239, 300, 4, 2, d, torch.bfloat16, layout="bhsd", requires_grad=True)
+    out, lse = call_or_skip(fa4.flash_attn_func, q, k, v, causal=causal, return_lse=True,
+                            deterministic=causal)
+    assert out.shape == q.shape
+    scale = 1.0 / math.sqrt(d)
+    ref, lse_ref = reference(q, k, v, scale, causal, (-1, -1), lowp=False)
+    lp, lse_lp = reference(q, k, v, scale, causal, (-1, -1), lowp=True)
+    assert_close_by_criterion(out, lp, ref, "out")
+    assert_lse(lse, lse_lp, lse_ref)
+    dout = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    ref_g = reference_grads(q, k, v, dout, scale, causal, (-1, -1), lowp=False)
+    lp_g = reference_grads(q, k, v, dout, scale, causal, (-1, -1), lowp=True)
+    for name, g, r, l in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_g, lp_g):
+        assert g.shape == r.shape, name
+        assert_close_by_criterion(g, l, r, name)
+
+
+@pytest.mark.parametrize("d", [48, 96, 160])
+def test_padded_head_dims_kvcache_append_and_varlen(d):
+    # A decoding step's append into a contiguous cache (rotary over the whole head), then the
+    # attention, against the reference over the cache after the append; and packed sequences.
+    b, hq, hkv, cap = 3, 8, 2, 300
+    gen = torch.Generator(device=DEV).manual_seed(d)
+    kc = torch.randn(b, cap, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    vc = torch.randn(b, cap, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    q = torch.randn(b, 1, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    kn = torch.randn(b, 1, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    vn = torch.randn(b, 1, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    lens = torch.tensor([0, 40, 298], device=DEV, dtype=torch.int32)
+    out = call_or_skip(fa4.flash_attn_with_kvcache, q, kc, vc, k=kn, v=vn, cache_seqlens=lens)
+    scale = 1.0 / math.sqrt(d)
+    for i, n in enumerate(lens.tolist()):
+        assert torch.equal(kc[i, n], kn[i, 0]) and torch.equal(vc[i, n], vn[i, 0]), "append"
+        ks, vs = kc[i:i + 1, :n + 1], vc[i:i + 1, :n + 1]
+        ref, _ = reference(q[i:i + 1], ks, vs, scale, False, (-1, -1), lowp=False)
+        lp, _ = reference(q[i:i + 1], ks, vs, scale, False, (-1, -1), lowp=True)
+        assert_close_by_criterion(out[i:i + 1], lp, ref, f"out[{i}]")
+    lq, lk = [17, 239, 1], [40, 239, 300]
+    cu_q = torch.tensor([0, 17, 256, 257], device=DEV, dtype=torch.int32)
+    cu_k = torch.tensor([0, 40, 279, 579], device=DEV, dtype=torch.int32)
+    qp = torch.randn(257, hq, d, device=DEV, dtype=torch.float16, generator=gen)
+    kp = torch.randn(579, hkv, d, device=DEV, dtype=torch.float16, generator=gen)
+    vp = torch.randn(579, hkv, d, device=DEV, dtype=torch.float16, generator=gen)
+    outp = fa4.flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, max(lq), max(lk), causal=True)
+    for i in range(3):
+        qs = qp[cu_q[i]:cu_q[i + 1]][None]
+        ks, vs = kp[cu_k[i]:cu_k[i + 1]][None], vp[cu_k[i]:cu_k[i + 1]][None]
+        ref, _ = reference(qs, ks, vs, scale, True, (-1, -1), lowp=False)
+        lp, _ = reference(qs, ks, vs, scale, True, (-1, -1), lowp=True)
+        assert_close_by_criterion(outp[cu_q[i]:cu_q[i + 1]][None], lp, ref, f"varlen sequence {i}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,9 +10,9 @@ int main() {
   fa4::ForwardArgs a;
   a.problem.dtype = fa4::DType::kBF16;
   a.problem.batch = 2, a.problem.seqlen_q = 100, a.problem.seqlen_k = 100;
-  a.problem.heads_q = 8, a.problem.heads_kv = 2, a.problem.head_dim = 96;
-  a.q = fa4::bshd(fake, 100, 8, 96), a.k = fa4::bshd(fake, 100, 2, 96), a.v = fa4::bshd(fake, 100, 2, 96);
-  a.o = fa4::bshd(fake, 100, 8, 96);
+  a.problem.heads_q = 8, a.problem.heads_kv = 2, a.problem.head_dim = 100;
+  a.q = fa4::bshd(fake, 100, 8, 100), a.k = fa4::bshd(fake, 100, 2, 100), a.v = fa4::bshd(fake, 100, 2, 100);
+  a.o = fa4::bshd(fake, 100, 8, 100);
   const fa4::Status bad = fa4::validate(a);
   std::printf("validate: %s: %s\n", fa4::to_string(bad.code), bad.message.c_str());
 
@@ -25,7 +25,7 @@ int main() {
   size_t bytes = 0;
   const fa4::Status ws = fa4::backward_workspace_size(b, &bytes);
   std::printf("backward_workspace_size: %s, %zu bytes\n", fa4::to_string(ws.code), bytes);
-  // batch x round_up(seqlen_q, 128) x heads_q x (head_dim + 2) x 4 (README, "Using it from C++")
+  // batch x round_up(seqlen_q, 128) x heads_q x (kernel head dim + 2) x 4 (README, "Using it from C++")
   const size_t expect = size_t(2) * 128 * 8 * (128 + 2) * 4;
   return bad.code == fa4::StatusCode::kInvalidArgument && ws.ok() && bytes == expect ? 0 : 1;
 }

@@ -1,0 +1,109 @@
+// The plan of a call at a head dim without a kernel (pad.h): which tensors are copied, their
+// copies' shapes and places, and the arguments the kernels take instead.
+#include "common/pad.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "common/validate.h"
+
+namespace fa4::detail {
+namespace {
+
+struct Rows {
+  int64_t n0, n1, n2;
+};
+
+template <class Args>
+class Planner {
+ public:
+  Planner(PaddedCall<Args>* call, void* base, int64_t padded_dim)
+      : call_(call), base_(static_cast<uint8_t*>(base)), padded_dim_(padded_dim) {}
+
+  // Adds tensor *t (shaped [rows, head_dim]) and points *t at its copy.
+  void add(const char* name, TensorRef* t, Rows r, int elem_size, bool in, bool out) {
+    PadCopy& c = call_->copies[call_->count++];
+    c = PadCopy{name, *t, nullptr, {r.n0, r.n1, r.n2}, elem_size, in, out};
+    int64_t bytes = 0;
+    if (call_->bytes < 0 || __builtin_mul_overflow(std::max<int64_t>(r.n0, 0), std::max<int64_t>(r.n1, 0), &bytes) ||
+        __builtin_mul_overflow(bytes, std::max<int64_t>(r.n2, 0), &bytes) ||
+        __builtin_mul_overflow(bytes, padded_dim_ * elem_size, &bytes) ||
+        __builtin_add_overflow(bytes, kPadAlign - 1, &bytes) ||
+        __builtin_add_overflow(call_->bytes, bytes / kPadAlign * kPadAlign, &bytes)) {
+      call_->bytes = -1;
+      *t = TensorRef{};
+      return;
+    }
+    c.padded = base_ == nullptr ? nullptr : base_ + call_->bytes;
+    *t = TensorRef{c.padded, r.n1 * r.n2 * padded_dim_, r.n2 * padded_dim_, padded_dim_};
+    call_->bytes = bytes;
+  }
+
+ private:
+  PaddedCall<Args>* call_;
+  uint8_t* base_;
+  int64_t padded_dim_;
+};
+
+// The kernels' problem: the kernel head dim, and the caller's head dim's scale made explicit.
+Problem padded_problem(const Problem& p) {
+  Problem k = p;
+  k.head_dim = kernel_head_dim(p.head_dim);
+  k.softmax_scale = effective_scale(p);
+  return k;
+}
+
+}  // namespace
+
+PaddedCall<ForwardArgs> pad_forward(const ForwardArgs& args, void* base) {
+  PaddedCall<ForwardArgs> call;
+  call.args = args;
+  call.args.problem = padded_problem(args.problem);
+  call.args.workspace = nullptr, call.args.workspace_bytes = 0;  // (the kernels take none)
+  const Problem& p = args.problem;
+  const bool packed = args.varlen.enabled();
+  const Rows q = packed ? Rows{1, args.varlen.total_q, p.heads_q} : Rows{p.batch, p.seqlen_q, p.heads_q};
+  const Rows kv = args.paged.enabled() ? Rows{args.paged.num_pages, args.paged.page_size, p.heads_kv}
+                  : packed             ? Rows{1, args.varlen.total_k, p.heads_kv}
+                                       : Rows{p.batch, p.seqlen_k, p.heads_kv};
+  const int in = element_size(p.dtype), out = element_size(output_dtype(p.dtype));
+  Planner<ForwardArgs> plan(&call, base, call.args.problem.head_dim);
+  ForwardArgs& a = call.args;
+  plan.add("q", &a.q, q, in, true, false);
+  plan.add("k", &a.k, kv, in, true, false);
+  plan.add("v", &a.v, kv, in, true, false);
+  // (Packed: the forward writes no row outside every sequence; copied in, such rows go back as
+  // they came.)
+  plan.add("o", &a.o, q, out, packed, true);
+  return call;
+}
+
+PaddedCall<BackwardArgs> pad_backward(const BackwardArgs& args, void* base) {
+  PaddedCall<BackwardArgs> call;
+  call.args = args;
+  call.args.problem = padded_problem(args.problem);
+  const Problem& p = args.problem;
+  const bool packed = args.varlen.enabled();
+  const Rows q = packed ? Rows{1, args.varlen.total_q, p.heads_q} : Rows{p.batch, p.seqlen_q, p.heads_q};
+  const Rows kv = packed ? Rows{1, args.varlen.total_k, p.heads_kv} : Rows{p.batch, p.seqlen_k, p.heads_kv};
+  const int e = element_size(p.dtype);
+  Planner<BackwardArgs> plan(&call, base, call.args.problem.head_dim);
+  BackwardArgs& a = call.args;
+  plan.add("q", &a.q, q, e, true, false);
+  plan.add("k", &a.k, kv, e, true, false);
+  plan.add("v", &a.v, kv, e, true, false);
+  plan.add("o", &a.o, q, e, true, false);
+  plan.add("dout", &a.dout, q, e, true, false);
+  plan.add("dq", &a.dq, q, e, false, true);
+  plan.add("dk", &a.dk, kv, e, false, true);
+  plan.add("dv", &a.dv, kv, e, false, true);
+  return call;
+}
+
+int64_t backward_pad_offset(const Problem& p) {
+  int64_t need = 0;
+  if (!dq_accum_bytes(p, &need) || need > std::numeric_limits<int64_t>::max() - kPadAlign) return -1;
+  return (need + kPadAlign - 1) / kPadAlign * kPadAlign;
+}
+
+}  // namespace fa4::detail

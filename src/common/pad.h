@@ -1,0 +1,63 @@
+// Head dims without a kernel of their own (fa4/attention.h, kMaxHeadDim): a call runs on the next
+// kernel head dim's kernels (validate.h, kernel_head_dim), on copies of its tensors zero-padded to
+// that head dim. Zero columns add nothing to any q.k and make only columns of o, dq, dk and dv that
+// are dropped, so the result is the unpadded problem's, with its scale (1/sqrt(head_dim) by
+// default, not the kernel head dim's).
+//
+// The plan (which tensors, their copies' shapes and places) is host code, testable without a GPU;
+// the copies and the run are in pad.cu.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "fa4/attention.h"
+
+namespace fa4::detail {
+
+// Each copy starts at a multiple of this many bytes of the base (TMA needs 16).
+inline constexpr int64_t kPadAlign = 256;
+
+// One tensor of the call and its zero-padded copy.
+struct PadCopy {
+  const char* name;  // the argument's, for messages ("q", "dout", ...)
+  TensorRef user;    // the caller's: rows of head_dim elements
+  void* padded;      // the copy: contiguous [rows[0], rows[1], rows[2], kernel head dim]
+  int64_t rows[3];   // [batch, seq, heads], or [1, total, heads] packed, or [pages, page_size, heads]
+  int elem_size;     // bytes
+  bool in;           // filled from the caller's before the kernels, zero past head_dim
+  bool out;          // its first head_dim columns copied back to the caller's after them
+};
+
+// A call's copies and the arguments its kernels take instead of the caller's: the kernel head dim,
+// the scale resolved from the caller's head dim, the tensors the copies (others as they were).
+template <class Args>
+struct PaddedCall {
+  Args args;
+  std::array<PadCopy, 8> copies{};
+  int count = 0;
+  int64_t bytes = 0;  // the copies' bytes, each rounded up to kPadAlign; -1 when past int64
+};
+
+// The copies of a forward or backward call at a head dim without a kernel, placed from `base`
+// (null: sized only, its tensors' pointers null). Reads the problem, the varlen totals (with
+// cu_seqlens) and the paged pools' sizes (with a block table); for placing, args must have passed
+// validate(). The forward's o is copied in too with cu_seqlens (its rows outside every sequence
+// are left as they were); the backward keeps args.workspace (the kernels' dQ accumulator).
+PaddedCall<ForwardArgs> pad_forward(const ForwardArgs& args, void* base);
+PaddedCall<BackwardArgs> pad_backward(const BackwardArgs& args, void* base);
+
+// Where the backward's copies start in its workspace: after the kernels' need (dq_accum_bytes),
+// rounded up to kPadAlign.
+int64_t backward_pad_offset(const Problem& p);
+
+// Runs a validated call whose head dim has no kernel: its copies from the workspace past `offset`
+// where it holds them (16-byte aligned), else from cudaMallocAsync on `stream` (freed in stream
+// order after the kernels); the copies in, `run` on the padded call's arguments, the copies out.
+Status forward_padded(const ForwardArgs& args, cudaStream_t stream, Status (*run)(const ForwardArgs&, cudaStream_t));
+Status backward_padded(const BackwardArgs& args, cudaStream_t stream,
+                       Status (*run)(const BackwardArgs&, cudaStream_t));
+
+}  // namespace fa4::detail

@@ -1,0 +1,181 @@
+// Head dims without a kernel (common/pad.h): the plan of the zero-padded copies, on the CPU. The
+// copies and the results are checked on a GPU in the forward, backward, varlen and fp8 suites
+// (their PaddedHeadDims tests).
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "common/pad.h"
+#include "common/validate.h"
+#include "fa4/attention.h"
+#include "test_support.h"
+
+namespace {
+
+using fa4::BackwardArgs;
+using fa4::DType;
+using fa4::ForwardArgs;
+using fa4::TensorRef;
+using fa4::detail::PadCopy;
+using fa4::test::fake;
+
+constexpr int64_t kB = 3, kSq = 100, kSk = 70, kHq = 8, kHkv = 2;
+
+ForwardArgs forward_at(int64_t d, DType t = DType::kBF16) {
+  ForwardArgs a;
+  a.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, d, t);
+  a.q = fa4::bhsd(fake(0), kSq, kHq, d);  // BHSD: the copies are BSHD whatever the caller's strides
+  a.k = fa4::bshd(fake(1), kSk, kHkv, d);
+  a.v = fa4::bshd(fake(2), kSk, kHkv, d);
+  a.o = fa4::bshd(fake(3), kSq, kHq, d);
+  a.lse = static_cast<float*>(fake(4));
+  return a;
+}
+
+void expect_contiguous(const TensorRef& t, const int64_t (&rows)[3], int64_t d, const std::string& what) {
+  EXPECT_EQ(t.head_stride, d) << what;
+  EXPECT_EQ(t.seq_stride, rows[2] * d) << what;
+  EXPECT_EQ(t.batch_stride, rows[1] * rows[2] * d) << what;
+}
+
+// Each copy at base + the rounded bytes of those before it, 16-byte aligned; returns the end.
+int64_t expect_packed_from(const fa4::detail::PaddedCall<ForwardArgs>& c, uint8_t* base, int64_t d) {
+  int64_t at = 0;
+  for (int i = 0; i < c.count; ++i) {
+    const PadCopy& x = c.copies[i];
+    EXPECT_EQ(x.padded, base + at) << x.name;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(x.padded) % 16, 0u) << x.name;
+    const int64_t bytes = x.rows[0] * x.rows[1] * x.rows[2] * d * x.elem_size;
+    at += (bytes + 255) / 256 * 256;
+  }
+  EXPECT_EQ(at, c.bytes);
+  return at;
+}
+
+TEST(PadPlan, ForwardCopiesQKVInAndOOut) {
+  const ForwardArgs a = forward_at(96);
+  alignas(256) static uint8_t base_storage[1];
+  uint8_t* base = base_storage;
+  const auto c = fa4::detail::pad_forward(a, base);
+  ASSERT_EQ(c.count, 4);
+  EXPECT_EQ(c.args.problem.head_dim, 128);
+  EXPECT_FLOAT_EQ(c.args.problem.softmax_scale, float(1.0 / std::sqrt(96.0)));  // the caller's head dim's
+  EXPECT_EQ(c.args.lse, a.lse);  // rows, not columns: written in place
+  EXPECT_EQ(c.args.workspace, nullptr);
+  const char* names[] = {"q", "k", "v", "o"};
+  const TensorRef* user[] = {&a.q, &a.k, &a.v, &a.o};
+  const TensorRef* kernel[] = {&c.args.q, &c.args.k, &c.args.v, &c.args.o};
+  for (int i = 0; i < 4; ++i) {
+    const PadCopy& x = c.copies[i];
+    EXPECT_STREQ(x.name, names[i]);
+    EXPECT_EQ(x.user.data, user[i]->data);
+    EXPECT_EQ(x.user.seq_stride, user[i]->seq_stride);
+    EXPECT_EQ(x.user.head_stride, user[i]->head_stride);
+    EXPECT_EQ(x.elem_size, 2);
+    EXPECT_EQ(x.in, i < 3) << x.name;  // o: batched, every row written
+    EXPECT_EQ(x.out, i == 3) << x.name;
+    EXPECT_EQ(kernel[i]->data, x.padded);
+    expect_contiguous(*kernel[i], x.rows, 128, x.name);
+    const int64_t rows[3] = {kB, i == 1 || i == 2 ? kSk : kSq, i == 1 || i == 2 ? kHkv : kHq};
+    for (int j = 0; j < 3; ++j) EXPECT_EQ(x.rows[j], rows[j]) << x.name;
+  }
+  expect_packed_from(c, base, 128);
+  EXPECT_EQ(c.bytes, (2 * kB * kSq * kHq + 2 * kB * kSk * kHkv) * 128 * 2);
+  // Sized only: the same bytes, no pointers.
+  const auto sized = fa4::detail::pad_forward(a, nullptr);
+  EXPECT_EQ(sized.bytes, c.bytes);
+  EXPECT_EQ(sized.args.q.data, nullptr);
+  // A scale given stays the caller's.
+  ForwardArgs s = a;
+  s.problem.softmax_scale = 0.3f;
+  EXPECT_EQ(fa4::detail::pad_forward(s, nullptr).args.problem.softmax_scale, 0.3f);
+}
+
+TEST(PadPlan, KernelHeadDimsByHeadDim) {
+  for (const auto& [d, k] : {std::pair{8, 64}, {40, 64}, {80, 128}, {136, 256}, {200, 256}, {248, 256}})
+    EXPECT_EQ(fa4::detail::pad_forward(forward_at(d), nullptr).args.problem.head_dim, k) << d;
+}
+
+TEST(PadPlan, PackedOIsCopiedInToKeepItsOtherRows) {
+  ForwardArgs a = forward_at(40);
+  a.varlen.cu_seqlens_q = static_cast<const int32_t*>(fake(5));
+  a.varlen.cu_seqlens_k = static_cast<const int32_t*>(fake(6));
+  a.varlen.total_q = 250, a.varlen.total_k = 33;
+  const auto c = fa4::detail::pad_forward(a, fake(9));
+  ASSERT_EQ(c.count, 4);
+  EXPECT_TRUE(c.copies[3].in);
+  EXPECT_TRUE(c.copies[3].out);
+  EXPECT_EQ(c.copies[0].rows[0], 1);
+  EXPECT_EQ(c.copies[0].rows[1], 250);
+  EXPECT_EQ(c.copies[1].rows[1], 33);
+  EXPECT_EQ(c.copies[1].rows[2], kHkv);
+  EXPECT_EQ(c.args.varlen.cu_seqlens_q, a.varlen.cu_seqlens_q);
+  EXPECT_EQ(c.args.problem.head_dim, 64);
+}
+
+TEST(PadPlan, PagedPoolsAreCopiedWhole) {
+  ForwardArgs a = forward_at(160);
+  a.paged = {static_cast<const int32_t*>(fake(5)), 8, 16, 37};
+  a.k = a.v = fa4::bshd(fake(1), 16, kHkv, 160);
+  const auto c = fa4::detail::pad_forward(a, fake(9));
+  for (int i : {1, 2}) {
+    EXPECT_EQ(c.copies[i].rows[0], 37);
+    EXPECT_EQ(c.copies[i].rows[1], 16);
+    EXPECT_EQ(c.copies[i].rows[2], kHkv);
+  }
+  EXPECT_EQ(c.args.k.batch_stride, 16 * kHkv * 256);  // a page of the copy
+  EXPECT_EQ(c.args.paged.block_table, a.paged.block_table);
+  EXPECT_FALSE(c.copies[3].in);
+}
+
+TEST(PadPlan, Fp8InputsOfOneByteAndABf16Output) {
+  const auto c = fa4::detail::pad_forward(forward_at(80, DType::kE4M3), fake(9));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(c.copies[i].elem_size, 1) << c.copies[i].name;
+  EXPECT_EQ(c.copies[3].elem_size, 2);
+  EXPECT_EQ(c.args.problem.dtype, DType::kE4M3);
+  EXPECT_EQ(c.bytes, (kB * kSq * kHq * 128 + 2 * ((kB * kSk * kHkv * 128 + 255) / 256 * 256)) +
+                         kB * kSq * kHq * 128 * 2);
+}
+
+TEST(PadPlan, BackwardCopiesFiveInThreeOutAfterTheAccumulator) {
+  BackwardArgs a;
+  a.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, 72);
+  a.q = a.o = a.dout = a.dq = fa4::bshd(fake(0), kSq, kHq, 72);
+  a.k = a.v = a.dk = a.dv = fa4::bshd(fake(1), kSk, kHkv, 72);
+  a.workspace = fake(7);
+  a.workspace_bytes = 12345;
+  const auto c = fa4::detail::pad_backward(a, fake(8));
+  ASSERT_EQ(c.count, 8);
+  EXPECT_EQ(c.args.workspace, a.workspace);  // the kernels' dQ accumulator
+  EXPECT_EQ(c.args.workspace_bytes, a.workspace_bytes);
+  EXPECT_EQ(c.args.problem.head_dim, 128);
+  const char* names[] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv"};
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_STREQ(c.copies[i].name, names[i]);
+    EXPECT_EQ(c.copies[i].in, i < 5) << names[i];
+    EXPECT_EQ(c.copies[i].out, i >= 5) << names[i];
+  }
+  EXPECT_EQ(c.args.dq.data, c.copies[5].padded);
+  // The copies start past the accumulator at 128 columns, rounded to 256 bytes.
+  int64_t accum = 0;
+  ASSERT_TRUE(fa4::detail::dq_accum_bytes(a.problem, &accum));
+  EXPECT_EQ(accum, kB * 128 * kHq * (128 + 2) * 4);
+  EXPECT_EQ(fa4::detail::backward_pad_offset(a.problem), (accum + 255) / 256 * 256);
+  size_t bytes = 0;
+  ASSERT_TRUE(fa4::backward_workspace_size(a, &bytes).ok());
+  EXPECT_EQ(int64_t(bytes), fa4::detail::backward_pad_offset(a.problem) + c.bytes);
+}
+
+TEST(PadPlan, BytesPastInt64AreMarked) {
+  ForwardArgs a = forward_at(96);
+  a.paged = {static_cast<const int32_t*>(fake(5)), 8, int64_t{1} << 30, int64_t{1} << 30};
+  EXPECT_EQ(fa4::detail::pad_forward(a, nullptr).bytes, -1);
+  size_t bytes = 0;
+  const fa4::Status s = fa4::forward_workspace_size(a, &bytes);
+  EXPECT_EQ(s.code, fa4::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message.find("head_dim = 96"), std::string::npos) << s.message;
+}
+
+}  // namespace
