@@ -136,8 +136,8 @@ def parse_args(argv=None):
     if a.rounds < 1:
         ap.error(f"--rounds {a.rounds}: expected >= 1")
     for d in a.hdims:
-        if HIDDEN % d:
-            ap.error(f"--hdims: {d} does not divide hidden {HIDDEN}")
+        if d < 8 or d > 256 or d % 8:
+            ap.error(f"--hdims: {d}: expected a multiple of 8 in [8, 256]")
     return a
 
 
@@ -279,7 +279,9 @@ def write_records(records, out_dir: str, name: str) -> None:
 
 
 def shape(seqlen: int, hdim: int):
-    return max(1, TOKENS // seqlen), HIDDEN // hdim
+    """(batch, heads) of FA3's shapes; a head dim that does not divide the hidden size (96, 80,
+    192: those without a kernel of their own) takes the nearest head count."""
+    return max(1, TOKENS // seqlen), max(1, round(HIDDEN / hdim))
 
 
 def tflops(b, h, s, d, causal, op, ms, sq=None):
