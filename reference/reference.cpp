@@ -19,6 +19,13 @@ int64_t q_index(const Problem& p, int64_t b, int64_t i, int64_t h) {
 int64_t kv_index(const Problem& p, int64_t b, int64_t j, int64_t hk) {
   return ((b * p.seqlen_k + j) * p.heads_kv + hk) * p.head_dim;
 }
+// The same on the value side: o and dout, v and dv (value_dim() columns).
+int64_t o_index(const Problem& p, int64_t b, int64_t i, int64_t h) {
+  return ((b * p.seqlen_q + i) * p.heads_q + h) * p.value_dim();
+}
+int64_t v_index(const Problem& p, int64_t b, int64_t j, int64_t hk) {
+  return ((b * p.seqlen_k + j) * p.heads_kv + hk) * p.value_dim();
+}
 int64_t lse_index(const Problem& p, int64_t b, int64_t h, int64_t i) {
   return (b * p.heads_q + h) * p.seqlen_q + i;
 }
@@ -76,7 +83,7 @@ bool visible(const Problem& p, int64_t i, int64_t j) {
 Forward64 forward(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
                   const std::vector<double>& v, const std::vector<double>& sink) {
   Forward64 out;
-  out.o.assign(q_elems(p), 0.0);
+  out.o.assign(o_elems(p), 0.0);
   out.lse.assign(lse_elems(p), -kInf);
   std::vector<double> prob;
   for (int64_t b = 0; b < p.batch; ++b)
@@ -85,11 +92,11 @@ Forward64 forward(const Problem& p, const std::vector<double>& q, const std::vec
         double lse;
         if (!softmax_row64(p, q, k, b, h, i, prob, lse, sink)) continue;  // O row stays 0
         out.lse[lse_index(p, b, h, i)] = lse;
-        double* oi = &out.o[q_index(p, b, i, h)];
+        double* oi = &out.o[o_index(p, b, i, h)];
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
           if (prob[j] == 0.0) continue;
-          const double* vj = &v[kv_index(p, b, j, kv_head(p, h))];
-          for (int64_t d = 0; d < p.head_dim; ++d) oi[d] += prob[j] * vj[d];
+          const double* vj = &v[v_index(p, b, j, kv_head(p, h))];
+          for (int64_t d = 0; d < p.value_dim(); ++d) oi[d] += prob[j] * vj[d];
         }
       }
   return out;
@@ -99,13 +106,13 @@ Backward64 backward(const Problem& p, const std::vector<double>& q, const std::v
                     const std::vector<double>& v, const std::vector<double>& dout,
                     const std::vector<double>& sink) {
   const double scale = softmax_scale(p);
-  const int64_t dim = p.head_dim;
+  const int64_t dim = p.head_dim, dim_v = p.value_dim();
   Backward64 g;
   g.dq.assign(q_elems(p), 0.0);
   g.dk.assign(kv_elems(p), 0.0);
-  g.dv.assign(kv_elems(p), 0.0);
+  g.dv.assign(v_elems(p), 0.0);
   if (!sink.empty()) g.dsink.assign(size_t(p.heads_q), 0.0);
-  std::vector<double> prob, o(dim), dp(p.seqlen_k);
+  std::vector<double> prob, o(dim_v), dp(p.seqlen_k);
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads_q; ++h)
       for (int64_t i = 0; i < p.seqlen_q; ++i) {
@@ -113,27 +120,28 @@ Backward64 backward(const Problem& p, const std::vector<double>& q, const std::v
         if (!softmax_row64(p, q, k, b, h, i, prob, lse, sink)) continue;  // no key: no gradient
         const int64_t hk = kv_head(p, h);
         const double* qi = &q[q_index(p, b, i, h)];
-        const double* doi = &dout[q_index(p, b, i, h)];
+        const double* doi = &dout[o_index(p, b, i, h)];
         // O_i, then D_i = rowsum(dO_i ∘ O_i).
         std::fill(o.begin(), o.end(), 0.0);
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
-          const double* vj = &v[kv_index(p, b, j, hk)];
-          for (int64_t d = 0; d < dim; ++d) o[d] += prob[j] * vj[d];
+          const double* vj = &v[v_index(p, b, j, hk)];
+          for (int64_t d = 0; d < dim_v; ++d) o[d] += prob[j] * vj[d];
         }
         double D = 0.0;
-        for (int64_t d = 0; d < dim; ++d) D += doi[d] * o[d];
+        for (int64_t d = 0; d < dim_v; ++d) D += doi[d] * o[d];
         // The sink's score: dS_sink = P_sink (0 - D), its value being 0.
         if (!sink.empty()) g.dsink[size_t(h)] -= std::exp(sink[size_t(h)] - lse) * D;
         double* dqi = &g.dq[q_index(p, b, i, h)];
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
           if (!visible(p, i, j)) continue;
-          const int64_t kvo = kv_index(p, b, j, hk);
+          const int64_t kvo = kv_index(p, b, j, hk), vo = v_index(p, b, j, hk);
           double dpj = 0.0, qk = 0.0;  // dP_ij = dO_i · V_j
-          for (int64_t d = 0; d < dim; ++d) dpj += doi[d] * v[kvo + d], qk += qi[d] * k[kvo + d];
+          for (int64_t d = 0; d < dim_v; ++d) dpj += doi[d] * v[vo + d];
+          for (int64_t d = 0; d < dim; ++d) qk += qi[d] * k[kvo + d];
           // dS_ij = P_ij (dP_ij - D_i), through the soft cap's tanh where there is one
           const double ds = prob[j] * (dpj - D) * capped_slope(p, scale * qk);
+          for (int64_t d = 0; d < dim_v; ++d) g.dv[vo + d] += prob[j] * doi[d];  // dV_j += P_ij dO_i
           for (int64_t d = 0; d < dim; ++d) {
-            g.dv[kvo + d] += prob[j] * doi[d];    // dV_j += P_ij dO_i
             dqi[d] += scale * ds * k[kvo + d];    // dQ_i += scale dS_ij K_j
             g.dk[kvo + d] += scale * ds * qi[d];  // dK_j += scale dS_ij Q_i
           }
@@ -192,9 +200,9 @@ Forward64 forward_lowp(const Problem& p, const std::vector<double>& q64,
   const std::vector<float> q = rounded_f32(p.dtype, q64), k = rounded_f32(p.dtype, k64),
                            v = rounded_f32(p.dtype, v64);
   Forward64 out;
-  out.o.assign(q_elems(p), 0.0);
+  out.o.assign(o_elems(p), 0.0);
   out.lse.assign(lse_elems(p), -kInf);
-  std::vector<float> prob, acc(p.head_dim);
+  std::vector<float> prob, acc(p.value_dim());
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads_q; ++h)
       for (int64_t i = 0; i < p.seqlen_q; ++i) {
@@ -204,11 +212,11 @@ Forward64 forward_lowp(const Problem& p, const std::vector<double>& q64,
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
           if (prob[j] == 0.0f) continue;
-          const float* vj = &v[kv_index(p, b, j, kv_head(p, h))];
-          for (int64_t d = 0; d < p.head_dim; ++d) acc[d] += prob[j] * vj[d];
+          const float* vj = &v[v_index(p, b, j, kv_head(p, h))];
+          for (int64_t d = 0; d < p.value_dim(); ++d) acc[d] += prob[j] * vj[d];
         }
-        double* oi = &out.o[q_index(p, b, i, h)];
-        for (int64_t d = 0; d < p.head_dim; ++d) oi[d] = round_to(p.dtype, acc[d]);
+        double* oi = &out.o[o_index(p, b, i, h)];
+        for (int64_t d = 0; d < p.value_dim(); ++d) oi[d] = round_to(p.dtype, acc[d]);
       }
   return out;
 }
@@ -221,7 +229,7 @@ Backward64 backward_lowp(const Problem& p, const std::vector<double>& q64,
                            v = rounded_f32(t, v64), dout = rounded_f32(t, dout64);
   const std::vector<float> o = rounded_f32(t, forward_lowp(p, q64, k64, v64, sink).o);
   const float scale = static_cast<float>(softmax_scale(p));
-  const int64_t dim = p.head_dim;
+  const int64_t dim = p.head_dim, dim_v = p.value_dim();
   std::vector<float> dq(q.size(), 0.0f), dk(k.size(), 0.0f), dv(v.size(), 0.0f), prob;
   std::vector<float> dsink(sink.size(), 0.0f);
   for (int64_t b = 0; b < p.batch; ++b)
@@ -230,18 +238,19 @@ Backward64 backward_lowp(const Problem& p, const std::vector<double>& q64,
         float lse;
         if (!softmax_row_lowp(p, q, k, b, h, i, prob, lse, sink)) continue;
         const int64_t hk = kv_head(p, h);
-        const int64_t qo = q_index(p, b, i, h);
+        const int64_t qo = q_index(p, b, i, h), oo = o_index(p, b, i, h);
         float D = 0.0f;
-        for (int64_t d = 0; d < dim; ++d) D += dout[qo + d] * o[qo + d];
+        for (int64_t d = 0; d < dim_v; ++d) D += dout[oo + d] * o[oo + d];
         if (!sink.empty()) dsink[size_t(h)] -= std::exp(static_cast<float>(sink[size_t(h)]) - lse) * D;
         for (int64_t j = 0; j < p.seqlen_k; ++j) {
           if (!visible(p, i, j)) continue;
-          const int64_t kvo = kv_index(p, b, j, hk);
+          const int64_t kvo = kv_index(p, b, j, hk), vo = v_index(p, b, j, hk);
           float dpj = 0.0f, qk = 0.0f;
-          for (int64_t d = 0; d < dim; ++d) dpj += dout[qo + d] * v[kvo + d], qk += q[qo + d] * k[kvo + d];
+          for (int64_t d = 0; d < dim_v; ++d) dpj += dout[oo + d] * v[vo + d];
+          for (int64_t d = 0; d < dim; ++d) qk += q[qo + d] * k[kvo + d];
           const float ds = round_to(t, prob[j] * (dpj - D) * capped_slope(p, qk * scale));
+          for (int64_t d = 0; d < dim_v; ++d) dv[vo + d] += prob[j] * dout[oo + d];
           for (int64_t d = 0; d < dim; ++d) {
-            dv[kvo + d] += prob[j] * dout[qo + d];
             dq[qo + d] += scale * ds * k[kvo + d];
             dk[kvo + d] += scale * ds * q[qo + d];
           }

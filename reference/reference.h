@@ -14,12 +14,12 @@ namespace fa4::ref {
 
 // Tensors are contiguous BSHD: [batch][seq][heads][dim]. LSE is [batch][heads_q][seqlen_q].
 struct Forward64 {
-  std::vector<double> o;    // [batch][seqlen_q][heads_q][head_dim]
+  std::vector<double> o;    // [batch][seqlen_q][heads_q][value_dim()]
   std::vector<double> lse;  // natural log; -inf for a row with no visible key (its O row is 0)
 };
 
 struct Backward64 {
-  std::vector<double> dq, dk, dv;  // shaped like q, k, v
+  std::vector<double> dq, dk, dv;  // shaped like q, k, v (dv: value_dim() columns)
   std::vector<double> dsink;       // [heads_q] with a sink, else empty
 };
 
@@ -48,9 +48,12 @@ bool visible(const Problem& p, int64_t i, int64_t j);
 // The KV head that query head h reads (GQA/MQA).
 inline int64_t kv_head(const Problem& p, int64_t h) { return h / (p.heads_q / p.heads_kv); }
 
-// Element counts of the contiguous tensors.
+// Element counts of the contiguous tensors: q (and dq), k (dk); with value_dim() columns o (dout)
+// and v (dv), which are q's and k's where head_dim_v is 0.
 inline int64_t q_elems(const Problem& p) { return p.batch * p.seqlen_q * p.heads_q * p.head_dim; }
 inline int64_t kv_elems(const Problem& p) { return p.batch * p.seqlen_k * p.heads_kv * p.head_dim; }
+inline int64_t o_elems(const Problem& p) { return p.batch * p.seqlen_q * p.heads_q * p.value_dim(); }
+inline int64_t v_elems(const Problem& p) { return p.batch * p.seqlen_k * p.heads_kv * p.value_dim(); }
 inline int64_t lse_elems(const Problem& p) { return p.batch * p.heads_q * p.seqlen_q; }
 
 // sink (optional: empty, or [heads_q]): each query head's sink logit (ForwardArgs::sink), a
@@ -60,12 +63,13 @@ Forward64 forward(const Problem& p, const std::vector<double>& q, const std::vec
 
 // One query row of forward() for problems too large to take whole (checks of sampled rows):
 // float64 attention of query i of batch b, head h, under p's rules, from element readers
-// q(b, s, h, d), k(b, s, kv_head, d), v(b, s, kv_head, d) of any layout and type. Writes head_dim
-// outputs to o and returns the row's natural-log LSE; -inf (o all 0) when no key is visible.
+// q(b, s, h, d), k(b, s, kv_head, d), v(b, s, kv_head, d) of any layout and type. Writes
+// value_dim() outputs to o and returns the row's natural-log LSE; -inf (o all 0) when no key is
+// visible.
 template <class Q, class K, class V>
 double forward_row(const Problem& p, const Q& q, const K& k, const V& v, int64_t b, int64_t h, int64_t i,
                    double* o) {
-  const int64_t hk = kv_head(p, h), dim = p.head_dim;
+  const int64_t hk = kv_head(p, h), dim = p.head_dim, dv = p.value_dim();
   const double scale = softmax_scale(p);
   std::vector<double> s(size_t(p.seqlen_k), -INFINITY);
   double m = -INFINITY;
@@ -76,16 +80,16 @@ double forward_row(const Problem& p, const Q& q, const K& k, const V& v, int64_t
     s[size_t(j)] = capped_score(p, acc * scale);
     m = std::max(m, s[size_t(j)]);
   }
-  std::fill(o, o + dim, 0.0);
+  std::fill(o, o + dv, 0.0);
   if (m == -INFINITY) return -INFINITY;
   double sum = 0;
   for (int64_t j = 0; j < p.seqlen_k; ++j) {
     if (s[size_t(j)] == -INFINITY) continue;
     const double e = std::exp(s[size_t(j)] - m);
     sum += e;
-    for (int64_t d = 0; d < dim; ++d) o[d] += e * double(v(b, j, hk, d));
+    for (int64_t d = 0; d < dv; ++d) o[d] += e * double(v(b, j, hk, d));
   }
-  for (int64_t d = 0; d < dim; ++d) o[d] /= sum;
+  for (int64_t d = 0; d < dv; ++d) o[d] /= sum;
   return m + std::log(sum);
 }
 

@@ -21,11 +21,12 @@ Status cuda_failure(const char* what, cudaError_t e) {
           std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")"};
 }
 
-Status zero(const char* what, const TensorRef& t, const Problem& p, int64_t seq, int64_t heads,
+// Zeroes t, [p.batch, seq, heads, dim] (dim: p's head_dim, or its value_dim() on the value side).
+Status zero(const char* what, const TensorRef& t, const Problem& p, int64_t seq, int64_t heads, int64_t dim,
             cudaStream_t stream) {
   const int64_t stride[3] = {t.batch_stride, t.seq_stride, t.head_stride};
   const cudaError_t e = detail::zero_tensor(t.data, detail::element_size(p.dtype), stride, p.batch,
-                                            seq, heads, p.head_dim, stream);
+                                            seq, heads, dim, stream);
   return e == cudaSuccess ? Status::Ok() : cuda_failure(what, e);
 }
 
@@ -49,7 +50,11 @@ Status run_forward(const ForwardArgs& args, cudaStream_t stream) {
   return detail::sm90_forward(detail::make_fwd_params(args), stream);
 }
 
-bool padded(const Problem& p) { return detail::kernel_head_dim(p.head_dim) != p.head_dim; }
+// A call the kernels take over zero-padded copies (common/pad.h): a head dim without a kernel of its
+// own, or two head dims.
+bool padded(const Problem& p) {
+  return detail::kernel_head_dim(p.head_dim) != p.head_dim || p.value_dim() != p.head_dim;
+}
 
 Status run_backward(const BackwardArgs& args, cudaStream_t stream);
 
@@ -134,7 +139,7 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
                       // as they are)
     Problem o_shape = rows.shape;
     o_shape.dtype = detail::output_dtype(o_shape.dtype);
-    if (!(s = zero("zeroing o (no keys)", args.o, o_shape, rows.q, p.heads_q, stream)).ok()) return s;
+    if (!(s = zero("zeroing o (no keys)", args.o, o_shape, rows.q, p.heads_q, p.value_dim(), stream)).ok()) return s;
     if (args.lse != nullptr) {
       const cudaError_t e =
           detail::fill_lse_by_head(args.lse, rows.shape.batch, p.heads_q, rows.q, args.sink, stream);
@@ -182,23 +187,24 @@ Status run_backward(const BackwardArgs& args, cudaStream_t stream) {
       const char* what;
       const TensorRef& t;
       const int* cu;
-      int64_t total, heads;
-    } sides[] = {{"zeroing dq outside the sequences", args.dq, vl.cu_seqlens_q, vl.total_q, p.heads_q},
-                 {"zeroing dk outside the sequences", args.dk, vl.cu_seqlens_k, vl.total_k, p.heads_kv},
-                 {"zeroing dv outside the sequences", args.dv, vl.cu_seqlens_k, vl.total_k, p.heads_kv}};
+      int64_t total, heads, dim;
+    } sides[] = {{"zeroing dq outside the sequences", args.dq, vl.cu_seqlens_q, vl.total_q, p.heads_q, p.head_dim},
+                 {"zeroing dk outside the sequences", args.dk, vl.cu_seqlens_k, vl.total_k, p.heads_kv, p.head_dim},
+                 {"zeroing dv outside the sequences", args.dv, vl.cu_seqlens_k, vl.total_k, p.heads_kv,
+                  p.value_dim()}};
     for (const auto& x : sides) {
       const int64_t stride[3] = {x.t.batch_stride, x.t.seq_stride, x.t.head_stride};
       const cudaError_t e = detail::zero_rows_outside(x.t.data, detail::element_size(p.dtype), stride, x.cu, p.batch,
-                                                      x.total, x.heads, p.head_dim, stream);
+                                                      x.total, x.heads, x.dim, stream);
       if (e != cudaSuccess) return cuda_failure(x.what, e);
     }
     return Status::Ok();
   }
 
   // One side is empty: the gradients of the other side are 0 (with varlen over every row).
-  if (rows.k == 0) return zero("zeroing dq (no keys)", args.dq, rows.shape, rows.q, p.heads_q, stream);
-  if (!(s = zero("zeroing dk (no queries)", args.dk, rows.shape, rows.k, p.heads_kv, stream)).ok()) return s;
-  return zero("zeroing dv (no queries)", args.dv, rows.shape, rows.k, p.heads_kv, stream);
+  if (rows.k == 0) return zero("zeroing dq (no keys)", args.dq, rows.shape, rows.q, p.heads_q, p.head_dim, stream);
+  if (!(s = zero("zeroing dk (no queries)", args.dk, rows.shape, rows.k, p.heads_kv, p.head_dim, stream)).ok()) return s;
+  return zero("zeroing dv (no queries)", args.dv, rows.shape, rows.k, p.heads_kv, p.value_dim(), stream);
 }
 
 }  // namespace
@@ -234,6 +240,7 @@ fa4::Problem from_c(const fa4_problem& p) {
   r.causal = p.causal != 0;
   r.window_left = p.window_left;
   r.window_right = p.window_right;
+  r.head_dim_v = p.head_dim_v;
   return r;
 }
 

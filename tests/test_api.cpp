@@ -65,6 +65,8 @@ fa4_problem to_c(const Problem& p) {
   c.causal = p.causal;
   c.window_left = p.window_left;
   c.window_right = p.window_right;
+  c.softcap = p.softcap;
+  c.head_dim_v = p.head_dim_v;
   return c;
 }
 
@@ -556,6 +558,7 @@ TEST(CApi, FieldsArriveIntact) {
       {[](fa4_problem& p) { p.heads_q = 5; }, "heads_q = 5"},
       {[](fa4_problem& p) { p.heads_kv = 3; }, "heads_kv = 3"},
       {[](fa4_problem& p) { p.head_dim = 36; }, "head_dim = 36"},
+      {[](fa4_problem& p) { p.head_dim_v = 36; }, "head_dim_v = 36"},
       {[](fa4_problem& p) { p.softmax_scale = -1.0f; }, "softmax_scale = -1"},
       {[](fa4_problem& p) { p.window_left = -7; }, "window_left = -7"},
       {[](fa4_problem& p) { p.window_right = -8; }, "window_right = -8"},

@@ -168,6 +168,32 @@ TEST(PadPlan, BackwardCopiesFiveInThreeOutAfterTheAccumulator) {
   EXPECT_EQ(int64_t(bytes), fa4::detail::backward_pad_offset(a.problem) + c.bytes);
 }
 
+// Two head dims (DeepSeek's 192 / 128): both sides on the kernel head dim of the larger, each copy
+// of its own side's columns; the scale the qk head dim's.
+TEST(PadPlan, TwoHeadDimsOnTheLargersKernel) {
+  ForwardArgs a = forward_at(192);
+  a.problem.head_dim_v = 128;
+  const auto c = fa4::detail::pad_forward(a, fake(9));
+  EXPECT_EQ(c.args.problem.head_dim, 256);
+  EXPECT_EQ(c.args.problem.head_dim_v, 0);
+  EXPECT_FLOAT_EQ(c.args.problem.softmax_scale, float(1.0 / std::sqrt(192.0)));
+  const int64_t cols[] = {192, 192, 128, 128};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.copies[i].cols, cols[i]) << c.copies[i].name;
+  a.problem.head_dim = 64, a.problem.head_dim_v = 160;  // the value side the wider
+  EXPECT_EQ(fa4::detail::pad_forward(a, nullptr).args.problem.head_dim, 256);
+  BackwardArgs b;
+  b.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, 128);
+  b.problem.head_dim_v = 64;
+  const auto g = fa4::detail::pad_backward(b, fake(8));
+  EXPECT_EQ(g.args.problem.head_dim, 128);
+  const int64_t gcols[] = {128, 128, 64, 64, 64, 128, 128, 64};  // q k v o dout dq dk dv
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(g.copies[i].cols, gcols[i]) << g.copies[i].name;
+  // The dQ accumulator at the kernel head dim (128), not at either of the caller's.
+  int64_t accum = 0;
+  ASSERT_TRUE(fa4::detail::dq_accum_bytes(b.problem, &accum));
+  EXPECT_EQ(accum, kB * 128 * kHq * (128 + 2) * 4);
+}
+
 TEST(PadPlan, BytesPastInt64AreMarked) {
   ForwardArgs a = forward_at(96);
   a.paged = {static_cast<const int32_t*>(fake(5)), 8, int64_t{1} << 30, int64_t{1} << 30};

@@ -288,8 +288,8 @@ enum class Which { kQ, kK, kV };
 void expect_gradient_matches(const Problem& p, Which which, uint64_t seed) {
   auto q = random_values(ref::q_elems(p), seed);
   auto k = random_values(ref::kv_elems(p), seed + 1);
-  auto v = random_values(ref::kv_elems(p), seed + 2);
-  const auto dout = random_values(ref::q_elems(p), seed + 3);
+  auto v = random_values(ref::v_elems(p), seed + 2);
+  const auto dout = random_values(ref::o_elems(p), seed + 3);
   const auto g = ref::backward(p, q, k, v, dout);
   std::vector<double>& x = which == Which::kQ ? q : which == Which::kK ? k : v;
   const std::vector<double>& grad = which == Which::kQ ? g.dq : which == Which::kK ? g.dk : g.dv;
@@ -364,6 +364,14 @@ std::vector<GradCase> grad_cases() {
   p.softcap = 0.7f;
   p.causal = true;
   cases.push_back({"softcap_causal_mqa", p});
+  // Two head dims: v and o wider than q and k, and narrower.
+  p = make_problem(1, 4, 5, 2, 1, 3);
+  p.head_dim_v = 5;
+  p.causal = true;
+  cases.push_back({"value_dim_wider_mqa", p});
+  p = make_problem(2, 3, 4, 2, 2, 4);
+  p.head_dim_v = 2;
+  cases.push_back({"value_dim_narrower", p});
   return cases;
 }
 
@@ -371,6 +379,67 @@ INSTANTIATE_TEST_SUITE_P(Cases, ReferenceGradient, ::testing::ValuesIn(grad_case
                          [](const ::testing::TestParamInfo<GradCase>& info) {
                            return std::string(info.param.name);
                          });
+
+// ---- two head dims ------------------------------------------------------------------------------
+
+// A problem with head_dim_v (v and o of their own width) is the one head dim problem of the larger
+// width on inputs zero-padded to it, with the narrower's scale given explicitly: the identity the
+// API's padded calls stand on (common/pad.h). O, LSE, dQ, dK and dV agree to rounding in float64,
+// and exactly in the plain 16-bit implementation's fp32 (zero columns add exact zeros).
+TEST(ReferenceTwoHeadDims, EqualsTheZeroPaddedProblem) {
+  for (auto [d, dv] : {std::pair<int64_t, int64_t>{6, 3}, {3, 7}}) {
+    Problem p = make_problem(2, 5, 7, 4, 2, d);
+    p.head_dim_v = dv;
+    p.causal = true;
+    p.window_left = 3;
+    const int64_t w = std::max(d, dv);
+    Problem wide = make_problem(2, 5, 7, 4, 2, w);
+    wide.causal = true;
+    wide.window_left = 3;
+    wide.softmax_scale = float(1.0 / std::sqrt(double(d)));
+    p.softmax_scale = wide.softmax_scale;  // (the same float on both sides)
+    const auto q = random_values(ref::q_elems(p), 31), k = random_values(ref::kv_elems(p), 32),
+               v = random_values(ref::v_elems(p), 33), dout = random_values(ref::o_elems(p), 34);
+    // [rows][cols] -> [rows][w], zeros past cols; and back.
+    auto widen = [w](const std::vector<double>& x, int64_t cols) {
+      std::vector<double> y(x.size() / size_t(cols) * size_t(w), 0.0);
+      for (size_t r = 0; r < x.size() / size_t(cols); ++r)
+        for (int64_t c = 0; c < cols; ++c) y[r * size_t(w) + size_t(c)] = x[r * size_t(cols) + size_t(c)];
+      return y;
+    };
+    auto narrow = [w](const std::vector<double>& y, int64_t cols) {
+      std::vector<double> x(y.size() / size_t(w) * size_t(cols));
+      for (size_t r = 0; r < y.size() / size_t(w); ++r)
+        for (int64_t c = 0; c < cols; ++c) x[r * size_t(cols) + size_t(c)] = y[r * size_t(w) + size_t(c)];
+      return x;
+    };
+    const auto qw = widen(q, d), kw = widen(k, d), vw = widen(v, dv), dow = widen(dout, dv);
+    SCOPED_TRACE("head_dim " + std::to_string(d) + ", head_dim_v " + std::to_string(dv));
+    const auto f = ref::forward(p, q, k, v), fw = ref::forward(wide, qw, kw, vw);
+    ASSERT_EQ(f.o.size(), size_t(ref::o_elems(p)));
+    const auto fo = narrow(fw.o, dv);
+    for (size_t n = 0; n < f.o.size(); ++n) EXPECT_NEAR(f.o[n], fo[n], 1e-14) << "o[" << n << "]";
+    for (size_t n = 0; n < f.lse.size(); ++n) EXPECT_NEAR(f.lse[n], fw.lse[n], 1e-14) << "lse[" << n << "]";
+    const auto g = ref::backward(p, q, k, v, dout), gw = ref::backward(wide, qw, kw, vw, dow);
+    const struct {
+      const char* name;
+      const std::vector<double>& got;
+      std::vector<double> want;
+    } grads[] = {{"dq", g.dq, narrow(gw.dq, d)}, {"dk", g.dk, narrow(gw.dk, d)}, {"dv", g.dv, narrow(gw.dv, dv)}};
+    for (const auto& x : grads) {
+      ASSERT_EQ(x.got.size(), x.want.size()) << x.name;
+      for (size_t n = 0; n < x.got.size(); ++n) EXPECT_NEAR(x.got[n], x.want[n], 1e-13) << x.name << "[" << n << "]";
+    }
+    p.dtype = wide.dtype = DType::kBF16;
+    const auto l = ref::forward_lowp(p, q, k, v), lw = ref::forward_lowp(wide, qw, kw, vw);
+    EXPECT_EQ(l.o, narrow(lw.o, dv));
+    EXPECT_EQ(l.lse, lw.lse);
+    const auto bl = ref::backward_lowp(p, q, k, v, dout), blw = ref::backward_lowp(wide, qw, kw, vw, dow);
+    EXPECT_EQ(bl.dq, narrow(blw.dq, d));
+    EXPECT_EQ(bl.dk, narrow(blw.dk, d));
+    EXPECT_EQ(bl.dv, narrow(blw.dv, dv));
+  }
+}
 
 // ---- attention sinks ---------------------------------------------------------------------------
 

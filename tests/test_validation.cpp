@@ -157,6 +157,40 @@ TEST(Validation, HeadDimOutsideTheRuleSaysTheRule) {
                          {"head_dim = 72: must be a multiple of 16 in [16, 256] for e4m3"});
 }
 
+TEST(Validation, HeadDimVTakesTheSameRuleAndSizesTheValueSide) {
+  expect_problem_refused([](Problem& p) { p.head_dim_v = 100; },
+                         {"head_dim_v = 100: must be a multiple of 8 in [8, 256] for bf16, or 0 for head_dim's"});
+  expect_problem_refused([](Problem& p) { p.head_dim_v = -8; }, {"head_dim_v = -8"});
+  expect_problem_refused([](Problem& p) { p.head_dim_v = 512; }, {"head_dim_v = 512"});
+  // v and o (and dout, dv) of head_dim_v columns, q and k (dq, dk) of head_dim: DeepSeek's 192 / 128.
+  ForwardArgs a = valid_forward();
+  a.problem.head_dim = 192, a.problem.head_dim_v = 128;
+  a.q = fa4::bshd(fake(0), kSq, kHq, 192);
+  a.k = fa4::bshd(fake(1), kSk, kHkv, 192);
+  a.v = fa4::bshd(fake(2), kSk, kHkv, 128);
+  a.o = fa4::bshd(fake(3), kSq, kHq, 128);
+  Status s = fa4::validate(a);
+  EXPECT_TRUE(s.ok()) << s.message;
+  // The messages name the value side's head dim.
+  ForwardArgs no_v = a;
+  no_v.v.data = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(no_v), {"v.data = null", "[batch, seqlen_k, heads_kv, head_dim_v]"}));
+  ForwardArgs no_k = a;
+  no_k.k.data = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(no_k), {"k.data = null", "[batch, seqlen_k, heads_kv, head_dim]"}));
+  BackwardArgs b = valid_backward();
+  b.problem = a.problem;
+  b.q = b.dq = a.q;
+  b.k = b.dk = a.k;
+  b.v = b.dv = a.v;
+  b.o = b.dout = a.o;
+  ASSERT_TRUE(fa4::backward_workspace_size(b, &b.workspace_bytes).ok());
+  s = fa4::validate(b);
+  EXPECT_TRUE(s.ok()) << s.message;
+  b.dout.data = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(b), {"dout.data = null", "heads_q, head_dim_v]"}));
+}
+
 TEST(Validation, KernelHeadDimIsTheNextWithAKernel) {
   const std::pair<int64_t, int64_t> cases[] = {{8, 64},    {56, 64},   {64, 64},   {72, 128}, {96, 128},
                                                {128, 128}, {136, 256}, {192, 256}, {256, 256}, {264, 0}};
@@ -697,6 +731,12 @@ TEST(Validation, AppendArguments) {
   a = valid_append();
   a.problem.head_dim = 100;
   EXPECT_TRUE(Refused(fa4::validate(a), {"head_dim = 100"}));
+  a = valid_append();
+  a.problem.head_dim_v = 64;
+  const Status two = fa4::validate(a);
+  EXPECT_EQ(two.code, StatusCode::kNotSupported);
+  EXPECT_NE(two.message.find("head_dim_v = 64: append_kv takes keys and values of one head dim"), std::string::npos)
+      << two.message;
   a = valid_append();
   a.cache_seqlens = reinterpret_cast<const int32_t*>(offset_bytes(fake(12), 2));
   EXPECT_TRUE(Refused(fa4::validate(a), {"cache_seqlens", "int32"}));

@@ -55,7 +55,11 @@ struct Problem {
   int64_t seqlen_k = 0;
   int64_t heads_q = 0;
   int64_t heads_kv = 0;  // heads_q must be a multiple (GQA/MQA)
-  int64_t head_dim = 0;
+  int64_t head_dim = 0;        // q's and k's (and dq's, dk's)
+  // v's, o's (and dout's, dv's) where it differs from head_dim (DeepSeek's 192 / 128); 0 = head_dim.
+  // The same rule as head_dim (kMaxHeadDim); a call with two head dims runs on the kernel head dim
+  // of the larger over zero-padded copies. Not for append_kv (one head dim for k and v).
+  int64_t head_dim_v = 0;
   float softmax_scale = 0.0f;  // 0 means the default 1/sqrt(head_dim)
   // Score soft-capping (Gemma 2, Grok): with softcap > 0 the softmax takes
   // softcap * tanh(softmax_scale * q.k / softcap) for each score; 0 = off. Forward and backward,
@@ -64,6 +68,8 @@ struct Problem {
   bool causal = false;         // bottom-right aligned: query i sees keys j <= i + seqlen_k - seqlen_q
   int64_t window_left = -1;    // -1 = unbounded
   int64_t window_right = -1;   // -1 = unbounded; causal is window_right = 0
+  // v's and o's head dim: head_dim_v, or head_dim where that is 0.
+  int64_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
 };
 
 // Variable-length batches (packed sequences, flash-attn's varlen API). With both cu_seqlens set,

@@ -28,6 +28,7 @@ typedef struct fa4_problem {
   int causal;
   int64_t window_left, window_right;
   float softcap;  // 0 = off (fa4::Problem::softcap)
+  int64_t head_dim_v;  // v's and o's head dim where it differs (fa4::Problem::head_dim_v); 0 = head_dim
 } fa4_problem;
 
 // Rotary embedding (fa4::Rotary): cos, sin [seqlen_ro, rotary_dim / 2] of the problem's dtype.

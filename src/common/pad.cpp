@@ -20,10 +20,10 @@ class Planner {
   Planner(PaddedCall<Args>* call, void* base, int64_t padded_dim)
       : call_(call), base_(static_cast<uint8_t*>(base)), padded_dim_(padded_dim) {}
 
-  // Adds tensor *t (shaped [rows, head_dim]) and points *t at its copy.
-  void add(const char* name, TensorRef* t, Rows r, int elem_size, bool in, bool out) {
+  // Adds tensor *t (shaped [rows, cols]) and points *t at its copy.
+  void add(const char* name, TensorRef* t, Rows r, int64_t cols, int elem_size, bool in, bool out) {
     PadCopy& c = call_->copies[call_->count++];
-    c = PadCopy{name, *t, nullptr, {r.n0, r.n1, r.n2}, elem_size, in, out};
+    c = PadCopy{name, *t, cols, nullptr, {r.n0, r.n1, r.n2}, elem_size, in, out};
     int64_t bytes = 0;
     if (call_->bytes < 0 || __builtin_mul_overflow(std::max<int64_t>(r.n0, 0), std::max<int64_t>(r.n1, 0), &bytes) ||
         __builtin_mul_overflow(bytes, std::max<int64_t>(r.n2, 0), &bytes) ||
@@ -45,10 +45,11 @@ class Planner {
   int64_t padded_dim_;
 };
 
-// The kernels' problem: the kernel head dim, and the caller's head dim's scale made explicit.
+// The kernels' problem: one kernel head dim, and the caller's head dim's scale made explicit.
 Problem padded_problem(const Problem& p) {
   Problem k = p;
-  k.head_dim = kernel_head_dim(p.head_dim);
+  k.head_dim = kernel_head_dim(std::max(p.head_dim, p.value_dim()));
+  k.head_dim_v = 0;
   k.softmax_scale = effective_scale(p);
   return k;
 }
@@ -69,12 +70,13 @@ PaddedCall<ForwardArgs> pad_forward(const ForwardArgs& args, void* base) {
   const int in = element_size(p.dtype), out = element_size(output_dtype(p.dtype));
   Planner<ForwardArgs> plan(&call, base, call.args.problem.head_dim);
   ForwardArgs& a = call.args;
-  plan.add("q", &a.q, q, in, true, false);
-  plan.add("k", &a.k, kv, in, true, false);
-  plan.add("v", &a.v, kv, in, true, false);
+  const int64_t d = p.head_dim, dv = p.value_dim();
+  plan.add("q", &a.q, q, d, in, true, false);
+  plan.add("k", &a.k, kv, d, in, true, false);
+  plan.add("v", &a.v, kv, dv, in, true, false);
   // (Packed: the forward writes no row outside every sequence; copied in, such rows go back as
   // they came.)
-  plan.add("o", &a.o, q, out, packed, true);
+  plan.add("o", &a.o, q, dv, out, packed, true);
   return call;
 }
 
@@ -89,14 +91,15 @@ PaddedCall<BackwardArgs> pad_backward(const BackwardArgs& args, void* base) {
   const int e = element_size(p.dtype);
   Planner<BackwardArgs> plan(&call, base, call.args.problem.head_dim);
   BackwardArgs& a = call.args;
-  plan.add("q", &a.q, q, e, true, false);
-  plan.add("k", &a.k, kv, e, true, false);
-  plan.add("v", &a.v, kv, e, true, false);
-  plan.add("o", &a.o, q, e, true, false);
-  plan.add("dout", &a.dout, q, e, true, false);
-  plan.add("dq", &a.dq, q, e, false, true);
-  plan.add("dk", &a.dk, kv, e, false, true);
-  plan.add("dv", &a.dv, kv, e, false, true);
+  const int64_t d = p.head_dim, dv = p.value_dim();
+  plan.add("q", &a.q, q, d, e, true, false);
+  plan.add("k", &a.k, kv, d, e, true, false);
+  plan.add("v", &a.v, kv, dv, e, true, false);
+  plan.add("o", &a.o, q, dv, e, true, false);
+  plan.add("dout", &a.dout, q, dv, e, true, false);
+  plan.add("dq", &a.dq, q, d, e, false, true);
+  plan.add("dk", &a.dk, kv, d, e, false, true);
+  plan.add("dv", &a.dv, kv, dv, e, false, true);
   return call;
 }
 

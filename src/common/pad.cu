@@ -38,13 +38,13 @@ __global__ void copy_units(uint4* padded, char* user, int64_t batch_stride, int6
 }
 
 template <bool kIn>
-cudaError_t copy(const PadCopy& c, int64_t head_dim, int64_t padded_dim, cudaStream_t stream) {
+cudaError_t copy(const PadCopy& c, int64_t padded_dim, cudaStream_t stream) {
   const int64_t rows = c.rows[0] * c.rows[1] * c.rows[2];  // (the plan checked the bytes' product)
   if (rows <= 0) return cudaSuccess;
   const int64_t row_units = padded_dim * c.elem_size / 16;
   int vec_shift = 0;
   while ((int64_t{1} << vec_shift) < row_units) ++vec_shift;
-  const int live = int(head_dim * c.elem_size / 16);
+  const int live = int(c.cols * c.elem_size / 16);
   const int64_t units = rows << vec_shift;
   const unsigned blocks = unsigned(std::min((units + kThreads - 1) / kThreads, kMaxBlocks));
   const int64_t bs = c.user.batch_stride * c.elem_size, ss = c.user.seq_stride * c.elem_size,
@@ -68,10 +68,11 @@ Status cuda_failure(const std::string& what, cudaError_t e) {
 template <class Args>
 Status run_padded(const Args& args, int64_t offset, cudaStream_t stream,
                   PaddedCall<Args> (*plan)(const Args&, void*), Status (*run)(const Args&, cudaStream_t)) {
-  const int64_t head_dim = args.problem.head_dim, padded_dim = kernel_head_dim(head_dim);
-  const std::string at = "head_dim = " + std::to_string(head_dim) + " on the kernels of " +
-                         std::to_string(padded_dim) + ": ";
-  const int64_t bytes = plan(args, nullptr).bytes;
+  const PaddedCall<Args> sized = plan(args, nullptr);
+  const int64_t padded_dim = sized.args.problem.head_dim, bytes = sized.bytes;
+  const std::string at = "head_dim = " + std::to_string(args.problem.head_dim) +
+                         (args.problem.head_dim_v > 0 ? ", head_dim_v = " + std::to_string(args.problem.head_dim_v) : "") +
+                         " on the kernels of " + std::to_string(padded_dim) + ": ";
   if (bytes < 0 || offset < 0 || bytes > INT64_MAX - offset)
     return {StatusCode::kInvalidArgument, at + "the zero-padded copies' byte count must fit in int64"};
   LaunchScratch scratch;
@@ -87,12 +88,12 @@ Status run_padded(const Args& args, int64_t offset, cudaStream_t stream,
   const PaddedCall<Args> call = plan(args, base);
   for (int i = 0; i < call.count; ++i)
     if (const PadCopy& c = call.copies[i]; c.in)
-      if (const cudaError_t e = copy<true>(c, head_dim, padded_dim, stream); e != cudaSuccess)
+      if (const cudaError_t e = copy<true>(c, padded_dim, stream); e != cudaSuccess)
         return cuda_failure(at + "copying " + c.name + " in", e);
   if (Status s = run(call.args, stream); !s.ok()) return s;
   for (int i = 0; i < call.count; ++i)
     if (const PadCopy& c = call.copies[i]; c.out)
-      if (const cudaError_t e = copy<false>(c, head_dim, padded_dim, stream); e != cudaSuccess)
+      if (const cudaError_t e = copy<false>(c, padded_dim, stream); e != cudaSuccess)
         return cuda_failure(at + "copying " + c.name + " out", e);
   return Status::Ok();
 }

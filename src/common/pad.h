@@ -1,6 +1,6 @@
-// Head dims without a kernel of their own (fa4/attention.h, kMaxHeadDim): a call runs on the next
-// kernel head dim's kernels (validate.h, kernel_head_dim), on copies of its tensors zero-padded to
-// that head dim. Zero columns add nothing to any q.k and make only columns of o, dq, dk and dv that
+// Head dims without a kernel of their own (fa4/attention.h, kMaxHeadDim), and calls with two head
+// dims (Problem::head_dim_v): a call runs on the next kernel head dim's kernels (validate.h,
+// kernel_head_dim), on copies of its tensors zero-padded to that head dim. Zero columns add nothing to any q.k and make only columns of o, dq, dk and dv that
 // are dropped, so the result is the unpadded problem's, with its scale (1/sqrt(head_dim) by
 // default, not the kernel head dim's).
 //
@@ -23,16 +23,18 @@ inline constexpr int64_t kPadAlign = 256;
 // One tensor of the call and its zero-padded copy.
 struct PadCopy {
   const char* name;  // the argument's, for messages ("q", "dout", ...)
-  TensorRef user;    // the caller's: rows of head_dim elements
+  TensorRef user;    // the caller's: rows of `cols` elements
+  int64_t cols;      // head_dim, or on the value side (v, o, dout, dv) Problem::value_dim()
   void* padded;      // the copy: contiguous [rows[0], rows[1], rows[2], kernel head dim]
   int64_t rows[3];   // [batch, seq, heads], or [1, total, heads] packed, or [pages, page_size, heads]
   int elem_size;     // bytes
-  bool in;           // filled from the caller's before the kernels, zero past head_dim
-  bool out;          // its first head_dim columns copied back to the caller's after them
+  bool in;           // filled from the caller's before the kernels, zero past cols
+  bool out;          // its first cols columns copied back to the caller's after them
 };
 
-// A call's copies and the arguments its kernels take instead of the caller's: the kernel head dim,
-// the scale resolved from the caller's head dim, the tensors the copies (others as they were).
+// A call's copies and the arguments its kernels take instead of the caller's: the kernel head dim
+// (that of the larger of head_dim and head_dim_v) for both, the scale resolved from the caller's
+// head_dim, the tensors the copies (others as they were).
 template <class Args>
 struct PaddedCall {
   Args args;

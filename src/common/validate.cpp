@@ -76,22 +76,32 @@ Status check_window(const char* name, int64_t v) {
   return Status::Ok();
 }
 
-// How a tensor is shaped: [batch, seq, heads, head_dim], with the names the messages use.
+// How a tensor is shaped: [batch, seq, heads, head_dim] (or head_dim_v: values()), with the names
+// the messages use.
 struct Shape {
   const char* seq_name;
   int64_t seq;
   const char* heads_name;
   int64_t heads;
+  bool value = false;  // v, o, dout, dv: Problem::value_dim() columns
 };
+
+// The same rows on the value side (v, o, dout, dv).
+Shape values(Shape s) {
+  s.value = true;
+  return s;
+}
 
 // Rules for one 4-d tensor. An empty tensor is never read or written: anything goes, null too
 // (frameworks hand out null data pointers for empty tensors).
 Status check_tensor(const char* name, const TensorRef& t, const Shape& s, const Problem& p) {
   if (p.batch == 0 || s.seq == 0) return Status::Ok();
   const std::string n(name);
+  const char* dim_name = s.value && p.head_dim_v > 0 ? "head_dim_v" : "head_dim";
+  const int64_t dim = s.value ? p.value_dim() : p.head_dim;
   if (t.data == nullptr)
     return invalid(n + ".data = null: a non-empty tensor [batch, " + s.seq_name + ", " +
-                   s.heads_name + ", head_dim] needs a device pointer");
+                   s.heads_name + ", " + dim_name + "] needs a device pointer");
   if (reinterpret_cast<uintptr_t>(t.data) % kAlignmentBytes != 0)
     return invalid(n + ".data = " + detail::format_pointer(t.data) + ": must be a multiple of " +
                    str(int64_t{kAlignmentBytes}) + " bytes");
@@ -113,7 +123,7 @@ Status check_tensor(const char* name, const TensorRef& t, const Shape& s, const 
   }
 
   // Largest element offset, and the byte count it spans, in checked 64-bit arithmetic.
-  int64_t off = p.head_dim - 1, term = 0, bytes = 0;
+  int64_t off = dim - 1, term = 0, bytes = 0;
   bool overflow = __builtin_mul_overflow(p.batch - 1, t.batch_stride, &term) ||
                   __builtin_add_overflow(off, term, &off) ||
                   __builtin_mul_overflow(s.seq - 1, t.seq_stride, &term) ||
@@ -127,7 +137,7 @@ Status check_tensor(const char* name, const TensorRef& t, const Shape& s, const 
                    ".seq_stride = " + str(t.seq_stride) + ", " + n + ".head_stride = " +
                    str(t.head_stride) + ": the largest offset (batch-1)*batch_stride + (" +
                    s.seq_name + "-1)*seq_stride + (" + s.heads_name +
-                   "-1)*head_stride + head_dim-1, in bytes, must fit in int64");
+                   "-1)*head_stride + " + dim_name + "-1, in bytes, must fit in int64");
   return Status::Ok();
 }
 
@@ -159,10 +169,10 @@ Status check_shared(const Problem& p, const TensorRef& q, const TensorRef& k, co
   Status s;
   if (!(s = check_tensor("q", q, qs, p)).ok()) return s;
   if (!(s = check_tensor("k", k, ks, p)).ok()) return s;
-  if (!(s = check_tensor("v", v, ks, p)).ok()) return s;
+  if (!(s = check_tensor("v", v, values(ks), p)).ok()) return s;
   Problem po = p;
   po.dtype = detail::output_dtype(p.dtype);
-  return check_tensor("o", o, qs, po);
+  return check_tensor("o", o, values(qs), po);
 }
 
 // A device array of fp32 (the sinks, their gradient, fp8's descales): aligned to its element.
@@ -284,7 +294,7 @@ Status check_pools(const PagedKV& pg, const Problem& p, const TensorRef& k, cons
   const Shape ks{"paged.page_size", pg.page_size, "heads_kv", p.heads_kv};
   if (p.batch > 0 && p.seqlen_k > 0) {
     if (!(s = check_tensor(k_name, k, ks, pool)).ok()) return s;
-    if (!(s = check_tensor(v_name, v, ks, pool)).ok()) return s;
+    if (!(s = check_tensor(v_name, v, values(ks), pool)).ok()) return s;
   }
   return Status::Ok();
 }
@@ -317,11 +327,11 @@ Status check_paged(const ForwardArgs& args) {
     TensorRef q = args.q, o = args.o;
     q.batch_stride = o.batch_stride = 0;
     if (!(s = check_tensor("q", q, qs, one)).ok()) return s;
-    return check_tensor("o", o, qs, one);
+    return check_tensor("o", o, values(qs), one);
   }
   const Shape qs{"seqlen_q", p.seqlen_q, "heads_q", p.heads_q};
   if (!(s = check_tensor("q", args.q, qs, p)).ok()) return s;
-  return check_tensor("o", args.o, qs, p);
+  return check_tensor("o", args.o, values(qs), p);
 }
 
 // A variable-length batch (Varlen): both cu_seqlens, aligned; totals that the kernel's int rows
@@ -363,13 +373,13 @@ Status check_varlen(const Args& args) {
   };
   if (!(s = check_tensor("q", rows_only(args.q), qs, one)).ok()) return s;
   if (!(s = check_tensor("k", rows_only(args.k), ks, one)).ok()) return s;
-  if (!(s = check_tensor("v", rows_only(args.v), ks, one)).ok()) return s;
-  if (!(s = check_tensor("o", rows_only(args.o), qs, one)).ok()) return s;
+  if (!(s = check_tensor("v", rows_only(args.v), values(ks), one)).ok()) return s;
+  if (!(s = check_tensor("o", rows_only(args.o), values(qs), one)).ok()) return s;
   if constexpr (kBackward) {
-    if (!(s = check_tensor("dout", rows_only(args.dout), qs, one)).ok()) return s;
+    if (!(s = check_tensor("dout", rows_only(args.dout), values(qs), one)).ok()) return s;
     if (!(s = check_tensor("dq", rows_only(args.dq), qs, one)).ok()) return s;
     if (!(s = check_tensor("dk", rows_only(args.dk), ks, one)).ok()) return s;
-    if (!(s = check_tensor("dv", rows_only(args.dv), ks, one)).ok()) return s;
+    if (!(s = check_tensor("dv", rows_only(args.dv), values(ks), one)).ok()) return s;
     if (args.lse == nullptr && v.total_q > 0)
       return invalid("lse = null: backward needs the forward pass's log-sum-exp [heads_q, total_q]");
   }
@@ -438,10 +448,10 @@ Status validate(const BackwardArgs& args) {
   if (!(s = check_shared(p, args.q, args.k, args.v, args.o)).ok()) return s;
   const Shape qs{"seqlen_q", p.seqlen_q, "heads_q", p.heads_q};
   const Shape ks{"seqlen_k", p.seqlen_k, "heads_kv", p.heads_kv};
-  if (!(s = check_tensor("dout", args.dout, qs, p)).ok()) return s;
+  if (!(s = check_tensor("dout", args.dout, values(qs), p)).ok()) return s;
   if (!(s = check_tensor("dq", args.dq, qs, p)).ok()) return s;
   if (!(s = check_tensor("dk", args.dk, ks, p)).ok()) return s;
-  if (!(s = check_tensor("dv", args.dv, ks, p)).ok()) return s;
+  if (!(s = check_tensor("dv", args.dv, values(ks), p)).ok()) return s;
   return check_workspace(args);
 }
 
@@ -450,6 +460,10 @@ Status validate(const AppendArgs& args) {
   Status s;
   if (!(s = detail::validate_problem(p)).ok()) return s;
   if (!(s = check_not_fp8(p, "append_kv")).ok()) return s;
+  if (p.value_dim() != p.head_dim)
+    return {StatusCode::kNotSupported, "head_dim_v = " + str(p.head_dim_v) +
+                                           ": append_kv takes keys and values of one head dim (head_dim = " +
+                                           str(p.head_dim) + "; 0 is allowed)"};
   if (!(s = check_size("seqlen_new", args.seqlen_new, 0)).ok()) return s;
   if (args.cache_seqlens != nullptr) {
     if (!(s = check_int32_aligned("cache_seqlens", args.cache_seqlens)).ok()) return s;
@@ -551,11 +565,20 @@ Status validate_problem(const Problem& p) {
     return invalid("heads_q = " + str(p.heads_q) + ": must be a multiple of heads_kv = " +
                    str(p.heads_kv));
   const int64_t step = kAlignmentBytes / detail::element_size(p.dtype);  // a row of whole 16-byte units
-  if (p.head_dim < step || p.head_dim > kMaxHeadDim || p.head_dim % step != 0)
-    return invalid("head_dim = " + str(p.head_dim) + ": must be a multiple of " + str(step) + " in [" + str(step) +
-                   ", " + str(int64_t{kMaxHeadDim}) + "] for " + to_string(p.dtype) + " (a row of whole " +
-                   str(int64_t{kAlignmentBytes}) + "-byte units; " + kernel_head_dims() +
-                   " run kernels of their own, the others the next one's on zero-padded copies)");
+  const struct {
+    const char* name;
+    int64_t dim;
+    bool zero_allowed;  // head_dim_v = 0: head_dim's
+  } dims[] = {{"head_dim", p.head_dim, false}, {"head_dim_v", p.head_dim_v, true}};
+  for (const auto& d : dims) {
+    if (d.dim == 0 && d.zero_allowed) continue;
+    if (d.dim < step || d.dim > kMaxHeadDim || d.dim % step != 0)
+      return invalid(std::string(d.name) + " = " + str(d.dim) + ": must be a multiple of " + str(step) + " in [" +
+                     str(step) + ", " + str(int64_t{kMaxHeadDim}) + "] for " + to_string(p.dtype) +
+                     (d.zero_allowed ? ", or 0 for head_dim's" : "") + " (a row of whole " +
+                     str(int64_t{kAlignmentBytes}) + "-byte units; " + kernel_head_dims() +
+                     " run kernels of their own, the others the next one's on zero-padded copies)");
+  }
   if (!std::isfinite(p.softmax_scale) || p.softmax_scale < 0.0f)
     return invalid("softmax_scale = " + str(p.softmax_scale) +
                    ": must be finite and >= 0 (0 selects 1/sqrt(head_dim))");
@@ -576,7 +599,7 @@ bool dq_accum_bytes(const Problem& p, int64_t* bytes) {
   int64_t n = 0;
   return !(__builtin_mul_overflow(p.batch, rows, &n) ||
            __builtin_mul_overflow(n, p.heads_q, &n) ||
-           __builtin_mul_overflow(n, kernel_head_dim(p.head_dim) + 2, &n) ||
+           __builtin_mul_overflow(n, kernel_head_dim(std::max(p.head_dim, p.value_dim())) + 2, &n) ||
            __builtin_mul_overflow(n, int64_t{sizeof(float)}, bytes));
 }
 
