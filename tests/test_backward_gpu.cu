@@ -62,6 +62,7 @@ struct Case {
   // The workspace only as large as the kernels need (detail::backward_pad_offset): at a head dim
   // without a kernel the zero-padded copies then come from cudaMallocAsync, not the workspace.
   bool copies_allocated = false;
+  int64_t head_dim_v = 0;  // Problem::head_dim_v (0: head_dim's)
 
   fa4::Problem problem() const {
     fa4::Problem p = fa4::test::make_problem(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype);
@@ -70,6 +71,7 @@ struct Case {
     p.window_left = left;
     p.window_right = right;
     p.softcap = softcap;
+    p.head_dim_v = head_dim_v;
     return p;
   }
   std::string name() const {
@@ -80,7 +82,8 @@ struct Case {
            std::to_string(right) + ") " + kLayouts[int(layout)] +
            (scale != 0.0f ? " scale " + std::to_string(scale) : "") + (deterministic ? " deterministic" : "") +
            (softcap > 0 ? " softcap " + std::to_string(softcap) + " keys x" + std::to_string(key_scale) : "") +
-           (sink ? " sink" : "") + (captured ? " captured" : "") + (copies_allocated ? " copies allocated" : "");
+           (sink ? " sink" : "") + (captured ? " captured" : "") + (copies_allocated ? " copies allocated" : "") +
+           (head_dim_v > 0 ? " dv" + std::to_string(head_dim_v) : "");
   }
 };
 
@@ -106,8 +109,8 @@ Reference make_reference(const Case& c, uint32_t seed) {
   r.q = random(fa4::ref::q_elems(r.p));
   r.k = random(fa4::ref::kv_elems(r.p));
   for (double& e : r.k) e = fa4::ref::round_to(c.dtype, float(e * c.key_scale));
-  r.v = random(fa4::ref::kv_elems(r.p));
-  r.dout = random(fa4::ref::q_elems(r.p));
+  r.v = random(fa4::ref::v_elems(r.p));
+  r.dout = random(fa4::ref::o_elems(r.p));
   if (c.sink)
     for (int64_t h = 0; h < c.heads_q; ++h) r.sink.push_back(h == 1 ? -INFINITY : double(float(normal(rng))));
   const fa4::ref::Forward64 f = fa4::ref::forward(r.p, r.q, r.k, r.v, r.sink);
@@ -128,8 +131,12 @@ struct Gradients {
 void run_backward(const Case& c, const Reference& r, Gradients* g) {
   const fa4::Problem& p = r.p;
   DeviceTensor q, k, v, o, dout, dq, dk, dv;
-  for (DeviceTensor* t : {&q, &o, &dout, &dq}) ASSERT_NO_FATAL_FAILURE(t->make(c.layout, p.batch, p.seqlen_q, p.heads_q, p.head_dim));
-  for (DeviceTensor* t : {&k, &v, &dk, &dv}) ASSERT_NO_FATAL_FAILURE(t->make(c.layout, p.batch, p.seqlen_k, p.heads_kv, p.head_dim));
+  for (DeviceTensor* t : {&q, &dq}) ASSERT_NO_FATAL_FAILURE(t->make(c.layout, p.batch, p.seqlen_q, p.heads_q, p.head_dim));
+  for (DeviceTensor* t : {&o, &dout})
+    ASSERT_NO_FATAL_FAILURE(t->make(c.layout, p.batch, p.seqlen_q, p.heads_q, p.value_dim()));
+  for (DeviceTensor* t : {&k, &dk}) ASSERT_NO_FATAL_FAILURE(t->make(c.layout, p.batch, p.seqlen_k, p.heads_kv, p.head_dim));
+  for (DeviceTensor* t : {&v, &dv})
+    ASSERT_NO_FATAL_FAILURE(t->make(c.layout, p.batch, p.seqlen_k, p.heads_kv, p.value_dim()));
   ASSERT_NO_FATAL_FAILURE(q.upload(p.dtype, r.q));
   ASSERT_NO_FATAL_FAILURE(k.upload(p.dtype, r.k));
   ASSERT_NO_FATAL_FAILURE(v.upload(p.dtype, r.v));
@@ -238,18 +245,17 @@ void check(const Reference& r, const Gradients& g) {
   for (int64_t i = 0; i < p.seqlen_q; ++i)
     for (int64_t j = 0; j < p.seqlen_k; ++j)
       if (fa4::ref::visible(p, i, j)) row_sees[i] = key_seen[j] = 1;
-  const int64_t q_row = p.heads_q * p.head_dim, kv_row = p.heads_kv * p.head_dim;
+  const int64_t q_row = p.heads_q * p.head_dim, kv_row = p.heads_kv * p.head_dim, v_row = p.heads_kv * p.value_dim();
   int64_t dq_bad = 0, dkv_bad = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t i = 0; i < p.seqlen_q; ++i)
       if (!row_sees[i])
         for (int64_t x = 0; x < q_row; ++x) dq_bad += g.dq[(b * p.seqlen_q + i) * q_row + x] != 0.0;
     for (int64_t j = 0; j < p.seqlen_k; ++j)
-      if (!key_seen[j])
-        for (int64_t x = 0; x < kv_row; ++x) {
-          const int64_t n = (b * p.seqlen_k + j) * kv_row + x;
-          dkv_bad += g.dk[n] != 0.0 || g.dv[n] != 0.0;
-        }
+      if (!key_seen[j]) {
+        for (int64_t x = 0; x < kv_row; ++x) dkv_bad += g.dk[(b * p.seqlen_k + j) * kv_row + x] != 0.0;
+        for (int64_t x = 0; x < v_row; ++x) dkv_bad += g.dv[(b * p.seqlen_k + j) * v_row + x] != 0.0;
+      }
   }
   EXPECT_EQ(dq_bad, 0) << "dq elements not 0 on query rows that see no key";
   EXPECT_EQ(dkv_bad, 0) << "dk/dv elements not 0 on keys that no query sees";
@@ -323,6 +329,16 @@ TEST(BackwardGpu, PaddedHeadDims) {
       graph.captured = true, graph.copies_allocated = allocated;
       cases.push_back(graph);
     }
+  }
+  // Two head dims (Problem::head_dim_v): DeepSeek's 192 / 128, a wider value side (64 / 128), both
+  // without a kernel of their own (40 / 72); rows without keys, the deterministic mode.
+  for (auto [d, dv] : {std::pair<int64_t, int64_t>{192, 128}, {64, 128}, {40, 72}}) {
+    Case c{BF16, 2, 239, 128, 4, 2, d, true};
+    c.head_dim_v = dv, c.layout = Layout::kPadded;
+    cases.push_back(c);
+    Case det{FP16, 1, 300, 120, 2, 1, d, true};
+    det.head_dim_v = dv, det.deterministic = true;
+    cases.push_back(det);
   }
   run_cases(cases, 5000);
 }

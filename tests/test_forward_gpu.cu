@@ -72,6 +72,8 @@ struct Case {
   bool workspace = false;
   // Fail when a padding slot around O (Layout::kPadded) lost its poison.
   bool check_padding = false;
+  // Problem::head_dim_v: v's and o's head dim (0: head_dim's).
+  int64_t head_dim_v = 0;
 
   std::string name() const {
     static const char* kLayouts[] = {"bshd", "bhsd", "padded"};
@@ -87,7 +89,7 @@ struct Case {
            (softcap > 0 ? " softcap " + std::to_string(softcap) : "") +
            (decode > 0 ? " decode " + std::to_string(decode) : "") +
            (sink_scale > 0 ? " sink N(" + std::to_string(sink_shift) + ", " + std::to_string(sink_scale) + ")" : "") +
-           (workspace ? " workspace" : "");
+           (workspace ? " workspace" : "") + (head_dim_v > 0 ? " dv" + std::to_string(head_dim_v) : "");
   }
 };
 
@@ -100,6 +102,7 @@ fa4::Problem problem_of(const Case& c) {
   p.window_left = c.left;
   p.window_right = c.right;
   p.softcap = c.softcap;
+  p.head_dim_v = c.head_dim_v;
   return p;
 }
 
@@ -116,7 +119,7 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
   };
   const std::vector<double> q = random(fa4::ref::q_elems(p));
   std::vector<double> k = random(fa4::ref::kv_elems(p));
-  const std::vector<double> v = random(fa4::ref::kv_elems(p));
+  const std::vector<double> v = random(fa4::ref::v_elems(p));
   if (c.key_scale != 1.0)
     for (double& e : k) e = fa4::ref::round_to(c.dtype, float(e * c.key_scale));
   if (c.key_ramp > 0)
@@ -131,8 +134,8 @@ void run_case(const Case& c, uint32_t seed, std::vector<double>* o_out = nullptr
   DeviceTensor dq, dk, dv, dout;
   ASSERT_NO_FATAL_FAILURE(dq.make(c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim));
   ASSERT_NO_FATAL_FAILURE(dk.make(c.layout, c.batch, c.seqlen_k, c.heads_kv, c.head_dim));
-  ASSERT_NO_FATAL_FAILURE(dv.make(c.layout, c.batch, c.seqlen_k, c.heads_kv, c.head_dim));
-  ASSERT_NO_FATAL_FAILURE(dout.make(c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim));
+  ASSERT_NO_FATAL_FAILURE(dv.make(c.layout, c.batch, c.seqlen_k, c.heads_kv, p.value_dim()));
+  ASSERT_NO_FATAL_FAILURE(dout.make(c.layout, c.batch, c.seqlen_q, c.heads_q, p.value_dim()));
   ASSERT_NO_FATAL_FAILURE(dq.upload(c.dtype, q));
   ASSERT_NO_FATAL_FAILURE(dk.upload(c.dtype, k));
   ASSERT_NO_FATAL_FAILURE(dv.upload(c.dtype, v));
@@ -249,6 +252,19 @@ TEST(ForwardGpu, PaddedHeadDims) {
     Case capped{FP16, 1, 257, 257, 2, 2, d, false};
     capped.key_scale = 6.0, capped.softcap = 7.5f;
     run_case(capped, seed++);
+  }
+  // Two head dims (Problem::head_dim_v): DeepSeek's 192 / 128 on d256's kernels, a wider value side
+  // (64 / 128 on d128's), both without a kernel of their own (40 / 72), decoding and causal rows.
+  const std::array<std::pair<int64_t, int64_t>, 3> two = {{{192, 128}, {64, 128}, {40, 72}}};
+  for (auto [d, dv] : two) {
+    for (bool causal : {false, true}) {
+      Case c{BF16, 2, 239, 300, 4, 2, d, causal};
+      c.head_dim_v = dv, c.layout = Layout::kPadded, c.check_padding = true, c.workspace = causal;
+      run_case(c, seed++);
+    }
+    Case decode{FP16, 3, 1, 1000, 8, 2, d, false};
+    decode.head_dim_v = dv;
+    run_case(decode, seed++);
   }
 }
 

@@ -150,6 +150,16 @@ void check_shape(const at::Tensor& t, const std::vector<int64_t>& shape, const c
                     ": must be ", list_str(shape), " (", expected, ")");
 }
 
+// v (or v_cache, named v_name) as k but for its last dim, its head dim, which may differ from q's
+// and k's (fa4::Problem::head_dim_v); returns the head_dim_v that describes it (0: the same).
+int64_t check_v_like_k(const at::Tensor& v, const at::Tensor& k, const char* op, const char* v_name,
+                       const char* expected) {
+  std::vector<int64_t> want = shape_of(k);
+  want.back() = v.size(v.dim() - 1);
+  check_shape(v, want, op, v_name, expected);
+  return v.size(v.dim() - 1) == k.size(k.dim() - 1) ? 0 : v.size(v.dim() - 1);
+}
+
 // Element strides as fa4 takes them. A dim of size 1 is never stepped over, so its stride is
 // free: give it the contiguous one, so views like q[:, :, 0:1] pass the alignment rules.
 fa4::TensorRef tensor_ref(const at::Tensor& t) {
@@ -209,8 +219,11 @@ fa4::Problem check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   FA4_CHECK_VALUE(k.size(0) == q.size(0) && k.size(3) == q.size(3), op, ": k has shape ",
                     shape_str(k), ", q has ", shape_str(q),
                     ": batch (dim 0) and head_dim (dim 3) must match");
-  check_shape(v, shape_of(k), op, "v", "k's shape: [batch, seqlen_k, heads_kv, head_dim]");
-  return make_problem(q, k, scale, causal, window_left, window_right, op);
+  const int64_t head_dim_v =
+      check_v_like_k(v, k, op, "v", "k's shape but for its last dim: [batch, seqlen_k, heads_kv, head_dim_v]");
+  fa4::Problem p = make_problem(q, k, scale, causal, window_left, window_right, op);
+  p.head_dim_v = head_dim_v;
+  return p;
 }
 
 // `bytes` of workspace on like's device set into args; the tensor returned owns it (empty when
@@ -360,7 +373,7 @@ std::tuple<at::Tensor, at::Tensor> batched_forward(const fa4::Problem& p, const 
   const c10::cuda::CUDAGuard guard(q.device());
   // (fp8's out is bf16)
   const auto out_options = q.scalar_type() == at::kFloat8_e4m3fn ? q.options().dtype(at::kBFloat16) : q.options();
-  at::Tensor out = at::empty({p.batch, p.seqlen_q, p.heads_q, p.head_dim}, out_options);
+  at::Tensor out = at::empty({p.batch, p.seqlen_q, p.heads_q, p.value_dim()}, out_options);
   // Without with_lse (an inference call) the kernels write no LSE: lse comes back empty, [0].
   const auto f32 = q.options().dtype(at::kFloat);
   at::Tensor lse = with_lse ? at::empty({p.batch, p.heads_q, p.seqlen_q}, f32) : at::empty({0}, f32);
@@ -431,9 +444,12 @@ std::tuple<at::Tensor, at::Tensor> fwd_paged_op(const at::Tensor& q, const at::T
   check_three(q, k_pages, v_pages, op, "k_cache", "v_cache");
   FA4_CHECK_VALUE(k_pages.size(3) == q.size(3), op, ": k_cache has shape ", shape_str(k_pages), ", q has ",
                   shape_str(q), ": head_dim (dim 3) must match");
-  check_shape(v_pages, shape_of(k_pages), op, "v_cache", "k_cache's shape: [num_pages, page_size, heads_kv, head_dim]");
+  const int64_t head_dim_v = check_v_like_k(v_pages, k_pages, op, "v_cache",
+                                            "k_cache's shape but for its last dim: [num_pages, page_size, heads_kv, "
+                                            "head_dim_v]");
   const fa4::PagedKV paged = paged_of(block_table, k_pages, q.size(0), q.device(), op, "q");
   fa4::Problem p = make_problem(q, k_pages, softmax_scale, causal, window_left, window_right, op);
+  p.head_dim_v = head_dim_v;
   p.seqlen_k = block_table.size(1) * k_pages.size(1);  // each entry's table row's keys
   p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
   fa4::Varlen entries;
@@ -453,8 +469,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_op(
   check_tensor(dout, op, "dout", q.device());
   check_same_dtype(out, q, op, "out");
   check_same_dtype(dout, q, op, "dout");
-  check_shape(out, shape_of(q), op, "out", "q's shape: [batch, seqlen_q, heads_q, head_dim]");
-  check_shape(dout, shape_of(q), op, "dout", "q's shape: [batch, seqlen_q, heads_q, head_dim]");
+  const std::vector<int64_t> o_shape = {p.batch, p.seqlen_q, p.heads_q, p.value_dim()};
+  check_shape(out, o_shape, op, "out", "[batch, seqlen_q, heads_q, v's head_dim]");
+  check_shape(dout, o_shape, op, "dout", "[batch, seqlen_q, heads_q, v's head_dim]");
   check_lse(lse, q, {p.batch, p.heads_q, p.seqlen_q}, "[batch, heads_q, seqlen_q]", op);
 
   const c10::cuda::CUDAGuard guard(q.device());
@@ -511,7 +528,8 @@ fa4::Problem check_varlen_qkv(const at::Tensor& q, const at::Tensor& k, const at
   check_same_dtype(v, q, op, "v");
   FA4_CHECK_VALUE(k.size(2) == q.size(2), op, ": k has shape ", shape_str(k), ", q has ", shape_str(q),
                     ": head_dim (dim 2) must match");
-  check_shape(v, shape_of(k), op, "v", "k's shape: [total_k, heads_kv, head_dim]");
+  const int64_t head_dim_v =
+      check_v_like_k(v, k, op, "v", "k's shape but for its last dim: [total_k, heads_kv, head_dim_v]");
   check_cu_seqlens(cu_seqlens_q, op, "cu_seqlens_q", q.device());
   check_cu_seqlens(cu_seqlens_k, op, "cu_seqlens_k", q.device());
   FA4_CHECK_VALUE(cu_seqlens_k.size(0) == cu_seqlens_q.size(0), op, ": cu_seqlens_k has ",
@@ -527,6 +545,7 @@ fa4::Problem check_varlen_qkv(const at::Tensor& q, const at::Tensor& k, const at
   p.heads_q = q.size(1);
   p.heads_kv = k.size(1);
   p.head_dim = q.size(2);
+  p.head_dim_v = head_dim_v;
   set_options(p, softmax_scale, causal, window_left, window_right, op);
   return p;
 }
@@ -545,7 +564,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_varlen_op(const at::Tensor& q, const at::
   fa4::Varlen varlen = varlen_of(q, k, cu_seqlens_q, cu_seqlens_k);
   varlen.seqused_k = seqused_of(seqused_k, p.batch, q.device(), op, "cu_seqlens_q");
   const c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor out = at::empty(q.sizes(), q.options());
+  at::Tensor out = at::empty({q.size(0), q.size(1), p.value_dim()}, q.options());
   const auto f32 = q.options().dtype(at::kFloat);
   at::Tensor lse = with_lse ? at::empty({p.heads_q, q.size(0)}, f32) : at::empty({0}, f32);
   return run_forward(p, packed_ref, q, k, v, out, lse, varlen, op, {}, sink_of(sink, p.heads_q, q.device(), op, "sink"));
@@ -572,7 +591,9 @@ std::tuple<at::Tensor, at::Tensor> fwd_paged_varlen_op(
   }
   FA4_CHECK_VALUE(k_pages.size(3) == q.size(2), op, ": k_cache has shape ", shape_str(k_pages), ", q has ",
                   shape_str(q), ": head_dim must match");
-  check_shape(v_pages, shape_of(k_pages), op, "v_cache", "k_cache's shape: [num_pages, page_size, heads_kv, head_dim]");
+  const int64_t head_dim_v = check_v_like_k(v_pages, k_pages, op, "v_cache",
+                                            "k_cache's shape but for its last dim: [num_pages, page_size, heads_kv, "
+                                            "head_dim_v]");
   check_cu_seqlens(cu_seqlens_q, op, "cu_seqlens_q", q.device());
   const int64_t batch = cu_seqlens_q.size(0) - 1;
   const fa4::PagedKV paged = paged_of(block_table, k_pages, batch, q.device(), op, "cu_seqlens_q");
@@ -590,13 +611,14 @@ std::tuple<at::Tensor, at::Tensor> fwd_paged_varlen_op(
   p.heads_q = q.size(1);
   p.heads_kv = k_pages.size(2);
   p.head_dim = q.size(2);
+  p.head_dim_v = head_dim_v;
   set_options(p, softmax_scale, causal, window_left, window_right, op);
   p.softcap = static_cast<float>(softcap);  // (validate() names a bad one)
   fa4::Varlen varlen{cu_seqlens_q.data_ptr<int32_t>(),
                      cu_seqlens_k.has_value() ? cu_seqlens_k->data_ptr<int32_t>() : nullptr, q.size(0), 0};
   varlen.seqused_k = seqused_of(seqused_k, p.batch, q.device(), op, "cu_seqlens_q");
   const c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor out = at::empty(q.sizes(), q.options());
+  at::Tensor out = at::empty({q.size(0), q.size(1), p.value_dim()}, q.options());
   const auto f32 = q.options().dtype(at::kFloat);
   at::Tensor lse = with_lse ? at::empty({p.heads_q, q.size(0)}, f32) : at::empty({0}, f32);
   // q and out packed, the pools 4-d.
@@ -619,8 +641,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_varlen_op(
   check_packed(dout, op, "dout", q.device());
   check_same_dtype(out, q, op, "out");
   check_same_dtype(dout, q, op, "dout");
-  check_shape(out, shape_of(q), op, "out", "q's shape: [total_q, heads_q, head_dim]");
-  check_shape(dout, shape_of(q), op, "dout", "q's shape: [total_q, heads_q, head_dim]");
+  const std::vector<int64_t> o_shape = {q.size(0), q.size(1), p.value_dim()};
+  check_shape(out, o_shape, op, "out", "[total_q, heads_q, v's head_dim]");
+  check_shape(dout, o_shape, op, "dout", "[total_q, heads_q, v's head_dim]");
   check_lse(lse, q, {p.heads_q, q.size(0)}, "[heads_q, total_q]", op);
 
   const c10::cuda::CUDAGuard guard(q.device());

@@ -70,16 +70,17 @@ def _check_fake_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, op: str) 
             f"{op}: k has shape {tuple(k.shape)}, q has {tuple(q.shape)}: "
             "batch (dim 0) and head_dim (dim 3) must match"
         )
-    if v.shape != k.shape:
-        raise ValueError(f"{op}: v has shape {tuple(v.shape)}: must be k's shape {tuple(k.shape)}")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"{op}: v has shape {tuple(v.shape)}: must be k's shape {tuple(k.shape)} but for its "
+                         "last dim (its own head dim)")
 
 
 @torch.library.register_fake("fa4::fwd")
 def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, with_lse=True, softcap=0.0,
               seqused_k=None, sink=None):
     _check_fake_qkv(q, k, v, "fa4::fwd")
-    b, sq, hq, d = q.shape
-    out = q.new_empty((b, sq, hq, d), dtype=_out_dtype(q))
+    b, sq, hq, _ = q.shape
+    out = q.new_empty((b, sq, hq, v.shape[3]), dtype=_out_dtype(q))
     lse = q.new_empty((b, hq, sq) if with_lse else (0,), dtype=torch.float32)
     return out, lse
 
@@ -95,9 +96,9 @@ def _fwd_fp8_fake(q, k, v, softmax_scale, causal, window_left, window_right, wit
     _check_fake_qkv(q, k, v, "fa4::fwd_fp8")
     if q.dtype != torch.float8_e4m3fn:
         raise ValueError(f"fa4::fwd_fp8: q has dtype {q.dtype}: must be torch.float8_e4m3fn")
-    b, sq, hq, d = q.shape
+    b, sq, hq, _ = q.shape
     lse = q.new_empty((b, hq, sq) if with_lse else (0,), dtype=torch.float32)
-    return q.new_empty((b, sq, hq, d), dtype=torch.bfloat16), lse
+    return q.new_empty((b, sq, hq, v.shape[3]), dtype=torch.bfloat16), lse
 
 
 @torch.library.register_fake("fa4::fwd_paged")
@@ -106,9 +107,9 @@ def _fwd_paged_fake(q, k_cache, v_cache, block_table, softmax_scale, causal, win
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dim() != 4:
             raise ValueError(f"fa4::fwd_paged: {name} has shape {tuple(t.shape)}: must be 4-d")
-    b, sq, hq, d = q.shape
+    b, sq, hq, _ = q.shape
     lse = q.new_empty((b, hq, sq) if with_lse else (0,), dtype=torch.float32)
-    return q.new_empty((b, sq, hq, d)), lse
+    return q.new_empty((b, sq, hq, v_cache.shape[3])), lse
 
 
 @torch.library.register_fake("fa4::bwd")
@@ -125,9 +126,9 @@ def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
         if t.dim() != 3:
             raise ValueError(f"fa4::fwd_varlen: {name} has shape {tuple(t.shape)}: must be 3-d "
                              "[total, heads, head_dim] (packed sequences)")
-    total_q, hq, d = q.shape
+    total_q, hq, _ = q.shape
     lse = q.new_empty((hq, total_q) if with_lse else (0,), dtype=torch.float32)
-    return q.new_empty(q.shape), lse
+    return q.new_empty((total_q, hq, v.shape[2])), lse
 
 
 @torch.library.register_fake("fa4::fwd_paged_varlen")
@@ -140,9 +141,9 @@ def _fwd_paged_varlen_fake(q, k_cache, v_cache, block_table, cu_seqlens_q, max_s
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dim() != 4:
             raise ValueError(f"fa4::fwd_paged_varlen: {name} has shape {tuple(t.shape)}: must be 4-d")
-    total_q, hq, d = q.shape
+    total_q, hq, _ = q.shape
     lse = q.new_empty((hq, total_q) if with_lse else (0,), dtype=torch.float32)
-    return q.new_empty(q.shape), lse
+    return q.new_empty((total_q, hq, v_cache.shape[3])), lse
 
 
 @torch.library.register_fake("fa4::bwd_varlen")
@@ -293,12 +294,13 @@ def flash_attn_func(
     q: [batch, seqlen_q, heads_q, head_dim]; k, v: [batch, seqlen_k, heads_kv, head_dim], bf16 or
     fp16 on one CUDA device, head_dim contiguous (other strides free: BHSD storage viewed as BSHD
     works). heads_q must be a multiple of heads_kv (GQA/MQA). head_dim: any multiple of 8 up to 256
-    (64, 128 and 256 on kernels of their own, others on the next one's over zero-padded copies).
+    (64, 128 and 256 on kernels of their own, others on the next one's over zero-padded copies);
+    v may have a head dim of its own (DeepSeek's 192 / 128), out then v's.
     softmax_scale: default 1/sqrt(head_dim). causal: bottom-right aligned (query i sees keys
     j <= i + seqlen_k - seqlen_q). window_size: (left, right), -1 = unbounded.
     softcap: > 0 soft-caps each score, softcap * tanh(score / softcap) (Gemma 2), forward and
     backward. deterministic: deterministic backward.
-    Returns out [batch, seqlen_q, heads_q, head_dim], and with return_lse also the fp32
+    Returns out [batch, seqlen_q, heads_q, v's head_dim], and with return_lse also the fp32
     log-sum-exp [batch, heads_q, seqlen_q] (natural log; -inf for a row that sees no key). An
     inference call (no gradient needed, return_lse False) has the kernels write no LSE.
     Keyword arguments of flash-attn's other versions, for code written against them:

@@ -80,6 +80,26 @@ def test_fake_kernels_give_shapes_and_dtypes():
     assert out16.dtype == torch.float16 and out16.shape == h.shape
 
 
+def test_fake_kernels_take_v_with_a_head_dim_of_its_own():
+    # DeepSeek's 192 / 128 (fa4::Problem::head_dim_v): out and dout are v's width, dq and dk q's.
+    q, k, v = meta(2, 100, 8, 192, grad=True), meta(2, 300, 2, 192, grad=True), meta(2, 300, 2, 128, grad=True)
+    out, lse = torch.ops.fa4.fwd(q, k, v, None, True, -1, -1)
+    assert out.shape == (2, 100, 8, 128) and lse.shape == (2, 8, 100)
+    dq, dk, dv = torch.ops.fa4.bwd(out, q, k, v, out, lse, None, True, -1, -1, False)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    o = fa4.flash_attn_func(q, k, v, causal=True)
+    assert o.shape == (2, 100, 8, 128)
+    gq, gk, gv = torch.autograd.grad(o.sum(), (q, k, v))
+    assert gq.shape == q.shape and gk.shape == k.shape and gv.shape == v.shape
+    pq, pk, pv = meta(300, 8, 64), meta(500, 2, 64), meta(500, 2, 96)
+    cu = torch.empty(3, device="meta", dtype=torch.int32)
+    outp, _ = torch.ops.fa4.fwd_varlen(pq, pk, pv, cu, cu, 200, 400, None, False, -1, -1)
+    assert outp.shape == (300, 8, 96)
+    # v must still be k's shape in its other dims.
+    with pytest.raises(ValueError, match=r"v has shape \(2, 299, 2, 128\)"):
+        torch.ops.fa4.fwd(q, k, meta(2, 299, 2, 128), None, True, -1, -1)
+
+
 def test_fake_kernel_without_lse_gives_an_empty_lse():
     assert "bool with_lse=True" in str(torch.ops.fa4.fwd.default._schema)
     q, k = meta(2, 100, 8, 128), meta(2, 300, 2, 128)

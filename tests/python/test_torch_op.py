@@ -542,6 +542,44 @@ def test_padded_head_dims_forward_and_backward(d, causal):
         assert_close_by_criterion(g, l, r, name)
 
 
+@pytest.mark.parametrize("dims", [(192, 128), (64, 128), (40, 72)], ids=["192-128", "64-128", "40-72"])
+def test_two_head_dims_forward_and_backward(dims):
+    # v (and out) of a head dim of its own: DeepSeek's 192 / 128, a wider value side, neither with a
+    # kernel of its own; batched and packed.
+    d, dv = dims
+    gen = torch.Generator(device=DEV).manual_seed(d * 1000 + dv)
+    q = torch.randn(2, 239, 4, d, device=DEV, dtype=torch.bfloat16, generator=gen).requires_grad_()
+    k = torch.randn(2, 300, 2, d, device=DEV, dtype=torch.bfloat16, generator=gen).requires_grad_()
+    v = torch.randn(2, 300, 2, dv, device=DEV, dtype=torch.bfloat16, generator=gen).requires_grad_()
+    out, lse = call_or_skip(fa4.flash_attn_func, q, k, v, causal=True, return_lse=True)
+    assert out.shape == (2, 239, 4, dv)
+    scale = 1.0 / math.sqrt(d)
+    ref, lse_ref = reference(q, k, v, scale, True, (-1, -1), lowp=False)
+    lp, lse_lp = reference(q, k, v, scale, True, (-1, -1), lowp=True)
+    assert_close_by_criterion(out, lp, ref, "out")
+    assert_lse(lse, lse_lp, lse_ref)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref_g = reference_grads(q, k, v, dout, scale, True, (-1, -1), lowp=False)
+    lp_g = reference_grads(q, k, v, dout, scale, True, (-1, -1), lowp=True)
+    for name, g, r, l in zip(("dq", "dk", "dv"), grads, ref_g, lp_g):
+        assert g.shape == r.shape, name
+        assert_close_by_criterion(g, l, r, name)
+    cu_q = torch.tensor([0, 17, 256], device=DEV, dtype=torch.int32)
+    cu_k = torch.tensor([0, 40, 340], device=DEV, dtype=torch.int32)
+    qp = torch.randn(256, 4, d, device=DEV, dtype=torch.float16, generator=gen)
+    kp = torch.randn(340, 2, d, device=DEV, dtype=torch.float16, generator=gen)
+    vp = torch.randn(340, 2, dv, device=DEV, dtype=torch.float16, generator=gen)
+    outp = fa4.flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, 239, 300)
+    assert outp.shape == (256, 4, dv)
+    for i in range(2):
+        qs = qp[cu_q[i]:cu_q[i + 1]][None]
+        ks, vs = kp[cu_k[i]:cu_k[i + 1]][None], vp[cu_k[i]:cu_k[i + 1]][None]
+        r, _ = reference(qs, ks, vs, scale, False, (-1, -1), lowp=False)
+        l, _ = reference(qs, ks, vs, scale, False, (-1, -1), lowp=True)
+        assert_close_by_criterion(outp[cu_q[i]:cu_q[i + 1]][None], l, r, f"varlen sequence {i}")
+
+
 @pytest.mark.parametrize("d", [48, 96, 160])
 def test_padded_head_dims_kvcache_append_and_varlen(d):
     # A decoding step's append into a contiguous cache (rotary over the whole head), then the
