@@ -3,7 +3,11 @@
  * error, 4 no suitable device); when `message` is non-null, the status's message is copied there,
  * NUL-terminated and truncated to message_len. Tensors are a base pointer and element strides for
  * batch, sequence and head, the head dimension contiguous, as in fa4/attention.h. Link against
- * fa4 (libfa4, which needs the C++ runtime and the CUDA runtime). */
+ * fa4 (libfa4, which needs the C++ runtime and the CUDA runtime). Head dims as in fa4/attention.h
+ * (kMaxHeadDim): any multiple of 8 up to 256 (e4m3: of 16); those without a kernel of their own,
+ * and head_dim_v, run over zero-padded copies, which come from the workspace where one is passed
+ * and holds them, else from cudaMallocAsync on the call's stream: "needs no workspace" below stays
+ * true. */
 #ifndef FA4_ATTENTION_C_H_
 #define FA4_ATTENTION_C_H_
 
@@ -112,7 +116,8 @@ int fa4_append_kv(const fa4_problem* problem, int64_t seqlen_new, fa4_tensor k_n
                   int32_t* seqused_k, const fa4_rotary* rotary, fa4_tensor q, fa4_tensor q_rotated,
                   cudaStream_t stream, char* message, size_t message_len);
 // The workspace fa4_backward needs for `problem`, in bytes, into *bytes
-// (fa4::backward_workspace_size); a StatusCode and message as above.
+// (fa4::backward_workspace_size; at a head dim without a kernel of its own it includes the
+// zero-padded copies of batched tensors); a StatusCode and message as above.
 int fa4_backward_workspace_size(const fa4_problem* problem, size_t* bytes, char* message, size_t message_len);
 int fa4_backward(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v,
                  fa4_tensor o, fa4_tensor dout, fa4_tensor dq, fa4_tensor dk, fa4_tensor dv,
