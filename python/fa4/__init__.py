@@ -708,7 +708,8 @@ def scaled_dot_product_attention(
     """torch.nn.functional.scaled_dot_product_attention's signature and meaning, on fa4's kernels.
 
     query: [batch, heads_q, seqlen_q, head_dim]; key, value: [batch, heads_kv, seqlen_k, head_dim]
-    (bf16 or fp16, CUDA, head_dim contiguous); returns [batch, heads_q, seqlen_q, head_dim], a view
+    (value's last dim may differ: Ev; bf16 or fp16, CUDA, head_dim contiguous); returns [batch,
+    heads_q, seqlen_q, value's head dim], a view
     of a BSHD tensor, differentiable. is_causal is aligned top-left as in PyTorch (seqlen_q <
     seqlen_k raises NotImplementedError); heads_q != heads_kv needs enable_gqa=True, as in
     PyTorch. attn_mask must be None and dropout_p 0 (not implemented). scale: None is

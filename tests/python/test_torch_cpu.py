@@ -95,6 +95,9 @@ def test_fake_kernels_take_v_with_a_head_dim_of_its_own():
     cu = torch.empty(3, device="meta", dtype=torch.int32)
     outp, _ = torch.ops.fa4.fwd_varlen(pq, pk, pv, cu, cu, 200, 400, None, False, -1, -1)
     assert outp.shape == (300, 8, 96)
+    # torch's SDPA takes a value head dim of its own (Ev) too.
+    sdpa = fa4.scaled_dot_product_attention(meta(2, 8, 100, 192), meta(2, 8, 300, 192), meta(2, 8, 300, 128))
+    assert sdpa.shape == (2, 8, 100, 128)
     # v must still be k's shape in its other dims.
     with pytest.raises(ValueError, match=r"v has shape \(2, 299, 2, 128\)"):
         torch.ops.fa4.fwd(q, k, meta(2, 299, 2, 128), None, True, -1, -1)
