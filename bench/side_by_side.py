@@ -102,6 +102,9 @@ def parse_args(argv=None):
     ap.add_argument("--seqlen-q", type=int, default=None,
                     help="queries a sequence (keys: --seqlens, batch = 16384 / seqlen_k); "
                          "non-causal only: short queries against long keys")
+    ap.add_argument("--dv", type=int, default=None,
+                    help="v's (and out's) head dim where it differs from q's and k's (DeepSeek's "
+                         "--hdims 192 --dv 128); TFLOP/s then count 2 (d + dv) a query-key pair")
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     ap.add_argument("--no-check", action="store_true", help="skip fa4's correctness check")
     ap.add_argument("--warmup", type=int, default=25, help="do_bench warm-up, ms (default 25)")
@@ -135,9 +138,9 @@ def parse_args(argv=None):
             ap.error("--seqlen-q: forward, non-causal only (use --causal no)")
     if a.rounds < 1:
         ap.error(f"--rounds {a.rounds}: expected >= 1")
-    for d in a.hdims:
+    for d in a.hdims + ([a.dv] if a.dv is not None else []):
         if d < 8 or d > 256 or d % 8:
-            ap.error(f"--hdims: {d}: expected a multiple of 8 in [8, 256]")
+            ap.error(f"--hdims / --dv: {d}: expected a multiple of 8 in [8, 256]")
     return a
 
 
@@ -527,13 +530,15 @@ def make_fn(provider, op, tensors, causal):
     return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
 
-def make_tensors(b, h, s, d, dtype, op, seed, sq=None):
+def make_tensors(b, h, s, d, dtype, op, seed, sq=None, dv=None):
+    """q, k [b, s, h, d]; v and dout of dv columns (None: d)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     grad = op == "bwd"
     t = {}
     for name in ("q", "k", "v") + (("dout",) if grad else ()):
         rows = sq if sq is not None and name in ("q", "dout") else s
-        x = torch.randn(b, rows, h, d, device="cuda", dtype=dtype, generator=g)
+        cols = dv if dv is not None and name in ("v", "dout") else d
+        x = torch.randn(b, rows, h, cols, device="cuda", dtype=dtype, generator=g)
         t[name] = x.requires_grad_(grad and name != "dout")
         xh = x.detach().transpose(1, 2).contiguous()  # BHSD for the SDPA/flex peers
         t[name + "h"] = xh.requires_grad_(grad and name != "dout")
@@ -620,7 +625,8 @@ def main(argv=None) -> int:
         log(f"[{n}/{len(shapes)}] {op} d={d} causal={int(causal)} seqlen={s} batch={b} heads={h} "
             f"({time.time() - t_start:.0f} s)")
         sq = a.seqlen_q if a.seqlen_q is not None else s
-        tensors = make_tensors(b, h, s, d, dtype, op, seed=n, sq=sq)
+        dv = a.dv if a.dv is not None else d
+        tensors = make_tensors(b, h, s, d, dtype, op, seed=n, sq=sq, dv=dv)
         # Each provider's check and callable first; then the timings in rounds, the providers'
         # order rotating by round, so that each meets the GPU's clock and power states in turn.
         recs, fns = {}, {}
@@ -628,7 +634,8 @@ def main(argv=None) -> int:
             if p == "flex" and s not in a.flex_seqlens:
                 continue
             rec = {"op": op, "provider": p, "dtype": a.dtype, "batch": b, "heads_q": h,
-                   "heads_kv": h, "seqlen_q": sq, "seqlen_k": s, "head_dim": d, "causal": causal,
+                   "heads_kv": h, "seqlen_q": sq, "seqlen_k": s, "head_dim": d, "head_dim_v": dv,
+                   "causal": causal,
                    "ms": None, "tflops": None, **meta}
             recs[p] = rec
             try:
@@ -665,7 +672,7 @@ def main(argv=None) -> int:
         for p, rec in recs.items():
             if "error" not in rec and timed.get(p):
                 rec.update(summary(timed[p], a.rounds > 1))
-                rec["tflops"] = tflops(b, h, s, d, causal, op, rec["ms"], sq)
+                rec["tflops"] = tflops(b, h, s, (d + dv) / 2, causal, op, rec["ms"], sq)
             records.append(rec)
             status = (f"{rec['tflops']:.1f} TFLOP/s" if rec["tflops"] else rec.get("error", "?"))
             if rec.get("sm_clock_mhz") is not None and rec.get("power_w") is not None:
