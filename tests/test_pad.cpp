@@ -184,10 +184,20 @@ TEST(PadPlan, TwoHeadDimsOnTheLargersKernel) {
   BackwardArgs b;
   b.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, 128);
   b.problem.head_dim_v = 64;
+  b.q = b.dq = fa4::bshd(fake(0), kSq, kHq, 128);
+  b.k = b.dk = fa4::bshd(fake(1), kSk, kHkv, 128);
   const auto g = fa4::detail::pad_backward(b, fake(8));
   EXPECT_EQ(g.args.problem.head_dim, 128);
-  const int64_t gcols[] = {128, 128, 64, 64, 64, 128, 128, 64};  // q k v o dout dq dk dv
-  for (int i = 0; i < 8; ++i) EXPECT_EQ(g.copies[i].cols, gcols[i]) << g.copies[i].name;
+  // q, k, dq and dk are already 128 wide: the kernels take the caller's; the value side is copied.
+  ASSERT_EQ(g.count, 4);
+  const char* names[] = {"v", "o", "dout", "dv"};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_STREQ(g.copies[i].name, names[i]);
+    EXPECT_EQ(g.copies[i].cols, 64) << names[i];
+  }
+  EXPECT_EQ(g.args.q.data, b.q.data);
+  EXPECT_EQ(g.args.dk.seq_stride, b.dk.seq_stride);
+  EXPECT_EQ(g.bytes, (2 * kB * kSk * kHkv + 2 * kB * kSq * kHq) * 128 * 2);
   // The dQ accumulator at the kernel head dim (128), not at either of the caller's.
   int64_t accum = 0;
   ASSERT_TRUE(fa4::detail::dq_accum_bytes(b.problem, &accum));

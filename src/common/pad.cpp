@@ -20,8 +20,10 @@ class Planner {
   Planner(PaddedCall<Args>* call, void* base, int64_t padded_dim)
       : call_(call), base_(static_cast<uint8_t*>(base)), padded_dim_(padded_dim) {}
 
-  // Adds tensor *t (shaped [rows, cols]) and points *t at its copy.
+  // Adds tensor *t (shaped [rows, cols]) and points *t at its copy; one already of the kernel head
+  // dim (a side of a call with two head dims) the kernels take as it is.
   void add(const char* name, TensorRef* t, Rows r, int64_t cols, int elem_size, bool in, bool out) {
+    if (cols == padded_dim_) return;
     PadCopy& c = call_->copies[call_->count++];
     c = PadCopy{name, *t, cols, nullptr, {r.n0, r.n1, r.n2}, elem_size, in, out};
     int64_t bytes = 0;

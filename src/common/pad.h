@@ -43,7 +43,8 @@ struct PaddedCall {
   int64_t bytes = 0;  // the copies' bytes, each rounded up to kPadAlign; -1 when past int64
 };
 
-// The copies of a forward or backward call at a head dim without a kernel, placed from `base`
+// The copies of a forward or backward call at a head dim without a kernel (none of a tensor
+// already of the kernel head dim: with head_dim_v, one side may be), placed from `base`
 // (null: sized only, its tensors' pointers null). Reads the problem, the varlen totals (with
 // cu_seqlens) and the paged pools' sizes (with a block table); for placing, args must have passed
 // validate(). The forward's o is copied in too with cu_seqlens (its rows outside every sequence
