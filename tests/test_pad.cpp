@@ -115,6 +115,24 @@ TEST(PadPlan, PackedOIsCopiedInToKeepItsOtherRows) {
   EXPECT_EQ(c.args.problem.head_dim, 64);
 }
 
+// Batch entries with keys of their own (a KV cache's filled rows, from a left pad): k and v copy in
+// only the rows the kernels read; packed and paged keys copy every row.
+TEST(PadPlan, EntriesOwnKeysBoundTheKeyCopies) {
+  ForwardArgs a = forward_at(96);
+  a.varlen.seqused_k = static_cast<const int32_t*>(fake(5));
+  a.varlen.leftpad_k = static_cast<const int32_t*>(fake(6));
+  auto c = fa4::detail::pad_forward(a, fake(9));
+  for (int i = 0; i < 4; ++i) {
+    const bool key_side = i == 1 || i == 2;
+    EXPECT_EQ(c.copies[i].seq_end, key_side ? a.varlen.seqused_k : nullptr) << c.copies[i].name;
+    EXPECT_EQ(c.copies[i].seq_begin, key_side ? a.varlen.leftpad_k : nullptr) << c.copies[i].name;
+  }
+  a.paged = {static_cast<const int32_t*>(fake(7)), 8, 16, 37};
+  a.varlen.leftpad_k = nullptr;
+  c = fa4::detail::pad_forward(a, fake(9));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.copies[i].seq_end, nullptr) << c.copies[i].name;
+}
+
 TEST(PadPlan, PagedPoolsAreCopiedWhole) {
   ForwardArgs a = forward_at(160);
   a.paged = {static_cast<const int32_t*>(fake(5)), 8, 16, 37};

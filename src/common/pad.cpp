@@ -25,7 +25,7 @@ class Planner {
   void add(const char* name, TensorRef* t, Rows r, int64_t cols, int elem_size, bool in, bool out) {
     if (cols == padded_dim_) return;
     PadCopy& c = call_->copies[call_->count++];
-    c = PadCopy{name, *t, cols, nullptr, {r.n0, r.n1, r.n2}, elem_size, in, out};
+    c = PadCopy{name, *t, cols, nullptr, {r.n0, r.n1, r.n2}, elem_size, in, out, nullptr, nullptr};
     int64_t bytes = 0;
     if (call_->bytes < 0 || __builtin_mul_overflow(std::max<int64_t>(r.n0, 0), std::max<int64_t>(r.n1, 0), &bytes) ||
         __builtin_mul_overflow(bytes, std::max<int64_t>(r.n2, 0), &bytes) ||
@@ -74,8 +74,12 @@ PaddedCall<ForwardArgs> pad_forward(const ForwardArgs& args, void* base) {
   ForwardArgs& a = call.args;
   const int64_t d = p.head_dim, dv = p.value_dim();
   plan.add("q", &a.q, q, d, in, true, false);
+  const int first_kv = call.count;
   plan.add("k", &a.k, kv, d, in, true, false);
   plan.add("v", &a.v, kv, dv, in, true, false);
+  if (!packed && !args.paged.enabled())  // batch entries' own keys: only those rows are read
+    for (int i = first_kv; i < call.count; ++i)
+      call.copies[i].seq_begin = args.varlen.leftpad_k, call.copies[i].seq_end = args.varlen.seqused_k;
   // (Packed: the forward writes no row outside every sequence; copied in, such rows go back as
   // they came.)
   plan.add("o", &a.o, q, dv, out, packed, true);

@@ -17,16 +17,21 @@ constexpr int64_t kMaxBlocks = 4096;
 // A padded row is 2^vec_shift 16-byte units (the kernel head dim's 64, 128 or 256 elements of 1 or
 // 2 bytes), the caller's its first `live` units. Unit i of the copy is unit i & (2^vec_shift - 1)
 // of row i >> vec_shift, row r being (r / (n1 * n2), r / n2 % n1, r % n2) of the caller's tensor.
-// In: every unit of the copy, zero past `live`; out: the live units back. Index: uint32_t where
-// the copy's units fit it (fewer divisions' instructions), else int64_t.
+// In: every unit of the copy, zero past `live` (rows outside [seq_begin[b], seq_end[b]) where
+// those are set: left as they were); out: the live units back. Index: uint32_t where the copy's
+// units fit it (fewer divisions' instructions), else int64_t.
 template <bool kIn, class Index>
 __global__ void copy_units(uint4* padded, char* user, int64_t batch_stride, int64_t seq_stride, int64_t head_stride,
-                           Index n1, Index n2, Index units, int vec_shift, int live) {
+                           Index n1, Index n2, Index units, int vec_shift, int live, const int32_t* seq_begin,
+                           const int32_t* seq_end) {
   const Index mask = (Index{1} << vec_shift) - 1;
   for (Index i = Index(blockIdx.x) * kThreads + threadIdx.x; i < units; i += Index(gridDim.x) * kThreads) {
     const int u = int(i & mask);
     if (!kIn && u >= live) continue;
     const Index r = i >> vec_shift, h = r % n2, t = r / n2, s = t % n1, b = t / n1;
+    if (kIn && ((seq_end != nullptr && int64_t(s) >= int64_t(__ldg(seq_end + b))) ||
+                (seq_begin != nullptr && int64_t(s) < int64_t(__ldg(seq_begin + b)))))
+      continue;
     uint4* at = reinterpret_cast<uint4*>(user + int64_t(b) * batch_stride + int64_t(s) * seq_stride +
                                          int64_t(h) * head_stride) +
                 u;
@@ -54,10 +59,11 @@ cudaError_t copy(const PadCopy& c, int64_t padded_dim, cudaStream_t stream) {
   // (units + the last grid stride must not wrap a uint32_t index)
   if (units + int64_t{kMaxBlocks} * kThreads <= int64_t{UINT32_MAX})
     copy_units<kIn, uint32_t><<<blocks, kThreads, 0, stream>>>(padded, user, bs, ss, hs, uint32_t(c.rows[1]),
-                                                              uint32_t(c.rows[2]), uint32_t(units), vec_shift, live);
+                                                              uint32_t(c.rows[2]), uint32_t(units), vec_shift, live,
+                                                              c.seq_begin, c.seq_end);
   else
     copy_units<kIn, int64_t><<<blocks, kThreads, 0, stream>>>(padded, user, bs, ss, hs, c.rows[1], c.rows[2], units,
-                                                             vec_shift, live);
+                                                             vec_shift, live, c.seq_begin, c.seq_end);
   return cudaGetLastError();
 }
 

@@ -30,6 +30,11 @@ struct PadCopy {
   int elem_size;     // bytes
   bool in;           // filled from the caller's before the kernels, zero past cols
   bool out;          // its first cols columns copied back to the caller's after them
+  // Where set (int32 [rows[0]] on the device: Varlen::leftpad_k and seqused_k of batched k and v),
+  // the rows s of entry b copied in are only those in [seq_begin[b], seq_end[b]): the kernels
+  // read no other key row, so a KV cache's unfilled rows are not copied.
+  const int32_t* seq_begin = nullptr;
+  const int32_t* seq_end = nullptr;
 };
 
 // A call's copies and the arguments its kernels take instead of the caller's: the kernel head dim
