@@ -3,11 +3,14 @@
 // (their PaddedHeadDims tests).
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "common/pad.h"
+#include "common/pad_units.h"
 #include "common/validate.h"
 #include "fa4/attention.h"
 #include "test_support.h"
@@ -220,6 +223,82 @@ TEST(PadPlan, TwoHeadDimsOnTheLargersKernel) {
   int64_t accum = 0;
   ASSERT_TRUE(fa4::detail::dq_accum_bytes(b.problem, &accum));
   EXPECT_EQ(accum, kB * 128 * kHq * (128 + 2) * 4);
+}
+
+// The copy kernels' unit map (pad_units.h) walked on the CPU, both copies emulated as the kernels do
+// them: the copy holds each row's caller columns then zeros (rows outside an entry's keys left as
+// the scratch held them), and the copy back writes exactly the caller's columns of every row (the
+// bytes between rows and heads untouched). Strided layouts (BHSD; a spare head and spare rows),
+// 1- and 2-byte elements, and both index types.
+template <class Index>
+void emulate_copies(int elem, int64_t d, int64_t padded_dim, bool bhsd, bool entries) {
+  SCOPED_TRACE("elem " + std::to_string(elem) + " d " + std::to_string(d) + " on " + std::to_string(padded_dim) +
+               (bhsd ? " bhsd" : " padded bshd") + (entries ? " entries' keys" : "") +
+               (sizeof(Index) == 4 ? " uint32" : " int64"));
+  const int64_t B = 3, S = 37, H = 2;
+  int64_t st[3];  // elements
+  if (bhsd) st[0] = H * S * d, st[1] = d, st[2] = S * d;
+  else st[2] = d, st[1] = (H + 1) * d, st[0] = (S + 3) * st[1];
+  const int64_t span = (B - 1) * st[0] + (S - 1) * st[1] + (H - 1) * st[2] + d + st[1];
+  std::vector<uint8_t> user(size_t(span * elem)), back(user.size(), 0xCD);
+  for (size_t n = 0; n < user.size(); ++n) user[n] = uint8_t(n * 131 + 7);
+  const std::vector<int32_t> begin = {0, 5, 40}, end = {37, 20, -3};  // clamped by the comparison
+  int vec_shift = 0;
+  while ((int64_t{1} << vec_shift) < padded_dim * elem / 16) ++vec_shift;
+  const fa4::detail::PadUnits<Index> map{Index(S), Index(H), vec_shift, int(d * elem / 16), st[0] * elem,
+                                         st[1] * elem, st[2] * elem, entries ? begin.data() : nullptr,
+                                         entries ? end.data() : nullptr};
+  const int64_t row_bytes = padded_dim * elem, units = B * S * H * (row_bytes / 16);
+  std::vector<uint8_t> padded(size_t(units * 16), 0xAB);
+  auto load = [](const int32_t* e) { return *e; };
+  for (Index i = 0; i < Index(units); ++i) {  // in
+    const auto x = map.at(i);
+    if (!map.row_copied(x, load)) continue;
+    if (x.live) std::memcpy(&padded[size_t(i) * 16], &user[size_t(x.user)], 16);
+    else std::memset(&padded[size_t(i) * 16], 0, 16);
+  }
+  int64_t bad = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < H; ++h) {
+        const uint8_t* row = &padded[size_t(((b * S + s) * H + h) * row_bytes)];
+        const uint8_t* src = &user[size_t((b * st[0] + s * st[1] + h * st[2]) * elem)];
+        const bool copied = !entries || (s >= begin[size_t(b)] && s < end[size_t(b)]);
+        for (int64_t x = 0; x < row_bytes; ++x)
+          bad += row[x] != (!copied ? 0xAB : x < d * elem ? src[x] : 0);
+      }
+  EXPECT_EQ(bad, 0) << "bytes of the copy wrong";
+  for (Index i = 0; i < Index(units); ++i) {  // out
+    const auto x = map.at(i);
+    if (x.live) std::memcpy(&back[size_t(x.user)], &padded[size_t(i) * 16], 16);
+  }
+  int64_t wrong = 0, stray = 0;
+  std::vector<char> inside(back.size(), 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < H; ++h) {
+        const bool copied = !entries || (s >= begin[size_t(b)] && s < end[size_t(b)]);
+        const size_t at = size_t((b * st[0] + s * st[1] + h * st[2]) * elem);
+        for (int64_t x = 0; x < d * elem; ++x) {
+          inside[at + size_t(x)] = 1;
+          wrong += back[at + size_t(x)] != (copied ? user[at + size_t(x)] : 0xAB);
+        }
+      }
+  for (size_t n = 0; n < back.size(); ++n) stray += !inside[n] && back[n] != 0xCD;
+  EXPECT_EQ(wrong, 0) << "caller's columns not restored";
+  EXPECT_EQ(stray, 0) << "bytes outside the caller's columns written";
+}
+
+TEST(PadUnits, EmulatedCopiesPadAndRestoreExactly) {
+  for (bool bhsd : {false, true})
+    for (bool entries : {false, true}) {
+      emulate_copies<uint32_t>(2, 40, 64, bhsd, entries);
+      emulate_copies<uint32_t>(2, 96, 128, bhsd, entries);
+      emulate_copies<uint32_t>(2, 200, 256, bhsd, entries);
+      emulate_copies<uint32_t>(1, 80, 128, bhsd, entries);
+      emulate_copies<int64_t>(2, 136, 256, bhsd, entries);
+      emulate_copies<int64_t>(1, 16, 64, bhsd, entries);
+    }
 }
 
 TEST(PadPlan, BytesPastInt64AreMarked) {

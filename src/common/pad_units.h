@@ -1,0 +1,49 @@
+// The unit map of a zero-padded copy (pad.h): which 16-byte unit of the caller's tensor each unit
+// of the copy stands for. Host and device: the copy kernels (pad.cu) walk it, and tests/test_pad.cpp
+// walks the same map on the CPU to emulate both copies.
+#pragma once
+
+#include <cstdint>
+
+#include "fa4/numerics/exp2.h"  // (FA4_HD)
+
+namespace fa4::detail {
+
+// A copy of [n0, n1, n2] rows: each padded row 2^vec_shift 16-byte units (the kernel head dim's 64,
+// 128 or 256 elements of 1 or 2 bytes), the caller's its first `live` units at byte strides
+// batch, seq and head. Index: uint32_t where the copy's units fit it (the divisions cost fewer
+// instructions), else int64_t.
+template <class Index>
+struct PadUnits {
+  Index n1, n2;
+  int vec_shift, live;
+  int64_t batch_stride, seq_stride, head_stride;
+  const int32_t* seq_begin;  // optional (pad.h): the rows of entry b copied in, [begin[b], end[b])
+  const int32_t* seq_end;
+
+  struct Unit {
+    int64_t user;  // byte offset of the caller's unit (meaningful where live)
+    Index b, s;    // its batch entry and row
+    int u;         // its unit in the row
+    bool live;     // inside the caller's columns
+  };
+
+  // Unit i of the copy: unit i & (2^vec_shift - 1) of row r = i >> vec_shift, row r being
+  // (r / (n1 * n2), r / n2 % n1, r % n2) of the caller's tensor.
+  FA4_HD Unit at(Index i) const {
+    const Index r = i >> vec_shift, h = r % n2, t = r / n2, s = t % n1, b = t / n1;
+    const int u = int(i & ((Index{1} << vec_shift) - 1));
+    return {int64_t(b) * batch_stride + int64_t(s) * seq_stride + int64_t(h) * head_stride + int64_t(u) * 16, b, s,
+            u, u < live};
+  }
+
+  // Whether a unit's row is copied in: inside its entry's [seq_begin, seq_end) where those are set
+  // (`load` reads an entry of them: __ldg on the device).
+  template <class Load>
+  FA4_HD bool row_copied(const Unit& x, Load load) const {
+    return !((seq_end != nullptr && int64_t(x.s) >= int64_t(load(seq_end + x.b))) ||
+             (seq_begin != nullptr && int64_t(x.s) < int64_t(load(seq_begin + x.b))));
+  }
+};
+
+}  // namespace fa4::detail
