@@ -22,7 +22,8 @@ from typing import Optional, Tuple
 import torch
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_qkvpacked_func",
-           "flash_attn_kvpacked_func", "scaled_dot_product_attention", "library_path", "LIBRARY_NAME", "__version__"]
+           "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func",
+           "scaled_dot_product_attention", "library_path", "LIBRARY_NAME", "__version__"]
 __version__ = "0.1.0"
 
 LIBRARY_NAME = "fa4_C.so"
@@ -675,6 +676,30 @@ def flash_attn_kvpacked_func(q: torch.Tensor, kv: torch.Tensor, *args, **kwargs)
         raise ValueError(f"fa4.flash_attn_kvpacked_func: kv has shape {tuple(kv.shape)}: must be "
                          "[batch, seqlen_k, 2, heads_kv, head_dim]")
     return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], *args, **kwargs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, *args,
+                                     **kwargs):
+    """flash_attn_varlen_func over packed sequences qkv [total, 3, heads, head_dim] (q, k and v as
+    views, no copy; gradients flow back into qkv), one cu_seqlens and max_seqlen for queries and
+    keys. The other arguments are flash_attn_varlen_func's."""
+    if qkv.dim() != 4 or qkv.shape[1] != 3:
+        raise ValueError(f"fa4.flash_attn_varlen_qkvpacked_func: qkv has shape {tuple(qkv.shape)}: must be "
+                         "[total, 3, heads, head_dim]")
+    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  *args, **kwargs)
+
+
+def flash_attn_varlen_kvpacked_func(q: torch.Tensor, kv: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *args,
+                                    **kwargs):
+    """flash_attn_varlen_func with k and v packed as kv [total_k, 2, heads_kv, head_dim] (views, no
+    copy; gradients flow back into kv). The other arguments are flash_attn_varlen_func's."""
+    if kv.dim() != 4 or kv.shape[1] != 2:
+        raise ValueError(f"fa4.flash_attn_varlen_kvpacked_func: kv has shape {tuple(kv.shape)}: must be "
+                         "[total_k, 2, heads_kv, head_dim]")
+    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  *args, **kwargs)
 
 
 def _sdpa_window(seqlen_q: int, seqlen_k: int, is_causal: bool) -> Tuple[bool, Tuple[int, int]]:

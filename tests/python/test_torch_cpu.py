@@ -261,6 +261,25 @@ def test_packed_forms_are_views_with_gradients():
         fa4.flash_attn_kvpacked_func(q, meta(2, 70, 3, 2, 64))
 
 
+def test_varlen_packed_forms_are_views_with_gradients():
+    cu = torch.empty(4, device="meta", dtype=torch.int32)
+    qkv = meta(300, 3, 8, 128, grad=True)
+    out = fa4.flash_attn_varlen_qkvpacked_func(qkv, cu, 200, causal=True)
+    assert out.shape == (300, 8, 128)
+    out.sum().backward()
+    assert qkv.grad.shape == qkv.shape
+    q = meta(120, 8, 64, grad=True)
+    kv = meta(500, 2, 2, 64, grad=True)
+    out, lse = fa4.flash_attn_varlen_kvpacked_func(q, kv, cu, cu, 50, 300, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (8, 120)
+    out.sum().backward()
+    assert kv.grad.shape == kv.shape and q.grad.shape == q.shape
+    with pytest.raises(ValueError, match="qkv"):
+        fa4.flash_attn_varlen_qkvpacked_func(meta(300, 2, 8, 128), cu, 200)
+    with pytest.raises(ValueError, match=r"\bkv\b"):
+        fa4.flash_attn_varlen_kvpacked_func(q, meta(500, 3, 2, 64), cu, cu, 50, 300)
+
+
 
 def test_varlen_operator_checks_and_fake_kernel():
     assert hasattr(torch.ops.fa4, "fwd_varlen")

@@ -357,6 +357,22 @@ def test_packed_forms_match_unpacked():
     out_kv = fa4.flash_attn_kvpacked_func(q, kv)
     ref = fa4.flash_attn_func(q, kv[:, :, 0].contiguous(), kv[:, :, 1].contiguous())
     torch.testing.assert_close(out_kv, ref, atol=0, rtol=0)
+    # The varlen packed forms likewise, with gradients into the packed tensors.
+    cu = torch.tensor([0, 17, 256, 300], device=DEV, dtype=torch.int32)
+    pqkv = torch.randn(300, 3, 4, 64, device=DEV, dtype=torch.bfloat16, generator=gen).requires_grad_()
+    # (deterministic: dQ's sum in one order both times)
+    out_vp = fa4.flash_attn_varlen_qkvpacked_func(pqkv, cu, 239, causal=True, deterministic=True)
+    pq, pk, pv = (pqkv[:, i].detach().clone().requires_grad_() for i in range(3))
+    ref_vp = fa4.flash_attn_varlen_func(pq, pk, pv, cu, cu, 239, 239, causal=True, deterministic=True)
+    torch.testing.assert_close(out_vp, ref_vp, atol=0, rtol=0)
+    dout = torch.randn_like(out_vp)
+    (g,) = torch.autograd.grad(out_vp, (pqkv,), dout)
+    for i, x in enumerate(torch.autograd.grad(ref_vp, (pq, pk, pv), dout)):
+        torch.testing.assert_close(g[:, i], x, atol=0, rtol=0)
+    pkv = torch.randn(300, 2, 2, 64, device=DEV, dtype=torch.bfloat16, generator=gen)
+    out_vkv = fa4.flash_attn_varlen_kvpacked_func(pq.detach(), pkv, cu, cu, 239, 239)
+    ref_vkv = fa4.flash_attn_varlen_func(pq.detach(), pkv[:, 0].contiguous(), pkv[:, 1].contiguous(), cu, cu, 239, 239)
+    torch.testing.assert_close(out_vkv, ref_vkv, atol=0, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------------
