@@ -2,6 +2,7 @@
 // copies and the results are checked on a GPU in the forward, backward, varlen and fp8 suites
 // (their PaddedHeadDims tests).
 #include <cmath>
+#include <random>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -12,6 +13,8 @@
 #include "common/pad.h"
 #include "common/pad_units.h"
 #include "common/validate.h"
+#include "convert.h"
+#include "reference.h"
 #include "fa4/attention.h"
 #include "test_support.h"
 
@@ -20,6 +23,7 @@ namespace {
 using fa4::BackwardArgs;
 using fa4::DType;
 using fa4::ForwardArgs;
+using fa4::Problem;
 using fa4::TensorRef;
 using fa4::detail::PadCopy;
 using fa4::test::fake;
@@ -299,6 +303,171 @@ TEST(PadUnits, EmulatedCopiesPadAndRestoreExactly) {
       emulate_copies<int64_t>(2, 136, 256, bhsd, entries);
       emulate_copies<int64_t>(1, 16, 64, bhsd, entries);
     }
+}
+
+// ---- the padded call emulated on the CPU ------------------------------------------------------
+
+// What forward_padded and backward_padded do, with host memory in the device's place: the plan
+// placed in a host scratch, the copies in through the kernels' unit maps (units_of), the float64
+// reference of the padded problem (the kernels' problem: kernel head dim, explicit scale) in the
+// kernels' place, the copies out; against the reference of the caller's problem, each element
+// within one bf16 step. The caller's tensors sit between spare heads (BHSD or BSHD strides) that
+// must keep their poison.
+
+// bf16 [b, s, h, cols] with a spare head: BSHD rows of h + 1 heads, or BHSD of h + 1 heads.
+struct HostTensor {
+  std::vector<uint16_t> bits;
+  TensorRef ref;
+  int64_t b, s, h, cols;
+  static constexpr uint16_t kPoison = 0xFFFF;
+  HostTensor(int64_t b_, int64_t s_, int64_t h_, int64_t cols_, bool bhsd) : b(b_), s(s_), h(h_), cols(cols_) {
+    const int64_t hh = h + 1;
+    bits.assign(size_t(b * s * hh * cols), kPoison);
+    ref = bhsd ? TensorRef{bits.data(), hh * s * cols, cols, s * cols} : TensorRef{bits.data(), s * hh * cols, hh * cols, cols};
+  }
+  uint16_t& at(int64_t i, int64_t j, int64_t k, int64_t x) {
+    return bits[size_t(i * ref.batch_stride + j * ref.seq_stride + k * ref.head_stride + x)];
+  }
+  void fill(std::mt19937& rng) {
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = 0; j < s; ++j)
+        for (int64_t k = 0; k < h; ++k)
+          for (int64_t x = 0; x < cols; ++x) at(i, j, k, x) = fa4::ref::float_to_bits(DType::kBF16, n(rng));
+  }
+  std::vector<double> values() {  // contiguous BSHD
+    std::vector<double> v;
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = 0; j < s; ++j)
+        for (int64_t k = 0; k < h; ++k)
+          for (int64_t x = 0; x < cols; ++x) v.push_back(fa4::ref::bits_to_float(DType::kBF16, at(i, j, k, x)));
+    return v;
+  }
+  int64_t spare_written() {
+    int64_t n = 0;
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = 0; j < s; ++j)
+        for (int64_t x = 0; x < cols; ++x) n += at(i, j, h, x) != kPoison;
+    return n;
+  }
+};
+
+// A strided bf16 tensor [b, s, h, cols] (a TensorRef over host memory) as contiguous BSHD doubles,
+// and back, rounded.
+std::vector<double> read(const TensorRef& t, int64_t b, int64_t s, int64_t h, int64_t cols) {
+  std::vector<double> v;
+  const auto* p = static_cast<const uint16_t*>(t.data);
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < s; ++j)
+      for (int64_t k = 0; k < h; ++k)
+        for (int64_t x = 0; x < cols; ++x)
+          v.push_back(fa4::ref::bits_to_float(DType::kBF16, p[i * t.batch_stride + j * t.seq_stride + k * t.head_stride + x]));
+  return v;
+}
+void write(const TensorRef& t, int64_t b, int64_t s, int64_t h, int64_t cols, const std::vector<double>& v) {
+  auto* p = static_cast<uint16_t*>(t.data);
+  size_t n = 0;
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < s; ++j)
+      for (int64_t k = 0; k < h; ++k)
+        for (int64_t x = 0; x < cols; ++x)
+          p[i * t.batch_stride + j * t.seq_stride + k * t.head_stride + x] =
+              fa4::ref::float_to_bits(DType::kBF16, float(v[n++]));
+}
+
+// One copy, in or out, as copy_units does it.
+void emulate_copy(const fa4::detail::PadCopy& c, int64_t padded_dim, bool in) {
+  const auto map = fa4::detail::units_of<int64_t>(c, padded_dim);
+  auto* padded = static_cast<uint8_t*>(c.padded);
+  auto* user = static_cast<uint8_t*>(c.user.data);
+  auto load = [](const int32_t* e) { return *e; };
+  for (int64_t i = 0; i < fa4::detail::units_in(c, padded_dim); ++i) {
+    const auto x = map.at(i);
+    if (in) {
+      if (!map.row_copied(x, load)) continue;
+      if (x.live) std::memcpy(padded + i * 16, user + x.user, 16);
+      else std::memset(padded + i * 16, 0, 16);
+    } else if (x.live) {
+      std::memcpy(user + x.user, padded + i * 16, 16);
+    }
+  }
+}
+
+// Each element of got within one bf16 step of want (both already bf16 values).
+int64_t beyond_one_step(const std::vector<double>& got, const std::vector<double>& want) {
+  int64_t n = got.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i)
+    n += !(std::fabs(got[i] - want[i]) <= std::ldexp(std::fabs(want[i]), -7) + 1e-30);
+  return n;
+}
+
+void emulate_padded_call(int64_t d, int64_t dv, bool bhsd) {
+  SCOPED_TRACE("head_dim " + std::to_string(d) + " head_dim_v " + std::to_string(dv) + (bhsd ? " bhsd" : " bshd"));
+  const int64_t B = 2, SQ = 9, SK = 13, HQ = 4, HKV = 2;
+  Problem p = fa4::test::make_problem(B, SQ, SK, HQ, HKV, d);
+  p.head_dim_v = dv == d ? 0 : dv;
+  p.causal = true;
+  std::mt19937 rng(uint32_t(d * 7 + dv));
+  HostTensor q(B, SQ, HQ, d, bhsd), k(B, SK, HKV, d, bhsd), v(B, SK, HKV, dv, bhsd), o(B, SQ, HQ, dv, bhsd),
+      dout(B, SQ, HQ, dv, bhsd), dq(B, SQ, HQ, d, bhsd), dk(B, SK, HKV, d, bhsd), dv_t(B, SK, HKV, dv, bhsd);
+  for (HostTensor* t : {&q, &k, &v, &dout}) t->fill(rng);
+
+  // The forward.
+  ForwardArgs f;
+  f.problem = p;
+  f.q = q.ref, f.k = k.ref, f.v = v.ref, f.o = o.ref;
+  const int64_t D = fa4::detail::kernel_head_dim(std::max(d, dv));
+  const auto sized = fa4::detail::pad_forward(f, nullptr);
+  std::vector<uint8_t> scratch(size_t(sized.bytes) + 256);
+  void* base = scratch.data() + (256 - reinterpret_cast<uintptr_t>(scratch.data()) % 256) % 256;
+  const auto call = fa4::detail::pad_forward(f, base);
+  for (int i = 0; i < call.count; ++i)
+    if (call.copies[i].in) emulate_copy(call.copies[i], D, true);
+  const Problem& kp = call.args.problem;
+  ASSERT_EQ(kp.head_dim, D);
+  const auto kf = fa4::ref::forward(kp, read(call.args.q, B, SQ, HQ, D), read(call.args.k, B, SK, HKV, D),
+                                    read(call.args.v, B, SK, HKV, D));
+  write(call.args.o, B, SQ, HQ, D, kf.o);
+  for (int i = 0; i < call.count; ++i)
+    if (call.copies[i].out) emulate_copy(call.copies[i], D, false);
+  const auto want = fa4::ref::forward(p, q.values(), k.values(), v.values());
+  EXPECT_EQ(beyond_one_step(o.values(), fa4::ref::rounded(DType::kBF16, want.o)), 0) << "o";
+  EXPECT_EQ(o.spare_written(), 0) << "o's spare head";
+
+  // The backward, on the forward's O.
+  BackwardArgs g;
+  g.problem = p;
+  g.q = q.ref, g.k = k.ref, g.v = v.ref, g.o = o.ref, g.dout = dout.ref;
+  g.dq = dq.ref, g.dk = dk.ref, g.dv = dv_t.ref;
+  const auto gsized = fa4::detail::pad_backward(g, nullptr);
+  std::vector<uint8_t> gscratch(size_t(gsized.bytes) + 256);
+  void* gbase = gscratch.data() + (256 - reinterpret_cast<uintptr_t>(gscratch.data()) % 256) % 256;
+  const auto gcall = fa4::detail::pad_backward(g, gbase);
+  for (int i = 0; i < gcall.count; ++i)
+    if (gcall.copies[i].in) emulate_copy(gcall.copies[i], D, true);
+  const auto kg = fa4::ref::backward(gcall.args.problem, read(gcall.args.q, B, SQ, HQ, D),
+                                     read(gcall.args.k, B, SK, HKV, D), read(gcall.args.v, B, SK, HKV, D),
+                                     read(gcall.args.dout, B, SQ, HQ, D));
+  write(gcall.args.dq, B, SQ, HQ, D, kg.dq);
+  write(gcall.args.dk, B, SK, HKV, D, kg.dk);
+  write(gcall.args.dv, B, SK, HKV, D, kg.dv);
+  for (int i = 0; i < gcall.count; ++i)
+    if (gcall.copies[i].out) emulate_copy(gcall.copies[i], D, false);
+  const auto gw = fa4::ref::backward(p, q.values(), k.values(), v.values(), dout.values());
+  EXPECT_EQ(beyond_one_step(dq.values(), fa4::ref::rounded(DType::kBF16, gw.dq)), 0) << "dq";
+  EXPECT_EQ(beyond_one_step(dk.values(), fa4::ref::rounded(DType::kBF16, gw.dk)), 0) << "dk";
+  EXPECT_EQ(beyond_one_step(dv_t.values(), fa4::ref::rounded(DType::kBF16, gw.dv)), 0) << "dv";
+  for (HostTensor* t : {&dq, &dk, &dv_t}) EXPECT_EQ(t->spare_written(), 0) << "a gradient's spare head";
+}
+
+TEST(PadEmulated, ForwardAndBackwardEqualTheCallersProblem) {
+  for (bool bhsd : {false, true}) {
+    emulate_padded_call(40, 40, bhsd);    // on 64's kernels
+    emulate_padded_call(96, 96, bhsd);    // on 128's
+    emulate_padded_call(192, 128, bhsd);  // DeepSeek's, on 256's
+    emulate_padded_call(128, 64, bhsd);   // q and k taken as they are
+    emulate_padded_call(64, 136, bhsd);   // the value side the wider
+  }
 }
 
 TEST(PadPlan, BytesPastInt64AreMarked) {

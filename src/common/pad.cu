@@ -32,20 +32,10 @@ __global__ void copy_units(uint4* padded, char* user, PadUnits<Index> map, Index
   }
 }
 
-template <class Index>
-PadUnits<Index> units_of(const PadCopy& c, int64_t padded_dim) {
-  int vec_shift = 0;
-  while ((int64_t{1} << vec_shift) < padded_dim * c.elem_size / 16) ++vec_shift;
-  return {Index(c.rows[1]), Index(c.rows[2]), vec_shift, int(c.cols * c.elem_size / 16),
-          c.user.batch_stride * c.elem_size, c.user.seq_stride * c.elem_size, c.user.head_stride * c.elem_size,
-          c.seq_begin, c.seq_end};
-}
-
 template <bool kIn>
 cudaError_t copy(const PadCopy& c, int64_t padded_dim, cudaStream_t stream) {
-  const int64_t rows = c.rows[0] * c.rows[1] * c.rows[2];  // (the plan checked the bytes' product)
-  if (rows <= 0) return cudaSuccess;
-  const int64_t units = rows * (padded_dim * c.elem_size / 16);
+  const int64_t units = units_in(c, padded_dim);  // (the plan checked the bytes' product)
+  if (units <= 0) return cudaSuccess;
   const unsigned blocks = unsigned(std::min((units + kThreads - 1) / kThreads, kMaxBlocks));
   auto* padded = static_cast<uint4*>(c.padded);
   auto* user = static_cast<char*>(c.user.data);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "common/pad.h"
 #include "fa4/numerics/exp2.h"  // (FA4_HD)
 
 namespace fa4::detail {
@@ -45,5 +46,20 @@ struct PadUnits {
              (seq_begin != nullptr && int64_t(x.s) < int64_t(load(seq_begin + x.b))));
   }
 };
+
+// The unit map of copy c at the kernel head dim padded_dim.
+template <class Index>
+inline PadUnits<Index> units_of(const PadCopy& c, int64_t padded_dim) {
+  int vec_shift = 0;
+  while ((int64_t{1} << vec_shift) < padded_dim * c.elem_size / 16) ++vec_shift;
+  return {Index(c.rows[1]), Index(c.rows[2]), vec_shift, int(c.cols * c.elem_size / 16),
+          c.user.batch_stride * c.elem_size, c.user.seq_stride * c.elem_size, c.user.head_stride * c.elem_size,
+          c.seq_begin, c.seq_end};
+}
+
+// The units of copy c: its rows times the padded row's 16-byte units.
+inline int64_t units_in(const PadCopy& c, int64_t padded_dim) {
+  return c.rows[0] * c.rows[1] * c.rows[2] * (padded_dim * c.elem_size / 16);
+}
 
 }  // namespace fa4::detail
