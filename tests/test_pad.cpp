@@ -1,6 +1,7 @@
 // Head dims without a kernel (common/pad.h): the plan of the zero-padded copies, on the CPU. The
 // copies and the results are checked on a GPU in the forward, backward, varlen and fp8 suites
 // (their PaddedHeadDims tests).
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <cstdint>
@@ -134,25 +135,104 @@ TEST(PadPlan, EntriesOwnKeysBoundTheKeyCopies) {
     EXPECT_EQ(c.copies[i].seq_end, key_side ? a.varlen.seqused_k : nullptr) << c.copies[i].name;
     EXPECT_EQ(c.copies[i].seq_begin, key_side ? a.varlen.leftpad_k : nullptr) << c.copies[i].name;
   }
+  // A paged cache's keys: bounded by seqused_k too (leftpad_k does not go with pages).
   a.paged = {static_cast<const int32_t*>(fake(7)), 8, 16, 37};
   a.varlen.leftpad_k = nullptr;
   c = fa4::detail::pad_forward(a, fake(9));
+  for (int i = 0; i < 4; ++i) {
+    const bool key_side = i == 1 || i == 2;
+    EXPECT_EQ(c.copies[i].seq_end, key_side ? a.varlen.seqused_k : nullptr) << c.copies[i].name;
+    EXPECT_EQ(c.copies[i].seq_begin, nullptr) << c.copies[i].name;
+  }
+  // Packed keys: every row (their spans' ends are cu_seqlens_k's).
+  ForwardArgs packed = forward_at(96);
+  packed.varlen = {static_cast<const int32_t*>(fake(5)), static_cast<const int32_t*>(fake(6)), 300, 200,
+                   static_cast<const int32_t*>(fake(7))};
+  c = fa4::detail::pad_forward(packed, fake(9));
   for (int i = 0; i < 4; ++i) EXPECT_EQ(c.copies[i].seq_end, nullptr) << c.copies[i].name;
 }
 
-TEST(PadPlan, PagedPoolsAreCopiedWhole) {
-  ForwardArgs a = forward_at(160);
-  a.paged = {static_cast<const int32_t*>(fake(5)), 8, 16, 37};
+// A paged cache: the pages each entry's table names (ceil(seqlen_k / page_size) of them) gathered
+// into a dense pool of their own, whatever the caller's pool holds; k and v both, one table.
+TEST(PadPlan, PagedPoolsGatherTheEntriesPages) {
+  ForwardArgs a = forward_at(160);  // kSk = 70 keys an entry: 5 pages of 16
+  a.paged = {static_cast<const int32_t*>(fake(5)), 8, 16, 1000};
   a.k = a.v = fa4::bshd(fake(1), 16, kHkv, 160);
+  a.varlen.seqused_k = static_cast<const int32_t*>(fake(6));
   const auto c = fa4::detail::pad_forward(a, fake(9));
   for (int i : {1, 2}) {
-    EXPECT_EQ(c.copies[i].rows[0], 37);
+    EXPECT_EQ(c.copies[i].rows[0], kB * 5);  // not the pool's 1000 pages
     EXPECT_EQ(c.copies[i].rows[1], 16);
     EXPECT_EQ(c.copies[i].rows[2], kHkv);
+    EXPECT_EQ(c.copies[i].pages, a.paged.block_table);
+    EXPECT_EQ(c.copies[i].table_stride, 8);
+    EXPECT_EQ(c.copies[i].entry_pages, 5);
+    EXPECT_EQ(c.copies[i].pool_pages, 1000);
+    EXPECT_EQ(c.copies[i].seq_end, a.varlen.seqused_k);
   }
   EXPECT_EQ(c.args.k.batch_stride, 16 * kHkv * 256);  // a page of the copy
-  EXPECT_EQ(c.args.paged.block_table, a.paged.block_table);
+  EXPECT_EQ(c.table_entries, kB * 5);
+  EXPECT_EQ(c.args.paged.block_table, c.table);
+  EXPECT_EQ(c.args.paged.table_stride, 5);
+  EXPECT_EQ(c.args.paged.num_pages, kB * 5);
+  EXPECT_EQ(c.args.paged.page_size, 16);
   EXPECT_FALSE(c.copies[3].in);
+  // The table between v's copy and o's, 256-byte aligned.
+  const int64_t at = reinterpret_cast<uint8_t*>(c.table) - static_cast<uint8_t*>(fake(9));
+  const int64_t v_end = static_cast<uint8_t*>(c.copies[2].padded) - static_cast<uint8_t*>(fake(9)) +
+                        kB * 5 * 16 * kHkv * 256 * 2;
+  EXPECT_EQ(at, v_end);
+  EXPECT_EQ(at % 256, 0);
+  EXPECT_EQ(static_cast<uint8_t*>(c.copies[3].padded) - static_cast<uint8_t*>(fake(9)), at + (kB * 5 * 4 + 255) / 256 * 256);
+  // With head_dim_v = 256, v needs no copy; k does, and so v is copied too (one table for both).
+  ForwardArgs two = a;
+  two.problem.head_dim_v = 256;
+  two.v = fa4::bshd(fake(2), 16, kHkv, 256);
+  two.o = fa4::bshd(fake(3), kSq, kHq, 256);
+  const auto t = fa4::detail::pad_forward(two, nullptr);
+  ASSERT_EQ(t.count, 3);  // q, k, v (o is 256 wide: not copied)
+  EXPECT_STREQ(t.copies[2].name, "v");
+  EXPECT_EQ(t.copies[2].cols, 256);
+  EXPECT_EQ(t.copies[2].pages, a.paged.block_table);
+}
+
+// The gather through the kernels' unit map, emulated: copy page b * 5 + j holds the caller's page
+// table[b][j] (clamped to the pool), zero-padded, its rows past the entry's keys not copied.
+TEST(PadUnits, GatheredPagesEmulated) {
+  const int64_t B = 3, P = 5, PS = 16, H = 2, d = 40, D = 64, pool = 9, ts = 7;
+  std::vector<uint16_t> user(size_t(pool * PS * H * d));
+  for (size_t n = 0; n < user.size(); ++n) user[n] = uint16_t(n * 7 + 1);
+  std::vector<int32_t> table(size_t(B * ts), -5);  // unread columns past P hold garbage
+  const int32_t ids[B][P] = {{3, 0, 8, 1, 2}, {4, 4, 7, 5, 6}, {-2, 9, 100, 0, 1}};  // (clamped: 0, 8, 8)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < P; ++j) table[size_t(b * ts + j)] = ids[b][j];
+  const std::vector<int32_t> used = {80, 33, 0};
+  fa4::detail::PadCopy c{"k", {user.data(), PS * H * d, H * d, d}, d, nullptr, {B * P, PS, H}, 2, true, false};
+  c.pages = table.data(), c.table_stride = ts, c.entry_pages = P, c.pool_pages = pool, c.seq_end = used.data();
+  std::vector<uint16_t> copy(size_t(B * P * PS * H * D), 0xABAB);
+  c.padded = copy.data();
+  const auto map = fa4::detail::units_of<int64_t>(c, D);
+  auto load = [](const int32_t* e) { return *e; };
+  for (int64_t i = 0; i < fa4::detail::units_in(c, D); ++i) {
+    const auto x = map.at(i, load);
+    if (!map.row_copied(x, load)) continue;
+    if (x.live) std::memcpy(reinterpret_cast<uint8_t*>(copy.data()) + i * 16, reinterpret_cast<uint8_t*>(user.data()) + x.user, 16);
+    else std::memset(reinterpret_cast<uint8_t*>(copy.data()) + i * 16, 0, 16);
+  }
+  int64_t bad = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < P; ++j) {
+      const int64_t page = std::clamp<int64_t>(ids[b][j], 0, pool - 1);
+      for (int64_t s = 0; s < PS; ++s)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t x = 0; x < D; ++x) {
+            const uint16_t got = copy[size_t((((b * P + j) * PS + s) * H + h) * D + x)];
+            const bool copied = j * PS + s < used[size_t(b)];
+            const uint16_t want = !copied ? 0xABAB : x < d ? user[size_t(((page * PS + s) * H + h) * d + x)] : 0;
+            bad += got != want;
+          }
+    }
+  EXPECT_EQ(bad, 0);
 }
 
 TEST(PadPlan, Fp8InputsOfOneByteAndABf16Output) {
@@ -249,14 +329,15 @@ void emulate_copies(int elem, int64_t d, int64_t padded_dim, bool bhsd, bool ent
   const std::vector<int32_t> begin = {0, 5, 40}, end = {37, 20, -3};  // clamped by the comparison
   int vec_shift = 0;
   while ((int64_t{1} << vec_shift) < padded_dim * elem / 16) ++vec_shift;
-  const fa4::detail::PadUnits<Index> map{Index(S), Index(H), vec_shift, int(d * elem / 16), st[0] * elem,
-                                         st[1] * elem, st[2] * elem, entries ? begin.data() : nullptr,
-                                         entries ? end.data() : nullptr};
+  const fa4::detail::PadUnits<Index> map{Index(S),     Index(H),     vec_shift,
+                                         int(d * elem / 16),      st[0] * elem, st[1] * elem,
+                                         st[2] * elem,            entries ? begin.data() : nullptr,
+                                         entries ? end.data() : nullptr, nullptr, 0, 0, 0};
   const int64_t row_bytes = padded_dim * elem, units = B * S * H * (row_bytes / 16);
   std::vector<uint8_t> padded(size_t(units * 16), 0xAB);
   auto load = [](const int32_t* e) { return *e; };
   for (Index i = 0; i < Index(units); ++i) {  // in
-    const auto x = map.at(i);
+    const auto x = map.at(i, load);
     if (!map.row_copied(x, load)) continue;
     if (x.live) std::memcpy(&padded[size_t(i) * 16], &user[size_t(x.user)], 16);
     else std::memset(&padded[size_t(i) * 16], 0, 16);
@@ -273,7 +354,7 @@ void emulate_copies(int elem, int64_t d, int64_t padded_dim, bool bhsd, bool ent
       }
   EXPECT_EQ(bad, 0) << "bytes of the copy wrong";
   for (Index i = 0; i < Index(units); ++i) {  // out
-    const auto x = map.at(i);
+    const auto x = map.at(i, load);
     if (x.live) std::memcpy(&back[size_t(x.user)], &padded[size_t(i) * 16], 16);
   }
   int64_t wrong = 0, stray = 0;
@@ -382,7 +463,7 @@ void emulate_copy(const fa4::detail::PadCopy& c, int64_t padded_dim, bool in) {
   auto* user = static_cast<uint8_t*>(c.user.data);
   auto load = [](const int32_t* e) { return *e; };
   for (int64_t i = 0; i < fa4::detail::units_in(c, padded_dim); ++i) {
-    const auto x = map.at(i);
+    const auto x = map.at(i, load);
     if (in) {
       if (!map.row_copied(x, load)) continue;
       if (x.live) std::memcpy(padded + i * 16, user + x.user, 16);
@@ -471,8 +552,9 @@ TEST(PadEmulated, ForwardAndBackwardEqualTheCallersProblem) {
 }
 
 TEST(PadPlan, BytesPastInt64AreMarked) {
-  ForwardArgs a = forward_at(96);
-  a.paged = {static_cast<const int32_t*>(fake(5)), 8, int64_t{1} << 30, int64_t{1} << 30};
+  ForwardArgs a = forward_at(96);  // 2^30 x 2^30 x 2^20 rows of q: past int64 in bytes
+  a.problem.batch = a.problem.seqlen_q = int64_t{1} << 30;
+  a.problem.heads_q = a.problem.heads_kv = int64_t{1} << 20;
   EXPECT_EQ(fa4::detail::pad_forward(a, nullptr).bytes, -1);
   size_t bytes = 0;
   const fa4::Status s = fa4::forward_workspace_size(a, &bytes);

@@ -21,11 +21,12 @@ class Planner {
       : call_(call), base_(static_cast<uint8_t*>(base)), padded_dim_(padded_dim) {}
 
   // Adds tensor *t (shaped [rows, cols]) and points *t at its copy; one already of the kernel head
-  // dim (a side of a call with two head dims) the kernels take as it is.
-  void add(const char* name, TensorRef* t, Rows r, int64_t cols, int elem_size, bool in, bool out) {
-    if (cols == padded_dim_) return;
+  // dim (a side of a call with two head dims) the kernels take as it is, unless `always`.
+  void add(const char* name, TensorRef* t, Rows r, int64_t cols, int elem_size, bool in, bool out,
+           bool always = false) {
+    if (cols == padded_dim_ && !always) return;
     PadCopy& c = call_->copies[call_->count++];
-    c = PadCopy{name, *t, cols, nullptr, {r.n0, r.n1, r.n2}, elem_size, in, out, nullptr, nullptr};
+    c = PadCopy{name, *t, cols, nullptr, {r.n0, r.n1, r.n2}, elem_size, in, out};
     int64_t bytes = 0;
     if (call_->bytes < 0 || __builtin_mul_overflow(std::max<int64_t>(r.n0, 0), std::max<int64_t>(r.n1, 0), &bytes) ||
         __builtin_mul_overflow(bytes, std::max<int64_t>(r.n2, 0), &bytes) ||
@@ -39,6 +40,20 @@ class Planner {
     c.padded = base_ == nullptr ? nullptr : base_ + call_->bytes;
     *t = TensorRef{c.padded, r.n1 * r.n2 * padded_dim_, r.n2 * padded_dim_, padded_dim_};
     call_->bytes = bytes;
+  }
+
+  // Places an int32 table of n entries after the copies.
+  int32_t* table(int64_t n) {
+    int64_t bytes = 0;
+    if (call_->bytes < 0 || __builtin_mul_overflow(n, int64_t{4}, &bytes) ||
+        __builtin_add_overflow(bytes, kPadAlign - 1, &bytes) ||
+        __builtin_add_overflow(call_->bytes, bytes / kPadAlign * kPadAlign, &bytes)) {
+      call_->bytes = -1;
+      return nullptr;
+    }
+    int32_t* at = base_ == nullptr ? nullptr : reinterpret_cast<int32_t*>(base_ + call_->bytes);
+    call_->bytes = bytes;
+    return at;
   }
 
  private:
@@ -65,21 +80,35 @@ PaddedCall<ForwardArgs> pad_forward(const ForwardArgs& args, void* base) {
   call.args.workspace = nullptr, call.args.workspace_bytes = 0;  // (the kernels take none)
   const Problem& p = args.problem;
   const bool packed = args.varlen.enabled();
+  const PagedKV& pg = args.paged;
+  // A paged cache: each entry's table row's pages (those seqlen_k covers), gathered.
+  const int64_t entry_pages = pg.enabled() ? (p.seqlen_k + pg.page_size - 1) / pg.page_size : 0;
   const Rows q = packed ? Rows{1, args.varlen.total_q, p.heads_q} : Rows{p.batch, p.seqlen_q, p.heads_q};
-  const Rows kv = args.paged.enabled() ? Rows{args.paged.num_pages, args.paged.page_size, p.heads_kv}
-                  : packed             ? Rows{1, args.varlen.total_k, p.heads_kv}
-                                       : Rows{p.batch, p.seqlen_k, p.heads_kv};
+  const Rows kv = pg.enabled() ? Rows{p.batch * entry_pages, pg.page_size, p.heads_kv}
+                  : packed     ? Rows{1, args.varlen.total_k, p.heads_kv}
+                               : Rows{p.batch, p.seqlen_k, p.heads_kv};
   const int in = element_size(p.dtype), out = element_size(output_dtype(p.dtype));
   Planner<ForwardArgs> plan(&call, base, call.args.problem.head_dim);
   ForwardArgs& a = call.args;
   const int64_t d = p.head_dim, dv = p.value_dim();
   plan.add("q", &a.q, q, d, in, true, false);
   const int first_kv = call.count;
-  plan.add("k", &a.k, kv, d, in, true, false);
-  plan.add("v", &a.v, kv, dv, in, true, false);
-  if (!packed && !args.paged.enabled())  // batch entries' own keys: only those rows are read
-    for (int i = first_kv; i < call.count; ++i)
-      call.copies[i].seq_begin = args.varlen.leftpad_k, call.copies[i].seq_end = args.varlen.seqused_k;
+  plan.add("k", &a.k, kv, d, in, true, false, pg.enabled());  // (gathered pools: both, one table)
+  plan.add("v", &a.v, kv, dv, in, true, false, pg.enabled());
+  for (int i = first_kv; i < call.count; ++i) {
+    PadCopy& c = call.copies[i];
+    if (pg.enabled()) {  // the entries' pages, and their keys (seqused_k) where given
+      c.pages = pg.block_table, c.table_stride = pg.table_stride, c.entry_pages = entry_pages;
+      c.pool_pages = pg.num_pages, c.seq_end = args.varlen.seqused_k;
+    } else if (!packed) {  // batch entries' own keys: only those rows are read
+      c.seq_begin = args.varlen.leftpad_k, c.seq_end = args.varlen.seqused_k;
+    }
+  }
+  if (pg.enabled()) {  // the gathered pools' table: entry b's page j is page b * entry_pages + j
+    call.table_entries = p.batch * entry_pages;
+    call.table = plan.table(call.table_entries);
+    a.paged = {call.table, entry_pages, pg.page_size, call.table_entries};
+  }
   // (Packed: the forward writes no row outside every sequence; copied in, such rows go back as
   // they came.)
   plan.add("o", &a.o, q, dv, out, packed, true);

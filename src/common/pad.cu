@@ -19,12 +19,13 @@ constexpr int64_t kMaxBlocks = 4096;
 // seq_end[b]) where those are set: left as they were); out: the live units back.
 template <bool kIn, class Index>
 __global__ void copy_units(uint4* padded, char* user, PadUnits<Index> map, Index units) {
+  const auto load = [](const int32_t* e) { return __ldg(e); };
   for (Index i = Index(blockIdx.x) * kThreads + threadIdx.x; i < units; i += Index(gridDim.x) * kThreads) {
-    const auto x = map.at(i);
+    const auto x = map.at(i, load);
     if (!kIn && !x.live) continue;
     uint4* at = reinterpret_cast<uint4*>(user + x.user);
     if constexpr (kIn) {
-      if (!map.row_copied(x, [](const int32_t* e) { return __ldg(e); })) continue;
+      if (!map.row_copied(x, load)) continue;
       padded[i] = x.live ? *at : make_uint4(0, 0, 0, 0);
     } else {
       *at = padded[i];
@@ -46,6 +47,12 @@ cudaError_t copy(const PadCopy& c, int64_t padded_dim, cudaStream_t stream) {
   else
     copy_units<kIn, int64_t><<<blocks, kThreads, 0, stream>>>(padded, user, units_of<int64_t>(c, padded_dim), units);
   return cudaGetLastError();
+}
+
+// table[n] = n: a gathered paged pool's block table.
+__global__ void fill_identity(int32_t* table, int64_t entries) {
+  for (int64_t n = blockIdx.x * int64_t{kThreads} + threadIdx.x; n < entries; n += int64_t{gridDim.x} * kThreads)
+    table[n] = int32_t(n);
 }
 
 Status cuda_failure(const std::string& what, cudaError_t e) {
@@ -73,6 +80,12 @@ Status run_padded(const Args& args, int64_t offset, cudaStream_t stream,
     base = scratch.ptr;
   }
   const PaddedCall<Args> call = plan(args, base);
+  if (call.table_entries > 0) {
+    fill_identity<<<unsigned(std::min((call.table_entries + kThreads - 1) / kThreads, kMaxBlocks)), kThreads, 0,
+                    stream>>>(call.table, call.table_entries);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+      return cuda_failure(at + "writing the gathered pages' table", e);
+  }
   for (int i = 0; i < call.count; ++i)
     if (const PadCopy& c = call.copies[i]; c.in)
       if (const cudaError_t e = copy<true>(c, padded_dim, stream); e != cudaSuccess)

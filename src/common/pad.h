@@ -35,6 +35,12 @@ struct PadCopy {
   // read no other key row, so a KV cache's unfilled rows are not copied.
   const int32_t* seq_begin = nullptr;
   const int32_t* seq_end = nullptr;
+  // A paged cache's pool gathered (where pages is set: PagedKV::block_table): the copy is a dense
+  // pool of rows[0] = batch * entry_pages pages, its page b * entry_pages + j the caller's page
+  // pages[b * table_stride + j] (clamped to [0, pool_pages)), so that the copy holds only the
+  // pages the entries' tables name (and with seq_end only their key rows: j * page_size + s).
+  const int32_t* pages = nullptr;
+  int64_t table_stride = 0, entry_pages = 0, pool_pages = 0;
 };
 
 // A call's copies and the arguments its kernels take instead of the caller's: the kernel head dim
@@ -46,10 +52,15 @@ struct PaddedCall {
   std::array<PadCopy, 8> copies{};
   int count = 0;
   int64_t bytes = 0;  // the copies' bytes, each rounded up to kPadAlign; -1 when past int64
+  // A gathered paged cache's block table (args.paged.block_table), int32 [table_entries]: entry
+  // n is n, written before the kernels run.
+  int32_t* table = nullptr;
+  int64_t table_entries = 0;
 };
 
 // The copies of a forward or backward call at a head dim without a kernel (none of a tensor
-// already of the kernel head dim: with head_dim_v, one side may be), placed from `base`
+// already of the kernel head dim: with head_dim_v, one side may be; a paged cache's k and v both or
+// neither, its pages gathered into a dense pool of their own table), placed from `base`
 // (null: sized only, its tensors' pointers null). Reads the problem, the varlen totals (with
 // cu_seqlens) and the paged pools' sizes (with a block table); for placing, args must have passed
 // validate(). The forward's o is copied in too with cu_seqlens (its rows outside every sequence

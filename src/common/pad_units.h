@@ -21,25 +21,35 @@ struct PadUnits {
   int64_t batch_stride, seq_stride, head_stride;
   const int32_t* seq_begin;  // optional (pad.h): the rows of entry b copied in, [begin[b], end[b])
   const int32_t* seq_end;
+  const int32_t* pages;  // optional (pad.h): a paged pool gathered, copy page b * entry_pages + j
+  int64_t table_stride;  // from the caller's page pages[b * table_stride + j]
+  Index entry_pages;
+  int64_t pool_pages;
 
   struct Unit {
     int64_t user;  // byte offset of the caller's unit (meaningful where live)
-    Index b, s;    // its batch entry and row
+    Index b, s;    // its batch entry and row (gathered pages: the entry's key row)
     int u;         // its unit in the row
     bool live;     // inside the caller's columns
   };
 
   // Unit i of the copy: unit i & (2^vec_shift - 1) of row r = i >> vec_shift, row r being
-  // (r / (n1 * n2), r / n2 % n1, r % n2) of the caller's tensor.
-  FA4_HD Unit at(Index i) const {
+  // (r / (n1 * n2), r / n2 % n1, r % n2) of the caller's tensor, or with pages row (r / n2 % n1,
+  // r % n2) of the caller's page that copy page r / (n1 * n2) gathers. `load` reads an entry of
+  // the device arrays (__ldg on the device).
+  template <class Load>
+  FA4_HD Unit at(Index i, Load load) const {
     const Index r = i >> vec_shift, h = r % n2, t = r / n2, s = t % n1, b = t / n1;
     const int u = int(i & ((Index{1} << vec_shift) - 1));
-    return {int64_t(b) * batch_stride + int64_t(s) * seq_stride + int64_t(h) * head_stride + int64_t(u) * 16, b, s,
-            u, u < live};
+    const int64_t row = int64_t(s) * seq_stride + int64_t(h) * head_stride + int64_t(u) * 16;
+    if (pages == nullptr) return {int64_t(b) * batch_stride + row, b, s, u, u < live};
+    const Index entry = b / entry_pages, j = b % entry_pages;
+    int64_t page = load(pages + int64_t(entry) * table_stride + int64_t(j));
+    page = page < 0 ? 0 : page >= pool_pages ? pool_pages - 1 : page;  // (the kernels' clamp)
+    return {page * batch_stride + row, entry, Index(j * n1 + s), u, u < live};
   }
 
-  // Whether a unit's row is copied in: inside its entry's [seq_begin, seq_end) where those are set
-  // (`load` reads an entry of them: __ldg on the device).
+  // Whether a unit's row is copied in: inside its entry's [seq_begin, seq_end) where those are set.
   template <class Load>
   FA4_HD bool row_copied(const Unit& x, Load load) const {
     return !((seq_end != nullptr && int64_t(x.s) >= int64_t(load(seq_end + x.b))) ||
@@ -54,7 +64,7 @@ inline PadUnits<Index> units_of(const PadCopy& c, int64_t padded_dim) {
   while ((int64_t{1} << vec_shift) < padded_dim * c.elem_size / 16) ++vec_shift;
   return {Index(c.rows[1]), Index(c.rows[2]), vec_shift, int(c.cols * c.elem_size / 16),
           c.user.batch_stride * c.elem_size, c.user.seq_stride * c.elem_size, c.user.head_stride * c.elem_size,
-          c.seq_begin, c.seq_end};
+          c.seq_begin, c.seq_end, c.pages, c.table_stride, Index(c.entry_pages), c.pool_pages};
 }
 
 // The units of copy c: its rows times the padded row's 16-byte units.
