@@ -221,7 +221,7 @@ inline constexpr int kAlignmentBytes = 16;
 // on the next one's kernel, on copies of the tensors zero-padded to its head dim (zero columns add
 // nothing to q.k, and give columns of o, dq, dk and dv that are dropped): exact, at the work of the
 // larger head dim plus one pass over each tensor (the forward's q, k, v and o, the backward's also
-// dout, dq, dk and dv; a paged cache's pools whole). The copies come from the call's workspace
+// dout, dq, dk and dv; of a paged cache the pages the entries' tables name, gathered). The copies come from the call's workspace
 // where it holds them (forward_workspace_size, backward_workspace_size), else from the
 // stream-ordered allocator (cudaMallocAsync) on the call's stream.
 inline constexpr int kMaxHeadDim = 256;

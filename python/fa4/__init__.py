@@ -516,7 +516,7 @@ def flash_attn_with_kvcache(
     the first cache_seqlens[b] (None: max_pages * page_size). Page ids are clamped to the pool.
     num_splits is accepted and not read (the launch picks its own split of the keys). A head dim
     other than 64, 128 and 256 runs over zero-padded copies: contiguous caches' filled rows (to
-    cache_seqlens), or a paged cache's pools whole, are copied at every call.
+    cache_seqlens), from the pages block_table names where paged, are copied at every call.
     k, v: [batch, seqlen_new, heads_kv, head_dim], written into the caches in place at rows
     cache_seqlens[b] ... cache_seqlens[b] + seqlen_new - 1 (flash-attn's append; cache_seqlens is
     required then, and is not updated: the attention takes cache_seqlens + seqlen_new keys); rows
