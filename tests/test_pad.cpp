@@ -456,21 +456,31 @@ void write(const TensorRef& t, int64_t b, int64_t s, int64_t h, int64_t cols, co
               fa4::ref::float_to_bits(DType::kBF16, float(v[n++]));
 }
 
-// One copy, in or out, as copy_units does it.
-void emulate_copy(const fa4::detail::PadCopy& c, int64_t padded_dim, bool in) {
-  const auto map = fa4::detail::units_of<int64_t>(c, padded_dim);
-  auto* padded = static_cast<uint8_t*>(c.padded);
-  auto* user = static_cast<uint8_t*>(c.user.data);
+// A call's copies in or out as copy_set's grid walks them (copy_set_of, copy_of, the unit maps).
+template <class Call>
+void emulate_set(const Call& call, bool in, int64_t padded_dim) {
+  int64_t work = 0;
+  const auto set = fa4::detail::copy_set_of<int64_t>(call, in, padded_dim, &work);
   auto load = [](const int32_t* e) { return *e; };
-  for (int64_t i = 0; i < fa4::detail::units_in(c, padded_dim); ++i) {
-    const auto x = map.at(i, load);
-    if (in) {
-      if (!map.row_copied(x, load)) continue;
-      if (x.live) std::memcpy(padded + i * 16, user + x.user, 16);
-      else std::memset(padded + i * 16, 0, 16);
-    } else if (x.live) {
-      std::memcpy(user + x.user, padded + i * 16, 16);
+  for (int64_t i = 0; i < work; ++i) {
+    if (i < set.end[set.count - 1]) {
+      int64_t local = 0;
+      const int j = fa4::detail::copy_of(set, i, &local);
+      ASSERT_LT(j, set.count);
+      const auto& map = set.map[j];
+      auto* padded = static_cast<uint8_t*>(set.padded[j]);
+      auto* user = static_cast<uint8_t*>(set.user[j]);
+      const auto x = map.at(local, load);
+      if (in) {
+        if (map.row_copied(x, load)) {
+          if (x.live) std::memcpy(padded + local * 16, user + x.user, 16);
+          else std::memset(padded + local * 16, 0, 16);
+        }
+      } else if (x.live) {
+        std::memcpy(user + x.user, padded + local * 16, 16);
+      }
     }
+    if (in && i < set.table_entries) set.table[i] = int32_t(i);
   }
 }
 
@@ -502,15 +512,13 @@ void emulate_padded_call(int64_t d, int64_t dv, bool bhsd) {
   std::vector<uint8_t> scratch(size_t(sized.bytes) + 256);
   void* base = scratch.data() + (256 - reinterpret_cast<uintptr_t>(scratch.data()) % 256) % 256;
   const auto call = fa4::detail::pad_forward(f, base);
-  for (int i = 0; i < call.count; ++i)
-    if (call.copies[i].in) emulate_copy(call.copies[i], D, true);
+  emulate_set(call, true, D);
   const Problem& kp = call.args.problem;
   ASSERT_EQ(kp.head_dim, D);
   const auto kf = fa4::ref::forward(kp, read(call.args.q, B, SQ, HQ, D), read(call.args.k, B, SK, HKV, D),
                                     read(call.args.v, B, SK, HKV, D));
   write(call.args.o, B, SQ, HQ, D, kf.o);
-  for (int i = 0; i < call.count; ++i)
-    if (call.copies[i].out) emulate_copy(call.copies[i], D, false);
+  emulate_set(call, false, D);
   const auto want = fa4::ref::forward(p, q.values(), k.values(), v.values());
   EXPECT_EQ(beyond_one_step(o.values(), fa4::ref::rounded(DType::kBF16, want.o)), 0) << "o";
   EXPECT_EQ(o.spare_written(), 0) << "o's spare head";
@@ -524,16 +532,14 @@ void emulate_padded_call(int64_t d, int64_t dv, bool bhsd) {
   std::vector<uint8_t> gscratch(size_t(gsized.bytes) + 256);
   void* gbase = gscratch.data() + (256 - reinterpret_cast<uintptr_t>(gscratch.data()) % 256) % 256;
   const auto gcall = fa4::detail::pad_backward(g, gbase);
-  for (int i = 0; i < gcall.count; ++i)
-    if (gcall.copies[i].in) emulate_copy(gcall.copies[i], D, true);
+  emulate_set(gcall, true, D);
   const auto kg = fa4::ref::backward(gcall.args.problem, read(gcall.args.q, B, SQ, HQ, D),
                                      read(gcall.args.k, B, SK, HKV, D), read(gcall.args.v, B, SK, HKV, D),
                                      read(gcall.args.dout, B, SQ, HQ, D));
   write(gcall.args.dq, B, SQ, HQ, D, kg.dq);
   write(gcall.args.dk, B, SK, HKV, D, kg.dk);
   write(gcall.args.dv, B, SK, HKV, D, kg.dv);
-  for (int i = 0; i < gcall.count; ++i)
-    if (gcall.copies[i].out) emulate_copy(gcall.copies[i], D, false);
+  emulate_set(gcall, false, D);
   const auto gw = fa4::ref::backward(p, q.values(), k.values(), v.values(), dout.values());
   EXPECT_EQ(beyond_one_step(dq.values(), fa4::ref::rounded(DType::kBF16, gw.dq)), 0) << "dq";
   EXPECT_EQ(beyond_one_step(dk.values(), fa4::ref::rounded(DType::kBF16, gw.dk)), 0) << "dk";
@@ -549,6 +555,42 @@ TEST(PadEmulated, ForwardAndBackwardEqualTheCallersProblem) {
     emulate_padded_call(128, 64, bhsd);   // q and k taken as they are
     emulate_padded_call(64, 136, bhsd);   // the value side the wider
   }
+}
+
+// One launch a direction: the set of the copies in (with a gathered pool's table) and of those out,
+// each copy's units a range of the set's, copy_of finding a unit's copy at the ranges' edges.
+TEST(PadUnits, CopySetsCoverEachDirectionsCopies) {
+  BackwardArgs b;
+  b.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, 96);
+  const auto call = fa4::detail::pad_backward(b, fake(8));
+  int64_t work = 0;
+  const auto in = fa4::detail::copy_set_of<uint32_t>(call, true, 128, &work);
+  ASSERT_EQ(in.count, 5);  // q, k, v, o, dout
+  const uint32_t q_units = kB * kSq * kHq * 16, kv_units = kB * kSk * kHkv * 16;
+  const uint32_t ends[] = {q_units, q_units + kv_units, q_units + 2 * kv_units, 2 * q_units + 2 * kv_units,
+                           3 * q_units + 2 * kv_units};
+  for (int j = 0; j < 5; ++j) EXPECT_EQ(in.end[j], ends[j]) << j;
+  EXPECT_EQ(work, int64_t{ends[4]});
+  EXPECT_EQ(in.padded[1], call.copies[1].padded);
+  uint32_t local = 0;
+  EXPECT_EQ(fa4::detail::copy_of(in, q_units - 1, &local), 0);
+  EXPECT_EQ(local, q_units - 1);
+  EXPECT_EQ(fa4::detail::copy_of(in, q_units, &local), 1);
+  EXPECT_EQ(local, 0u);
+  EXPECT_EQ(fa4::detail::copy_of(in, ends[4], &local), 5);  // past every copy
+  const auto out = fa4::detail::copy_set_of<uint32_t>(call, false, 128, &work);
+  ASSERT_EQ(out.count, 3);  // dq, dk, dv
+  EXPECT_EQ(out.user[0], call.copies[5].user.data);
+  EXPECT_EQ(out.table, nullptr);
+  // A gathered pool's table rides with the copies in; the launch covers it where it is longer.
+  ForwardArgs a = forward_at(96);
+  a.paged = {static_cast<const int32_t*>(fake(5)), 8, 16, 1000};
+  a.k = a.v = fa4::bshd(fake(1), 16, kHkv, 96);
+  const auto pc = fa4::detail::pad_forward(a, fake(9));
+  const auto pin = fa4::detail::copy_set_of<uint32_t>(pc, true, 128, &work);
+  EXPECT_EQ(pin.table, pc.table);
+  EXPECT_EQ(int64_t{pin.table_entries}, kB * 5);
+  EXPECT_GE(work, int64_t{pin.end[pin.count - 1]});
 }
 
 TEST(PadPlan, BytesPastInt64AreMarked) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "common/launch.cuh"
 #include "common/pad_units.h"
@@ -15,44 +16,51 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 4096;
 
-// In: every unit of the copy, zero past the caller's columns (rows outside [seq_begin[b],
+// One unit of a copy. In: zero past the caller's columns (rows outside [seq_begin[b],
 // seq_end[b]) where those are set: left as they were); out: the live units back.
-template <bool kIn, class Index>
-__global__ void copy_units(uint4* padded, char* user, PadUnits<Index> map, Index units) {
-  const auto load = [](const int32_t* e) { return __ldg(e); };
-  for (Index i = Index(blockIdx.x) * kThreads + threadIdx.x; i < units; i += Index(gridDim.x) * kThreads) {
-    const auto x = map.at(i, load);
-    if (!kIn && !x.live) continue;
-    uint4* at = reinterpret_cast<uint4*>(user + x.user);
-    if constexpr (kIn) {
-      if (!map.row_copied(x, load)) continue;
-      padded[i] = x.live ? *at : make_uint4(0, 0, 0, 0);
-    } else {
-      *at = padded[i];
-    }
+template <bool kIn, class Index, class Load>
+__device__ __forceinline__ void copy_unit(const PadUnits<Index>& map, uint4* padded, char* user, Index i, Load load) {
+  const auto x = map.at(i, load);
+  if (!kIn && !x.live) return;
+  uint4* at = reinterpret_cast<uint4*>(user + x.user);
+  if constexpr (kIn) {
+    if (!map.row_copied(x, load)) return;
+    padded[i] = x.live ? *at : make_uint4(0, 0, 0, 0);
+  } else {
+    *at = padded[i];
   }
 }
 
-template <bool kIn>
-cudaError_t copy(const PadCopy& c, int64_t padded_dim, cudaStream_t stream) {
-  const int64_t units = units_in(c, padded_dim);  // (the plan checked the bytes' product)
-  if (units <= 0) return cudaSuccess;
-  const unsigned blocks = unsigned(std::min((units + kThreads - 1) / kThreads, kMaxBlocks));
-  auto* padded = static_cast<uint4*>(c.padded);
-  auto* user = static_cast<char*>(c.user.data);
-  // (units + the last grid stride must not wrap a uint32_t index)
-  if (units + int64_t{kMaxBlocks} * kThreads <= int64_t{UINT32_MAX})
-    copy_units<kIn, uint32_t><<<blocks, kThreads, 0, stream>>>(padded, user, units_of<uint32_t>(c, padded_dim),
-                                                              uint32_t(units));
-  else
-    copy_units<kIn, int64_t><<<blocks, kThreads, 0, stream>>>(padded, user, units_of<int64_t>(c, padded_dim), units);
-  return cudaGetLastError();
+// Every copy of a set in one grid-stride walk over their units (copy_of finds each unit's copy;
+// the set, a __grid_constant__ parameter, is read where it lies), and with the copies in, a
+// gathered pool's table.
+template <bool kIn, class Index>
+__global__ void copy_set(const __grid_constant__ CopySet<Index> set) {
+  const auto load = [](const int32_t* e) { return __ldg(e); };
+  const Index total = set.end[set.count - 1], stride = Index(gridDim.x) * kThreads;
+  for (Index i = Index(blockIdx.x) * kThreads + threadIdx.x; i < total; i += stride) {
+    Index local = 0;
+    const int j = copy_of(set, i, &local);
+    copy_unit<kIn>(set.map[j], static_cast<uint4*>(set.padded[j]), static_cast<char*>(set.user[j]), local, load);
+  }
+  if constexpr (kIn)
+    for (Index n = Index(blockIdx.x) * kThreads + threadIdx.x; n < set.table_entries; n += stride)
+      set.table[n] = int32_t(n);
 }
 
-// table[n] = n: a gathered paged pool's block table.
-__global__ void fill_identity(int32_t* table, int64_t entries) {
-  for (int64_t n = blockIdx.x * int64_t{kThreads} + threadIdx.x; n < entries; n += int64_t{gridDim.x} * kThreads)
-    table[n] = int32_t(n);
+// The copies of `call` in one direction, one launch, with 32-bit indices where the set's units
+// (and a last grid stride past them) fit.
+template <bool kIn, class Args>
+cudaError_t copy_all(const PaddedCall<Args>& call, int64_t padded_dim, cudaStream_t stream) {
+  int64_t work = 0;
+  const auto narrow = copy_set_of<uint32_t>(call, kIn, padded_dim, &work);
+  if (work == 0) return cudaSuccess;
+  const unsigned blocks = unsigned(std::min((work + kThreads - 1) / kThreads, kMaxBlocks));
+  if (work + int64_t{kMaxBlocks} * kThreads <= int64_t{UINT32_MAX})
+    copy_set<kIn, uint32_t><<<blocks, kThreads, 0, stream>>>(narrow);
+  else
+    copy_set<kIn, int64_t><<<blocks, kThreads, 0, stream>>>(copy_set_of<int64_t>(call, kIn, padded_dim, &work));
+  return cudaGetLastError();
 }
 
 Status cuda_failure(const std::string& what, cudaError_t e) {
@@ -80,21 +88,11 @@ Status run_padded(const Args& args, int64_t offset, cudaStream_t stream,
     base = scratch.ptr;
   }
   const PaddedCall<Args> call = plan(args, base);
-  if (call.table_entries > 0) {
-    fill_identity<<<unsigned(std::min((call.table_entries + kThreads - 1) / kThreads, kMaxBlocks)), kThreads, 0,
-                    stream>>>(call.table, call.table_entries);
-    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess)
-      return cuda_failure(at + "writing the gathered pages' table", e);
-  }
-  for (int i = 0; i < call.count; ++i)
-    if (const PadCopy& c = call.copies[i]; c.in)
-      if (const cudaError_t e = copy<true>(c, padded_dim, stream); e != cudaSuccess)
-        return cuda_failure(at + "copying " + c.name + " in", e);
+  if (const cudaError_t e = copy_all<true>(call, padded_dim, stream); e != cudaSuccess)
+    return cuda_failure(at + "copying q, k, v" + (std::is_same_v<Args, BackwardArgs> ? ", o, dout" : "") + " in", e);
   if (Status s = run(call.args, stream); !s.ok()) return s;
-  for (int i = 0; i < call.count; ++i)
-    if (const PadCopy& c = call.copies[i]; c.out)
-      if (const cudaError_t e = copy<false>(c, padded_dim, stream); e != cudaSuccess)
-        return cuda_failure(at + "copying " + c.name + " out", e);
+  if (const cudaError_t e = copy_all<false>(call, padded_dim, stream); e != cudaSuccess)
+    return cuda_failure(at + "copying the outputs back", e);
   return Status::Ok();
 }
 

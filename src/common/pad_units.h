@@ -3,6 +3,7 @@
 // walks the same map on the CPU to emulate both copies.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/pad.h"
@@ -57,6 +58,34 @@ struct PadUnits {
   }
 };
 
+// Several copies in one launch (pad.cu): copy j's units are [end[j - 1], end[j]) of the set's
+// (end[-1] = 0). A gathered paged pool's table (PaddedCall::table) rides along with the copies in.
+inline constexpr int kMaxCopySet = 5;  // the backward's q, k, v, o and dout
+template <class Index>
+struct CopySet {
+  int count;
+  PadUnits<Index> map[kMaxCopySet];
+  void* padded[kMaxCopySet];
+  void* user[kMaxCopySet];
+  Index end[kMaxCopySet];
+  int32_t* table;  // table[n] = n for n < table_entries (null: none)
+  Index table_entries;
+};
+
+// The copy that unit i of a set belongs to (count where i is past every copy), and its unit there.
+template <class Index>
+FA4_HD int copy_of(const CopySet<Index>& set, Index i, Index* local) {
+  Index start = 0;
+  for (int j = 0; j < set.count; ++j) {
+    if (i < set.end[j]) {
+      *local = i - start;
+      return j;
+    }
+    start = set.end[j];
+  }
+  return set.count;
+}
+
 // The unit map of copy c at the kernel head dim padded_dim.
 template <class Index>
 inline PadUnits<Index> units_of(const PadCopy& c, int64_t padded_dim) {
@@ -70,6 +99,27 @@ inline PadUnits<Index> units_of(const PadCopy& c, int64_t padded_dim) {
 // The units of copy c: its rows times the padded row's 16-byte units.
 inline int64_t units_in(const PadCopy& c, int64_t padded_dim) {
   return c.rows[0] * c.rows[1] * c.rows[2] * (padded_dim * c.elem_size / 16);
+}
+
+// The set of a call's copies in (with its gathered pool's table) or out, and the work its launch
+// walks (units, or the table's entries where more); *work 0: nothing to launch.
+template <class Index, class Call>
+inline CopySet<Index> copy_set_of(const Call& call, bool in, int64_t padded_dim, int64_t* work) {
+  CopySet<Index> set{};
+  int64_t total = 0;
+  for (int i = 0; i < call.count; ++i) {
+    const PadCopy& c = call.copies[i];
+    if (in ? !c.in : !c.out) continue;
+    total += units_in(c, padded_dim);
+    set.map[set.count] = units_of<Index>(c, padded_dim);
+    set.padded[set.count] = c.padded;
+    set.user[set.count] = c.user.data;
+    set.end[set.count] = Index(total);
+    ++set.count;
+  }
+  if (in) set.table = call.table, set.table_entries = Index(call.table_entries);
+  *work = set.count == 0 ? 0 : std::max(total, in ? call.table_entries : int64_t{0});
+  return set;
 }
 
 }  // namespace fa4::detail
