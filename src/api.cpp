@@ -324,6 +324,15 @@ extern "C" int fa4_forward(const fa4_problem* problem, fa4_tensor q, fa4_tensor 
   });
 }
 
+extern "C" int fa4_forward_workspace_size(const fa4_problem* problem, size_t* bytes, char* message,
+                                          size_t message_len) {
+  return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {
+    fa4::ForwardArgs a;
+    a.problem = p;
+    return fa4::forward_workspace_size(a, bytes);
+  });
+}
+
 extern "C" int fa4_backward_workspace_size(const fa4_problem* problem, size_t* bytes, char* message,
                                            size_t message_len) {
   return c_entry(problem, message, message_len, [&](const fa4::Problem& p) {

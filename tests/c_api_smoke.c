@@ -28,6 +28,15 @@ int main(void) {
   printf("head_dim 96: %d, %zu bytes\n", ok96, padded);
   const size_t expect96 = (size_t)2 * 128 * 8 * (128 + 2) * 4 + ((size_t)4 * 1600 + 4 * 1200) * 128 * 2;
 
+  /* The forward's: q, o (1600 rows) and k, v (1200 rows) of 128 bf16. */
+  size_t fwd96 = 1;
+  const int okf = fa4_forward_workspace_size(&p, &fwd96, msg, sizeof msg);
+  printf("fa4_forward_workspace_size, head_dim 96: %d, %zu bytes\n", okf, fwd96);
+  const size_t expect_fwd96 = ((size_t)2 * 1600 + 2 * 1200) * 128 * 2;
+  p.head_dim = 64;
+  size_t fwd64 = 1;
+  const int ok64 = fa4_forward_workspace_size(&p, &fwd64, msg, sizeof msg);
+
   p.head_dim = 100;
   size_t unused = 0;
   const int bad = fa4_backward_workspace_size(&p, &unused, msg, sizeof msg);
@@ -124,7 +133,8 @@ int main(void) {
   const int rotary_ok = bad_rotary == 1 && strstr(msg, "rotary.rotary_dim = 24") != NULL;
 
   const int as_documented =
-      ok == 0 && bytes == expect && ok96 == 0 && padded == expect96 && bad == 1 && null_ok && varlen_ok && used_ok && entry_ok && pad_ok && paged_ok && packed_ok &&
+      ok == 0 && bytes == expect && ok96 == 0 && padded == expect96 && okf == 0 && fwd96 == expect_fwd96 &&
+      ok64 == 0 && fwd64 == 0 && bad == 1 && null_ok && varlen_ok && used_ok && entry_ok && pad_ok && paged_ok && packed_ok &&
       cap_ok && rotary_ok && sink_ok && dsink_ok && fp8_ok && fp8_bf16_ok;
   return as_documented ? 0 : 1;
 }

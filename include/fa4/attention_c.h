@@ -115,6 +115,10 @@ int fa4_append_kv(const fa4_problem* problem, int64_t seqlen_new, fa4_tensor k_n
                   int64_t page_size, int64_t num_pages, const int32_t* cache_seqlens, int64_t cache_seqlen,
                   int32_t* seqused_k, const fa4_rotary* rotary, fa4_tensor q, fa4_tensor q_rotated,
                   cudaStream_t stream, char* message, size_t message_len);
+// The workspace fa4_forward can take for `problem` (batched tensors), in bytes, into *bytes
+// (fa4::forward_workspace_size): 0 at head dims with a kernel of their own, else the zero-padded
+// copies', which without it come from cudaMallocAsync on the call's stream.
+int fa4_forward_workspace_size(const fa4_problem* problem, size_t* bytes, char* message, size_t message_len);
 // The workspace fa4_backward needs for `problem`, in bytes, into *bytes
 // (fa4::backward_workspace_size; at a head dim without a kernel of its own it includes the
 // zero-padded copies of batched tensors); a StatusCode and message as above.
