@@ -596,6 +596,33 @@ def test_two_head_dims_forward_and_backward(dims):
         assert_close_by_criterion(outp[cu_q[i]:cu_q[i + 1]][None], l, r, f"varlen sequence {i}")
 
 
+@pytest.mark.parametrize("d", [96, 192])
+def test_padded_head_dims_paged_kvcache(d):
+    # A paged cache at a head dim without a kernel: the pages each entry's table names are gathered
+    # (the pool's other pages hold NaN and must not matter), its keys cut at cache_seqlens.
+    b, hq, hkv, page, pages_each = 3, 8, 2, 16, 6
+    gen = torch.Generator(device=DEV).manual_seed(d)
+    pool = 40
+    kp = torch.full((pool, page, hkv, d), float("nan"), device=DEV, dtype=torch.bfloat16)
+    vp = torch.full((pool, page, hkv, d), float("nan"), device=DEV, dtype=torch.bfloat16)
+    ids = torch.randperm(pool, generator=torch.Generator().manual_seed(d))[: b * pages_each].view(b, pages_each)
+    table = ids.to(device=DEV, dtype=torch.int32)
+    for i in range(b):
+        for j in range(pages_each):
+            kp[ids[i, j]] = torch.randn(page, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+            vp[ids[i, j]] = torch.randn(page, hkv, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    q = torch.randn(b, 2, hq, d, device=DEV, dtype=torch.bfloat16, generator=gen)
+    lens = torch.tensor([96, 17, 50], device=DEV, dtype=torch.int32)
+    out = call_or_skip(fa4.flash_attn_with_kvcache, q, kp, vp, cache_seqlens=lens, block_table=table, causal=True)
+    scale = 1.0 / math.sqrt(d)
+    for i, n in enumerate(lens.tolist()):
+        ks = kp[ids[i]].reshape(1, pages_each * page, hkv, d)[:, :n]
+        vs = vp[ids[i]].reshape(1, pages_each * page, hkv, d)[:, :n]
+        ref, _ = reference(q[i:i + 1], ks, vs, scale, True, (-1, -1), lowp=False)
+        lp, _ = reference(q[i:i + 1], ks, vs, scale, True, (-1, -1), lowp=True)
+        assert_close_by_criterion(out[i:i + 1], lp, ref, f"entry {i}")
+
+
 @pytest.mark.parametrize("d", [48, 96, 160])
 def test_padded_head_dims_kvcache_append_and_varlen(d):
     # A decoding step's append into a contiguous cache (rotary over the whole head), then the
