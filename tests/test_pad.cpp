@@ -593,6 +593,74 @@ TEST(PadUnits, CopySetsCoverEachDirectionsCopies) {
   EXPECT_GE(work, int64_t{pin.end[pin.count - 1]});
 }
 
+// Packed sequences (cu_seqlens): the kernels write only the rows inside sequences, so o is copied
+// in too and its other rows go back as they came. Emulated with each sequence's float64 forward
+// in the kernels' place (written into the copy's rows of that sequence alone).
+TEST(PadEmulated, PackedRowsOutsideEverySequenceKeepTheirBytes) {
+  const int64_t HQ = 4, HKV = 2, d = 72, dv = 40, D = 128;
+  const std::vector<int32_t> cu_q = {2, 7, 7, 20}, cu_k = {0, 11, 15, 30};  // rows 0-1, 20-22 outside
+  const int64_t total_q = 23, total_k = 33, batch = 3;
+  std::mt19937 rng(5);
+  HostTensor q(1, total_q, HQ, d, false), k(1, total_k, HKV, d, false), v(1, total_k, HKV, dv, false),
+      o(1, total_q, HQ, dv, true);
+  for (HostTensor* t : {&q, &k, &v}) t->fill(rng);
+  o.fill(rng);  // what the rows outside every sequence hold before the call
+  const std::vector<uint16_t> o_before = o.bits;
+  ForwardArgs f;
+  f.problem = fa4::test::make_problem(batch, 13, 15, HQ, HKV, d);
+  f.problem.head_dim_v = dv;
+  f.problem.causal = true;
+  f.q = q.ref, f.k = k.ref, f.v = v.ref, f.o = o.ref;
+  f.q.batch_stride = f.k.batch_stride = f.v.batch_stride = f.o.batch_stride = 0;  // (not read)
+  f.varlen = {cu_q.data(), cu_k.data(), total_q, total_k};
+  const auto sized = fa4::detail::pad_forward(f, nullptr);
+  std::vector<uint8_t> scratch(size_t(sized.bytes) + 256);
+  void* base = scratch.data() + (256 - reinterpret_cast<uintptr_t>(scratch.data()) % 256) % 256;
+  const auto call = fa4::detail::pad_forward(f, base);
+  ASSERT_TRUE(call.copies[3].in && call.copies[3].out);
+  emulate_set(call, true, D);
+  for (int64_t b = 0; b < batch; ++b) {  // the kernels: each sequence's rows of the copy
+    const int64_t q0 = cu_q[size_t(b)], sq = cu_q[size_t(b) + 1] - q0, k0 = cu_k[size_t(b)],
+                  sk = cu_k[size_t(b) + 1] - k0;
+    if (sq == 0) continue;
+    Problem one = call.args.problem;
+    one.batch = 1, one.seqlen_q = sq, one.seqlen_k = sk;
+    auto rows = [](TensorRef t, int64_t first) {
+      t.data = static_cast<uint16_t*>(t.data) + first * t.seq_stride;
+      return t;
+    };
+    const auto r = fa4::ref::forward(one, read(rows(call.args.q, q0), 1, sq, HQ, D),
+                                     read(rows(call.args.k, k0), 1, sk, HKV, D), read(rows(call.args.v, k0), 1, sk, HKV, D));
+    write(rows(call.args.o, q0), 1, sq, HQ, D, r.o);
+  }
+  emulate_set(call, false, D);
+  int64_t outside_changed = 0, inside_wrong = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t q0 = cu_q[size_t(b)], sq = cu_q[size_t(b) + 1] - q0, k0 = cu_k[size_t(b)],
+                  sk = cu_k[size_t(b) + 1] - k0;
+    if (sq == 0) continue;
+    Problem one = f.problem;
+    one.batch = 1, one.seqlen_q = sq, one.seqlen_k = sk;
+    auto slice = [](HostTensor& t, int64_t first, int64_t n) {
+      std::vector<double> x;
+      for (int64_t j = first; j < first + n; ++j)
+        for (int64_t h = 0; h < t.h; ++h)
+          for (int64_t c = 0; c < t.cols; ++c) x.push_back(fa4::ref::bits_to_float(DType::kBF16, t.at(0, j, h, c)));
+      return x;
+    };
+    const auto want = fa4::ref::forward(one, slice(q, q0, sq), slice(k, k0, sk), slice(v, k0, sk));
+    inside_wrong += beyond_one_step(slice(o, q0, sq), fa4::ref::rounded(DType::kBF16, want.o));
+  }
+  for (int64_t j : {0, 1, 20, 21, 22})
+    for (int64_t h = 0; h <= HQ; ++h)  // (the spare head too)
+      for (int64_t c = 0; c < dv; ++c) {
+        const size_t at = size_t(j * o.ref.seq_stride + h * o.ref.head_stride + c);
+        outside_changed += o.bits[at] != o_before[at];
+      }
+  EXPECT_EQ(inside_wrong, 0) << "o of the sequences' rows";
+  EXPECT_EQ(outside_changed, 0) << "o's rows outside every sequence";
+}
+
 TEST(PadPlan, BytesPastInt64AreMarked) {
   ForwardArgs a = forward_at(96);  // 2^30 x 2^30 x 2^20 rows of q: past int64 in bytes
   a.problem.batch = a.problem.seqlen_q = int64_t{1} << 30;
