@@ -189,6 +189,33 @@ TEST(Validation, HeadDimVTakesTheSameRuleAndSizesTheValueSide) {
   EXPECT_TRUE(s.ok()) << s.message;
   b.dout.data = nullptr;
   EXPECT_TRUE(Refused(fa4::validate(b), {"dout.data = null", "heads_q, head_dim_v]"}));
+  b.dout = a.o;
+  b.dv.data = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(b), {"dv.data = null", "heads_kv, head_dim_v]"}));
+
+  // Packed sequences and a paged cache check the value side at head_dim_v too.
+  ForwardArgs packed = a;
+  packed.varlen = {static_cast<const int32_t*>(fake(10)), static_cast<const int32_t*>(fake(11)), 500, 700};
+  packed.q.batch_stride = packed.k.batch_stride = packed.v.batch_stride = packed.o.batch_stride = 0;
+  s = fa4::validate(packed);
+  EXPECT_TRUE(s.ok()) << s.message;
+  packed.o.data = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(packed), {"o.data = null", "[batch, varlen.total_q, heads_q, head_dim_v]"}));
+  ForwardArgs paged = a;
+  paged.paged = {static_cast<const int32_t*>(fake(12)), 24, 16, 100};
+  paged.k = fa4::bshd(fake(1), 16, kHkv, 192);
+  paged.v = fa4::bshd(fake(2), 16, kHkv, 128);
+  s = fa4::validate(paged);
+  EXPECT_TRUE(s.ok()) << s.message;
+  paged.v.data = nullptr;
+  EXPECT_TRUE(Refused(fa4::validate(paged), {"v.data = null", "[batch, paged.page_size, heads_kv, head_dim_v]"}));
+  // e4m3: both head dims in 16s.
+  ForwardArgs fp8 = a;
+  fp8.problem.dtype = DType::kE4M3;
+  s = fa4::validate(fp8);
+  EXPECT_TRUE(s.ok()) << s.message;
+  fp8.problem.head_dim_v = 136;
+  EXPECT_TRUE(Refused(fa4::validate(fp8), {"head_dim_v = 136: must be a multiple of 16 in [16, 256] for e4m3"}));
 }
 
 TEST(Validation, KernelHeadDimIsTheNextWithAKernel) {
