@@ -1,8 +1,8 @@
 // Head dims without a kernel of their own (fa4/attention.h, kMaxHeadDim), and calls with two head
 // dims (Problem::head_dim_v): a call runs on the next kernel head dim's kernels (validate.h,
-// kernel_head_dim), on copies of its tensors zero-padded to that head dim. Zero columns add nothing to any q.k and make only columns of o, dq, dk and dv that
-// are dropped, so the result is the unpadded problem's, with its scale (1/sqrt(head_dim) by
-// default, not the kernel head dim's).
+// kernel_head_dim), on copies of its tensors zero-padded to that head dim. Zero columns add
+// nothing to any q.k and make only columns of o, dq, dk and dv that are dropped, so the result is
+// the unpadded problem's, with its scale (1/sqrt(head_dim) by default, not the kernel head dim's).
 //
 // The plan (which tensors, their copies' shapes and places) is host code, testable without a GPU;
 // the copies and the run are in pad.cu.
@@ -62,8 +62,8 @@ struct PaddedCall {
 // already of the kernel head dim: with head_dim_v, one side may be; a paged cache's k and v both or
 // neither, its pages gathered into a dense pool of their own table), placed from `base`
 // (null: sized only, its tensors' pointers null). Reads the problem, the varlen totals (with
-// cu_seqlens) and the paged pools' sizes (with a block table); for placing, args must have passed
-// validate(). The forward's o is copied in too with cu_seqlens (its rows outside every sequence
+// cu_seqlens) and the paged cache's geometry (with a block table); for placing, args must have
+// passed validate(). The forward's o is copied in too with cu_seqlens (its rows outside every sequence
 // are left as they were); the backward keeps args.workspace (the kernels' dQ accumulator).
 PaddedCall<ForwardArgs> pad_forward(const ForwardArgs& args, void* base);
 PaddedCall<BackwardArgs> pad_backward(const BackwardArgs& args, void* base);
