@@ -25,6 +25,8 @@ typedef struct fa4_tensor {
   int64_t batch_stride, seq_stride, head_stride;
 } fa4_tensor;
 
+// Zero it before setting fields (memset, or `= {0}`): fields added at its end (head_dim_v) then
+// read as their defaults.
 typedef struct fa4_problem {
   int dtype;  // 0 = bf16, 1 = fp16, 2 = e4m3 (fp8, forward only: fa4_forward_fp8)
   int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
