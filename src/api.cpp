@@ -16,10 +16,7 @@
 namespace fa4 {
 namespace {
 
-Status cuda_failure(const char* what, cudaError_t e) {
-  return {StatusCode::kCudaError,
-          std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")"};
-}
+using detail::cuda_failure;
 
 // Zeroes t, [p.batch, seq, heads, dim] (dim: p's head_dim, or its value_dim() on the value side).
 Status zero(const char* what, const TensorRef& t, const Problem& p, int64_t seq, int64_t heads, int64_t dim,

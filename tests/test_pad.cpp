@@ -32,13 +32,8 @@ using fa4::test::fake;
 constexpr int64_t kB = 3, kSq = 100, kSk = 70, kHq = 8, kHkv = 2;
 
 ForwardArgs forward_at(int64_t d, DType t = DType::kBF16) {
-  ForwardArgs a;
-  a.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, d, t);
+  ForwardArgs a = fa4::test::fake_forward(fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, d, t));
   a.q = fa4::bhsd(fake(0), kSq, kHq, d);  // BHSD: the copies are BSHD whatever the caller's strides
-  a.k = fa4::bshd(fake(1), kSk, kHkv, d);
-  a.v = fa4::bshd(fake(2), kSk, kHkv, d);
-  a.o = fa4::bshd(fake(3), kSq, kHq, d);
-  a.lse = static_cast<float*>(fake(4));
   return a;
 }
 

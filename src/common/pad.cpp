@@ -27,36 +27,34 @@ class Planner {
     if (cols == padded_dim_ && !always) return;
     PadCopy& c = call_->copies[call_->count++];
     c = PadCopy{name, *t, cols, nullptr, {r.n0, r.n1, r.n2}, elem_size, in, out};
-    int64_t bytes = 0;
-    if (call_->bytes < 0 || __builtin_mul_overflow(std::max<int64_t>(r.n0, 0), std::max<int64_t>(r.n1, 0), &bytes) ||
-        __builtin_mul_overflow(bytes, std::max<int64_t>(r.n2, 0), &bytes) ||
-        __builtin_mul_overflow(bytes, padded_dim_ * elem_size, &bytes) ||
-        __builtin_add_overflow(bytes, kPadAlign - 1, &bytes) ||
-        __builtin_add_overflow(call_->bytes, bytes / kPadAlign * kPadAlign, &bytes)) {
+    int64_t rows = 0;
+    if (__builtin_mul_overflow(std::max<int64_t>(r.n0, 0), std::max<int64_t>(r.n1, 0), &rows) ||
+        __builtin_mul_overflow(rows, std::max<int64_t>(r.n2, 0), &rows))
       call_->bytes = -1;
-      *t = TensorRef{};
-      return;
-    }
-    c.padded = base_ == nullptr ? nullptr : base_ + call_->bytes;
-    *t = TensorRef{c.padded, r.n1 * r.n2 * padded_dim_, r.n2 * padded_dim_, padded_dim_};
-    call_->bytes = bytes;
+    c.padded = reserve(rows, padded_dim_ * elem_size);
+    *t = call_->bytes < 0 ? TensorRef{}
+                          : TensorRef{c.padded, r.n1 * r.n2 * padded_dim_, r.n2 * padded_dim_, padded_dim_};
   }
 
   // Places an int32 table of n entries after the copies.
-  int32_t* table(int64_t n) {
+  int32_t* table(int64_t n) { return reinterpret_cast<int32_t*>(reserve(n, 4)); }
+
+ private:
+  // n items of `size` bytes after what is placed, rounded up to kPadAlign: their place (null when
+  // sizing, and once the total is past int64, when call_->bytes becomes -1).
+  uint8_t* reserve(int64_t n, int64_t size) {
     int64_t bytes = 0;
-    if (call_->bytes < 0 || __builtin_mul_overflow(n, int64_t{4}, &bytes) ||
+    if (call_->bytes < 0 || __builtin_mul_overflow(n, size, &bytes) ||
         __builtin_add_overflow(bytes, kPadAlign - 1, &bytes) ||
         __builtin_add_overflow(call_->bytes, bytes / kPadAlign * kPadAlign, &bytes)) {
       call_->bytes = -1;
       return nullptr;
     }
-    int32_t* at = base_ == nullptr ? nullptr : reinterpret_cast<int32_t*>(base_ + call_->bytes);
+    uint8_t* at = base_ == nullptr ? nullptr : base_ + call_->bytes;
     call_->bytes = bytes;
     return at;
   }
 
- private:
   PaddedCall<Args>* call_;
   uint8_t* base_;
   int64_t padded_dim_;

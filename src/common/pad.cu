@@ -63,10 +63,6 @@ cudaError_t copy_all(const PaddedCall<Args>& call, int64_t padded_dim, cudaStrea
   return cudaGetLastError();
 }
 
-Status cuda_failure(const std::string& what, cudaError_t e) {
-  return {StatusCode::kCudaError, what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")"};
-}
-
 template <class Args>
 Status run_padded(const Args& args, int64_t offset, cudaStream_t stream,
                   PaddedCall<Args> (*plan)(const Args&, void*), Status (*run)(const Args&, cudaStream_t)) {

@@ -536,6 +536,10 @@ Status check_compute_capability(int major, int minor) {
   return Status::Ok();
 }
 
+Status cuda_failure(const std::string& what, cudaError_t e) {
+  return {StatusCode::kCudaError, what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")"};
+}
+
 Status check_current_device() {
   int device = 0, major = 0, minor = 0;
   cudaError_t e = cudaGetDevice(&device);

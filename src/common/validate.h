@@ -28,6 +28,9 @@ Status check_compute_capability(int major, int minor);
 // there is no usable device at all.
 Status check_current_device();
 
+// kCudaError "<what>: <error name> (<error string>)".
+Status cuda_failure(const std::string& what, cudaError_t e);
+
 // Checks args.problem alone (sizes, dtype, head_dim, scale, window); the tensors are not read.
 Status validate_problem(const Problem& p);
 

@@ -537,25 +537,42 @@ def test_softcap_backward(d, deterministic):
 # scale 1/sqrt(d) of the caller's d (the kernel head dim's would fail the float64 bound)
 
 
-@pytest.mark.parametrize("d", [8, 40, 80, 96, 160, 192])
-@pytest.mark.parametrize("causal", [False, True])
-def test_padded_head_dims_forward_and_backward(d, causal):
-    q, k, v = make_inputs(2, 239, 300, 4, 2, d, torch.bfloat16, layout="bhsd", requires_grad=True)
+def check_forward_and_backward(q, k, v, causal, deterministic=False):
+    """flash_attn_func's out ([..., v's head dim]), LSE, dq, dk and dv against the references, with
+    the caller's scale 1/sqrt(q's head dim)."""
     out, lse = call_or_skip(fa4.flash_attn_func, q, k, v, causal=causal, return_lse=True,
-                            deterministic=causal)
-    assert out.shape == q.shape
-    scale = 1.0 / math.sqrt(d)
+                            deterministic=deterministic)
+    assert out.shape == q.shape[:3] + v.shape[3:]
+    scale = 1.0 / math.sqrt(q.shape[3])
     ref, lse_ref = reference(q, k, v, scale, causal, (-1, -1), lowp=False)
     lp, lse_lp = reference(q, k, v, scale, causal, (-1, -1), lowp=True)
     assert_close_by_criterion(out, lp, ref, "out")
     assert_lse(lse, lse_lp, lse_ref)
     dout = torch.randn_like(out)
-    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
     ref_g = reference_grads(q, k, v, dout, scale, causal, (-1, -1), lowp=False)
     lp_g = reference_grads(q, k, v, dout, scale, causal, (-1, -1), lowp=True)
-    for name, g, r, l in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_g, lp_g):
+    for name, g, r, l in zip(("dq", "dk", "dv"), grads, ref_g, lp_g):
         assert g.shape == r.shape, name
         assert_close_by_criterion(g, l, r, name)
+
+
+def check_varlen_sequences(out, q, k, v, cu_q, cu_k, causal):
+    """Packed out against each sequence's references alone, scale 1/sqrt(q's head dim)."""
+    scale = 1.0 / math.sqrt(q.shape[2])
+    for i in range(cu_q.numel() - 1):
+        qs = q[cu_q[i]:cu_q[i + 1]][None]
+        ks, vs = k[cu_k[i]:cu_k[i + 1]][None], v[cu_k[i]:cu_k[i + 1]][None]
+        ref, _ = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=False)
+        lp, _ = reference(qs, ks, vs, scale, causal, (-1, -1), lowp=True)
+        assert_close_by_criterion(out[cu_q[i]:cu_q[i + 1]][None], lp, ref, f"varlen sequence {i}")
+
+
+@pytest.mark.parametrize("d", [8, 40, 80, 96, 160, 192])
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_head_dims_forward_and_backward(d, causal):
+    q, k, v = make_inputs(2, 239, 300, 4, 2, d, torch.bfloat16, layout="bhsd", requires_grad=True)
+    check_forward_and_backward(q, k, v, causal, deterministic=causal)
 
 
 @pytest.mark.parametrize("dims", [(192, 128), (64, 128), (40, 72)], ids=["192-128", "64-128", "40-72"])
@@ -567,20 +584,7 @@ def test_two_head_dims_forward_and_backward(dims):
     q = torch.randn(2, 239, 4, d, device=DEV, dtype=torch.bfloat16, generator=gen).requires_grad_()
     k = torch.randn(2, 300, 2, d, device=DEV, dtype=torch.bfloat16, generator=gen).requires_grad_()
     v = torch.randn(2, 300, 2, dv, device=DEV, dtype=torch.bfloat16, generator=gen).requires_grad_()
-    out, lse = call_or_skip(fa4.flash_attn_func, q, k, v, causal=True, return_lse=True)
-    assert out.shape == (2, 239, 4, dv)
-    scale = 1.0 / math.sqrt(d)
-    ref, lse_ref = reference(q, k, v, scale, True, (-1, -1), lowp=False)
-    lp, lse_lp = reference(q, k, v, scale, True, (-1, -1), lowp=True)
-    assert_close_by_criterion(out, lp, ref, "out")
-    assert_lse(lse, lse_lp, lse_ref)
-    dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    ref_g = reference_grads(q, k, v, dout, scale, True, (-1, -1), lowp=False)
-    lp_g = reference_grads(q, k, v, dout, scale, True, (-1, -1), lowp=True)
-    for name, g, r, l in zip(("dq", "dk", "dv"), grads, ref_g, lp_g):
-        assert g.shape == r.shape, name
-        assert_close_by_criterion(g, l, r, name)
+    check_forward_and_backward(q, k, v, True)
     cu_q = torch.tensor([0, 17, 256], device=DEV, dtype=torch.int32)
     cu_k = torch.tensor([0, 40, 340], device=DEV, dtype=torch.int32)
     qp = torch.randn(256, 4, d, device=DEV, dtype=torch.float16, generator=gen)
@@ -588,12 +592,7 @@ def test_two_head_dims_forward_and_backward(dims):
     vp = torch.randn(340, 2, dv, device=DEV, dtype=torch.float16, generator=gen)
     outp = fa4.flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, 239, 300)
     assert outp.shape == (256, 4, dv)
-    for i in range(2):
-        qs = qp[cu_q[i]:cu_q[i + 1]][None]
-        ks, vs = kp[cu_k[i]:cu_k[i + 1]][None], vp[cu_k[i]:cu_k[i + 1]][None]
-        r, _ = reference(qs, ks, vs, scale, False, (-1, -1), lowp=False)
-        l, _ = reference(qs, ks, vs, scale, False, (-1, -1), lowp=True)
-        assert_close_by_criterion(outp[cu_q[i]:cu_q[i + 1]][None], l, r, f"varlen sequence {i}")
+    check_varlen_sequences(outp, qp, kp, vp, cu_q, cu_k, False)
 
 
 @pytest.mark.parametrize("d", [96, 192])
@@ -650,12 +649,7 @@ def test_padded_head_dims_kvcache_append_and_varlen(d):
     kp = torch.randn(579, hkv, d, device=DEV, dtype=torch.float16, generator=gen)
     vp = torch.randn(579, hkv, d, device=DEV, dtype=torch.float16, generator=gen)
     outp = fa4.flash_attn_varlen_func(qp, kp, vp, cu_q, cu_k, max(lq), max(lk), causal=True)
-    for i in range(3):
-        qs = qp[cu_q[i]:cu_q[i + 1]][None]
-        ks, vs = kp[cu_k[i]:cu_k[i + 1]][None], vp[cu_k[i]:cu_k[i + 1]][None]
-        ref, _ = reference(qs, ks, vs, scale, True, (-1, -1), lowp=False)
-        lp, _ = reference(qs, ks, vs, scale, True, (-1, -1), lowp=True)
-        assert_close_by_criterion(outp[cu_q[i]:cu_q[i + 1]][None], lp, ref, f"varlen sequence {i}")
+    check_varlen_sequences(outp, qp, kp, vp, cu_q, cu_k, True)
 
 
 # ---------------------------------------------------------------------------------------------
