@@ -47,11 +47,6 @@ Status run_forward(const ForwardArgs& args, cudaStream_t stream) {
   return detail::sm90_forward(detail::make_fwd_params(args), stream);
 }
 
-// A call the kernels take over zero-padded copies (common/pad.h): a head dim without a kernel of its
-// own, or two head dims.
-bool padded(const Problem& p) {
-  return detail::kernel_head_dim(p.head_dim) != p.head_dim || p.value_dim() != p.head_dim;
-}
 
 Status run_backward(const BackwardArgs& args, cudaStream_t stream);
 
@@ -90,7 +85,7 @@ Status forward_workspace_size(const ForwardArgs& args, size_t* bytes) {
   if (bytes == nullptr) return {StatusCode::kInvalidArgument, "bytes = null: needs a size_t*"};
   Status s = detail::validate_problem(args.problem);
   if (!s.ok()) return s;
-  const int64_t n = padded(args.problem) ? detail::pad_forward(args, nullptr).bytes : 0;
+  const int64_t n = detail::padded(args.problem, detail::Pass::kForward) ? detail::pad_forward(args, nullptr).bytes : 0;
   if (n < 0)
     return {StatusCode::kInvalidArgument, "head_dim = " + std::to_string(args.problem.head_dim) +
                                               ": the zero-padded copies' byte count must fit in int64"};
@@ -112,7 +107,7 @@ Status backward_workspace_size(const BackwardArgs& args, size_t* bytes) {
             "batch = " + std::to_string(p.batch) + ", seqlen_q = " + std::to_string(p.seqlen_q) +
                 ", heads_q = " + std::to_string(p.heads_q) +
                 ": the fp32 dQ accumulator's byte count must fit in int64"};
-  if (padded(p)) {
+  if (detail::padded(p, detail::Pass::kBackward)) {
     const int64_t offset = detail::backward_pad_offset(p), copies = detail::pad_backward(args, nullptr).bytes;
     if (offset < 0 || copies < 0 || __builtin_add_overflow(offset, copies, &n))
       return {StatusCode::kInvalidArgument, "head_dim = " + std::to_string(p.head_dim) +
@@ -144,7 +139,7 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
     }
     return Status::Ok();
   }
-  return padded(p) ? detail::forward_padded(args, stream, &run_forward) : run_forward(args, stream);
+  return detail::padded(p, detail::Pass::kForward) ? detail::forward_padded(args, stream, &run_forward) : run_forward(args, stream);
 }
 
 Status backward(const BackwardArgs& args, cudaStream_t stream) {
@@ -152,7 +147,7 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
   if (!s.ok()) return s;
   const Problem& p = args.problem;
   const Rows rows = rows_of(p, args.varlen);
-  if (padded(p) && p.batch > 0 && rows.q > 0 && rows.k > 0) {
+  if (detail::padded(p, detail::Pass::kBackward) && p.batch > 0 && rows.q > 0 && rows.k > 0) {
     if (Status d = detail::check_current_device(); !d.ok()) return d;
     return detail::backward_padded(args, stream, &run_backward);
   }

@@ -217,7 +217,7 @@ constexpr auto FP16 = DType::kFP16;
 TEST(ForwardGpu, OddSizesEveryHeadDim) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 1;
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (int64_t s : {1, 17, 128, 239, 1000}) run_case({BF16, 2, s, s, 2, 2, d, false}, seed++);
 }
 
@@ -231,7 +231,7 @@ TEST(ForwardGpu, OddSizesEveryHeadDim) {
 TEST(ForwardGpu, PaddedHeadDims) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 5000;
-  for (int64_t d : {8, 40, 72, 96, 136, 192, 248})
+  for (int64_t d : {8, 40, 72, 96, 136, 184, 200, 248})  // (136, 184 on d192's kernels)
     for (bool causal : {false, true}) {
       Case c{BF16, 2, 239, 300, 4, 2, d, causal};
       c.layout = Layout::kPadded, c.check_padding = true;
@@ -243,7 +243,7 @@ TEST(ForwardGpu, PaddedHeadDims) {
   bhsd.layout = Layout::kBHSD;
   run_case(bhsd, seed++);
   run_case({BF16, 1, 700, 700, 2, 2, 160, false, 100, 0}, seed++);
-  for (int64_t d : {96, 192}) {
+  for (int64_t d : {96, 160, 224}) {
     run_case({BF16, 3, 1, 1000, 8, 2, d, false}, seed++);   // one query row: the group folded
     run_case({BF16, 2, 4, 2000, 16, 2, d, true}, seed++);   // a few rows: the rows folded
     Case sinks{BF16, 2, 200, 333, 4, 2, d, true};
@@ -253,9 +253,9 @@ TEST(ForwardGpu, PaddedHeadDims) {
     capped.key_scale = 6.0, capped.softcap = 7.5f;
     run_case(capped, seed++);
   }
-  // Two head dims (Problem::head_dim_v): DeepSeek's 192 / 128 on d256's kernels, a wider value side
+  // Two head dims (Problem::head_dim_v): DeepSeek's 192 / 128 on d192's kernels, a wider value side
   // (64 / 128 on d128's), both without a kernel of their own (40 / 72), decoding and causal rows.
-  const std::array<std::pair<int64_t, int64_t>, 3> two = {{{192, 128}, {64, 128}, {40, 72}}};
+  const std::array<std::pair<int64_t, int64_t>, 4> two = {{{192, 128}, {64, 128}, {40, 72}, {128, 256}}};
   for (auto [d, dv] : two) {
     for (bool causal : {false, true}) {
       Case c{BF16, 2, 239, 300, 4, 2, d, causal};
@@ -274,7 +274,7 @@ TEST(ForwardGpu, PaddedHeadDims) {
 TEST(ForwardGpu, SoftcapEveryHeadDimBoundAndDtype) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 700;
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (auto dt : {BF16, FP16}) {
       for (auto [sq, sk] : {std::pair<int64_t, int64_t>{17, 239}, {300, 300}, {1000, 128}})
         for (bool causal : {false, true}) {
@@ -291,7 +291,7 @@ TEST(ForwardGpu, SoftcapEveryHeadDimBoundAndDtype) {
     }
   // Decoding over long keys in few folded tiles (four), which the launch cuts into stream-K pieces
   // across the SMs: the capped pieces and their merge.
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     Case longkeys{BF16, 1, 1, 16384, 16, 4, d, false};
     longkeys.key_scale = 6.0, longkeys.softcap = 30.0f;
     run_case(longkeys, seed++);
@@ -301,7 +301,7 @@ TEST(ForwardGpu, SoftcapEveryHeadDimBoundAndDtype) {
 TEST(ForwardGpu, CausalBothDirectionsOfSeqlenMismatch) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 100;
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (auto [sq, sk] : {std::pair<int64_t, int64_t>{17, 239}, {239, 17}, {128, 1000}, {1000, 128}, {300, 300}})
       for (bool causal : {false, true}) run_case({BF16, 1, sq, sk, 2, 1, d, causal}, seed++);
 }
@@ -404,7 +404,7 @@ TEST(ForwardGpu, D256SerialStep) {
 TEST(ForwardGpu, Fp16) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 200;
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (bool causal : {false, true}) run_case({FP16, 2, 239, 333, 4, 2, d, causal}, seed++);
 }
 
@@ -423,7 +423,7 @@ TEST(ForwardGpu, GqaAndMqa) {
 TEST(ForwardGpu, DecodingQueryGroupsFolded) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 350;
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     run_case({BF16, 3, 1, 1000, 32, 8, d, false}, seed++);
     run_case({BF16, 2, 1, 4097, 16, 1, d, true}, seed++);  // MQA, causal (the one query sees every key)
     run_case({FP16, 2, 1, 17, 8, 2, d, false, -1, -1, Layout::kBHSD}, seed++);
@@ -493,7 +493,7 @@ TEST(ForwardGpu, QueryRowsOfAGroupFolded) {
     return fa4::detail::make_fwd_params(fa4::test::fake_forward(problem_of(c))).fold;
   };
   uint32_t seed = 370;
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     std::vector<Case> cases = {
         {BF16, 2, 4, 1000, 32, 8, d, true},                            // speculative decoding: 4 x 4 rows
         {BF16, 3, 3, 777, 16, 2, d, false},                            // 3 x 8 rows, no bound
@@ -536,7 +536,7 @@ TEST(ForwardGpu, QueryRowsOfAGroupFolded) {
 TEST(ForwardGpu, SinksOnTheTileKernels) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 2600;
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     std::vector<Case> cases = {
         {BF16, 2, 333, 333, 4, 2, d, false},
         {FP16, 1, 300, 1000, 6, 3, d, true, -1, -1, Layout::kBHSD},
@@ -612,7 +612,7 @@ TEST(ForwardGpu, StridedLayouts) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 400;
   for (Layout l : {Layout::kBHSD, Layout::kPadded})
-    for (int64_t d : {64, 128, 256}) run_case({BF16, 2, 190, 260, 4, 2, d, d == 128, -1, -1, l}, seed++);
+    for (int64_t d : {64, 128, 192, 256}) run_case({BF16, 2, 190, 260, 4, 2, d, d == 128, -1, -1, l}, seed++);
 }
 
 TEST(ForwardGpu, LocalWindow) {
@@ -624,7 +624,7 @@ TEST(ForwardGpu, LocalWindow) {
   // Rows near the top see no key at all: O = 0 and LSE = -inf there.
   run_case({BF16, 1, 400, 100, 2, 2, 64, false, 10, 0}, seed++);
   // The window (-1, 0) asked for as a window: the causal kernel, as causal is.
-  for (int64_t d : {64, 128, 256}) run_case({BF16, 1, 333, 555, 2, 2, d, false, -1, 0}, seed++);
+  for (int64_t d : {64, 128, 192, 256}) run_case({BF16, 1, 333, 555, 2, 2, d, false, -1, 0}, seed++);
 }
 
 TEST(ForwardGpu, DiagonalBlocksCutToEachConsumersRows) {
@@ -701,7 +701,7 @@ TEST(ForwardGpu, RunningMaxRisesPastTheRescaleThreshold) {
   // by tens (60), so every block goes back.
   uint32_t seed = 800;
   for (double ramp : {6.0, 60.0})
-    for (int64_t d : {64, 128, 256})
+    for (int64_t d : {64, 128, 192, 256})
       for (DType t : {BF16, FP16})
         for (bool causal : {false, true}) {
           Case c{t, 1, 333, 1111, 2, 1, d, causal};
@@ -720,7 +720,7 @@ TEST(ForwardGpu, ScoresFarApartWithinABlock) {
   // (the last keys) partial and masked. Both dtypes, every head dim.
   uint32_t seed = 850;
   for (double scale : {2.0, 6.0})
-    for (int64_t d : {64, 128, 256})
+    for (int64_t d : {64, 128, 192, 256})
       for (DType t : {BF16, FP16})
         for (int64_t sk : {1024, 1111}) {
           Case c{t, 2, 400, sk, 2, 1, d, false};
@@ -779,7 +779,7 @@ TEST(ForwardGpu, WarpsSkewedEveryTile) {
   // bounded kernels), on four CTAs, in clusters of two, and with a stream-K tail; then tiles
   // without keys among tiles with keys.
   uint32_t seed = 1960;
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (int64_t sq : {700, 1000, 1050})
       for (auto [cluster, split, ctas] : {std::array<int, 3>{1, 1, 4}, {2, 1, 4}, {1, 2, 0}}) {
         // Causal 700, non-causal 1000 (four consumers at d64) and, at d64, non-causal 1050 (three,
@@ -796,7 +796,7 @@ TEST(ForwardGpu, WarpsSkewedEveryTile) {
       }
   // Tiles without keys among tiles with keys (causal with seqlen_q > seqlen_k: the first query
   // blocks see no key; at d256 neither consumer takes the kv_read hand-over there).
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     run_lagged({BF16, 2, 1000, 300, 3, 3, d, true}, fa4::test::forward_tile_warp_late, 3, seed++);
   // d64 causal on three consumers (the shapes above take four).
   run_lagged({BF16, 2, 333, 1111, 4, 2, 64, true}, fa4::test::forward_tile_warp_late, 3, seed++);
@@ -933,6 +933,8 @@ TEST(ForwardGpu, ClusterPairsMatchOneCtaBitForBit) {
       {BF16, 4, 512, 512, 16, 4, 128, false},  // 128 pairs
       {BF16, 4, 1000, 700, 16, 16, 64, false},
       {FP16, 2, 600, 650, 16, 8, 256, false},
+      {BF16, 2, 300, 1000, 4, 2, 192, false},  // d192: three-chunk K/V halves (112-key blocks)
+      {FP16, 1, 700, 333, 8, 8, 192, false},
   };
   uint32_t seed = 900;
   for (Case c : cases) {
@@ -1009,7 +1011,7 @@ TEST(ForwardGpu, StreamKTailMatchesTheReference) {
 TEST(ForwardGpu, BoundedTilesOfOneQueryBlockCutIntoPieces) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 1500;
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     const Case cases[] = {
         {BF16, 1, 4, 2049, 8, 8, d, true},                         // MHA, 4 rows a tile, unfolded
         {BF16, 1, 4, 2049, 32, 8, d, true},                        // GQA folded: 16 rows; a 1-key last block

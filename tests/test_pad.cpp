@@ -97,8 +97,15 @@ TEST(PadPlan, ForwardCopiesQKVInAndOOut) {
 }
 
 TEST(PadPlan, KernelHeadDimsByHeadDim) {
-  for (const auto& [d, k] : {std::pair{8, 64}, {40, 64}, {80, 128}, {136, 256}, {200, 256}, {248, 256}})
+  // (the forward's; 136-184 on 192's kernels, the backward's on 256's)
+  for (const auto& [d, k] : {std::pair{8, 64}, {40, 64}, {80, 128}, {136, 192}, {184, 192}, {200, 256}, {248, 256}}) {
     EXPECT_EQ(fa4::detail::pad_forward(forward_at(d), nullptr).args.problem.head_dim, k) << d;
+    EXPECT_EQ(fa4::detail::pad_forward(forward_at(d, DType::kE4M3), nullptr).args.problem.head_dim, d <= 128 ? k : 256)
+        << "e4m3 " << d;
+    BackwardArgs b;
+    b.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, d);
+    EXPECT_EQ(fa4::detail::pad_backward(b, nullptr).args.problem.head_dim, d <= 128 ? k : 256) << d;
+  }
 }
 
 TEST(PadPlan, PackedOIsCopiedInToKeepItsOtherRows) {
@@ -150,9 +157,9 @@ TEST(PadPlan, EntriesOwnKeysBoundTheKeyCopies) {
 // A paged cache: the pages each entry's table names (ceil(seqlen_k / page_size) of them) gathered
 // into a dense pool of their own, whatever the caller's pool holds; k and v both, one table.
 TEST(PadPlan, PagedPoolsGatherTheEntriesPages) {
-  ForwardArgs a = forward_at(160);  // kSk = 70 keys an entry: 5 pages of 16
+  ForwardArgs a = forward_at(200);  // kSk = 70 keys an entry: 5 pages of 16
   a.paged = {static_cast<const int32_t*>(fake(5)), 8, 16, 1000};
-  a.k = a.v = fa4::bshd(fake(1), 16, kHkv, 160);
+  a.k = a.v = fa4::bshd(fake(1), 16, kHkv, 200);
   a.varlen.seqused_k = static_cast<const int32_t*>(fake(6));
   const auto c = fa4::detail::pad_forward(a, fake(9));
   for (int i : {1, 2}) {
@@ -268,18 +275,34 @@ TEST(PadPlan, BackwardCopiesFiveInThreeOutAfterTheAccumulator) {
   EXPECT_EQ(int64_t(bytes), fa4::detail::backward_pad_offset(a.problem) + c.bytes);
 }
 
-// Two head dims (DeepSeek's 192 / 128): both sides on the kernel head dim of the larger, each copy
-// of its own side's columns; the scale the qk head dim's.
+// Two head dims (DeepSeek's 192 / 128): both sides on the kernel head dim of the larger (the
+// forward's 192, the backward's 256), each copy of its own side's columns; the scale the qk head
+// dim's.
 TEST(PadPlan, TwoHeadDimsOnTheLargersKernel) {
   ForwardArgs a = forward_at(192);
   a.problem.head_dim_v = 128;
   const auto c = fa4::detail::pad_forward(a, fake(9));
-  EXPECT_EQ(c.args.problem.head_dim, 256);
+  EXPECT_EQ(c.args.problem.head_dim, 192);
   EXPECT_EQ(c.args.problem.head_dim_v, 0);
   EXPECT_FLOAT_EQ(c.args.problem.softmax_scale, float(1.0 / std::sqrt(192.0)));
-  const int64_t cols[] = {192, 192, 128, 128};
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(c.copies[i].cols, cols[i]) << c.copies[i].name;
+  ASSERT_EQ(c.count, 2);  // q and k are already 192 wide: the value side alone is copied
+  const char* value_side[] = {"v", "o"};
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_STREQ(c.copies[i].name, value_side[i]);
+    EXPECT_EQ(c.copies[i].cols, 128) << value_side[i];
+  }
+  EXPECT_EQ(c.args.q.data, a.q.data);
+  BackwardArgs g0;
+  g0.problem = a.problem;
+  g0.q = g0.dq = a.q, g0.k = g0.dk = a.k, g0.v = g0.dv = a.v, g0.o = g0.dout = a.o;
+  const auto gc = fa4::detail::pad_backward(g0, fake(8));
+  EXPECT_EQ(gc.args.problem.head_dim, 256);
+  const int64_t cols[] = {192, 192, 128, 128, 128, 192, 192, 128};
+  ASSERT_EQ(gc.count, 8);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(gc.copies[i].cols, cols[i]) << gc.copies[i].name;
   a.problem.head_dim = 64, a.problem.head_dim_v = 160;  // the value side the wider
+  EXPECT_EQ(fa4::detail::pad_forward(a, nullptr).args.problem.head_dim, 192);
+  a.problem.head_dim_v = 200;
   EXPECT_EQ(fa4::detail::pad_forward(a, nullptr).args.problem.head_dim, 256);
   BackwardArgs b;
   b.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, 128);
@@ -322,9 +345,7 @@ void emulate_copies(int elem, int64_t d, int64_t padded_dim, bool bhsd, bool ent
   std::vector<uint8_t> user(size_t(span * elem)), back(user.size(), 0xCD);
   for (size_t n = 0; n < user.size(); ++n) user[n] = uint8_t(n * 131 + 7);
   const std::vector<int32_t> begin = {0, 5, 40}, end = {37, 20, -3};  // clamped by the comparison
-  int vec_shift = 0;
-  while ((int64_t{1} << vec_shift) < padded_dim * elem / 16) ++vec_shift;
-  const fa4::detail::PadUnits<Index> map{Index(S),     Index(H),     vec_shift,
+  const fa4::detail::PadUnits<Index> map{Index(S),     Index(H),     int(padded_dim * elem / 16),
                                          int(d * elem / 16),      st[0] * elem, st[1] * elem,
                                          st[2] * elem,            entries ? begin.data() : nullptr,
                                          entries ? end.data() : nullptr, nullptr, 0, 0, 0};
@@ -375,8 +396,9 @@ TEST(PadUnits, EmulatedCopiesPadAndRestoreExactly) {
       emulate_copies<uint32_t>(2, 40, 64, bhsd, entries);
       emulate_copies<uint32_t>(2, 96, 128, bhsd, entries);
       emulate_copies<uint32_t>(2, 200, 256, bhsd, entries);
+      emulate_copies<uint32_t>(2, 152, 192, bhsd, entries);  // 24 units a row: not a power of two
       emulate_copies<uint32_t>(1, 80, 128, bhsd, entries);
-      emulate_copies<int64_t>(2, 136, 256, bhsd, entries);
+      emulate_copies<int64_t>(2, 136, 192, bhsd, entries);
       emulate_copies<int64_t>(1, 16, 64, bhsd, entries);
     }
 }
@@ -502,7 +524,7 @@ void emulate_padded_call(int64_t d, int64_t dv, bool bhsd) {
   ForwardArgs f;
   f.problem = p;
   f.q = q.ref, f.k = k.ref, f.v = v.ref, f.o = o.ref;
-  const int64_t D = fa4::detail::kernel_head_dim(std::max(d, dv));
+  const int64_t D = fa4::detail::kernel_head_dim(p, fa4::detail::Pass::kForward);
   const auto sized = fa4::detail::pad_forward(f, nullptr);
   std::vector<uint8_t> scratch(size_t(sized.bytes) + 256);
   void* base = scratch.data() + (256 - reinterpret_cast<uintptr_t>(scratch.data()) % 256) % 256;
@@ -527,14 +549,16 @@ void emulate_padded_call(int64_t d, int64_t dv, bool bhsd) {
   std::vector<uint8_t> gscratch(size_t(gsized.bytes) + 256);
   void* gbase = gscratch.data() + (256 - reinterpret_cast<uintptr_t>(gscratch.data()) % 256) % 256;
   const auto gcall = fa4::detail::pad_backward(g, gbase);
-  emulate_set(gcall, true, D);
-  const auto kg = fa4::ref::backward(gcall.args.problem, read(gcall.args.q, B, SQ, HQ, D),
-                                     read(gcall.args.k, B, SK, HKV, D), read(gcall.args.v, B, SK, HKV, D),
-                                     read(gcall.args.dout, B, SQ, HQ, D));
-  write(gcall.args.dq, B, SQ, HQ, D, kg.dq);
-  write(gcall.args.dk, B, SK, HKV, D, kg.dk);
-  write(gcall.args.dv, B, SK, HKV, D, kg.dv);
-  emulate_set(gcall, false, D);
+  const int64_t G = fa4::detail::kernel_head_dim(p, fa4::detail::Pass::kBackward);  // (192: 256's)
+  ASSERT_EQ(gcall.args.problem.head_dim, G);
+  emulate_set(gcall, true, G);
+  const auto kg = fa4::ref::backward(gcall.args.problem, read(gcall.args.q, B, SQ, HQ, G),
+                                     read(gcall.args.k, B, SK, HKV, G), read(gcall.args.v, B, SK, HKV, G),
+                                     read(gcall.args.dout, B, SQ, HQ, G));
+  write(gcall.args.dq, B, SQ, HQ, G, kg.dq);
+  write(gcall.args.dk, B, SK, HKV, G, kg.dk);
+  write(gcall.args.dv, B, SK, HKV, G, kg.dv);
+  emulate_set(gcall, false, G);
   const auto gw = fa4::ref::backward(p, q.values(), k.values(), v.values(), dout.values());
   EXPECT_EQ(beyond_one_step(dq.values(), fa4::ref::rounded(DType::kBF16, gw.dq)), 0) << "dq";
   EXPECT_EQ(beyond_one_step(dk.values(), fa4::ref::rounded(DType::kBF16, gw.dk)), 0) << "dk";
@@ -546,7 +570,8 @@ TEST(PadEmulated, ForwardAndBackwardEqualTheCallersProblem) {
   for (bool bhsd : {false, true}) {
     emulate_padded_call(40, 40, bhsd);    // on 64's kernels
     emulate_padded_call(96, 96, bhsd);    // on 128's
-    emulate_padded_call(192, 128, bhsd);  // DeepSeek's, on 256's
+    emulate_padded_call(192, 128, bhsd);  // DeepSeek's: the forward on 192's, the backward on 256's
+    emulate_padded_call(152, 152, bhsd);  // the same split
     emulate_padded_call(128, 64, bhsd);   // q and k taken as they are
     emulate_padded_call(64, 136, bhsd);   // the value side the wider
   }

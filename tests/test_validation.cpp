@@ -144,7 +144,7 @@ TEST(Validation, DTypeOutOfRange) {
 }
 
 TEST(Validation, HeadDimOutsideTheRuleSaysTheRule) {
-  const std::string kernels = "64, 128, 256 run kernels of their own";
+  const std::string kernels = "64, 128, 256 run kernels of their own (the 16-bit forward also 192)";
   expect_problem_refused([](Problem& p) { p.head_dim = 100; },
                          {"head_dim = 100: must be a multiple of 8 in [8, 256] for bf16", "16-byte units", kernels});
   expect_problem_refused([](Problem& p) { p.head_dim = 264; }, {"head_dim = 264", "[8, 256]"});
@@ -218,10 +218,39 @@ TEST(Validation, HeadDimVTakesTheSameRuleAndSizesTheValueSide) {
   EXPECT_TRUE(Refused(fa4::validate(fp8), {"head_dim_v = 136: must be a multiple of 16 in [16, 256] for e4m3"}));
 }
 
-TEST(Validation, KernelHeadDimIsTheNextWithAKernel) {
-  const std::pair<int64_t, int64_t> cases[] = {{8, 64},    {56, 64},   {64, 64},   {72, 128}, {96, 128},
-                                               {128, 128}, {136, 256}, {192, 256}, {256, 256}, {264, 0}};
-  for (const auto& [d, k] : cases) EXPECT_EQ(fa4::detail::kernel_head_dim(d), k) << "head_dim " << d;
+TEST(Validation, KernelHeadDimIsTheNextWithAKernelInThatPass) {
+  using fa4::detail::Pass;
+  // head dim, the 16-bit forward's kernel head dim, the backward's (and e4m3's forward's)
+  const std::array<int64_t, 3> cases[] = {{8, 64, 64},     {56, 64, 64},    {64, 64, 64},   {72, 128, 128},
+                                          {96, 128, 128},  {128, 128, 128}, {136, 192, 256}, {184, 192, 256},
+                                          {192, 192, 256}, {200, 256, 256}, {256, 256, 256}, {264, 0, 0}};
+  for (const auto& [d, fwd, bwd] : cases) {
+    Problem p;
+    p.dtype = DType::kBF16;
+    p.head_dim = d;
+    EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kForward), fwd) << "head_dim " << d;
+    EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kBackward), bwd) << "head_dim " << d;
+    EXPECT_EQ(fa4::detail::padded(p, Pass::kForward), fwd != d) << "head_dim " << d;
+    EXPECT_EQ(fa4::detail::padded(p, Pass::kBackward), bwd != d) << "head_dim " << d;
+    p.dtype = DType::kFP16;
+    EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kForward), fwd) << "head_dim " << d;
+    p.dtype = DType::kE4M3;
+    EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kForward), bwd) << "e4m3, head_dim " << d;
+  }
+  // Two head dims: the larger's kernel, and always over copies.
+  Problem p;
+  p.dtype = DType::kBF16;
+  p.head_dim = 192;
+  p.head_dim_v = 128;
+  EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kForward), 192);
+  EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kBackward), 256);
+  EXPECT_TRUE(fa4::detail::padded(p, Pass::kForward));
+  p.head_dim = 128;
+  p.head_dim_v = 160;
+  EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kForward), 192);
+  EXPECT_TRUE(fa4::detail::padded(p, Pass::kForward));
+  p.head_dim_v = 128;  // == head_dim
+  EXPECT_FALSE(fa4::detail::padded(p, Pass::kForward));
 }
 
 TEST(Validation, HeadsQMustBeAMultipleOfHeadsKv) {

@@ -652,7 +652,7 @@ constexpr auto FP16 = DType::kFP16;
 TEST(VarlenGpu, EveryHeadDimOddLengthsAndEmptySequences) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 71;
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (DType t : {BF16, FP16}) {
       run_varlen({t, 4, 4, d, {17, 239, 0, 1000, 128, 1}, {17, 239, 0, 1000, 128, 1}}, seed++);
       run_varlen({t, 4, 2, d, {1, 300, 64}, {513, 17, 0}}, seed++);  // seqlen_q != seqlen_k both ways, no keys
@@ -662,7 +662,7 @@ TEST(VarlenGpu, EveryHeadDimOddLengthsAndEmptySequences) {
 TEST(VarlenGpu, CausalBottomRightPerSequence) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 171;
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     VarlenCase c{BF16, 4, 4, d, {239, 1, 513, 64, 300}, {300, 17, 513, 64, 100}};
     c.causal = true;
     run_varlen(c, seed++);
@@ -677,7 +677,7 @@ TEST(VarlenGpu, CausalBottomRightPerSequence) {
 TEST(VarlenGpu, WindowsGqaMqaAndStridedViews) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 271;
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     VarlenCase c{BF16, 8, 1, d, {500, 1000, 33}, {700, 1000, 90}};  // MQA
     c.left = 100;
     c.right = 20;
@@ -749,7 +749,7 @@ TEST(VarlenGpu, SoftcapForwardAndBackward) {
   // the cap's bend: each sequence against the float64 reference (with the cap, and its slope in the
   // backward) of that sequence alone.
   uint32_t seed = 801;
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     VarlenCase c{BF16, 4, 2, d, {17, 239, 0, 300, 1}, {40, 239, 9, 300, 700}};
     c.softcap = 7.5f, c.key_scale = 4.0;
     run_varlen(c, seed++);
@@ -775,7 +775,7 @@ TEST(VarlenGpu, SoftcapForwardAndBackward) {
 TEST(VarlenGpu, NaNInOtherSequencesRowsStaysThere) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 1301;
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (bool causal : {false, true}) {
       VarlenCase c{BF16, 8, 2, d, {1, 0, 3, 1}, {300, 77, 129, 65}};
       c.causal = causal;
@@ -804,7 +804,7 @@ TEST(VarlenGpu, NaNInOtherSequencesRowsStaysThere) {
 TEST(VarlenGpu, SequsedKeysWithNaNPastThem) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 1201;
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (bool causal : {false, true}) {
       VarlenCase c{BF16, 8, 2, d, {1, 1, 1, 1}, {700, 333, 129, 64}};
       c.causal = causal;
@@ -823,7 +823,7 @@ TEST(VarlenGpu, SequsedKeysWithNaNPastThem) {
 TEST(VarlenGpu, LeftPaddedKeysWithNaNBeforeThem) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 1251;
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (bool causal : {false, true}) {
       VarlenCase c{BF16, 8, 2, d, {1, 1, 1, 1}, {700, 333, 129, 64}};
       c.causal = causal;
@@ -1050,7 +1050,7 @@ void run_entry_keys(const EntryKeysCase& c, uint32_t seed) {
 TEST(EntryKeysGpu, DecodingEveryHeadDimPiecesAndWholeTiles) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 901;
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (bool causal : {false, true}) {
       EntryKeysCase c{BF16, 8, 2, d, 1, 1000, {1000, 1, 0, 517, 999}};
       c.causal = causal;
@@ -1069,7 +1069,7 @@ TEST(EntryKeysGpu, DecodingEveryHeadDimPiecesAndWholeTiles) {
 TEST(EntryKeysGpu, FewRowsLongRowsAndCausalRowsWithoutKeys) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 951;
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     EntryKeysCase c{BF16, 8, 2, d, 4, 777, {300, 2, 777, 0, 45}};
     c.causal = true;
     run_entry_keys(c, seed++);
@@ -1090,7 +1090,7 @@ TEST(EntryKeysGpu, FewRowsLongRowsAndCausalRowsWithoutKeys) {
 TEST(EntryKeysGpu, LeftPaddedDecodingFewRowsLongRows) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 1701;
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (bool causal : {false, true}) {
       EntryKeysCase c{BF16, 8, 2, d, 1, 1000, {1000, 700, 0, 517, 999}};
       c.causal = causal;
@@ -1121,7 +1121,7 @@ TEST(EntryKeysGpu, LeftPaddedDecodingFewRowsLongRows) {
 TEST(PagedGpu, DecodingFewRowsLongRowsEveryHeadDim) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 1401;
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (int64_t page : {128, 256}) {
       EntryKeysCase c{BF16, 8, 2, d, 1, 1000, {1000, 1, 0, 517, 999}};
       c.page = page;
@@ -1153,7 +1153,7 @@ TEST(PagedGpu, DecodingFewRowsLongRowsEveryHeadDim) {
 TEST(PagedGpu, PagesSmallerThanAKeyBlock) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 1501;
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (int64_t page : {16, 32, 64}) {
       EntryKeysCase c{BF16, 8, 2, d, 1, 1000, {1000, 1, 0, 517, 999}};
       c.page = page;
@@ -1185,7 +1185,7 @@ TEST(PagedGpu, PagesSmallerThanAKeyBlock) {
 TEST(PagedGpu, PackedQueriesEveryHeadDim) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 1601;
-  for (int64_t d : {64, 128, 256})
+  for (int64_t d : {64, 128, 192, 256})
     for (int64_t page : {16, 64, 256}) {
       EntryKeysCase c{BF16, 8, 2, d, 300, 1000, {1000, 517, 0, 999, 40}};
       c.page = page, c.len_q = {1, 300, 7, 129, 40};
@@ -1208,7 +1208,7 @@ TEST(PagedGpu, PackedQueriesEveryHeadDim) {
 TEST(VarlenGpu, PaddedHeadDims) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 1701;
-  for (int64_t d : {40, 96, 192}) {
+  for (int64_t d : {40, 96, 160, 192}) {  // (192: the forward on its own kernels, the backward padded)
     VarlenCase c{BF16, 4, 2, d, {17, 239, 0, 300, 5}, {40, 239, 9, 300, 130}};
     c.causal = d != 96;
     c.spare_heads = 1;
@@ -1242,7 +1242,7 @@ TEST(VarlenGpu, PaddedHeadDims) {
 TEST(EntryKeysGpu, WindowsAndSoftcap) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 981;
-  for (int64_t d : {64, 128, 256}) {
+  for (int64_t d : {64, 128, 192, 256}) {
     EntryKeysCase w{BF16, 8, 2, d, 1, 1000, {1000, 333, 0, 70}};
     w.left = 100, w.right = 0;
     run_entry_keys(w, seed++);

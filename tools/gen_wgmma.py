@@ -12,15 +12,15 @@ OPS = [
     # S = Q K^T (and the calibration at 256): A and B from shared memory, K-major.
     # (N = 32: the backward's S^T and dP^T at d256, half a query block a warpgroup.)
     ("mma_ss", False, False, "D(64x{n}, f32) (+)= A(64x16, smem desc) * B({n}x16, smem desc)^T, both K-major.",
-     [32, 64, 80, 128, 160, 176, 192, 256]),
+     [32, 64, 80, 96, 112, 128, 160, 176, 192, 256]),
     # O += P V: A (P) from registers, B (V) from shared memory.
     ("mma_rs", True, True, "D(64x{n}, f32) += A(64x16, registers) * B(16x{n}, smem desc, MN-major so transposed).",
-     [64, 128, 256]),
+     [64, 128, 192, 256]),
     # O += P V with P from shared memory too (V MN-major; FwdConfig::kSmemP), and P from registers
     # against a K-major B: also the calibration's comparisons of the P V operand paths (bench/calibrate).
     ("mma_ss_tb", False, True,
      "D(64x{n}, f32) (+)= A(64x16, smem desc, K-major) * B(16x{n}, smem desc, MN-major so transposed).",
-     [64, 128, 256]),
+     [64, 128, 192, 256]),
     # N = 8: P times a tile of ones, the row sums of P on the tensor cores (FwdConfig::kTensorRowSum).
     # The backward's S^T = K Q^T and dP^T = V dO^T at d64, with K and V held in registers: N = 64.
     ("mma_rs_kb", True, False, "D(64x{n}, f32) += A(64x16, registers) * B({n}x16, smem desc, K-major).", [8, 64, 128]),

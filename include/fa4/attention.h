@@ -217,8 +217,9 @@ struct AppendArgs {
 // Strides and base pointers must be multiples of this many bytes (TMA).
 inline constexpr int kAlignmentBytes = 16;
 // Head dims: any up to kMaxHeadDim whose row is a multiple of kAlignmentBytes (bf16 and fp16: a
-// multiple of 8; e4m3: of 16). Those of kKernelHeadDims run kernels of their own. Any other runs
-// on the next one's kernel, on copies of the tensors zero-padded to its head dim (zero columns add
+// multiple of 8; e4m3: of 16). Those of kKernelHeadDims run kernels of their own in every pass,
+// and the 16-bit forward has kernels of its own at kForwardKernelHeadDims too. Any other runs
+// on the next one's kernel (that pass's), on copies of the tensors zero-padded to its head dim (zero columns add
 // nothing to q.k, and give columns of o, dq, dk and dv that are dropped): exact, at the work of the
 // larger head dim plus one pass over each tensor (the forward's q, k, v and o, the backward's also
 // dout, dq, dk and dv; of a paged cache the pages the entries' tables name, gathered). The copies come from the call's workspace
@@ -226,6 +227,8 @@ inline constexpr int kAlignmentBytes = 16;
 // stream-ordered allocator (cudaMallocAsync) on the call's stream.
 inline constexpr int kMaxHeadDim = 256;
 inline constexpr int kKernelHeadDims[] = {64, 128, 256};
+// The bf16 and fp16 forward's (d192: FlashAttention-3's size; 136-184 pad to it, not to 256).
+inline constexpr int kForwardKernelHeadDims[] = {64, 128, 192, 256};
 // Minimal compute capability (major * 10 + minor).
 inline constexpr int kMinComputeCapability = 90;
 
@@ -250,7 +253,8 @@ float effective_scale(const Problem& p);
 // backward needs an fp32 dQ accumulator and two fp32 a query row (rowsum(dO * O), and the LSE in
 // log2 units): batch * round_up(seqlen_q, 128) * heads_q * (kernel head dim + 2) * 4 bytes, 16-byte
 // aligned, passed as args.workspace / args.workspace_bytes (with varlen seqlen_q is the longest
-// sequence's; the kernel head dim is head_dim where it is one of kKernelHeadDims, else the next).
+// sequence's; the kernel head dim is the larger of head_dim and head_dim_v where it is one of
+// kKernelHeadDims, else the next).
 Status forward_workspace_size(const ForwardArgs& args, size_t* bytes);
 Status backward_workspace_size(const BackwardArgs& args, size_t* bytes);
 

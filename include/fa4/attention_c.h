@@ -68,7 +68,8 @@ int fa4_forward_sink(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4
                      const float* sink, float* lse, cudaStream_t stream, char* message, size_t message_len);
 // fp8 (problem->dtype = 2, e4m3 q, k, v; o bf16, its strides in bf16 elements) with
 // FlashAttention-3's descales (fa4::ForwardArgs::q_descale etc.): each fp32 [batch, heads_kv] on the
-// device, contiguous, or null (1). head_dim 64, 128 or 256, batched; needs no workspace.
+// device, contiguous, or null (1). head_dim a multiple of 16 up to 256 (64, 128 and 256 on kernels
+// of their own, the others over zero-padded copies from cudaMallocAsync on the stream), batched.
 int fa4_forward_fp8(const fa4_problem* problem, fa4_tensor q, fa4_tensor k, fa4_tensor v, fa4_tensor o,
                     const float* q_descale, const float* k_descale, const float* v_descale, float* lse,
                     cudaStream_t stream, char* message, size_t message_len);

@@ -295,7 +295,8 @@ def flash_attn_func(
     q: [batch, seqlen_q, heads_q, head_dim]; k, v: [batch, seqlen_k, heads_kv, head_dim], bf16 or
     fp16 on one CUDA device, head_dim contiguous (other strides free: BHSD storage viewed as BSHD
     works). heads_q must be a multiple of heads_kv (GQA/MQA). head_dim: any multiple of 8 up to 256
-    (64, 128 and 256 on kernels of their own, others on the next one's over zero-padded copies);
+    (64, 128 and 256 on kernels of their own, and 192 in the forward; others on the next one's over
+    zero-padded copies);
     v may have a head dim of its own (DeepSeek's 192 / 128), out then v's.
     softmax_scale: default 1/sqrt(head_dim). causal: bottom-right aligned (query i sees keys
     j <= i + seqlen_k - seqlen_q). window_size: (left, right), -1 = unbounded.
@@ -515,7 +516,7 @@ def flash_attn_with_kvcache(
     or more; entry b's key j is row j % page_size of page block_table[b, j // page_size], its keys
     the first cache_seqlens[b] (None: max_pages * page_size). Page ids are clamped to the pool.
     num_splits is accepted and not read (the launch picks its own split of the keys). A head dim
-    other than 64, 128 and 256 runs over zero-padded copies: contiguous caches' filled rows (to
+    other than 64, 128, 192 and 256 runs over zero-padded copies: contiguous caches' filled rows (to
     cache_seqlens), from the pages block_table names where paged, are copied at every call.
     k, v: [batch, seqlen_new, heads_kv, head_dim], written into the caches in place at rows
     cache_seqlens[b] ... cache_seqlens[b] + seqlen_new - 1 (flash-attn's append; cache_seqlens is

@@ -206,6 +206,21 @@ TEST(Sm90ForwardD256, TmaBoundWithTheKernelsTwoStages) {
   EXPECT_EQ(folded.units[b.res_unit].name, "tc");
 }
 
+// The d192 forward (112-key blocks): three 64-column boxes a tensor a block hold the TMA engine
+// 6 x 343 = 2058 cycles, under the four GEMMs' 4 x 672 = 2688, so the tensor core binds (unlike d256's
+// eight boxes of 80 keys); the solver's ring is two K/V stages, and a third would not fit beside Q
+// in 227 KB (48 + 6 x 42 KB).
+TEST(Sm90ForwardD192, TensorCoreBoundWithTwoStages) {
+  const Graph g = shipped("sm90_fwd_d192");
+  const Solution sol = solve(g);
+  EXPECT_EQ(sol.bounds.res_mii, 4 * 672);
+  EXPECT_EQ(g.units[sol.bounds.res_unit].name, "tc");
+  EXPECT_EQ(sol.schedule.ii, sol.bounds.res_mii);
+  EXPECT_EQ(sol.schedule.slots[g.find_buffer("KV")], 2);
+  EXPECT_EQ(g.slot_bound(g.find_buffer("KV")), 2);
+  EXPECT_TRUE(check_schedule(g, sol.schedule).empty());
+}
+
 // The d256 serial step (sm90_fwd_d256_serial.graph: 128-key blocks, K and V in rings of their own,
 // S_{j+1} after P_j V_j): the tensor core binds at its four GEMMs, the consumer's chain S -> softmax
 // -> P V -> next S under it; one K slot and one V slot are the fewest that keep that II (the

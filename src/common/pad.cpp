@@ -60,10 +60,11 @@ class Planner {
   int64_t padded_dim_;
 };
 
-// The kernels' problem: one kernel head dim, and the caller's head dim's scale made explicit.
-Problem padded_problem(const Problem& p) {
+// The kernels' problem: one kernel head dim (the pass's), and the caller's head dim's scale made
+// explicit.
+Problem padded_problem(const Problem& p, Pass pass) {
   Problem k = p;
-  k.head_dim = kernel_head_dim(std::max(p.head_dim, p.value_dim()));
+  k.head_dim = kernel_head_dim(p, pass);
   k.head_dim_v = 0;
   k.softmax_scale = effective_scale(p);
   return k;
@@ -74,7 +75,7 @@ Problem padded_problem(const Problem& p) {
 PaddedCall<ForwardArgs> pad_forward(const ForwardArgs& args, void* base) {
   PaddedCall<ForwardArgs> call;
   call.args = args;
-  call.args.problem = padded_problem(args.problem);
+  call.args.problem = padded_problem(args.problem, Pass::kForward);
   call.args.workspace = nullptr, call.args.workspace_bytes = 0;  // (the kernels take none)
   const Problem& p = args.problem;
   const bool packed = args.varlen.enabled();
@@ -116,7 +117,7 @@ PaddedCall<ForwardArgs> pad_forward(const ForwardArgs& args, void* base) {
 PaddedCall<BackwardArgs> pad_backward(const BackwardArgs& args, void* base) {
   PaddedCall<BackwardArgs> call;
   call.args = args;
-  call.args.problem = padded_problem(args.problem);
+  call.args.problem = padded_problem(args.problem, Pass::kBackward);
   const Problem& p = args.problem;
   const bool packed = args.varlen.enabled();
   const Rows q = packed ? Rows{1, args.varlen.total_q, p.heads_q} : Rows{p.batch, p.seqlen_q, p.heads_q};

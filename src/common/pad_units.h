@@ -11,14 +11,14 @@
 
 namespace fa4::detail {
 
-// A copy of [n0, n1, n2] rows: each padded row 2^vec_shift 16-byte units (the kernel head dim's 64,
-// 128 or 256 elements of 1 or 2 bytes), the caller's its first `live` units at byte strides
+// A copy of [n0, n1, n2] rows: each padded row row_units 16-byte units (the kernel head dim's 64,
+// 128, 192 or 256 elements of 1 or 2 bytes), the caller's its first `live` units at byte strides
 // batch, seq and head. Index: uint32_t where the copy's units fit it (the divisions cost fewer
 // instructions), else int64_t.
 template <class Index>
 struct PadUnits {
   Index n1, n2;
-  int vec_shift, live;
+  int row_units, live;
   int64_t batch_stride, seq_stride, head_stride;
   const int32_t* seq_begin;  // optional (pad.h): the rows of entry b copied in, [begin[b], end[b])
   const int32_t* seq_end;
@@ -34,14 +34,14 @@ struct PadUnits {
     bool live;     // inside the caller's columns
   };
 
-  // Unit i of the copy: unit i & (2^vec_shift - 1) of row r = i >> vec_shift, row r being
+  // Unit i of the copy: unit i % row_units of row r = i / row_units, row r being
   // (r / (n1 * n2), r / n2 % n1, r % n2) of the caller's tensor, or with pages row (r / n2 % n1,
   // r % n2) of the caller's page that copy page r / (n1 * n2) gathers. `load` reads an entry of
   // the device arrays (__ldg on the device).
   template <class Load>
   FA4_HD Unit at(Index i, Load load) const {
-    const Index r = i >> vec_shift, h = r % n2, t = r / n2, s = t % n1, b = t / n1;
-    const int u = int(i & ((Index{1} << vec_shift) - 1));
+    const Index r = i / Index(row_units), h = r % n2, t = r / n2, s = t % n1, b = t / n1;
+    const int u = int(i - r * Index(row_units));
     const int64_t row = int64_t(s) * seq_stride + int64_t(h) * head_stride + int64_t(u) * 16;
     if (pages == nullptr) return {int64_t(b) * batch_stride + row, b, s, u, u < live};
     const Index entry = b / entry_pages, j = b % entry_pages;
@@ -89,9 +89,7 @@ FA4_HD int copy_of(const CopySet<Index>& set, Index i, Index* local) {
 // The unit map of copy c at the kernel head dim padded_dim.
 template <class Index>
 inline PadUnits<Index> units_of(const PadCopy& c, int64_t padded_dim) {
-  int vec_shift = 0;
-  while ((int64_t{1} << vec_shift) < padded_dim * c.elem_size / 16) ++vec_shift;
-  return {Index(c.rows[1]), Index(c.rows[2]), vec_shift, int(c.cols * c.elem_size / 16),
+  return {Index(c.rows[1]), Index(c.rows[2]), int(padded_dim * c.elem_size / 16), int(c.cols * c.elem_size / 16),
           c.user.batch_stride * c.elem_size, c.user.seq_stride * c.elem_size, c.user.head_stride * c.elem_size,
           c.seq_begin, c.seq_end, c.pages, c.table_stride, Index(c.entry_pages), c.pool_pages};
 }

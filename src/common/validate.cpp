@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -35,14 +36,14 @@ std::string str(float v) {
   return buf;
 }
 
-// "64, 128, 256"
+// "64, 128, 256 run kernels of their own (the 16-bit forward also 192)"
 std::string kernel_head_dims() {
-  std::string s;
-  for (int d : kKernelHeadDims) {
-    if (!s.empty()) s += ", ";
-    s += std::to_string(d);
-  }
-  return s;
+  std::string s, more;
+  for (int d : kKernelHeadDims) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  for (int d : kForwardKernelHeadDims)
+    if (std::find(std::begin(kKernelHeadDims), std::end(kKernelHeadDims), d) == std::end(kKernelHeadDims))
+      more += (more.empty() ? "" : ", ") + std::to_string(d);
+  return s + " run kernels of their own" + (more.empty() ? "" : " (the 16-bit forward also " + more + ")");
 }
 
 // "0 (bf16), 1 (fp16)"
@@ -581,7 +582,7 @@ Status validate_problem(const Problem& p) {
                      str(step) + ", " + str(int64_t{kMaxHeadDim}) + "] for " + to_string(p.dtype) +
                      (d.zero_allowed ? ", or 0 for head_dim's" : "") + " (a row of whole " +
                      str(int64_t{kAlignmentBytes}) + "-byte units; " + kernel_head_dims() +
-                     " run kernels of their own, the others the next one's on zero-padded copies)");
+                     ", the others the next one's on zero-padded copies)");
   }
   if (!std::isfinite(p.softmax_scale) || p.softmax_scale < 0.0f)
     return invalid("softmax_scale = " + str(p.softmax_scale) +
@@ -592,10 +593,16 @@ Status validate_problem(const Problem& p) {
   return check_window("window_right", p.window_right);
 }
 
-int64_t kernel_head_dim(int64_t head_dim) {
-  for (int d : kKernelHeadDims)
-    if (head_dim <= d) return d;
+int64_t kernel_head_dim(const Problem& p, Pass pass) {
+  const int64_t need = std::max(p.head_dim, p.value_dim());
+  const bool forward16 = pass == Pass::kForward && p.dtype != DType::kE4M3;
+  for (int d : forward16 ? std::span<const int>(kForwardKernelHeadDims) : std::span<const int>(kKernelHeadDims))
+    if (need <= d) return d;
   return 0;
+}
+
+bool padded(const Problem& p, Pass pass) {
+  return kernel_head_dim(p, pass) != p.head_dim || p.value_dim() != p.head_dim;
 }
 
 bool dq_accum_bytes(const Problem& p, int64_t* bytes) {
@@ -603,7 +610,7 @@ bool dq_accum_bytes(const Problem& p, int64_t* bytes) {
   int64_t n = 0;
   return !(__builtin_mul_overflow(p.batch, rows, &n) ||
            __builtin_mul_overflow(n, p.heads_q, &n) ||
-           __builtin_mul_overflow(n, kernel_head_dim(std::max(p.head_dim, p.value_dim())) + 2, &n) ||
+           __builtin_mul_overflow(n, kernel_head_dim(p, Pass::kBackward) + 2, &n) ||
            __builtin_mul_overflow(n, int64_t{sizeof(float)}, bytes));
 }
 

@@ -34,13 +34,22 @@ Status cuda_failure(const std::string& what, cudaError_t e);
 // Checks args.problem alone (sizes, dtype, head_dim, scale, window); the tensors are not read.
 Status validate_problem(const Problem& p);
 
-// The head dim whose kernel runs head_dim: the smallest of kKernelHeadDims at or above it (0 past
-// the largest). Other than head_dim, the tensors run as zero-padded copies (common/pad.h).
-int64_t kernel_head_dim(int64_t head_dim);
+// The passes whose kernels exist at different head dims.
+enum class Pass { kForward, kBackward };
+
+// The head dim whose kernels run the call: the smallest at or above the larger of p.head_dim and
+// p.value_dim() of kForwardKernelHeadDims (the 16-bit forward) or kKernelHeadDims (the backward,
+// the e4m3 forward); 0 past the largest. Other than the call's head dims, the tensors run as
+// zero-padded copies (common/pad.h).
+int64_t kernel_head_dim(const Problem& p, Pass pass);
+
+// Whether the call runs over zero-padded copies: a head dim without a kernel of its own in that
+// pass, or two head dims.
+bool padded(const Problem& p, Pass pass);
 
 // Bytes of workspace that backward's kernels need: the fp32 dQ accumulator and two fp32 a row, for
 // D = rowsum(dO * O) and the LSE in log2 units:
-// batch * round_up(seqlen_q, kDqAccumRowAlign) * heads_q * (kernel_head_dim(head_dim) + 2) * 4.
+// batch * round_up(seqlen_q, kDqAccumRowAlign) * heads_q * (kernel_head_dim(p, Pass::kBackward) + 2) * 4.
 // false when the product overflows int64. `p` must pass validate_problem.
 bool dq_accum_bytes(const Problem& p, int64_t* bytes);
 

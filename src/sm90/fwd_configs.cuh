@@ -9,6 +9,7 @@
 
 #include "sm90/fwd_kernel.cuh"
 #include "sm90/fwd_launch.cuh"
+#include "sm90_fwd_d192_schedule.h"
 #include "sm90_fwd_d256_schedule.h"
 #include "sm90_fwd_d256_serial_schedule.h"
 #include "sm90_fwd_schedule.h"
@@ -27,6 +28,16 @@ using D64Config = std::conditional_t<kConsumers == 4, FwdConfig<64, 64, 8, kBF16
 // d128: the K/V ring depth the solver's (scheduler/generated/sm90_fwd_schedule.h).
 template <bool kBF16>
 using D128Config = FwdConfig<128, 128, sched::sm90_fwd::kKVStages, kBF16, 0>;
+
+// d192 as d256 (exact softmax steps, one P buffer, O staged in each tile's last K/V slots) on
+// 112-key blocks, the widest that the solver's two K/V stages leave room for beside one Q buffer
+// (scheduler/generated/sm90_fwd_d192_schedule.h: 48 + 4 x 42 KB): O 96 + S 56 + P 28 registers a
+// thread, no spills. Under causal and window bounds too. A paged cache's on 64-key blocks (a
+// power of two: a block on one page or on whole pages) in three stages, 48 + 6 x 24 KB (at two
+// the bounded page-lane kernels spill 16-20 bytes).
+template <bool kBF16, int kBlockN = 112>
+using D192Config = FwdConfig<192, kBlockN, kBlockN == 112 ? sched::sm90_fwd_d192::kKVStages : 3, kBF16, 0, 2, true,
+                             true, false, false, false, true>;
 
 // d256 keeps O (128 fp32 registers a thread) beside a narrow S: 80-key blocks, or 64 under a causal
 // or window bound where the key ranges are short. O is staged in each tile's last K/V slots (no
@@ -64,6 +75,7 @@ Status with_shipped_config(const detail::FwdParams& a, F&& f) {
         default: return f.template operator()<D64Config<kBF16, 3>>();
       }
     case 128: return f.template operator()<D128Config<kBF16>>();
+    case 192: return f.template operator()<D192Config<kBF16>>();
     case 256:
       switch (d256_block_keys(a)) {
         case 128: return f.template operator()<D256SerialConfig<kBF16>>();
@@ -87,6 +99,7 @@ Status with_varlen_config(const detail::FwdParams& a, F&& f) {
       if (d64_consumers(a) == 2) return f.template operator()<D64Config<kBF16, 2>>();
       return f.template operator()<D64Config<kBF16, 3>>();
     case 128: return f.template operator()<D128Config<kBF16>>();
+    case 192: return f.template operator()<D192Config<kBF16>>();
     case 256:
       if (tiles_of_one_length(a)) return f.template operator()<D256Config<80, kBF16>>();
       return f.template operator()<D256Config<64, kBF16>>();
@@ -125,7 +138,7 @@ struct PagedConfig : Base {
 };
 
 // The paged configurations, soft-capped or not: d64 on two consumers (d64_consumers), d128 its
-// own, d256 on 64-key blocks (a power of two: a block on one page or on whole pages).
+// own, d192 and d256 on 64-key blocks (a power of two: a block on one page or on whole pages).
 template <bool kBF16, bool kLanes, class F>
 Status with_paged_config(const detail::FwdParams& a, F&& f) {
   const bool cap = a.softcap > 0.0f;
@@ -136,6 +149,9 @@ Status with_paged_config(const detail::FwdParams& a, F&& f) {
     case 128:
       if (cap) return f.template operator()<SoftcapConfig<PagedConfig<D128Config<kBF16>, kLanes>>>();
       return f.template operator()<PagedConfig<D128Config<kBF16>, kLanes>>();
+    case 192:
+      if (cap) return f.template operator()<SoftcapConfig<PagedConfig<D192Config<kBF16, 64>, kLanes>>>();
+      return f.template operator()<PagedConfig<D192Config<kBF16, 64>, kLanes>>();
     case 256:
       if (cap) return f.template operator()<SoftcapConfig<PagedConfig<D256Config<64, kBF16>, kLanes>>>();
       return f.template operator()<PagedConfig<D256Config<64, kBF16>, kLanes>>();
@@ -152,6 +168,7 @@ Status with_softcap_config(const detail::FwdParams& a, F&& f) {
   switch (a.head_dim) {
     case 64: return f.template operator()<SoftcapConfig<D64Config<kBF16, 2>>>();
     case 128: return f.template operator()<SoftcapConfig<D128Config<kBF16>>>();
+    case 192: return f.template operator()<SoftcapConfig<D192Config<kBF16>>>();
     case 256:
       if (tiles_of_one_length(a)) return f.template operator()<SoftcapConfig<D256Config<80, kBF16>>>();
       return f.template operator()<SoftcapConfig<D256Config<64, kBF16>>>();
