@@ -41,10 +41,14 @@ Rows rows_of(const Problem& p, const Varlen& vl, bool paged = false) {
   return {one, p.seqlen_q > 0 ? vl.total_q : 0, p.seqlen_k > 0 ? (paged ? p.seqlen_k : vl.total_k) : 0};
 }
 
-// The kernels of a validated forward call at a kernel head dim with rows and keys to attend.
-Status run_forward(const ForwardArgs& args, cudaStream_t stream) {
-  if (args.problem.dtype == DType::kE4M3) return detail::sm90_forward_fp8(detail::make_fwd_params(args), stream);
-  return detail::sm90_forward(detail::make_fwd_params(args), stream);
+// The kernels of a validated forward call at a kernel head dim with rows and keys to attend; q, k
+// and v of qk_cols and v_cols columns where the kernels read them as they are (common/pad.h; 0:
+// the head dim's).
+Status run_forward(const ForwardArgs& args, int qk_cols, int v_cols, cudaStream_t stream) {
+  detail::FwdParams f = detail::make_fwd_params(args);
+  f.qk_cols = qk_cols, f.v_cols = v_cols;
+  if (args.problem.dtype == DType::kE4M3) return detail::sm90_forward_fp8(f, stream);
+  return detail::sm90_forward(f, stream);
 }
 
 
@@ -139,7 +143,7 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
     }
     return Status::Ok();
   }
-  return detail::padded(p, detail::Pass::kForward) ? detail::forward_padded(args, stream, &run_forward) : run_forward(args, stream);
+  return detail::padded(p, detail::Pass::kForward) ? detail::forward_padded(args, stream, &run_forward) : run_forward(args, 0, 0, stream);
 }
 
 Status backward(const BackwardArgs& args, cudaStream_t stream) {

@@ -153,11 +153,16 @@ TEST(Api, WorkspaceSizes) {
   EXPECT_EQ(s.code, StatusCode::kInvalidArgument);
   EXPECT_NE(s.message.find("head_dim = 100"), std::string::npos) << s.message;
 
-  // A head dim without a kernel (80, on 128's): the zero-padded copies, each [rows, 128] bf16.
+  // A head dim without a kernel (80, on 128's): the zero-padded copies, each [rows, 128] bf16; the
+  // forward's of o alone (its kernels read q, k and v in place), the backward's of every tensor.
   f.problem.head_dim = 80;
   ASSERT_TRUE(fa4::forward_workspace_size(f, &bytes).ok());
   const size_t q_rows = 2 * 200 * 8, kv_rows = 2 * 300 * 2, row = 128 * 2;
-  EXPECT_EQ(bytes, (2 * q_rows + 2 * kv_rows) * row);  // q, o; k, v
+  EXPECT_EQ(bytes, q_rows * row);  // o
+  ForwardArgs wide = f;  // 200, on 256's kernels: q, k, v and o
+  wide.problem.head_dim = 200;
+  ASSERT_TRUE(fa4::forward_workspace_size(wide, &bytes).ok());
+  EXPECT_EQ(bytes, (2 * q_rows + 2 * kv_rows) * 256 * 2);
   b.problem = f.problem;
   ASSERT_TRUE(fa4::backward_workspace_size(b, &bytes).ok());
   // The kernels' dQ accumulator at 128 columns, then q, o, dout, dq and k, v, dk, dv.
@@ -166,7 +171,10 @@ TEST(Api, WorkspaceSizes) {
   f.varlen.cu_seqlens_q = f.varlen.cu_seqlens_k = reinterpret_cast<const int32_t*>(uintptr_t{4096});
   f.varlen.total_q = 333, f.varlen.total_k = 77;
   ASSERT_TRUE(fa4::forward_workspace_size(f, &bytes).ok());
-  EXPECT_EQ(bytes, 2 * 333 * 8 * row + 2 * 77 * 2 * row);
+  EXPECT_EQ(bytes, 333 * 8 * row);  // o (copied in and out)
+  wide.varlen = f.varlen;
+  ASSERT_TRUE(fa4::forward_workspace_size(wide, &bytes).ok());
+  EXPECT_EQ(bytes, (2 * 333 * 8 + 2 * 77 * 2) * 256 * 2);
   EXPECT_EQ(fa4::backward_workspace_size(b, nullptr).code, StatusCode::kInvalidArgument);
   EXPECT_EQ(fa4::forward_workspace_size(f, nullptr).code, StatusCode::kInvalidArgument);
 }

@@ -58,13 +58,14 @@ int64_t expect_packed_from(const fa4::detail::PaddedCall<ForwardArgs>& c, uint8_
 }
 
 TEST(PadPlan, ForwardCopiesQKVInAndOOut) {
-  const ForwardArgs a = forward_at(96);
+  const ForwardArgs a = forward_at(200);  // on 256's kernels (64's and 128's read q, k, v in place)
   alignas(256) static uint8_t base_storage[1];
   uint8_t* base = base_storage;
   const auto c = fa4::detail::pad_forward(a, base);
   ASSERT_EQ(c.count, 4);
-  EXPECT_EQ(c.args.problem.head_dim, 128);
-  EXPECT_FLOAT_EQ(c.args.problem.softmax_scale, float(1.0 / std::sqrt(96.0)));  // the caller's head dim's
+  EXPECT_EQ(c.args.problem.head_dim, 256);
+  EXPECT_EQ(c.qk_cols, 0);
+  EXPECT_FLOAT_EQ(c.args.problem.softmax_scale, float(1.0 / std::sqrt(200.0)));  // the caller's head dim's
   EXPECT_EQ(c.args.lse, a.lse);  // rows, not columns: written in place
   EXPECT_EQ(c.args.workspace, nullptr);
   const char* names[] = {"q", "k", "v", "o"};
@@ -80,12 +81,12 @@ TEST(PadPlan, ForwardCopiesQKVInAndOOut) {
     EXPECT_EQ(x.in, i < 3) << x.name;  // o: batched, every row written
     EXPECT_EQ(x.out, i == 3) << x.name;
     EXPECT_EQ(kernel[i]->data, x.padded);
-    expect_contiguous(*kernel[i], x.rows, 128, x.name);
+    expect_contiguous(*kernel[i], x.rows, 256, x.name);
     const int64_t rows[3] = {kB, i == 1 || i == 2 ? kSk : kSq, i == 1 || i == 2 ? kHkv : kHq};
     for (int j = 0; j < 3; ++j) EXPECT_EQ(x.rows[j], rows[j]) << x.name;
   }
-  expect_packed_from(c, base, 128);
-  EXPECT_EQ(c.bytes, (2 * kB * kSq * kHq + 2 * kB * kSk * kHkv) * 128 * 2);
+  expect_packed_from(c, base, 256);
+  EXPECT_EQ(c.bytes, (2 * kB * kSq * kHq + 2 * kB * kSk * kHkv) * 256 * 2);
   // Sized only: the same bytes, no pointers.
   const auto sized = fa4::detail::pad_forward(a, nullptr);
   EXPECT_EQ(sized.bytes, c.bytes);
@@ -94,6 +95,50 @@ TEST(PadPlan, ForwardCopiesQKVInAndOOut) {
   ForwardArgs s = a;
   s.problem.softmax_scale = 0.3f;
   EXPECT_EQ(fa4::detail::pad_forward(s, nullptr).args.problem.softmax_scale, 0.3f);
+}
+
+// The 16-bit forward on the kernels of 64 and 128: q, k and v read where they are (their columns
+// the maps' extents: PaddedCall::qk_cols, v_cols), o alone copied; a paged cache's pool and table
+// as the caller's (nothing gathered). e4m3 and the kernels of 192 and 256 copy them.
+TEST(PadPlan, ForwardOnTheKernelsOf64And128ReadsQKVInPlace) {
+  ForwardArgs a = forward_at(96);
+  auto c = fa4::detail::pad_forward(a, fake(9));
+  EXPECT_EQ(c.args.problem.head_dim, 128);
+  EXPECT_EQ(c.qk_cols, 96);
+  EXPECT_EQ(c.v_cols, 96);
+  ASSERT_EQ(c.count, 1);
+  EXPECT_STREQ(c.copies[0].name, "o");
+  EXPECT_FALSE(c.copies[0].in);
+  EXPECT_TRUE(c.copies[0].out);
+  EXPECT_EQ(c.args.q.data, a.q.data);
+  EXPECT_EQ(c.args.q.seq_stride, a.q.seq_stride);
+  EXPECT_EQ(c.args.k.head_stride, a.k.head_stride);
+  EXPECT_EQ(c.args.v.data, a.v.data);
+  EXPECT_EQ(c.bytes, kB * kSq * kHq * 128 * 2);
+  // Two head dims, the value side the wider and a kernel head dim of its own: nothing to copy.
+  a = forward_at(64);
+  a.problem.head_dim_v = 128;
+  a.v = fa4::bshd(fake(2), kSk, kHkv, 128);
+  a.o = fa4::bshd(fake(3), kSq, kHq, 128);
+  c = fa4::detail::pad_forward(a, fake(9));
+  EXPECT_EQ(c.count, 0);
+  EXPECT_EQ(c.qk_cols, 64);
+  EXPECT_EQ(c.v_cols, 128);
+  EXPECT_EQ(c.bytes, 0);
+  // A paged cache: the caller's pool and table.
+  a = forward_at(40);
+  a.paged = {static_cast<const int32_t*>(fake(5)), 8, 16, 1000};
+  a.k = a.v = fa4::bshd(fake(1), 16, kHkv, 40);
+  c = fa4::detail::pad_forward(a, fake(9));
+  EXPECT_EQ(c.count, 1);
+  EXPECT_EQ(c.table, nullptr);
+  EXPECT_EQ(c.args.paged.block_table, a.paged.block_table);
+  EXPECT_EQ(c.args.paged.num_pages, 1000);
+  EXPECT_EQ(c.args.k.data, a.k.data);
+  // e4m3: copies (its kernel reads V through a transposed copy of whole rows).
+  c = fa4::detail::pad_forward(forward_at(96, DType::kE4M3), fake(9));
+  EXPECT_EQ(c.qk_cols, 0);
+  EXPECT_EQ(c.count, 4);
 }
 
 TEST(PadPlan, KernelHeadDimsByHeadDim) {
@@ -113,22 +158,29 @@ TEST(PadPlan, PackedOIsCopiedInToKeepItsOtherRows) {
   a.varlen.cu_seqlens_q = static_cast<const int32_t*>(fake(5));
   a.varlen.cu_seqlens_k = static_cast<const int32_t*>(fake(6));
   a.varlen.total_q = 250, a.varlen.total_k = 33;
-  const auto c = fa4::detail::pad_forward(a, fake(9));
+  auto c = fa4::detail::pad_forward(a, fake(9));
+  ASSERT_EQ(c.count, 1);  // (q, k and v read in place on 64's kernels)
+  EXPECT_TRUE(c.copies[0].in);
+  EXPECT_TRUE(c.copies[0].out);
+  EXPECT_EQ(c.copies[0].rows[0], 1);
+  EXPECT_EQ(c.copies[0].rows[1], 250);
+  EXPECT_EQ(c.args.varlen.cu_seqlens_q, a.varlen.cu_seqlens_q);
+  EXPECT_EQ(c.args.problem.head_dim, 64);
+  // On 256's kernels every tensor is copied: q, k, v of the packed rows.
+  ForwardArgs wide = forward_at(200);
+  wide.varlen = a.varlen;
+  c = fa4::detail::pad_forward(wide, fake(9));
   ASSERT_EQ(c.count, 4);
   EXPECT_TRUE(c.copies[3].in);
-  EXPECT_TRUE(c.copies[3].out);
-  EXPECT_EQ(c.copies[0].rows[0], 1);
   EXPECT_EQ(c.copies[0].rows[1], 250);
   EXPECT_EQ(c.copies[1].rows[1], 33);
   EXPECT_EQ(c.copies[1].rows[2], kHkv);
-  EXPECT_EQ(c.args.varlen.cu_seqlens_q, a.varlen.cu_seqlens_q);
-  EXPECT_EQ(c.args.problem.head_dim, 64);
 }
 
 // Batch entries with keys of their own (a KV cache's filled rows, from a left pad): k and v copy in
 // only the rows the kernels read; packed and paged keys copy every row.
 TEST(PadPlan, EntriesOwnKeysBoundTheKeyCopies) {
-  ForwardArgs a = forward_at(96);
+  ForwardArgs a = forward_at(200);
   a.varlen.seqused_k = static_cast<const int32_t*>(fake(5));
   a.varlen.leftpad_k = static_cast<const int32_t*>(fake(6));
   auto c = fa4::detail::pad_forward(a, fake(9));
@@ -147,7 +199,7 @@ TEST(PadPlan, EntriesOwnKeysBoundTheKeyCopies) {
     EXPECT_EQ(c.copies[i].seq_begin, nullptr) << c.copies[i].name;
   }
   // Packed keys: every row (their spans' ends are cu_seqlens_k's).
-  ForwardArgs packed = forward_at(96);
+  ForwardArgs packed = forward_at(200);
   packed.varlen = {static_cast<const int32_t*>(fake(5)), static_cast<const int32_t*>(fake(6)), 300, 200,
                    static_cast<const int32_t*>(fake(7))};
   c = fa4::detail::pad_forward(packed, fake(9));
@@ -462,6 +514,15 @@ std::vector<double> read(const TensorRef& t, int64_t b, int64_t s, int64_t h, in
           v.push_back(fa4::ref::bits_to_float(DType::kBF16, p[i * t.batch_stride + j * t.seq_stride + k * t.head_stride + x]));
   return v;
 }
+// What the kernels read of t at the kernel head dim D: its first `cols` columns (D where t is a
+// copy), zeros past them (TMA's fill past a map's extent).
+std::vector<double> kernel_read(const TensorRef& t, int64_t b, int64_t s, int64_t h, int64_t cols, int64_t D) {
+  const std::vector<double> got = read(t, b, s, h, cols);
+  std::vector<double> v;
+  for (size_t r = 0; r < got.size() / size_t(cols); ++r)
+    for (int64_t x = 0; x < D; ++x) v.push_back(x < cols ? got[r * size_t(cols) + size_t(x)] : 0.0);
+  return v;
+}
 void write(const TensorRef& t, int64_t b, int64_t s, int64_t h, int64_t cols, const std::vector<double>& v) {
   auto* p = static_cast<uint16_t*>(t.data);
   size_t n = 0;
@@ -532,8 +593,11 @@ void emulate_padded_call(int64_t d, int64_t dv, bool bhsd) {
   emulate_set(call, true, D);
   const Problem& kp = call.args.problem;
   ASSERT_EQ(kp.head_dim, D);
-  const auto kf = fa4::ref::forward(kp, read(call.args.q, B, SQ, HQ, D), read(call.args.k, B, SK, HKV, D),
-                                    read(call.args.v, B, SK, HKV, D));
+  const int64_t qk_cols = call.qk_cols > 0 ? call.qk_cols : D, v_cols = call.v_cols > 0 ? call.v_cols : D;
+  EXPECT_EQ(call.qk_cols > 0, D <= 128) << "q, k and v read in place on the kernels of 64 and 128";
+  const auto kf = fa4::ref::forward(kp, kernel_read(call.args.q, B, SQ, HQ, qk_cols, D),
+                                    kernel_read(call.args.k, B, SK, HKV, qk_cols, D),
+                                    kernel_read(call.args.v, B, SK, HKV, v_cols, D));
   write(call.args.o, B, SQ, HQ, D, kf.o);
   emulate_set(call, false, D);
   const auto want = fa4::ref::forward(p, q.values(), k.values(), v.values());
@@ -603,11 +667,11 @@ TEST(PadUnits, CopySetsCoverEachDirectionsCopies) {
   EXPECT_EQ(out.user[0], call.copies[5].user.data);
   EXPECT_EQ(out.table, nullptr);
   // A gathered pool's table rides with the copies in; the launch covers it where it is longer.
-  ForwardArgs a = forward_at(96);
+  ForwardArgs a = forward_at(200);
   a.paged = {static_cast<const int32_t*>(fake(5)), 8, 16, 1000};
-  a.k = a.v = fa4::bshd(fake(1), 16, kHkv, 96);
+  a.k = a.v = fa4::bshd(fake(1), 16, kHkv, 200);
   const auto pc = fa4::detail::pad_forward(a, fake(9));
-  const auto pin = fa4::detail::copy_set_of<uint32_t>(pc, true, 128, &work);
+  const auto pin = fa4::detail::copy_set_of<uint32_t>(pc, true, 256, &work);
   EXPECT_EQ(pin.table, pc.table);
   EXPECT_EQ(int64_t{pin.table_entries}, kB * 5);
   EXPECT_GE(work, int64_t{pin.end[pin.count - 1]});
@@ -637,7 +701,10 @@ TEST(PadEmulated, PackedRowsOutsideEverySequenceKeepTheirBytes) {
   std::vector<uint8_t> scratch(size_t(sized.bytes) + 256);
   void* base = scratch.data() + (256 - reinterpret_cast<uintptr_t>(scratch.data()) % 256) % 256;
   const auto call = fa4::detail::pad_forward(f, base);
-  ASSERT_TRUE(call.copies[3].in && call.copies[3].out);
+  ASSERT_EQ(call.count, 1);  // o alone: q, k and v read in place
+  ASSERT_TRUE(call.copies[0].in && call.copies[0].out);
+  ASSERT_EQ(call.qk_cols, d);
+  ASSERT_EQ(call.v_cols, dv);
   emulate_set(call, true, D);
   for (int64_t b = 0; b < batch; ++b) {  // the kernels: each sequence's rows of the copy
     const int64_t q0 = cu_q[size_t(b)], sq = cu_q[size_t(b) + 1] - q0, k0 = cu_k[size_t(b)],
@@ -649,8 +716,9 @@ TEST(PadEmulated, PackedRowsOutsideEverySequenceKeepTheirBytes) {
       t.data = static_cast<uint16_t*>(t.data) + first * t.seq_stride;
       return t;
     };
-    const auto r = fa4::ref::forward(one, read(rows(call.args.q, q0), 1, sq, HQ, D),
-                                     read(rows(call.args.k, k0), 1, sk, HKV, D), read(rows(call.args.v, k0), 1, sk, HKV, D));
+    const auto r = fa4::ref::forward(one, kernel_read(rows(call.args.q, q0), 1, sq, HQ, d, D),
+                                     kernel_read(rows(call.args.k, k0), 1, sk, HKV, d, D),
+                                     kernel_read(rows(call.args.v, k0), 1, sk, HKV, dv, D));
     write(rows(call.args.o, q0), 1, sq, HQ, D, r.o);
   }
   emulate_set(call, false, D);

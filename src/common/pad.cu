@@ -63,9 +63,9 @@ cudaError_t copy_all(const PaddedCall<Args>& call, int64_t padded_dim, cudaStrea
   return cudaGetLastError();
 }
 
-template <class Args>
+template <class Args, class Run>
 Status run_padded(const Args& args, int64_t offset, cudaStream_t stream,
-                  PaddedCall<Args> (*plan)(const Args&, void*), Status (*run)(const Args&, cudaStream_t)) {
+                  PaddedCall<Args> (*plan)(const Args&, void*), Run run) {
   const PaddedCall<Args> sized = plan(args, nullptr);
   const int64_t padded_dim = sized.args.problem.head_dim, bytes = sized.bytes;
   const std::string at = "head_dim = " + std::to_string(args.problem.head_dim) +
@@ -86,7 +86,7 @@ Status run_padded(const Args& args, int64_t offset, cudaStream_t stream,
   const PaddedCall<Args> call = plan(args, base);
   if (const cudaError_t e = copy_all<true>(call, padded_dim, stream); e != cudaSuccess)
     return cuda_failure(at + "copying q, k, v" + (std::is_same_v<Args, BackwardArgs> ? ", o, dout" : "") + " in", e);
-  if (Status s = run(call.args, stream); !s.ok()) return s;
+  if (Status s = run(call, stream); !s.ok()) return s;
   if (const cudaError_t e = copy_all<false>(call, padded_dim, stream); e != cudaSuccess)
     return cuda_failure(at + "copying the outputs back", e);
   return Status::Ok();
@@ -94,13 +94,17 @@ Status run_padded(const Args& args, int64_t offset, cudaStream_t stream,
 
 }  // namespace
 
-Status forward_padded(const ForwardArgs& args, cudaStream_t stream, Status (*run)(const ForwardArgs&, cudaStream_t)) {
-  return run_padded(args, 0, stream, &pad_forward, run);
+Status forward_padded(const ForwardArgs& args, cudaStream_t stream,
+                      Status (*run)(const ForwardArgs&, int qk_cols, int v_cols, cudaStream_t)) {
+  return run_padded(args, 0, stream, &pad_forward, [&](const PaddedCall<ForwardArgs>& call, cudaStream_t s) {
+    return run(call.args, int(call.qk_cols), int(call.v_cols), s);
+  });
 }
 
 Status backward_padded(const BackwardArgs& args, cudaStream_t stream,
                        Status (*run)(const BackwardArgs&, cudaStream_t)) {
-  return run_padded(args, backward_pad_offset(args.problem), stream, &pad_backward, run);
+  return run_padded(args, backward_pad_offset(args.problem), stream, &pad_backward,
+                    [&](const PaddedCall<BackwardArgs>& call, cudaStream_t s) { return run(call.args, s); });
 }
 
 }  // namespace fa4::detail

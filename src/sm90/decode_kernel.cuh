@@ -58,6 +58,9 @@ struct DecodeParams {
   void* o;
   float* lse;  // may be null; [batch, heads_q, seqlen_q], natural log
   int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];  // elements: [batch, seq, head]
+  // The 16-byte pieces a row of q and k (qk_pieces) and of v (v_pieces) holds (FwdParams::qk_cols,
+  // v_cols over 8): the pieces past them load as zeros. kD / 8 where the tensors are whole.
+  int qk_pieces, v_pieces;
   const int* seqused_k;  // entry b's keys end at seqused_k[b] (clamped to [0, seqlen_k]); null: seqlen_k
   // Batched caches: entry b's keys start at row leftpad_k[b] (clamped to [0, their end]); null: 0.
   const int* leftpad_k;
@@ -195,16 +198,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kD>) decode_kernel(const 
   const uint16_t* k_row = kbase + b * p.k_stride[0] + int64_t(pad + j_first + r0) * p.k_stride[1] + c * 8;
   const uint16_t* v_row = vbase + b * p.v_stride[0] + int64_t(pad + j_first + r0) * p.v_stride[1] + c * 8;
   const int64_t k_step = int64_t(kRowStep) * p.k_stride[1], v_step = int64_t(kRowStep) * p.v_stride[1];
+  // The thread's piece inside the caller's columns of K and of V (past them: zeros).
+  const bool k_live = c < p.qk_pieces, v_live = c < p.v_pieces;
   auto load = [&](int i) {
     const uint32_t st = s_base + uint32_t((i % kStages<kD>) * kStageBytes<kD>) + s_piece;
     const int j0 = j_first + i * kBlockN + r0;  // the thread's first row's key
     if (table == nullptr) {
 #pragma unroll
       for (int x = 0; x < kPieces; ++x) {
-        const bool in = j0 + x * kRowStep < k_end;
+        const bool in = j0 + x * kRowStep < k_end, kin = in && k_live, vin = in && v_live;
         const uint32_t at = st + uint32_t(x * kRowStep * kD * 2);
-        cp_async_16(at, in ? k_row + x * k_step : kbase, in ? 16 : 0);
-        cp_async_16(at + kBlockN * kD * 2, in ? v_row + x * v_step : vbase, in ? 16 : 0);
+        cp_async_16(at, kin ? k_row + x * k_step : kbase, kin ? 16 : 0);
+        cp_async_16(at + kBlockN * kD * 2, vin ? v_row + x * v_step : vbase, vin ? 16 : 0);
       }
       k_row += kPieces * k_step, v_row += kPieces * v_step;
       return;
@@ -220,8 +225,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kD>) decode_kernel(const 
         vat = page * p.v_stride[0] + r * p.v_stride[1];
       }
       const uint32_t to = st + uint32_t(x * kRowStep * kD * 2);
-      cp_async_16(to, kbase + at + c * 8, in ? 16 : 0);
-      cp_async_16(to + kBlockN * kD * 2, vbase + vat + c * 8, in ? 16 : 0);
+      cp_async_16(to, in && k_live ? kbase + at + c * 8 : kbase, in && k_live ? 16 : 0);
+      cp_async_16(to + kBlockN * kD * 2, in && v_live ? vbase + vat + c * 8 : vbase, in && v_live ? 16 : 0);
     }
   };
 #pragma unroll
@@ -247,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kD>) decode_kernel(const 
 #pragma unroll
       for (int x = 0; x < 4; ++x) {  // a0: row g, cols 2t; a1: row g + 8; a2, a3: cols 2t + 8
         const int h = x & 1, col = kk * 16 + 2 * t + (x >> 1) * 8;
-        qa[kk][x] = real[h] ? __ldg(reinterpret_cast<const uint32_t*>(qrow[h] + col)) : 0u;
+        qa[kk][x] = real[h] && col < 8 * p.qk_pieces ? __ldg(reinterpret_cast<const uint32_t*>(qrow[h] + col)) : 0u;
       }
   }
   // The thread's rows' key ranges (rows past the call's take row 0's: finite, never written).

@@ -618,25 +618,33 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // a box is a tile's rows of one chunk.
   // A folded query group (a.fold): Q and O over (dim, heads_q, seq, batch), a box row a query's
   // head in the group (ptx::bshd_query_group_spec; the kernel's coordinates: epilogue.cuh, MapRow).
-  auto map_qo = [&](CUtensorMap* map, const void* base, const int64_t(&stride)[3], int rows) {
+  // `cols`: the columns the tensor holds (FwdParams::qk_cols, v_cols), the maps' extent: TMA fills
+  // a box's columns past it with zeros. A folded box (of every 64-column chunk) would read the
+  // next head's columns there, so those maps take only whole tensors.
+  const int qk_cols = a.qk_cols > 0 ? a.qk_cols : a.head_dim, v_cols = a.v_cols > 0 ? a.v_cols : a.head_dim;
+  if ((Cfg::kFoldedQO && qk_cols != a.head_dim) || (folded_kv<Cfg>() && (qk_cols != a.head_dim || v_cols != a.head_dim)))
+    return {StatusCode::kNotSupported, "qk_cols = " + std::to_string(qk_cols) + ", v_cols = " + std::to_string(v_cols) +
+                                           ": this configuration's folded boxes take tensors of head_dim = " +
+                                           std::to_string(a.head_dim) + " columns"};
+  auto map_qo = [&](CUtensorMap* map, const void* base, const int64_t(&stride)[3], int rows, int cols) {
     if (a.fold > 0)
       return ptx::make_tensor_map_16bit_sw128(
-          map, base, ptx::bshd_query_group_spec(stride, a.batch, a.seqlen_q >> a.fold, a.heads_q << a.fold, a.head_dim,
-                                                rows, a.fold, Cfg::kFoldedQO));
+          map, base, ptx::bshd_query_group_spec(stride, a.batch, a.seqlen_q >> a.fold, a.heads_q << a.fold,
+                                                Cfg::kFoldedQO ? a.head_dim : cols, rows, a.fold, Cfg::kFoldedQO));
     return Cfg::kFoldedQO
                ? ptx::map_bshd_16bit_sw128_folded(map, base, stride, mp.batch, mp.seqlen_q, a.heads_q, a.head_dim, rows)
-               : ptx::map_bshd_16bit_sw128(map, base, stride, mp.batch, mp.seqlen_q, a.heads_q, a.head_dim, rows);
+               : ptx::map_bshd_16bit_sw128(map, base, stride, mp.batch, mp.seqlen_q, a.heads_q, cols, rows);
   };
-  const int rq = map_qo(&k.tm_q, a.q, mp.q_stride, Cfg::kFoldedQO ? 64 : Cfg::kBlockM);
+  const int rq = map_qo(&k.tm_q, a.q, mp.q_stride, Cfg::kFoldedQO ? 64 : Cfg::kBlockM, qk_cols);
   // K or V; folded (folded_kv): boxes of the whole block's rows, of every chunk or, with clusters,
   // of this CTA's half of them.
-  auto map_kv = [&](CUtensorMap* map, const void* base, const int64_t(&stride)[3]) {
+  auto map_kv = [&](CUtensorMap* map, const void* base, const int64_t(&stride)[3], int cols) {
     return folded_kv<Cfg>() ? ptx::map_bshd_16bit_sw128_folded(map, base, stride, mp.batch, mp.seqlen_k, a.heads_kv,
                                                                a.head_dim, Cfg::kBlockN, Cfg::kChunks / cluster)
-                            : ptx::map_bshd_16bit_sw128(map, base, stride, kv_batches, kv_rows, a.heads_kv, a.head_dim, kv_box);
+                            : ptx::map_bshd_16bit_sw128(map, base, stride, kv_batches, kv_rows, a.heads_kv, cols, kv_box);
   };
-  const int rk = map_kv(&k.tm_k, a.k, mp.k_stride), rv = map_kv(&k.tm_v, a.v, mp.v_stride);
-  const int ro = Cfg::kTmaStoreO ? map_qo(&k.tm_o, a.o, mp.o_stride, 64) : 0;
+  const int rk = map_kv(&k.tm_k, a.k, mp.k_stride, qk_cols), rv = map_kv(&k.tm_v, a.v, mp.v_stride, v_cols);
+  const int ro = Cfg::kTmaStoreO ? map_qo(&k.tm_o, a.o, mp.o_stride, 64, a.head_dim) : 0;
   if (rq || rk || rv || ro)
     return {StatusCode::kNotSupported, "cuTensorMapEncodeTiled refused a tensor (driver error " +
                                            std::to_string(rq ? rq : rk ? rk : rv ? rv : ro) + ")"};

@@ -28,6 +28,7 @@ Status launch_decode(const FwdParams& a, cudaStream_t stream) {
     p.q_stride[i] = a.q_stride[i], p.k_stride[i] = a.k_stride[i];
     p.v_stride[i] = a.v_stride[i], p.o_stride[i] = a.o_stride[i];
   }
+  p.qk_pieces = (a.qk_cols > 0 ? a.qk_cols : kD) / 8, p.v_pieces = (a.v_cols > 0 ? a.v_cols : kD) / 8;
   p.seqused_k = a.seqused_k;
   p.leftpad_k = a.leftpad_k;  // (never with block_table: validate)
   p.sink = a.sink, p.sink_group = a.sink_group, p.sink_mask = a.sink_mask;

@@ -53,6 +53,10 @@ Status launch_fp8_share(const FwdParams& a, cudaStream_t stream) {
 }  // namespace
 
 Status sm90_forward_fp8(const FwdParams& a, cudaStream_t stream) {
+  if ((a.qk_cols > 0 && a.qk_cols != a.head_dim) || (a.v_cols > 0 && a.v_cols != a.head_dim))
+    return {StatusCode::kNotSupported, "qk_cols = " + std::to_string(a.qk_cols) + ", v_cols = " + std::to_string(a.v_cols) +
+                                           ": the fp8 kernels take tensors of head_dim = " + std::to_string(a.head_dim) +
+                                           " columns (their copies)"};
   switch (a.head_dim) {
     case 64: return launch_fp8_share<64>(a, stream);
     case 128: return launch_fp8_share<128>(a, stream);
