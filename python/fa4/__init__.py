@@ -516,8 +516,9 @@ def flash_attn_with_kvcache(
     or more; entry b's key j is row j % page_size of page block_table[b, j // page_size], its keys
     the first cache_seqlens[b] (None: max_pages * page_size). Page ids are clamped to the pool.
     num_splits is accepted and not read (the launch picks its own split of the keys). A head dim
-    other than 64, 128, 192 and 256 runs over zero-padded copies: contiguous caches' filled rows (to
-    cache_seqlens), from the pages block_table names where paged, are copied at every call.
+    other than 64, 128, 192 and 256 runs on the next one's kernels: up to 128 they read the caches
+    in place (only out is copied); above, the caches' filled rows (to cache_seqlens), from the pages
+    block_table names where paged, are copied at every call.
     k, v: [batch, seqlen_new, heads_kv, head_dim], written into the caches in place at rows
     cache_seqlens[b] ... cache_seqlens[b] + seqlen_new - 1 (flash-attn's append; cache_seqlens is
     required then, and is not updated: the attention takes cache_seqlens + seqlen_new keys); rows
