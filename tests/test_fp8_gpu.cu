@@ -291,6 +291,7 @@ TEST(Fp8Gpu, SmallForSanitizers) {
   FA4_REQUIRE_GPU();
   const Fp8Case cases[] = {
       {1, 130, 300, 2, 1, 64, true},
+      {1, 200, 300, 2, 1, 64, false},  // d64 without a bound: three consumers
       {2, 257, 129, 2, 2, 128, false, 40, 3, true},
       {1, 200, 330, 2, 1, 256, true},
   };
