@@ -97,24 +97,24 @@ TEST(PadPlan, ForwardCopiesQKVInAndOOut) {
   EXPECT_EQ(fa4::detail::pad_forward(s, nullptr).args.problem.softmax_scale, 0.3f);
 }
 
-// The 16-bit forward on the kernels of 64 and 128: q, k and v read where they are (their columns
-// the maps' extents: PaddedCall::qk_cols, v_cols), o alone copied; a paged cache's pool and table
-// as the caller's (nothing gathered). e4m3 and the kernels of 192 and 256 copy them.
-TEST(PadPlan, ForwardOnTheKernelsOf64And128ReadsQKVInPlace) {
+// The 16-bit forward on the kernels of 64 and 128: q, k, v and o where they are (their columns the
+// maps' extents and the register stores' bound: PaddedCall::qk_cols, v_cols), nothing copied; a
+// paged cache's pool and table as the caller's (nothing gathered). e4m3 and the kernels of 192 and
+// 256 copy them.
+TEST(PadPlan, ForwardOnTheKernelsOf64And128RunsInPlace) {
   ForwardArgs a = forward_at(96);
   auto c = fa4::detail::pad_forward(a, fake(9));
   EXPECT_EQ(c.args.problem.head_dim, 128);
   EXPECT_EQ(c.qk_cols, 96);
   EXPECT_EQ(c.v_cols, 96);
-  ASSERT_EQ(c.count, 1);
-  EXPECT_STREQ(c.copies[0].name, "o");
-  EXPECT_FALSE(c.copies[0].in);
-  EXPECT_TRUE(c.copies[0].out);
+  EXPECT_EQ(c.count, 0);
   EXPECT_EQ(c.args.q.data, a.q.data);
   EXPECT_EQ(c.args.q.seq_stride, a.q.seq_stride);
   EXPECT_EQ(c.args.k.head_stride, a.k.head_stride);
   EXPECT_EQ(c.args.v.data, a.v.data);
-  EXPECT_EQ(c.bytes, kB * kSq * kHq * 128 * 2);
+  EXPECT_EQ(c.args.o.data, a.o.data);
+  EXPECT_EQ(c.args.o.seq_stride, a.o.seq_stride);
+  EXPECT_EQ(c.bytes, 0);
   // Two head dims, the value side the wider and a kernel head dim of its own: nothing to copy.
   a = forward_at(64);
   a.problem.head_dim_v = 128;
@@ -130,7 +130,7 @@ TEST(PadPlan, ForwardOnTheKernelsOf64And128ReadsQKVInPlace) {
   a.paged = {static_cast<const int32_t*>(fake(5)), 8, 16, 1000};
   a.k = a.v = fa4::bshd(fake(1), 16, kHkv, 40);
   c = fa4::detail::pad_forward(a, fake(9));
-  EXPECT_EQ(c.count, 1);
+  EXPECT_EQ(c.count, 0);
   EXPECT_EQ(c.table, nullptr);
   EXPECT_EQ(c.args.paged.block_table, a.paged.block_table);
   EXPECT_EQ(c.args.paged.num_pages, 1000);
@@ -159,11 +159,7 @@ TEST(PadPlan, PackedOIsCopiedInToKeepItsOtherRows) {
   a.varlen.cu_seqlens_k = static_cast<const int32_t*>(fake(6));
   a.varlen.total_q = 250, a.varlen.total_k = 33;
   auto c = fa4::detail::pad_forward(a, fake(9));
-  ASSERT_EQ(c.count, 1);  // (q, k and v read in place on 64's kernels)
-  EXPECT_TRUE(c.copies[0].in);
-  EXPECT_TRUE(c.copies[0].out);
-  EXPECT_EQ(c.copies[0].rows[0], 1);
-  EXPECT_EQ(c.copies[0].rows[1], 250);
+  EXPECT_EQ(c.count, 0);  // (in place on 64's kernels: they write only the sequences' rows)
   EXPECT_EQ(c.args.varlen.cu_seqlens_q, a.varlen.cu_seqlens_q);
   EXPECT_EQ(c.args.problem.head_dim, 64);
   // On 256's kernels every tensor is copied: q, k, v of the packed rows.
@@ -523,6 +519,10 @@ std::vector<double> kernel_read(const TensorRef& t, int64_t b, int64_t s, int64_
     for (int64_t x = 0; x < D; ++x) v.push_back(x < cols ? got[r * size_t(cols) + size_t(x)] : 0.0);
   return v;
 }
+// The kernels' store of v (rows of D) into t: its first `cols` columns of each row (D where t is a
+// copy); the others are not written (TMA's clip at a map's extent, the bounded register stores).
+void kernel_write(const TensorRef& t, int64_t b, int64_t s, int64_t h, int64_t cols, int64_t D,
+                  const std::vector<double>& v);
 void write(const TensorRef& t, int64_t b, int64_t s, int64_t h, int64_t cols, const std::vector<double>& v) {
   auto* p = static_cast<uint16_t*>(t.data);
   size_t n = 0;
@@ -532,6 +532,13 @@ void write(const TensorRef& t, int64_t b, int64_t s, int64_t h, int64_t cols, co
         for (int64_t x = 0; x < cols; ++x)
           p[i * t.batch_stride + j * t.seq_stride + k * t.head_stride + x] =
               fa4::ref::float_to_bits(DType::kBF16, float(v[n++]));
+}
+void kernel_write(const TensorRef& t, int64_t b, int64_t s, int64_t h, int64_t cols, int64_t D,
+                  const std::vector<double>& v) {
+  std::vector<double> kept;
+  for (size_t r = 0; r < v.size() / size_t(D); ++r)
+    for (int64_t x = 0; x < cols; ++x) kept.push_back(v[r * size_t(D) + size_t(x)]);
+  write(t, b, s, h, cols, kept);
 }
 
 // A call's copies in or out as copy_set's grid walks them (copy_set_of, copy_of, the unit maps).
@@ -598,7 +605,7 @@ void emulate_padded_call(int64_t d, int64_t dv, bool bhsd) {
   const auto kf = fa4::ref::forward(kp, kernel_read(call.args.q, B, SQ, HQ, qk_cols, D),
                                     kernel_read(call.args.k, B, SK, HKV, qk_cols, D),
                                     kernel_read(call.args.v, B, SK, HKV, v_cols, D));
-  write(call.args.o, B, SQ, HQ, D, kf.o);
+  kernel_write(call.args.o, B, SQ, HQ, call.v_cols > 0 ? call.v_cols : D, D, kf.o);
   emulate_set(call, false, D);
   const auto want = fa4::ref::forward(p, q.values(), k.values(), v.values());
   EXPECT_EQ(beyond_one_step(o.values(), fa4::ref::rounded(DType::kBF16, want.o)), 0) << "o";
@@ -677,11 +684,13 @@ TEST(PadUnits, CopySetsCoverEachDirectionsCopies) {
   EXPECT_GE(work, int64_t{pin.end[pin.count - 1]});
 }
 
-// Packed sequences (cu_seqlens): the kernels write only the rows inside sequences, so o is copied
-// in too and its other rows go back as they came. Emulated with each sequence's float64 forward
-// in the kernels' place (written into the copy's rows of that sequence alone).
-TEST(PadEmulated, PackedRowsOutsideEverySequenceKeepTheirBytes) {
-  const int64_t HQ = 4, HKV = 2, d = 72, dv = 40, D = 128;
+// Packed sequences (cu_seqlens): the kernels write only the rows inside sequences, so where o is a
+// copy it is copied in too and its other rows go back as they came (on 256's kernels); in place
+// (64's, 128's) they are never written. Emulated with each sequence's float64 forward in the
+// kernels' place (written into o's rows of that sequence alone, clipped at its columns).
+void emulate_packed(int64_t d, int64_t dv, int64_t D) {
+  SCOPED_TRACE("head_dim " + std::to_string(d) + " head_dim_v " + std::to_string(dv) + " on " + std::to_string(D));
+  const int64_t HQ = 4, HKV = 2;
   const std::vector<int32_t> cu_q = {2, 7, 7, 20}, cu_k = {0, 11, 15, 30};  // rows 0-1, 20-22 outside
   const int64_t total_q = 23, total_k = 33, batch = 3;
   std::mt19937 rng(5);
@@ -701,10 +710,13 @@ TEST(PadEmulated, PackedRowsOutsideEverySequenceKeepTheirBytes) {
   std::vector<uint8_t> scratch(size_t(sized.bytes) + 256);
   void* base = scratch.data() + (256 - reinterpret_cast<uintptr_t>(scratch.data()) % 256) % 256;
   const auto call = fa4::detail::pad_forward(f, base);
-  ASSERT_EQ(call.count, 1);  // o alone: q, k and v read in place
-  ASSERT_TRUE(call.copies[0].in && call.copies[0].out);
-  ASSERT_EQ(call.qk_cols, d);
-  ASSERT_EQ(call.v_cols, dv);
+  ASSERT_EQ(call.args.problem.head_dim, D);
+  const bool in_place = D <= 128;
+  ASSERT_EQ(call.count, in_place ? 0 : 4);  // in place, or q, k, v and o (in and out)
+  if (!in_place) ASSERT_TRUE(call.copies[3].in && call.copies[3].out);
+  const int64_t qk_cols = in_place ? d : D, v_cols = in_place ? dv : D;
+  ASSERT_EQ(call.qk_cols, in_place ? d : 0);
+  ASSERT_EQ(call.v_cols, in_place ? dv : 0);
   emulate_set(call, true, D);
   for (int64_t b = 0; b < batch; ++b) {  // the kernels: each sequence's rows of the copy
     const int64_t q0 = cu_q[size_t(b)], sq = cu_q[size_t(b) + 1] - q0, k0 = cu_k[size_t(b)],
@@ -716,10 +728,10 @@ TEST(PadEmulated, PackedRowsOutsideEverySequenceKeepTheirBytes) {
       t.data = static_cast<uint16_t*>(t.data) + first * t.seq_stride;
       return t;
     };
-    const auto r = fa4::ref::forward(one, kernel_read(rows(call.args.q, q0), 1, sq, HQ, d, D),
-                                     kernel_read(rows(call.args.k, k0), 1, sk, HKV, d, D),
-                                     kernel_read(rows(call.args.v, k0), 1, sk, HKV, dv, D));
-    write(rows(call.args.o, q0), 1, sq, HQ, D, r.o);
+    const auto r = fa4::ref::forward(one, kernel_read(rows(call.args.q, q0), 1, sq, HQ, qk_cols, D),
+                                     kernel_read(rows(call.args.k, k0), 1, sk, HKV, qk_cols, D),
+                                     kernel_read(rows(call.args.v, k0), 1, sk, HKV, v_cols, D));
+    kernel_write(rows(call.args.o, q0), 1, sq, HQ, v_cols, D, r.o);
   }
   emulate_set(call, false, D);
   int64_t outside_changed = 0, inside_wrong = 0;
@@ -749,15 +761,20 @@ TEST(PadEmulated, PackedRowsOutsideEverySequenceKeepTheirBytes) {
   EXPECT_EQ(outside_changed, 0) << "o's rows outside every sequence";
 }
 
+TEST(PadEmulated, PackedRowsOutsideEverySequenceKeepTheirBytes) {
+  emulate_packed(72, 40, 128);   // in place
+  emulate_packed(200, 136, 256); // copies
+}
+
 TEST(PadPlan, BytesPastInt64AreMarked) {
-  ForwardArgs a = forward_at(96);  // 2^30 x 2^30 x 2^20 rows of q: past int64 in bytes
+  ForwardArgs a = forward_at(200);  // 2^30 x 2^30 x 2^20 rows of q: past int64 in bytes
   a.problem.batch = a.problem.seqlen_q = int64_t{1} << 30;
   a.problem.heads_q = a.problem.heads_kv = int64_t{1} << 20;
   EXPECT_EQ(fa4::detail::pad_forward(a, nullptr).bytes, -1);
   size_t bytes = 0;
   const fa4::Status s = fa4::forward_workspace_size(a, &bytes);
   EXPECT_EQ(s.code, fa4::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message.find("head_dim = 96"), std::string::npos) << s.message;
+  EXPECT_NE(s.message.find("head_dim = 200"), std::string::npos) << s.message;
 }
 
 }  // namespace

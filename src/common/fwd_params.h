@@ -18,10 +18,11 @@ struct FwdParams {
   // Element strides: [batch, seq, head]; head_dim contiguous.
   int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];
   int batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim;
-  // The columns that q and k (qk_cols) and v (v_cols) hold where a call at a head dim without a
-  // kernel of its own runs on the caller's tensors (common/pad.h): the kernels' loads read zeros
-  // past them (TMA's fill beyond a map's extent; the decoding kernel's zero-byte copies). 0:
-  // head_dim. o is written at head_dim.
+  // The columns that q and k (qk_cols) and v and o (v_cols) hold where a call at a head dim
+  // without a kernel of its own runs on the caller's tensors (common/pad.h): the kernels' loads
+  // read zeros past them (TMA's fill beyond a map's extent; the decoding kernel's zero-byte
+  // copies) and their stores skip them (TMA's clip; bounds on the stores from registers). 0:
+  // head_dim. The kernels of head dim 64 and 128 only.
   int qk_cols = 0, v_cols = 0;
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e); log2(e) alone when soft-capped

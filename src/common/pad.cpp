@@ -90,13 +90,13 @@ PaddedCall<ForwardArgs> pad_forward(const ForwardArgs& args, void* base) {
   Planner<ForwardArgs> plan(&call, base, call.args.problem.head_dim);
   ForwardArgs& a = call.args;
   const int64_t d = p.head_dim, dv = p.value_dim();
-  // The kernels of 64 and 128 take q, k and v where they are, their maps' extents the caller's
-  // columns (those of 192 and 256 load Q, and d256's serial step K and V, in folded boxes of every
-  // 64-column chunk, which would read the next head's columns past a partial one; e4m3's kernel
-  // reads V through a transposed copy of kernel-head-dim rows).
+  // The kernels of 64 and 128 take q, k, v and o where they are, their maps' extents the caller's
+  // columns, their stores from registers bounded by them (those of 192 and 256 load Q and store O,
+  // and d256's serial step loads K and V, in folded boxes of every 64-column chunk, which would
+  // read and write the next head's columns past a partial one; e4m3's kernel reads V through a
+  // transposed copy of kernel-head-dim rows): nothing is copied.
   if (p.dtype != DType::kE4M3 && call.args.problem.head_dim <= 128) {
     call.qk_cols = d, call.v_cols = dv;
-    plan.add("o", &a.o, q, dv, out, packed, true);
     return call;
   }
   plan.add("q", &a.q, q, d, in, true, false);

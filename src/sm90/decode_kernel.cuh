@@ -399,9 +399,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<kD>) decode_kernel(const 
   uint16_t* orow = static_cast<uint16_t*>(p.o) + b * p.o_stride[0] + at.q * p.o_stride[1] + at.h * p.o_stride[2] + c0;
 #pragma unroll
   for (int c = 0; c < kCols; c += 8)
-    *reinterpret_cast<uint4*>(orow + c) =
-        make_uint4(pack2<kBF16>(out[c], out[c + 1]), pack2<kBF16>(out[c + 2], out[c + 3]),
-                   pack2<kBF16>(out[c + 4], out[c + 5]), pack2<kBF16>(out[c + 6], out[c + 7]));
+    if (c0 + c < 8 * p.v_pieces)  // (o is of v's width)
+      *reinterpret_cast<uint4*>(orow + c) =
+          make_uint4(pack2<kBF16>(out[c], out[c + 1]), pack2<kBF16>(out[c + 2], out[c + 3]),
+                     pack2<kBF16>(out[c + 4], out[c + 5]), pack2<kBF16>(out[c + 6], out[c + 7]));
   if (p.lse != nullptr && tid % 8 == 0)
     p.lse[(int64_t(b) * p.heads_q + at.h) * p.seqlen_q + at.q] = natural_lse(mm, lsum);
 }
@@ -490,8 +491,9 @@ __global__ void __launch_bounds__(kCombineThreads, 1) decode_combine_kernel(cons
   const float inv = total > 0.0f ? 1.0f / total : 0.0f;
   const RowAt at = row_at(p, hk, r);
   uint16_t* orow = static_cast<uint16_t*>(p.o) + b * p.o_stride[0] + at.q * p.o_stride[1] + at.h * p.o_stride[2];
-  *reinterpret_cast<uint2*>(orow + 4 * cg) =
-      make_uint2(pack2<kBF16>(sum.x * inv, sum.y * inv), pack2<kBF16>(sum.z * inv, sum.w * inv));
+  if (4 * cg < 8 * p.v_pieces)
+    *reinterpret_cast<uint2*>(orow + 4 * cg) =
+        make_uint2(pack2<kBF16>(sum.x * inv, sum.y * inv), pack2<kBF16>(sum.z * inv, sum.w * inv));
   if (p.lse != nullptr && tid == 0)
     p.lse[(int64_t(b) * p.heads_q + at.h) * p.seqlen_q + at.q] = natural_lse(mm, total);
 }

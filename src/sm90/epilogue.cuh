@@ -182,6 +182,15 @@ __device__ __forceinline__ void finish_rows(const Params& p, const Tile& tl, con
   }
 }
 
+// The columns of O a thread may store from registers: FwdKernelParams::o_cols in the kernels of head
+// dim 64 and 128 (a call at a head dim without a kernel of its own writes the caller's o, of fewer
+// columns, in place), the head dim in the others (a constant: their code as it was).
+template <class Cfg, class Params>
+__device__ __forceinline__ int o_cols_of(const Params& p) {
+  if constexpr (Cfg::kHeadDim <= 128) return p.o_cols;
+  else return Cfg::kHeadDim;
+}
+
 // Epilogue: O / l and LSE. kStaged: the consumer writes its 64 x d share of O into a swizzled
 // shared tile by stmatrix and one thread sends it out by TMA (rows past seqlen_q are clipped). The
 // tile holds kStageRows rows: the CTA tile's (this consumer's from row consumer * 64), or 64, this
@@ -207,6 +216,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
   // The tile's first row: negative in a first tile that starts before row 0 (Window::shift, a
   // multiple of 64: a consumer's 64 rows lie all before row 0 or none).
   const int first = tile_first_row<Cfg::kBlockM>(p.window, tl.m_block);
+  const int o_cols = o_cols_of<Cfg>(p);
   float inv[2];
   finish_rows<Cfg, kVarlen, Params, kFold>(p, tl, sp, rows, first, row0, lane, inv);
   if constexpr (kStaged) {
@@ -225,7 +235,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
       for (int i = t; i < 64 * kVecs; i += 128) {
         const int r = i / kVecs, vec = i % kVecs;
         const int q = first + consumer * 64 + r;
-        if (q < 0 || q >= sp.q_len) continue;
+        if (q < 0 || q >= sp.q_len || 8 * vec >= o_cols) continue;
         const int srow = base_row + r, atom = vec / 8, chunk = vec % 8;
         const uint4 x = *reinterpret_cast<const uint4*>(s_o + atom * kStageRows * 128 + srow * 128 +
                                                         ((chunk ^ (srow % 8)) << 4));
@@ -296,7 +306,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
           w.y = b1 ? hi1 : lo1;
           w.z = b1 ? lo0 : hi0;
           w.w = b1 ? lo1 : hi1;
-          if (store) *reinterpret_cast<uint4*>(out + 8 * (4 * g + k)) = w;
+          if (store && 8 * (4 * g + k) < o_cols) *reinterpret_cast<uint4*>(out + 8 * (4 * g + k)) = w;
         }
       }
     } else {
@@ -316,8 +326,9 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
           out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + o_row_offset(p, tl.head, q);
 #pragma unroll
         for (int j = 0; j < Cfg::kHeadDim / 8; ++j)
-          *reinterpret_cast<uint32_t*>(out + 8 * j + col0) =
-              pack2<Cfg::kBF16>(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
+          if (8 * j < o_cols)
+            *reinterpret_cast<uint32_t*>(out + 8 * j + col0) =
+                pack2<Cfg::kBF16>(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
       }
     }
   }
@@ -334,8 +345,10 @@ __device__ __forceinline__ void store_keyless(const Params& p, const Tile& tl, c
   float inv[2];
   finish_rows<Cfg, kVarlen, Params, kFold>(p, tl, sp, rows, first, consumer * 64 + (t / 32) * 16 + lane / 4, lane, inv);
   constexpr int kVecs = Cfg::kHeadDim / 8;  // 16-byte vectors a row
+  const int o_cols = o_cols_of<Cfg>(p);
   for (int i = t; i < 64 * kVecs; i += 128) {
     const int q = first + consumer * 64 + i / kVecs;
+    if (8 * (i % kVecs) >= o_cols) continue;
     if constexpr (kVarlen) {
       if (q >= 0 && q < sp.q_len)
         *reinterpret_cast<uint4*>(o_packed_row<Elem>(p, tl, sp.q_off + q) + 8 * (i % kVecs)) = make_uint4(0, 0, 0, 0);

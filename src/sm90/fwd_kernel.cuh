@@ -281,6 +281,10 @@ struct FwdKernelParams {
   const float* sink;
   int sink_group;
   uint32_t sink_mask;
+  // The columns O holds (FwdParams::v_cols; head_dim where O is whole): the kernels of head dim
+  // 64 and 128 store no column past them from registers (epilogue.cuh, o_cols_of); TMA stores clip
+  // at tm_o's extent. Last, for the offsets above.
+  int o_cols;
 };
 
 // Soft-capped scores (Problem::softcap): a config that derives from a shipped one and sets

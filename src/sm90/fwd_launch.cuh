@@ -622,7 +622,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // a box's columns past it with zeros. A folded box (of every 64-column chunk) would read the
   // next head's columns there, so those maps take only whole tensors.
   const int qk_cols = a.qk_cols > 0 ? a.qk_cols : a.head_dim, v_cols = a.v_cols > 0 ? a.v_cols : a.head_dim;
-  if ((Cfg::kFoldedQO && qk_cols != a.head_dim) || (folded_kv<Cfg>() && (qk_cols != a.head_dim || v_cols != a.head_dim)))
+  if ((Cfg::kFoldedQO || folded_kv<Cfg>() || Cfg::kHeadDim > 128) && (qk_cols != a.head_dim || v_cols != a.head_dim))
     return {StatusCode::kNotSupported, "qk_cols = " + std::to_string(qk_cols) + ", v_cols = " + std::to_string(v_cols) +
                                            ": this configuration's folded boxes take tensors of head_dim = " +
                                            std::to_string(a.head_dim) + " columns"};
@@ -644,11 +644,12 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
                             : ptx::map_bshd_16bit_sw128(map, base, stride, kv_batches, kv_rows, a.heads_kv, cols, kv_box);
   };
   const int rk = map_kv(&k.tm_k, a.k, mp.k_stride, qk_cols), rv = map_kv(&k.tm_v, a.v, mp.v_stride, v_cols);
-  const int ro = Cfg::kTmaStoreO ? map_qo(&k.tm_o, a.o, mp.o_stride, 64, a.head_dim) : 0;
+  const int ro = Cfg::kTmaStoreO ? map_qo(&k.tm_o, a.o, mp.o_stride, 64, v_cols) : 0;
   if (rq || rk || rv || ro)
     return {StatusCode::kNotSupported, "cuTensorMapEncodeTiled refused a tensor (driver error " +
                                            std::to_string(rq ? rq : rk ? rk : rv ? rv : ro) + ")"};
   k.o = a.o;
+  k.o_cols = v_cols;  // (o is of the value side's width)
   k.lse = a.lse;
   k.sink = a.sink;
   k.sink_group = a.sink_group;
