@@ -519,10 +519,6 @@ std::vector<double> kernel_read(const TensorRef& t, int64_t b, int64_t s, int64_
     for (int64_t x = 0; x < D; ++x) v.push_back(x < cols ? got[r * size_t(cols) + size_t(x)] : 0.0);
   return v;
 }
-// The kernels' store of v (rows of D) into t: its first `cols` columns of each row (D where t is a
-// copy); the others are not written (TMA's clip at a map's extent, the bounded register stores).
-void kernel_write(const TensorRef& t, int64_t b, int64_t s, int64_t h, int64_t cols, int64_t D,
-                  const std::vector<double>& v);
 void write(const TensorRef& t, int64_t b, int64_t s, int64_t h, int64_t cols, const std::vector<double>& v) {
   auto* p = static_cast<uint16_t*>(t.data);
   size_t n = 0;
@@ -533,6 +529,8 @@ void write(const TensorRef& t, int64_t b, int64_t s, int64_t h, int64_t cols, co
           p[i * t.batch_stride + j * t.seq_stride + k * t.head_stride + x] =
               fa4::ref::float_to_bits(DType::kBF16, float(v[n++]));
 }
+// The kernels' store of v (rows of D) into t: its first `cols` columns of each row (D where t is a
+// copy); the others are not written (TMA's clip at a map's extent, the bounded register stores).
 void kernel_write(const TensorRef& t, int64_t b, int64_t s, int64_t h, int64_t cols, int64_t D,
                   const std::vector<double>& v) {
   std::vector<double> kept;
