@@ -562,4 +562,75 @@ TEST(BackwardGpu, Softcap) {
   run_cases(cases, 1000);
 }
 
+// The backward's d192 kernels (detail::set_backward_d192, on for this test only): d192 itself and
+// the head dims padded to it (136-184, DeepSeek's 192 / 128), through the public API, as the
+// tests above run the other kernel head dims: odd lengths both ways, causal rows without keys,
+// GQA and MQA, fp16, BHSD and strided views, windows, a scale, the deterministic mode, soft caps,
+// sinks, a CUDA graph, the copies in the workspace and from cudaMallocAsync.
+TEST(BackwardGpu, D192Kernels) {
+  FA4_REQUIRE_GPU();
+  fa4::detail::set_backward_d192(true);
+  struct Restore {
+    ~Restore() { fa4::detail::set_backward_d192(false); }
+  } restore;
+  std::vector<Case> cases;
+  const std::pair<int64_t, int64_t> lengths[] = {{1, 1},    {17, 17},  {128, 128}, {239, 239}, {1, 300},
+                                                 {300, 1},  {17, 303}, {303, 17},  {128, 239}, {239, 128}};
+  for (auto [sq, sk] : lengths)
+    for (bool causal : {false, true}) cases.push_back({BF16, 2, sq, sk, 2, 2, 192, causal});
+  for (bool causal : {false, true}) cases.push_back({FP16, 2, 239, 333, 2, 1, 192, causal});
+  for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{4, 1}, {8, 2}})
+    cases.push_back({BF16, 1, 200, 257, hq, hkv, 192, true});
+  for (Layout l : {Layout::kBHSD, Layout::kPadded}) cases.push_back({BF16, 2, 190, 260, 4, 2, 192, false, -1, -1, l});
+  cases.push_back({BF16, 1, 300, 300, 2, 2, 192, false, 100, 0});   // a window
+  cases.push_back({BF16, 1, 100, 300, 2, 2, 192, false, 0, 10});    // keys no query sees
+  cases.push_back({BF16, 1, 129, 128, 2, 2, 192, false, -1, -1, Layout::kBSHD, 0.3f});
+  for (bool causal : {false, true}) {
+    Case det{BF16, 2, 200, 333, 4, 2, 192, causal};
+    det.deterministic = true;
+    cases.push_back(det);
+  }
+  for (bool det : {false, true}) {
+    Case capped{BF16, 2, 239, 300, 4, 2, 192, true};
+    capped.softcap = 7.5f, capped.key_scale = 4.0, capped.deterministic = det;
+    cases.push_back(capped);
+  }
+  Case sinks{BF16, 2, 150, 300, 4, 2, 192, true};
+  sinks.sink = true;
+  cases.push_back(sinks);
+  Case graph{BF16, 1, 129, 200, 2, 1, 192, true};
+  graph.captured = true;
+  cases.push_back(graph);
+  // Padded to 192: the copies in the workspace and from cudaMallocAsync; 192 / 128.
+  for (int64_t d : {136, 160, 184})
+    for (bool causal : {false, true}) {
+      Case c{BF16, 2, 239, 128, 4, 2, d, causal};
+      c.layout = Layout::kPadded;
+      c.copies_allocated = causal;
+      cases.push_back(c);
+    }
+  for (bool det : {false, true}) {
+    Case c{BF16, 2, 239, 128, 4, 2, 192, true};
+    c.head_dim_v = 128, c.layout = Layout::kPadded, c.deterministic = det;
+    cases.push_back(c);
+  }
+  run_cases(cases, 9200);
+}
+
+// Two small d192 shapes for the sanitizers (racecheck and synccheck take minutes on the cases
+// above): the split kernel's P^T / dS^T exchange and staged dQ reductions over tails and a causal
+// diagonal, and the deterministic dQ kernel at d192.
+TEST(BackwardGpu, D192KernelsSmall) {
+  FA4_REQUIRE_GPU();
+  fa4::detail::set_backward_d192(true);
+  struct Restore {
+    ~Restore() { fa4::detail::set_backward_d192(false); }
+  } restore;
+  std::vector<Case> cases{{BF16, 1, 130, 200, 4, 2, 192, true}};
+  Case det{FP16, 1, 100, 150, 2, 1, 192, false};
+  det.deterministic = true;
+  cases.push_back(det);
+  run_cases(cases, 9300);
+}
+
 }  // namespace

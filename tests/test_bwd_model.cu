@@ -1,6 +1,6 @@
 // The scheduler's graphs of the backward's dK/dV kernels (scheduler/graphs/sm90_bwd_d*.graph)
 // describe the kernels' shared memory as it is: each buffer's slot is the bytes the kernel's
-// layout (WgSmem, WgSmem256 in src/sm90/bwd_dkdv_wgmma.cuh, shipped configuration) gives it, the capacity is what a
+// layout (WgSmem, WgSmemSplit in src/sm90/bwd_dkdv_wgmma.cuh, shipped configuration) gives it, the capacity is what a
 // block may use less the base's alignment slack, and the buffers at the kernel's own depths add up
 // to the kernel's allocation. A change to either that the other does not follow fails here.
 // Also on the host: the dK/dV kernels' stmatrix stores of dS^T (and d256's P^T) put every pair
@@ -57,7 +57,7 @@ TEST(BackwardModel, D128GraphHoldsTheKernelsSharedMemory) { expect_wg_model<128>
 
 TEST(BackwardModel, D256GraphHoldsTheKernelsSharedMemory) {
   using Cfg = bwd::BwdConfig<256, true>;
-  using L = bwd::WgSmem256<Cfg>;
+  using L = bwd::WgSmemSplit<Cfg>;
   const SmemModel m = read_model("sm90_bwd_d256");
   EXPECT_EQ(m.capacity, 227 * 1024 - kSlack);
   EXPECT_EQ(m.slot.at("KV"), 2 * L::kTile + (Cfg::kKvTma ? 8 : 0));
@@ -66,6 +66,29 @@ TEST(BackwardModel, D256GraphHoldsTheKernelsSharedMemory) {
   EXPECT_EQ(m.slot.at("DsT"), L::kPBytes);
   // P^T and dS^T have two buffers each in the kernel.
   EXPECT_EQ(m.slot.at("KV") + L::kBufs * m.slot.at("Ring") + 2 * (m.slot.at("PT") + m.slot.at("DsT")), L::kBytes - kSlack);
+}
+
+// d192 (the split kernel's by-operand form): K and V of 64 keys, two step buffers, P^T and dS^T
+// two buffers each, and each warpgroup's 16 KB stage for dQ's bulk reductions; with dq_atomics no
+// stage.
+TEST(BackwardModel, D192GraphHoldsTheKernelsSharedMemory) {
+  using Cfg = bwd::BwdConfig<192, true>;
+  using L = bwd::WgSmemSplit<Cfg>;
+  static_assert(L::kDqStage, "the shipped d192 configuration stages dQ");
+  const SmemModel m = read_model("sm90_bwd_d192");
+  EXPECT_EQ(m.capacity, 227 * 1024 - kSlack);
+  EXPECT_EQ(m.slot.at("KV"), 2 * L::kTile + (Cfg::kKvTma ? 8 : 0));
+  EXPECT_EQ(m.slot.at("Ring"), 2 * L::kQBytes + kStepRows);
+  EXPECT_EQ(m.slot.at("PT"), L::kPBytes);
+  EXPECT_EQ(m.slot.at("DsT"), L::kPBytes);
+  EXPECT_EQ(m.slot.at("Stage0"), bwd::kBlock * 64 * 4);
+  EXPECT_EQ(m.slot.at("Stage1"), bwd::kBlock * 64 * 4);
+  EXPECT_EQ(m.slot.at("KV") + L::kBufs * m.slot.at("Ring") + 2 * (m.slot.at("PT") + m.slot.at("DsT")) +
+                m.slot.at("Stage0") + m.slot.at("Stage1"),
+            L::kBytes - kSlack);
+  using Atomics = bwd::BwdConfig<192, true, bwd::bwd_knobs(192, [](bwd::BwdKnobs& k) { k.dq_atomics = true; })>;
+  EXPECT_EQ(bwd::WgSmemSplit<Atomics>::kStageBytes, 0);
+  EXPECT_EQ(bwd::WgSmemSplit<Atomics>::kBytes, L::kBytes - 2 * bwd::kBlock * 64 * 4);
 }
 
 // Every dK/dV configuration the probe runs (shipped and candidates) lays out its shared memory
@@ -103,14 +126,16 @@ void expect_sound_wg(const char* name) {
 }
 
 template <class Cfg>
-void expect_sound_256(const char* name) {
-  using L = bwd::WgSmem256<Cfg>;
+void expect_sound_split(const char* name) {
+  using L = bwd::WgSmemSplit<Cfg>;
   expect_sound_layout<L>(name);
   EXPECT_EQ(L::kPt % 1024, 0) << name;  // P^T and dS^T are SS wgmma operands too
   EXPECT_EQ(L::kDst % 1024, 0) << name;
   EXPECT_LE(L::kDo + L::kBufs * L::kQBytes, L::kPt) << name;
   EXPECT_LE(L::kPt + 2 * L::kPBytes, L::kDst) << name;
-  EXPECT_LE(L::kDst + 2 * L::kPBytes, L::kLse) << name;
+  EXPECT_LE(L::kDst + 2 * L::kPBytes, L::kStage) << name;
+  EXPECT_EQ(L::kStage % 16, 0) << name;  // (bulk reductions read the stage)
+  EXPECT_LE(L::kStage + L::kStageBytes, L::kLse) << name;
   EXPECT_EQ(L::kKvBar, L::kBars + 2 * L::kBufs * 8) << name;  // K and V's mbarrier after the ring's
   EXPECT_EQ(L::kBytes, L::kKvBar + (Cfg::kKvTma ? 8 : 0) + 1024) << name;
 }
@@ -142,6 +167,8 @@ constexpr BwdKnobs kD128ByKeys = bwd_knobs(128, [](BwdKnobs& k) {
 constexpr BwdKnobs kD128Paired = bwd_knobs(128, [](BwdKnobs& k) { k.paired_stats = true; });
 constexpr BwdKnobs kD256Unfolded = bwd_knobs(256, [](BwdKnobs& k) { k.folded_boxes = false; });
 constexpr BwdKnobs kD256Paired = bwd_knobs(256, [](BwdKnobs& k) { k.paired_stats = true; });
+constexpr BwdKnobs kD192Atomics = bwd_knobs(192, [](BwdKnobs& k) { k.dq_atomics = true; });
+constexpr BwdKnobs kD192StShared = bwd_knobs(192, [](BwdKnobs& k) { k.stmatrix = false; });
 
 TEST(BackwardModel, EveryProbeConfigurationHasASoundLayout) {
   using bwd::BwdConfig;
@@ -160,9 +187,12 @@ TEST(BackwardModel, EveryProbeConfigurationHasASoundLayout) {
   expect_sound_wg<BwdConfig<128, true, kD128Unfolded>>("d128 unfolded");
   expect_sound_wg<BwdConfig<128, true, kD128ByKeys>>("d128 dQ by keys");
   expect_sound_wg<BwdConfig<128, true, kD128Paired>>("d128 folded paired");
-  expect_sound_256<BwdConfig<256, true>>("d256 shipped");
-  expect_sound_256<BwdConfig<256, true, kD256Unfolded>>("d256 unfolded");
-  expect_sound_256<BwdConfig<256, true, kD256Paired>>("d256 folded paired");
+  expect_sound_split<BwdConfig<192, true>>("d192 (staged dQ)");
+  expect_sound_split<BwdConfig<192, true, kD192Atomics>>("d192 dQ by atomics");
+  expect_sound_split<BwdConfig<192, true, kD192StShared>>("d192 st.shared");
+  expect_sound_split<BwdConfig<256, true>>("d256 shipped");
+  expect_sound_split<BwdConfig<256, true, kD256Unfolded>>("d256 unfolded");
+  expect_sound_split<BwdConfig<256, true, kD256Paired>>("d256 folded paired");
   // dQ by keys at d128: two 64 x 64 pieces a warpgroup, one dS^T buffer.
   using ByKeys = bwd::WgSmem<BwdConfig<128, true, kD128ByKeys>>;
   EXPECT_EQ(ByKeys::kDqPieces, 2);

@@ -618,7 +618,7 @@ void emulate_padded_call(int64_t d, int64_t dv, bool bhsd) {
   std::vector<uint8_t> gscratch(size_t(gsized.bytes) + 256);
   void* gbase = gscratch.data() + (256 - reinterpret_cast<uintptr_t>(gscratch.data()) % 256) % 256;
   const auto gcall = fa4::detail::pad_backward(g, gbase);
-  const int64_t G = fa4::detail::kernel_head_dim(p, fa4::detail::Pass::kBackward);  // (192: 256's)
+  const int64_t G = fa4::detail::kernel_head_dim(p, fa4::detail::Pass::kBackward);  // (192: 256's, or 192's with set_backward_d192)
   ASSERT_EQ(gcall.args.problem.head_dim, G);
   emulate_set(gcall, true, G);
   const auto kg = fa4::ref::backward(gcall.args.problem, read(gcall.args.q, B, SQ, HQ, G),
@@ -643,6 +643,22 @@ TEST(PadEmulated, ForwardAndBackwardEqualTheCallersProblem) {
     emulate_padded_call(152, 152, bhsd);  // the same split
     emulate_padded_call(128, 64, bhsd);   // q and k taken as they are
     emulate_padded_call(64, 136, bhsd);   // the value side the wider
+  }
+}
+
+// With the backward's d192 kernels on (detail::set_backward_d192): 136-184 and DeepSeek's 192 / 128
+// on 192's in both passes, the copies' units rows of 24 (192 columns).
+TEST(PadEmulated, BackwardOnTheD192Kernels) {
+  fa4::detail::set_backward_d192(true);
+  struct Restore {
+    ~Restore() { fa4::detail::set_backward_d192(false); }
+  } restore;
+  ASSERT_EQ(fa4::detail::kernel_head_dim(fa4::test::make_problem(1, 9, 13, 4, 2, 152), fa4::detail::Pass::kBackward),
+            192);
+  for (bool bhsd : {false, true}) {
+    emulate_padded_call(192, 128, bhsd);
+    emulate_padded_call(152, 152, bhsd);
+    emulate_padded_call(136, 184, bhsd);
   }
 }
 

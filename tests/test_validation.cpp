@@ -253,6 +253,37 @@ TEST(Validation, KernelHeadDimIsTheNextWithAKernelInThatPass) {
   EXPECT_FALSE(fa4::detail::padded(p, Pass::kForward));
 }
 
+// detail::set_backward_d192: the backward's head dims 136-192 (and 192 / 128) on the d192 kernels,
+// the workspace sized for them; off again, 256's. The forward and e4m3 do not follow it.
+TEST(Validation, BackwardD192SwitchMovesTheBackwardsKernelHeadDim) {
+  using fa4::detail::Pass;
+  ASSERT_FALSE(fa4::detail::backward_d192()) << "off by default";
+  Problem p = valid_problem();
+  p.head_dim = 160;
+  int64_t off_bytes = 0, on_bytes = 0;
+  ASSERT_TRUE(fa4::detail::dq_accum_bytes(p, &off_bytes));
+  fa4::detail::set_backward_d192(true);
+  struct Restore {
+    ~Restore() { fa4::detail::set_backward_d192(false); }
+  } restore;
+  ASSERT_TRUE(fa4::detail::dq_accum_bytes(p, &on_bytes));
+  EXPECT_EQ(off_bytes / (256 + 2) * (192 + 2), on_bytes);
+  const std::array<int64_t, 2> cases[] = {{128, 128}, {136, 192}, {184, 192}, {192, 192}, {200, 256}, {256, 256}};
+  for (const auto& [d, bwd] : cases) {
+    p.head_dim = d;
+    p.dtype = DType::kBF16;
+    EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kBackward), bwd) << "head_dim " << d;
+    EXPECT_EQ(fa4::detail::padded(p, Pass::kBackward), bwd != d) << "head_dim " << d;
+    p.dtype = DType::kE4M3;
+    EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kForward), d <= 128 ? 128 : 256) << "e4m3, head_dim " << d;
+  }
+  p.dtype = DType::kBF16;
+  p.head_dim = 192;
+  p.head_dim_v = 128;
+  EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kBackward), 192);
+  EXPECT_TRUE(fa4::detail::padded(p, Pass::kBackward));
+}
+
 TEST(Validation, HeadsQMustBeAMultipleOfHeadsKv) {
   expect_problem_refused([](Problem& p) { p.heads_q = 6; p.heads_kv = 4; },
                          {"heads_q = 6", "multiple of heads_kv = 4"});

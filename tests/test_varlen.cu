@@ -731,6 +731,31 @@ TEST(VarlenGpu, BackwardEveryHeadDimAgainstEachSequence) {
     }
 }
 
+// The backward's d192 kernels (detail::set_backward_d192, on for this test only) on packed
+// sequences: d192 and d160 (padded to 192), odd lengths, empty sequences and sequences without keys
+// or queries, causal, MQA with a window and strided views, a soft cap, both dQ paths.
+TEST(VarlenGpu, BackwardD192Kernels) {
+  FA4_REQUIRE_GPU();
+  fa4::detail::set_backward_d192(true);
+  struct Restore {
+    ~Restore() { fa4::detail::set_backward_d192(false); }
+  } restore;
+  uint32_t seed = 9601;
+  for (int64_t d : {192, 160})
+    for (bool deterministic : {false, true}) {
+      run_varlen_backward({BF16, 4, 2, d, {17, 239, 0, 300, 5, 0}, {40, 239, 9, 0, 130, 0}}, seed++, deterministic);
+      VarlenCase c{FP16, 4, 4, d, {200, 1, 333}, {200, 64, 400}};
+      c.causal = true;
+      run_varlen_backward(c, seed++, deterministic);
+    }
+  VarlenCase w{BF16, 4, 1, 192, {260, 129}, {300, 700}};
+  w.left = 50, w.right = 10, w.spare_heads = 1;
+  run_varlen_backward(w, seed++, false);
+  VarlenCase capped{BF16, 4, 2, 192, {17, 239, 0, 300, 1}, {40, 239, 9, 300, 700}};
+  capped.softcap = 7.5f, capped.key_scale = 4.0;
+  run_varlen_backward(capped, seed++, false);
+}
+
 TEST(VarlenGpu, BackwardWindowsMqaAndStrided) {
   FA4_REQUIRE_GPU();
   uint32_t seed = 701;

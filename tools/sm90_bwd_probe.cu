@@ -20,7 +20,8 @@
 //                                  dQ in turn), the offset between the two warpgroups, the cycles
 //                                  from the CTA's entry to its first step and from its last step to
 //                                  its end; every stamp in DIR/bwd-trace-dD.csv
-//   FA4_PROBE_ONLY="128,256"       keeps only those head dims
+//   FA4_PROBE_ONLY="128,256"       keeps only those head dims (64, 128, 192, 256; "shipped" at 192
+//                                  is the d192 kernel the API takes with detail::set_backward_d192)
 //   FA4_PROBE_CONFIGS="shipped"    keeps only the configurations named (time: and the shipped one)
 //   FA4_PROBE_SEQLENS="4096"       time: keeps only those sequence lengths
 //   FA4_PROBE_DETERMINISTIC=1      time: the deterministic mode
@@ -124,6 +125,10 @@ constexpr BwdKnobs kSerial64 = bwd_knobs(64, kSerial), kSerial128 = bwd_knobs(12
 constexpr auto kDqAfter = [](BwdKnobs& k) { k.dq_overlap = false; };
 constexpr BwdKnobs kDqAfter64 = bwd_knobs(64, kDqAfter), kDqAfter128 = bwd_knobs(128, kDqAfter),
                    kDqAfter256 = bwd_knobs(256, kDqAfter);
+// d192 (the split kernel's by-operand form): its dQ pieces added by atomics from the registers, as
+// d256 adds them (`dq_atomics`), against the staged bulk reductions; and with st.shared.
+constexpr BwdKnobs kDqAtomics192 = bwd_knobs(192, [](BwdKnobs& k) { k.dq_atomics = true; }),
+                   kStShared192 = bwd_knobs(192, kStShared);
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
     {"serial", 64, run_cfg<BwdConfig<64, true, kSerial64>>},
@@ -147,6 +152,9 @@ const Config kConfigs[] = {
     {"dq-atomics", 128, run_cfg<BwdConfig<128, true, kDqAtomics128>>},
     {"st-shared", 128, run_cfg<BwdConfig<128, true, kStShared128>>},
     {"per-element-mask", 128, run_cfg<BwdConfig<128, true, kPerElementMask128>>},
+    {"shipped", 192, run_cfg<BwdConfig<192, true>>},
+    {"dq-atomics", 192, run_cfg<BwdConfig<192, true, kDqAtomics192>>},
+    {"st-shared", 192, run_cfg<BwdConfig<192, true, kStShared192>>},
     {"shipped", 256, run_cfg<BwdConfig<256, true>>},
     {"pdl", 256, run_cfg<BwdConfig<256, true, kPdl256>>},
     {"dq-after-dkdv", 256, run_cfg<BwdConfig<256, true, kDqAfter256>>},
@@ -252,7 +260,7 @@ int check_all() {
       {1, 4, 2, 200, 200, 0, true, -1, 0, true}, {2, 4, 2, 200, 520, 0, false},
   };
   int fails = 0;
-  for (const int d : {64, 128, 256}) {
+  for (const int d : {64, 128, 192, 256}) {
     if (!wanted(d)) continue;
     for (Shape s : shapes) {
       s.d = d;
@@ -340,7 +348,7 @@ int time_all(int rounds) {
   CK(cudaEventCreate(&t1));
   int fails = 0;
   const bool deterministic = std::getenv("FA4_PROBE_DETERMINISTIC") != nullptr;
-  for (const int d : {64, 128, 256}) {
+  for (const int d : {64, 128, 192, 256}) {
     if (!wanted(d)) continue;
     std::vector<const Config*> cfgs;
     for (const Config& c : kConfigs)
@@ -408,13 +416,14 @@ int time_all(int rounds) {
 // The traced twins of the shipped configurations, and of candidates (their CSV named after them).
 constexpr auto kWithTrace = [](BwdKnobs& k) { k.trace = true; };
 constexpr BwdKnobs kTraced64 = bwd_knobs(64, kWithTrace), kTraced128 = bwd_knobs(128, kWithTrace),
-                   kTraced256 = bwd_knobs(256, kWithTrace);
+                   kTraced192 = bwd_knobs(192, kWithTrace), kTraced256 = bwd_knobs(256, kWithTrace);
 constexpr auto kCpAsyncTraced = [](BwdKnobs& k) { k.trace = true, k.kv_tma = false; };
 constexpr BwdKnobs kCpAsyncTraced64 = bwd_knobs(64, kCpAsyncTraced), kCpAsyncTraced128 = bwd_knobs(128, kCpAsyncTraced),
                    kCpAsyncTraced256 = bwd_knobs(256, kCpAsyncTraced);
 const Config kTraced[] = {
     {"shipped-traced", 64, run_cfg<BwdConfig<64, true, kTraced64>>},
     {"shipped-traced", 128, run_cfg<BwdConfig<128, true, kTraced128>>},
+    {"shipped-traced", 192, run_cfg<BwdConfig<192, true, kTraced192>>},
     {"shipped-traced", 256, run_cfg<BwdConfig<256, true, kTraced256>>},
     {"cp-async-kv-traced", 64, run_cfg<BwdConfig<64, true, kCpAsyncTraced64>>},
     {"cp-async-kv-traced", 128, run_cfg<BwdConfig<128, true, kCpAsyncTraced128>>},

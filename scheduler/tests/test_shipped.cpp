@@ -427,6 +427,23 @@ TEST(Sm90Backward, D256FoldedLoadsLeaveTheTensorCoreTheResourceBound) {
   EXPECT_EQ(b.mii(), b.res_mii);
 }
 
+// d192 (the split kernel by operand: warpgroup 0 dV, warpgroup 1 dK, dQ's three pieces staged and
+// bulk-reduced): three 16 KB reductions a step hold the TMA engine for 3 x 1198, above the tensor
+// core's ten GEMMs at 192 columns (1920), so the reductions set the resource bound; the longest
+// recurrence (a warpgroup's step through its two pieces, the second waiting for the first's read
+// of the stage) is 2408. The full solve (44 s here, fa4-schedule) answers II 3891 in two stages
+// with two step buffers (docs/perf-notes.md, "A backward kernel of its own at d192").
+TEST(Sm90Backward, D192ReductionsSetTheResourceBound) {
+  const Graph g = shipped("sm90_bwd_d192");
+  EXPECT_EQ(busy_on(g, "tma"), 3 * 1198 + 1);
+  EXPECT_EQ(busy_on(g, "tc"), 10 * 192);
+  const Bounds b = lower_bounds(g);
+  EXPECT_EQ(b.res_mii, 3 * 1198 + 1);
+  EXPECT_EQ(g.units[b.res_unit].name, "tma");
+  EXPECT_EQ(b.rec_mii, 2408);
+  EXPECT_EQ(b.mii(), b.res_mii);
+}
+
 // sm90_bwd_d256_measured.graph: the same kernel with the latencies its clock64 stamps show in
 // place on an H200 (a91c2b4, 4k non-causal). Each warpgroup's step, through its two pieces of dQ
 // atomics, is a recurrence of 6409 cycles, the traced period, 2.5 times the tensor core's 2560.

@@ -5,6 +5,7 @@
 #include "common/validate.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -593,10 +594,17 @@ Status validate_problem(const Problem& p) {
   return check_window("window_right", p.window_right);
 }
 
+namespace {
+std::atomic<bool> g_backward_d192{false};
+}  // namespace
+
+void set_backward_d192(bool on) { g_backward_d192.store(on); }
+bool backward_d192() { return g_backward_d192.load(); }
+
 int64_t kernel_head_dim(const Problem& p, Pass pass) {
   const int64_t need = std::max(p.head_dim, p.value_dim());
-  const bool forward16 = pass == Pass::kForward && p.dtype != DType::kE4M3;
-  for (int d : forward16 ? std::span<const int>(kForwardKernelHeadDims) : std::span<const int>(kKernelHeadDims))
+  const bool with192 = pass == Pass::kForward ? p.dtype != DType::kE4M3 : backward_d192();
+  for (int d : with192 ? std::span<const int>(kForwardKernelHeadDims) : std::span<const int>(kKernelHeadDims))
     if (need <= d) return d;
   return 0;
 }

@@ -38,10 +38,18 @@ Status validate_problem(const Problem& p);
 enum class Pass { kForward, kBackward };
 
 // The head dim whose kernels run the call: the smallest at or above the larger of p.head_dim and
-// p.value_dim() of kForwardKernelHeadDims (the 16-bit forward) or kKernelHeadDims (the backward,
-// the e4m3 forward); 0 past the largest. Other than the call's head dims, the tensors run as
+// p.value_dim() of kForwardKernelHeadDims (the 16-bit forward; the backward with
+// backward_d192()) or kKernelHeadDims (the backward, the e4m3 forward); 0 past the largest. Other than the call's head dims, the tensors run as
 // zero-padded copies (common/pad.h).
 int64_t kernel_head_dim(const Problem& p, Pass pass);
+
+// Whether the backward runs head dims 136-192 on kernels of head dim 192 (sm90/bwd_dkdv_wgmma.cuh,
+// bwd_dkdv_split_kernel) instead of on d256's over zero-padded copies: off by default until those
+// kernels have run on a GPU (docs/perf-notes.md, "A backward kernel of its own at d192"); the GPU
+// tests turn it on around their d192 cases. Process-wide; kernel_head_dim, padded and the
+// workspace's size follow it, so a call's size query and the call must see the same setting.
+void set_backward_d192(bool on);
+bool backward_d192();
 
 // Whether the call runs over zero-padded copies: a head dim without a kernel of its own in that
 // pass, or two head dims.

@@ -15,10 +15,11 @@
 // and V load once, by TMA. Each step's Q and dO come by TMA, and its rows of D and of the LSE
 // (log2 units, both written by bwd_delta_kernel into the workspace) by bulk copies, one thread
 // issuing them a step ahead with full/empty mbarriers (StepRing; three buffers at d64/d128, two
-// at d256): no CTA barrier opens or closes a step, so the warpgroups are held together only where
-// one reads what the other wrote (d128: dQ reads both's dS^T; d256: dV/dK read both's P^T and
-// dS^T), and those tiles have two buffers so that a warpgroup may write the next step's while
-// the other still reads this one's. At d256 a CTA barrier inside the step waits for both halves.
+// at d192/d256): no CTA barrier opens or closes a step, so the warpgroups are held together only
+// where one reads what the other wrote (d128: dQ reads both's dS^T; d192/d256: dV/dK read both's
+// P^T and dS^T), and those tiles have two buffers so that a warpgroup may write the next step's
+// while the other still reads this one's. At d192/d256 (bwd_dkdv_split_kernel, at the end of this
+// file) a CTA barrier inside the step waits for both halves.
 // dQ of step s is computed at the end of step s + 1 (BwdConfig::kDqLagBufs), behind the dS^T
 // buffer's full and empty mbarriers, and warpgroup 1 starts its walk once warpgroup 0's first dP^T
 // has landed (BwdConfig::kSkew): the warpgroups run apart, one's exponentials under the other's
@@ -830,41 +831,63 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
   if constexpr (Cfg::kTrace) tr.cta(1, clock64());
 }
 
-// ---- d256: 64 keys a CTA, each warpgroup half of every GEMM's columns --------------------------------
-// At d256 a warpgroup cannot hold dK and dV of 64 keys (256 registers), so the two warpgroups
-// split them by columns (128 each), and the 64 keys' S^T and dP^T by queries (32 each): P^T and
-// dS^T go through shared memory, where both warpgroups read them as the A operand (SS). dQ = dS K
-// is two 64-column pieces a warpgroup, added into the fp32 accumulator by float4 atomics (the
-// shared memory holds no staging buffer beside double-buffered Q and dO). P^T and dS^T have two
-// buffers, so a step needs one CTA barrier (both warpgroups' halves of them written) and none at
-// its end: a warpgroup writes them again two steps on, past the next step's barrier.
+// ---- d192 and d256: 64 keys a CTA, the warpgroups splitting every GEMM ------------------------------
+// A warpgroup cannot hold dK and dV of 64 keys at these head dims (192 or 256 registers), so the
+// two split the 64 keys' S^T and dP^T by queries (32 each): P^T and dS^T go through shared memory,
+// where both warpgroups read them as the A operand (SS). P^T and dS^T have two buffers, so a step
+// needs one CTA barrier (both warpgroups' halves of them written) and none at its end: a
+// warpgroup writes them again two steps on, past the next step's barrier.
+//   d256: the warpgroups split dK and dV by columns (128 each), and dQ = dS K is two 64-column
+//   pieces a warpgroup, added into the fp32 accumulator by float4 atomics (the shared memory
+//   holds no staging buffer beside double-buffered Q and dO).
+//   d192: warpgroup 0 holds dV and warpgroup 1 dK, each all 192 columns (96 registers; columns
+//   split in 96s would start a warpgroup's MN-major operand halfway through a 64-column swizzle
+//   atom). dQ's three 64-column pieces go to the warpgroups in turn, piece c of step s to
+//   warpgroup (s + c) % 2, two and one, swapped every step; each piece is staged in the
+//   warpgroup's 16 KB of shared memory and added by a bulk reduction (cp.reduce.async.bulk), or
+//   (Cfg::kDqAtomics) by float4 atomics as at d256.
 template <class Cfg>
-struct WgSmem256 {
-  static constexpr int kD = 256, kTile = kBlock * kD * 2;  // K, V, Q or dO: 64 rows
+struct WgSmemSplit {
+  static constexpr int kD = Cfg::kD, kTile = kBlock * kD * 2;  // K, V, Q or dO: 64 rows
   static constexpr int kQBytes = kTile, kBufs = Cfg::kStepBufs;  // 2 shipped
   static constexpr int kK = 0, kV = kTile, kQ = 2 * kTile, kDo = kQ + kBufs * kTile;
   static constexpr int kPBytes = kBlock * kBlock * 2;  // P^T or dS^T: [64 keys][64 queries]
   static constexpr int kPt = kDo + kBufs * kTile, kDst = kPt + 2 * kPBytes;
-  static constexpr int kLse = kDst + 2 * kPBytes, kDelta = kLse + kBufs * kBlock * 4;
+  // d192 without atomics: each warpgroup's fp32 piece of dQ, [64][64], for its bulk reductions.
+  static constexpr bool kDqStage = kD == 192 && !Cfg::kDqAtomics;
+  static constexpr int kStage = kDst + 2 * kPBytes, kStageBytes = kDqStage ? 2 * kBlock * 64 * 4 : 0;
+  static constexpr int kLse = kStage + kStageBytes, kDelta = kLse + kBufs * kBlock * 4;
   static constexpr int kBars = kDelta + kBufs * kBlock * 4;  // StepRing's full and empty
   using Ring = StepRing<kBufs>;
   static constexpr int kKvBar = kBars + 2 * kBufs * 8;  // Cfg::kKvTma: K and V landed
   static constexpr int kBytes = kKvBar + (Cfg::kKvTma ? 8 : 0) + 1024;
-  static_assert(kBytes <= 227 * 1024, "the d256 wgmma dK/dV kernel's shared memory");
+  static_assert(kBytes <= 227 * 1024, "the split dK/dV kernel's shared memory");
 };
 
-// tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows; tm_k, tm_v
-// (Cfg::kKvTma) K and V the same.
+// A warpgroup's dK and dV accumulators: at d256 its 128 columns of each; at d192 all 192 columns
+// of dV (warpgroup 0) or of dK (warpgroup 1).
+template <int kD>
+struct SplitAcc {
+  float dv[64] = {}, dk[64] = {};
+};
+template <>
+struct SplitAcc<192> {
+  float acc[96] = {};
+};
+
+// tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows (the _folded maps
+// with Cfg::kFoldedBoxes); tm_k, tm_v (Cfg::kKvTma) K and V the same.
 template <class Cfg>
 __global__ void __launch_bounds__(kThreads, 1)
-    bwd_dkdv_wgmma256_kernel(const detail::BwdParams p, const __grid_constant__ CUtensorMap tm_q,
-                             const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_k,
-                             const __grid_constant__ CUtensorMap tm_v) {
-  static_assert(Cfg::kD == 256, "the d256 dK/dV kernel");
+    bwd_dkdv_split_kernel(const detail::BwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                          const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_k,
+                          const __grid_constant__ CUtensorMap tm_v) {
+  static_assert(Cfg::kD == 192 || Cfg::kD == 256, "the split dK/dV kernel covers head dims 192 and 256");
   namespace wgmma = ptx::wgmma;
-  using L = WgSmem256<Cfg>;
+  using L = WgSmemSplit<Cfg>;
   static_assert(L::kBufs == 2, "a step's Q/dO buffer is s & 1, as its P^T and dS^T buffer");
-  constexpr int kD = 256;
+  constexpr int kD = Cfg::kD;
+  constexpr bool kByOperand = kD == 192;  // (else by columns)
   constexpr bool kBF16 = Cfg::kBF16;
   constexpr auto kType = kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
   [[maybe_unused]] const uint64_t t_entry = Cfg::kTrace ? clock64() : 0;
@@ -889,21 +912,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t v_desc = wgmma::desc_sw128(smem_addr(smem + L::kV), 16, 1024);
   const uint64_t q_desc = wgmma::desc_sw128(smem_addr(smem + L::kQ) + wg * 32 * 128, 16, 1024);
   const uint64_t do_desc = wgmma::desc_sw128(smem_addr(smem + L::kDo) + wg * 32 * 128, 16, 1024);
-  // dV, dK: A = P^T or dS^T (K-major), B = this warpgroup's 128 columns of dO or Q (MN-major).
+  // dV, dK: A = P^T or dS^T (K-major), B = this warpgroup's columns of dO or Q (MN-major): at d256
+  // its 128, at d192 all.
   const uint64_t pt_desc = wgmma::desc_sw128(smem_addr(smem + L::kPt), 16, 1024);
   const uint64_t dst_desc = wgmma::desc_sw128(smem_addr(smem + L::kDst), 16, 1024);
-  const uint64_t do_mn = wgmma::desc_sw128(smem_addr(smem + L::kDo) + 2 * wg * kBlock * 128, kBlock * 128, 1024);
-  const uint64_t q_mn = wgmma::desc_sw128(smem_addr(smem + L::kQ) + 2 * wg * kBlock * 128, kBlock * 128, 1024);
+  const uint32_t col_off = kByOperand ? 0 : 2 * wg * kBlock * 128;
+  const uint64_t do_mn = wgmma::desc_sw128(smem_addr(smem + L::kDo) + col_off, kBlock * 128, 1024);
+  const uint64_t q_mn = wgmma::desc_sw128(smem_addr(smem + L::kQ) + col_off, kBlock * 128, 1024);
   // dQ: A = dS (dS^T stored, so MN-major), B = K's 64-column block (MN-major).
   const uint64_t ds_mn = wgmma::desc_sw128(smem_addr(smem + L::kDst), kBlock * 128, 1024);
   const uint64_t kq_mn = wgmma::desc_sw128(smem_addr(smem + L::kK), kBlock * 128, 1024);
+  // d192 (L::kDqStage): this warpgroup's stage, this thread's first float4 of it.
+  [[maybe_unused]] float* stage = reinterpret_cast<float*>(smem + L::kStage) + wg * kBlock * 64;
 
   [[maybe_unused]] StepTrace tr;
   if constexpr (Cfg::kTrace) {
     tr.open(p.trace, wg);
     tr.cta(0, t_entry);
   }
-  float dk[64] = {}, dv[64] = {};  // this warpgroup's 128 columns
+  SplitAcc<kD> a;
   StepAt at = walk.first(), at_next = walk.next(at);  // steps s and s + 1
   for (int s = 0; s < steps; ++s, at = at_next, at_next = walk.next(at_next)) {
     const StepAt here = walk_step<Cfg>(walk, s, at);
@@ -986,21 +1013,36 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     if constexpr (Cfg::kTrace) tr.stamp(s, 6);
 
-    // dV += P^T dO, dK += dS^T Q: this warpgroup's 128 columns, over the 64 queries.
     wgmma::fence();
+    if constexpr (kByOperand) {
+      // dV += P^T dO (warpgroup 0) or dK += dS^T Q (warpgroup 1): all 192 columns, over the 64
+      // queries.
+      const uint64_t a_desc = wg == 0 ? pt_desc : dst_desc, b_desc = wg == 0 ? do_mn : q_mn;
 #pragma unroll
-    for (int kk = 0; kk < kBlock / 16; ++kk) {
-      const uint32_t b_off = buf * L::kTile + wgmma::mn_step(kk);
-      wgmma::mma_ss_tb<128, kType>(dv, wgmma::desc_advance(pt_desc, p_off + kk * 32), wgmma::desc_advance(do_mn, b_off), 1);
-      wgmma::mma_ss_tb<128, kType>(dk, wgmma::desc_advance(dst_desc, p_off + kk * 32), wgmma::desc_advance(q_mn, b_off), 1);
+      for (int kk = 0; kk < kBlock / 16; ++kk)
+        wgmma::mma_ss_tb<kD, kType>(a.acc, wgmma::desc_advance(a_desc, p_off + kk * 32),
+                                    wgmma::desc_advance(b_desc, buf * L::kTile + wgmma::mn_step(kk)), 1);
+    } else {
+      // dV += P^T dO, dK += dS^T Q: this warpgroup's 128 columns, over the 64 queries.
+#pragma unroll
+      for (int kk = 0; kk < kBlock / 16; ++kk) {
+        const uint32_t b_off = buf * L::kTile + wgmma::mn_step(kk);
+        wgmma::mma_ss_tb<128, kType>(a.dv, wgmma::desc_advance(pt_desc, p_off + kk * 32), wgmma::desc_advance(do_mn, b_off), 1);
+        wgmma::mma_ss_tb<128, kType>(a.dk, wgmma::desc_advance(dst_desc, p_off + kk * 32), wgmma::desc_advance(q_mn, b_off), 1);
+      }
     }
     wgmma::commit_group();
 
-    // dQ += dS K: two pieces of 64 columns a warpgroup, into the fp32 accumulator.
+    // dQ += dS K: 64-column pieces into the fp32 accumulator, two a warpgroup at d256, piece c to
+    // warpgroup (s + c) % 2 at d192.
     if (!p.deterministic) {
+      constexpr int kPieces = kByOperand ? kD / 64 : 2;  // (d256: this warpgroup's)
+      [[maybe_unused]] int done = 0;                     // pieces of this warpgroup's so far
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int col0 = 128 * wg + 64 * c;
+      for (int c = 0; c < kPieces; ++c) {
+        if constexpr (kByOperand)
+          if (((s + c) & 1) != wg) continue;
+        const int col0 = kByOperand ? 64 * c : 128 * wg + 64 * c;
         float dq[32];
         wgmma::fence();
 #pragma unroll
@@ -1011,36 +1053,71 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma::wait_group<0>();
         wgmma::pin(dq);
         if constexpr (Cfg::kTrace)
-          if (c == 0) tr.stamp(s, 7);
-        add_piece(dq_piece_at<kD>(p, b, h, q0, col0), dq, tid);
+          if (done++ == 0) tr.stamp(s, 7);
+        if constexpr (L::kDqStage) {
+          // The warpgroup's last reduction has read the stage; then it is rewritten and reduced.
+          if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+          ptx::named_bar_sync(1 + wg, 128);
+          const uint32_t piece = smem_addr(stage) + 16 * tid;
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            ptx::st_shared_v4_f32(piece + 16 * 128 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+          ptx::fence_proxy_async_smem();
+          ptx::named_bar_sync(1 + wg, 128);
+          if (tid == 0) {
+            cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add,
+                                            dq_piece_at<kD>(p, b, h, q0, col0), stage, uint32_t(kBlock * 64 * 4));
+            cuda::ptx::cp_async_bulk_commit_group();
+          }
+        } else {
+          add_piece(dq_piece_at<kD>(p, b, h, q0, col0), dq, tid);
+        }
       }
     }
     wgmma::wait_group<0>();
-    wgmma::pin(dk);
-    wgmma::pin(dv);
+    if constexpr (kByOperand) {
+      wgmma::pin(a.acc);
+    } else {
+      wgmma::pin(a.dk);
+      wgmma::pin(a.dv);
+    }
     if constexpr (Cfg::kTrace) tr.stamp(s, 8);
     ring.release(s);
   }
 
-  // dK, dV: keys k0 + 16 warp + g (+ 8), this warpgroup's columns 128 wg + 8j + 2t.
+  // dK, dV: keys k0 + 16 warp + g (+ 8), this warpgroup's columns (d256: 128 wg + 8j + 2t).
   // (With varlen the sequence's length and first row read again here, not held through the steps.)
   const SeqSpan end_seq = seq_span<Cfg::kVarlen>(p, b);
   const int valid = end_seq.k_len - k0;
+  const int out_col0 = kByOperand ? 0 : 128 * wg;
   uint16_t* dk_rows = static_cast<uint16_t*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2] +
-                      int64_t(end_seq.k_off + k0) * p.dk_stride[1] + 128 * wg;
+                      int64_t(end_seq.k_off + k0) * p.dk_stride[1] + out_col0;
   uint16_t* dv_rows = static_cast<uint16_t*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[2] +
-                      int64_t(end_seq.k_off + k0) * p.dv_stride[1] + 128 * wg;
-  if constexpr (Cfg::kStagedStores) {
+                      int64_t(end_seq.k_off + k0) * p.dv_stride[1] + out_col0;
+  if constexpr (L::kDqStage)  // the warpgroup's last reduction has read its stage before the CTA exits
+    if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+  if constexpr (kByOperand) {
+    // Warpgroup 0 writes dV through the first Q buffer, warpgroup 1 dK through the first dO
+    // buffer, once both are past their last step.
+    uint16_t* rows = wg == 0 ? dv_rows : dk_rows;
+    const int64_t stride = wg == 0 ? p.dv_stride[1] : p.dk_stride[1];
+    if constexpr (Cfg::kStagedStores) {
+      __syncthreads();
+      store_rows_staged<kBlock, kD, kBF16>(smem + (wg == 0 ? L::kQ : L::kDo), 0, a.acc, rows, stride, valid, tid, 1 + wg);
+    } else {
+      store_rows_direct<kD, kBF16>(a.acc, rows, stride, valid, tid);
+    }
+  } else if constexpr (Cfg::kStagedStores) {
     // Through the first Q and dO buffers, once both warpgroups are past their last step: the
     // warpgroup's 128 columns are 64-column blocks 2 wg and 2 wg + 1 of each.
     __syncthreads();
-    store_rows_staged<kBlock, 128, kBF16>(smem + L::kQ + 2 * wg * kBlock * 128, 0, dk, dk_rows, p.dk_stride[1],
+    store_rows_staged<kBlock, 128, kBF16>(smem + L::kQ + 2 * wg * kBlock * 128, 0, a.dk, dk_rows, p.dk_stride[1],
                                           valid, tid, 1 + wg);
-    store_rows_staged<kBlock, 128, kBF16>(smem + L::kDo + 2 * wg * kBlock * 128, 0, dv, dv_rows, p.dv_stride[1],
+    store_rows_staged<kBlock, 128, kBF16>(smem + L::kDo + 2 * wg * kBlock * 128, 0, a.dv, dv_rows, p.dv_stride[1],
                                           valid, tid, 1 + wg);
   } else {
-    store_rows_direct<128, kBF16>(dk, dk_rows, p.dk_stride[1], valid, tid);
-    store_rows_direct<128, kBF16>(dv, dv_rows, p.dv_stride[1], valid, tid);
+    store_rows_direct<128, kBF16>(a.dk, dk_rows, p.dk_stride[1], valid, tid);
+    store_rows_direct<128, kBF16>(a.dv, dv_rows, p.dv_stride[1], valid, tid);
   }
   if constexpr (Cfg::kTrace) tr.cta(1, clock64());
 }

@@ -7,9 +7,9 @@
 //                                        soft-capped, S capped first and dS times the cap's slope)
 //   dQ += dS K                          (wgmma RS, K MN-major)
 //
-// Key blocks are 64 keys at d64/d128 and 32 at d256 (where 128 rows of Q and dO take 128 KB). Q, dO,
-// D and the log2 LSE load once (TMA and bulk copies); K and V by TMA through a StepRing, the next
-// block's while this one computes (three buffers, two at d256). The warpgroups share only K and V,
+// Key blocks are 64 keys at d64/d128/d192 and 32 at d256 (where 128 rows of Q and dO take 128 KB).
+// Q, dO, D and the log2 LSE load once (TMA and bulk copies); K and V by TMA through a StepRing, the
+// next block's while this one computes (three buffers, two at d192 and d256). The warpgroups share only K and V,
 // so nothing else holds them together.
 #pragma once
 
@@ -26,7 +26,7 @@ inline constexpr int kDqKeys = kD == 256 ? 32 : 64;  // keys a step
 template <int kD>
 struct DqWgSmem {
   static constexpr int kQBytes = kDqRows * kD * 2, kKVBytes = kDqKeys<kD> * kD * 2;
-  static constexpr int kBufs = kD == 256 ? 2 : 3;  // K, V
+  static constexpr int kBufs = kD >= 192 ? 2 : 3;  // K, V
   static constexpr int kQ = 0, kDo = kQBytes, kK = 2 * kQBytes, kV = kK + kBufs * kKVBytes;
   static constexpr int kLse = kV + kBufs * kKVBytes, kDelta = kLse + kDqRows * 4;
   static constexpr int kBars = kDelta + kDqRows * 4;  // the ring's full and empty, then Q's

@@ -42,7 +42,7 @@ inline constexpr int kThreads = 256;
 // four step buffers, 64-column boxes, dQ whole by alternate warpgroups a step behind on four dS^T
 // buffers and added by atomics, warpgroup 1 started behind warpgroup 0; d128 three step buffers,
 // folded boxes, dQ a step behind on two dS^T buffers and warpgroup 1 started behind warpgroup 0;
-// d256 two step buffers and folded boxes; at every head dim K and V by TMA and dK and dV written
+// d192 and d256 two step buffers and folded boxes; at every head dim K and V by TMA and dK and dV written
 // through shared memory; at d64 and d128 the dK/dV kernel launched as D's programmatic dependent
 // (docs/perf-notes.md, "The backward's candidates on an H200", "The backward graphs on the
 // calibrated TMA costs", "The d128 backward's warpgroups apart", "d64's dQ by turns", "A dK/dV
@@ -50,7 +50,7 @@ inline constexpr int kThreads = 256;
 // knob x (step_bufs: kStepBufs).
 struct BwdKnobs {
   // Buffers of the step ring (Q, dO and the step's LSE and D rows), loaded ahead (shipped: d64 4,
-  // d128 3, d256 2).
+  // d128 3, d192 and d256 2).
   int step_bufs = 3;
   // Q and dO loaded as one TMA box a tile, the 64-column blocks folded into a box dimension
   // (ptx::map_bshd_16bit_sw128_folded), instead of a box a column block.
@@ -95,9 +95,9 @@ struct BwdKnobs {
   // d64's trace had warpgroup 1 waiting for its loads, measured 0.98-1.01 at d64, 0.94-1.00 at
   // d128).
   int load_wg = 0;
-  // d64/d128 (not dq_pair_sum): dQ's pieces added into the workspace by float4 atomics from the
-  // registers, as d256 adds its, instead of staged in shared memory for a bulk reduction (d64
-  // shipped: +0.8-2.4 %; d128 measured 0.92-1.00).
+  // d64/d128/d192 (not dq_pair_sum): dQ's pieces added into the workspace by float4 atomics from
+  // the registers, as d256 adds its, instead of staged in shared memory for a bulk reduction (d64
+  // shipped: +0.8-2.4 %; d128 measured 0.92-1.00; d192 staged, not yet measured either way).
   bool dq_atomics = false;
   // Each step's query head and first row advanced from the step before's (no division in the
   // loop; shipped); false: found from the step's index (s / count, s % count; d64 shipped that
@@ -144,15 +144,15 @@ struct BwdKnobs {
 // The shipped knobs of head dim d.
 constexpr BwdKnobs bwd_knobs(int d) {
   BwdKnobs k;
-  k.step_bufs = d == 256 ? 2 : d == 64 ? 4 : 3;
+  k.step_bufs = d >= 192 ? 2 : d == 64 ? 4 : 3;
   k.folded_boxes = d != 64;
   k.dq_alternate = d == 64;
   k.dq_lag_bufs = d == 128 ? 2 : d == 64 ? 4 : 0;
-  k.skew = d == 256 ? 0 : 2;
-  k.load_issue = d == 256 ? 0 : 1;
+  k.skew = d >= 192 ? 0 : 2;
+  k.load_issue = d >= 192 ? 0 : 1;
   k.dq_atomics = d == 64;
-  k.stats_lds = d != 256;
-  k.pdl = d != 256;
+  k.stats_lds = d < 192;
+  k.pdl = d < 192;
   return k;
 }
 // The shipped knobs of head dim d as `edit` changes them (a candidate's):
@@ -200,16 +200,17 @@ struct BwdConfig {
   static_assert(kLoadIssue != 2 || 128 * kLoaderRegs + kThreads * kComputeRegs <= kCtaThreads * (65536 / kCtaThreads / 8 * 8),
                 "setmaxnreg would ask for more registers than the CTA's pool");
   static_assert(kD != 64 || kDqByKeys || kDqAlternate, "d64's dQ is by keys or by alternate warpgroups");
-  static_assert(kD != 256 || !kDqByKeys, "d256 splits dQ by columns");
+  static_assert(kD == 64 || kD == 128 || kD == 192 || kD == 256, "the backward's head dims: 64, 128, 192, 256");
+  static_assert(kD <= 128 || !kDqByKeys, "d192 and d256 split dQ by columns");
   static_assert(!kDqLag || ((kD == 128 || kDqAlternate) && !kDqByKeys && kDqLagBufs >= 2),
                 "dQ a step behind: d128 with dQ by columns or d64 by alternate warpgroups, two dS^T buffers or more");
   static_assert(!kDqAlternate || (kD == 64 && kDqLag && !kDqPairSum),
                 "dQ by alternate warpgroups: d64, a step behind, no partials to sum");
   static_assert(kSkew == 0 || (kDqLag && kSkew <= 3), "warpgroups started apart need dQ a step behind");
   static_assert(!kDqPairSum || kD == 64, "dQ's partials summed in shared memory: d64 (dQ by keys)");
-  static_assert(!kDqAtomics || (kD != 256 && !kDqPairSum), "dQ by atomics: d64/d128 without the summed partials");
-  static_assert(kLoadWg == 0 || (kLoadWg == 1 && kD != 256 && kLoadIssue != 2), "the loads' warpgroup: 0, or 1 at d64/d128");
-  static_assert(kLoadIssue >= 0 && kLoadIssue <= 2 && (kD != 256 || kLoadIssue == 0),
+  static_assert(!kDqAtomics || (kD != 256 && !kDqPairSum), "dQ by atomics: d64/d128/d192 without the summed partials");
+  static_assert(kLoadWg == 0 || (kLoadWg == 1 && kD <= 128 && kLoadIssue != 2), "the loads' warpgroup: 0, or 1 at d64/d128");
+  static_assert(kLoadIssue >= 0 && kLoadIssue <= 2 && (kD <= 128 || kLoadIssue == 0),
                 "a step's loads: at the step's top, after its first GEMMs, or by a warpgroup of their own (d64/d128)");
   // The loading warpgroup leaves once it has issued the walk's loads: no CTA barrier may follow them.
   static_assert(kLoadIssue != 2 || kDqByKeys || kDqLag, "a loading warpgroup, and a CTA barrier in the step");
@@ -360,8 +361,11 @@ __device__ __forceinline__ void with_mask(bool masked, F&& f) {
 // ---- D = rowsum(dO * O) and the LSE in log2 units; rows past seqlen_q get 0 and +inf ------------
 // A row's head_dim elements are kD / 8 lanes' 16-byte loads, so a warp takes 32 / (kD / 8) rows
 // (4 at d64, 2 at d128, 1 at d256): one warp a row left three quarters of the lanes idle at d64.
+// At d192 a warp takes one row, its last 8 lanes idle (kDeltaLanes).
 template <int kD>
 inline constexpr int kDeltaRowsPerCta = (kThreads / 32) * (256 / kD);
+template <int kD>
+inline constexpr int kDeltaLanes = kD == 192 ? 32 : kD / 8;  // lanes a row
 static_assert(128 % kDeltaRowsPerCta<64> == 0, "a CTA's rows divide the workspace's row padding (128)");
 
 // The row statistics of one buffer of kRows rows in shared memory, as the steps read them:
@@ -438,7 +442,7 @@ __device__ __forceinline__ void load_row_stats(const detail::BwdParams& p, int64
 // none of it: on short sequences most of the longest one's rows lie past every other's end).
 template <int kD, bool kBF16, bool kPaired = false, bool kPdl = false, bool kVarlen = false>
 __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdParams p) {
-  constexpr int kLanes = kD / 8;  // lanes a row
+  constexpr int kLanes = kDeltaLanes<kD>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int i = blockIdx.x * kDeltaRowsPerCta<kD> + warp * (32 / kLanes) + lane / kLanes;
   const int h = blockIdx.y, b = blockIdx.z, c = (lane % kLanes) * 8;
@@ -454,16 +458,17 @@ __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdPa
       // blocks outermost, rows x 64 floats each): kRows x 64 floats a block, contiguous; the rows
       // of a piece are in fragment order, but the CTAs of a 64-row piece clear the whole of it.
       constexpr int kRows = kDeltaRowsPerCta<kD>, kBlockVecs = kRows * 64 / 4;
-      static_assert(kRows * kD == 2 * 4 * kThreads, "a CTA's share of the accumulator: two float4 a thread");
+      constexpr int kVecs = kRows * kD / 4;  // float4s a CTA: two a thread, 1.5 at d192
+      static_assert(kVecs == 2 * kThreads || kD == 192, "a CTA's share of the accumulator: two float4 a thread");
       float* bh = p.dq_accum + (int64_t(b) * p.heads_q + h) * p.rows * kD + int64_t(blockIdx.x) * kRows * 64;
 #pragma unroll
-      for (int j = threadIdx.x; j < 2 * kThreads; j += kThreads)
+      for (int j = threadIdx.x; j < kVecs; j += kThreads)
         reinterpret_cast<float4*>(bh + int64_t(j / kBlockVecs) * p.rows * 64)[j % kBlockVecs] =
             make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
   }
   float sum = 0.0f;
-  if (i < (kVarlen ? seq.q_len : p.seqlen_q)) {
+  if (i < (kVarlen ? seq.q_len : p.seqlen_q) && (kD != 192 || c < kD)) {
     const uint16_t* o = row0(p.o, p.o_stride, b, h) + ((kVarlen ? seq.q_off : 0) + i) * p.o_stride[1];
     const uint16_t* d = row0(p.dout, p.do_stride, b, h) + ((kVarlen ? seq.q_off : 0) + i) * p.do_stride[1];
     const uint4 ov = *reinterpret_cast<const uint4*>(o + c), dv = *reinterpret_cast<const uint4*>(d + c);

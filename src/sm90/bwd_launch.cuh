@@ -102,8 +102,8 @@ Status launch_backward(const BwdParams& a, cudaStream_t stream) {
       <<<dim3(unsigned(p.rows / kDeltaRowsPerCta<kD>), p.heads_q, p.batch), block, 0, stream>>>(p);
   if ((e = cudaGetLastError()) != cudaSuccess) return bwd_cuda_failure("launching the D kernel", e);
 
-  // dK, dV: 128 keys a CTA at d64/d128; 64 at d256, whose warpgroups split the columns. With
-  // Cfg::kPdl as D's programmatic dependent.
+  // dK, dV: 128 keys a CTA at d64/d128; 64 at d192 and d256, whose warpgroups split the work
+  // (bwd_dkdv_split_kernel). With Cfg::kPdl as D's programmatic dependent.
   if constexpr (kD <= 128) {
     constexpr int kSmem = WgSmem<Cfg>::kBytes;
     if ((e = allow_dynamic_smem<bwd_dkdv_wgmma_kernel<Cfg>>(device, kSmem)) != cudaSuccess)
@@ -112,11 +112,11 @@ Status launch_backward(const BwdParams& a, cudaStream_t stream) {
     e = launch_kernel<Cfg::kPdl>(bwd_dkdv_wgmma_kernel<Cfg>, dim3(key_blocks, p.heads_kv, p.batch),
                                  dim3(Cfg::kCtaThreads), kSmem, stream, p, tm_q, tm_do, tm_kc, tm_vc);
   } else {
-    constexpr int kSmem = WgSmem256<Cfg>::kBytes;
-    if ((e = allow_dynamic_smem<bwd_dkdv_wgmma256_kernel<Cfg>>(device, kSmem)) != cudaSuccess)
+    constexpr int kSmem = WgSmemSplit<Cfg>::kBytes;
+    if ((e = allow_dynamic_smem<bwd_dkdv_split_kernel<Cfg>>(device, kSmem)) != cudaSuccess)
       return bwd_cuda_failure("setting the dK/dV kernel's shared memory", e);
     const unsigned key_blocks = unsigned((p.seqlen_k + kBlock - 1) / kBlock);
-    e = launch_kernel<Cfg::kPdl>(bwd_dkdv_wgmma256_kernel<Cfg>, dim3(key_blocks, p.heads_kv, p.batch), block, kSmem,
+    e = launch_kernel<Cfg::kPdl>(bwd_dkdv_split_kernel<Cfg>, dim3(key_blocks, p.heads_kv, p.batch), block, kSmem,
                                  stream, p, tm_q, tm_do, tm_kc, tm_vc);
   }
   if (e != cudaSuccess) return bwd_cuda_failure("launching the dK/dV kernel", e);
@@ -164,6 +164,7 @@ Status launch_shipped_config(const BwdParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
     case 64: return launch_backward<BwdConfig<64, kBF16, sm90::bwd::bwd_knobs(64, edit)>>(p, stream);
     case 128: return launch_backward<BwdConfig<128, kBF16, sm90::bwd::bwd_knobs(128, edit)>>(p, stream);
+    case 192: return launch_backward<BwdConfig<192, kBF16, sm90::bwd::bwd_knobs(192, edit)>>(p, stream);
     case 256: return launch_backward<BwdConfig<256, kBF16, sm90::bwd::bwd_knobs(256, edit)>>(p, stream);
     default:
       return {StatusCode::kNotSupported, "head_dim = " + std::to_string(p.head_dim) + " has no sm90 backward kernel"};
