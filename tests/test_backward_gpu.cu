@@ -569,10 +569,7 @@ TEST(BackwardGpu, Softcap) {
 // sinks, a CUDA graph, the copies in the workspace and from cudaMallocAsync.
 TEST(BackwardGpu, D192Kernels) {
   FA4_REQUIRE_GPU();
-  fa4::detail::set_backward_d192(true);
-  struct Restore {
-    ~Restore() { fa4::detail::set_backward_d192(false); }
-  } restore;
+  const fa4::test::BackwardD192 on(true);
   std::vector<Case> cases;
   const std::pair<int64_t, int64_t> lengths[] = {{1, 1},    {17, 17},  {128, 128}, {239, 239}, {1, 300},
                                                  {300, 1},  {17, 303}, {303, 17},  {128, 239}, {239, 128}};
@@ -622,10 +619,7 @@ TEST(BackwardGpu, D192Kernels) {
 // diagonal, and the deterministic dQ kernel at d192.
 TEST(BackwardGpu, D192KernelsSmall) {
   FA4_REQUIRE_GPU();
-  fa4::detail::set_backward_d192(true);
-  struct Restore {
-    ~Restore() { fa4::detail::set_backward_d192(false); }
-  } restore;
+  const fa4::test::BackwardD192 on(true);
   std::vector<Case> cases{{BF16, 1, 130, 200, 4, 2, 192, true}};
   Case det{FP16, 1, 100, 150, 2, 1, 192, false};
   det.deterministic = true;

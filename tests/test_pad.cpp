@@ -142,6 +142,7 @@ TEST(PadPlan, ForwardOnTheKernelsOf64And128RunsInPlace) {
 }
 
 TEST(PadPlan, KernelHeadDimsByHeadDim) {
+  const fa4::test::BackwardD192 off(false);  // (the default routing)
   // (the forward's; 136-184 on 192's kernels, the backward's on 256's)
   for (const auto& [d, k] : {std::pair{8, 64}, {40, 64}, {80, 128}, {136, 192}, {184, 192}, {200, 256}, {248, 256}}) {
     EXPECT_EQ(fa4::detail::pad_forward(forward_at(d), nullptr).args.problem.head_dim, k) << d;
@@ -327,6 +328,7 @@ TEST(PadPlan, BackwardCopiesFiveInThreeOutAfterTheAccumulator) {
 // forward's 192, the backward's 256), each copy of its own side's columns; the scale the qk head
 // dim's.
 TEST(PadPlan, TwoHeadDimsOnTheLargersKernel) {
+  const fa4::test::BackwardD192 off(false);  // (the default routing)
   ForwardArgs a = forward_at(192);
   a.problem.head_dim_v = 128;
   const auto c = fa4::detail::pad_forward(a, fake(9));
@@ -649,10 +651,7 @@ TEST(PadEmulated, ForwardAndBackwardEqualTheCallersProblem) {
 // With the backward's d192 kernels on (detail::set_backward_d192): 136-184 and DeepSeek's 192 / 128
 // on 192's in both passes, the copies' units rows of 24 (192 columns).
 TEST(PadEmulated, BackwardOnTheD192Kernels) {
-  fa4::detail::set_backward_d192(true);
-  struct Restore {
-    ~Restore() { fa4::detail::set_backward_d192(false); }
-  } restore;
+  const fa4::test::BackwardD192 on(true);
   ASSERT_EQ(fa4::detail::kernel_head_dim(fa4::test::make_problem(1, 9, 13, 4, 2, 152), fa4::detail::Pass::kBackward),
             192);
   for (bool bhsd : {false, true}) {

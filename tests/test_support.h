@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/validate.h"
 #include "fa4/attention.h"
 #include "reference.h"
 
@@ -72,5 +73,18 @@ inline ForwardArgs fake_forward(const Problem& p) {
   a.lse = static_cast<float*>(fake(4));
   return a;
 }
+
+// detail::set_backward_d192(on) for a scope; the setting before it (FA4_BACKWARD_D192's, or a
+// test's) comes back at its end.
+class BackwardD192 {
+ public:
+  explicit BackwardD192(bool on) : before_(fa4::detail::backward_d192()) { fa4::detail::set_backward_d192(on); }
+  ~BackwardD192() { fa4::detail::set_backward_d192(before_); }
+  BackwardD192(const BackwardD192&) = delete;
+  BackwardD192& operator=(const BackwardD192&) = delete;
+
+ private:
+  bool before_;
+};
 
 }  // namespace fa4::test

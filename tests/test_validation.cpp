@@ -2,8 +2,10 @@
 // message naming the argument and its value. Each test starts from arguments that pass, breaks one
 // thing, and checks the refusal, so removing a check makes its test fail. No GPU needed: validate
 // never dereferences a pointer, so the tensors here are fake, aligned addresses.
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <string>
@@ -219,6 +221,7 @@ TEST(Validation, HeadDimVTakesTheSameRuleAndSizesTheValueSide) {
 }
 
 TEST(Validation, KernelHeadDimIsTheNextWithAKernelInThatPass) {
+  const fa4::test::BackwardD192 off(false);  // (the default routing; FA4_BACKWARD_D192 aside)
   using fa4::detail::Pass;
   // head dim, the 16-bit forward's kernel head dim, the backward's (and e4m3's forward's)
   const std::array<int64_t, 3> cases[] = {{8, 64, 64},     {56, 64, 64},    {64, 64, 64},   {72, 128, 128},
@@ -257,15 +260,19 @@ TEST(Validation, KernelHeadDimIsTheNextWithAKernelInThatPass) {
 // the workspace sized for them; off again, 256's. The forward and e4m3 do not follow it.
 TEST(Validation, BackwardD192SwitchMovesTheBackwardsKernelHeadDim) {
   using fa4::detail::Pass;
-  ASSERT_FALSE(fa4::detail::backward_d192()) << "off by default";
+  EXPECT_TRUE(fa4::detail::backward_d192_from_env("1"));
+  for (const char* v : {static_cast<const char*>(nullptr), "", "0", "yes", "10", " 1"})
+    EXPECT_FALSE(fa4::detail::backward_d192_from_env(v)) << (v ? v : "(unset)");
+  if (const char* env = std::getenv("FA4_BACKWARD_D192"); env == nullptr || std::string(env) != "1")
+    ASSERT_FALSE(fa4::detail::backward_d192()) << "off by default";
   Problem p = valid_problem();
   p.head_dim = 160;
   int64_t off_bytes = 0, on_bytes = 0;
-  ASSERT_TRUE(fa4::detail::dq_accum_bytes(p, &off_bytes));
-  fa4::detail::set_backward_d192(true);
-  struct Restore {
-    ~Restore() { fa4::detail::set_backward_d192(false); }
-  } restore;
+  {
+    const fa4::test::BackwardD192 off(false);
+    ASSERT_TRUE(fa4::detail::dq_accum_bytes(p, &off_bytes));
+  }
+  const fa4::test::BackwardD192 on(true);
   ASSERT_TRUE(fa4::detail::dq_accum_bytes(p, &on_bytes));
   EXPECT_EQ(off_bytes / (256 + 2) * (192 + 2), on_bytes);
   const std::array<int64_t, 2> cases[] = {{128, 128}, {136, 192}, {184, 192}, {192, 192}, {200, 256}, {256, 256}};

@@ -736,10 +736,7 @@ TEST(VarlenGpu, BackwardEveryHeadDimAgainstEachSequence) {
 // or queries, causal, MQA with a window and strided views, a soft cap, both dQ paths.
 TEST(VarlenGpu, BackwardD192Kernels) {
   FA4_REQUIRE_GPU();
-  fa4::detail::set_backward_d192(true);
-  struct Restore {
-    ~Restore() { fa4::detail::set_backward_d192(false); }
-  } restore;
+  const fa4::test::BackwardD192 on(true);
   uint32_t seed = 9601;
   for (int64_t d : {192, 160})
     for (bool deterministic : {false, true}) {

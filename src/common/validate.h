@@ -48,8 +48,11 @@ int64_t kernel_head_dim(const Problem& p, Pass pass);
 // kernels have run on a GPU (docs/perf-notes.md, "A backward kernel of its own at d192"); the GPU
 // tests turn it on around their d192 cases. Process-wide; kernel_head_dim, padded and the
 // workspace's size follow it, so a call's size query and the call must see the same setting.
+// Until set, it is what the environment variable FA4_BACKWARD_D192 says when first asked: on for
+// "1" (backward_d192_from_env), else off.
 void set_backward_d192(bool on);
 bool backward_d192();
+bool backward_d192_from_env(const char* value);
 
 // Whether the call runs over zero-padded copies: a head dim without a kernel of its own in that
 // pass, or two head dims.
