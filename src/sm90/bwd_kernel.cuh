@@ -31,6 +31,7 @@
 #include "ptx/sync.h"
 #include "sm90/seq_span.cuh"
 #include "sm90/softmax.cuh"  // pack2
+#include "sm90_bwd_d192_schedule.h"  // (scheduler/generated: the d192 step ring's depth)
 
 namespace fa4::sm90::bwd {
 
@@ -144,7 +145,9 @@ struct BwdKnobs {
 // The shipped knobs of head dim d.
 constexpr BwdKnobs bwd_knobs(int d) {
   BwdKnobs k;
-  k.step_bufs = d >= 192 ? 2 : d == 64 ? 4 : 3;
+  // d192: the solver's step ring (scheduler/graphs/sm90_bwd_d192.graph; its one P^T and dS^T
+  // buffer assumes a wait the kernel spares itself with two).
+  k.step_bufs = d == 192 ? sched::sm90_bwd_d192::kRingStages : d == 256 ? 2 : d == 64 ? 4 : 3;
   k.folded_boxes = d != 64;
   k.dq_alternate = d == 64;
   k.dq_lag_bufs = d == 128 ? 2 : d == 64 ? 4 : 0;
