@@ -233,6 +233,44 @@ TEST(BackwardLayout, StmatrixPairsLandWhereTheirStoresDid) {
   }
 }
 
+// d192's index arithmetic (bwd_dkdv_split_kernel, D's kernel), on the host:
+// - the final dK or dV tile of 64 keys x 192 columns, stored by stmatrix (24 chunks a warp) and
+//   read back 16 bytes a thread (store_rows_staged), covers the three 64-column blocks of the
+//   24 KB buffer it goes through, every 16-byte piece once;
+// - dQ's three pieces of a step go one to each of (s + c) % 2's warpgroups: each piece once,
+//   two and one, swapped every step;
+// - D's kernel takes a row a warp at 192 (its last eight lanes idle), eight rows a CTA.
+TEST(BackwardLayout, D192TilesPiecesAndRows) {
+  constexpr int kCols = 192;
+  for (int warp = 0; warp < 4; ++warp) expect_stsm_rows_layout<bwd::kBlock, kCols / 8>(16 * warp, 0);
+  std::set<uint32_t> read;
+  constexpr int kRowChunks = kCols / 8;
+  for (int i = 0; i < 64 * kRowChunks / 128; ++i)
+    for (int tid = 0; tid < 128; ++tid) {
+      const int idx = i * 128 + tid, r = idx / kRowChunks, c = idx % kRowChunks * 8;
+      const uint32_t at = bwd::sw128<bwd::kBlock>(r, c);
+      EXPECT_LT(at, uint32_t(bwd::kBlock * kCols * 2));
+      EXPECT_EQ(at % 16, 0u);
+      EXPECT_TRUE(read.insert(at).second) << "row " << r << " column " << c;
+    }
+  EXPECT_EQ(read.size(), size_t(bwd::kBlock * kCols * 2 / 16));
+  for (int s = 0; s < 4; ++s) {
+    int pieces[2] = {0, 0};
+    for (int c = 0; c < kCols / 64; ++c) ++pieces[(s + c) & 1];
+    EXPECT_EQ(pieces[s & 1], 2) << "step " << s;
+    EXPECT_EQ(pieces[(s + 1) & 1], 1) << "step " << s;
+  }
+  static_assert(bwd::kDeltaLanes<192> == 32 && bwd::kDeltaRowsPerCta<192> == 8);
+  static_assert(bwd::kDeltaLanes<64> == 8 && bwd::kDeltaLanes<128> == 16 && bwd::kDeltaLanes<256> == 32);
+  static_assert(128 % bwd::kDeltaRowsPerCta<192> == 0, "a CTA's rows divide the workspace's row padding");
+  std::set<int> cols;
+  for (int lane = 0; lane < 32; ++lane) {
+    const int c = (lane % bwd::kDeltaLanes<192>) * 8;
+    if (c < 192) EXPECT_TRUE(cols.insert(c).second) << "lane " << lane;
+  }
+  EXPECT_EQ(cols.size(), 24u);
+}
+
 // The dK/dV kernels' walks over their query heads and blocks: stepped by a cursor (first, next) or
 // found from the step's index (at), they agree, and take every (head, block) step of the group's
 // heads over the blocks [lo, lo + count) once, in order.
