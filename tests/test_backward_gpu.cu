@@ -606,17 +606,37 @@ TEST(BackwardGpu, D192Kernels) {
       c.copies_allocated = causal;
       cases.push_back(c);
     }
+  // DeepSeek's 192 / 128 on kernels of its own (no copies): tails both ways, rows without keys,
+  // GQA, fp16, BHSD and strided views, a window, soft caps, sinks, both dQ paths, a CUDA graph.
   for (bool det : {false, true}) {
     Case c{BF16, 2, 239, 128, 4, 2, 192, true};
     c.head_dim_v = 128, c.layout = Layout::kPadded, c.deterministic = det;
     cases.push_back(c);
+    Case odd{FP16, 1, 17, 303, 8, 2, 192, false};
+    odd.head_dim_v = 128, odd.deterministic = det;
+    cases.push_back(odd);
+    Case capped{BF16, 1, 300, 257, 2, 1, 192, true};
+    capped.head_dim_v = 128, capped.softcap = 7.5f, capped.key_scale = 4.0, capped.deterministic = det;
+    cases.push_back(capped);
   }
+  Case rows_without_keys{BF16, 2, 303, 17, 2, 2, 192, true, -1, -1, Layout::kBHSD};
+  rows_without_keys.head_dim_v = 128;
+  cases.push_back(rows_without_keys);
+  Case window{BF16, 1, 300, 300, 4, 4, 192, false, 100, 0};
+  window.head_dim_v = 128;
+  cases.push_back(window);
+  Case sinks_v{BF16, 2, 150, 300, 4, 2, 192, true};
+  sinks_v.head_dim_v = 128, sinks_v.sink = true;
+  cases.push_back(sinks_v);
+  Case graph_v{BF16, 1, 129, 200, 2, 1, 192, true};
+  graph_v.head_dim_v = 128, graph_v.captured = true;
+  cases.push_back(graph_v);
   run_cases(cases, 9200);
 }
 
-// Two small d192 shapes for the sanitizers (racecheck and synccheck take minutes on the cases
-// above): the split kernel's P^T / dS^T exchange and staged dQ reductions over tails and a causal
-// diagonal, and the deterministic dQ kernel at d192.
+// Small d192 and 192 / 128 shapes for the sanitizers (racecheck and synccheck take minutes on the
+// cases above): the split kernel's P^T / dS^T exchange and staged dQ reductions over tails and a
+// causal diagonal, and the deterministic dQ kernel.
 TEST(BackwardGpu, D192KernelsSmall) {
   FA4_REQUIRE_GPU();
   const fa4::test::BackwardD192 on(true);
@@ -624,6 +644,11 @@ TEST(BackwardGpu, D192KernelsSmall) {
   Case det{FP16, 1, 100, 150, 2, 1, 192, false};
   det.deterministic = true;
   cases.push_back(det);
+  for (bool d : {false, true}) {  // 192 / 128
+    Case v{BF16, 1, 130, 200, 4, 2, 192, !d};
+    v.head_dim_v = 128, v.deterministic = d;
+    cases.push_back(v);
+  }
   run_cases(cases, 9300);
 }
 

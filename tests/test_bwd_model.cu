@@ -71,14 +71,14 @@ TEST(BackwardModel, D256GraphHoldsTheKernelsSharedMemory) {
 // d192 (the split kernel's by-operand form): K and V of 64 keys, two step buffers, P^T and dS^T
 // two buffers each, and each warpgroup's 16 KB stage for dQ's bulk reductions; with dq_atomics no
 // stage.
-TEST(BackwardModel, D192GraphHoldsTheKernelsSharedMemory) {
-  using Cfg = bwd::BwdConfig<192, true>;
+template <class Cfg>
+void expect_split_model(const std::string& graph) {
   using L = bwd::WgSmemSplit<Cfg>;
   static_assert(L::kDqStage, "the shipped d192 configuration stages dQ");
-  const SmemModel m = read_model("sm90_bwd_d192");
+  const SmemModel m = read_model(graph);
   EXPECT_EQ(m.capacity, 227 * 1024 - kSlack);
-  EXPECT_EQ(m.slot.at("KV"), 2 * L::kTile + (Cfg::kKvTma ? 8 : 0));
-  EXPECT_EQ(m.slot.at("Ring"), 2 * L::kQBytes + kStepRows);
+  EXPECT_EQ(m.slot.at("KV"), L::kTile + L::kTileV + (Cfg::kKvTma ? 8 : 0));
+  EXPECT_EQ(m.slot.at("Ring"), L::kQBytes + L::kDoBytes + kStepRows);
   EXPECT_EQ(m.slot.at("PT"), L::kPBytes);
   EXPECT_EQ(m.slot.at("DsT"), L::kPBytes);
   EXPECT_EQ(m.slot.at("Stage0"), bwd::kBlock * 64 * 4);
@@ -86,15 +86,24 @@ TEST(BackwardModel, D192GraphHoldsTheKernelsSharedMemory) {
   EXPECT_EQ(m.slot.at("KV") + L::kBufs * m.slot.at("Ring") + 2 * (m.slot.at("PT") + m.slot.at("DsT")) +
                 m.slot.at("Stage0") + m.slot.at("Stage1"),
             L::kBytes - kSlack);
-  using Atomics = bwd::BwdConfig<192, true, bwd::bwd_knobs(192, [](bwd::BwdKnobs& k) { k.dq_atomics = true; })>;
+  using Atomics = bwd::BwdConfig<192, true, bwd::bwd_knobs(192, [](bwd::BwdKnobs& k) { k.dq_atomics = true; }), Cfg::kDv>;
   EXPECT_EQ(bwd::WgSmemSplit<Atomics>::kStageBytes, 0);
   EXPECT_EQ(bwd::WgSmemSplit<Atomics>::kBytes, L::kBytes - 2 * bwd::kBlock * 64 * 4);
+}
+TEST(BackwardModel, D192GraphHoldsTheKernelsSharedMemory) { expect_split_model<bwd::BwdConfig<192, true>>("sm90_bwd_d192"); }
+TEST(BackwardModel, D192V128GraphHoldsTheKernelsSharedMemory) {
+  expect_split_model<bwd::BwdConfig<192, true, bwd::bwd_knobs(192), 128>>("sm90_bwd_d192_v128");
 }
 
 // Every dK/dV configuration the probe runs (shipped and candidates) lays out its shared memory
 // soundly: the swizzled tiles on 1024-byte boundaries (the 128-byte swizzle's atom), the row
 // statistics on 16 bytes (bulk copies), the mbarriers on 8, the regions in order without overlap,
 // and the whole within 227 KB with the base's alignment slack.
+template <class L>
+constexpr int v_tile_bytes() {  // V's tile: K's but in the split kernel at 192 / 128
+  if constexpr (requires { L::kTileV; }) return L::kTileV;
+  else return L::kV - L::kK;
+}
 template <class L>
 void expect_sound_layout(const char* name) {
   const int tiles[] = {L::kK, L::kV, L::kQ, L::kDo};
@@ -103,7 +112,7 @@ void expect_sound_layout(const char* name) {
   EXPECT_EQ(L::kDelta % 16, 0) << name;
   EXPECT_EQ(L::kBars % 8, 0) << name;
   EXPECT_LT(L::kK, L::kV) << name;
-  EXPECT_LE(L::kV + (L::kV - L::kK), L::kQ) << name;  // V as large as K
+  EXPECT_LE(L::kV + v_tile_bytes<L>(), L::kQ) << name;
   EXPECT_LE(L::kQ + L::kBufs * L::kQBytes, L::kDo) << name;
   EXPECT_LE(L::kLse + L::kBufs * bwd::kBlock * 4, L::kDelta) << name;
   EXPECT_LE(L::kDelta + L::kBufs * bwd::kBlock * 4, L::kBars) << name;
@@ -131,7 +140,8 @@ void expect_sound_split(const char* name) {
   expect_sound_layout<L>(name);
   EXPECT_EQ(L::kPt % 1024, 0) << name;  // P^T and dS^T are SS wgmma operands too
   EXPECT_EQ(L::kDst % 1024, 0) << name;
-  EXPECT_LE(L::kDo + L::kBufs * L::kQBytes, L::kPt) << name;
+  EXPECT_LE(L::kDo + L::kBufs * L::kDoBytes, L::kPt) << name;
+  EXPECT_EQ(L::kDoBytes, bwd::kBlock * Cfg::kDv * 2) << name;
   EXPECT_LE(L::kPt + 2 * L::kPBytes, L::kDst) << name;
   EXPECT_LE(L::kDst + 2 * L::kPBytes, L::kStage) << name;
   EXPECT_EQ(L::kStage % 16, 0) << name;  // (bulk reductions read the stage)
@@ -190,6 +200,12 @@ TEST(BackwardModel, EveryProbeConfigurationHasASoundLayout) {
   expect_sound_split<BwdConfig<192, true>>("d192 (staged dQ)");
   expect_sound_split<BwdConfig<192, true, kD192Atomics>>("d192 dQ by atomics");
   expect_sound_split<BwdConfig<192, true, kD192StShared>>("d192 st.shared");
+  expect_sound_split<BwdConfig<192, true, bwd_knobs(192), 128>>("192 / 128");
+  expect_sound_split<BwdConfig<192, true, kD192Atomics, 128>>("192 / 128 dQ by atomics");
+  // 192 / 128: V and two dO buffers of 128 columns, 24 KB less than d192's.
+  using Square = bwd::WgSmemSplit<BwdConfig<192, true>>;
+  using Narrow = bwd::WgSmemSplit<BwdConfig<192, true, bwd_knobs(192), 128>>;
+  EXPECT_EQ(Square::kBytes - Narrow::kBytes, 3 * bwd::kBlock * 64 * 2);
   expect_sound_split<BwdConfig<256, true>>("d256 shipped");
   expect_sound_split<BwdConfig<256, true, kD256Unfolded>>("d256 unfolded");
   expect_sound_split<BwdConfig<256, true, kD256Paired>>("d256 folded paired");

@@ -284,11 +284,26 @@ TEST(Validation, BackwardD192SwitchMovesTheBackwardsKernelHeadDim) {
     p.dtype = DType::kE4M3;
     EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kForward), d <= 128 ? 128 : 256) << "e4m3, head_dim " << d;
   }
+  // DeepSeek's 192 / 128 on kernels of its own (native_value_dim); other pairs over copies.
   p.dtype = DType::kBF16;
   p.head_dim = 192;
   p.head_dim_v = 128;
   EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kBackward), 192);
-  EXPECT_TRUE(fa4::detail::padded(p, Pass::kBackward));
+  EXPECT_TRUE(fa4::detail::native_value_dim(p, Pass::kBackward));
+  EXPECT_FALSE(fa4::detail::padded(p, Pass::kBackward));
+  EXPECT_TRUE(fa4::detail::padded(p, Pass::kForward));  // (the forward pads v and o to 192)
+  EXPECT_EQ(fa4::detail::make_bwd_params(fa4::BackwardArgs{.problem = p}).head_dim_v, 128);
+  for (auto [d, dv] : {std::pair<int64_t, int64_t>{160, 128}, {192, 64}, {128, 192}, {192, 160}}) {
+    p.head_dim = d, p.head_dim_v = dv;
+    EXPECT_FALSE(fa4::detail::native_value_dim(p, Pass::kBackward)) << d << " / " << dv;
+    EXPECT_TRUE(fa4::detail::padded(p, Pass::kBackward)) << d << " / " << dv;
+  }
+  {
+    const fa4::test::BackwardD192 off(false);
+    p.head_dim = 192, p.head_dim_v = 128;
+    EXPECT_FALSE(fa4::detail::native_value_dim(p, Pass::kBackward));
+    EXPECT_TRUE(fa4::detail::padded(p, Pass::kBackward));
+  }
 }
 
 TEST(Validation, HeadsQMustBeAMultipleOfHeadsKv) {

@@ -444,6 +444,20 @@ TEST(Sm90Backward, D192ReductionsSetTheResourceBound) {
   EXPECT_EQ(b.mii(), b.res_mii);
 }
 
+// 192 / 128 (the same kernel with the value side at 128 columns): the tensor core's work falls to
+// 1664 a step, the reductions' 3595 stay, so the value side's narrower GEMMs leave the bound where
+// it was (fa4-schedule: II 3739, against d192's 3891); what 192 / 128 gains on its own kernels is
+// the copies that padding v, o and dO to 192 would cost.
+TEST(Sm90Backward, D192V128ReductionsStillSetTheResourceBound) {
+  const Graph g = shipped("sm90_bwd_d192_v128");
+  EXPECT_EQ(busy_on(g, "tc"), 2 * 192 + 2 * 128 + 256 + 384 + 3 * 128);
+  const Bounds b = lower_bounds(g);
+  EXPECT_EQ(b.res_mii, 3 * 1198 + 1);
+  EXPECT_EQ(g.units[b.res_unit].name, "tma");
+  EXPECT_EQ(b.rec_mii, 2279);
+  EXPECT_EQ(b.mii(), b.res_mii);
+}
+
 // sm90_bwd_d256_measured.graph: the same kernel with the latencies its clock64 stamps show in
 // place on an H200 (a91c2b4, 4k non-causal). Each warpgroup's step, through its two pieces of dQ
 // atomics, is a recurrence of 6409 cycles, the traced period, 2.5 times the tensor core's 2560.

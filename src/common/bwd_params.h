@@ -50,6 +50,10 @@ struct BwdParams {
   // sinks' own (sm90/bwd_kernel.cuh, bwd_sink_kernel) read neither: the LSE carries the sinks.
   const float* sink = nullptr;
   float* dsink = nullptr;
+  // v's, o's, dout's and dv's head dim (Problem::value_dim()): head_dim but where a kernel takes
+  // two (192 / 128, with set_backward_d192; validate.h, native_value_dim). Last, for the offsets
+  // above.
+  int head_dim_v = 0;
 };
 
 // Launches the sm90 backward; kNotSupported for configurations it does not cover.

@@ -622,8 +622,13 @@ int64_t kernel_head_dim(const Problem& p, Pass pass) {
   return 0;
 }
 
+bool native_value_dim(const Problem& p, Pass pass) {
+  return p.value_dim() == p.head_dim ||
+         (pass == Pass::kBackward && backward_d192() && p.head_dim == 192 && p.value_dim() == 128);
+}
+
 bool padded(const Problem& p, Pass pass) {
-  return kernel_head_dim(p, pass) != p.head_dim || p.value_dim() != p.head_dim;
+  return kernel_head_dim(p, pass) != p.head_dim || !native_value_dim(p, pass);
 }
 
 bool dq_accum_bytes(const Problem& p, int64_t* bytes) {
@@ -765,6 +770,7 @@ BwdParams make_bwd_params(const BackwardArgs& args) {
   set_strides(args.dk, b.dk_stride);
   set_strides(args.dv, b.dv_stride);
   b.deterministic = args.deterministic;
+  b.head_dim_v = static_cast<int>(p.value_dim());
   if (args.dsink != nullptr) b.sink = args.sink, b.dsink = args.dsink;
   b.rows = (p.seqlen_q + kDqAccumRowAlign - 1) / kDqAccumRowAlign * kDqAccumRowAlign;
   b.dq_accum = static_cast<float*>(args.workspace);

@@ -54,8 +54,12 @@ void set_backward_d192(bool on);
 bool backward_d192();
 bool backward_d192_from_env(const char* value);
 
+// Whether p's two head dims (p.value_dim() beside p.head_dim) run on kernels of their own in that
+// pass: one head dim always; 192 / 128 (DeepSeek's) in the backward with backward_d192().
+bool native_value_dim(const Problem& p, Pass pass);
+
 // Whether the call runs over zero-padded copies: a head dim without a kernel of its own in that
-// pass, or two head dims.
+// pass, or two head dims without one (native_value_dim).
 bool padded(const Problem& p, Pass pass);
 
 // Bytes of workspace that backward's kernels need: the fp32 dQ accumulator and two fp32 a row, for

@@ -210,10 +210,11 @@ __device__ __forceinline__ void zero_rows(char* tile, int from, int to, int tid)
 // tiles, K and V or a step's Q and dO, set to zero by kBy threads (this one `tid`) and fenced for
 // the async proxy. Masked, they meet P = 0 or dS = 0, but the GEMMs still multiply them (P^T dO,
 // dS^T Q, dS K; dS is NaN where V is), and 0 x NaN is NaN.
-template <int kRows, int kD, int kBy>
+// (kDb: b's head dim where it differs from a's: V and dO at 192 / 128.)
+template <int kRows, int kD, int kBy, int kDb = kD>
 __device__ __forceinline__ void zero_tail_rows(char* a, char* b, int from, int to, int tid) {
   zero_rows<kRows, kD, kBy>(a, from, to, tid);
-  zero_rows<kRows, kD, kBy>(b, from, to, tid);
+  zero_rows<kRows, kDb, kBy>(b, from, to, tid);
   ptx::fence_proxy_async_smem();
 }
 
@@ -231,14 +232,14 @@ __device__ __forceinline__ char* smem_1024() {
 }
 
 // The CTA's K and V rows [k0, k0 + kKeys) into their tiles (rows past the sequence's k_len are
-// zeros).
-template <int kKeys, int kD, int kCtaThreads>
+// zeros); V's kDv columns (kD's but at 192 / 128).
+template <int kKeys, int kD, int kCtaThreads, int kDv = kD>
 __device__ __forceinline__ void load_kv(const detail::BwdParams& p, const Walk& w, int k0, int k_len, char* k_tile,
                                         char* v_tile) {
   load_sw128<kKeys, kD, kCtaThreads>(k_tile, row0(p.k, p.k_stride, w.b, w.hk) + (w.k_off + k0) * p.k_stride[1],
                                      p.k_stride[1], k_len - k0);
-  load_sw128<kKeys, kD, kCtaThreads>(v_tile, row0(p.v, p.v_stride, w.b, w.hk) + (w.k_off + k0) * p.v_stride[1],
-                                     p.v_stride[1], k_len - k0);
+  load_sw128<kKeys, kDv, kCtaThreads>(v_tile, row0(p.v, p.v_stride, w.b, w.hk) + (w.k_off + k0) * p.v_stride[1],
+                                      p.v_stride[1], k_len - k0);
 }
 
 // A ring of kBufs buffers that one thread fills a step ahead: step s's loads go into buffer
@@ -304,16 +305,23 @@ __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CU
                                             int b, int q_off, int s, StepAt at, char* smem, const typename L::Ring& ring) {
   const int buf = s % L::kBufs, h = at.h, q0 = at.q0;
   const int tq = (Cfg::kVarlen ? q_off : 0) + q0, tb = Cfg::kVarlen ? 0 : b;  // the maps' row and batch
-  uint64_t* bar = ring.claim(s, 2 * L::kQBytes + 2 * kBlock * 4);
+  uint64_t* bar = ring.claim(s, L::kQBytes + L::kDoBytes + 2 * kBlock * 4);
   if constexpr (Cfg::kFoldedBoxes) {
     ptx::tma_load_5d(smem + L::kQ + buf * L::kQBytes, tm_q, bar, 0, tq, 0, h, tb);
-    ptx::tma_load_5d(smem + L::kDo + buf * L::kQBytes, tm_do, bar, 0, tq, 0, h, tb);
-  } else {
+    ptx::tma_load_5d(smem + L::kDo + buf * L::kDoBytes, tm_do, bar, 0, tq, 0, h, tb);
+  } else if constexpr (Cfg::kDv == Cfg::kD) {
 #pragma unroll
     for (int c = 0; c < Cfg::kD / 64; ++c) {
       ptx::tma_load_4d(smem + L::kQ + buf * L::kQBytes + c * kBlock * 128, tm_q, bar, 64 * c, tq, h, tb);
       ptx::tma_load_4d(smem + L::kDo + buf * L::kQBytes + c * kBlock * 128, tm_do, bar, 64 * c, tq, h, tb);
     }
+  } else {
+#pragma unroll
+    for (int c = 0; c < Cfg::kD / 64; ++c)
+      ptx::tma_load_4d(smem + L::kQ + buf * L::kQBytes + c * kBlock * 128, tm_q, bar, 64 * c, tq, h, tb);
+#pragma unroll
+    for (int c = 0; c < Cfg::kDv / 64; ++c)
+      ptx::tma_load_4d(smem + L::kDo + buf * L::kDoBytes + c * kBlock * 128, tm_do, bar, 64 * c, tq, h, tb);
   }
   const int64_t row = (int64_t(b) * p.heads_q + h) * p.rows + q0;
   load_row_stats<Cfg::kPairedStats, kBlock>(p, row,
@@ -351,13 +359,14 @@ __device__ __forceinline__ typename L::Ring start_dkdv(const detail::BwdParams& 
       ring.init();
       ptx::mbar_init(kv_bar, 1);
       ptx::fence_barrier_init();
-      ptx::mbar_arrive_expect_tx(kv_bar, uint32_t(2 * kKeys * Cfg::kD * 2));
+      ptx::mbar_arrive_expect_tx(kv_bar, uint32_t(kKeys * (Cfg::kD + Cfg::kDv) * 2));
 #pragma unroll
       for (int c = 0; c < Cfg::kD / 64; ++c) {
         ptx::tma_load_4d(smem + L::kK + c * kKeys * 128, tm_k, kv_bar, 64 * c, (Cfg::kVarlen ? walk.k_off : 0) + k0,
                          walk.hk, Cfg::kVarlen ? 0 : walk.b);
-        ptx::tma_load_4d(smem + L::kV + c * kKeys * 128, tm_v, kv_bar, 64 * c, (Cfg::kVarlen ? walk.k_off : 0) + k0,
-                         walk.hk, Cfg::kVarlen ? 0 : walk.b);
+        if (c < Cfg::kDv / 64)  // (V's blocks: all of them but at 192 / 128)
+          ptx::tma_load_4d(smem + L::kV + c * kKeys * 128, tm_v, kv_bar, 64 * c, (Cfg::kVarlen ? walk.k_off : 0) + k0,
+                           walk.hk, Cfg::kVarlen ? 0 : walk.b);
       }
     }
     wait_for_delta<Cfg>();
@@ -368,12 +377,13 @@ __device__ __forceinline__ typename L::Ring start_dkdv(const detail::BwdParams& 
     // Varlen: the rows past the sequence, zeroed as load_kv's cp.async does (zero_tail_rows).
     if constexpr (Cfg::kVarlen)
       if (k_len - k0 < kKeys) {
-        zero_tail_rows<kKeys, Cfg::kD, Cfg::kCtaThreads>(smem + L::kK, smem + L::kV, k_len - k0, kKeys, threadIdx.x);
+        zero_tail_rows<kKeys, Cfg::kD, Cfg::kCtaThreads, Cfg::kDv>(smem + L::kK, smem + L::kV, k_len - k0, kKeys,
+                                                                   threadIdx.x);
         __syncthreads();
       }
   } else {
     if (threadIdx.x == 0) ring.init();
-    load_kv<kKeys, Cfg::kD, Cfg::kCtaThreads>(p, walk, k0, k_len, smem + L::kK, smem + L::kV);
+    load_kv<kKeys, Cfg::kD, Cfg::kCtaThreads, Cfg::kDv>(p, walk, k0, k_len, smem + L::kK, smem + L::kV);
     __pipeline_commit();
     wait_for_delta<Cfg>();
     __syncthreads();  // the barriers are initialised
@@ -389,7 +399,7 @@ __device__ __forceinline__ typename L::Ring start_dkdv(const detail::BwdParams& 
 template <class Cfg>
 struct WgSmem {
   static constexpr int kD = Cfg::kD;
-  static constexpr int kKVBytes = kWgKeys * kD * 2, kQBytes = kBlock * kD * 2;
+  static constexpr int kKVBytes = kWgKeys * kD * 2, kQBytes = kBlock * kD * 2, kDoBytes = kQBytes;
   static constexpr int kK = 0, kV = kKVBytes;
   static constexpr int kBufs = Cfg::kStepBufs;  // Q, dO, LSE, D: loaded a step ahead (3 shipped)
   static constexpr int kQ = 2 * kKVBytes, kDo = kQ + kBufs * kQBytes;
@@ -846,13 +856,16 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
 //   warpgroup (s + c) % 2, two and one, swapped every step; each piece is staged in the
 //   warpgroup's 16 KB of shared memory and added by a bulk reduction (cp.reduce.async.bulk), or
 //   (Cfg::kDqAtomics) by float4 atomics as at d256.
+//   192 / 128 (Cfg::kDv, DeepSeek's): V, dO and dV of 128 columns; dP^T over 128; warpgroup 0's
+//   dV (64 registers of its 96) takes dQ's pieces 0 and 2 every step, warpgroup 1's dK piece 1.
 template <class Cfg>
 struct WgSmemSplit {
-  static constexpr int kD = Cfg::kD, kTile = kBlock * kD * 2;  // K, V, Q or dO: 64 rows
-  static constexpr int kQBytes = kTile, kBufs = Cfg::kStepBufs;  // 2 shipped
-  static constexpr int kK = 0, kV = kTile, kQ = 2 * kTile, kDo = kQ + kBufs * kTile;
+  static constexpr int kD = Cfg::kD, kTile = kBlock * kD * 2;  // K or Q: 64 rows
+  static constexpr int kTileV = kBlock * Cfg::kDv * 2;         // V or dO (kTile but at 192 / 128)
+  static constexpr int kQBytes = kTile, kDoBytes = kTileV, kBufs = Cfg::kStepBufs;  // 2 shipped
+  static constexpr int kK = 0, kV = kTile, kQ = kTile + kTileV, kDo = kQ + kBufs * kTile;
   static constexpr int kPBytes = kBlock * kBlock * 2;  // P^T or dS^T: [64 keys][64 queries]
-  static constexpr int kPt = kDo + kBufs * kTile, kDst = kPt + 2 * kPBytes;
+  static constexpr int kPt = kDo + kBufs * kTileV, kDst = kPt + 2 * kPBytes;
   // d192 without atomics: each warpgroup's fp32 piece of dQ, [64][64], for its bulk reductions.
   static constexpr bool kDqStage = kD == 192 && !Cfg::kDqAtomics;
   static constexpr int kStage = kDst + 2 * kPBytes, kStageBytes = kDqStage ? 2 * kBlock * 64 * 4 : 0;
@@ -865,7 +878,8 @@ struct WgSmemSplit {
 };
 
 // A warpgroup's dK and dV accumulators: at d256 its 128 columns of each; at d192 all 192 columns
-// of dV (warpgroup 0) or of dK (warpgroup 1).
+// of dV (warpgroup 0) or of dK (warpgroup 1); at 192 / 128 warpgroup 0's dV the first 64 floats
+// (acc_view).
 template <int kD>
 struct SplitAcc {
   float dv[64] = {}, dk[64] = {};
@@ -874,6 +888,11 @@ template <>
 struct SplitAcc<192> {
   float acc[96] = {};
 };
+template <int kCols>
+__device__ __forceinline__ auto acc_view(float (&acc)[96]) -> float (&)[kCols / 2] {
+  static_assert(kCols <= 192, "an accumulator of at most 192 columns");
+  return reinterpret_cast<float(&)[kCols / 2]>(acc);
+}
 
 // tm_q, tm_do: Q and dO as ptx::map_bshd_16bit_sw128 maps in boxes of 64 rows (the _folded maps
 // with Cfg::kFoldedBoxes); tm_k, tm_v (Cfg::kKvTma) K and V the same.
@@ -886,7 +905,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   namespace wgmma = ptx::wgmma;
   using L = WgSmemSplit<Cfg>;
   static_assert(L::kBufs == 2, "a step's Q/dO buffer is s & 1, as its P^T and dS^T buffer");
-  constexpr int kD = Cfg::kD;
+  constexpr int kD = Cfg::kD, kDv = Cfg::kDv;
   constexpr bool kByOperand = kD == 192;  // (else by columns)
   constexpr bool kBF16 = Cfg::kBF16;
   constexpr auto kType = kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
@@ -942,26 +961,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Varlen, rows past the sequence: each warpgroup zeroes its own 32 rows, which its S^T and dP^T
     // read; the step's CTA barrier comes before the other's dV and dK read them.
     if (Cfg::kVarlen && q0 + kBlock > vis.seqlen_q) {
-      zero_tail_rows<kBlock, kD, 128>(smem + L::kQ + buf * L::kQBytes, smem + L::kDo + buf * L::kQBytes,
-                                      max(vis.seqlen_q - q0, 32 * wg), 32 * wg + 32, tid);
+      zero_tail_rows<kBlock, kD, 128, kDv>(smem + L::kQ + buf * L::kQBytes, smem + L::kDo + buf * L::kDoBytes,
+                                           max(vis.seqlen_q - q0, 32 * wg), 32 * wg + 32, tid);
       ptx::named_bar_sync(1 + wg, 128);
     }
     if constexpr (Cfg::kTrace) tr.stamp(s, 1);
     const uint32_t p_off = buf * L::kPBytes;  // this step's P^T and dS^T buffer
     const uint32_t pt_tile = smem_addr(smem + L::kPt) + p_off, dst_tile = smem_addr(smem + L::kDst) + p_off;
 
-    // acc = A B^T over the head dim: A the block's K or V, B this warpgroup's 32 queries of Q or dO.
-    auto gemm = [&](float(&acc)[16], uint64_t a_desc, uint64_t b_desc) {
+    // acc = A B^T over 16 `steps` columns: A the block's K or V, B this warpgroup's 32 queries of Q
+    // or dO (buf_bytes a step buffer).
+    auto gemm = [&](int steps, uint32_t buf_bytes, float(&acc)[16], uint64_t a_desc, uint64_t b_desc) {
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
+      for (int kk = 0; kk < steps; ++kk)
         wgmma::mma_ss<32, kType>(acc, wgmma::desc_advance(a_desc, wgmma::kmajor_step(kk, kBlock)),
-                                 wgmma::desc_advance(b_desc, buf * L::kTile + wgmma::kmajor_step(kk, kBlock)), kk > 0);
+                                 wgmma::desc_advance(b_desc, buf * buf_bytes + wgmma::kmajor_step(kk, kBlock)), kk > 0);
       wgmma::commit_group();
     };
     float st[16], dpt[16];
     wgmma::fence();
-    gemm(st, k_desc, q_desc);
-    gemm(dpt, v_desc, do_desc);
+    gemm(kD / 16, L::kQBytes, st, k_desc, q_desc);
+    gemm(kDv / 16, L::kDoBytes, dpt, v_desc, do_desc);
 
     // Element 4j + e: key 16 warp + g (+ 8 for e >= 2), query 32 wg + 8j + 2t + (e & 1). This
     // thread's queries' LSE (log2 units) and D, read while S^T and dP^T are computed.
@@ -1014,7 +1034,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (Cfg::kTrace) tr.stamp(s, 6);
 
     wgmma::fence();
-    if constexpr (kByOperand) {
+    if constexpr (kByOperand && kDv == kD) {
       // dV += P^T dO (warpgroup 0) or dK += dS^T Q (warpgroup 1): all 192 columns, over the 64
       // queries.
       const uint64_t a_desc = wg == 0 ? pt_desc : dst_desc, b_desc = wg == 0 ? do_mn : q_mn;
@@ -1022,6 +1042,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kBlock / 16; ++kk)
         wgmma::mma_ss_tb<kD, kType>(a.acc, wgmma::desc_advance(a_desc, p_off + kk * 32),
                                     wgmma::desc_advance(b_desc, buf * L::kTile + wgmma::mn_step(kk)), 1);
+    } else if constexpr (kByOperand) {
+      // 192 / 128: warpgroup 0's dV of 128 columns (its accumulator's first 64 floats), warpgroup
+      // 1's dK of 192.
+      if (wg == 0) {
+#pragma unroll
+        for (int kk = 0; kk < kBlock / 16; ++kk)
+          wgmma::mma_ss_tb<kDv, kType>(acc_view<kDv>(a.acc), wgmma::desc_advance(pt_desc, p_off + kk * 32),
+                                       wgmma::desc_advance(do_mn, buf * L::kDoBytes + wgmma::mn_step(kk)), 1);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < kBlock / 16; ++kk)
+          wgmma::mma_ss_tb<kD, kType>(a.acc, wgmma::desc_advance(dst_desc, p_off + kk * 32),
+                                      wgmma::desc_advance(q_mn, buf * L::kQBytes + wgmma::mn_step(kk)), 1);
+      }
     } else {
       // dV += P^T dO, dK += dS^T Q: this warpgroup's 128 columns, over the 64 queries.
 #pragma unroll
@@ -1034,14 +1068,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::commit_group();
 
     // dQ += dS K: 64-column pieces into the fp32 accumulator, two a warpgroup at d256, piece c to
-    // warpgroup (s + c) % 2 at d192.
+    // warpgroup (s + c) % 2 at d192, and to warpgroup c % 2 at 192 / 128 (pieces 0 and 2 to the
+    // one whose dV has 128 columns: each warpgroup's step then holds the same GEMM work).
     if (!p.deterministic) {
       constexpr int kPieces = kByOperand ? kD / 64 : 2;  // (d256: this warpgroup's)
       [[maybe_unused]] int done = 0;                     // pieces of this warpgroup's so far
 #pragma unroll
       for (int c = 0; c < kPieces; ++c) {
         if constexpr (kByOperand)
-          if (((s + c) & 1) != wg) continue;
+          if (((kDv == kD ? s + c : c) & 1) != wg) continue;
         const int col0 = kByOperand ? 64 * c : 128 * wg + 64 * c;
         float dq[32];
         wgmma::fence();
@@ -1097,15 +1132,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (L::kDqStage)  // the warpgroup's last reduction has read its stage before the CTA exits
     if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
   if constexpr (kByOperand) {
-    // Warpgroup 0 writes dV through the first Q buffer, warpgroup 1 dK through the first dO
-    // buffer, once both are past their last step.
-    uint16_t* rows = wg == 0 ? dv_rows : dk_rows;
-    const int64_t stride = wg == 0 ? p.dv_stride[1] : p.dk_stride[1];
-    if constexpr (Cfg::kStagedStores) {
-      __syncthreads();
-      store_rows_staged<kBlock, kD, kBF16>(smem + (wg == 0 ? L::kQ : L::kDo), 0, a.acc, rows, stride, valid, tid, 1 + wg);
+    // Warpgroup 0 writes dV (kDv columns) through the first dO buffer, warpgroup 1 dK through
+    // the first Q buffer, once both are past their last step.
+    if constexpr (Cfg::kStagedStores) __syncthreads();
+    if (wg == 0) {
+      if constexpr (Cfg::kStagedStores)
+        store_rows_staged<kBlock, kDv, kBF16>(smem + L::kDo, 0, acc_view<kDv>(a.acc), dv_rows, p.dv_stride[1], valid,
+                                              tid, 1);
+      else
+        store_rows_direct<kDv, kBF16>(acc_view<kDv>(a.acc), dv_rows, p.dv_stride[1], valid, tid);
     } else {
-      store_rows_direct<kD, kBF16>(a.acc, rows, stride, valid, tid);
+      if constexpr (Cfg::kStagedStores)
+        store_rows_staged<kBlock, kD, kBF16>(smem + L::kQ, 0, a.acc, dk_rows, p.dk_stride[1], valid, tid, 2);
+      else
+        store_rows_direct<kD, kBF16>(a.acc, dk_rows, p.dk_stride[1], valid, tid);
     }
   } else if constexpr (Cfg::kStagedStores) {
     // Through the first Q and dO buffers, once both warpgroups are past their last step: the

@@ -23,12 +23,14 @@ inline constexpr int kDqRows = 128;  // query rows a CTA, 64 a warpgroup
 template <int kD>
 inline constexpr int kDqKeys = kD == 256 ? 32 : 64;  // keys a step
 
-template <int kD>
+// kDv: dO's and V's head dim (kD's but at 192 / 128).
+template <int kD, int kDv = kD>
 struct DqWgSmem {
   static constexpr int kQBytes = kDqRows * kD * 2, kKVBytes = kDqKeys<kD> * kD * 2;
+  static constexpr int kDoBytes = kDqRows * kDv * 2, kVBytes = kDqKeys<kD> * kDv * 2;
   static constexpr int kBufs = kD >= 192 ? 2 : 3;  // K, V
-  static constexpr int kQ = 0, kDo = kQBytes, kK = 2 * kQBytes, kV = kK + kBufs * kKVBytes;
-  static constexpr int kLse = kV + kBufs * kKVBytes, kDelta = kLse + kDqRows * 4;
+  static constexpr int kQ = 0, kDo = kQBytes, kK = kQBytes + kDoBytes, kV = kK + kBufs * kKVBytes;
+  static constexpr int kLse = kV + kBufs * kVBytes, kDelta = kLse + kDqRows * 4;
   static constexpr int kBars = kDelta + kDqRows * 4;  // the ring's full and empty, then Q's
   static constexpr int kBytes = kBars + (2 * kBufs + 1) * 8 + 1024;
   static_assert(kBytes <= 227 * 1024, "the wgmma dQ kernel's shared memory");
@@ -39,14 +41,14 @@ struct DqWgSmem {
 // kVarlen: the block's rows from its sequence's (seq_span), of maps over the packed rows (batch 0).
 // kSoftcap: soft-capped scores (BwdConfig::kSoftcap), S capped before P and dS times the slope; the
 // cap's reciprocal on the FMA pipe at d64, where S's elements are the most a tensor FLOP
-// (softcap_score).
-template <int kD, bool kBF16, bool kPaired = false, bool kVarlen = false, bool kSoftcap = false>
+// (softcap_score). kDv: dO's and V's head dim (BwdConfig::kDv), over which dP = dO V^T runs.
+template <int kD, bool kBF16, bool kPaired = false, bool kVarlen = false, bool kSoftcap = false, int kDv = kD>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_dq_wgmma_kernel(const detail::BwdParams p, const __grid_constant__ CUtensorMap tm_q,
                         const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_k,
                         const __grid_constant__ CUtensorMap tm_v) {
   namespace wgmma = ptx::wgmma;
-  using L = DqWgSmem<kD>;
+  using L = DqWgSmem<kD, kDv>;
   constexpr int kKeys = kDqKeys<kD>;
   constexpr auto kType = kBF16 ? wgmma::Type::kBF16 : wgmma::Type::kF16;
   char* smem = smem_1024();
@@ -81,11 +83,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Step s's K and V (rows past seqlen_k read as zeros).
   auto load_step = [&](int s) {
     const int buf = s % L::kBufs, k0 = (n_lo + s) * kKeys;
-    uint64_t* bar = ring.claim(s, 2 * L::kKVBytes);
+    uint64_t* bar = ring.claim(s, L::kKVBytes + L::kVBytes);
 #pragma unroll
     for (int c = 0; c < kD / 64; ++c) {
       ptx::tma_load_4d(smem + L::kK + buf * L::kKVBytes + c * kKeys * 128, &tm_k, bar, 64 * c, seq.k_off + k0, hk, tb);
-      ptx::tma_load_4d(smem + L::kV + buf * L::kKVBytes + c * kKeys * 128, &tm_v, bar, 64 * c, seq.k_off + k0, hk, tb);
+      if (c < kDv / 64)  // (V's blocks: all of them but at 192 / 128)
+        ptx::tma_load_4d(smem + L::kV + buf * L::kVBytes + c * kKeys * 128, &tm_v, bar, 64 * c, seq.k_off + k0, hk, tb);
     }
   };
   if (threadIdx.x == 0) {
@@ -96,13 +99,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The block's Q and dO (boxes of 64 rows; rows past seqlen_q read as zeros), D and log2 LSE, if
   // any key is seen (the loop waits for them; nothing may be in flight when the CTA exits).
   if (threadIdx.x == 0 && steps > 0) {
-    ptx::mbar_arrive_expect_tx(q_full, 2 * L::kQBytes + 2 * kDqRows * 4);
+    ptx::mbar_arrive_expect_tx(q_full, L::kQBytes + L::kDoBytes + 2 * kDqRows * 4);
 #pragma unroll
     for (int c = 0; c < kD / 64; ++c)
 #pragma unroll
       for (int r = 0; r < kDqRows; r += 64) {
         ptx::tma_load_4d(smem + L::kQ + c * kDqRows * 128 + r * 128, &tm_q, q_full, 64 * c, seq.q_off + q0 + r, h, tb);
-        ptx::tma_load_4d(smem + L::kDo + c * kDqRows * 128 + r * 128, &tm_do, q_full, 64 * c, seq.q_off + q0 + r, h, tb);
+        if (c < kDv / 64)
+          ptx::tma_load_4d(smem + L::kDo + c * kDqRows * 128 + r * 128, &tm_do, q_full, 64 * c, seq.q_off + q0 + r, h, tb);
       }
     const int64_t row = (int64_t(b) * p.heads_q + h) * p.rows + q0;
     load_row_stats<kPaired, kDqRows>(p, row, sLse, sDelta, q_full);
@@ -137,25 +141,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     // them (the last step; every thread is on it).
     if constexpr (kVarlen)
       if (k0 + kKeys > vis.seqlen_k) {
-        zero_tail_rows<kKeys, kD, kThreads>(smem + L::kK + buf * L::kKVBytes, smem + L::kV + buf * L::kKVBytes,
-                                            vis.seqlen_k - k0, kKeys, threadIdx.x);
+        zero_tail_rows<kKeys, kD, kThreads, kDv>(smem + L::kK + buf * L::kKVBytes, smem + L::kV + buf * L::kVBytes,
+                                                 vis.seqlen_k - k0, kKeys, threadIdx.x);
         __syncthreads();
       }
 
-    // acc = A B^T over the head dim: A this warpgroup's rows of Q or dO, B the block's K or V.
-    auto gemm = [&](float(&acc)[kKeys / 2], uint64_t a_desc, uint64_t b_desc) {
+    // acc = A B^T over 16 `steps` columns: A this warpgroup's rows of Q or dO, B the block's K or V
+    // (buf_bytes a buffer).
+    auto gemm = [&](int steps, uint32_t buf_bytes, float(&acc)[kKeys / 2], uint64_t a_desc, uint64_t b_desc) {
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
+      for (int kk = 0; kk < steps; ++kk) {
         const uint32_t a_off = wgmma::kmajor_step(kk, kDqRows);
-        const uint32_t b_off = buf * L::kKVBytes + wgmma::kmajor_step(kk, kKeys);
+        const uint32_t b_off = buf * buf_bytes + wgmma::kmajor_step(kk, kKeys);
         wgmma::mma_ss<kKeys, kType>(acc, wgmma::desc_advance(a_desc, a_off), wgmma::desc_advance(b_desc, b_off), kk > 0);
       }
       wgmma::commit_group();
     };
     float sc[kKeys / 2], dp[kKeys / 2];
     wgmma::fence();
-    gemm(sc, q_desc, k_desc);
-    gemm(dp, do_desc, v_desc);
+    gemm(kD / 16, L::kKVBytes, sc, q_desc, k_desc);
+    gemm(kDv / 16, L::kVBytes, dp, do_desc, v_desc);
 
     // P: element 4j + e is row 16 warp + g (+ 8 for e >= 2), key 8j + 2t + (e & 1).
     const bool whole = vis.whole(q0 + wg * 64, 64, k0, kKeys);

@@ -167,10 +167,13 @@ constexpr BwdKnobs bwd_knobs(int d, Edit edit) {
   return k;
 }
 
-// A dK/dV kernel's configuration: head dim, dtype and knobs, as the kernels read them.
-template <int kD_, bool kBF16_, BwdKnobs K = bwd_knobs(kD_)>
+// A dK/dV kernel's configuration: head dim, dtype and knobs, as the kernels read them; kDv_ the
+// value side's head dim (v, o, dout, dv), kD_'s but at 192 / 128 (DeepSeek's; the split kernel).
+template <int kD_, bool kBF16_, BwdKnobs K = bwd_knobs(kD_), int kDv_ = kD_>
 struct BwdConfig {
   static constexpr int kD = kD_;
+  static constexpr int kDv = kDv_;
+  static_assert(kDv == kD || (kD == 192 && kDv == 128), "two head dims: 192 / 128 only");
   static constexpr bool kBF16 = kBF16_;
   static constexpr int kStepBufs = K.step_bufs;
   static constexpr bool kFoldedBoxes = K.folded_boxes;
@@ -443,25 +446,27 @@ __device__ __forceinline__ void load_row_stats(const detail::BwdParams& p, int64
 // rounded up to kDqAccumRowAlign are read by the kernels after this one, so a CTA past them does
 // nothing; the others zero their share of the accumulator with or without kPdl (the launch clears
 // none of it: on short sequences most of the longest one's rows lie past every other's end).
-template <int kD, bool kBF16, bool kPaired = false, bool kPdl = false, bool kVarlen = false>
+// kDv: o's and dout's head dim (kD's but at 192 / 128), whose rows the CTAs take; the accumulator's
+// are kD wide.
+template <int kD, bool kBF16, bool kPaired = false, bool kPdl = false, bool kVarlen = false, int kDv = kD>
 __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdParams p) {
-  constexpr int kLanes = kDeltaLanes<kD>;
+  constexpr int kLanes = kDeltaLanes<kDv>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int i = blockIdx.x * kDeltaRowsPerCta<kD> + warp * (32 / kLanes) + lane / kLanes;
+  const int i = blockIdx.x * kDeltaRowsPerCta<kDv> + warp * (32 / kLanes) + lane / kLanes;
   const int h = blockIdx.y, b = blockIdx.z, c = (lane % kLanes) * 8;
   if constexpr (kPdl) cudaTriggerProgrammaticLaunchCompletion();
   [[maybe_unused]] const SeqSpan seq = seq_span<kVarlen>(p, b);
   if constexpr (kVarlen) {
     constexpr int kAlign = int(detail::kDqAccumRowAlign);
-    if (int(blockIdx.x) * kDeltaRowsPerCta<kD> >= (seq.q_len + kAlign - 1) / kAlign * kAlign) return;
+    if (int(blockIdx.x) * kDeltaRowsPerCta<kDv> >= (seq.q_len + kAlign - 1) / kAlign * kAlign) return;
   }
   if constexpr (kPdl || kVarlen) {
     if (!p.deterministic) {
       // The CTA's rows in each 64-column block of (b, h)'s accumulator (dq_piece_at: the column
       // blocks outermost, rows x 64 floats each): kRows x 64 floats a block, contiguous; the rows
       // of a piece are in fragment order, but the CTAs of a 64-row piece clear the whole of it.
-      constexpr int kRows = kDeltaRowsPerCta<kD>, kBlockVecs = kRows * 64 / 4;
-      constexpr int kVecs = kRows * kD / 4;  // float4s a CTA: two a thread, 1.5 at d192
+      constexpr int kRows = kDeltaRowsPerCta<kDv>, kBlockVecs = kRows * 64 / 4;
+      constexpr int kVecs = kRows * kD / 4;  // float4s a CTA: two a thread, 1.5 at d192, 3 at 192 / 128
       static_assert(kVecs == 2 * kThreads || kD == 192, "a CTA's share of the accumulator: two float4 a thread");
       float* bh = p.dq_accum + (int64_t(b) * p.heads_q + h) * p.rows * kD + int64_t(blockIdx.x) * kRows * 64;
 #pragma unroll
@@ -471,7 +476,7 @@ __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdPa
     }
   }
   float sum = 0.0f;
-  if (i < (kVarlen ? seq.q_len : p.seqlen_q) && (kD != 192 || c < kD)) {
+  if (i < (kVarlen ? seq.q_len : p.seqlen_q) && (kDv != 192 || c < kDv)) {
     const uint16_t* o = row0(p.o, p.o_stride, b, h) + ((kVarlen ? seq.q_off : 0) + i) * p.o_stride[1];
     const uint16_t* d = row0(p.dout, p.do_stride, b, h) + ((kVarlen ? seq.q_off : 0) + i) * p.do_stride[1];
     const uint4 ov = *reinterpret_cast<const uint4*>(o + c), dv = *reinterpret_cast<const uint4*>(d + c);

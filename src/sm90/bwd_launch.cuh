@@ -30,17 +30,19 @@ inline Status bwd_cuda_failure(const char* what, cudaError_t e) {
   return {StatusCode::kCudaError, std::string("sm90 backward: ") + what + ": " + cudaGetErrorString(e)};
 }
 
-// A TMA map of the [batch, seq, heads, head_dim] tensor `name` in boxes of 64 columns x `rows` rows
+// A TMA map of the [batch, seq, heads, head_dim] tensor `name` (`cols` columns where not head_dim:
+// the value side's at 192 / 128) in boxes of 64 columns x `rows` rows
 // (folded: `rows` rows of every 64-column block, ptx::map_bshd_16bit_sw128_folded); kNotSupported,
 // naming it, where the driver refuses it.
 // With varlen (p.varlen()) the map runs over the packed rows as one batch: seqlen is then the
 // tensor's total rows, and the batch stride, never stepped, one TMA takes (the rows').
 inline Status bwd_map_tensor(CUtensorMap* map, const char* name, const void* data, const int64_t (&stride)[3],
-                         const BwdParams& p, int seqlen, int heads, int rows, bool folded = false) {
+                         const BwdParams& p, int seqlen, int heads, int rows, bool folded = false, int cols = 0) {
   const int64_t st[3] = {p.varlen() ? std::max<int64_t>(stride[1], 8) : stride[0], stride[1], stride[2]};
   const int batch = p.varlen() ? 1 : p.batch;
-  const int r = folded ? ptx::map_bshd_16bit_sw128_folded(map, data, st, batch, seqlen, heads, p.head_dim, rows)
-                       : ptx::map_bshd_16bit_sw128(map, data, st, batch, seqlen, heads, p.head_dim, rows);
+  const int c = cols > 0 ? cols : p.head_dim;
+  const int r = folded ? ptx::map_bshd_16bit_sw128_folded(map, data, st, batch, seqlen, heads, c, rows)
+                       : ptx::map_bshd_16bit_sw128(map, data, st, batch, seqlen, heads, c, rows);
   if (r == 0) return Status::Ok();
   return {StatusCode::kNotSupported, std::string("sm90 backward: cuTensorMapEncodeTiled refused ") + name +
                                          " (driver error " + std::to_string(r) + ")"};
@@ -64,9 +66,13 @@ Status launch_sink_grad(const BwdParams& p, cudaStream_t stream) {
 template <class Cfg>
 Status launch_backward(const BwdParams& a, cudaStream_t stream) {
   using namespace sm90::bwd;
-  constexpr int kD = Cfg::kD;
+  constexpr int kD = Cfg::kD, kDv = Cfg::kDv;
   constexpr bool kBF16 = Cfg::kBF16;
   constexpr bool kVarlen = Cfg::kVarlen;
+  if (a.head_dim != kD || (a.head_dim_v > 0 ? a.head_dim_v : a.head_dim) != kDv)
+    return {StatusCode::kNotSupported, "head_dim = " + std::to_string(a.head_dim) + ", head_dim_v = " +
+                                           std::to_string(a.head_dim_v) + ": not this configuration's (" +
+                                           std::to_string(kD) + " / " + std::to_string(kDv) + ")"};
   if (a.varlen() != kVarlen)
     return {StatusCode::kNotSupported, kVarlen ? "the varlen backward needs cu_seqlens" : "varlen goes to its own backward"};
   if ((a.softcap > 0.0f) != Cfg::kSoftcap)
@@ -84,22 +90,22 @@ Status launch_backward(const BwdParams& a, cudaStream_t stream) {
   // The dK/dV kernels load Q and dO by TMA, in boxes of a step's 64 rows.
   CUtensorMap tm_q{}, tm_do{};
   Status s = bwd_map_tensor(&tm_q, "q", a.q, a.q_stride, a, rows_q, a.heads_q, kBlock, Cfg::kFoldedBoxes);
-  if (s.ok()) s = bwd_map_tensor(&tm_do, "dout", a.dout, a.do_stride, a, rows_q, a.heads_q, kBlock, Cfg::kFoldedBoxes);
+  if (s.ok()) s = bwd_map_tensor(&tm_do, "dout", a.dout, a.do_stride, a, rows_q, a.heads_q, kBlock, Cfg::kFoldedBoxes, kDv);
   if (!s.ok()) return s;
   // With Cfg::kKvTma the dK/dV kernels load K and V by TMA too, in boxes of the CTA's keys.
   CUtensorMap tm_kc{}, tm_vc{};
   if constexpr (Cfg::kKvTma) {
     constexpr int kKeys = kD <= 128 ? kWgKeys : kBlock;
     s = bwd_map_tensor(&tm_kc, "k", a.k, a.k_stride, a, rows_k, a.heads_kv, kKeys);
-    if (s.ok()) s = bwd_map_tensor(&tm_vc, "v", a.v, a.v_stride, a, rows_k, a.heads_kv, kKeys);
+    if (s.ok()) s = bwd_map_tensor(&tm_vc, "v", a.v, a.v_stride, a, rows_k, a.heads_kv, kKeys, false, kDv);
     if (!s.ok()) return s;
   }
   if (!p.deterministic && !Cfg::kPdl && !kVarlen) {  // (else D's kernel zeroes it)
     e = cudaMemsetAsync(p.dq_accum, 0, size_t(p.batch) * p.heads_q * p.rows * kD * sizeof(float), stream);
     if (e != cudaSuccess) return bwd_cuda_failure("zeroing the dQ accumulator", e);
   }
-  bwd_delta_kernel<kD, kBF16, Cfg::kPairedStats, Cfg::kPdl, kVarlen>
-      <<<dim3(unsigned(p.rows / kDeltaRowsPerCta<kD>), p.heads_q, p.batch), block, 0, stream>>>(p);
+  bwd_delta_kernel<kD, kBF16, Cfg::kPairedStats, Cfg::kPdl, kVarlen, kDv>
+      <<<dim3(unsigned(p.rows / kDeltaRowsPerCta<kDv>), p.heads_q, p.batch), block, 0, stream>>>(p);
   if ((e = cudaGetLastError()) != cudaSuccess) return bwd_cuda_failure("launching the D kernel", e);
 
   // dK, dV: 128 keys a CTA at d64/d128; 64 at d192 and d256, whose warpgroups split the work
@@ -128,23 +134,23 @@ Status launch_backward(const BwdParams& a, cudaStream_t stream) {
     return launch_sink_grad<Cfg::kPairedStats, kVarlen>(p, stream);
   }
   // Deterministic dQ: on wgmma, 128 query rows a CTA (bwd_dq_wgmma.cuh).
-  constexpr int kSmem = DqWgSmem<kD>::kBytes;
-  if ((e = allow_dynamic_smem<bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats, kVarlen, Cfg::kSoftcap>>(device, kSmem)) != cudaSuccess)
+  constexpr int kSmem = DqWgSmem<kD, kDv>::kBytes;
+  if ((e = allow_dynamic_smem<bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats, kVarlen, Cfg::kSoftcap, kDv>>(device, kSmem)) != cudaSuccess)
     return bwd_cuda_failure("setting the dQ kernel's shared memory", e);
   // Its Q and dO come in 64-column boxes of 64 rows: where the dK/dV kernel took folded maps, the
   // plain ones are made here (the launch above holds its own copy of the parameters).
   if constexpr (Cfg::kFoldedBoxes) {
     s = bwd_map_tensor(&tm_q, "q", a.q, a.q_stride, a, rows_q, a.heads_q, kBlock);
-    if (s.ok()) s = bwd_map_tensor(&tm_do, "dout", a.dout, a.do_stride, a, rows_q, a.heads_q, kBlock);
+    if (s.ok()) s = bwd_map_tensor(&tm_do, "dout", a.dout, a.do_stride, a, rows_q, a.heads_q, kBlock, false, kDv);
     if (!s.ok()) return s;
   }
   CUtensorMap tm_k{}, tm_v{};
   s = bwd_map_tensor(&tm_k, "k", a.k, a.k_stride, a, rows_k, a.heads_kv, kDqKeys<kD>);
-  if (s.ok()) s = bwd_map_tensor(&tm_v, "v", a.v, a.v_stride, a, rows_k, a.heads_kv, kDqKeys<kD>);
+  if (s.ok()) s = bwd_map_tensor(&tm_v, "v", a.v, a.v_stride, a, rows_k, a.heads_kv, kDqKeys<kD>, false, kDv);
   if (!s.ok()) return s;
   const unsigned query_blocks = unsigned((p.seqlen_q + kDqRows - 1) / kDqRows);
   // With Cfg::kDqOverlap as the dK/dV kernel's programmatic dependent (BwdKnobs::dq_overlap).
-  e = launch_kernel<Cfg::kDqOverlap>(bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats, kVarlen, Cfg::kSoftcap>,
+  e = launch_kernel<Cfg::kDqOverlap>(bwd_dq_wgmma_kernel<kD, kBF16, Cfg::kPairedStats, kVarlen, Cfg::kSoftcap, kDv>,
                                      dim3(query_blocks, p.heads_q, p.batch), block, kSmem, stream, p, tm_q, tm_do, tm_k,
                                      tm_v);
   if (e != cudaSuccess) return bwd_cuda_failure("launching the dQ kernel", e);
@@ -164,7 +170,9 @@ Status launch_shipped_config(const BwdParams& p, cudaStream_t stream) {
   switch (p.head_dim) {
     case 64: return launch_backward<BwdConfig<64, kBF16, sm90::bwd::bwd_knobs(64, edit)>>(p, stream);
     case 128: return launch_backward<BwdConfig<128, kBF16, sm90::bwd::bwd_knobs(128, edit)>>(p, stream);
-    case 192: return launch_backward<BwdConfig<192, kBF16, sm90::bwd::bwd_knobs(192, edit)>>(p, stream);
+    case 192:  // (192 / 128: DeepSeek's, on the same kernels with a narrower value side)
+      if (p.head_dim_v == 128) return launch_backward<BwdConfig<192, kBF16, sm90::bwd::bwd_knobs(192, edit), 128>>(p, stream);
+      return launch_backward<BwdConfig<192, kBF16, sm90::bwd::bwd_knobs(192, edit)>>(p, stream);
     case 256: return launch_backward<BwdConfig<256, kBF16, sm90::bwd::bwd_knobs(256, edit)>>(p, stream);
     default:
       return {StatusCode::kNotSupported, "head_dim = " + std::to_string(p.head_dim) + " has no sm90 backward kernel"};
