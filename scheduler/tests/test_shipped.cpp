@@ -458,6 +458,21 @@ TEST(Sm90Backward, D192V128ReductionsStillSetTheResourceBound) {
   EXPECT_EQ(b.mii(), b.res_mii);
 }
 
+// sm90_bwd_d192_n96.graph, a candidate not built: 96 keys a CTA (48 a warpgroup, the dK/dV GEMMs
+// transposed), the same 48 KB of dQ reductions a step for 1.5 times the keys. The tensor core's
+// ten GEMMs (2880) come closer to the reductions (3596) but stay below them.
+TEST(Sm90Backward, D192NinetySixKeysNarrowTheReductionsLead) {
+  const Graph g = shipped("sm90_bwd_d192_n96");
+  EXPECT_EQ(busy_on(g, "tc"), 10 * 288);
+  EXPECT_EQ(busy_on(g, "tma"), 2 * 1797 + 2);
+  const Bounds b = lower_bounds(g);
+  EXPECT_EQ(b.res_mii, 2 * 1797 + 2);
+  EXPECT_EQ(g.units[b.res_unit].name, "tma");
+  EXPECT_EQ(b.rec_mii, 1427) << describe(g, b.rec_cycle);
+  EXPECT_EQ(b.unit_rec_mii, 2550) << describe(g, b.unit_rec_cycle);
+  EXPECT_EQ(b.mii(), b.res_mii);
+}
+
 // sm90_bwd_d256_measured.graph: the same kernel with the latencies its clock64 stamps show in
 // place on an H200 (a91c2b4, 4k non-causal). Each warpgroup's step, through its two pieces of dQ
 // atomics, is a recurrence of 6409 cycles, the traced period, 2.5 times the tensor core's 2560.
