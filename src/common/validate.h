@@ -39,8 +39,8 @@ enum class Pass { kForward, kBackward };
 
 // The head dim whose kernels run the call: the smallest at or above the larger of p.head_dim and
 // p.value_dim() of kForwardKernelHeadDims (the 16-bit forward; the backward with
-// backward_d192()) or kKernelHeadDims (the backward, the e4m3 forward); 0 past the largest. Other than the call's head dims, the tensors run as
-// zero-padded copies (common/pad.h).
+// backward_d192()) or kKernelHeadDims (the backward, the e4m3 forward); 0 past the largest. Other
+// than the call's head dims, the tensors run as zero-padded copies (common/pad.h).
 int64_t kernel_head_dim(const Problem& p, Pass pass);
 
 // Whether the backward runs head dims 136-192 on kernels of head dim 192 (sm90/bwd_dkdv_wgmma.cuh,

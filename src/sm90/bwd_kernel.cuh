@@ -43,8 +43,8 @@ inline constexpr int kThreads = 256;
 // four step buffers, 64-column boxes, dQ whole by alternate warpgroups a step behind on four dS^T
 // buffers and added by atomics, warpgroup 1 started behind warpgroup 0; d128 three step buffers,
 // folded boxes, dQ a step behind on two dS^T buffers and warpgroup 1 started behind warpgroup 0;
-// d192 and d256 two step buffers and folded boxes; at every head dim K and V by TMA and dK and dV written
-// through shared memory; at d64 and d128 the dK/dV kernel launched as D's programmatic dependent
+// d192 and d256 two step buffers and folded boxes; at every head dim K and V by TMA and dK and dV
+// written through shared memory; at d64 and d128 the dK/dV kernel launched as D's programmatic dependent
 // (docs/perf-notes.md, "The backward's candidates on an H200", "The backward graphs on the
 // calibrated TMA costs", "The d128 backward's warpgroups apart", "d64's dQ by turns", "A dK/dV
 // CTA's start and end", "The kernels around the dK/dV kernel"). BwdConfig names each kX after its
