@@ -427,6 +427,19 @@ TEST(Sm90Backward, D256FoldedLoadsLeaveTheTensorCoreTheResourceBound) {
   EXPECT_EQ(b.mii(), b.res_mii);
 }
 
+// The d192 graphs below: the TMA engine's busy cycles (the dQ reductions') set the resource bound,
+// above the tensor core's `tc_busy`, and the recurrences stay below it.
+void expect_reductions_bound(const char* graph, int64_t tma_busy, int64_t tc_busy, int64_t rec_mii) {
+  const Graph g = shipped(graph);
+  EXPECT_EQ(busy_on(g, "tma"), tma_busy) << graph;
+  EXPECT_EQ(busy_on(g, "tc"), tc_busy) << graph;
+  const Bounds b = lower_bounds(g);
+  EXPECT_EQ(b.res_mii, tma_busy) << graph;
+  EXPECT_EQ(g.units[b.res_unit].name, "tma") << graph;
+  EXPECT_EQ(b.rec_mii, rec_mii) << describe(g, b.rec_cycle);
+  EXPECT_EQ(b.mii(), b.res_mii) << graph;
+}
+
 // d192 (the split kernel by operand: warpgroup 0 dV, warpgroup 1 dK, dQ's three pieces staged and
 // bulk-reduced): three 16 KB reductions a step hold the TMA engine for 3 x 1198, above the tensor
 // core's ten GEMMs at 192 columns (1920), so the reductions set the resource bound; the longest
@@ -434,14 +447,7 @@ TEST(Sm90Backward, D256FoldedLoadsLeaveTheTensorCoreTheResourceBound) {
 // of the stage) is 2408. The full solve (44 s here, fa4-schedule) answers II 3891 in two stages
 // with two step buffers (docs/perf-notes.md, "A backward kernel of its own at d192").
 TEST(Sm90Backward, D192ReductionsSetTheResourceBound) {
-  const Graph g = shipped("sm90_bwd_d192");
-  EXPECT_EQ(busy_on(g, "tma"), 3 * 1198 + 1);
-  EXPECT_EQ(busy_on(g, "tc"), 10 * 192);
-  const Bounds b = lower_bounds(g);
-  EXPECT_EQ(b.res_mii, 3 * 1198 + 1);
-  EXPECT_EQ(g.units[b.res_unit].name, "tma");
-  EXPECT_EQ(b.rec_mii, 2408);
-  EXPECT_EQ(b.mii(), b.res_mii);
+  expect_reductions_bound("sm90_bwd_d192", 3 * 1198 + 1, 10 * 192, 2408);
 }
 
 // 192 / 128 (the same kernel with the value side at 128 columns): the tensor core's work falls to
@@ -449,28 +455,17 @@ TEST(Sm90Backward, D192ReductionsSetTheResourceBound) {
 // it was (fa4-schedule: II 3739, against d192's 3891); what 192 / 128 gains on its own kernels is
 // the copies that padding v, o and dO to 192 would cost.
 TEST(Sm90Backward, D192V128ReductionsStillSetTheResourceBound) {
-  const Graph g = shipped("sm90_bwd_d192_v128");
-  EXPECT_EQ(busy_on(g, "tc"), 2 * 192 + 2 * 128 + 256 + 384 + 3 * 128);
-  const Bounds b = lower_bounds(g);
-  EXPECT_EQ(b.res_mii, 3 * 1198 + 1);
-  EXPECT_EQ(g.units[b.res_unit].name, "tma");
-  EXPECT_EQ(b.rec_mii, 2279);
-  EXPECT_EQ(b.mii(), b.res_mii);
+  expect_reductions_bound("sm90_bwd_d192_v128", 3 * 1198 + 1, 2 * 192 + 2 * 128 + 256 + 384 + 3 * 128, 2279);
 }
 
 // sm90_bwd_d192_n96.graph, a candidate not built: 96 keys a CTA (48 a warpgroup, the dK/dV GEMMs
 // transposed), the same 48 KB of dQ reductions a step for 1.5 times the keys. The tensor core's
 // ten GEMMs (2880) come closer to the reductions (3596) but stay below them.
 TEST(Sm90Backward, D192NinetySixKeysNarrowTheReductionsLead) {
+  expect_reductions_bound("sm90_bwd_d192_n96", 2 * 1797 + 2, 10 * 288, 1427);
   const Graph g = shipped("sm90_bwd_d192_n96");
-  EXPECT_EQ(busy_on(g, "tc"), 10 * 288);
-  EXPECT_EQ(busy_on(g, "tma"), 2 * 1797 + 2);
   const Bounds b = lower_bounds(g);
-  EXPECT_EQ(b.res_mii, 2 * 1797 + 2);
-  EXPECT_EQ(g.units[b.res_unit].name, "tma");
-  EXPECT_EQ(b.rec_mii, 1427) << describe(g, b.rec_cycle);
   EXPECT_EQ(b.unit_rec_mii, 2550) << describe(g, b.unit_rec_cycle);
-  EXPECT_EQ(b.mii(), b.res_mii);
 }
 
 // sm90_bwd_d256_measured.graph: the same kernel with the latencies its clock64 stamps show in

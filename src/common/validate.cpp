@@ -599,20 +599,15 @@ Status validate_problem(const Problem& p) {
 bool backward_d192_from_env(const char* value) { return value != nullptr && std::strcmp(value, "1") == 0; }
 
 namespace {
-// -1: not yet read from FA4_BACKWARD_D192; then 0 or 1.
-std::atomic<int> g_backward_d192{-1};
+// The switch, FA4_BACKWARD_D192's value the first time either function below is called.
+std::atomic<bool>& backward_d192_switch() {
+  static std::atomic<bool> on{backward_d192_from_env(std::getenv("FA4_BACKWARD_D192"))};
+  return on;
+}
 }  // namespace
 
-void set_backward_d192(bool on) { g_backward_d192.store(on ? 1 : 0); }
-bool backward_d192() {
-  int on = g_backward_d192.load();
-  if (on < 0) {
-    int unread = -1;
-    on = backward_d192_from_env(std::getenv("FA4_BACKWARD_D192")) ? 1 : 0;
-    if (!g_backward_d192.compare_exchange_strong(unread, on)) on = unread;  // (set meanwhile: that wins)
-  }
-  return on == 1;
-}
+void set_backward_d192(bool on) { backward_d192_switch().store(on); }
+bool backward_d192() { return backward_d192_switch().load(); }
 
 int64_t kernel_head_dim(const Problem& p, Pass pass) {
   const int64_t need = std::max(p.head_dim, p.value_dim());

@@ -309,19 +309,13 @@ __device__ __forceinline__ void load_q_step(const detail::BwdParams& p, const CU
   if constexpr (Cfg::kFoldedBoxes) {
     ptx::tma_load_5d(smem + L::kQ + buf * L::kQBytes, tm_q, bar, 0, tq, 0, h, tb);
     ptx::tma_load_5d(smem + L::kDo + buf * L::kDoBytes, tm_do, bar, 0, tq, 0, h, tb);
-  } else if constexpr (Cfg::kDv == Cfg::kD) {
+  } else {
 #pragma unroll
     for (int c = 0; c < Cfg::kD / 64; ++c) {
       ptx::tma_load_4d(smem + L::kQ + buf * L::kQBytes + c * kBlock * 128, tm_q, bar, 64 * c, tq, h, tb);
-      ptx::tma_load_4d(smem + L::kDo + buf * L::kQBytes + c * kBlock * 128, tm_do, bar, 64 * c, tq, h, tb);
+      if (c < Cfg::kDv / 64)  // (dO's blocks: all of them but at 192 / 128)
+        ptx::tma_load_4d(smem + L::kDo + buf * L::kDoBytes + c * kBlock * 128, tm_do, bar, 64 * c, tq, h, tb);
     }
-  } else {
-#pragma unroll
-    for (int c = 0; c < Cfg::kD / 64; ++c)
-      ptx::tma_load_4d(smem + L::kQ + buf * L::kQBytes + c * kBlock * 128, tm_q, bar, 64 * c, tq, h, tb);
-#pragma unroll
-    for (int c = 0; c < Cfg::kDv / 64; ++c)
-      ptx::tma_load_4d(smem + L::kDo + buf * L::kDoBytes + c * kBlock * 128, tm_do, bar, 64 * c, tq, h, tb);
   }
   const int64_t row = (int64_t(b) * p.heads_q + h) * p.rows + q0;
   load_row_stats<Cfg::kPairedStats, kBlock>(p, row,
@@ -1034,17 +1028,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (Cfg::kTrace) tr.stamp(s, 6);
 
     wgmma::fence();
-    if constexpr (kByOperand && kDv == kD) {
-      // dV += P^T dO (warpgroup 0) or dK += dS^T Q (warpgroup 1): all 192 columns, over the 64
-      // queries.
-      const uint64_t a_desc = wg == 0 ? pt_desc : dst_desc, b_desc = wg == 0 ? do_mn : q_mn;
-#pragma unroll
-      for (int kk = 0; kk < kBlock / 16; ++kk)
-        wgmma::mma_ss_tb<kD, kType>(a.acc, wgmma::desc_advance(a_desc, p_off + kk * 32),
-                                    wgmma::desc_advance(b_desc, buf * L::kTile + wgmma::mn_step(kk)), 1);
-    } else if constexpr (kByOperand) {
-      // 192 / 128: warpgroup 0's dV of 128 columns (its accumulator's first 64 floats), warpgroup
-      // 1's dK of 192.
+    if constexpr (kByOperand) {
+      // dV += P^T dO (warpgroup 0: kDv columns, its accumulator's first kDv / 2 floats) or
+      // dK += dS^T Q (warpgroup 1: 192 columns), over the 64 queries.
       if (wg == 0) {
 #pragma unroll
         for (int kk = 0; kk < kBlock / 16; ++kk)
