@@ -46,7 +46,8 @@ Rows rows_of(const Problem& p, const Varlen& vl, bool paged = false) {
 // the head dim's).
 Status run_forward(const ForwardArgs& args, int qk_cols, int v_cols, cudaStream_t stream) {
   detail::FwdParams f = detail::make_fwd_params(args);
-  f.qk_cols = qk_cols, f.v_cols = v_cols;
+  if (qk_cols > 0) f.qk_cols = qk_cols;
+  if (v_cols > 0) f.v_cols = v_cols;
   if (args.problem.dtype == DType::kE4M3) return detail::sm90_forward_fp8(f, stream);
   return detail::sm90_forward(f, stream);
 }
@@ -89,7 +90,7 @@ Status forward_workspace_size(const ForwardArgs& args, size_t* bytes) {
   if (bytes == nullptr) return {StatusCode::kInvalidArgument, "bytes = null: needs a size_t*"};
   Status s = detail::validate_problem(args.problem);
   if (!s.ok()) return s;
-  const int64_t n = detail::padded(args.problem, detail::Pass::kForward) ? detail::pad_forward(args, nullptr).bytes : 0;
+  const int64_t n = detail::padded(args.problem, detail::Pass::kForward, args.paged.enabled()) ? detail::pad_forward(args, nullptr).bytes : 0;
   if (n < 0)
     return {StatusCode::kInvalidArgument, "head_dim = " + std::to_string(args.problem.head_dim) +
                                               ": the zero-padded copies' byte count must fit in int64"};
@@ -143,7 +144,9 @@ Status forward(const ForwardArgs& args, cudaStream_t stream) {
     }
     return Status::Ok();
   }
-  return detail::padded(p, detail::Pass::kForward) ? detail::forward_padded(args, stream, &run_forward) : run_forward(args, 0, 0, stream);
+  return detail::padded(p, detail::Pass::kForward, args.paged.enabled())
+             ? detail::forward_padded(args, stream, &run_forward)
+             : run_forward(args, 0, 0, stream);
 }
 
 Status backward(const BackwardArgs& args, cudaStream_t stream) {

@@ -999,6 +999,92 @@ TEST(ForwardGpu, StreamKTailMatchesTheReference) {
   run_case({BF16, 2, 150, 8000, 2, 1, 64, false}, 1401);
 }
 
+// The forward's 192 / 128 kernels (detail::set_forward_v128, on for this test only;
+// fwd_configs.cuh, D192V128Config): v and o of 128 columns read and written where they are, P V
+// over 128 columns. Odd lengths, seqlen_q past seqlen_k, GQA and MQA, fp16, BHSD and padded views
+// (o's padding slots must keep their poison), a window, sinks, decoding rows and few rows (folded:
+// no decoding kernel at 192), many query blocks; through the workspace query (nothing to copy:
+// 0 bytes, where the switch off asks for the copies); clusters bit for bit against one CTA;
+// stream-K pieces merged (twice the same bits) and whole tiles; a soft-capped call, over copies.
+TEST(ForwardGpu, D192V128Kernels) {
+  FA4_REQUIRE_GPU();
+  uint32_t seed = 3900;
+  Case padded{BF16, 2, 239, 300, 4, 2, 192, true};
+  padded.layout = Layout::kPadded, padded.check_padding = true, padded.workspace = true;
+  padded.head_dim_v = 128;
+  {
+    const fa4::test::ForwardV128 off(false);  // the copies' workspace, for the query below
+    run_case(padded, seed++);
+  }
+  const fa4::test::ForwardV128 on(true);
+  {  // nothing copied: no workspace
+    fa4::ForwardArgs a = fa4::test::fake_forward(problem_of(padded));
+    size_t bytes = 1;
+    ASSERT_TRUE(fa4::forward_workspace_size(a, &bytes).ok());
+    EXPECT_EQ(bytes, 0u);
+    fa4::test::ForwardV128 off(false);
+    ASSERT_TRUE(fa4::forward_workspace_size(a, &bytes).ok());
+    EXPECT_GT(bytes, 0u) << "with the switch off, v and o go through padded copies";
+  }
+  std::vector<Case> cases = {
+      padded,
+      {BF16, 2, 239, 300, 4, 2, 192, false},
+      {FP16, 1, 300, 239, 6, 1, 192, true},  // rows without keys, MQA
+      {BF16, 1, 1000, 1000, 8, 8, 192, false, -1, -1, Layout::kBHSD},
+      {BF16, 1, 333, 400, 2, 1, 192, false, 100, 20},  // a window
+      {BF16, 3, 1, 1000, 8, 2, 192, false},            // decoding: the group folded
+      {BF16, 2, 4, 2000, 16, 2, 192, true},            // a few rows folded
+      {FP16, 1, 4097, 129, 2, 2, 192, false},          // many query blocks, few keys
+  };
+  Case sinks{BF16, 2, 200, 333, 4, 2, 192, true};
+  sinks.sink_scale = 1.0;
+  cases.push_back(sinks);
+  Case capped{FP16, 1, 257, 257, 2, 2, 192, false};
+  capped.key_scale = 6.0, capped.softcap = 7.5f;
+  cases.push_back(capped);
+  for (Case c : cases) {
+    c.head_dim_v = 128;
+    ASSERT_NO_FATAL_FAILURE(run_case(c, seed++));
+  }
+  for (Case c : {Case{BF16, 2, 300, 1000, 4, 2, 192, false}, Case{FP16, 1, 700, 333, 8, 8, 192, false}}) {
+    c.head_dim_v = 128, c.split = 1;
+    std::vector<double> o1, o2;
+    std::vector<float> l1, l2;
+    c.cluster = 1;
+    ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o1, &l1));
+    c.cluster = 2;
+    ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o2, &l2));
+    ++seed;
+    SCOPED_TRACE(c.name());
+    EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(double)), 0) << "O differs";
+    EXPECT_EQ(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)), 0) << "LSE differs";
+  }
+  for (auto [cluster, ctas] : {std::pair<int, int>{1, 5}, {2, 14}}) {
+    Case c{BF16, 1, 333, 2049, 4, 2, 192, false};
+    c.head_dim_v = 128, c.cluster = cluster, c.max_ctas = ctas;
+    ASSERT_NO_FATAL_FAILURE(expect_cut_alike_and_whole(c, seed++));
+  }
+  Case longkeys{BF16, 1, 1, 16384, 16, 4, 192, false};  // decoding over long keys: stream-K pieces
+  longkeys.head_dim_v = 128;
+  run_case(longkeys, seed++);
+}
+
+// A small 192 / 128 case for the sanitizers: batched, causal, a stream-K cut on a small grid and
+// clusters.
+TEST(ForwardGpu, D192V128KernelsSmall) {
+  FA4_REQUIRE_GPU();
+  const fa4::test::ForwardV128 on(true);
+  Case c{BF16, 1, 200, 333, 2, 1, 192, true};
+  c.head_dim_v = 128;
+  run_case(c, 3990);
+  Case cut{BF16, 1, 129, 700, 2, 2, 192, false};
+  cut.head_dim_v = 128, cut.split = 2, cut.max_ctas = 3;
+  run_case(cut, 3991);
+  Case pairs{FP16, 1, 300, 200, 2, 2, 192, false};
+  pairs.head_dim_v = 128, pairs.split = 1, pairs.cluster = 2;
+  run_case(pairs, 3992);
+}
+
 // The stream-K tail under a bound: tiles of one query block a head (a few query rows, folded or
 // not) see alike key ranges, so their key blocks are cut into pieces as tiles of one length are
 // (fwd_launch.cuh, tiles_alike), and the pieces mask by the launch's bound and fold at run time

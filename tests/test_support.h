@@ -87,4 +87,16 @@ class BackwardD192 {
   bool before_;
 };
 
+// detail::set_forward_v128(on) for a scope, likewise.
+class ForwardV128 {
+ public:
+  explicit ForwardV128(bool on) : before_(fa4::detail::forward_v128()) { fa4::detail::set_forward_v128(on); }
+  ~ForwardV128() { fa4::detail::set_forward_v128(before_); }
+  ForwardV128(const ForwardV128&) = delete;
+  ForwardV128& operator=(const ForwardV128&) = delete;
+
+ private:
+  bool before_;
+};
+
 }  // namespace fa4::test

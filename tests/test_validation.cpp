@@ -291,7 +291,10 @@ TEST(Validation, BackwardD192SwitchMovesTheBackwardsKernelHeadDim) {
   EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kBackward), 192);
   EXPECT_TRUE(fa4::detail::native_value_dim(p, Pass::kBackward));
   EXPECT_FALSE(fa4::detail::padded(p, Pass::kBackward));
-  EXPECT_TRUE(fa4::detail::padded(p, Pass::kForward));  // (the forward pads v and o to 192)
+  {
+    const fa4::test::ForwardV128 off(false);
+    EXPECT_TRUE(fa4::detail::padded(p, Pass::kForward));  // (the forward pads v and o to 192)
+  }
   EXPECT_EQ(fa4::detail::make_bwd_params(fa4::BackwardArgs{.problem = p}).head_dim_v, 128);
   for (auto [d, dv] : {std::pair<int64_t, int64_t>{160, 128}, {192, 64}, {128, 192}, {192, 160}}) {
     p.head_dim = d, p.head_dim_v = dv;
@@ -303,6 +306,50 @@ TEST(Validation, BackwardD192SwitchMovesTheBackwardsKernelHeadDim) {
     p.head_dim = 192, p.head_dim_v = 128;
     EXPECT_FALSE(fa4::detail::native_value_dim(p, Pass::kBackward));
     EXPECT_TRUE(fa4::detail::padded(p, Pass::kBackward));
+  }
+}
+
+// detail::set_forward_v128: the 16-bit forward's 192 / 128 on kernels of a 128-column value side
+// (nothing copied, v_cols 128 in the kernels' parameters); soft-capped, paged and e4m3 calls still
+// over copies; no other pair of head dims; off again, copies.
+TEST(Validation, ForwardV128SwitchKeepsDeepSeeksValueSide) {
+  using fa4::detail::Pass;
+  if (const char* env = std::getenv("FA4_FORWARD_V128"); env == nullptr || std::string(env) != "1")
+    ASSERT_FALSE(fa4::detail::forward_v128()) << "off by default";
+  Problem p = valid_problem();
+  p.head_dim = 192, p.head_dim_v = 128;
+  {
+    const fa4::test::ForwardV128 off(false);
+    EXPECT_FALSE(fa4::detail::native_value_dim(p, Pass::kForward));
+    EXPECT_TRUE(fa4::detail::padded(p, Pass::kForward));
+  }
+  const fa4::test::ForwardV128 on(true);
+  EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kForward), 192);
+  EXPECT_TRUE(fa4::detail::native_value_dim(p, Pass::kForward));
+  EXPECT_FALSE(fa4::detail::padded(p, Pass::kForward));
+  EXPECT_TRUE(fa4::detail::padded(p, Pass::kForward, true)) << "a paged cache's kernels have one head dim";
+  fa4::ForwardArgs a = fa4::test::fake_forward(p);
+  a.v = fa4::bshd(fake(2), p.seqlen_k, p.heads_kv, 128);
+  a.o = fa4::bshd(fake(3), p.seqlen_q, p.heads_q, 128);
+  ASSERT_TRUE(fa4::validate(a).ok());
+  const fa4::detail::FwdParams f = fa4::detail::make_fwd_params(a);
+  EXPECT_EQ(f.head_dim, 192);
+  EXPECT_EQ(f.v_cols, 128);
+  EXPECT_EQ(f.qk_cols, 0);
+  size_t bytes = 1;
+  ASSERT_TRUE(fa4::forward_workspace_size(a, &bytes).ok());
+  EXPECT_EQ(bytes, 0u);
+  p.softcap = 7.5f;
+  EXPECT_FALSE(fa4::detail::native_value_dim(p, Pass::kForward)) << "soft-capped";
+  EXPECT_TRUE(fa4::detail::padded(p, Pass::kForward));
+  p.softcap = 0.0f;
+  p.dtype = DType::kE4M3;
+  EXPECT_TRUE(fa4::detail::padded(p, Pass::kForward)) << "e4m3";
+  p.dtype = DType::kBF16;
+  for (auto [d, dv] : {std::pair<int64_t, int64_t>{160, 128}, {192, 64}, {128, 192}, {192, 160}, {64, 128}}) {
+    p.head_dim = d, p.head_dim_v = dv;
+    EXPECT_FALSE(fa4::detail::native_value_dim(p, Pass::kForward)) << d << " / " << dv;
+    EXPECT_TRUE(fa4::detail::padded(p, Pass::kForward)) << d << " / " << dv;
   }
 }
 

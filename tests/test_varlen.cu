@@ -303,6 +303,8 @@ struct VarlenCase {
   // other sequences' outputs must not see them.
   std::vector<int> nan_seqs;
   bool nan_spare = false;
+  int64_t head_dim_v = 0;  // Problem::head_dim_v (0: head_dim's): v's, o's and dout's columns
+  int64_t dv() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   bool is_nan_seq(int64_t b) const { return std::find(nan_seqs.begin(), nan_seqs.end(), int(b)) != nan_seqs.end(); }
 
   std::string name() const {
@@ -326,6 +328,7 @@ struct VarlenCase {
       s += "}";
     }
     if (softcap > 0) s += " softcap " + std::to_string(softcap) + " keys x" + std::to_string(key_scale);
+    if (head_dim_v > 0) s += " dv" + std::to_string(head_dim_v);
     return s;
   }
 };
@@ -392,13 +395,13 @@ struct VarlenRun {
     };
     ASSERT_NO_FATAL_FAILURE(q.make(total_q, c.heads_q, c.spare_heads, d));
     ASSERT_NO_FATAL_FAILURE(k.make(total_k, c.heads_kv, c.spare_heads, d));
-    ASSERT_NO_FATAL_FAILURE(v.make(total_k, c.heads_kv, c.spare_heads, d));
-    ASSERT_NO_FATAL_FAILURE(o.make(total_q, c.heads_q, c.spare_heads, d));
+    ASSERT_NO_FATAL_FAILURE(v.make(total_k, c.heads_kv, c.spare_heads, c.dv()));
+    ASSERT_NO_FATAL_FAILURE(o.make(total_q, c.heads_q, c.spare_heads, c.dv()));
     ASSERT_NO_FATAL_FAILURE(fill(q, hq));
     ASSERT_NO_FATAL_FAILURE(fill(k, hk, c.key_scale));
     ASSERT_NO_FATAL_FAILURE(fill(v, hv));
     if (with_dout) {
-      ASSERT_NO_FATAL_FAILURE(dout.make(total_q, c.heads_q, c.spare_heads, d));
+      ASSERT_NO_FATAL_FAILURE(dout.make(total_q, c.heads_q, c.spare_heads, c.dv()));
       ASSERT_NO_FATAL_FAILURE(fill(dout, hdo));
     }
     CUDA_OK(cudaMalloc(&dcu_q.ptr, cu_q.size() * 4));
@@ -413,6 +416,7 @@ struct VarlenRun {
     args.problem.window_left = c.left;
     args.problem.window_right = c.right;
     args.problem.softcap = c.softcap;
+    args.problem.head_dim_v = c.head_dim_v;
     args.q = q.ref, args.k = k.ref, args.v = v.ref, args.o = o.ref;
     args.lse = static_cast<float*>(dlse.ptr);
     args.varlen = {static_cast<const int32_t*>(dcu_q.ptr), static_cast<const int32_t*>(dcu_k.ptr), total_q, total_k};
@@ -450,6 +454,7 @@ struct VarlenRun {
     p.window_left = c.left;
     p.window_right = c.right;
     p.softcap = c.softcap;
+    p.head_dim_v = c.head_dim_v;
     return p;
   }
 };
@@ -587,7 +592,7 @@ void run_varlen_backward(const VarlenCase& c, uint32_t seed, bool deterministic)
   Packed dq, dk, dv;
   ASSERT_NO_FATAL_FAILURE(dq.make(run.total_q, c.heads_q, c.spare_heads, c.head_dim));
   ASSERT_NO_FATAL_FAILURE(dk.make(run.total_k, c.heads_kv, c.spare_heads, c.head_dim));
-  ASSERT_NO_FATAL_FAILURE(dv.make(run.total_k, c.heads_kv, c.spare_heads, c.head_dim));
+  ASSERT_NO_FATAL_FAILURE(dv.make(run.total_k, c.heads_kv, c.spare_heads, c.dv()));
   fa4::BackwardArgs b;
   b.problem = run.args.problem;
   b.q = run.q.ref, b.k = run.k.ref, b.v = run.v.ref, b.o = run.o.ref, b.dout = run.dout.ref;
@@ -751,6 +756,38 @@ TEST(VarlenGpu, BackwardD192Kernels) {
   VarlenCase capped{BF16, 4, 2, 192, {17, 239, 0, 300, 1}, {40, 239, 9, 300, 700}};
   capped.softcap = 7.5f, capped.key_scale = 4.0;
   run_varlen_backward(capped, seed++, false);
+  for (bool deterministic : {false, true}) {  // 192 / 128 (BwdConfig's value head dim)
+    VarlenCase v{BF16, 4, 2, 192, {17, 239, 0, 300, 5, 0}, {40, 239, 9, 0, 130, 0}};
+    v.head_dim_v = 128, v.causal = deterministic;
+    run_varlen_backward(v, seed++, deterministic);
+  }
+}
+
+// The forward's 192 / 128 kernels (detail::set_forward_v128, on for this test only) on packed
+// sequences: odd lengths, empty sequences and sequences without keys or queries, causal, MQA with a
+// window and strided views, an entry's used keys (the zeroed V tail past them), NaN in other
+// sequences' rows; a soft-capped case beside them runs over copies.
+TEST(VarlenGpu, ForwardD192V128Kernels) {
+  FA4_REQUIRE_GPU();
+  const fa4::test::ForwardV128 on(true);
+  uint32_t seed = 9651;
+  VarlenCase odd{BF16, 4, 2, 192, {17, 239, 0, 300, 5, 0}, {40, 239, 9, 0, 130, 0}};
+  VarlenCase causal{FP16, 4, 4, 192, {200, 1, 333}, {200, 64, 400}};
+  causal.causal = true;
+  VarlenCase w{BF16, 4, 1, 192, {260, 129}, {300, 700}};
+  w.left = 50, w.right = 10, w.spare_heads = 1;
+  VarlenCase used{BF16, 8, 2, 192, {1, 1, 130}, {700, 333, 300}};
+  used.used = {517, 0, 200};
+  VarlenCase nan{FP16, 4, 2, 192, {70, 33, 200, 5}, {150, 40, 77, 3}};
+  nan.causal = true, nan.nan_seqs = {1}, nan.nan_spare = true;
+  VarlenCase rounds{BF16, 4, 2, 192, {1000, 17, 700}, {1000, 1500, 3}};
+  rounds.schedule = 3, rounds.max_ctas = 3;
+  VarlenCase capped{BF16, 4, 2, 192, {17, 239, 0, 300, 1}, {40, 239, 9, 300, 700}};
+  capped.softcap = 7.5f, capped.key_scale = 4.0;
+  for (VarlenCase c : {odd, causal, w, used, nan, rounds, capped}) {
+    c.head_dim_v = 128;
+    run_varlen(c, seed++);
+  }
 }
 
 TEST(VarlenGpu, BackwardWindowsMqaAndStrided) {

@@ -22,7 +22,8 @@ struct FwdParams {
   // without a kernel of its own runs on the caller's tensors (common/pad.h): the kernels' loads
   // read zeros past them (TMA's fill beyond a map's extent; the decoding kernel's zero-byte
   // copies) and their stores skip them (TMA's clip; bounds on the stores from registers). 0:
-  // head_dim. The kernels of head dim 64 and 128 only.
+  // head_dim. The kernels of head dim 64 and 128 only; and v_cols 128 at head dim 192 where the
+  // value side has kernels of its own (192 / 128: fwd_configs.cuh, D192V128Config).
   int qk_cols = 0, v_cols = 0;
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e); log2(e) alone when soft-capped

@@ -599,15 +599,21 @@ Status validate_problem(const Problem& p) {
 bool backward_d192_from_env(const char* value) { return value != nullptr && std::strcmp(value, "1") == 0; }
 
 namespace {
-// The switch, FA4_BACKWARD_D192's value the first time either function below is called.
+// The switches, FA4_BACKWARD_D192's and FA4_FORWARD_V128's values the first time each is asked.
 std::atomic<bool>& backward_d192_switch() {
   static std::atomic<bool> on{backward_d192_from_env(std::getenv("FA4_BACKWARD_D192"))};
+  return on;
+}
+std::atomic<bool>& forward_v128_switch() {
+  static std::atomic<bool> on{backward_d192_from_env(std::getenv("FA4_FORWARD_V128"))};
   return on;
 }
 }  // namespace
 
 void set_backward_d192(bool on) { backward_d192_switch().store(on); }
 bool backward_d192() { return backward_d192_switch().load(); }
+void set_forward_v128(bool on) { forward_v128_switch().store(on); }
+bool forward_v128() { return forward_v128_switch().load(); }
 
 int64_t kernel_head_dim(const Problem& p, Pass pass) {
   const int64_t need = std::max(p.head_dim, p.value_dim());
@@ -617,13 +623,15 @@ int64_t kernel_head_dim(const Problem& p, Pass pass) {
   return 0;
 }
 
-bool native_value_dim(const Problem& p, Pass pass) {
-  return p.value_dim() == p.head_dim ||
-         (pass == Pass::kBackward && backward_d192() && p.head_dim == 192 && p.value_dim() == 128);
+bool native_value_dim(const Problem& p, Pass pass, bool paged) {
+  if (p.value_dim() == p.head_dim) return true;
+  if (p.head_dim != 192 || p.value_dim() != 128) return false;
+  if (pass == Pass::kBackward) return backward_d192();
+  return forward_v128() && p.dtype != DType::kE4M3 && p.softcap == 0.0f && !paged;
 }
 
-bool padded(const Problem& p, Pass pass) {
-  return kernel_head_dim(p, pass) != p.head_dim || !native_value_dim(p, pass);
+bool padded(const Problem& p, Pass pass, bool paged) {
+  return kernel_head_dim(p, pass) != p.head_dim || !native_value_dim(p, pass, paged);
 }
 
 bool dq_accum_bytes(const Problem& p, int64_t* bytes) {
@@ -724,6 +732,9 @@ FwdParams make_fwd_params(const ForwardArgs& args) {
   set_strides(args.k, f.k_stride);
   set_strides(args.v, f.v_stride);
   set_strides(args.o, f.o_stride);
+  // Two head dims (192 / 128 on kernels of their own: native_value_dim): v and o of the value
+  // side's columns. (A padded call's problem has one head dim.)
+  if (args.problem.value_dim() != args.problem.head_dim) f.v_cols = static_cast<int>(args.problem.value_dim());
   if (args.paged.enabled()) {
     f.block_table = args.paged.block_table;
     f.table_stride = static_cast<int>(args.paged.table_stride);

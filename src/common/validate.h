@@ -54,13 +54,24 @@ void set_backward_d192(bool on);
 bool backward_d192();
 bool backward_d192_from_env(const char* value);
 
+// Whether the 16-bit forward runs 192 / 128 on kernels of a 128-column value side (fwd_configs.cuh,
+// D192V128Config) instead of over copies of v and o padded to 192: off by default until those
+// kernels have run on a GPU (docs/perf-notes.md, "The forward at 192 / 128 without copies"); the
+// GPU tests turn it on around their cases. As set_backward_d192: process-wide, FA4_FORWARD_V128=1
+// turns it on when first asked.
+void set_forward_v128(bool on);
+bool forward_v128();
+
 // Whether p's two head dims (p.value_dim() beside p.head_dim) run on kernels of their own in that
-// pass: one head dim always; 192 / 128 (DeepSeek's) in the backward with backward_d192().
-bool native_value_dim(const Problem& p, Pass pass);
+// pass: one head dim always; 192 / 128 (DeepSeek's) in the backward with backward_d192(), in the
+// forward with forward_v128() where neither soft-capped nor from a paged cache (those
+// configurations' kernels have one head dim) nor e4m3.
+bool native_value_dim(const Problem& p, Pass pass, bool paged = false);
 
 // Whether the call runs over zero-padded copies: a head dim without a kernel of its own in that
-// pass, or two head dims without one (native_value_dim).
-bool padded(const Problem& p, Pass pass);
+// pass, or two head dims without one (native_value_dim). paged: the forward's keys and values from
+// a paged cache (ForwardArgs::paged).
+bool padded(const Problem& p, Pass pass, bool paged = false);
 
 // Bytes of workspace that backward's kernels need: the fp32 dQ accumulator and two fp32 a row, for
 // D = rowsum(dO * O) and the LSE in log2 units:

@@ -188,7 +188,7 @@ __device__ __forceinline__ void finish_rows(const Params& p, const Tile& tl, con
 template <class Cfg, class Params>
 __device__ __forceinline__ int o_cols_of(const Params& p) {
   if constexpr (Cfg::kHeadDim <= 128) return p.o_cols;
-  else return Cfg::kHeadDim;
+  else return Cfg::kHeadDimV;
 }
 
 // Epilogue: O / l and LSE. kStaged: the consumer writes its 64 x d share of O into a swizzled
@@ -205,7 +205,7 @@ __device__ __forceinline__ int o_cols_of(const Params& p) {
 template <class Cfg, bool kStaged, class Params, bool kWide = false, int kStageRows = Cfg::kBlockM,
           bool kVarlen = false, bool kFold = false>
 __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, const SeqSpan& sp,
-                                             float (&o)[Cfg::kHeadDim / 2],
+                                             float (&o)[Cfg::kHeadDimV / 2],
                                              numerics::RowState (&rows)[2], int consumer, int t,
                                              uint8_t* s_o) {
   static_assert(kStageRows == Cfg::kBlockM || kStageRows == 64, "a staged tile holds the CTA's rows or a consumer's");
@@ -224,13 +224,13 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
     const uint32_t bar_id = own_barrier<Cfg>(consumer);
     if (t == 0) ptx::tma_store_wait_read();  // the previous tile's store has left the buffer
     ptx::named_bar_sync(bar_id, 128);
-    stmatrix_tile<Cfg::kHeadDim, kStageRows, Cfg::kBF16, true>(ptx::smem_addr(s_o), kOwn ? 0 : consumer, t, o, inv);
+    stmatrix_tile<Cfg::kHeadDimV, kStageRows, Cfg::kBF16, true>(ptx::smem_addr(s_o), kOwn ? 0 : consumer, t, o, inv);
     ptx::fence_proxy_async_smem();
     ptx::named_bar_sync(bar_id, 128);
     if (kVarlen && first + consumer * 64 + 64 > sp.q_len) {
       // Each thread 16-byte vectors of the share's rows inside the sequence, read back through the
       // swizzle stmatrix_tile wrote them in; the barrier after keeps the buffer until all are read.
-      constexpr int kVecs = Cfg::kHeadDim / 8;
+      constexpr int kVecs = Cfg::kHeadDimV / 8;
       const int base_row = kOwn ? 0 : consumer * 64;
       for (int i = t; i < 64 * kVecs; i += 128) {
         const int r = i / kVecs, vec = i % kVecs;
@@ -254,7 +254,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
           ptx::tma_store_5d(&p.tm_o, s_o, 0, c.c1, c.c2, c.c3, batch);
       } else {
 #pragma unroll
-        for (int c = 0; c < Cfg::kChunks; ++c) {
+        for (int c = 0; c < Cfg::kVChunks; ++c) {
           const uint8_t* src = s_o + c * kStageRows * 128 + (kOwn ? 0 : consumer * 64 * 128);
           if constexpr (Cfg::kQOEvictFirst)  // O is written once: evict_first in L2
             ptx::tma_store_4d_hint(&p.tm_o, src, c * 64, at.row, at.head, batch, ptx::l2_policy_evict_first());
@@ -265,7 +265,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
       ptx::tma_store_commit();
     }
   } else {
-    if constexpr (kWide && Cfg::kHeadDim % 32 == 0) {
+    if constexpr (kWide && Cfg::kHeadDimV % 32 == 0) {
       // A quad holds one row: lane k the pair at columns 8j + 2k of every 8-column chunk j.
       // Transposed within the quad (two shuffle rounds), lane k holds all of chunk 4g + k of each
       // group g of four chunks and stores it as 16 bytes.
@@ -284,7 +284,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
           out = o_row<Elem, kFold>(p, tl, store ? q : 0);
         }
 #pragma unroll
-        for (int g = 0; g < Cfg::kHeadDim / 32; ++g) {
+        for (int g = 0; g < Cfg::kHeadDimV / 32; ++g) {
           uint32_t a[4];
 #pragma unroll
           for (int m = 0; m < 4; ++m)
@@ -325,7 +325,7 @@ __device__ __forceinline__ void store_output(const Params& p, const Tile& tl, co
         else
           out = static_cast<Elem*>(p.o) + tl.batch * p.o_stride[0] + o_row_offset(p, tl.head, q);
 #pragma unroll
-        for (int j = 0; j < Cfg::kHeadDim / 8; ++j)
+        for (int j = 0; j < Cfg::kHeadDimV / 8; ++j)
           if (8 * j < o_cols)
             *reinterpret_cast<uint32_t*>(out + 8 * j + col0) =
                 pack2<Cfg::kBF16>(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
@@ -344,7 +344,7 @@ __device__ __forceinline__ void store_keyless(const Params& p, const Tile& tl, c
   const int first = tile_first_row<Cfg::kBlockM>(p.window, tl.m_block);
   float inv[2];
   finish_rows<Cfg, kVarlen, Params, kFold>(p, tl, sp, rows, first, consumer * 64 + (t / 32) * 16 + lane / 4, lane, inv);
-  constexpr int kVecs = Cfg::kHeadDim / 8;  // 16-byte vectors a row
+  constexpr int kVecs = Cfg::kHeadDimV / 8;  // 16-byte vectors a row
   const int o_cols = o_cols_of<Cfg>(p);
   for (int i = t; i < 64 * kVecs; i += 128) {
     const int q = first + consumer * 64 + i / kVecs;
@@ -365,9 +365,9 @@ __device__ __forceinline__ void store_keyless(const Params& p, const Tile& tl, c
 // others return false. Each thread writes and reads only its own accumulator slots, in float4
 // columns across the consumer's 128 threads. Uses the consumer's epilogue barrier.
 template <class Cfg, int kCluster, class Params>
-__device__ __forceinline__ bool merge_pieces(const Params& p, const Tile& tl, float (&o)[Cfg::kHeadDim / 2],
+__device__ __forceinline__ bool merge_pieces(const Params& p, const Tile& tl, float (&o)[Cfg::kHeadDimV / 2],
                                              numerics::RowState (&rows)[2], int consumer, int t, int rank) {
-  constexpr int kVec = Cfg::kHeadDim / 8 + 1;  // float4s a thread: O, then max0, max1, sum0, sum1
+  constexpr int kVec = Cfg::kHeadDimV / 8 + 1;  // float4s a thread: O, then max0, max1, sum0, sum1
   const uint32_t bar_id = own_barrier<Cfg>(consumer);
   const int64_t slot = (int64_t(tl.tail) * kCluster + rank) * Cfg::kConsumers + consumer;
   auto partial = [&](int piece) {
@@ -377,7 +377,7 @@ __device__ __forceinline__ bool merge_pieces(const Params& p, const Tile& tl, fl
   };
   float4* mine = partial(tl.piece);
 #pragma unroll
-  for (int j = 0; j < Cfg::kHeadDim / 8; ++j)
+  for (int j = 0; j < Cfg::kHeadDimV / 8; ++j)
     __stcg(mine + 128 * j, make_float4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]));
   __stcg(mine + 128 * (kVec - 1), make_float4(rows[0].max, rows[1].max, rows[0].sum, rows[1].sum));
   // Each thread's partials are released (fence) before the barrier that precedes thread 0's
@@ -404,7 +404,7 @@ __device__ __forceinline__ bool merge_pieces(const Params& p, const Tile& tl, fl
   }
   float sum[2] = {0.0f, 0.0f};
 #pragma unroll
-  for (int j = 0; j < Cfg::kHeadDim / 2; ++j) o[j] = 0.0f;
+  for (int j = 0; j < Cfg::kHeadDimV / 2; ++j) o[j] = 0.0f;
   for (int i = 0; i < tl.pieces; ++i) {
     const float4* src = partial(i);
     const float4 st = __ldcg(src + 128 * (kVec - 1));
@@ -414,7 +414,7 @@ __device__ __forceinline__ bool merge_pieces(const Params& p, const Tile& tl, fl
     sum[0] += w0 * st.z;
     sum[1] += w1 * st.w;
 #pragma unroll
-    for (int j = 0; j < Cfg::kHeadDim / 8; ++j) {
+    for (int j = 0; j < Cfg::kHeadDimV / 8; ++j) {
       const float4 v = __ldcg(src + 128 * j);
       o[4 * j] += w0 * v.x;
       o[4 * j + 1] += w0 * v.y;

@@ -39,6 +39,23 @@ template <bool kBF16, int kBlockN = 112>
 using D192Config = FwdConfig<192, kBlockN, kBlockN == 112 ? sched::sm90_fwd_d192::kKVStages : 3, kBF16, 0, 2, true,
                              true, false, false, false, true>;
 
+// A configuration of Base with a narrower value side, kDv columns of V and O (DeepSeek's 192 / 128):
+// P V's GEMM N = kDv, O's registers kDv / 2 a thread, V blocks of kDv / 64 chunks in slots of
+// Base's size (the shared layout stays Base's), O stored by maps of kDv columns. Only where
+// FwdParams::v_cols says so (launch_forward refuses other widths).
+template <class Base, int kDv>
+struct ValueDimConfig : Base {
+  static_assert(kDv % Base::kAtomCols == 0 && kDv < Base::kHeadDim, "a value side of whole chunks, narrower");
+  static constexpr int kHeadDimV = kDv;
+  static constexpr int kVChunks = kDv / Base::kAtomCols;
+  static constexpr int kVBytes = Base::kBlockN * kDv * 2;
+};
+
+// 192 / 128 on d192's tiles (detail::native_value_dim, with set_forward_v128): O 64 registers a
+// thread where d192's holds 96.
+template <bool kBF16>
+using D192V128Config = ValueDimConfig<D192Config<kBF16>, 128>;
+
 // d256 keeps O (128 fp32 registers a thread) beside a narrow S: 80-key blocks, or 64 under a causal
 // or window bound where the key ranges are short. O is staged in each tile's last K/V slots (no
 // other shared memory is left for it); the K/V ring depth the solver's
@@ -75,7 +92,9 @@ Status with_shipped_config(const detail::FwdParams& a, F&& f) {
         default: return f.template operator()<D64Config<kBF16, 3>>();
       }
     case 128: return f.template operator()<D128Config<kBF16>>();
-    case 192: return f.template operator()<D192Config<kBF16>>();
+    case 192:
+      if (a.v_cols == 128) return f.template operator()<D192V128Config<kBF16>>();
+      return f.template operator()<D192Config<kBF16>>();
     case 256:
       switch (d256_block_keys(a)) {
         case 128: return f.template operator()<D256SerialConfig<kBF16>>();
@@ -99,7 +118,9 @@ Status with_varlen_config(const detail::FwdParams& a, F&& f) {
       if (d64_consumers(a) == 2) return f.template operator()<D64Config<kBF16, 2>>();
       return f.template operator()<D64Config<kBF16, 3>>();
     case 128: return f.template operator()<D128Config<kBF16>>();
-    case 192: return f.template operator()<D192Config<kBF16>>();
+    case 192:
+      if (a.v_cols == 128) return f.template operator()<D192V128Config<kBF16>>();
+      return f.template operator()<D192Config<kBF16>>();
     case 256:
       if (tiles_of_one_length(a)) return f.template operator()<D256Config<80, kBF16>>();
       return f.template operator()<D256Config<64, kBF16>>();
@@ -113,6 +134,7 @@ Status with_varlen_config(const detail::FwdParams& a, F&& f) {
 // one length leave the grid idle (decoding over long keys).
 template <class Base>
 struct SoftcapConfig : Base {
+  static_assert(Base::kHeadDimV == Base::kHeadDim, "soft-capped kernels of one head dim (detail::native_value_dim)");
   static constexpr bool kSoftcap = true;
   // The cap's reciprocal on the FMA pipe (softcap_score: a MUFU op less a score) in the kernels
   // that gain by it (fwd_kernel.cuh, cap_recip_on_fma), but at d256, where its registers in flight
@@ -131,6 +153,7 @@ struct PagedConfig : Base {
   static constexpr bool kPagedKV = true;
   static constexpr bool kPageLanes = kLanes;
   static_assert(Base::kConsumers == 2, "a paged cache's kernels run on two consumers");
+  static_assert(Base::kHeadDimV == Base::kHeadDim, "a paged cache's kernels of one head dim (detail::native_value_dim)");
   // The page lanes' hand-over (fwd_kernel.cuh, PagedLoads), after the barriers.
   static constexpr int kPagedOffset = Base::kBarOffset + Base::kBarBytes;
   static constexpr int kSmemBytes = Base::kSmemBytes + 128;

@@ -169,6 +169,11 @@ struct FwdConfig {
                 "setmaxnreg would ask for more registers than the CTA's pool");
   static constexpr int kAtomCols = 64;  // a 128-byte swizzle atom holds 64 16-bit columns
   static constexpr int kChunks = kHeadDim / kAtomCols;
+  // The value side (V, O): head_dim's here; ValueDimConfig (fwd_configs.cuh) narrows it. A V block
+  // loads kVChunks chunks (kVBytes) into a slot of kKVBytes, so the shared layout stays the same.
+  static constexpr int kHeadDimV = kHeadDim;
+  static constexpr int kVChunks = kChunks;
+  static constexpr int kVBytes = kBlockN_ * kHeadDim * 2;
 
   // Shared memory: Q tile, K ring, V ring (each as [chunk][row][64], 1024-byte aligned), barriers.
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
@@ -585,7 +590,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   static_assert(!kCausal || kBounded, "the causal kernel is a bounded one");
   static_assert(kCluster == 1 || Cfg::kBlockN / 2 * 128 % 1024 == 0, "a K/V half must keep 1024-byte alignment");
   using namespace fa4::ptx;
-  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim, kHeadDimV = Cfg::kHeadDimV;
   // O staged in the last K/V slots (FwdConfig::kStageOInKV) in whole-tile kernels; stream-K pieces
   // store from registers. With one CTA a unit the next turn's id is rebuilt at each use. Both keep
   // ptxas from spilling around the epilogue's register peak (ptxas -v, docs/perf-notes.md).
@@ -891,7 +896,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const int hi = min(kBlockN, at.z - first) * 128;
           for (int b = (at.y - first) * 128 + lane * 16; b < hi; b += 31 * 16)
 #pragma unroll
-            for (int c = 0; c < Cfg::kChunks; ++c) st_shared_v4_f32(base + c * kBlockN * 128 + b, 0.f, 0.f, 0.f, 0.f);
+            for (int c = 0; c < Cfg::kVChunks; ++c) st_shared_v4_f32(base + c * kBlockN * 128 + b, 0.f, 0.f, 0.f, 0.f);
           fence_proxy_async_smem();  // the consumers' wgmma (async proxy) reads these stores
           mbar_arrive(&bar.v_zeroed);
           if (lane == 0) {
@@ -924,11 +929,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // One tile by TMA: its 64-column chunks, `rows` rows each, from row `row` of (head, batch);
       // with `once` (Q: FwdConfig::kQOEvictFirst) its lines are marked evict_first in L2. The policy
       // is made at each use: held through the loop it spilled in the producer's registers.
+      // `chunks`: the tile's (Cfg::kChunks, or a V block's Cfg::kVChunks).
       auto load_tile = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* full, uint32_t bytes, int rows,
-                           int row, int head, int batch, bool once) {
+                           int row, int head, int batch, bool once, int chunks = Cfg::kChunks) {
         mbar_arrive_expect_tx(full, bytes);
 #pragma unroll
-        for (int c = 0; c < Cfg::kChunks; ++c) {
+        for (int c = 0; c < chunks; ++c) {
           if (once)
             tma_load_4d_hint(dst + c * rows * 128, map, full, c * 64, row, head, batch, l2_policy_evict_first());
           else
@@ -947,7 +953,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         st_shared_b32(smem_addr(&pl.sent[k]), uint32_t(n + 1));
         mbar_arrive(&pl.req_full[k]);  // (release: the request before it)
       };
-      auto load_kv = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* full, int row, int head, int batch) {
+      // v: a V block (Cfg::kVChunks of its slot's chunks, Cfg::kVBytes), else a K block.
+      auto load_kv = [&](uint8_t* dst, const CUtensorMap* map, uint64_t* full, int row, int head, int batch, bool v) {
+        const int chunks = v ? Cfg::kVChunks : Cfg::kChunks;
+        const uint32_t bytes = v ? Cfg::kVBytes : Cfg::kKVBytes;
         if constexpr (kPaged) {
           // Paged: the block to the page lanes (PagedLoads), its bytes expected here; without
           // them (kPageLanes false) the block lies on one page (pages of kBlockN rows or more),
@@ -955,7 +964,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if constexpr (!kPageLanes) {
             const int page = min(max(__ldg(p.block_table + batch * p.table_stride + (row >> p.page_shift)), 0),
                                  p.num_pages - 1);
-            load_tile(dst, map, full, Cfg::kKVBytes, kBlockN, row & ((1 << p.page_shift) - 1), head, page, false);
+            load_tile(dst, map, full, bytes, kBlockN, row & ((1 << p.page_shift) - 1), head, page, false, chunks);
             return;
           }
           // (The slot's empty wait and the bytes expected are the page lanes': the request goes
@@ -967,6 +976,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           return;
         }
         if constexpr (folded_kv<Cfg>()) {
+          static_assert(Cfg::kHeadDimV == Cfg::kHeadDim, "folded K/V: one box of every chunk of either");
           mbar_arrive_expect_tx(full, Cfg::kKVBytes);
           if constexpr (kCluster == 1) {
             tma_load_5d(dst, map, full, 0, row, 0, head, batch);
@@ -977,12 +987,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                   head, batch, uint16_t(0b11));
           }
         } else if constexpr (kCluster == 1) {
-          load_tile(dst, map, full, Cfg::kKVBytes, kBlockN, row, head, batch, false);
+          load_tile(dst, map, full, bytes, kBlockN, row, head, batch, false, chunks);
         } else {
           constexpr int kHalf = kBlockN / 2;
-          mbar_arrive_expect_tx(full, Cfg::kKVBytes);
+          mbar_arrive_expect_tx(full, bytes);
 #pragma unroll
-          for (int c = 0; c < Cfg::kChunks; ++c)
+          for (int c = 0; c < chunks; ++c)
             tma_load_4d_multicast(dst + c * kBlockN * 128 + rank * kHalf * 128, map, full, c * 64, row + rank * kHalf,
                                   head, batch, uint16_t(0b11));
         }
@@ -1147,7 +1157,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(0);
             if constexpr (!kPageLanes) wait_empty(&bar.k_empty[w.stage], w.phase ^ 1);  // (else the lanes')
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(1);
-            load_kv(sK + w.stage * Cfg::kKVBytes, &p.tm_k, &bar.k_full[w.stage], kv_row + nb * kBlockN, h_kv, kv_batch);
+            load_kv(sK + w.stage * Cfg::kKVBytes, &p.tm_k, &bar.k_full[w.stage], kv_row + nb * kBlockN, h_kv, kv_batch,
+                    false);
           }
           if (loads_v) {
             if constexpr (traced<Cfg>(kTraceStep)) tr.stamp(2);
@@ -1166,7 +1177,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               st_shared_b32(smem_addr(&bar.v_tail_at.z), uint32_t(ld_shared(&bar.v_tail_next.y)));
               full = &bar.v_tail;  // (the load's arrive releases these stores)
             }
-            load_kv(dst, &p.tm_v, full, kv_row + nb * kBlockN, h_kv, kv_batch);
+            load_kv(dst, &p.tm_v, full, kv_row + nb * kBlockN, h_kv, kv_batch, true);
           }
           if constexpr (traced<Cfg>(kTraceStep)) tr.next();
           w.advance();
@@ -1225,7 +1236,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   constexpr int kMaskRows = kConsumerMask ? 64 : kBlockM;
   const int mask_rows_at = kConsumerMask ? consumer * 64 : 0;
 
-  float o[kHeadDim / 2];
+  float o[kHeadDimV / 2];
   float s[kBlockN / 2];
   // With kTensorRowSum: P times ones, the row sums (rows r and r + 8 in [0] and [2], all columns alike).
   float lsum[4];
@@ -1286,10 +1297,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // k-step kk of O += P V, with V's descriptor b for that step.
   auto pv_step = [&](int kk, uint64_t b, const uint32_t(&pv)[kBlockN / 4]) {
     if constexpr (Cfg::kSmemP) {
-      wgmma::mma_ss_tb<kHeadDim, kType>(o, wgmma::desc_advance(p_desc, (kk / 4) * kBlockM * 128 + (kk % 4) * 32), b, 1);
+      wgmma::mma_ss_tb<kHeadDimV, kType>(o, wgmma::desc_advance(p_desc, (kk / 4) * kBlockM * 128 + (kk % 4) * 32), b, 1);
     } else {
       const uint32_t a[4] = {pv[4 * kk], pv[4 * kk + 1], pv[4 * kk + 2], pv[4 * kk + 3]};
-      wgmma::mma_rs<kHeadDim, kType>(o, a, b, 1);
+      wgmma::mma_rs<kHeadDimV, kType>(o, a, b, 1);
       if constexpr (Cfg::kTensorRowSum) wgmma::mma_rs_kb<8, kType>(lsum, a, ones_desc, 1);
     }
   };
@@ -1532,7 +1543,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         return n;
     };
 #pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.0f;
+    for (int i = 0; i < kHeadDimV / 2; ++i) o[i] = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) lsum[i] = 0.0f;
     // (with the query heads' sinks, where given, in a tile's first piece)

@@ -112,7 +112,7 @@ TailScratchLayout tail_scratch_layout(const TileOrder& order) {
   const int64_t tails = order.count - order.full;
   const int64_t consumers = tails * order.cluster * Cfg::kConsumers;
   return {size_t(consumers) * sizeof(int),
-          size_t(consumers) * order.max_pieces * 128 * (Cfg::kHeadDim / 2 + 4) * sizeof(float)};
+          size_t(consumers) * order.max_pieces * 128 * (Cfg::kHeadDimV / 2 + 4) * sizeof(float)};
 }
 
 // Whether batched tensors' entries have keys of their own, the first seqused_k[b] of seqlen_k
@@ -622,20 +622,27 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
   // a box's columns past it with zeros. A folded box (of every 64-column chunk) would read the
   // next head's columns there, so those maps take only whole tensors.
   const int qk_cols = a.qk_cols > 0 ? a.qk_cols : a.head_dim, v_cols = a.v_cols > 0 ? a.v_cols : a.head_dim;
-  if ((Cfg::kFoldedQO || folded_kv<Cfg>() || Cfg::kHeadDim > 128) && (qk_cols != a.head_dim || v_cols != a.head_dim))
+  // A configuration of a narrower value side (ValueDimConfig: Cfg::kHeadDimV) takes v and o of
+  // exactly that many columns, the others v_cols of at most head_dim.
+  if (v_cols > a.head_dim || (Cfg::kHeadDimV != Cfg::kHeadDim && v_cols != Cfg::kHeadDimV))
+    return {StatusCode::kNotSupported, "v_cols = " + std::to_string(v_cols) + ": this configuration's value side is " +
+                                           std::to_string(Cfg::kHeadDimV) + " columns"};
+  const int v_dim = Cfg::kHeadDimV != Cfg::kHeadDim ? Cfg::kHeadDimV : a.head_dim;  // (v's and o's whole tensors)
+  if ((Cfg::kFoldedQO || folded_kv<Cfg>() || Cfg::kHeadDim > 128) && (qk_cols != a.head_dim || v_cols != v_dim))
     return {StatusCode::kNotSupported, "qk_cols = " + std::to_string(qk_cols) + ", v_cols = " + std::to_string(v_cols) +
                                            ": this configuration's folded boxes take tensors of head_dim = " +
-                                           std::to_string(a.head_dim) + " columns"};
-  auto map_qo = [&](CUtensorMap* map, const void* base, const int64_t(&stride)[3], int rows, int cols) {
+                                           std::to_string(a.head_dim) + " columns (v and o " + std::to_string(v_dim) + ")"};
+  // `whole`: the folded map's columns (a tensor's whole row: head_dim for q, v_dim for o).
+  auto map_qo = [&](CUtensorMap* map, const void* base, const int64_t(&stride)[3], int rows, int cols, int whole) {
     if (a.fold > 0)
       return ptx::make_tensor_map_16bit_sw128(
           map, base, ptx::bshd_query_group_spec(stride, a.batch, a.seqlen_q >> a.fold, a.heads_q << a.fold,
-                                                Cfg::kFoldedQO ? a.head_dim : cols, rows, a.fold, Cfg::kFoldedQO));
+                                                Cfg::kFoldedQO ? whole : cols, rows, a.fold, Cfg::kFoldedQO));
     return Cfg::kFoldedQO
-               ? ptx::map_bshd_16bit_sw128_folded(map, base, stride, mp.batch, mp.seqlen_q, a.heads_q, a.head_dim, rows)
+               ? ptx::map_bshd_16bit_sw128_folded(map, base, stride, mp.batch, mp.seqlen_q, a.heads_q, whole, rows)
                : ptx::map_bshd_16bit_sw128(map, base, stride, mp.batch, mp.seqlen_q, a.heads_q, cols, rows);
   };
-  const int rq = map_qo(&k.tm_q, a.q, mp.q_stride, Cfg::kFoldedQO ? 64 : Cfg::kBlockM, qk_cols);
+  const int rq = map_qo(&k.tm_q, a.q, mp.q_stride, Cfg::kFoldedQO ? 64 : Cfg::kBlockM, qk_cols, a.head_dim);
   // K or V; folded (folded_kv): boxes of the whole block's rows, of every chunk or, with clusters,
   // of this CTA's half of them.
   auto map_kv = [&](CUtensorMap* map, const void* base, const int64_t(&stride)[3], int cols) {
@@ -644,7 +651,7 @@ Status launch_forward(const detail::FwdParams& a, cudaStream_t stream, uint64_t*
                             : ptx::map_bshd_16bit_sw128(map, base, stride, kv_batches, kv_rows, a.heads_kv, cols, kv_box);
   };
   const int rk = map_kv(&k.tm_k, a.k, mp.k_stride, qk_cols), rv = map_kv(&k.tm_v, a.v, mp.v_stride, v_cols);
-  const int ro = Cfg::kTmaStoreO ? map_qo(&k.tm_o, a.o, mp.o_stride, 64, v_cols) : 0;
+  const int ro = Cfg::kTmaStoreO ? map_qo(&k.tm_o, a.o, mp.o_stride, 64, v_cols, v_dim) : 0;
   if (rq || rk || rv || ro)
     return {StatusCode::kNotSupported, "cuTensorMapEncodeTiled refused a tensor (driver error " +
                                            std::to_string(rq ? rq : rk ? rk : rv ? rv : ro) + ")"};

@@ -74,6 +74,10 @@ Status launch_decode(const FwdParams& a, cudaStream_t stream) {
 
 Status sm90_forward_decode(const FwdParams& a, cudaStream_t stream) {
   if (!sm90::decode_runs(a)) return {StatusCode::kNotSupported, "the decoding kernel does not run this call"};
+  if (a.qk_cols > a.head_dim || a.v_cols > a.head_dim)
+    return {StatusCode::kNotSupported, "qk_cols = " + std::to_string(a.qk_cols) + ", v_cols = " +
+                                           std::to_string(a.v_cols) + ": the decoding kernel reads at most head_dim = " +
+                                           std::to_string(a.head_dim) + " columns"};
   const bool bf16 = a.dtype == DType::kBF16;
   if (a.head_dim == 64) return bf16 ? launch_decode<64, true>(a, stream) : launch_decode<64, false>(a, stream);
   return bf16 ? launch_decode<128, true>(a, stream) : launch_decode<128, false>(a, stream);
