@@ -44,4 +44,29 @@ TEST(ForwardModel, D256GraphHoldsTheKernelsSharedMemory) {
   EXPECT_GT(D256::kQBytes + 3 * 2 * D256::kKVBytes, D256::kSmemLimit);
 }
 
+// d192 and its 128-column value side (D192V128Config): the same slots (a V block of two chunks in a
+// slot of K's size), the ring depth of d192's header, which the v128 graph's solve also takes.
+TEST(ForwardModel, D192GraphsHoldTheKernelsSharedMemory) {
+  using D192 = fa4::sm90::D192Config<true>;
+  using V128 = fa4::sm90::D192V128Config<true>;
+  for (const char* graph : {"sm90_fwd_d192", "sm90_fwd_d192_v128"}) {
+    SCOPED_TRACE(graph);
+    const SmemModel m = read_model(graph);
+    EXPECT_EQ(m.capacity, D192::kSmemLimit);
+    EXPECT_EQ(m.slot.at("Q"), D192::kQBytes);
+    EXPECT_EQ(m.slot.count("O"), 0u);
+    EXPECT_EQ(m.slot.at("KV"), 2 * D192::kKVBytes);
+  }
+  EXPECT_TRUE(D192::kStageOInKV);
+  EXPECT_EQ(D192::kStages, fa4::sched::sm90_fwd_d192::kKVStages);
+  EXPECT_EQ(V128::kStages, D192::kStages);
+  EXPECT_EQ(V128::kSmemBytes, D192::kSmemBytes);
+  EXPECT_EQ(V128::kHeadDimV, 128);
+  EXPECT_EQ(V128::kVChunks, 2);
+  EXPECT_EQ(V128::kVBytes, D192::kBlockN * 128 * 2);
+  EXPECT_LE(2 * 64 * V128::kHeadDimV, V128::kKVBytes) << "a consumer's O staged in a K/V slot";
+  EXPECT_EQ(D192::kHeadDimV, 192);
+  EXPECT_EQ(D192::kVBytes, D192::kKVBytes);
+}
+
 }  // namespace

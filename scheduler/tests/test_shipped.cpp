@@ -221,6 +221,18 @@ TEST(Sm90ForwardD192, TensorCoreBoundWithTwoStages) {
   EXPECT_TRUE(check_schedule(g, sol.schedule).empty());
 }
 
+// 192 / 128 (sm90_fwd_d192_v128.graph: P V over 128 columns, 448 cycles where d192's take 672): the
+// tensor core still binds, at 2240, five sixths of d192's step, on the same two K/V stages.
+TEST(Sm90ForwardD192V128, TensorCoreBoundAtFiveSixthsOfD192sStep) {
+  const Graph g = shipped("sm90_fwd_d192_v128");
+  const Solution sol = solve(g);
+  EXPECT_EQ(sol.bounds.res_mii, 2 * 672 + 2 * 448);
+  EXPECT_EQ(g.units[sol.bounds.res_unit].name, "tc");
+  EXPECT_EQ(sol.schedule.ii, sol.bounds.res_mii);
+  EXPECT_EQ(sol.schedule.slots[g.find_buffer("KV")], 2);
+  EXPECT_TRUE(check_schedule(g, sol.schedule).empty());
+}
+
 // The d256 serial step (sm90_fwd_d256_serial.graph: 128-key blocks, K and V in rings of their own,
 // S_{j+1} after P_j V_j): the tensor core binds at its four GEMMs, the consumer's chain S -> softmax
 // -> P V -> next S under it; one K slot and one V slot are the fewest that keep that II (the
