@@ -260,11 +260,14 @@ TEST(Validation, KernelHeadDimIsTheNextWithAKernelInThatPass) {
 // the workspace sized for them; off again, 256's. The forward and e4m3 do not follow it.
 TEST(Validation, BackwardD192SwitchMovesTheBackwardsKernelHeadDim) {
   using fa4::detail::Pass;
-  EXPECT_TRUE(fa4::detail::backward_d192_from_env("1"));
-  for (const char* v : {static_cast<const char*>(nullptr), "", "0", "yes", "10", " 1"})
-    EXPECT_FALSE(fa4::detail::backward_d192_from_env(v)) << (v ? v : "(unset)");
-  if (const char* env = std::getenv("FA4_BACKWARD_D192"); env == nullptr || std::string(env) != "1")
-    ASSERT_FALSE(fa4::detail::backward_d192()) << "off by default";
+  for (bool by_default : {false, true}) {
+    EXPECT_TRUE(fa4::detail::kernel_switch_from_env("1", by_default));
+    EXPECT_FALSE(fa4::detail::kernel_switch_from_env("0", by_default));
+    for (const char* v : {static_cast<const char*>(nullptr), "", "yes", "10", " 1", "00"})
+      EXPECT_EQ(fa4::detail::kernel_switch_from_env(v, by_default), by_default) << (v ? v : "(unset)");
+  }
+  if (std::getenv("FA4_BACKWARD_D192") == nullptr)
+    ASSERT_EQ(fa4::detail::backward_d192(), fa4::detail::kBackwardD192ByDefault) << "the default";
   Problem p = valid_problem();
   p.head_dim = 160;
   int64_t off_bytes = 0, on_bytes = 0;
@@ -314,8 +317,8 @@ TEST(Validation, BackwardD192SwitchMovesTheBackwardsKernelHeadDim) {
 // over copies; no other pair of head dims; off again, copies.
 TEST(Validation, ForwardV128SwitchKeepsDeepSeeksValueSide) {
   using fa4::detail::Pass;
-  if (const char* env = std::getenv("FA4_FORWARD_V128"); env == nullptr || std::string(env) != "1")
-    ASSERT_FALSE(fa4::detail::forward_v128()) << "off by default";
+  if (std::getenv("FA4_FORWARD_V128") == nullptr)
+    ASSERT_EQ(fa4::detail::forward_v128(), fa4::detail::kForwardV128ByDefault) << "the default";
   Problem p = valid_problem();
   p.head_dim = 192, p.head_dim_v = 128;
   {

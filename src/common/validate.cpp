@@ -596,16 +596,21 @@ Status validate_problem(const Problem& p) {
   return check_window("window_right", p.window_right);
 }
 
-bool backward_d192_from_env(const char* value) { return value != nullptr && std::strcmp(value, "1") == 0; }
+bool kernel_switch_from_env(const char* value, bool by_default) {
+  if (value != nullptr && std::strcmp(value, "1") == 0) return true;
+  if (value != nullptr && std::strcmp(value, "0") == 0) return false;
+  return by_default;
+}
 
 namespace {
-// The switches, FA4_BACKWARD_D192's and FA4_FORWARD_V128's values the first time each is asked.
+// The switches' defaults (validate.h: set_backward_d192, set_forward_v128), and their settings,
+// FA4_BACKWARD_D192's and FA4_FORWARD_V128's values over those the first time each is asked.
 std::atomic<bool>& backward_d192_switch() {
-  static std::atomic<bool> on{backward_d192_from_env(std::getenv("FA4_BACKWARD_D192"))};
+  static std::atomic<bool> on{kernel_switch_from_env(std::getenv("FA4_BACKWARD_D192"), kBackwardD192ByDefault)};
   return on;
 }
 std::atomic<bool>& forward_v128_switch() {
-  static std::atomic<bool> on{backward_d192_from_env(std::getenv("FA4_FORWARD_V128"))};
+  static std::atomic<bool> on{kernel_switch_from_env(std::getenv("FA4_FORWARD_V128"), kForwardV128ByDefault)};
   return on;
 }
 }  // namespace

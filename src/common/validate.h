@@ -48,19 +48,24 @@ int64_t kernel_head_dim(const Problem& p, Pass pass);
 // kernels have run on a GPU (docs/perf-notes.md, "A backward kernel of its own at d192"); the GPU
 // tests turn it on around their d192 cases. Process-wide; kernel_head_dim, padded and the
 // workspace's size follow it, so a call's size query and the call must see the same setting.
-// Until set, it is what the environment variable FA4_BACKWARD_D192 says when first asked: on for
-// "1" (backward_d192_from_env), else off.
+// Until set, it is what the environment variable FA4_BACKWARD_D192 says when first asked
+// (kernel_switch_from_env: "1" on, "0" off, else the default).
 void set_backward_d192(bool on);
 bool backward_d192();
-bool backward_d192_from_env(const char* value);
+// A kernel switch's setting from its environment variable's value: "1" on, "0" off, anything
+// else (unset, empty, other words) `by_default`.
+bool kernel_switch_from_env(const char* value, bool by_default);
 
 // Whether the 16-bit forward runs 192 / 128 on kernels of a 128-column value side (fwd_configs.cuh,
 // D192V128Config) instead of over copies of v and o padded to 192: off by default until those
 // kernels have run on a GPU (docs/perf-notes.md, "The forward at 192 / 128 without copies"); the
-// GPU tests turn it on around their cases. As set_backward_d192: process-wide, FA4_FORWARD_V128=1
-// turns it on when first asked.
+// GPU tests turn it on around their cases. As set_backward_d192: process-wide, FA4_FORWARD_V128
+// ("1" on, "0" off) sets it when first asked.
 void set_forward_v128(bool on);
 bool forward_v128();
+// Their defaults where the environment says nothing.
+inline constexpr bool kBackwardD192ByDefault = false;
+inline constexpr bool kForwardV128ByDefault = false;
 
 // Whether p's two head dims (p.value_dim() beside p.head_dim) run on kernels of their own in that
 // pass: one head dim always; 192 / 128 (DeepSeek's) in the backward with backward_d192(), in the
