@@ -221,7 +221,9 @@ TEST(Validation, HeadDimVTakesTheSameRuleAndSizesTheValueSide) {
 }
 
 TEST(Validation, KernelHeadDimIsTheNextWithAKernelInThatPass) {
-  const fa4::test::BackwardD192 off(false);  // (the default routing; FA4_BACKWARD_D192 aside)
+  // (the routing with both switches off; FA4_BACKWARD_D192 and FA4_FORWARD_V128 aside)
+  const fa4::test::BackwardD192 off(false);
+  const fa4::test::ForwardV128 v128_off(false);
   using fa4::detail::Pass;
   // head dim, the 16-bit forward's kernel head dim, the backward's (and e4m3's forward's)
   const std::array<int64_t, 3> cases[] = {{8, 64, 64},     {56, 64, 64},    {64, 64, 64},   {72, 128, 128},
@@ -240,7 +242,7 @@ TEST(Validation, KernelHeadDimIsTheNextWithAKernelInThatPass) {
     p.dtype = DType::kE4M3;
     EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kForward), bwd) << "e4m3, head_dim " << d;
   }
-  // Two head dims: the larger's kernel, and always over copies.
+  // Two head dims: the larger's kernel, and over copies (with the switches off).
   Problem p;
   p.dtype = DType::kBF16;
   p.head_dim = 192;
