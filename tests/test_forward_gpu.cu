@@ -917,6 +917,23 @@ TEST(ForwardGpu, NoRoomForLaunchScratchFallsBackToWholeTiles) {
   run_case({BF16, 3, 700, 500, 12, 12, 128, true}, 1603);
 }
 
+// Case c on single CTAs and on clusters of two, whole tiles (a stream-K tail cuts pairs and single
+// tiles differently): both pass the reference check and agree bit for bit, O and LSE.
+void expect_clusters_alike(Case c, uint32_t seed) {
+  std::vector<double> o1, o2;
+  std::vector<float> l1, l2;
+  c.split = 1;
+  c.cluster = 1;
+  ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o1, &l1));
+  c.cluster = 2;
+  ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o2, &l2));
+  SCOPED_TRACE(c.name());
+  ASSERT_EQ(o1.size(), o2.size());
+  EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(double)), 0) << "O differs";
+  ASSERT_EQ(l1.size(), l2.size());
+  EXPECT_EQ(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)), 0) << "LSE differs";
+}
+
 TEST(ForwardGpu, ClusterPairsMatchOneCtaBitForBit) {
   FA4_REQUIRE_GPU();
   // Two CTAs of a cluster share each K/V block (each loads half, multicast to both). Same inputs
@@ -937,21 +954,7 @@ TEST(ForwardGpu, ClusterPairsMatchOneCtaBitForBit) {
       {FP16, 1, 700, 333, 8, 8, 192, false},
   };
   uint32_t seed = 900;
-  for (Case c : cases) {
-    std::vector<double> o1, o2;
-    std::vector<float> l1, l2;
-    c.split = 1;  // whole tiles: a stream-K tail cuts pairs and single tiles differently
-    c.cluster = 1;
-    ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o1, &l1));
-    c.cluster = 2;
-    ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o2, &l2));
-    ++seed;
-    SCOPED_TRACE(c.name());
-    ASSERT_EQ(o1.size(), o2.size());
-    EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(double)), 0) << "O differs";
-    ASSERT_EQ(l1.size(), l2.size());
-    EXPECT_EQ(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)), 0) << "LSE differs";
-  }
+  for (const Case& c : cases) ASSERT_NO_FATAL_FAILURE(expect_clusters_alike(c, seed++));
 }
 
 // Case c cut into stream-K pieces wherever the last round is partial (split 2), twice for the same
@@ -1047,17 +1050,8 @@ TEST(ForwardGpu, D192V128Kernels) {
     ASSERT_NO_FATAL_FAILURE(run_case(c, seed++));
   }
   for (Case c : {Case{BF16, 2, 300, 1000, 4, 2, 192, false}, Case{FP16, 1, 700, 333, 8, 8, 192, false}}) {
-    c.head_dim_v = 128, c.split = 1;
-    std::vector<double> o1, o2;
-    std::vector<float> l1, l2;
-    c.cluster = 1;
-    ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o1, &l1));
-    c.cluster = 2;
-    ASSERT_NO_FATAL_FAILURE(run_case(c, seed, &o2, &l2));
-    ++seed;
-    SCOPED_TRACE(c.name());
-    EXPECT_EQ(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(double)), 0) << "O differs";
-    EXPECT_EQ(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)), 0) << "LSE differs";
+    c.head_dim_v = 128;
+    ASSERT_NO_FATAL_FAILURE(expect_clusters_alike(c, seed++));
   }
   for (auto [cluster, ctas] : {std::pair<int, int>{1, 5}, {2, 14}}) {
     Case c{BF16, 1, 333, 2049, 4, 2, 192, false};

@@ -74,29 +74,20 @@ inline ForwardArgs fake_forward(const Problem& p) {
   return a;
 }
 
-// detail::set_backward_d192(on) for a scope; the setting before it (FA4_BACKWARD_D192's, or a
-// test's) comes back at its end.
-class BackwardD192 {
+// A process-wide kernel switch (kGet / kSet: validate.h's) set to `on` for a scope; the setting
+// before it (its environment variable's, or a test's) comes back at its end.
+template <bool (*kGet)(), void (*kSet)(bool)>
+class ScopedSwitch {
  public:
-  explicit BackwardD192(bool on) : before_(fa4::detail::backward_d192()) { fa4::detail::set_backward_d192(on); }
-  ~BackwardD192() { fa4::detail::set_backward_d192(before_); }
-  BackwardD192(const BackwardD192&) = delete;
-  BackwardD192& operator=(const BackwardD192&) = delete;
+  explicit ScopedSwitch(bool on) : before_(kGet()) { kSet(on); }
+  ~ScopedSwitch() { kSet(before_); }
+  ScopedSwitch(const ScopedSwitch&) = delete;
+  ScopedSwitch& operator=(const ScopedSwitch&) = delete;
 
  private:
   bool before_;
 };
-
-// detail::set_forward_v128(on) for a scope, likewise.
-class ForwardV128 {
- public:
-  explicit ForwardV128(bool on) : before_(fa4::detail::forward_v128()) { fa4::detail::set_forward_v128(on); }
-  ~ForwardV128() { fa4::detail::set_forward_v128(before_); }
-  ForwardV128(const ForwardV128&) = delete;
-  ForwardV128& operator=(const ForwardV128&) = delete;
-
- private:
-  bool before_;
-};
+using BackwardD192 = ScopedSwitch<&fa4::detail::backward_d192, &fa4::detail::set_backward_d192>;
+using ForwardV128 = ScopedSwitch<&fa4::detail::forward_v128, &fa4::detail::set_forward_v128>;
 
 }  // namespace fa4::test
