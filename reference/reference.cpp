@@ -281,7 +281,7 @@ ErrorStats error_stats(const std::vector<double>& out, const std::vector<double>
     if (std::isfinite(ref[n])) ref2 += ref[n] * ref[n];
     if (out[n] == ref[n]) continue;  // also the same infinity on both sides
     const double d = std::fabs(out[n] - ref[n]);
-    e.max_abs = std::max(e.max_abs, d);
+    if (d > e.max_abs) e.max_abs = d, e.max_at = n;
     diff2 += d * d;
   }
   e.rel_frobenius = diff2 == 0.0 ? 0.0 : (ref2 == 0.0 ? kInf : std::sqrt(diff2 / ref2));

@@ -118,6 +118,7 @@ Backward64 backward_lowp(const Problem& p, const std::vector<double>& q,
 struct ErrorStats {
   double max_abs = 0.0;
   double rel_frobenius = 0.0;
+  size_t max_at = 0;  // the index of an element at max_abs (0 where none differs)
 };
 ErrorStats error_stats(const std::vector<double>& out, const std::vector<double>& ref);
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -13,6 +14,14 @@
 #include "reference.h"
 
 namespace fa4::test {
+
+// Element n of a BSHD output of problem p (value_dim columns) as "b B row I head H col C".
+inline std::string where_in_o(const Problem& p, size_t n) {
+  const int64_t dv = p.value_dim(), c = int64_t(n) % dv, h = int64_t(n) / dv % p.heads_q,
+                i = int64_t(n) / dv / p.heads_q % p.seqlen_q, b = int64_t(n) / dv / p.heads_q / p.seqlen_q;
+  return "b " + std::to_string(b) + " row " + std::to_string(i) + " head " + std::to_string(h) + " col " +
+         std::to_string(c);
+}
 
 // DESIGN.md §3's criterion for a forward's O (`got`) against the float64 reference of problem p
 // on these inputs: no NaN, the largest error within twice the plain 16-bit forward's (+ 1e-3), the
@@ -26,7 +35,10 @@ inline fa4::ref::Forward64 expect_forward_matches(const Problem& p, const std::v
   const fa4::ref::ErrorStats e = fa4::ref::error_stats(got, ref.o);
   const fa4::ref::ErrorStats e_low = fa4::ref::error_stats(low.o, ref.o);
   EXPECT_FALSE(std::isnan(e.max_abs)) << "NaN in O: an element was not written or the math broke";
-  EXPECT_LE(e.max_abs, 2.0 * e_low.max_abs + 1e-3) << "plain 16-bit max error " << e_low.max_abs;
+  EXPECT_LE(e.max_abs, 2.0 * e_low.max_abs + 1e-3) << "plain 16-bit max error " << e_low.max_abs << "; worst "
+                                                    << where_in_o(p, e.max_at) << ": got " << got[e.max_at]
+                                                    << ", float64 " << ref.o[e.max_at] << ", plain 16-bit "
+                                                    << low.o[e.max_at];
   EXPECT_LE(e.rel_frobenius, 1e-2);
   return ref;
 }
