@@ -53,7 +53,7 @@ Status run_forward(const ForwardArgs& args, int qk_cols, int v_cols, cudaStream_
 }
 
 
-Status run_backward(const BackwardArgs& args, cudaStream_t stream);
+Status run_backward(const BackwardArgs& args, int qk_cols, int v_cols, cudaStream_t stream);
 
 }  // namespace
 
@@ -158,14 +158,15 @@ Status backward(const BackwardArgs& args, cudaStream_t stream) {
     if (Status d = detail::check_current_device(); !d.ok()) return d;
     return detail::backward_padded(args, stream, &run_backward);
   }
-  return run_backward(args, stream);
+  return run_backward(args, 0, 0, stream);
 }
 
 namespace {
 
 // A validated backward call at a kernel head dim, or any call with nothing to attend (its
-// gradients zeroed at the caller's head dim).
-Status run_backward(const BackwardArgs& args, cudaStream_t stream) {
+// gradients zeroed at the caller's head dim); qk_cols, v_cols: where not 0, the tensors' columns
+// (the caller's own at a head dim without a kernel, pad.h: fewer than the kernel head dim's).
+Status run_backward(const BackwardArgs& args, int qk_cols, int v_cols, cudaStream_t stream) {
   Status s;
   const Problem& p = args.problem;
   const Rows rows = rows_of(p, args.varlen);
@@ -179,18 +180,20 @@ Status run_backward(const BackwardArgs& args, cudaStream_t stream) {
   if (p.batch == 0 || (rows.q == 0 && rows.k == 0)) return Status::Ok();
   if (!(s = detail::check_current_device()).ok()) return s;
   if (rows.q > 0 && rows.k > 0) {
-    if (!(s = detail::sm90_backward(detail::make_bwd_params(args), stream)).ok() || !args.varlen.enabled()) return s;
-    // Rows outside every sequence: their gradient, 0.
+    detail::BwdParams b = detail::make_bwd_params(args);
+    b.qk_cols = qk_cols, b.v_cols = v_cols;
+    if (!(s = detail::sm90_backward(b, stream)).ok() || !args.varlen.enabled()) return s;
+    // Rows outside every sequence: their gradient, 0 (the tensors' columns only).
     const Varlen& vl = args.varlen;
+    const int64_t qk = qk_cols > 0 ? qk_cols : p.head_dim, vc = v_cols > 0 ? v_cols : p.value_dim();
     const struct {
       const char* what;
       const TensorRef& t;
       const int* cu;
       int64_t total, heads, dim;
-    } sides[] = {{"zeroing dq outside the sequences", args.dq, vl.cu_seqlens_q, vl.total_q, p.heads_q, p.head_dim},
-                 {"zeroing dk outside the sequences", args.dk, vl.cu_seqlens_k, vl.total_k, p.heads_kv, p.head_dim},
-                 {"zeroing dv outside the sequences", args.dv, vl.cu_seqlens_k, vl.total_k, p.heads_kv,
-                  p.value_dim()}};
+    } sides[] = {{"zeroing dq outside the sequences", args.dq, vl.cu_seqlens_q, vl.total_q, p.heads_q, qk},
+                 {"zeroing dk outside the sequences", args.dk, vl.cu_seqlens_k, vl.total_k, p.heads_kv, qk},
+                 {"zeroing dv outside the sequences", args.dv, vl.cu_seqlens_k, vl.total_k, p.heads_kv, vc}};
     for (const auto& x : sides) {
       const int64_t stride[3] = {x.t.batch_stride, x.t.seq_stride, x.t.head_stride};
       const cudaError_t e = detail::zero_rows_outside(x.t.data, detail::element_size(p.dtype), stride, x.cu, p.batch,

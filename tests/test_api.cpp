@@ -153,8 +153,8 @@ TEST(Api, WorkspaceSizes) {
   EXPECT_EQ(s.code, StatusCode::kInvalidArgument);
   EXPECT_NE(s.message.find("head_dim = 100"), std::string::npos) << s.message;
 
-  // A head dim without a kernel (80, on 128's): the zero-padded copies, each [rows, 128] bf16; the
-  // forward's none (its kernels read and write the tensors in place), the backward's every tensor.
+  // A head dim without a kernel (80, on 128's): no zero-padded copies, forward or backward (their
+  // kernels read and write the tensors in place); 200 (on 256's): the copies, each [rows, 256] bf16.
   f.problem.head_dim = 80;
   ASSERT_TRUE(fa4::forward_workspace_size(f, &bytes).ok());
   const size_t q_rows = 2 * 200 * 8, kv_rows = 2 * 300 * 2, row = 128 * 2;
@@ -165,8 +165,15 @@ TEST(Api, WorkspaceSizes) {
   EXPECT_EQ(bytes, (2 * q_rows + 2 * kv_rows) * 256 * 2);
   b.problem = f.problem;
   ASSERT_TRUE(fa4::backward_workspace_size(b, &bytes).ok());
-  // The kernels' dQ accumulator at 128 columns, then q, o, dout, dq and k, v, dk, dv.
-  EXPECT_EQ(bytes, size_t{2} * 256 * 8 * (128 + 2) * 4 + (4 * q_rows + 4 * kv_rows) * row);
+  EXPECT_EQ(bytes, size_t{2} * 256 * 8 * (128 + 2) * 4);  // the kernels' dQ accumulator at 128 columns
+  b.problem = wide.problem;
+  {
+    const fa4::test::BackwardD192 off(false);  // (the default routing: 200 on 256's kernels)
+    ASSERT_TRUE(fa4::backward_workspace_size(b, &bytes).ok());
+  }
+  // The accumulator at 256 columns, then q, o, dout, dq and k, v, dk, dv.
+  EXPECT_EQ(bytes, size_t{2} * 256 * 8 * (256 + 2) * 4 + (4 * q_rows + 4 * kv_rows) * 2 * row);
+  b.problem = f.problem;
   // Packed sequences: the copies of total_q and total_k rows (each rounded up to 256 bytes).
   f.varlen.cu_seqlens_q = f.varlen.cu_seqlens_k = reinterpret_cast<const int32_t*>(uintptr_t{4096});
   f.varlen.total_q = 333, f.varlen.total_k = 77;

@@ -294,11 +294,13 @@ TEST(BackwardGpu, OddSizesEveryHeadDim) {
   run_cases(cases, 1);
 }
 
-// Head dims without a kernel of their own, on the next one's over zero-padded copies
-// (common/pad.h): each kernel head dim's range, tails both ways, causal rows without keys,
-// gradients between spare heads and rows (Layout::kPadded: the copies back write only head_dim
-// columns), GQA and MQA, fp16, BHSD, windows, the deterministic mode, sinks (dsink), a soft cap, a
-// CUDA graph; the copies in the workspace and from cudaMallocAsync (also under capture).
+// Head dims without a kernel of their own, on the next one's (common/pad.h): on 64's and 128's
+// in place (BwdParams::qk_cols, v_cols: maps of the caller's columns, D's reads and every store
+// bounded), on 256's over zero-padded copies: each kernel head dim's range, tails both ways, causal
+// rows without keys, gradients between spare heads and rows (Layout::kPadded: neither the stores
+// in place nor the copies back may write past head_dim's columns), GQA and MQA, fp16, BHSD,
+// windows, the deterministic mode, sinks (dsink), a soft cap, a CUDA graph; the copies in the
+// workspace and from cudaMallocAsync (also under capture).
 TEST(BackwardGpu, PaddedHeadDims) {
   FA4_REQUIRE_GPU();
   std::vector<Case> cases;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -295,18 +296,59 @@ TEST(PadPlan, Fp8InputsOfOneByteAndABf16Output) {
                          kB * kSq * kHq * 128 * 2);
 }
 
+// On the backward kernels of 64 and 128 every tensor is read and written where it is: no copies,
+// the caller's columns handed on (BwdParams::qk_cols, v_cols), the workspace the accumulator's at
+// the kernel head dim alone.
+TEST(PadPlan, BackwardInPlaceOnTheKernelsOf64And128) {
+  const fa4::test::BackwardD192 off(false);  // (the default routing)
+  for (const auto& [d, dv, k] : {std::tuple{72, 72, 128}, {40, 40, 64}, {8, 8, 64}, {64, 128, 128}, {128, 64, 128},
+                                 {40, 72, 128}, {120, 120, 128}}) {
+    SCOPED_TRACE(std::to_string(d) + " / " + std::to_string(dv));
+    BackwardArgs a;
+    a.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, d);
+    a.problem.head_dim_v = dv == d ? 0 : dv;
+    a.q = a.dq = fa4::bshd(fake(0), kSq, kHq, d);
+    a.o = a.dout = fa4::bshd(fake(2), kSq, kHq, dv);
+    a.k = a.dk = fa4::bshd(fake(1), kSk, kHkv, d);
+    a.v = a.dv = fa4::bshd(fake(3), kSk, kHkv, dv);
+    a.workspace = fake(7);
+    a.workspace_bytes = 12345;
+    const auto c = fa4::detail::pad_backward(a, fake(8));
+    EXPECT_EQ(c.count, 0);
+    EXPECT_EQ(c.bytes, 0);
+    EXPECT_EQ(c.qk_cols, d);
+    EXPECT_EQ(c.v_cols, dv);
+    EXPECT_EQ(c.args.problem.head_dim, k);
+    EXPECT_EQ(c.args.problem.head_dim_v, 0);
+    EXPECT_FLOAT_EQ(c.args.problem.softmax_scale, float(1.0 / std::sqrt(double(d))));
+    EXPECT_EQ(c.args.q.data, a.q.data);
+    EXPECT_EQ(c.args.dv.data, a.dv.data);
+    EXPECT_EQ(c.args.dv.seq_stride, a.dv.seq_stride);
+    EXPECT_EQ(c.args.workspace, a.workspace);
+    int64_t accum = 0;
+    ASSERT_TRUE(fa4::detail::dq_accum_bytes(a.problem, &accum));
+    EXPECT_EQ(accum, kB * 128 * kHq * (k + 2) * 4);
+    size_t bytes = 0;
+    ASSERT_TRUE(fa4::backward_workspace_size(a, &bytes).ok());
+    EXPECT_EQ(int64_t(bytes), fa4::detail::backward_pad_offset(a.problem)) << "the accumulator alone";
+  }
+}
+
 TEST(PadPlan, BackwardCopiesFiveInThreeOutAfterTheAccumulator) {
+  const fa4::test::BackwardD192 off(false);  // (the default routing: 200 on 256's kernels)
   BackwardArgs a;
-  a.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, 72);
-  a.q = a.o = a.dout = a.dq = fa4::bshd(fake(0), kSq, kHq, 72);
-  a.k = a.v = a.dk = a.dv = fa4::bshd(fake(1), kSk, kHkv, 72);
+  a.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, 200);
+  a.q = a.o = a.dout = a.dq = fa4::bshd(fake(0), kSq, kHq, 200);
+  a.k = a.v = a.dk = a.dv = fa4::bshd(fake(1), kSk, kHkv, 200);
   a.workspace = fake(7);
   a.workspace_bytes = 12345;
   const auto c = fa4::detail::pad_backward(a, fake(8));
   ASSERT_EQ(c.count, 8);
+  EXPECT_EQ(c.qk_cols, 0);
+  EXPECT_EQ(c.v_cols, 0);
   EXPECT_EQ(c.args.workspace, a.workspace);  // the kernels' dQ accumulator
   EXPECT_EQ(c.args.workspace_bytes, a.workspace_bytes);
-  EXPECT_EQ(c.args.problem.head_dim, 128);
+  EXPECT_EQ(c.args.problem.head_dim, 256);
   const char* names[] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv"};
   for (int i = 0; i < 8; ++i) {
     EXPECT_STREQ(c.copies[i].name, names[i]);
@@ -314,10 +356,10 @@ TEST(PadPlan, BackwardCopiesFiveInThreeOutAfterTheAccumulator) {
     EXPECT_EQ(c.copies[i].out, i >= 5) << names[i];
   }
   EXPECT_EQ(c.args.dq.data, c.copies[5].padded);
-  // The copies start past the accumulator at 128 columns, rounded to 256 bytes.
+  // The copies start past the accumulator at 256 columns, rounded to 256 bytes.
   int64_t accum = 0;
   ASSERT_TRUE(fa4::detail::dq_accum_bytes(a.problem, &accum));
-  EXPECT_EQ(accum, kB * 128 * kHq * (128 + 2) * 4);
+  EXPECT_EQ(accum, kB * 128 * kHq * (256 + 2) * 4);
   EXPECT_EQ(fa4::detail::backward_pad_offset(a.problem), (accum + 255) / 256 * 256);
   size_t bytes = 0;
   ASSERT_TRUE(fa4::backward_workspace_size(a, &bytes).ok());
@@ -361,16 +403,13 @@ TEST(PadPlan, TwoHeadDimsOnTheLargersKernel) {
   b.k = b.dk = fa4::bshd(fake(1), kSk, kHkv, 128);
   const auto g = fa4::detail::pad_backward(b, fake(8));
   EXPECT_EQ(g.args.problem.head_dim, 128);
-  // q, k, dq and dk are already 128 wide: the kernels take the caller's; the value side is copied.
-  ASSERT_EQ(g.count, 4);
-  const char* names[] = {"v", "o", "dout", "dv"};
-  for (int i = 0; i < 4; ++i) {
-    EXPECT_STREQ(g.copies[i].name, names[i]);
-    EXPECT_EQ(g.copies[i].cols, 64) << names[i];
-  }
+  // On d128's kernels every tensor is taken as it is, the value side's 64 columns handed on.
+  EXPECT_EQ(g.count, 0);
+  EXPECT_EQ(g.qk_cols, 128);
+  EXPECT_EQ(g.v_cols, 64);
   EXPECT_EQ(g.args.q.data, b.q.data);
   EXPECT_EQ(g.args.dk.seq_stride, b.dk.seq_stride);
-  EXPECT_EQ(g.bytes, (2 * kB * kSk * kHkv + 2 * kB * kSq * kHq) * 128 * 2);
+  EXPECT_EQ(g.bytes, 0);
   // The dQ accumulator at the kernel head dim (128), not at either of the caller's.
   int64_t accum = 0;
   ASSERT_TRUE(fa4::detail::dq_accum_bytes(b.problem, &accum));
@@ -623,12 +662,16 @@ void emulate_padded_call(int64_t d, int64_t dv, bool bhsd) {
   const int64_t G = fa4::detail::kernel_head_dim(p, fa4::detail::Pass::kBackward);  // (192: 256's, or 192's with set_backward_d192)
   ASSERT_EQ(gcall.args.problem.head_dim, G);
   emulate_set(gcall, true, G);
-  const auto kg = fa4::ref::backward(gcall.args.problem, read(gcall.args.q, B, SQ, HQ, G),
-                                     read(gcall.args.k, B, SK, HKV, G), read(gcall.args.v, B, SK, HKV, G),
-                                     read(gcall.args.dout, B, SQ, HQ, G));
-  write(gcall.args.dq, B, SQ, HQ, G, kg.dq);
-  write(gcall.args.dk, B, SK, HKV, G, kg.dk);
-  write(gcall.args.dv, B, SK, HKV, G, kg.dv);
+  // On 64's and 128's kernels the caller's tensors, read and written at their own columns.
+  EXPECT_EQ(gcall.qk_cols > 0, G <= 128) << "every tensor in place on the kernels of 64 and 128";
+  const int64_t gqk = gcall.qk_cols > 0 ? gcall.qk_cols : G, gv = gcall.v_cols > 0 ? gcall.v_cols : G;
+  const auto kg = fa4::ref::backward(gcall.args.problem, kernel_read(gcall.args.q, B, SQ, HQ, gqk, G),
+                                     kernel_read(gcall.args.k, B, SK, HKV, gqk, G),
+                                     kernel_read(gcall.args.v, B, SK, HKV, gv, G),
+                                     kernel_read(gcall.args.dout, B, SQ, HQ, gv, G));
+  kernel_write(gcall.args.dq, B, SQ, HQ, gqk, G, kg.dq);
+  kernel_write(gcall.args.dk, B, SK, HKV, gqk, G, kg.dk);
+  kernel_write(gcall.args.dv, B, SK, HKV, gv, G, kg.dv);
   emulate_set(gcall, false, G);
   const auto gw = fa4::ref::backward(p, q.values(), k.values(), v.values(), dout.values());
   EXPECT_EQ(beyond_one_step(dq.values(), fa4::ref::rounded(DType::kBF16, gw.dq)), 0) << "dq";
@@ -665,13 +708,14 @@ TEST(PadEmulated, BackwardOnTheD192Kernels) {
 // One launch a direction: the set of the copies in (with a gathered pool's table) and of those out,
 // each copy's units a range of the set's, copy_of finding a unit's copy at the ranges' edges.
 TEST(PadUnits, CopySetsCoverEachDirectionsCopies) {
+  const fa4::test::BackwardD192 off(false);  // (the default routing: 200 on 256's kernels)
   BackwardArgs b;
-  b.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, 96);
+  b.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, 200);
   const auto call = fa4::detail::pad_backward(b, fake(8));
   int64_t work = 0;
-  const auto in = fa4::detail::copy_set_of<uint32_t>(call, true, 128, &work);
+  const auto in = fa4::detail::copy_set_of<uint32_t>(call, true, 256, &work);
   ASSERT_EQ(in.count, 5);  // q, k, v, o, dout
-  const uint32_t q_units = kB * kSq * kHq * 16, kv_units = kB * kSk * kHkv * 16;
+  const uint32_t q_units = kB * kSq * kHq * 32, kv_units = kB * kSk * kHkv * 32;
   const uint32_t ends[] = {q_units, q_units + kv_units, q_units + 2 * kv_units, 2 * q_units + 2 * kv_units,
                            3 * q_units + 2 * kv_units};
   for (int j = 0; j < 5; ++j) EXPECT_EQ(in.end[j], ends[j]) << j;
@@ -683,7 +727,7 @@ TEST(PadUnits, CopySetsCoverEachDirectionsCopies) {
   EXPECT_EQ(fa4::detail::copy_of(in, q_units, &local), 1);
   EXPECT_EQ(local, 0u);
   EXPECT_EQ(fa4::detail::copy_of(in, ends[4], &local), 5);  // past every copy
-  const auto out = fa4::detail::copy_set_of<uint32_t>(call, false, 128, &work);
+  const auto out = fa4::detail::copy_set_of<uint32_t>(call, false, 256, &work);
   ASSERT_EQ(out.count, 3);  // dq, dk, dv
   EXPECT_EQ(out.user[0], call.copies[5].user.data);
   EXPECT_EQ(out.table, nullptr);

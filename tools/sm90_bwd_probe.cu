@@ -112,7 +112,7 @@ constexpr auto kDirectStores = [](BwdKnobs& k) { k.staged_stores = false; };
 constexpr BwdKnobs kDirectStores64 = bwd_knobs(64, kDirectStores), kDirectStores128 = bwd_knobs(128, kDirectStores),
                    kDirectStores256 = bwd_knobs(256, kDirectStores);
 // K and V loaded by every thread's cp.async, as before (`kv_tma` false).
-constexpr auto kCpAsyncKv = [](BwdKnobs& k) { k.kv_tma = false; };
+constexpr auto kCpAsyncKv = [](BwdKnobs& k) { k.kv_tma = false, k.in_place = false; };  // (in place needs TMA's zero fill)
 constexpr BwdKnobs kCpAsyncKv64 = bwd_knobs(64, kCpAsyncKv), kCpAsyncKv128 = bwd_knobs(128, kCpAsyncKv),
                    kCpAsyncKv256 = bwd_knobs(256, kCpAsyncKv);
 // The accumulator zeroed by a memset and D's kernel and the dK/dV kernel launched one after the
@@ -417,7 +417,7 @@ int time_all(int rounds) {
 constexpr auto kWithTrace = [](BwdKnobs& k) { k.trace = true; };
 constexpr BwdKnobs kTraced64 = bwd_knobs(64, kWithTrace), kTraced128 = bwd_knobs(128, kWithTrace),
                    kTraced192 = bwd_knobs(192, kWithTrace), kTraced256 = bwd_knobs(256, kWithTrace);
-constexpr auto kCpAsyncTraced = [](BwdKnobs& k) { k.trace = true, k.kv_tma = false; };
+constexpr auto kCpAsyncTraced = [](BwdKnobs& k) { k.trace = true, k.kv_tma = false, k.in_place = false; };
 constexpr BwdKnobs kCpAsyncTraced64 = bwd_knobs(64, kCpAsyncTraced), kCpAsyncTraced128 = bwd_knobs(128, kCpAsyncTraced),
                    kCpAsyncTraced256 = bwd_knobs(256, kCpAsyncTraced);
 const Config kTraced[] = {

@@ -54,6 +54,11 @@ struct BwdParams {
   // two (192 / 128, with set_backward_d192; validate.h, native_value_dim). Last, for the offsets
   // above.
   int head_dim_v = 0;
+  // The caller's columns of q, k, dq and dk (qk_cols) and of v, o, dout and dv (v_cols) where the
+  // tensors are the caller's own at a head dim without a kernel (pad.h): the kernels of 64 and 128
+  // read them through maps of that extent (TMA fills the columns past it with zeros) and store
+  // only those columns (BwdKnobs::in_place); 0: the kernel head dims' (the launch resolves it).
+  int qk_cols = 0, v_cols = 0;
 };
 
 // Launches the sm90 backward; kNotSupported for configurations it does not cover.

@@ -135,6 +135,14 @@ PaddedCall<BackwardArgs> pad_backward(const BackwardArgs& args, void* base) {
   Planner<BackwardArgs> plan(&call, base, call.args.problem.head_dim);
   BackwardArgs& a = call.args;
   const int64_t d = p.head_dim, dv = p.value_dim();
+  // The kernels of 64 and 128 take every tensor where it is (BwdParams::qk_cols, v_cols: their
+  // maps' extents the caller's columns, the reads of o and dout and every store bounded by them;
+  // those of 192 and 256 load Q and dO in folded boxes of every 64-column chunk): nothing is
+  // copied.
+  if (call.args.problem.head_dim <= 128) {
+    call.qk_cols = d, call.v_cols = dv;
+    return call;
+  }
   plan.add("q", &a.q, q, d, e, true, false);
   plan.add("k", &a.k, kv, d, e, true, false);
   plan.add("v", &a.v, kv, dv, e, true, false);

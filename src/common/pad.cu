@@ -102,9 +102,11 @@ Status forward_padded(const ForwardArgs& args, cudaStream_t stream,
 }
 
 Status backward_padded(const BackwardArgs& args, cudaStream_t stream,
-                       Status (*run)(const BackwardArgs&, cudaStream_t)) {
+                       Status (*run)(const BackwardArgs&, int qk_cols, int v_cols, cudaStream_t)) {
   return run_padded(args, backward_pad_offset(args.problem), stream, &pad_backward,
-                    [&](const PaddedCall<BackwardArgs>& call, cudaStream_t s) { return run(call.args, s); });
+                    [&](const PaddedCall<BackwardArgs>& call, cudaStream_t s) {
+                      return run(call.args, int(call.qk_cols), int(call.v_cols), s);
+                    });
 }
 
 }  // namespace fa4::detail

@@ -59,15 +59,17 @@ struct PaddedCall {
   // The 16-bit forward on the kernels of head dim 64 and 128 reads q, k and v and writes o where
   // they are (FwdParams::qk_cols, v_cols: TMA fills the columns past a map's extent with zeros and
   // clips its stores there, the decoding kernel's copies of those pieces take zero bytes, and
-  // stores from registers skip them), so nothing is copied: the caller's columns of q and k, and
-  // of v and o. 0: the tensors are copies (or already of the kernel head dim).
+  // stores from registers skip them), and so does the backward there every tensor
+  // (BwdParams::qk_cols, v_cols: its loads by TMA, D's kernel's reads of o and dout and every store
+  // bounded), so nothing is copied: the caller's columns of q and k (dq, dk), and of v and o
+  // (dout, dv). 0: the tensors are copies (or already of the kernel head dim).
   int64_t qk_cols = 0, v_cols = 0;
 };
 
 // The copies of a forward or backward call at a head dim without a kernel (none of a tensor
 // already of the kernel head dim: with head_dim_v, one side may be; a paged cache's k and v both or
-// neither, its pages gathered into a dense pool of their own table; in the 16-bit forward on the
-// kernels of 64 and 128 none at all: PaddedCall::qk_cols), placed from `base`
+// neither, its pages gathered into a dense pool of their own table; on the 16-bit kernels of 64
+// and 128, forward and backward, none at all: PaddedCall::qk_cols), placed from `base`
 // (null: sized only, its tensors' pointers null). Reads the problem, the varlen totals (with
 // cu_seqlens) and the paged cache's geometry (with a block table); for placing, args must have
 // passed validate(). The forward's o is copied in too with cu_seqlens (its rows outside every sequence
@@ -81,11 +83,11 @@ int64_t backward_pad_offset(const Problem& p);
 
 // Runs a validated call whose head dim has no kernel: its copies from the workspace past `offset`
 // where it holds them (16-byte aligned), else from cudaMallocAsync on `stream` (freed in stream
-// order after the kernels); the copies in, `run` on the padded call's arguments (the forward's with
-// PaddedCall::qk_cols and v_cols), the copies out.
+// order after the kernels); the copies in, `run` on the padded call's arguments with
+// PaddedCall::qk_cols and v_cols, the copies out.
 Status forward_padded(const ForwardArgs& args, cudaStream_t stream,
                       Status (*run)(const ForwardArgs&, int qk_cols, int v_cols, cudaStream_t));
 Status backward_padded(const BackwardArgs& args, cudaStream_t stream,
-                       Status (*run)(const BackwardArgs&, cudaStream_t));
+                       Status (*run)(const BackwardArgs&, int qk_cols, int v_cols, cudaStream_t));
 
 }  // namespace fa4::detail

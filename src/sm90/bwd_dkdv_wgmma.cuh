@@ -64,7 +64,8 @@ __device__ __forceinline__ void stsm_rows(uint32_t tile, const uint32_t (&v)[2 *
 
 // Rows [0, 64) of a warpgroup's fp32 accumulator `acc` of kCols columns (warp w's rows 16 w + g
 // and + 8 in the wgmma layout: element 4j + 2h + e at row 16 w + g + 8h, column 8j + 2t + e)
-// written to global memory, row r at dst + r * stride (rows from `valid` on skipped), through rows
+// written to global memory, row r at dst + r * stride (rows from `valid` on skipped, and columns
+// from `cols` on: BwdParams::qk_cols, v_cols; a multiple of 8), through rows
 // [row0, row0 + 64) of the 128-byte-swizzled tile of kTileRows rows at `tile`, which no one else
 // reads or writes any more: stmatrix in, then 16 bytes a thread out, consecutive threads along a
 // row (the accumulator's own layout gives 4-byte stores whose every warp instruction touches eight
@@ -72,7 +73,7 @@ __device__ __forceinline__ void stsm_rows(uint32_t tile, const uint32_t (&v)[2 *
 // afterwards, so the reads are waited for.
 template <int kTileRows, int kCols, bool kBF16, bool kReuse = false>
 __device__ __forceinline__ void store_rows_staged(char* tile, int row0, const float (&acc)[kCols / 2], uint16_t* dst,
-                                                  int64_t stride, int valid, int tid, uint32_t bar) {
+                                                  int64_t stride, int valid, int cols, int tid, uint32_t bar) {
   const int warp = tid / 32, lane = tid % 32;
   uint32_t v[kCols / 4];
 #pragma unroll
@@ -85,7 +86,7 @@ __device__ __forceinline__ void store_rows_staged(char* tile, int row0, const fl
 #pragma unroll
   for (int i = 0; i < 64 * kRowChunks / 128; ++i) {
     const int idx = i * 128 + tid, r = idx / kRowChunks, c = idx % kRowChunks * 8;
-    if (r < valid)
+    if (r < valid && c < cols)
       *reinterpret_cast<int4*>(dst + r * stride + c) =
           ptx::ld_shared_v4(reinterpret_cast<const int4*>(tile + sw128<kTileRows>(row0 + r, c)));
   }
@@ -96,7 +97,7 @@ __device__ __forceinline__ void store_rows_staged(char* tile, int row0, const fl
 // rows (BwdConfig::kStagedStores false).
 template <int kCols, bool kBF16>
 __device__ __forceinline__ void store_rows_direct(const float (&acc)[kCols / 2], uint16_t* dst, int64_t stride, int valid,
-                                                  int tid) {
+                                                  int cols, int tid) {
   const int warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
@@ -105,7 +106,7 @@ __device__ __forceinline__ void store_rows_direct(const float (&acc)[kCols / 2],
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
       const int c = 8 * j + 2 * t, i = 4 * j + 2 * hr;
-      *reinterpret_cast<uint32_t*>(dst + r * stride + c) = pack2<kBF16>(acc[i], acc[i + 1]);
+      if (c < cols) *reinterpret_cast<uint32_t*>(dst + r * stride + c) = pack2<kBF16>(acc[i], acc[i + 1]);
     }
   }
 }
@@ -809,6 +810,7 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
   // (With varlen the sequence's length and first row read again here, not held through the steps.)
   const SeqSpan end_seq = seq_span<Cfg::kVarlen>(p, b);
   const int key0 = k0 + wg * 64, valid = end_seq.k_len - key0;
+  const int qk_cols = qk_cols_of<Cfg>(p), v_cols = v_cols_of<Cfg>(p);  // (at d128 without kInPlace: 128)
   uint16_t* dk_rows = static_cast<uint16_t*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[2] +
                       int64_t(end_seq.k_off + key0) * p.dk_stride[1];
   uint16_t* dv_rows = static_cast<uint16_t*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[2] +
@@ -820,17 +822,20 @@ __global__ void __launch_bounds__(Cfg::kCtaThreads, 1)
     // in registers), all retired: dV goes through them; dK through its stage (d128), past the
     // barrier that follows thread 0's wait, or (d64, or no stage) through the same rows again.
     if constexpr (kD == 64 || Cfg::kDqAtomics) {
-      store_rows_staged<kWgKeys, kD, kBF16, true>(smem + L::kV, wg * 64, dv, dv_rows, p.dv_stride[1], valid, tid, 1 + wg);
-      store_rows_staged<kWgKeys, kD, kBF16>(smem + L::kV, wg * 64, dk, dk_rows, p.dk_stride[1], valid, tid, 1 + wg);
+      store_rows_staged<kWgKeys, kD, kBF16, true>(smem + L::kV, wg * 64, dv, dv_rows, p.dv_stride[1], valid, v_cols,
+                                                  tid, 1 + wg);
+      store_rows_staged<kWgKeys, kD, kBF16>(smem + L::kV, wg * 64, dk, dk_rows, p.dk_stride[1], valid, qk_cols, tid,
+                                            1 + wg);
     } else {
-      store_rows_staged<kWgKeys, kD, kBF16>(smem + L::kV, wg * 64, dv, dv_rows, p.dv_stride[1], valid, tid, 1 + wg);
-      store_rows_staged<kBlock, kD, kBF16>(reinterpret_cast<char*>(stage), 0, dk, dk_rows, p.dk_stride[1], valid, tid,
-                                           1 + wg);
+      store_rows_staged<kWgKeys, kD, kBF16>(smem + L::kV, wg * 64, dv, dv_rows, p.dv_stride[1], valid, v_cols, tid,
+                                            1 + wg);
+      store_rows_staged<kBlock, kD, kBF16>(reinterpret_cast<char*>(stage), 0, dk, dk_rows, p.dk_stride[1], valid,
+                                           qk_cols, tid, 1 + wg);
     }
   } else {
     if (tid == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
-    store_rows_direct<kD, kBF16>(dk, dk_rows, p.dk_stride[1], valid, tid);
-    store_rows_direct<kD, kBF16>(dv, dv_rows, p.dv_stride[1], valid, tid);
+    store_rows_direct<kD, kBF16>(dk, dk_rows, p.dk_stride[1], valid, qk_cols, tid);
+    store_rows_direct<kD, kBF16>(dv, dv_rows, p.dv_stride[1], valid, v_cols, tid);
   }
   if constexpr (Cfg::kTrace) tr.cta(1, clock64());
 }
@@ -1124,26 +1129,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wg == 0) {
       if constexpr (Cfg::kStagedStores)
         store_rows_staged<kBlock, kDv, kBF16>(smem + L::kDo, 0, acc_view<kDv>(a.acc), dv_rows, p.dv_stride[1], valid,
-                                              tid, 1);
+                                              kDv, tid, 1);
       else
-        store_rows_direct<kDv, kBF16>(acc_view<kDv>(a.acc), dv_rows, p.dv_stride[1], valid, tid);
+        store_rows_direct<kDv, kBF16>(acc_view<kDv>(a.acc), dv_rows, p.dv_stride[1], valid, kDv, tid);
     } else {
       if constexpr (Cfg::kStagedStores)
-        store_rows_staged<kBlock, kD, kBF16>(smem + L::kQ, 0, a.acc, dk_rows, p.dk_stride[1], valid, tid, 2);
+        store_rows_staged<kBlock, kD, kBF16>(smem + L::kQ, 0, a.acc, dk_rows, p.dk_stride[1], valid, kD, tid, 2);
       else
-        store_rows_direct<kD, kBF16>(a.acc, dk_rows, p.dk_stride[1], valid, tid);
+        store_rows_direct<kD, kBF16>(a.acc, dk_rows, p.dk_stride[1], valid, kD, tid);
     }
   } else if constexpr (Cfg::kStagedStores) {
     // Through the first Q and dO buffers, once both warpgroups are past their last step: the
     // warpgroup's 128 columns are 64-column blocks 2 wg and 2 wg + 1 of each.
     __syncthreads();
     store_rows_staged<kBlock, 128, kBF16>(smem + L::kQ + 2 * wg * kBlock * 128, 0, a.dk, dk_rows, p.dk_stride[1],
-                                          valid, tid, 1 + wg);
+                                          valid, 128, tid, 1 + wg);
     store_rows_staged<kBlock, 128, kBF16>(smem + L::kDo + 2 * wg * kBlock * 128, 0, a.dv, dv_rows, p.dv_stride[1],
-                                          valid, tid, 1 + wg);
+                                          valid, 128, tid, 1 + wg);
   } else {
-    store_rows_direct<128, kBF16>(a.dk, dk_rows, p.dk_stride[1], valid, tid);
-    store_rows_direct<128, kBF16>(a.dv, dv_rows, p.dv_stride[1], valid, tid);
+    store_rows_direct<128, kBF16>(a.dk, dk_rows, p.dk_stride[1], valid, 128, tid);
+    store_rows_direct<128, kBF16>(a.dv, dv_rows, p.dv_stride[1], valid, 128, tid);
   }
   if constexpr (Cfg::kTrace) tr.cta(1, clock64());
 }

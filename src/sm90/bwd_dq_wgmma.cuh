@@ -215,7 +215,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int j = 0; j < kD / 8; ++j) {
       const int c = 8 * j + 2 * t, i = 4 * j + 2 * hr;
-      *reinterpret_cast<uint32_t*>(dqp + (end_seq.q_off + q) * p.dq_stride[1] + c) = pack2<kBF16>(dq[i], dq[i + 1]);
+      if (c < p.qk_cols)  // (dq's columns: kD's, or the caller's at a head dim without a kernel)
+        *reinterpret_cast<uint32_t*>(dqp + (end_seq.q_off + q) * p.dq_stride[1] + c) = pack2<kBF16>(dq[i], dq[i + 1]);
     }
   }
 }

@@ -140,6 +140,13 @@ struct BwdKnobs {
   // Soft-capped scores (detail::BwdParams::softcap): S^T capped before P^T, and dS^T times the
   // cap's slope (softcap_score). Not a measurement knob: the launch picks it for capped calls.
   bool softcap = false;
+  // d64/d128 with 64-column boxes (no folded ones) and K and V by TMA: the tensors may have fewer
+  // columns than the head dim (BwdParams::qk_cols, v_cols: a head dim without a kernel, read and
+  // written where the caller's tensors are): the maps' extents are theirs, TMA fills the columns
+  // past them with zeros, and the dK and dV stores skip them. d64 shipped (its boxes are one
+  // column block; native and padded calls share its kernels); at d128 the launch takes a
+  // configuration of its own for such calls (bwd_knobs_in_place), as d128 ships folded boxes.
+  bool in_place = false;
 };
 
 // The shipped knobs of head dim d.
@@ -156,6 +163,16 @@ constexpr BwdKnobs bwd_knobs(int d) {
   k.dq_atomics = d == 64;
   k.stats_lds = d < 192;
   k.pdl = d < 192;
+  k.in_place = d == 64;
+  return k;
+}
+// The shipped knobs of d128 for calls whose tensors have fewer columns (BwdParams::qk_cols,
+// v_cols): 64-column boxes in place of folded ones (+0.1-1.7 % folded, "The backward's candidates
+// on an H200"), so that the maps' extents can be the caller's columns.
+constexpr BwdKnobs bwd_knobs_in_place(int d) {
+  BwdKnobs k = bwd_knobs(d);
+  k.folded_boxes = false;
+  k.in_place = true;
   return k;
 }
 // The shipped knobs of head dim d as `edit` changes them (a candidate's):
@@ -199,6 +216,7 @@ struct BwdConfig {
   static constexpr bool kDqOverlap = K.dq_overlap;
   static constexpr bool kVarlen = K.varlen;
   static constexpr bool kSoftcap = K.softcap;
+  static constexpr bool kInPlace = K.in_place;
   static constexpr int kCtaThreads = kThreads + (kLoadIssue == 2 ? 128 : 0);  // the dK/dV kernel's block
   // kLoadIssue 2: the pool is kCtaThreads x 168 registers (65536 / 384, rounded down to 8); the
   // loading warpgroup keeps 24 a thread, the two computing ones get 240.
@@ -220,7 +238,23 @@ struct BwdConfig {
                 "a step's loads: at the step's top, after its first GEMMs, or by a warpgroup of their own (d64/d128)");
   // The loading warpgroup leaves once it has issued the walk's loads: no CTA barrier may follow them.
   static_assert(kLoadIssue != 2 || kDqByKeys || kDqLag, "a loading warpgroup, and a CTA barrier in the step");
+  static_assert(!kInPlace || (kD <= 128 && !kFoldedBoxes && kKvTma),
+                "tensors of fewer columns: d64/d128, 64-column boxes, K and V by TMA");
 };
+
+// The columns of q, k, dq, dk (qk_cols_of) and of v, o, dout, dv (v_cols_of) configuration Cfg's
+// dK/dV kernel reads and writes: the call's (BwdParams::qk_cols, v_cols) with Cfg::kInPlace, else
+// the head dims' (a constant).
+template <class Cfg>
+__device__ __forceinline__ int qk_cols_of(const detail::BwdParams& p) {
+  if constexpr (Cfg::kInPlace) return p.qk_cols;
+  else return Cfg::kD;
+}
+template <class Cfg>
+__device__ __forceinline__ int v_cols_of(const detail::BwdParams& p) {
+  if constexpr (Cfg::kInPlace) return p.v_cols;
+  else return Cfg::kDv;
+}
 
 // Development timeline of the dK/dV kernels (a configuration with kTrace; tools/sm90_bwd_probe
 // trace): the first kTraceCtas CTAs of the middle batch (gridDim.z / 2: past the first wave where
@@ -476,7 +510,8 @@ __global__ void __launch_bounds__(kThreads) bwd_delta_kernel(const detail::BwdPa
     }
   }
   float sum = 0.0f;
-  if (i < (kVarlen ? seq.q_len : p.seqlen_q) && (kDv != 192 || c < kDv)) {
+  // (p.v_cols: o's and dout's columns, kDv's or, at a head dim without a kernel, the caller's.)
+  if (i < (kVarlen ? seq.q_len : p.seqlen_q) && c < p.v_cols) {
     const uint16_t* o = row0(p.o, p.o_stride, b, h) + ((kVarlen ? seq.q_off : 0) + i) * p.o_stride[1];
     const uint16_t* d = row0(p.dout, p.do_stride, b, h) + ((kVarlen ? seq.q_off : 0) + i) * p.do_stride[1];
     const uint4 ov = *reinterpret_cast<const uint4*>(o + c), dv = *reinterpret_cast<const uint4*>(d + c);
@@ -554,7 +589,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dq_convert_kernel(const detail::
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int chunk = i * kThreads + threadIdx.x, r = chunk / 8, c = (chunk % 8) * 8;
-    if (q0 + r >= seq.q_len) continue;
+    if (q0 + r >= seq.q_len || col0 + c >= p.qk_cols) continue;  // (dq's columns: BwdParams::qk_cols)
     uint32_t v[4];
 #pragma unroll
     for (int t = 0; t < 4; ++t) {

@@ -79,6 +79,16 @@ Status launch_backward(const BwdParams& a, cudaStream_t stream) {
     return {StatusCode::kNotSupported, a.softcap > 0.0f ? "softcap > 0 needs a soft-capped backward configuration"
                                                         : "a soft-capped backward configuration needs softcap > 0"};
   BwdParams p = a;
+  // The tensors' columns: the head dims' unless the call's tensors have fewer (a head dim without
+  // a kernel, in place), which only Cfg::kInPlace's kernels read and write.
+  p.qk_cols = a.qk_cols > 0 ? a.qk_cols : kD;
+  p.v_cols = a.v_cols > 0 ? a.v_cols : kDv;
+  if (p.qk_cols > kD || p.v_cols > kDv || p.qk_cols % 8 != 0 || p.v_cols % 8 != 0 ||
+      (!Cfg::kInPlace && (p.qk_cols != kD || p.v_cols != kDv)))
+    return {StatusCode::kNotSupported, "qk_cols = " + std::to_string(p.qk_cols) + ", v_cols = " +
+                                           std::to_string(p.v_cols) + ": not this configuration's (" +
+                                           std::to_string(kD) + " / " + std::to_string(kDv) +
+                                           (Cfg::kInPlace ? ", or fewer in multiples of 8)" : ")")};
   const int rows_q = kVarlen ? a.total_q : a.seqlen_q, rows_k = kVarlen ? a.total_k : a.seqlen_k;
   if constexpr (kVarlen)
     for (int64_t* st : {p.q_stride, p.k_stride, p.v_stride, p.o_stride, p.do_stride, p.dq_stride, p.dk_stride, p.dv_stride})
@@ -89,15 +99,16 @@ Status launch_backward(const BwdParams& a, cudaStream_t stream) {
   if (e != cudaSuccess) return bwd_cuda_failure("device query", e);
   // The dK/dV kernels load Q and dO by TMA, in boxes of a step's 64 rows.
   CUtensorMap tm_q{}, tm_do{};
-  Status s = bwd_map_tensor(&tm_q, "q", a.q, a.q_stride, a, rows_q, a.heads_q, kBlock, Cfg::kFoldedBoxes);
-  if (s.ok()) s = bwd_map_tensor(&tm_do, "dout", a.dout, a.do_stride, a, rows_q, a.heads_q, kBlock, Cfg::kFoldedBoxes, kDv);
+  Status s = bwd_map_tensor(&tm_q, "q", a.q, a.q_stride, a, rows_q, a.heads_q, kBlock, Cfg::kFoldedBoxes, p.qk_cols);
+  if (s.ok())
+    s = bwd_map_tensor(&tm_do, "dout", a.dout, a.do_stride, a, rows_q, a.heads_q, kBlock, Cfg::kFoldedBoxes, p.v_cols);
   if (!s.ok()) return s;
   // With Cfg::kKvTma the dK/dV kernels load K and V by TMA too, in boxes of the CTA's keys.
   CUtensorMap tm_kc{}, tm_vc{};
   if constexpr (Cfg::kKvTma) {
     constexpr int kKeys = kD <= 128 ? kWgKeys : kBlock;
-    s = bwd_map_tensor(&tm_kc, "k", a.k, a.k_stride, a, rows_k, a.heads_kv, kKeys);
-    if (s.ok()) s = bwd_map_tensor(&tm_vc, "v", a.v, a.v_stride, a, rows_k, a.heads_kv, kKeys, false, kDv);
+    s = bwd_map_tensor(&tm_kc, "k", a.k, a.k_stride, a, rows_k, a.heads_kv, kKeys, false, p.qk_cols);
+    if (s.ok()) s = bwd_map_tensor(&tm_vc, "v", a.v, a.v_stride, a, rows_k, a.heads_kv, kKeys, false, p.v_cols);
     if (!s.ok()) return s;
   }
   if (!p.deterministic && !Cfg::kPdl && !kVarlen) {  // (else D's kernel zeroes it)
@@ -140,13 +151,13 @@ Status launch_backward(const BwdParams& a, cudaStream_t stream) {
   // Its Q and dO come in 64-column boxes of 64 rows: where the dK/dV kernel took folded maps, the
   // plain ones are made here (the launch above holds its own copy of the parameters).
   if constexpr (Cfg::kFoldedBoxes) {
-    s = bwd_map_tensor(&tm_q, "q", a.q, a.q_stride, a, rows_q, a.heads_q, kBlock);
-    if (s.ok()) s = bwd_map_tensor(&tm_do, "dout", a.dout, a.do_stride, a, rows_q, a.heads_q, kBlock, false, kDv);
+    s = bwd_map_tensor(&tm_q, "q", a.q, a.q_stride, a, rows_q, a.heads_q, kBlock, false, p.qk_cols);
+    if (s.ok()) s = bwd_map_tensor(&tm_do, "dout", a.dout, a.do_stride, a, rows_q, a.heads_q, kBlock, false, p.v_cols);
     if (!s.ok()) return s;
   }
   CUtensorMap tm_k{}, tm_v{};
-  s = bwd_map_tensor(&tm_k, "k", a.k, a.k_stride, a, rows_k, a.heads_kv, kDqKeys<kD>);
-  if (s.ok()) s = bwd_map_tensor(&tm_v, "v", a.v, a.v_stride, a, rows_k, a.heads_kv, kDqKeys<kD>, false, kDv);
+  s = bwd_map_tensor(&tm_k, "k", a.k, a.k_stride, a, rows_k, a.heads_kv, kDqKeys<kD>, false, p.qk_cols);
+  if (s.ok()) s = bwd_map_tensor(&tm_v, "v", a.v, a.v_stride, a, rows_k, a.heads_kv, kDqKeys<kD>, false, p.v_cols);
   if (!s.ok()) return s;
   const unsigned query_blocks = unsigned((p.seqlen_q + kDqRows - 1) / kDqRows);
   // With Cfg::kDqOverlap as the dK/dV kernel's programmatic dependent (BwdKnobs::dq_overlap).
@@ -167,9 +178,18 @@ Status launch_shipped_config(const BwdParams& p, cudaStream_t stream) {
     k.varlen = kVarlen;
     k.softcap = kSoftcap;
   };
+  constexpr auto in_place = [](int d) {
+    sm90::bwd::BwdKnobs k = sm90::bwd::bwd_knobs_in_place(d);
+    k.varlen = kVarlen;
+    k.softcap = kSoftcap;
+    return k;
+  };
   switch (p.head_dim) {
     case 64: return launch_backward<BwdConfig<64, kBF16, sm90::bwd::bwd_knobs(64, edit)>>(p, stream);
-    case 128: return launch_backward<BwdConfig<128, kBF16, sm90::bwd::bwd_knobs(128, edit)>>(p, stream);
+    case 128:  // (tensors of fewer columns, a head dim without a kernel read in place: 64-column boxes)
+      if ((p.qk_cols > 0 && p.qk_cols < 128) || (p.v_cols > 0 && p.v_cols < 128))
+        return launch_backward<BwdConfig<128, kBF16, in_place(128)>>(p, stream);
+      return launch_backward<BwdConfig<128, kBF16, sm90::bwd::bwd_knobs(128, edit)>>(p, stream);
     case 192:  // (192 / 128: DeepSeek's, on the same kernels with a narrower value side)
       if (p.head_dim_v == 128) return launch_backward<BwdConfig<192, kBF16, sm90::bwd::bwd_knobs(192, edit), 128>>(p, stream);
       return launch_backward<BwdConfig<192, kBF16, sm90::bwd::bwd_knobs(192, edit)>>(p, stream);
