@@ -20,8 +20,10 @@
 //                                  dQ in turn), the offset between the two warpgroups, the cycles
 //                                  from the CTA's entry to its first step and from its last step to
 //                                  its end; every stamp in DIR/bwd-trace-dD.csv
-//   FA4_PROBE_ONLY="128,256"       keeps only those head dims (64, 128, 192, 256; "shipped" at 192
-//                                  is the d192 kernel the API takes with detail::set_backward_d192)
+//   FA4_PROBE_ONLY="128,256"       keeps only those head dims (64, 128, 192, 192/128, 256; "shipped"
+//                                  at 192 and 192/128 is the d192 kernel the API takes with
+//                                  detail::set_backward_d192; diagnostics, wrong by design, are timed
+//                                  and never checked or compared)
 //   FA4_PROBE_CONFIGS="shipped"    keeps only the configurations named (time: and the shipped one)
 //   FA4_PROBE_SEQLENS="4096"       time: keeps only those sequence lengths
 //   FA4_PROBE_DETERMINISTIC=1      time: the deterministic mode
@@ -31,6 +33,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -58,6 +61,9 @@ struct Config {
   const char* name;
   int d;
   Launcher fn;
+  int dv = 0;               // v's, o's, dout's and dv's head dim where not d's (192 / 128)
+  bool diagnostic = false;  // wrong results by design (timed, never compared or checked)
+  int value_dim() const { return dv > 0 ? dv : d; }
 };
 
 // The shipped configuration first for each head dim, then candidates (BwdKnobs): dS^T (d256: P^T
@@ -129,6 +135,11 @@ constexpr BwdKnobs kDqAfter64 = bwd_knobs(64, kDqAfter), kDqAfter128 = bwd_knobs
 // d256 adds them (`dq_atomics`), against the staged bulk reductions; and with st.shared.
 constexpr BwdKnobs kDqAtomics192 = bwd_knobs(192, [](BwdKnobs& k) { k.dq_atomics = true; }),
                    kStShared192 = bwd_knobs(192, kStShared);
+// d192 and 192 / 128: dQ's pieces computed and not added (`dq-unreduced`, a diagnostic: the step
+// without its reductions); 192 / 128, whose narrower V and dO leave the room, on two 16 KB stages
+// a warpgroup (`dq-two-stages`: a piece staged while the last one's reduction still reads).
+constexpr BwdKnobs kDqUnreduced192 = bwd_knobs(192, [](BwdKnobs& k) { k.dq_unreduced = true; }),
+                   kDqTwoStages192 = bwd_knobs(192, [](BwdKnobs& k) { k.dq_stages = 2; });
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
     {"serial", 64, run_cfg<BwdConfig<64, true, kSerial64>>},
@@ -155,6 +166,11 @@ const Config kConfigs[] = {
     {"shipped", 192, run_cfg<BwdConfig<192, true>>},
     {"dq-atomics", 192, run_cfg<BwdConfig<192, true, kDqAtomics192>>},
     {"st-shared", 192, run_cfg<BwdConfig<192, true, kStShared192>>},
+    {"dq-unreduced", 192, run_cfg<BwdConfig<192, true, kDqUnreduced192>>, 0, true},
+    {"shipped", 192, run_cfg<BwdConfig<192, true, bwd_knobs(192), 128>>, 128},
+    {"dq-atomics", 192, run_cfg<BwdConfig<192, true, kDqAtomics192, 128>>, 128},
+    {"dq-two-stages", 192, run_cfg<BwdConfig<192, true, kDqTwoStages192, 128>>, 128},
+    {"dq-unreduced", 192, run_cfg<BwdConfig<192, true, kDqUnreduced192, 128>>, 128, true},
     {"shipped", 256, run_cfg<BwdConfig<256, true>>},
     {"pdl", 256, run_cfg<BwdConfig<256, true, kPdl256>>},
     {"dq-after-dkdv", 256, run_cfg<BwdConfig<256, true, kDqAfter256>>},
@@ -172,7 +188,11 @@ bool listed(const char* env, const std::string& item) {
   const std::string s = std::string(",") + only + ",";
   return s.find("," + item + ",") != std::string::npos;
 }
-bool wanted(int d) { return listed("FA4_PROBE_ONLY", std::to_string(d)); }
+// Head dims by name: "192", or "192/128" where v's differs.
+std::string dims_name(int d, int dv) { return dv == d || dv == 0 ? std::to_string(d) : std::to_string(d) + "/" + std::to_string(dv); }
+bool wanted(int d, int dv = 0) { return listed("FA4_PROBE_ONLY", dims_name(d, dv)); }
+// The head dims the modes walk: each kernel head dim, and DeepSeek's 192 / 128.
+constexpr std::pair<int, int> kDims[] = {{64, 64}, {128, 128}, {192, 192}, {192, 128}, {256, 256}};
 // check: FA4_PROBE_CONFIGS="shipped,lockstep" keeps only the configurations named.
 bool wanted_config(const char* name) { return listed("FA4_PROBE_CONFIGS", name); }
 
@@ -181,6 +201,8 @@ struct Shape {
   bool causal;
   int left = -1, right = -1;
   bool deterministic = false;
+  int dv = 0;  // (0: d's)
+  int value_dim() const { return dv > 0 ? dv : d; }
 };
 
 fa4::Problem problem_of(const Shape& s) {
@@ -188,25 +210,31 @@ fa4::Problem problem_of(const Shape& s) {
   p.dtype = fa4::DType::kBF16;
   p.batch = s.b, p.seqlen_q = s.sq, p.seqlen_k = s.sk, p.heads_q = s.hq, p.heads_kv = s.hkv;
   p.head_dim = s.d, p.causal = s.causal, p.window_left = s.left, p.window_right = s.right;
+  p.head_dim_v = s.value_dim() == s.d ? 0 : s.value_dim();
   return p;
 }
 
 // One problem's device buffers (contiguous BSHD bf16; LSE fp32 [b][hq][sq]) and its parameters.
 struct Device {
-  size_t nq, nk;
+  size_t nq, nk, nqv, nkv;  // elements of q (dq), k (dk), o (dout), v (dv)
   void *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *dout = nullptr;
   void *dq = nullptr, *dk = nullptr, *dv = nullptr, *ws = nullptr;
   float* lse = nullptr;
   BwdParams p{};
-  explicit Device(const Shape& s) : nq(size_t(s.b) * s.sq * s.hq * s.d), nk(size_t(s.b) * s.sk * s.hkv * s.d) {
-    for (void** x : {&q, &o, &dout, &dq}) CK(cudaMalloc(x, std::max<size_t>(nq, 1) * 2));
-    for (void** x : {&k, &v, &dk, &dv}) CK(cudaMalloc(x, std::max<size_t>(nk, 1) * 2));
+  explicit Device(const Shape& s)
+      : nq(size_t(s.b) * s.sq * s.hq * s.d), nk(size_t(s.b) * s.sk * s.hkv * s.d),
+        nqv(size_t(s.b) * s.sq * s.hq * s.value_dim()), nkv(size_t(s.b) * s.sk * s.hkv * s.value_dim()) {
+    for (void** x : {&q, &dq}) CK(cudaMalloc(x, std::max<size_t>(nq, 1) * 2));
+    for (void** x : {&o, &dout}) CK(cudaMalloc(x, std::max<size_t>(nqv, 1) * 2));
+    for (void** x : {&k, &dk}) CK(cudaMalloc(x, std::max<size_t>(nk, 1) * 2));
+    for (void** x : {&v, &dv}) CK(cudaMalloc(x, std::max<size_t>(nkv, 1) * 2));
     CK(cudaMalloc(&lse, std::max<size_t>(size_t(s.b) * s.hq * s.sq, 1) * 4));
+    const int dvv = s.value_dim();
     fa4::BackwardArgs a;
     a.problem = problem_of(s);
-    a.q = fa4::bshd(q, s.sq, s.hq, s.d), a.k = fa4::bshd(k, s.sk, s.hkv, s.d), a.v = fa4::bshd(v, s.sk, s.hkv, s.d);
-    a.o = fa4::bshd(o, s.sq, s.hq, s.d), a.dout = fa4::bshd(dout, s.sq, s.hq, s.d), a.lse = lse;
-    a.dq = fa4::bshd(dq, s.sq, s.hq, s.d), a.dk = fa4::bshd(dk, s.sk, s.hkv, s.d), a.dv = fa4::bshd(dv, s.sk, s.hkv, s.d);
+    a.q = fa4::bshd(q, s.sq, s.hq, s.d), a.k = fa4::bshd(k, s.sk, s.hkv, s.d), a.v = fa4::bshd(v, s.sk, s.hkv, dvv);
+    a.o = fa4::bshd(o, s.sq, s.hq, dvv), a.dout = fa4::bshd(dout, s.sq, s.hq, dvv), a.lse = lse;
+    a.dq = fa4::bshd(dq, s.sq, s.hq, s.d), a.dk = fa4::bshd(dk, s.sk, s.hkv, s.d), a.dv = fa4::bshd(dv, s.sk, s.hkv, dvv);
     a.deterministic = s.deterministic;
     size_t bytes = 0;
     fa4::Status st = fa4::backward_workspace_size(a, &bytes);
@@ -223,7 +251,9 @@ struct Device {
   }
   // Gradients and the workspace poisoned (NaN), then the configuration's backward.
   void run(const Config& c) {
-    for (void* x : {dq, dk, dv}) CK(cudaMemset(x, 0xFF, (x == dq ? nq : nk) * 2));
+    CK(cudaMemset(dq, 0xFF, nq * 2));
+    CK(cudaMemset(dk, 0xFF, nk * 2));
+    CK(cudaMemset(dv, 0xFF, nkv * 2));
     const fa4::Status st = c.fn(p, 0);
     if (!st.ok()) { std::printf("%s d%d: %s\n", c.name, c.d, st.message.c_str()); std::exit(1); }
     CK(cudaDeviceSynchronize());
@@ -260,12 +290,12 @@ int check_all() {
       {1, 4, 2, 200, 200, 0, true, -1, 0, true}, {2, 4, 2, 200, 520, 0, false},
   };
   int fails = 0;
-  for (const int d : {64, 128, 192, 256}) {
-    if (!wanted(d)) continue;
+  for (const auto [d, dv] : kDims) {
+    if (!wanted(d, dv)) continue;
     for (Shape s : shapes) {
-      s.d = d;
+      s.d = d, s.dv = dv;
       const fa4::Problem p = problem_of(s);
-      std::mt19937 rng(1234 + s.sq * 7 + s.sk + d);
+      std::mt19937 rng(1234 + s.sq * 7 + s.sk + d + dv);
       std::normal_distribution<double> normal(0.0, 1.0);
       auto random = [&](int64_t n) {
         std::vector<double> x(n);
@@ -273,7 +303,7 @@ int check_all() {
         return x;
       };
       const std::vector<double> q = random(fa4::ref::q_elems(p)), k = random(fa4::ref::kv_elems(p)),
-                                v = random(fa4::ref::kv_elems(p)), dout = random(fa4::ref::q_elems(p));
+                                v = random(fa4::ref::v_elems(p)), dout = random(fa4::ref::o_elems(p));
       const fa4::ref::Forward64 f = fa4::ref::forward(p, q, k, v);
       const fa4::ref::Backward64 exact = fa4::ref::backward(p, q, k, v, dout);
       const fa4::ref::Backward64 plain = fa4::ref::backward_lowp(p, q, k, v, dout);
@@ -283,18 +313,18 @@ int check_all() {
       std::vector<float> lse(f.lse.begin(), f.lse.end());
       CK(cudaMemcpy(dev.lse, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
       for (const Config& c : kConfigs) {
-        if (c.d != d || !wanted_config(c.name)) continue;
+        if (c.d != d || c.value_dim() != dv || c.diagnostic || !wanted_config(c.name)) continue;
         dev.run(c);
         double eq = 0, ek = 0, ev = 0;
         const bool ok_q = within(download(dev.dq, dev.nq), exact.dq, plain.dq, &eq);
         const bool ok_k = within(download(dev.dk, dev.nk), exact.dk, plain.dk, &ek);
-        const bool ok_v = within(download(dev.dv, dev.nk), exact.dv, plain.dv, &ev);
+        const bool ok_v = within(download(dev.dv, dev.nkv), exact.dv, plain.dv, &ev);
         const bool ok = ok_q && ok_k && ok_v;
         fails += !ok;
-        std::printf("%s %-24s d=%d b=%d hq=%d hkv=%d sq=%d sk=%d causal=%d win=(%d,%d) det=%d: max|err| dq %.3g dk %.3g "
+        std::printf("%s %-24s d=%s b=%d hq=%d hkv=%d sq=%d sk=%d causal=%d win=(%d,%d) det=%d: max|err| dq %.3g dk %.3g "
                     "dv %.3g\n",
-                    ok ? "PASS" : "FAIL", c.name, d, s.b, s.hq, s.hkv, s.sq, s.sk, int(s.causal), s.left, s.right,
-                    int(s.deterministic), eq, ek, ev);
+                    ok ? "PASS" : "FAIL", c.name, dims_name(d, dv).c_str(), s.b, s.hq, s.hkv, s.sq, s.sk, int(s.causal),
+                    s.left, s.right, int(s.deterministic), eq, ek, ev);
       }
     }
   }
@@ -306,12 +336,13 @@ int check_all() {
 void fa3_inputs(const Shape& s, Device& dev) {
   fill_device(dev.q, dev.nq, 1);
   fill_device(dev.k, dev.nk, 2);
-  fill_device(dev.v, dev.nk, 3);
-  fill_device(dev.dout, dev.nq, 4);
+  fill_device(dev.v, dev.nkv, 3);
+  fill_device(dev.dout, dev.nqv, 4);
   fa4::ForwardArgs fw;
   fw.problem = problem_of(s);
   fw.q = fa4::bshd(dev.q, s.sq, s.hq, s.d), fw.k = fa4::bshd(dev.k, s.sk, s.hkv, s.d);
-  fw.v = fa4::bshd(dev.v, s.sk, s.hkv, s.d), fw.o = fa4::bshd(dev.o, s.sq, s.hq, s.d), fw.lse = dev.lse;
+  fw.v = fa4::bshd(dev.v, s.sk, s.hkv, s.value_dim()), fw.o = fa4::bshd(dev.o, s.sq, s.hq, s.value_dim());
+  fw.lse = dev.lse;
   if (const fa4::Status st = fa4::forward(fw, 0); !st.ok()) {
     std::printf("forward: %s\n", st.message.c_str());
     std::exit(1);
@@ -334,7 +365,7 @@ bool near(const std::vector<uint16_t>& out, const std::vector<uint16_t>& ref) {
 // dQ within the rounding that the order of its fp32 atomics leaves.
 bool agrees(const std::vector<uint16_t>& ref_dq, const std::vector<uint16_t>& ref_dk, const std::vector<uint16_t>& ref_dv,
             Device& dev) {
-  if (download(dev.dk, dev.nk) != ref_dk || download(dev.dv, dev.nk) != ref_dv) return false;
+  if (download(dev.dk, dev.nk) != ref_dk || download(dev.dv, dev.nkv) != ref_dv) return false;
   return near(download(dev.dq, dev.nq), ref_dq);
 }
 
@@ -348,22 +379,23 @@ int time_all(int rounds) {
   CK(cudaEventCreate(&t1));
   int fails = 0;
   const bool deterministic = std::getenv("FA4_PROBE_DETERMINISTIC") != nullptr;
-  for (const int d : {64, 128, 192, 256}) {
-    if (!wanted(d)) continue;
+  for (const auto [d, dv] : kDims) {
+    if (!wanted(d, dv)) continue;
     std::vector<const Config*> cfgs;
     for (const Config& c : kConfigs)
-      if (c.d == d && (cfgs.empty() || wanted_config(c.name))) cfgs.push_back(&c);  // the shipped one first
+      if (c.d == d && c.value_dim() == dv && (cfgs.empty() || wanted_config(c.name))) cfgs.push_back(&c);  // the shipped one first
     for (const int seqlen : {512, 1024, 2048, 4096, 8192, 16384})
       for (const bool causal : {false, true}) {
         if (!listed("FA4_PROBE_SEQLENS", std::to_string(seqlen))) continue;
         Shape s{16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d, causal};
-        s.deterministic = deterministic;
+        s.deterministic = deterministic, s.dv = dv;
         Device dev(s);
         fa3_inputs(s, dev);
         dev.run(*cfgs[0]);
-        const auto ref_dq = download(dev.dq, dev.nq), ref_dk = download(dev.dk, dev.nk), ref_dv = download(dev.dv, dev.nk);
+        const auto ref_dq = download(dev.dq, dev.nq), ref_dk = download(dev.dk, dev.nk), ref_dv = download(dev.dv, dev.nkv);
         std::vector<bool> ok(cfgs.size(), true);
         for (size_t c = 1; c < cfgs.size(); ++c) {
+          if (cfgs[c]->diagnostic) continue;  // (timed, not compared)
           dev.run(*cfgs[c]);
           ok[c] = agrees(ref_dq, ref_dk, ref_dv, dev);
           if (!ok[c]) {
@@ -393,7 +425,8 @@ int time_all(int rounds) {
             std::sort(ms.begin(), ms.end());
             med[c].push_back(ms[ms.size() / 2]);
           }
-        const double flop = 2.5 * 4.0 * s.b * s.hq * double(s.sq) * s.sk * d * (causal ? 0.5 : 1.0);
+        // (2 (d + dv) a query-key pair forward, 2.5 times that backward, as bench/side_by_side.py counts)
+        const double flop = 2.5 * 2.0 * s.b * s.hq * double(s.sq) * s.sk * (d + dv) * (causal ? 0.5 : 1.0);
         double base = 0;
         for (size_t c = 0; c < cfgs.size(); ++c) {
           if (!ok[c]) continue;
@@ -401,10 +434,12 @@ int time_all(int rounds) {
           std::sort(m.begin(), m.end());
           const double ms = m[m.size() / 2];
           if (c == 0) base = ms;
-          std::printf("RESULT {\"d\": %d, \"seqlen\": %d, \"causal\": %s, \"deterministic\": %s, \"config\": \"%s\", "
-                      "\"ms\": %.4f, \"round_ms_min\": %.4f, \"round_ms_max\": %.4f, \"tflops\": %.1f, \"vs_shipped\": %.4f}\n",
-                      d, seqlen, causal ? "true" : "false", deterministic ? "true" : "false", cfgs[c]->name, ms,
-                      m.front(), m.back(), flop / (ms * 1e-3) / 1e12, base / ms);
+          std::printf("RESULT {\"d\": %d, \"dv\": %d, \"seqlen\": %d, \"causal\": %s, \"deterministic\": %s, "
+                      "\"config\": \"%s\", \"diagnostic\": %s, \"ms\": %.4f, \"round_ms_min\": %.4f, "
+                      "\"round_ms_max\": %.4f, \"tflops\": %.1f, \"vs_shipped\": %.4f}\n",
+                      d, dv, seqlen, causal ? "true" : "false", deterministic ? "true" : "false", cfgs[c]->name,
+                      cfgs[c]->diagnostic ? "true" : "false", ms, m.front(), m.back(), flop / (ms * 1e-3) / 1e12,
+                      base / ms);
         }
       }
   }
@@ -416,7 +451,9 @@ int time_all(int rounds) {
 // The traced twins of the shipped configurations, and of candidates (their CSV named after them).
 constexpr auto kWithTrace = [](BwdKnobs& k) { k.trace = true; };
 constexpr BwdKnobs kTraced64 = bwd_knobs(64, kWithTrace), kTraced128 = bwd_knobs(128, kWithTrace),
-                   kTraced192 = bwd_knobs(192, kWithTrace), kTraced256 = bwd_knobs(256, kWithTrace);
+                   kTraced192 = bwd_knobs(192, kWithTrace), kTraced256 = bwd_knobs(256, kWithTrace),
+                   kTracedTwoStages192 = bwd_knobs(192, [](BwdKnobs& k) { k.trace = true, k.dq_stages = 2; }),
+                   kTracedUnreduced192 = bwd_knobs(192, [](BwdKnobs& k) { k.trace = true, k.dq_unreduced = true; });
 constexpr auto kCpAsyncTraced = [](BwdKnobs& k) { k.trace = true, k.kv_tma = false, k.in_place = false; };
 constexpr BwdKnobs kCpAsyncTraced64 = bwd_knobs(64, kCpAsyncTraced), kCpAsyncTraced128 = bwd_knobs(128, kCpAsyncTraced),
                    kCpAsyncTraced256 = bwd_knobs(256, kCpAsyncTraced);
@@ -424,6 +461,10 @@ const Config kTraced[] = {
     {"shipped-traced", 64, run_cfg<BwdConfig<64, true, kTraced64>>},
     {"shipped-traced", 128, run_cfg<BwdConfig<128, true, kTraced128>>},
     {"shipped-traced", 192, run_cfg<BwdConfig<192, true, kTraced192>>},
+    {"dq-unreduced-traced", 192, run_cfg<BwdConfig<192, true, kTracedUnreduced192>>},
+    {"shipped-traced", 192, run_cfg<BwdConfig<192, true, kTraced192, 128>>, 128},
+    {"dq-two-stages-traced", 192, run_cfg<BwdConfig<192, true, kTracedTwoStages192, 128>>, 128},
+    {"dq-unreduced-traced", 192, run_cfg<BwdConfig<192, true, kTracedUnreduced192, 128>>, 128},
     {"shipped-traced", 256, run_cfg<BwdConfig<256, true, kTraced256>>},
     {"cp-async-kv-traced", 64, run_cfg<BwdConfig<64, true, kCpAsyncTraced64>>},
     {"cp-async-kv-traced", 128, run_cfg<BwdConfig<128, true, kCpAsyncTraced128>>},
@@ -446,9 +487,10 @@ int trace_all(const std::string& dir, int seqlen) {
   uint64_t* trace = nullptr;
   CK(cudaMalloc(&trace, kTraceWords * 8));
   for (const Config& c : kTraced) {
-    if (!wanted(c.d)) continue;
+    if (!wanted(c.d, c.value_dim())) continue;
     const int d = c.d;
-    const Shape s{16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d, false};
+    Shape s{16384 / seqlen, 2048 / d, 2048 / d, seqlen, seqlen, d, false};
+    s.dv = c.value_dim();
     Device dev(s);
     fa3_inputs(s, dev);
     dev.p.trace = trace;
@@ -459,7 +501,7 @@ int trace_all(const std::string& dir, int seqlen) {
     std::vector<uint64_t> h(kTraceWords);
     CK(cudaMemcpy(h.data(), trace, kTraceWords * 8, cudaMemcpyDeviceToHost));
     const std::string tag = std::string(c.name) == "shipped-traced" ? "" : "-" + std::string(c.name);
-    const std::string path = dir + "/bwd-trace-d" + std::to_string(d) + tag + ".csv";
+    const std::string path = dir + "/bwd-trace-d" + std::to_string(d) + (c.value_dim() != d ? "-dv" + std::to_string(c.value_dim()) : "") + tag + ".csv";
     FILE* csv = std::fopen(path.c_str(), "w");
     if (!csv) { std::printf("cannot write %s\n", path.c_str()); return 1; }
     std::fprintf(csv, "cta,wg,step");
@@ -487,8 +529,8 @@ int trace_all(const std::string& dir, int seqlen) {
           period_by_parity[st % 2].push_back(iv[kTraceEvents].back());
           if (wg == 1) skew.push_back(double(at(cta, 1, st, 0)) - double(at(cta, 0, st, 0)));
         }
-        std::printf("TRACE %s d=%d seqlen=%d cta %d wg %d (%d steps, medians in cycles):", c.name, d, seqlen, cta, wg,
-                    steps);
+        std::printf("TRACE %s d=%s seqlen=%d cta %d wg %d (%d steps, medians in cycles):", c.name,
+                    dims_name(d, c.value_dim()).c_str(), seqlen, cta, wg, steps);
         for (int e = 0; e < kTraceEvents; ++e) std::printf(" %s %.0f", kIntervals[e], median_of(iv[e]));
         // Where the warpgroups take dQ in turn (d64), a step's dQ stamps (6, 7) exist only in every
         // other step of each warpgroup, and its steps alternate long and short: the periods by parity.
@@ -498,14 +540,14 @@ int trace_all(const std::string& dir, int seqlen) {
         // end to the CTA's end (past the dK/dV stores), and entry to end.
         const double entry = double(at(cta, wg, kTraceSteps - 1, 0)), end = double(at(cta, wg, kTraceSteps - 1, 1));
         if (steps > 0 && entry != 0 && end != 0)
-          std::printf("TRACE %s d=%d seqlen=%d cta %d wg %d: entry to step 0 %.0f, steps %.0f, last step's end to CTA "
+          std::printf("TRACE %s d=%s seqlen=%d cta %d wg %d: entry to step 0 %.0f, steps %.0f, last step's end to CTA "
                       "end %.0f, whole %.0f cycles\n",
-                      c.name, d, seqlen, cta, wg, double(at(cta, wg, 0, 0)) - entry,
+                      c.name, dims_name(d, c.value_dim()).c_str(), seqlen, cta, wg, double(at(cta, wg, 0, 0)) - entry,
                       double(at(cta, wg, steps - 1, kTraceEvents - 1)) - double(at(cta, wg, 0, 0)),
                       end - double(at(cta, wg, steps - 1, kTraceEvents - 1)), end - entry);
       }
-    std::printf("TRACE %s d=%d seqlen=%d: warpgroup 1's step top after warpgroup 0's, median %.0f cycles\n", c.name, d,
-                seqlen, median_of(skew));
+    std::printf("TRACE %s d=%s seqlen=%d: warpgroup 1's step top after warpgroup 0's, median %.0f cycles\n", c.name,
+                dims_name(d, c.value_dim()).c_str(), seqlen, median_of(skew));
     std::fclose(csv);
   }
   cudaFree(trace);

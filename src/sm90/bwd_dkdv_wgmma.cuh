@@ -865,9 +865,11 @@ struct WgSmemSplit {
   static constexpr int kK = 0, kV = kTile, kQ = kTile + kTileV, kDo = kQ + kBufs * kTile;
   static constexpr int kPBytes = kBlock * kBlock * 2;  // P^T or dS^T: [64 keys][64 queries]
   static constexpr int kPt = kDo + kBufs * kTileV, kDst = kPt + 2 * kPBytes;
-  // d192 without atomics: each warpgroup's fp32 piece of dQ, [64][64], for its bulk reductions.
+  // d192 without atomics: each warpgroup's fp32 pieces of dQ, [64][64] (Cfg::kDqStages of them),
+  // for its bulk reductions.
   static constexpr bool kDqStage = kD == 192 && !Cfg::kDqAtomics;
-  static constexpr int kStage = kDst + 2 * kPBytes, kStageBytes = kDqStage ? 2 * kBlock * 64 * 4 : 0;
+  static constexpr int kDqStages = Cfg::kDqStages;
+  static constexpr int kStage = kDst + 2 * kPBytes, kStageBytes = kDqStage ? 2 * kDqStages * kBlock * 64 * 4 : 0;
   static constexpr int kLse = kStage + kStageBytes, kDelta = kLse + kBufs * kBlock * 4;
   static constexpr int kBars = kDelta + kBufs * kBlock * 4;  // StepRing's full and empty
   using Ring = StepRing<kBufs>;
@@ -940,8 +942,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // dQ: A = dS (dS^T stored, so MN-major), B = K's 64-column block (MN-major).
   const uint64_t ds_mn = wgmma::desc_sw128(smem_addr(smem + L::kDst), kBlock * 128, 1024);
   const uint64_t kq_mn = wgmma::desc_sw128(smem_addr(smem + L::kK), kBlock * 128, 1024);
-  // d192 (L::kDqStage): this warpgroup's stage, this thread's first float4 of it.
-  [[maybe_unused]] float* stage = reinterpret_cast<float*>(smem + L::kStage) + wg * kBlock * 64;
+  // d192 (L::kDqStage): this warpgroup's stages, and how many pieces it has staged (the next
+  // one's stage: turn % L::kDqStages).
+  [[maybe_unused]] float* const stages = reinterpret_cast<float*>(smem + L::kStage) + wg * L::kDqStages * kBlock * 64;
+  [[maybe_unused]] int turn = 0;
 
   [[maybe_unused]] StepTrace tr;
   if constexpr (Cfg::kTrace) {
@@ -1080,9 +1084,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma::pin(dq);
         if constexpr (Cfg::kTrace)
           if (done++ == 0) tr.stamp(s, 7);
-        if constexpr (L::kDqStage) {
-          // The warpgroup's last reduction has read the stage; then it is rewritten and reduced.
-          if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+        if constexpr (Cfg::kDqUnreduced) {
+          // (Diagnostic: the piece is dropped.)
+        } else if constexpr (L::kDqStage) {
+          // The reduction that last read this stage is done reading (with two stages, the one
+          // before the warpgroup's last: the last reads the other); then it is rewritten and
+          // reduced.
+          float* const stage = stages + (L::kDqStages > 1 ? (turn++ & 1) * kBlock * 64 : 0);
+          if (tid == 0) {
+            if constexpr (L::kDqStages > 1) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
+            else cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+          }
           ptx::named_bar_sync(1 + wg, 128);
           const uint32_t piece = smem_addr(stage) + 16 * tid;
 #pragma unroll

@@ -147,6 +147,13 @@ struct BwdKnobs {
   // column block; native and padded calls share its kernels); at d128 the launch takes a
   // configuration of its own for such calls (bwd_knobs_in_place), as d128 ships folded boxes.
   bool in_place = false;
+  // d192 with its dQ staged: stages of 16 KB a warpgroup (1 shipped; 2 where shared memory allows,
+  // 192 / 128), so that a warpgroup's next piece is written while the reduction of the one before
+  // still reads the other (cp.async.bulk.wait_group.read 1 instead of 0).
+  int dq_stages = 1;
+  // Diagnostic, d192 (wrong results, for timing only: tools/sm90_bwd_probe): dQ's pieces computed
+  // and not added, so that a step's time without its reductions can be read.
+  bool dq_unreduced = false;
 };
 
 // The shipped knobs of head dim d.
@@ -217,6 +224,8 @@ struct BwdConfig {
   static constexpr bool kVarlen = K.varlen;
   static constexpr bool kSoftcap = K.softcap;
   static constexpr bool kInPlace = K.in_place;
+  static constexpr int kDqStages = K.dq_stages;
+  static constexpr bool kDqUnreduced = K.dq_unreduced;
   static constexpr int kCtaThreads = kThreads + (kLoadIssue == 2 ? 128 : 0);  // the dK/dV kernel's block
   // kLoadIssue 2: the pool is kCtaThreads x 168 registers (65536 / 384, rounded down to 8); the
   // loading warpgroup keeps 24 a thread, the two computing ones get 240.
@@ -240,6 +249,8 @@ struct BwdConfig {
   static_assert(kLoadIssue != 2 || kDqByKeys || kDqLag, "a loading warpgroup, and a CTA barrier in the step");
   static_assert(!kInPlace || (kD <= 128 && !kFoldedBoxes && kKvTma),
                 "tensors of fewer columns: d64/d128, 64-column boxes, K and V by TMA");
+  static_assert(kDqStages == 1 || (kDqStages == 2 && kD == 192 && !kDqAtomics), "two dQ stages: d192, staged");
+  static_assert(!kDqUnreduced || kD == 192, "dQ left unreduced (a diagnostic): d192");
 };
 
 // The columns of q, k, dq, dk (qk_cols_of) and of v, o, dout, dv (v_cols_of) configuration Cfg's
