@@ -249,13 +249,13 @@ struct Device {
     for (void* x : {q, k, v, o, dout, dq, dk, dv, ws}) cudaFree(x);
     cudaFree(lse);
   }
-  // Gradients and the workspace poisoned (NaN), then the configuration's backward.
+  // Gradients poisoned (NaN), then the configuration's backward.
   void run(const Config& c) {
     CK(cudaMemset(dq, 0xFF, nq * 2));
     CK(cudaMemset(dk, 0xFF, nk * 2));
     CK(cudaMemset(dv, 0xFF, nkv * 2));
     const fa4::Status st = c.fn(p, 0);
-    if (!st.ok()) { std::printf("%s d%d: %s\n", c.name, c.d, st.message.c_str()); std::exit(1); }
+    if (!st.ok()) { std::printf("%s d%s: %s\n", c.name, dims_name(c.d, c.value_dim()).c_str(), st.message.c_str()); std::exit(1); }
     CK(cudaDeviceSynchronize());
   }
 };

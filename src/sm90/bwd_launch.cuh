@@ -83,7 +83,7 @@ Status launch_backward(const BwdParams& a, cudaStream_t stream) {
   // a kernel, in place), which only Cfg::kInPlace's kernels read and write.
   p.qk_cols = a.qk_cols > 0 ? a.qk_cols : kD;
   p.v_cols = a.v_cols > 0 ? a.v_cols : kDv;
-  if (p.qk_cols > kD || p.v_cols > kDv || p.qk_cols % 8 != 0 || p.v_cols % 8 != 0 ||
+  if (a.qk_cols < 0 || a.v_cols < 0 || p.qk_cols > kD || p.v_cols > kDv || p.qk_cols % 8 != 0 || p.v_cols % 8 != 0 ||
       (!Cfg::kInPlace && (p.qk_cols != kD || p.v_cols != kDv)))
     return {StatusCode::kNotSupported, "qk_cols = " + std::to_string(p.qk_cols) + ", v_cols = " +
                                            std::to_string(p.v_cols) + ": not this configuration's (" +
