@@ -599,8 +599,9 @@ def main(argv=None) -> int:
     meta = {"gpu": props.name, "driver": gpu_driver(), "commit": commit_hash(),
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             # The library's kernel switches this process runs with (read by libfa4 from the
-            # environment: FA4_BACKWARD_D192, FA4_FORWARD_V128), so padded and native runs differ.
-            "switches": {k: os.environ[k] for k in ("FA4_BACKWARD_D192", "FA4_FORWARD_V128") if k in os.environ},
+            # environment: FA4_BACKWARD_D192, FA4_BACKWARD_V128, FA4_FORWARD_V128), so padded and native runs differ.
+            "switches": {k: os.environ[k] for k in ("FA4_BACKWARD_D192", "FA4_BACKWARD_V128", "FA4_FORWARD_V128")
+                         if k in os.environ},
             "command": "python3 bench/side_by_side.py " + " ".join(
                 shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))}
     log(f"side_by_side: {props.name}, {props.multi_processor_count} SMs, driver {meta['driver']}, "

@@ -336,17 +336,22 @@ TEST(BackwardGpu, PaddedHeadDims) {
       cases.push_back(graph);
     }
   }
-  // Two head dims (Problem::head_dim_v): DeepSeek's 192 / 128, a wider value side (64 / 128), both
-  // without a kernel of their own (40 / 72); rows without keys, the deterministic mode.
+  // Two head dims (Problem::head_dim_v): a wider value side (64 / 128), both without a kernel of
+  // their own (40 / 72); rows without keys, the deterministic mode. Then DeepSeek's 192 / 128 over
+  // copies on 256's (detail::set_backward_v128 off; on, it has kernels of its own: D192Kernels).
+  std::vector<Case> deepseek;
   for (auto [d, dv] : {std::pair<int64_t, int64_t>{192, 128}, {64, 128}, {40, 72}}) {
     Case c{BF16, 2, 239, 128, 4, 2, d, true};
     c.head_dim_v = dv, c.layout = Layout::kPadded;
-    cases.push_back(c);
+    (d == 192 ? deepseek : cases).push_back(c);
     Case det{FP16, 1, 300, 120, 2, 1, d, true};
     det.head_dim_v = dv, det.deterministic = true;
-    cases.push_back(det);
+    (d == 192 ? deepseek : cases).push_back(det);
   }
   run_cases(cases, 5000);
+  const fa4::test::BackwardV128 off(false);
+  const fa4::test::BackwardD192 d192_off(false);
+  run_cases(deepseek, 5100);
 }
 
 // Attention sinks: dq, dk and dv through the forward's LSE with the sinks, and dsink (the sinks'
@@ -564,14 +569,16 @@ TEST(BackwardGpu, Softcap) {
   run_cases(cases, 1000);
 }
 
-// The backward's d192 kernels (detail::set_backward_d192, on for this test only): d192 itself and
-// the head dims padded to it (136-184, DeepSeek's 192 / 128), through the public API, as the
+// The backward's d192 kernels (detail::set_backward_d192, on for this test only; 192 / 128's by
+// set_backward_v128, on by default): d192 itself, the head dims padded to it (136-184) and
+// DeepSeek's 192 / 128, through the public API, as the
 // tests above run the other kernel head dims: odd lengths both ways, causal rows without keys,
 // GQA and MQA, fp16, BHSD and strided views, windows, a scale, the deterministic mode, soft caps,
 // sinks, a CUDA graph, the copies in the workspace and from cudaMallocAsync.
 TEST(BackwardGpu, D192Kernels) {
   FA4_REQUIRE_GPU();
   const fa4::test::BackwardD192 on(true);
+  const fa4::test::BackwardV128 v128(true);  // (192 / 128's, on by default)
   std::vector<Case> cases;
   const std::pair<int64_t, int64_t> lengths[] = {{1, 1},    {17, 17},  {128, 128}, {239, 239}, {1, 300},
                                                  {300, 1},  {17, 303}, {303, 17},  {128, 239}, {239, 128}};
@@ -642,6 +649,7 @@ TEST(BackwardGpu, D192Kernels) {
 TEST(BackwardGpu, D192KernelsSmall) {
   FA4_REQUIRE_GPU();
   const fa4::test::BackwardD192 on(true);
+  const fa4::test::BackwardV128 v128(true);
   std::vector<Case> cases{{BF16, 1, 130, 200, 4, 2, 192, true}};
   Case det{FP16, 1, 100, 150, 2, 1, 192, false};
   det.deterministic = true;

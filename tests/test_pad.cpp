@@ -366,11 +366,12 @@ TEST(PadPlan, BackwardCopiesFiveInThreeOutAfterTheAccumulator) {
   EXPECT_EQ(int64_t(bytes), fa4::detail::backward_pad_offset(a.problem) + c.bytes);
 }
 
-// Two head dims (DeepSeek's 192 / 128): both sides on the kernel head dim of the larger (the
-// forward's 192, the backward's 256), each copy of its own side's columns; the scale the qk head
-// dim's.
+// Two head dims (DeepSeek's 192 / 128, its own kernels switched off): both sides on the kernel head
+// dim of the larger (the forward's 192, the backward's 256), each copy of its own side's columns;
+// the scale the qk head dim's.
 TEST(PadPlan, TwoHeadDimsOnTheLargersKernel) {
   const fa4::test::BackwardD192 off(false);  // (the default routing)
+  const fa4::test::BackwardV128 v128_off(false);  // (192 / 128's backward over copies, as before its kernels)
   ForwardArgs a = forward_at(192);
   a.problem.head_dim_v = 128;
   const auto c = fa4::detail::pad_forward(a, fake(9));
@@ -681,6 +682,7 @@ void emulate_padded_call(int64_t d, int64_t dv, bool bhsd) {
 }
 
 TEST(PadEmulated, ForwardAndBackwardEqualTheCallersProblem) {
+  const fa4::test::BackwardV128 v128_off(false);  // (192 / 128's backward over copies on 256's)
   for (bool bhsd : {false, true}) {
     emulate_padded_call(40, 40, bhsd);    // on 64's kernels
     emulate_padded_call(96, 96, bhsd);    // on 128's

@@ -101,5 +101,6 @@ class ScopedSwitch {
 };
 using BackwardD192 = ScopedSwitch<&fa4::detail::backward_d192, &fa4::detail::set_backward_d192>;
 using ForwardV128 = ScopedSwitch<&fa4::detail::forward_v128, &fa4::detail::set_forward_v128>;
+using BackwardV128 = ScopedSwitch<&fa4::detail::backward_v128, &fa4::detail::set_backward_v128>;
 
 }  // namespace fa4::test

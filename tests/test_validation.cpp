@@ -221,9 +221,11 @@ TEST(Validation, HeadDimVTakesTheSameRuleAndSizesTheValueSide) {
 }
 
 TEST(Validation, KernelHeadDimIsTheNextWithAKernelInThatPass) {
-  // (the routing with both switches off; FA4_BACKWARD_D192 and FA4_FORWARD_V128 aside)
+  // (the routing with the switches off; FA4_BACKWARD_D192, FA4_BACKWARD_V128 and FA4_FORWARD_V128
+  // aside)
   const fa4::test::BackwardD192 off(false);
   const fa4::test::ForwardV128 v128_off(false);
+  const fa4::test::BackwardV128 bwd_v128_off(false);
   using fa4::detail::Pass;
   // head dim, the 16-bit forward's kernel head dim, the backward's (and e4m3's forward's)
   const std::array<int64_t, 3> cases[] = {{8, 64, 64},     {56, 64, 64},    {64, 64, 64},   {72, 128, 128},
@@ -258,8 +260,9 @@ TEST(Validation, KernelHeadDimIsTheNextWithAKernelInThatPass) {
   EXPECT_FALSE(fa4::detail::padded(p, Pass::kForward));
 }
 
-// detail::set_backward_d192: the backward's head dims 136-192 (and 192 / 128) on the d192 kernels,
-// the workspace sized for them; off again, 256's. The forward and e4m3 do not follow it.
+// detail::set_backward_d192: the backward's head dims 136-192 on the d192 kernels, the workspace
+// sized for them; off again, 256's. The forward and e4m3 do not follow it. 192 / 128 follows
+// set_backward_v128 (BackwardV128SwitchKeepsDeepSeeksValueSide).
 TEST(Validation, BackwardD192SwitchMovesTheBackwardsKernelHeadDim) {
   using fa4::detail::Pass;
   for (bool by_default : {false, true}) {
@@ -290,6 +293,7 @@ TEST(Validation, BackwardD192SwitchMovesTheBackwardsKernelHeadDim) {
     EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kForward), d <= 128 ? 128 : 256) << "e4m3, head_dim " << d;
   }
   // DeepSeek's 192 / 128 on kernels of its own (native_value_dim); other pairs over copies.
+  const fa4::test::BackwardV128 v128(true);
   p.dtype = DType::kBF16;
   p.head_dim = 192;
   p.head_dim_v = 128;
@@ -306,11 +310,56 @@ TEST(Validation, BackwardD192SwitchMovesTheBackwardsKernelHeadDim) {
     EXPECT_FALSE(fa4::detail::native_value_dim(p, Pass::kBackward)) << d << " / " << dv;
     EXPECT_TRUE(fa4::detail::padded(p, Pass::kBackward)) << d << " / " << dv;
   }
-  {
+  {  // (192 / 128 stays on its own kernels with the d192 switch off: set_backward_v128's)
     const fa4::test::BackwardD192 off(false);
     p.head_dim = 192, p.head_dim_v = 128;
+    EXPECT_TRUE(fa4::detail::native_value_dim(p, Pass::kBackward));
+    EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kBackward), 192);
+    p.head_dim = 160;  // (but 136-184 go back to 256's)
+    EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kBackward), 256);
+  }
+}
+
+// detail::set_backward_v128 (on by default): the backward's 192 / 128 on the d192 kernels with a
+// 128-column value side, nothing copied, the workspace the d192 accumulator's; off, over copies
+// padded to 256 (or, with the d192 switch on, to 192); no other pair follows it, nor the forward.
+TEST(Validation, BackwardV128SwitchKeepsDeepSeeksValueSide) {
+  using fa4::detail::Pass;
+  if (std::getenv("FA4_BACKWARD_V128") == nullptr)
+    ASSERT_EQ(fa4::detail::backward_v128(), fa4::detail::kBackwardV128ByDefault) << "the default";
+  Problem p = valid_problem();
+  p.head_dim = 192, p.head_dim_v = 128;
+  const fa4::test::BackwardD192 d192_off(false);
+  int64_t on_bytes = 0, off_bytes = 0;
+  {
+    const fa4::test::BackwardV128 on(true);
+    EXPECT_TRUE(fa4::detail::native_value_dim(p, Pass::kBackward));
+    EXPECT_FALSE(fa4::detail::padded(p, Pass::kBackward));
+    EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kBackward), 192);
+    ASSERT_TRUE(fa4::detail::dq_accum_bytes(p, &on_bytes));
+    size_t bytes = 0;
+    ASSERT_TRUE(fa4::backward_workspace_size(fa4::BackwardArgs{.problem = p}, &bytes).ok());
+    EXPECT_EQ(int64_t(bytes), on_bytes) << "no copies";
+    EXPECT_EQ(fa4::detail::make_bwd_params(fa4::BackwardArgs{.problem = p}).head_dim_v, 128);
+    for (auto [d, dv] : {std::pair<int64_t, int64_t>{160, 128}, {192, 64}, {128, 192}, {192, 160}}) {
+      Problem o = p;
+      o.head_dim = d, o.head_dim_v = dv;
+      EXPECT_FALSE(fa4::detail::native_value_dim(o, Pass::kBackward)) << d << " / " << dv;
+      EXPECT_EQ(fa4::detail::kernel_head_dim(o, Pass::kBackward), 256) << d << " / " << dv;
+    }
+    const fa4::test::ForwardV128 fwd_off(false);
+    EXPECT_TRUE(fa4::detail::padded(p, Pass::kForward)) << "the forward follows its own switch";
+  }
+  {
+    const fa4::test::BackwardV128 off(false);
     EXPECT_FALSE(fa4::detail::native_value_dim(p, Pass::kBackward));
     EXPECT_TRUE(fa4::detail::padded(p, Pass::kBackward));
+    EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kBackward), 256);
+    ASSERT_TRUE(fa4::detail::dq_accum_bytes(p, &off_bytes));
+    EXPECT_EQ(off_bytes / (256 + 2) * (192 + 2), on_bytes);
+    const fa4::test::BackwardD192 d192_on(true);
+    EXPECT_EQ(fa4::detail::kernel_head_dim(p, Pass::kBackward), 192);
+    EXPECT_TRUE(fa4::detail::padded(p, Pass::kBackward)) << "v, o, dout and dv padded to 192";
   }
 }
 

@@ -742,6 +742,7 @@ TEST(VarlenGpu, BackwardEveryHeadDimAgainstEachSequence) {
 TEST(VarlenGpu, BackwardD192Kernels) {
   FA4_REQUIRE_GPU();
   const fa4::test::BackwardD192 on(true);
+  const fa4::test::BackwardV128 v128(true);  // (192 / 128's, on by default)
   uint32_t seed = 9601;
   for (int64_t d : {192, 160})
     for (bool deterministic : {false, true}) {

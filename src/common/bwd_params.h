@@ -51,7 +51,7 @@ struct BwdParams {
   const float* sink = nullptr;
   float* dsink = nullptr;
   // v's, o's, dout's and dv's head dim (Problem::value_dim()): head_dim but where a kernel takes
-  // two (192 / 128, with set_backward_d192; validate.h, native_value_dim). Last, for the offsets
+  // two (192 / 128, with set_backward_v128; validate.h, native_value_dim). Last, for the offsets
   // above.
   int head_dim_v = 0;
   // The caller's columns of q, k, dq and dk (qk_cols) and of v, o, dout and dv (v_cols) where the

@@ -613,16 +613,25 @@ std::atomic<bool>& forward_v128_switch() {
   static std::atomic<bool> on{kernel_switch_from_env(std::getenv("FA4_FORWARD_V128"), kForwardV128ByDefault)};
   return on;
 }
+std::atomic<bool>& backward_v128_switch() {
+  static std::atomic<bool> on{kernel_switch_from_env(std::getenv("FA4_BACKWARD_V128"), kBackwardV128ByDefault)};
+  return on;
+}
+// DeepSeek's pair of head dims.
+bool deepseek_dims(const Problem& p) { return p.head_dim == 192 && p.value_dim() == 128; }
 }  // namespace
 
 void set_backward_d192(bool on) { backward_d192_switch().store(on); }
 bool backward_d192() { return backward_d192_switch().load(); }
 void set_forward_v128(bool on) { forward_v128_switch().store(on); }
 bool forward_v128() { return forward_v128_switch().load(); }
+void set_backward_v128(bool on) { backward_v128_switch().store(on); }
+bool backward_v128() { return backward_v128_switch().load(); }
 
 int64_t kernel_head_dim(const Problem& p, Pass pass) {
   const int64_t need = std::max(p.head_dim, p.value_dim());
-  const bool with192 = pass == Pass::kForward ? p.dtype != DType::kE4M3 : backward_d192();
+  const bool with192 =
+      pass == Pass::kForward ? p.dtype != DType::kE4M3 : backward_d192() || (deepseek_dims(p) && backward_v128());
   for (int d : with192 ? std::span<const int>(kForwardKernelHeadDims) : std::span<const int>(kKernelHeadDims))
     if (need <= d) return d;
   return 0;
@@ -630,8 +639,8 @@ int64_t kernel_head_dim(const Problem& p, Pass pass) {
 
 bool native_value_dim(const Problem& p, Pass pass, bool paged) {
   if (p.value_dim() == p.head_dim) return true;
-  if (p.head_dim != 192 || p.value_dim() != 128) return false;
-  if (pass == Pass::kBackward) return backward_d192();
+  if (!deepseek_dims(p)) return false;
+  if (pass == Pass::kBackward) return backward_v128();
   return forward_v128() && p.dtype != DType::kE4M3 && p.softcap == 0.0f && !paged;
 }
 

@@ -39,7 +39,8 @@ enum class Pass { kForward, kBackward };
 
 // The head dim whose kernels run the call: the smallest at or above the larger of p.head_dim and
 // p.value_dim() of kForwardKernelHeadDims (the 16-bit forward; the backward with
-// backward_d192()) or kKernelHeadDims (the backward, the e4m3 forward); 0 past the largest. Other
+// backward_d192(), and 192 / 128's with backward_v128()) or kKernelHeadDims (the backward, the
+// e4m3 forward); 0 past the largest. Other
 // than the call's head dims, the tensors run as zero-padded copies (common/pad.h).
 int64_t kernel_head_dim(const Problem& p, Pass pass);
 
@@ -63,12 +64,21 @@ bool kernel_switch_from_env(const char* value, bool by_default);
 // ("1" on, "0" off) sets it when first asked.
 void set_forward_v128(bool on);
 bool forward_v128();
+// Whether the backward runs 192 / 128 (DeepSeek's) on the d192 kernels with a 128-column value side
+// (BwdConfig<192, ..., 128>) instead of on d256's over copies padded to 256 (or, with
+// set_backward_d192 alone, on d192's with v, o, dout and dv padded to 192): on by default since
+// those kernels ran 1.00-1.45 x the copies on an H200, never below (docs/perf-notes.md, "The d192
+// backward, the 192 / 128 forward and the in-place o, first GPU run"). As the others:
+// process-wide, FA4_BACKWARD_V128 ("1" on, "0" off) sets it when first asked.
+void set_backward_v128(bool on);
+bool backward_v128();
 // Their defaults where the environment says nothing.
 inline constexpr bool kBackwardD192ByDefault = false;
 inline constexpr bool kForwardV128ByDefault = false;
+inline constexpr bool kBackwardV128ByDefault = true;
 
 // Whether p's two head dims (p.value_dim() beside p.head_dim) run on kernels of their own in that
-// pass: one head dim always; 192 / 128 (DeepSeek's) in the backward with backward_d192(), in the
+// pass: one head dim always; 192 / 128 (DeepSeek's) in the backward with backward_v128(), in the
 // forward with forward_v128() where neither soft-capped nor from a paged cache (those
 // configurations' kernels have one head dim) nor e4m3.
 bool native_value_dim(const Problem& p, Pass pass, bool paged = false);
