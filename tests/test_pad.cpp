@@ -296,13 +296,15 @@ TEST(PadPlan, Fp8InputsOfOneByteAndABf16Output) {
                          kB * kSq * kHq * 128 * 2);
 }
 
-// On the backward kernels of 64 and 128 every tensor is read and written where it is: no copies,
-// the caller's columns handed on (BwdParams::qk_cols, v_cols), the workspace the accumulator's at
-// the kernel head dim alone.
-TEST(PadPlan, BackwardInPlaceOnTheKernelsOf64And128) {
+// On every backward kernel every tensor is read and written where it is: no copies, the caller's
+// columns handed on (BwdParams::qk_cols, v_cols), the workspace the accumulator's at the kernel
+// head dim alone.
+TEST(PadPlan, BackwardInPlaceOnEveryKernel) {
   const fa4::test::BackwardD192 off(false);  // (the default routing)
+  const fa4::test::BackwardV128 v128_off(false);  // (192 / 128 on 256's)
   for (const auto& [d, dv, k] : {std::tuple{72, 72, 128}, {40, 40, 64}, {8, 8, 64}, {64, 128, 128}, {128, 64, 128},
-                                 {40, 72, 128}, {120, 120, 128}}) {
+                                 {40, 72, 128}, {120, 120, 128}, {200, 200, 256}, {136, 136, 256}, {192, 128, 256},
+                                 {64, 136, 256}, {248, 248, 256}}) {
     SCOPED_TRACE(std::to_string(d) + " / " + std::to_string(dv));
     BackwardArgs a;
     a.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, d);
@@ -334,36 +336,19 @@ TEST(PadPlan, BackwardInPlaceOnTheKernelsOf64And128) {
   }
 }
 
-TEST(PadPlan, BackwardCopiesFiveInThreeOutAfterTheAccumulator) {
-  const fa4::test::BackwardD192 off(false);  // (the default routing: 200 on 256's kernels)
-  BackwardArgs a;
-  a.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, 200);
-  a.q = a.o = a.dout = a.dq = fa4::bshd(fake(0), kSq, kHq, 200);
-  a.k = a.v = a.dk = a.dv = fa4::bshd(fake(1), kSk, kHkv, 200);
-  a.workspace = fake(7);
-  a.workspace_bytes = 12345;
-  const auto c = fa4::detail::pad_backward(a, fake(8));
-  ASSERT_EQ(c.count, 8);
-  EXPECT_EQ(c.qk_cols, 0);
-  EXPECT_EQ(c.v_cols, 0);
-  EXPECT_EQ(c.args.workspace, a.workspace);  // the kernels' dQ accumulator
-  EXPECT_EQ(c.args.workspace_bytes, a.workspace_bytes);
-  EXPECT_EQ(c.args.problem.head_dim, 256);
-  const char* names[] = {"q", "k", "v", "o", "dout", "dq", "dk", "dv"};
-  for (int i = 0; i < 8; ++i) {
-    EXPECT_STREQ(c.copies[i].name, names[i]);
-    EXPECT_EQ(c.copies[i].in, i < 5) << names[i];
-    EXPECT_EQ(c.copies[i].out, i >= 5) << names[i];
+// With the d192 kernels on, 136-184 (and two head dims within 192) on them, still in place.
+TEST(PadPlan, BackwardInPlaceOnTheD192Kernels) {
+  const fa4::test::BackwardD192 on(true);
+  for (const auto& [d, dv] : {std::pair<int64_t, int64_t>{160, 160}, {136, 136}, {160, 128}, {192, 64}}) {
+    BackwardArgs a;
+    a.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, d);
+    a.problem.head_dim_v = dv == d ? 0 : dv;
+    const auto c = fa4::detail::pad_backward(a, fake(8));
+    EXPECT_EQ(c.args.problem.head_dim, 192) << d << " / " << dv;
+    EXPECT_EQ(c.count, 0) << d << " / " << dv;
+    EXPECT_EQ(c.qk_cols, d);
+    EXPECT_EQ(c.v_cols, dv);
   }
-  EXPECT_EQ(c.args.dq.data, c.copies[5].padded);
-  // The copies start past the accumulator at 256 columns, rounded to 256 bytes.
-  int64_t accum = 0;
-  ASSERT_TRUE(fa4::detail::dq_accum_bytes(a.problem, &accum));
-  EXPECT_EQ(accum, kB * 128 * kHq * (256 + 2) * 4);
-  EXPECT_EQ(fa4::detail::backward_pad_offset(a.problem), (accum + 255) / 256 * 256);
-  size_t bytes = 0;
-  ASSERT_TRUE(fa4::backward_workspace_size(a, &bytes).ok());
-  EXPECT_EQ(int64_t(bytes), fa4::detail::backward_pad_offset(a.problem) + c.bytes);
 }
 
 // Two head dims (DeepSeek's 192 / 128, its own kernels switched off): both sides on the kernel head
@@ -390,9 +375,9 @@ TEST(PadPlan, TwoHeadDimsOnTheLargersKernel) {
   g0.q = g0.dq = a.q, g0.k = g0.dk = a.k, g0.v = g0.dv = a.v, g0.o = g0.dout = a.o;
   const auto gc = fa4::detail::pad_backward(g0, fake(8));
   EXPECT_EQ(gc.args.problem.head_dim, 256);
-  const int64_t cols[] = {192, 192, 128, 128, 128, 192, 192, 128};
-  ASSERT_EQ(gc.count, 8);
-  for (int i = 0; i < 8; ++i) EXPECT_EQ(gc.copies[i].cols, cols[i]) << gc.copies[i].name;
+  EXPECT_EQ(gc.count, 0);  // (the backward copies nothing: each side's columns handed on)
+  EXPECT_EQ(gc.qk_cols, 192);
+  EXPECT_EQ(gc.v_cols, 128);
   a.problem.head_dim = 64, a.problem.head_dim_v = 160;  // the value side the wider
   EXPECT_EQ(fa4::detail::pad_forward(a, nullptr).args.problem.head_dim, 192);
   a.problem.head_dim_v = 200;
@@ -663,8 +648,9 @@ void emulate_padded_call(int64_t d, int64_t dv, bool bhsd) {
   const int64_t G = fa4::detail::kernel_head_dim(p, fa4::detail::Pass::kBackward);  // (192: 256's, or 192's with set_backward_d192)
   ASSERT_EQ(gcall.args.problem.head_dim, G);
   emulate_set(gcall, true, G);
-  // On 64's and 128's kernels the caller's tensors, read and written at their own columns.
-  EXPECT_EQ(gcall.qk_cols > 0, G <= 128) << "every tensor in place on the kernels of 64 and 128";
+  // The caller's tensors, read and written at their own columns, on every kernel.
+  EXPECT_EQ(gcall.count, 0) << "every tensor in place";
+  EXPECT_GT(gcall.qk_cols, 0);
   const int64_t gqk = gcall.qk_cols > 0 ? gcall.qk_cols : G, gv = gcall.v_cols > 0 ? gcall.v_cols : G;
   const auto kg = fa4::ref::backward(gcall.args.problem, kernel_read(gcall.args.q, B, SQ, HQ, gqk, G),
                                      kernel_read(gcall.args.k, B, SK, HKV, gqk, G),
@@ -682,7 +668,7 @@ void emulate_padded_call(int64_t d, int64_t dv, bool bhsd) {
 }
 
 TEST(PadEmulated, ForwardAndBackwardEqualTheCallersProblem) {
-  const fa4::test::BackwardV128 v128_off(false);  // (192 / 128's backward over copies on 256's)
+  const fa4::test::BackwardV128 v128_off(false);  // (192 / 128's backward on 256's, in place)
   for (bool bhsd : {false, true}) {
     emulate_padded_call(40, 40, bhsd);    // on 64's kernels
     emulate_padded_call(96, 96, bhsd);    // on 128's
@@ -710,28 +696,25 @@ TEST(PadEmulated, BackwardOnTheD192Kernels) {
 // One launch a direction: the set of the copies in (with a gathered pool's table) and of those out,
 // each copy's units a range of the set's, copy_of finding a unit's copy at the ranges' edges.
 TEST(PadUnits, CopySetsCoverEachDirectionsCopies) {
-  const fa4::test::BackwardD192 off(false);  // (the default routing: 200 on 256's kernels)
-  BackwardArgs b;
-  b.problem = fa4::test::make_problem(kB, kSq, kSk, kHq, kHkv, 200);
-  const auto call = fa4::detail::pad_backward(b, fake(8));
+  // (the forward at 200 on 256's kernels: q, k and v in, o out)
+  const auto call = fa4::detail::pad_forward(forward_at(200), fake(8));
   int64_t work = 0;
   const auto in = fa4::detail::copy_set_of<uint32_t>(call, true, 256, &work);
-  ASSERT_EQ(in.count, 5);  // q, k, v, o, dout
+  ASSERT_EQ(in.count, 3);  // q, k, v
   const uint32_t q_units = kB * kSq * kHq * 32, kv_units = kB * kSk * kHkv * 32;
-  const uint32_t ends[] = {q_units, q_units + kv_units, q_units + 2 * kv_units, 2 * q_units + 2 * kv_units,
-                           3 * q_units + 2 * kv_units};
-  for (int j = 0; j < 5; ++j) EXPECT_EQ(in.end[j], ends[j]) << j;
-  EXPECT_EQ(work, int64_t{ends[4]});
+  const uint32_t ends[] = {q_units, q_units + kv_units, q_units + 2 * kv_units};
+  for (int j = 0; j < 3; ++j) EXPECT_EQ(in.end[j], ends[j]) << j;
+  EXPECT_EQ(work, int64_t{ends[2]});
   EXPECT_EQ(in.padded[1], call.copies[1].padded);
   uint32_t local = 0;
   EXPECT_EQ(fa4::detail::copy_of(in, q_units - 1, &local), 0);
   EXPECT_EQ(local, q_units - 1);
   EXPECT_EQ(fa4::detail::copy_of(in, q_units, &local), 1);
   EXPECT_EQ(local, 0u);
-  EXPECT_EQ(fa4::detail::copy_of(in, ends[4], &local), 5);  // past every copy
+  EXPECT_EQ(fa4::detail::copy_of(in, ends[2], &local), 3);  // past every copy
   const auto out = fa4::detail::copy_set_of<uint32_t>(call, false, 256, &work);
-  ASSERT_EQ(out.count, 3);  // dq, dk, dv
-  EXPECT_EQ(out.user[0], call.copies[5].user.data);
+  ASSERT_EQ(out.count, 1);  // o
+  EXPECT_EQ(out.user[0], call.copies[3].user.data);
   EXPECT_EQ(out.table, nullptr);
   // A gathered pool's table rides with the copies in; the launch covers it where it is longer.
   ForwardArgs a = forward_at(200);

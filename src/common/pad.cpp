@@ -123,34 +123,14 @@ PaddedCall<ForwardArgs> pad_forward(const ForwardArgs& args, void* base) {
   return call;
 }
 
-PaddedCall<BackwardArgs> pad_backward(const BackwardArgs& args, void* base) {
+PaddedCall<BackwardArgs> pad_backward(const BackwardArgs& args, void*) {
+  // The backward's kernels take every tensor where it is (BwdParams::qk_cols, v_cols: their maps'
+  // extents the caller's columns, in 64-column boxes at every kernel head dim, the reads of o and
+  // dout and every store bounded by them): nothing is copied.
   PaddedCall<BackwardArgs> call;
   call.args = args;
   call.args.problem = padded_problem(args.problem, Pass::kBackward);
-  const Problem& p = args.problem;
-  const bool packed = args.varlen.enabled();
-  const Rows q = packed ? Rows{1, args.varlen.total_q, p.heads_q} : Rows{p.batch, p.seqlen_q, p.heads_q};
-  const Rows kv = packed ? Rows{1, args.varlen.total_k, p.heads_kv} : Rows{p.batch, p.seqlen_k, p.heads_kv};
-  const int e = element_size(p.dtype);
-  Planner<BackwardArgs> plan(&call, base, call.args.problem.head_dim);
-  BackwardArgs& a = call.args;
-  const int64_t d = p.head_dim, dv = p.value_dim();
-  // The kernels of 64 and 128 take every tensor where it is (BwdParams::qk_cols, v_cols: their
-  // maps' extents the caller's columns, the reads of o and dout and every store bounded by them;
-  // those of 192 and 256 load Q and dO in folded boxes of every 64-column chunk): nothing is
-  // copied.
-  if (call.args.problem.head_dim <= 128) {
-    call.qk_cols = d, call.v_cols = dv;
-    return call;
-  }
-  plan.add("q", &a.q, q, d, e, true, false);
-  plan.add("k", &a.k, kv, d, e, true, false);
-  plan.add("v", &a.v, kv, dv, e, true, false);
-  plan.add("o", &a.o, q, dv, e, true, false);
-  plan.add("dout", &a.dout, q, dv, e, true, false);
-  plan.add("dq", &a.dq, q, d, e, false, true);
-  plan.add("dk", &a.dk, kv, d, e, false, true);
-  plan.add("dv", &a.dv, kv, dv, e, false, true);
+  call.qk_cols = args.problem.head_dim, call.v_cols = args.problem.value_dim();
   return call;
 }
 

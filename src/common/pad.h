@@ -59,17 +59,17 @@ struct PaddedCall {
   // The 16-bit forward on the kernels of head dim 64 and 128 reads q, k and v and writes o where
   // they are (FwdParams::qk_cols, v_cols: TMA fills the columns past a map's extent with zeros and
   // clips its stores there, the decoding kernel's copies of those pieces take zero bytes, and
-  // stores from registers skip them), and so does the backward there every tensor
-  // (BwdParams::qk_cols, v_cols: its loads by TMA, D's kernel's reads of o and dout and every store
-  // bounded), so nothing is copied: the caller's columns of q and k (dq, dk), and of v and o
-  // (dout, dv). 0: the tensors are copies (or already of the kernel head dim).
+  // stores from registers skip them), and so does the backward on every kernel with every tensor
+  // (BwdParams::qk_cols, v_cols: its loads by TMA in 64-column boxes, D's kernel's reads of o and
+  // dout and every store bounded), so nothing is copied: the caller's columns of q and k (dq, dk),
+  // and of v and o (dout, dv). 0: the tensors are copies (or already of the kernel head dim).
   int64_t qk_cols = 0, v_cols = 0;
 };
 
 // The copies of a forward or backward call at a head dim without a kernel (none of a tensor
 // already of the kernel head dim: with head_dim_v, one side may be; a paged cache's k and v both or
-// neither, its pages gathered into a dense pool of their own table; on the 16-bit kernels of 64
-// and 128, forward and backward, none at all: PaddedCall::qk_cols), placed from `base`
+// neither, its pages gathered into a dense pool of their own table; in the 16-bit forward on the
+// kernels of 64 and 128, and in the backward, none at all: PaddedCall::qk_cols), placed from `base`
 // (null: sized only, its tensors' pointers null). Reads the problem, the varlen totals (with
 // cu_seqlens) and the paged cache's geometry (with a block table); for placing, args must have
 // passed validate(). The forward's o is copied in too with cu_seqlens (its rows outside every sequence

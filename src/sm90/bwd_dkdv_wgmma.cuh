@@ -1134,6 +1134,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                       int64_t(end_seq.k_off + k0) * p.dv_stride[1] + out_col0;
   if constexpr (L::kDqStage)  // the warpgroup's last reduction has read its stage before the CTA exits
     if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+  // The columns stored: the tensors' (qk_cols_of, v_cols_of: kD's and kDv's but in place), from the
+  // warpgroup's first (out_col0).
+  const int dk_cols = qk_cols_of<Cfg>(p) - out_col0, dv_cols = v_cols_of<Cfg>(p) - out_col0;
   if constexpr (kByOperand) {
     // Warpgroup 0 writes dV (kDv columns) through the first dO buffer, warpgroup 1 dK through
     // the first Q buffer, once both are past their last step.
@@ -1141,26 +1144,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wg == 0) {
       if constexpr (Cfg::kStagedStores)
         store_rows_staged<kBlock, kDv, kBF16>(smem + L::kDo, 0, acc_view<kDv>(a.acc), dv_rows, p.dv_stride[1], valid,
-                                              kDv, tid, 1);
+                                              dv_cols, tid, 1);
       else
-        store_rows_direct<kDv, kBF16>(acc_view<kDv>(a.acc), dv_rows, p.dv_stride[1], valid, kDv, tid);
+        store_rows_direct<kDv, kBF16>(acc_view<kDv>(a.acc), dv_rows, p.dv_stride[1], valid, dv_cols, tid);
     } else {
       if constexpr (Cfg::kStagedStores)
-        store_rows_staged<kBlock, kD, kBF16>(smem + L::kQ, 0, a.acc, dk_rows, p.dk_stride[1], valid, kD, tid, 2);
+        store_rows_staged<kBlock, kD, kBF16>(smem + L::kQ, 0, a.acc, dk_rows, p.dk_stride[1], valid, dk_cols, tid, 2);
       else
-        store_rows_direct<kD, kBF16>(a.acc, dk_rows, p.dk_stride[1], valid, kD, tid);
+        store_rows_direct<kD, kBF16>(a.acc, dk_rows, p.dk_stride[1], valid, dk_cols, tid);
     }
   } else if constexpr (Cfg::kStagedStores) {
     // Through the first Q and dO buffers, once both warpgroups are past their last step: the
     // warpgroup's 128 columns are 64-column blocks 2 wg and 2 wg + 1 of each.
     __syncthreads();
     store_rows_staged<kBlock, 128, kBF16>(smem + L::kQ + 2 * wg * kBlock * 128, 0, a.dk, dk_rows, p.dk_stride[1],
-                                          valid, 128, tid, 1 + wg);
+                                          valid, dk_cols, tid, 1 + wg);
     store_rows_staged<kBlock, 128, kBF16>(smem + L::kDo + 2 * wg * kBlock * 128, 0, a.dv, dv_rows, p.dv_stride[1],
-                                          valid, 128, tid, 1 + wg);
+                                          valid, dv_cols, tid, 1 + wg);
   } else {
-    store_rows_direct<128, kBF16>(a.dk, dk_rows, p.dk_stride[1], valid, 128, tid);
-    store_rows_direct<128, kBF16>(a.dv, dv_rows, p.dv_stride[1], valid, 128, tid);
+    store_rows_direct<128, kBF16>(a.dk, dk_rows, p.dk_stride[1], valid, dk_cols, tid);
+    store_rows_direct<128, kBF16>(a.dv, dv_rows, p.dv_stride[1], valid, dv_cols, tid);
   }
   if constexpr (Cfg::kTrace) tr.cta(1, clock64());
 }

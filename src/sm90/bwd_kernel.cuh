@@ -140,12 +140,12 @@ struct BwdKnobs {
   // Soft-capped scores (detail::BwdParams::softcap): S^T capped before P^T, and dS^T times the
   // cap's slope (softcap_score). Not a measurement knob: the launch picks it for capped calls.
   bool softcap = false;
-  // d64/d128 with 64-column boxes (no folded ones) and K and V by TMA: the tensors may have fewer
-  // columns than the head dim (BwdParams::qk_cols, v_cols: a head dim without a kernel, read and
-  // written where the caller's tensors are): the maps' extents are theirs, TMA fills the columns
-  // past them with zeros, and the dK and dV stores skip them. d64 shipped (its boxes are one
-  // column block; native and padded calls share its kernels); at d128 the launch takes a
-  // configuration of its own for such calls (bwd_knobs_in_place), as d128 ships folded boxes.
+  // With 64-column boxes (no folded ones) and K and V by TMA: the tensors may have fewer columns
+  // than the head dim (BwdParams::qk_cols, v_cols: a head dim without a kernel, read and written
+  // where the caller's tensors are): the maps' extents are theirs, TMA fills the columns past them
+  // with zeros, and the dK and dV stores skip them. d64 shipped (its boxes are one column block;
+  // native and padded calls share its kernels); at d128, d192 and d256, which ship folded boxes,
+  // the launch takes a configuration of its own for such calls (bwd_knobs_in_place).
   bool in_place = false;
   // d192 with its dQ staged: stages of 16 KB a warpgroup (1 shipped; 2 where shared memory allows,
   // 192 / 128), so that a warpgroup's next piece is written while the reduction of the one before
@@ -173,9 +173,10 @@ constexpr BwdKnobs bwd_knobs(int d) {
   k.in_place = d == 64;
   return k;
 }
-// The shipped knobs of d128 for calls whose tensors have fewer columns (BwdParams::qk_cols,
-// v_cols): 64-column boxes in place of folded ones (+0.1-1.7 % folded, "The backward's candidates
-// on an H200"), so that the maps' extents can be the caller's columns.
+// The shipped knobs of d128, d192 or d256 for calls whose tensors have fewer columns
+// (BwdParams::qk_cols, v_cols): 64-column boxes in place of folded ones (folding measured +0.1-1.7 %
+// at d128, +1.3-3.2 % at d256: "The backward's candidates on an H200"), so that the maps' extents
+// can be the caller's columns.
 constexpr BwdKnobs bwd_knobs_in_place(int d) {
   BwdKnobs k = bwd_knobs(d);
   k.folded_boxes = false;
@@ -247,8 +248,7 @@ struct BwdConfig {
                 "a step's loads: at the step's top, after its first GEMMs, or by a warpgroup of their own (d64/d128)");
   // The loading warpgroup leaves once it has issued the walk's loads: no CTA barrier may follow them.
   static_assert(kLoadIssue != 2 || kDqByKeys || kDqLag, "a loading warpgroup, and a CTA barrier in the step");
-  static_assert(!kInPlace || (kD <= 128 && !kFoldedBoxes && kKvTma),
-                "tensors of fewer columns: d64/d128, 64-column boxes, K and V by TMA");
+  static_assert(!kInPlace || (!kFoldedBoxes && kKvTma), "tensors of fewer columns: 64-column boxes, K and V by TMA");
   static_assert(kDqStages == 1 || (kDqStages == 2 && kD == 192 && !kDqAtomics), "two dQ stages: d192, staged");
   static_assert(!kDqUnreduced || kD == 192, "dQ left unreduced (a diagnostic): d192");
 };

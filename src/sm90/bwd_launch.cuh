@@ -184,16 +184,22 @@ Status launch_shipped_config(const BwdParams& p, cudaStream_t stream) {
     k.softcap = kSoftcap;
     return k;
   };
+  // Tensors of fewer columns than the kernel head dims (a head dim without a kernel, read and
+  // written in place): d128, d192 and d256 on configurations of 64-column boxes.
+  const int dv = p.head_dim_v > 0 ? p.head_dim_v : p.head_dim;
+  const bool fewer = (p.qk_cols > 0 && p.qk_cols < p.head_dim) || (p.v_cols > 0 && p.v_cols < dv);
   switch (p.head_dim) {
     case 64: return launch_backward<BwdConfig<64, kBF16, sm90::bwd::bwd_knobs(64, edit)>>(p, stream);
-    case 128:  // (tensors of fewer columns, a head dim without a kernel read in place: 64-column boxes)
-      if ((p.qk_cols > 0 && p.qk_cols < 128) || (p.v_cols > 0 && p.v_cols < 128))
-        return launch_backward<BwdConfig<128, kBF16, in_place(128)>>(p, stream);
+    case 128:
+      if (fewer) return launch_backward<BwdConfig<128, kBF16, in_place(128)>>(p, stream);
       return launch_backward<BwdConfig<128, kBF16, sm90::bwd::bwd_knobs(128, edit)>>(p, stream);
     case 192:  // (192 / 128: DeepSeek's, on the same kernels with a narrower value side)
       if (p.head_dim_v == 128) return launch_backward<BwdConfig<192, kBF16, sm90::bwd::bwd_knobs(192, edit), 128>>(p, stream);
+      if (fewer) return launch_backward<BwdConfig<192, kBF16, in_place(192)>>(p, stream);
       return launch_backward<BwdConfig<192, kBF16, sm90::bwd::bwd_knobs(192, edit)>>(p, stream);
-    case 256: return launch_backward<BwdConfig<256, kBF16, sm90::bwd::bwd_knobs(256, edit)>>(p, stream);
+    case 256:
+      if (fewer) return launch_backward<BwdConfig<256, kBF16, in_place(256)>>(p, stream);
+      return launch_backward<BwdConfig<256, kBF16, sm90::bwd::bwd_knobs(256, edit)>>(p, stream);
     default:
       return {StatusCode::kNotSupported, "head_dim = " + std::to_string(p.head_dim) + " has no sm90 backward kernel"};
   }
