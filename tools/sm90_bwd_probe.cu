@@ -118,7 +118,7 @@ constexpr auto kDirectStores = [](BwdKnobs& k) { k.staged_stores = false; };
 constexpr BwdKnobs kDirectStores64 = bwd_knobs(64, kDirectStores), kDirectStores128 = bwd_knobs(128, kDirectStores),
                    kDirectStores256 = bwd_knobs(256, kDirectStores);
 // K and V loaded by every thread's cp.async, as before (`kv_tma` false).
-constexpr auto kCpAsyncKv = [](BwdKnobs& k) { k.kv_tma = false, k.in_place = false; };  // (in place needs TMA's zero fill)
+constexpr auto kCpAsyncKv = [](BwdKnobs& k) { k.kv_tma = false; };
 constexpr BwdKnobs kCpAsyncKv64 = bwd_knobs(64, kCpAsyncKv), kCpAsyncKv128 = bwd_knobs(128, kCpAsyncKv),
                    kCpAsyncKv256 = bwd_knobs(256, kCpAsyncKv);
 // The accumulator zeroed by a memset and D's kernel and the dK/dV kernel launched one after the
@@ -140,6 +140,9 @@ constexpr BwdKnobs kDqAtomics192 = bwd_knobs(192, [](BwdKnobs& k) { k.dq_atomics
 // a warpgroup (`dq-two-stages`: a piece staged while the last one's reduction still reads).
 constexpr BwdKnobs kDqUnreduced192 = bwd_knobs(192, [](BwdKnobs& k) { k.dq_unreduced = true; }),
                    kDqTwoStages192 = bwd_knobs(192, [](BwdKnobs& k) { k.dq_stages = 2; });
+// d192 and 192 / 128 as shipped before the warpgroup index went through a shuffle (`divergent-wg`:
+// every wgmma serialized, ptxas C7520).
+constexpr BwdKnobs kDivergentWg192 = bwd_knobs(192, [](BwdKnobs& k) { k.divergent_wg = true; });
 const Config kConfigs[] = {
     {"shipped", 64, run_cfg<BwdConfig<64, true>>},
     {"serial", 64, run_cfg<BwdConfig<64, true, kSerial64>>},
@@ -167,10 +170,12 @@ const Config kConfigs[] = {
     {"dq-atomics", 192, run_cfg<BwdConfig<192, true, kDqAtomics192>>},
     {"st-shared", 192, run_cfg<BwdConfig<192, true, kStShared192>>},
     {"dq-unreduced", 192, run_cfg<BwdConfig<192, true, kDqUnreduced192>>, 0, true},
+    {"divergent-wg", 192, run_cfg<BwdConfig<192, true, kDivergentWg192>>},
     {"shipped", 192, run_cfg<BwdConfig<192, true, bwd_knobs(192), 128>>, 128},
     {"dq-atomics", 192, run_cfg<BwdConfig<192, true, kDqAtomics192, 128>>, 128},
     {"dq-two-stages", 192, run_cfg<BwdConfig<192, true, kDqTwoStages192, 128>>, 128},
     {"dq-unreduced", 192, run_cfg<BwdConfig<192, true, kDqUnreduced192, 128>>, 128, true},
+    {"divergent-wg", 192, run_cfg<BwdConfig<192, true, kDivergentWg192, 128>>, 128},
     {"shipped", 256, run_cfg<BwdConfig<256, true>>},
     {"pdl", 256, run_cfg<BwdConfig<256, true, kPdl256>>},
     {"dq-after-dkdv", 256, run_cfg<BwdConfig<256, true, kDqAfter256>>},
@@ -454,7 +459,7 @@ constexpr BwdKnobs kTraced64 = bwd_knobs(64, kWithTrace), kTraced128 = bwd_knobs
                    kTraced192 = bwd_knobs(192, kWithTrace), kTraced256 = bwd_knobs(256, kWithTrace),
                    kTracedTwoStages192 = bwd_knobs(192, [](BwdKnobs& k) { k.trace = true, k.dq_stages = 2; }),
                    kTracedUnreduced192 = bwd_knobs(192, [](BwdKnobs& k) { k.trace = true, k.dq_unreduced = true; });
-constexpr auto kCpAsyncTraced = [](BwdKnobs& k) { k.trace = true, k.kv_tma = false, k.in_place = false; };
+constexpr auto kCpAsyncTraced = [](BwdKnobs& k) { k.trace = true, k.kv_tma = false; };
 constexpr BwdKnobs kCpAsyncTraced64 = bwd_knobs(64, kCpAsyncTraced), kCpAsyncTraced128 = bwd_knobs(128, kCpAsyncTraced),
                    kCpAsyncTraced256 = bwd_knobs(256, kCpAsyncTraced);
 const Config kTraced[] = {

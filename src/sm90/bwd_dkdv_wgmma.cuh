@@ -917,7 +917,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!cta_sequence<Cfg>(p, k0, seq)) return;
   const Walk walk = walk_of<Cfg::kVarlen>(p, seq, k0, kBlock);
   const int b = walk.b, hk = walk.hk, steps = walk.steps();
-  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  // The warpgroup, read through a shuffle from lane 0 so that ptxas knows it is uniform across the
+  // warp: at d192 the warpgroups run different GEMMs (dV or dK, and their dQ pieces in turn), and
+  // a branch on threadIdx.x / 128 it takes for divergent, inserting warpgroup arrives that
+  // serialize the kernel's wgmma (ptxas C7520, "serialized due to program dependence on
+  // compiler-inserted WG.AR in divergent path").
+  // (d256's warpgroups run the same GEMMs: its index is left as it was.)
+  const int wg = Cfg::kDivergentWg || !kByOperand ? int(threadIdx.x / 128)
+                                                   : __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const Visibility vis = Cfg::kVarlen ? Visibility{seq.q_len, seq.k_len, p.window_left, p.window_right}
                                       : Visibility{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
@@ -1136,7 +1144,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
   // The columns stored: the tensors' (qk_cols_of, v_cols_of: kD's and kDv's but in place), from the
   // warpgroup's first (out_col0).
-  const int dk_cols = qk_cols_of<Cfg>(p) - out_col0, dv_cols = v_cols_of<Cfg>(p) - out_col0;
+  // (Constants but in place, so that the other configurations' stores are as they were.)
+  const int dk_cols = Cfg::kInPlace ? qk_cols_of<Cfg>(p) - out_col0 : kByOperand ? kD : 128;
+  const int dv_cols = Cfg::kInPlace ? v_cols_of<Cfg>(p) - out_col0 : kByOperand ? kDv : 128;
   if constexpr (kByOperand) {
     // Warpgroup 0 writes dV (kDv columns) through the first dO buffer, warpgroup 1 dK through
     // the first Q buffer, once both are past their last step.

@@ -143,9 +143,9 @@ struct BwdKnobs {
   // With 64-column boxes (no folded ones) and K and V by TMA: the tensors may have fewer columns
   // than the head dim (BwdParams::qk_cols, v_cols: a head dim without a kernel, read and written
   // where the caller's tensors are): the maps' extents are theirs, TMA fills the columns past them
-  // with zeros, and the dK and dV stores skip them. d64 shipped (its boxes are one column block;
-  // native and padded calls share its kernels); at d128, d192 and d256, which ship folded boxes,
-  // the launch takes a configuration of its own for such calls (bwd_knobs_in_place).
+  // with zeros, and the dK and dV stores skip them. The launch takes a configuration of its own
+  // for such calls at every head dim (bwd_knobs_in_place), so the shipped kernels of calls at a
+  // kernel head dim are as they were.
   bool in_place = false;
   // d192 with its dQ staged: stages of 16 KB a warpgroup (1 shipped; 2 where shared memory allows,
   // 192 / 128), so that a warpgroup's next piece is written while the reduction of the one before
@@ -154,6 +154,11 @@ struct BwdKnobs {
   // Diagnostic, d192 (wrong results, for timing only: tools/sm90_bwd_probe): dQ's pieces computed
   // and not added, so that a step's time without its reductions can be read.
   bool dq_unreduced = false;
+  // The split kernel's warpgroup index as threadIdx.x / 128, which ptxas takes for divergent: at
+  // d192, whose warpgroups branch to different GEMMs, it then serializes every wgmma (C7520), as
+  // the kernels did until the index was read through a shuffle (false, shipped). For the probe's
+  // A/B only.
+  bool divergent_wg = false;
 };
 
 // The shipped knobs of head dim d.
@@ -170,13 +175,12 @@ constexpr BwdKnobs bwd_knobs(int d) {
   k.dq_atomics = d == 64;
   k.stats_lds = d < 192;
   k.pdl = d < 192;
-  k.in_place = d == 64;
   return k;
 }
-// The shipped knobs of d128, d192 or d256 for calls whose tensors have fewer columns
-// (BwdParams::qk_cols, v_cols): 64-column boxes in place of folded ones (folding measured +0.1-1.7 %
-// at d128, +1.3-3.2 % at d256: "The backward's candidates on an H200"), so that the maps' extents
-// can be the caller's columns.
+// The shipped knobs of head dim d for calls whose tensors have fewer columns (BwdParams::qk_cols,
+// v_cols): 64-column boxes in place of folded ones at d128, d192 and d256 (folding measured
+// +0.1-1.7 % at d128, +1.3-3.2 % at d256: "The backward's candidates on an H200"), so that the
+// maps' extents can be the caller's columns (d64's boxes are one column block already).
 constexpr BwdKnobs bwd_knobs_in_place(int d) {
   BwdKnobs k = bwd_knobs(d);
   k.folded_boxes = false;
@@ -227,6 +231,7 @@ struct BwdConfig {
   static constexpr bool kInPlace = K.in_place;
   static constexpr int kDqStages = K.dq_stages;
   static constexpr bool kDqUnreduced = K.dq_unreduced;
+  static constexpr bool kDivergentWg = K.divergent_wg;
   static constexpr int kCtaThreads = kThreads + (kLoadIssue == 2 ? 128 : 0);  // the dK/dV kernel's block
   // kLoadIssue 2: the pool is kCtaThreads x 168 registers (65536 / 384, rounded down to 8); the
   // loading warpgroup keeps 24 a thread, the two computing ones get 240.

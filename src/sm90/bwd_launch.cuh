@@ -185,11 +185,13 @@ Status launch_shipped_config(const BwdParams& p, cudaStream_t stream) {
     return k;
   };
   // Tensors of fewer columns than the kernel head dims (a head dim without a kernel, read and
-  // written in place): d128, d192 and d256 on configurations of 64-column boxes.
+  // written in place): configurations of their own (64-column boxes, bounded stores).
   const int dv = p.head_dim_v > 0 ? p.head_dim_v : p.head_dim;
   const bool fewer = (p.qk_cols > 0 && p.qk_cols < p.head_dim) || (p.v_cols > 0 && p.v_cols < dv);
   switch (p.head_dim) {
-    case 64: return launch_backward<BwdConfig<64, kBF16, sm90::bwd::bwd_knobs(64, edit)>>(p, stream);
+    case 64:
+      if (fewer) return launch_backward<BwdConfig<64, kBF16, in_place(64)>>(p, stream);
+      return launch_backward<BwdConfig<64, kBF16, sm90::bwd::bwd_knobs(64, edit)>>(p, stream);
     case 128:
       if (fewer) return launch_backward<BwdConfig<128, kBF16, in_place(128)>>(p, stream);
       return launch_backward<BwdConfig<128, kBF16, sm90::bwd::bwd_knobs(128, edit)>>(p, stream);
