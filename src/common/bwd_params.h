@@ -55,9 +55,10 @@ struct BwdParams {
   // above.
   int head_dim_v = 0;
   // The caller's columns of q, k, dq and dk (qk_cols) and of v, o, dout and dv (v_cols) where the
-  // tensors are the caller's own at a head dim without a kernel (pad.h): the kernels of 64 and 128
-  // read them through maps of that extent (TMA fills the columns past it with zeros) and store
-  // only those columns (BwdKnobs::in_place); 0: the kernel head dims' (the launch resolves it).
+  // tensors are the caller's own at a head dim without a kernel (pad.h): the in-place
+  // configurations (BwdKnobs::in_place) read them through maps of that extent (TMA fills the
+  // columns past it with zeros) and store only those columns; 0: the kernel head dims' (the launch
+  // resolves it).
   int qk_cols = 0, v_cols = 0;
 };
 

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 
 #include "common/launch.cuh"
 #include "common/pad_units.h"
@@ -85,7 +84,7 @@ Status run_padded(const Args& args, int64_t offset, cudaStream_t stream,
   }
   const PaddedCall<Args> call = plan(args, base);
   if (const cudaError_t e = copy_all<true>(call, padded_dim, stream); e != cudaSuccess)
-    return cuda_failure(at + "copying q, k, v" + (std::is_same_v<Args, BackwardArgs> ? ", o, dout" : "") + " in", e);
+    return cuda_failure(at + "copying q, k, v in", e);
   if (Status s = run(call, stream); !s.ok()) return s;
   if (const cudaError_t e = copy_all<false>(call, padded_dim, stream); e != cudaSuccess)
     return cuda_failure(at + "copying the outputs back", e);
@@ -103,10 +102,9 @@ Status forward_padded(const ForwardArgs& args, cudaStream_t stream,
 
 Status backward_padded(const BackwardArgs& args, cudaStream_t stream,
                        Status (*run)(const BackwardArgs&, int qk_cols, int v_cols, cudaStream_t)) {
-  return run_padded(args, backward_pad_offset(args.problem), stream, &pad_backward,
-                    [&](const PaddedCall<BackwardArgs>& call, cudaStream_t s) {
-                      return run(call.args, int(call.qk_cols), int(call.v_cols), s);
-                    });
+  // (The backward copies nothing: pad_backward, its kernels' arguments and the caller's columns.)
+  const PaddedCall<BackwardArgs> call = pad_backward(args, nullptr);
+  return run(call.args, int(call.qk_cols), int(call.v_cols), stream);
 }
 
 }  // namespace fa4::detail

@@ -81,10 +81,11 @@ PaddedCall<BackwardArgs> pad_backward(const BackwardArgs& args, void* base);
 // rounded up to kPadAlign.
 int64_t backward_pad_offset(const Problem& p);
 
-// Runs a validated call whose head dim has no kernel: its copies from the workspace past `offset`
-// where it holds them (16-byte aligned), else from cudaMallocAsync on `stream` (freed in stream
+// Runs a validated call whose head dim has no kernel: the forward's copies from the workspace
+// (16-byte aligned) where it holds them, else from cudaMallocAsync on `stream` (freed in stream
 // order after the kernels); the copies in, `run` on the padded call's arguments with
-// PaddedCall::qk_cols and v_cols, the copies out.
+// PaddedCall::qk_cols and v_cols, the copies out. The backward copies nothing: `run` on
+// pad_backward's arguments and columns.
 Status forward_padded(const ForwardArgs& args, cudaStream_t stream,
                       Status (*run)(const ForwardArgs&, int qk_cols, int v_cols, cudaStream_t));
 Status backward_padded(const BackwardArgs& args, cudaStream_t stream,

@@ -178,10 +178,9 @@ Status launch_shipped_config(const BwdParams& p, cudaStream_t stream) {
     k.varlen = kVarlen;
     k.softcap = kSoftcap;
   };
-  constexpr auto in_place = [](int d) {
-    sm90::bwd::BwdKnobs k = sm90::bwd::bwd_knobs_in_place(d);
-    k.varlen = kVarlen;
-    k.softcap = kSoftcap;
+  constexpr auto in_place = [edit](int d) {
+    BwdKnobs k = sm90::bwd::bwd_knobs_in_place(d);
+    edit(k);
     return k;
   };
   // Tensors of fewer columns than the kernel head dims (a head dim without a kernel, read and
